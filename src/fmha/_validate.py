@@ -1,0 +1,128 @@
+"""Input checks shared by every entry point.
+
+Each check raises `TypeError` (wrong type or dtype) or `ValueError` (wrong shape, device, stride, value)
+naming the argument and what was expected. Checks look at metadata only (no host synchronisation), and
+they all run before any kernel launches, so a failed call writes nothing.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+MAX_HEAD_DIM = 256
+EXTRA_HEAD_DIMS = (512, 576)   # DeepSeek-V4 (512) and MLA's 576 (= 512 latent + 64 RoPE)
+
+
+def interpreting() -> bool:
+    """True when Triton runs kernels in its CPU interpreter (`TRITON_INTERPRET=1`)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def check_tensor(name, t, *, ndim=None, dtypes=None, device=None, optional=False):
+    if t is None:
+        if optional:
+            return
+        raise TypeError(f"{name}: expected a torch.Tensor, got None")
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if ndim is not None and t.dim() != ndim:
+        raise ValueError(f"{name}: expected a {ndim}-D tensor, got shape {tuple(t.shape)}")
+    if dtypes is not None and t.dtype not in dtypes:
+        names = ", ".join(str(d).replace("torch.", "") for d in dtypes)
+        raise TypeError(f"{name}: expected dtype in ({names}), got {str(t.dtype).replace('torch.', '')}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name}: expected a tensor on {device}, got one on {t.device}")
+
+
+def check_device(name, t):
+    """Kernels run on CUDA; CPU tensors are accepted only under the Triton interpreter."""
+    if t.device.type == "cuda":
+        return
+    if t.device.type == "cpu" and interpreting():
+        return
+    raise ValueError(f"{name}: expected a CUDA tensor (CPU tensors need TRITON_INTERPRET=1), got device {t.device}")
+
+
+def check_last_dim_contiguous(name, t):
+    if t.numel() > 0 and t.stride(-1) != 1:
+        raise ValueError(f"{name}: the last dimension must be contiguous (stride 1), got strides {tuple(t.stride())}")
+
+
+def check_head_dim(name, d):
+    if d in EXTRA_HEAD_DIMS or (d % 8 == 0 and 8 <= d <= MAX_HEAD_DIM):
+        return
+    raise ValueError(f"{name}: head_dim must be a multiple of 8 up to {MAX_HEAD_DIM}, or one of "
+                     f"{EXTRA_HEAD_DIMS}; got {d}")
+
+
+def check_qkv(q, k, v, *, varlen: bool):
+    """q/k/v: same dtype (fp16/bf16) and device, heads_q % heads_k == 0, matching head_dim_qk."""
+    ndim = 3 if varlen else 4
+    check_tensor("q", q, ndim=ndim, dtypes=HALF_DTYPES)
+    check_device("q", q)
+    check_tensor("k", k, ndim=ndim, dtypes=(q.dtype,), device=q.device)
+    check_tensor("v", v, ndim=ndim, dtypes=(q.dtype,), device=q.device)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_last_dim_contiguous(name, t)
+    hq, dqk = q.shape[-2], q.shape[-1]
+    hk = k.shape[-2]
+    if k.shape[-1] != dqk:
+        raise ValueError(f"k: head_dim must equal q's ({dqk}), got {k.shape[-1]}")
+    if v.shape[:-1] != k.shape[:-1]:
+        raise ValueError(f"v: leading dims must equal k's {tuple(k.shape[:-1])}, got {tuple(v.shape[:-1])}")
+    if not varlen and k.shape[0] != q.shape[0]:
+        raise ValueError(f"k: batch must equal q's ({q.shape[0]}), got {k.shape[0]}")
+    if hk == 0 or hq % hk != 0:
+        raise ValueError(f"k: heads_k must divide heads_q ({hq}), got {hk}")
+    check_head_dim("q", dqk)
+    check_head_dim("v", v.shape[-1])
+
+
+def check_options(q, *, window, softmax_scale, softcap, alibi_slopes, sinks):
+    hq = q.shape[-2]
+    if not (isinstance(window, (tuple, list)) and len(window) == 2
+            and all(isinstance(w, int) and not isinstance(w, bool) for w in window)):
+        raise TypeError(f"window: expected a pair of ints (left, right), got {window!r}")
+    if window[0] < -1 or window[1] < -1:
+        raise ValueError(f"window: each bound must be >= 0, or -1 for unbounded; got {tuple(window)}")
+    if softmax_scale is not None:
+        if not isinstance(softmax_scale, (int, float)) or isinstance(softmax_scale, bool):
+            raise TypeError(f"softmax_scale: expected a float or None, got {type(softmax_scale).__name__}")
+        if not softmax_scale > 0:
+            raise ValueError(f"softmax_scale: expected a positive value, got {softmax_scale}")
+    if not isinstance(softcap, (int, float)) or isinstance(softcap, bool):
+        raise TypeError(f"softcap: expected a float, got {type(softcap).__name__}")
+    if softcap < 0:
+        raise ValueError(f"softcap: expected >= 0 (0 disables it), got {softcap}")
+    for name, t in (("alibi_slopes", alibi_slopes), ("sinks", sinks)):
+        check_tensor(name, t, ndim=1, dtypes=(torch.float32,), device=q.device, optional=True)
+        if t is not None and t.shape[0] != hq:
+            raise ValueError(f"{name}: expected shape ({hq},) (one per query head), got {tuple(t.shape)}")
+
+
+def check_out(out, shape, dtype, device):
+    if out is None:
+        return
+    check_tensor("out", out, dtypes=(dtype,), device=device)
+    if tuple(out.shape) != tuple(shape):
+        raise ValueError(f"out: expected shape {tuple(shape)}, got {tuple(out.shape)}")
+    check_last_dim_contiguous("out", out)
+
+
+def check_cu_seqlens(name, cu, batch_plus_one=None, device=None):
+    check_tensor(name, cu, ndim=1, dtypes=(torch.int32,), device=device)
+    if cu.shape[0] < 2:
+        raise ValueError(f"{name}: expected length batch + 1 >= 2, got {cu.shape[0]}")
+    if batch_plus_one is not None and cu.shape[0] != batch_plus_one:
+        raise ValueError(f"{name}: expected length {batch_plus_one} (batch + 1), got {cu.shape[0]}")
+    if not cu.is_contiguous():
+        raise ValueError(f"{name}: expected a contiguous tensor")
+
+
+def check_max_seqlen(name, value):
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
+    if value < 0:
+        raise ValueError(f"{name}: expected >= 0, got {value}")

@@ -1,0 +1,118 @@
+"""Fused attention for prefill: `attention` (padded batch) and `attention_varlen` (packed sequences).
+
+Data path: public function → `_validate` → allocate outputs → torch custom op → `kernels.forward`.
+The custom op (`fmha::attention_fwd`) has a fake implementation, so `torch.compile(fullgraph=True)`
+traces a model that calls these functions without graph breaks.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from . import _validate as V
+from .kernels.forward import attention_forward
+
+__all__ = ["attention", "attention_varlen"]
+
+
+@torch.library.custom_op("fmha::attention_fwd", mutates_args=("out",))
+def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                   cu_seqlens_q: Optional[torch.Tensor], cu_seqlens_k: Optional[torch.Tensor],
+                   max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float,
+                   window_left: int, window_right: int, softcap: float,
+                   alibi_slopes: Optional[torch.Tensor], sinks: Optional[torch.Tensor]) -> torch.Tensor:
+    lse = torch.empty(_lse_shape(q, cu_seqlens_q), dtype=torch.float32, device=q.device)
+    attention_forward(q, k, v, out, lse, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                      max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, softmax_scale=softmax_scale,
+                      window=(window_left, window_right), softcap=softcap, alibi_slopes=alibi_slopes,
+                      sinks=sinks, interpret=q.device.type == "cpu")
+    return lse
+
+
+@_attention_fwd.register_fake
+def _(q, k, v, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+      window_left, window_right, softcap, alibi_slopes, sinks):
+    return q.new_empty(_lse_shape(q, cu_seqlens_q), dtype=torch.float32)
+
+
+def _lse_shape(q, cu_seqlens_q):
+    if cu_seqlens_q is not None:                 # varlen q: (total_q, hq, d)
+        return (q.shape[1], q.shape[0])
+    return (q.shape[0], q.shape[2], q.shape[1])  # dense q: (b, sq, hq, d)
+
+
+def _prepare(q, k, v, *, varlen, causal, window, softmax_scale, softcap, alibi_slopes, sinks, out):
+    """Shared validation + output allocation. Returns (out, softmax_scale, (left, right))."""
+    V.check_qkv(q, k, v, varlen=varlen)
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal: expected a bool, got {type(causal).__name__}")
+    window = tuple(window) if isinstance(window, list) else window
+    V.check_options(q, window=window, softmax_scale=softmax_scale, softcap=softcap,
+                    alibi_slopes=alibi_slopes, sinks=sinks)
+    out_shape = (*q.shape[:-1], v.shape[-1])
+    V.check_out(out, out_shape, q.dtype, q.device)
+    if out is None:
+        out = q.new_empty(out_shape)
+    left, right = window
+    if causal:
+        right = 0
+    scale = float(softmax_scale) if softmax_scale is not None else q.shape[-1] ** -0.5
+    return out, scale, (int(left), int(right))
+
+
+def attention(q, k, v, *, causal=False, window=(-1, -1), softmax_scale=None, softcap=0.0,
+              alibi_slopes=None, sinks=None, return_lse=False, out=None):
+    """Fused multi-head attention over a padded batch.
+
+    Args:
+        q: `(batch, seqlen_q, heads_q, head_dim_qk)`, fp16 or bf16, last dim contiguous.
+        k: `(batch, seqlen_k, heads_k, head_dim_qk)`, `heads_q % heads_k == 0` (GQA/MQA).
+        v: `(batch, seqlen_k, heads_k, head_dim_v)`; head_dim_v may differ from head_dim_qk.
+        causal: bottom-right aligned: query i sees key j iff `j <= i + seqlen_k - seqlen_q` (same as window right=0).
+        window: `(left, right)`, -1 = unbounded; key j visible iff
+            `i + Sk - Sq - left <= j <= i + Sk - Sq + right`.
+        softmax_scale: defaults to `head_dim_qk ** -0.5`.
+        softcap: if > 0, scores become `softcap * tanh(scores / softcap)` before masking.
+        alibi_slopes: `(heads_q,)` fp32; adds `-slope[h] * |i + Sk - Sq - j|` to the scaled score.
+        sinks: `(heads_q,)` fp32; a logit that joins the softmax denominator only.
+        return_lse: also return the log-sum-exp `(batch, heads_q, seqlen_q)` fp32 (natural log, sink excluded).
+        out: optional output `(batch, seqlen_q, heads_q, head_dim_v)` in q's dtype.
+
+    Returns:
+        `out`, or `(out, lse)` with `return_lse=True`. Rows that see no key give 0 and LSE -inf.
+    """
+    out, scale, (left, right) = _prepare(q, k, v, varlen=False, causal=causal, window=window,
+                                         softmax_scale=softmax_scale, softcap=softcap,
+                                         alibi_slopes=alibi_slopes, sinks=sinks, out=out)
+    lse = _attention_fwd(q, k, v, out, None, None, q.shape[1], k.shape[1], scale, left, right,
+                         float(softcap), alibi_slopes, sinks)
+    return (out, lse) if return_lse else out
+
+
+def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False,
+                     window=(-1, -1), softmax_scale=None, softcap=0.0, alibi_slopes=None, sinks=None,
+                     return_lse=False, out=None):
+    """Fused attention over sequences packed along the token axis (no padding).
+
+    Args:
+        q: `(total_q, heads_q, head_dim_qk)`; sequence b is rows `cu_seqlens_q[b]:cu_seqlens_q[b+1]`.
+        k, v: `(total_k, heads_k, head_dim_qk / head_dim_v)`, indexed by `cu_seqlens_k`.
+        cu_seqlens_q, cu_seqlens_k: `(batch + 1,)` int32 prefix sums; zero-length sequences are allowed.
+        max_seqlen_q, max_seqlen_k: Python ints, upper bounds of the sequence lengths (sizes the grid;
+            passing them avoids a host synchronisation).
+        Other options as in `attention`.
+
+    Returns:
+        `out (total_q, heads_q, head_dim_v)`, or `(out, lse)` with lse `(heads_q, total_q)` fp32.
+    """
+    out, scale, (left, right) = _prepare(q, k, v, varlen=True, causal=causal, window=window,
+                                         softmax_scale=softmax_scale, softcap=softcap,
+                                         alibi_slopes=alibi_slopes, sinks=sinks, out=out)
+    V.check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, device=q.device)
+    V.check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, batch_plus_one=cu_seqlens_q.shape[0], device=q.device)
+    V.check_max_seqlen("max_seqlen_q", max_seqlen_q)
+    V.check_max_seqlen("max_seqlen_k", max_seqlen_k)
+    lse = _attention_fwd(q, k, v, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
+                         left, right, float(softcap), alibi_slopes, sinks)
+    return (out, lse) if return_lse else out

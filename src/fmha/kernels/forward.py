@@ -1,0 +1,322 @@
+"""The attention forward kernel (triton.language): dense and varlen, every SPEC.md option.
+
+One program computes BLOCK_M query rows of one (batch, head) against the keys its mask lets it see.
+Rows are "packed" rows: with PACK_GQA the query heads that share a KV head are interleaved into the M
+tile (row r = query position r // G, head r % G), so K/V is read once for the whole group — this is
+what makes small-Sq / many-head (decode-like, DSV4) shapes efficient.
+
+Key tiles fall into three runs: masked tiles on the left edge of the window, unmasked tiles in the
+middle (no mask arithmetic, no bounds on loads), masked tiles on the right edge / sequence end.
+"""
+import triton
+import triton.language as tl
+
+from .common import LN2, LOG2E, online_softmax_step, scores_log2, visible
+
+
+@triton.jit
+def _load_tile(ptrs, rows, cols, n_rows, N_COLS: tl.constexpr, BLOCK_COLS: tl.constexpr, BOUNDS: tl.constexpr):
+    """Load a (rows, cols) tile, masking only what may be out of bounds (zeros there)."""
+    if BOUNDS:
+        if N_COLS < BLOCK_COLS:
+            x = tl.load(ptrs, mask=(rows < n_rows)[:, None] & (cols < N_COLS)[None, :], other=0.0)
+        else:
+            x = tl.load(ptrs, mask=(rows < n_rows)[:, None], other=0.0)
+    elif N_COLS < BLOCK_COLS:
+        x = tl.load(ptrs, mask=(cols < N_COLS)[None, :], other=0.0)
+    else:
+        x = tl.load(ptrs)
+    return x
+
+
+@triton.jit
+def _load_kv_tile(k_base, v_base, k_desc, v_desc, n, offs_n, offs_d, offs_dt, offs_dv, stride_ks, stride_vs,
+                  k_len, HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_D: tl.constexpr,
+                  BLOCK_DT: tl.constexpr, BLOCK_DV: tl.constexpr, HAS_TAIL: tl.constexpr, BOUNDS: tl.constexpr,
+                  USE_TMA: tl.constexpr):
+    """K tile (BLOCK_N, BLOCK_D) [+ tail (BLOCK_N, BLOCK_DT)] and V tile (BLOCK_N, BLOCK_DV) at key `n`."""
+    if USE_TMA:
+        # The descriptor's shape stops at k_len: TMA zero-fills past the end, nothing beyond it is read.
+        k = k_desc.load([n, 0])
+        v = v_desc.load([n, 0])
+        k_t = k
+    else:
+        rows = n + offs_n
+        k_ptrs = k_base + rows[:, None] * stride_ks + offs_d[None, :]
+        v_ptrs = v_base + rows[:, None] * stride_vs + offs_dv[None, :]
+        k = _load_tile(k_ptrs, rows, offs_d, k_len, HEAD_DIM_QK, BLOCK_D, BOUNDS)
+        v = _load_tile(v_ptrs, rows, offs_dv, k_len, HEAD_DIM_V, BLOCK_DV, BOUNDS)
+        k_t = k
+        if HAS_TAIL:
+            kt_ptrs = k_base + rows[:, None] * stride_ks + (BLOCK_D + offs_dt)[None, :]
+            kt_mask = (rows < k_len)[:, None] & (BLOCK_D + offs_dt < HEAD_DIM_QK)[None, :]
+            k_t = tl.load(kt_ptrs, mask=kt_mask, other=0.0)
+    return k, k_t, v
+
+
+@triton.jit
+def _attn_run(acc, l_i, m_i, q, q_t, k_base, v_base, k_desc, v_desc, start, end,
+              q_pos, slope_log2, diag, window_left, window_right, k_len, stride_ks, stride_vs,
+              qk_scale_log2, softcap,
+              HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCK_D: tl.constexpr, BLOCK_DT: tl.constexpr, BLOCK_DV: tl.constexpr, HAS_TAIL: tl.constexpr,
+              MASKED: tl.constexpr, MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr,
+              HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, USE_TMA: tl.constexpr):
+    """Online softmax over the key tiles starting at start, start + BLOCK_N, ... < end."""
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dt = tl.arange(0, BLOCK_DT)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    for n in tl.range(start, end, BLOCK_N):
+        k, k_t, v = _load_kv_tile(k_base, v_base, k_desc, v_desc, n, offs_n, offs_d, offs_dt, offs_dv,
+                                  stride_ks, stride_vs, k_len, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_D, BLOCK_DT,
+                                  BLOCK_DV, HAS_TAIL, MASKED, USE_TMA)
+        qk = tl.dot(q, tl.trans(k))
+        if HAS_TAIL:
+            qk = tl.dot(q_t, tl.trans(k_t), qk)
+        k_pos = n + offs_n
+        s = scores_log2(qk, q_pos, k_pos, diag, slope_log2, qk_scale_log2, softcap, HAS_SOFTCAP, HAS_ALIBI)
+        if MASKED:
+            ok = visible(q_pos, k_pos, diag, window_left, window_right, k_len, MASK_LEFT, MASK_RIGHT)
+            s = tl.where(ok, s, float("-inf"))
+        acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, s, v, MASKED)
+    return acc, l_i, m_i
+
+
+@triton.jit
+def attn_fwd_kernel(
+    Q, K, V, O, LSE, CU_Q, CU_K, SLOPES, SINKS,
+    seqlen_q, seqlen_k,
+    stride_qb, stride_qs, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_ob, stride_os, stride_oh,
+    stride_lb, stride_lh, stride_ls,
+    heads_per_program_row, group, heads_eff,
+    qk_scale_log2, softcap, window_left, window_right,
+    HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_DT: tl.constexpr, BLOCK_DV: tl.constexpr, HAS_TAIL: tl.constexpr,
+    IS_VARLEN: tl.constexpr, MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_SINKS: tl.constexpr,
+    REVERSE_M: tl.constexpr, USE_TMA: tl.constexpr,
+):
+    pid_bh = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    # Causal / windowed work grows with the M block: run the longest blocks first (LPT order).
+    m_block = tl.num_programs(1) - 1 - pid_m if REVERSE_M else pid_m
+    b = pid_bh // heads_eff
+    h_eff = pid_bh % heads_eff
+    if IS_VARLEN:
+        q_start = tl.load(CU_Q + b)
+        q_len = tl.load(CU_Q + b + 1) - q_start
+        k_start = tl.load(CU_K + b)
+        k_len = tl.load(CU_K + b + 1) - k_start
+    else:
+        q_start = 0
+        q_len = seqlen_q
+        k_start = 0
+        k_len = seqlen_k
+    GP = heads_per_program_row            # query heads packed into the rows (1 unless PACK_GQA)
+    row0 = m_block * BLOCK_M
+    if row0 >= q_len * GP:
+        return
+
+    offs_m = row0 + tl.arange(0, BLOCK_M)
+    q_pos = offs_m // GP
+    q_head = h_eff * GP + offs_m % GP
+    kv_head = (h_eff * GP) // group
+    row_ok = q_pos < q_len
+    diag = k_len - q_len
+
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    q_rows = Q + b.to(tl.int64) * stride_qb + (q_start + q_pos).to(tl.int64) * stride_qs + q_head * stride_qh
+    q = _load_tile(q_rows[:, None] + offs_d[None, :], q_pos, offs_d, q_len, HEAD_DIM_QK, BLOCK_D, True)
+    q_t = q
+    if HAS_TAIL:
+        offs_dt = BLOCK_D + tl.arange(0, BLOCK_DT)
+        q_t = tl.load(q_rows[:, None] + offs_dt[None, :], mask=row_ok[:, None] & (offs_dt < HEAD_DIM_QK)[None, :],
+                      other=0.0)
+    slope_log2 = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if HAS_ALIBI:
+        slope_log2 = tl.load(SLOPES + q_head) * LOG2E
+
+    k_base = K + b.to(tl.int64) * stride_kb + kv_head * stride_kh
+    v_base = V + b.to(tl.int64) * stride_vb + kv_head * stride_vh
+    if IS_VARLEN:
+        k_base += k_start.to(tl.int64) * stride_ks
+        v_base += k_start.to(tl.int64) * stride_vs
+    k_desc = k_base
+    v_desc = v_base
+    if USE_TMA:
+        k_desc = tl.make_tensor_descriptor(k_base, shape=[tl.maximum(k_len, 1), HEAD_DIM_QK],
+                                           strides=[stride_ks, 1], block_shape=[BLOCK_N, BLOCK_D])
+        v_desc = tl.make_tensor_descriptor(v_base, shape=[tl.maximum(k_len, 1), HEAD_DIM_V],
+                                           strides=[stride_vs, 1], block_shape=[BLOCK_N, BLOCK_DV])
+
+    # Key range this block can see, and the sub-range every one of its rows sees in full.
+    i_min = row0 // GP
+    i_max = tl.minimum((row0 + BLOCK_M - 1) // GP, q_len - 1)
+    lo = 0
+    full_lo = 0
+    hi = k_len
+    full_hi = k_len
+    if MASK_LEFT:
+        lo = tl.maximum(i_min + diag - window_left, 0)
+        full_lo = tl.maximum(i_max + diag - window_left, 0)
+    if MASK_RIGHT:
+        hi = tl.maximum(tl.minimum(i_max + diag + window_right + 1, k_len), 0)
+        full_hi = tl.maximum(tl.minimum(i_min + diag + window_right + 1, k_len), 0)
+    lo = (lo // BLOCK_N) * BLOCK_N
+    mid_lo = tl.minimum(tl.maximum(lo, tl.cdiv(full_lo, BLOCK_N) * BLOCK_N), tl.maximum(hi, lo))
+    mid_hi = tl.maximum(mid_lo, (full_hi // BLOCK_N) * BLOCK_N)
+
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    acc, l_i, m_i = _attn_run(acc, l_i, m_i, q, q_t, k_base, v_base, k_desc, v_desc, lo, mid_lo,
+                              q_pos, slope_log2, diag, window_left, window_right, k_len, stride_ks, stride_vs,
+                              qk_scale_log2, softcap, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DT,
+                              BLOCK_DV, HAS_TAIL, True, MASK_LEFT, MASK_RIGHT, HAS_SOFTCAP, HAS_ALIBI, USE_TMA)
+    acc, l_i, m_i = _attn_run(acc, l_i, m_i, q, q_t, k_base, v_base, k_desc, v_desc, mid_lo, mid_hi,
+                              q_pos, slope_log2, diag, window_left, window_right, k_len, stride_ks, stride_vs,
+                              qk_scale_log2, softcap, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DT,
+                              BLOCK_DV, HAS_TAIL, False, MASK_LEFT, MASK_RIGHT, HAS_SOFTCAP, HAS_ALIBI, USE_TMA)
+    acc, l_i, m_i = _attn_run(acc, l_i, m_i, q, q_t, k_base, v_base, k_desc, v_desc, mid_hi, hi,
+                              q_pos, slope_log2, diag, window_left, window_right, k_len, stride_ks, stride_vs,
+                              qk_scale_log2, softcap, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DT,
+                              BLOCK_DV, HAS_TAIL, True, MASK_LEFT, MASK_RIGHT, HAS_SOFTCAP, HAS_ALIBI, USE_TMA)
+
+    # Epilogue: normalise; rows that saw no key have l = 0, m = -inf → output 0, LSE -inf.
+    m_shift = tl.where(m_i == float("-inf"), 0.0, m_i)
+    denom = l_i
+    if HAS_SINKS:
+        # The sink joins the denominator only; LSE below still excludes it.
+        sink_log2 = tl.load(SINKS + q_head) * LOG2E
+        denom = denom + tl.exp2(sink_log2 - m_shift)
+    denom = tl.where(denom == 0.0, 1.0, denom)
+    out = acc / denom[:, None]
+    lse = m_i * LN2 + tl.log(l_i)
+
+    o_rows = O + b.to(tl.int64) * stride_ob + (q_start + q_pos).to(tl.int64) * stride_os + q_head * stride_oh
+    tl.store(o_rows[:, None] + offs_dv[None, :], out.to(O.dtype.element_ty),
+             mask=row_ok[:, None] & (offs_dv < HEAD_DIM_V)[None, :])
+    lse_ptrs = LSE + b.to(tl.int64) * stride_lb + q_head * stride_lh + (q_start + q_pos).to(tl.int64) * stride_ls
+    tl.store(lse_ptrs, lse, mask=row_ok)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Launch: tile table, grid, descriptors. Callers pass validated tensors; nothing here checks arguments.
+
+def _next_pow2(x):
+    return 1 << (max(int(x), 1) - 1).bit_length()
+
+
+def _split_head_dim(d):
+    """head_dim → (BLOCK_D, BLOCK_DT): a power-of-two main part and a power-of-two tail (576 = 512 + 64)."""
+    main = max(16, _next_pow2(d))      # tl.dot needs K >= 16
+    if main == d or d < 64:
+        return main, 0
+    main //= 2
+    return main, max(16, _next_pow2(d - main))
+
+
+# (BLOCK_M, BLOCK_N, num_warps, num_stages) keyed by the padded head dim, on sm_90.
+_GPU_TILES = {
+    16: (128, 128, 4, 3),
+    32: (128, 128, 4, 3),
+    64: (128, 128, 4, 3),
+    128: (128, 128, 8, 3),
+    256: (128, 64, 8, 2),
+    512: (64, 32, 8, 1),
+    1024: (64, 16, 8, 1),
+}
+# The interpreter is slow per op, not per element: small tiles keep multi-tile loops in small tests.
+_INTERPRET_TILES = (32, 32, 4, 1)
+
+
+def _tile_config(dqk, dv, interpret):
+    if interpret:
+        return _INTERPRET_TILES
+    return _GPU_TILES[max(_next_pow2(dqk), _next_pow2(dv))]
+
+
+def _tma_ok(t, d, block_d):
+    """Device-side TMA descriptors need 16-byte aligned base and row stride, and a box of <= 256 columns."""
+    es = t.element_size()
+    return (d == block_d and d <= 256 and t.data_ptr() % 16 == 0
+            and all((s * es) % 16 == 0 for s in t.stride()[:-1]))
+
+
+_allocator_device = [None]
+
+
+def _ensure_allocator(device):
+    """Device-side descriptors need a scratch allocator; point Triton at torch's allocator for this device."""
+    if _allocator_device[0] == device:
+        return
+    import torch
+
+    def alloc(size, alignment, stream):
+        return torch.empty(size, dtype=torch.int8, device=device)
+
+    triton.set_allocator(alloc)
+    _allocator_device[0] = device
+
+
+def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                      softmax_scale, window, softcap, alibi_slopes, sinks, pack_gqa=None, use_tma=None,
+                      interpret=False):
+    """Launch the forward kernel. Dense: q (b, sq, hq, d). Varlen: q (total_q, hq, d) + cu_seqlens.
+
+    Writes `out` (same layout as q, head_dim_v) and `lse` ((b, hq, sq) dense, (hq, total_q) varlen).
+    """
+    varlen = cu_seqlens_q is not None
+    if varlen:
+        batch = cu_seqlens_q.shape[0] - 1
+        q4, k4, v4, o4 = (t.unsqueeze(0) for t in (q, k, v, out))
+        seqlen_q, seqlen_k = max_seqlen_q, max_seqlen_k
+        lse_strides = (0, lse.stride(0), lse.stride(1))
+    else:
+        batch = q.shape[0]
+        q4, k4, v4, o4 = q, k, v, out
+        seqlen_q, seqlen_k = q.shape[1], k.shape[1]
+        lse_strides = lse.stride()
+    heads_q, dqk = q.shape[-2], q.shape[-1]
+    heads_k, dv = k.shape[-2], v.shape[-1]
+    group = heads_q // heads_k
+    if batch == 0 or heads_q == 0 or seqlen_q == 0:
+        return
+    block_m, block_n, num_warps, num_stages = _tile_config(dqk, dv, interpret)
+    if pack_gqa is None:
+        # Pack the heads of a group into the M tile when one head's queries would not fill it.
+        pack_gqa = group > 1 and seqlen_q * 2 <= block_m
+    gp = group if pack_gqa else 1
+    heads_eff = heads_q // gp
+    block_d, block_dt = _split_head_dim(dqk)
+    block_dv = _next_pow2(dv)
+    if use_tma is None:
+        use_tma = not interpret and block_dt == 0 and _tma_ok(k, dqk, block_d) and _tma_ok(v, dv, block_dv)
+    if use_tma:
+        _ensure_allocator(q.device)
+    left, right = window
+    scale = softmax_scale if softmax_scale is not None else dqk ** -0.5
+    grid = (batch * heads_eff, triton.cdiv(seqlen_q * gp, block_m))
+    attn_fwd_kernel[grid](
+        q4, k4, v4, o4, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks,
+        seqlen_q, seqlen_k,
+        q4.stride(0), q4.stride(1), q4.stride(2),
+        k4.stride(0), k4.stride(1), k4.stride(2),
+        v4.stride(0), v4.stride(1), v4.stride(2),
+        o4.stride(0), o4.stride(1), o4.stride(2),
+        *lse_strides,
+        gp, group, heads_eff,
+        scale * 1.4426950408889634, float(softcap), left, right,
+        HEAD_DIM_QK=dqk, HEAD_DIM_V=dv, BLOCK_M=block_m, BLOCK_N=block_n,
+        BLOCK_D=block_d, BLOCK_DT=max(block_dt, 16), BLOCK_DV=block_dv, HAS_TAIL=block_dt > 0,
+        IS_VARLEN=varlen, MASK_LEFT=left >= 0, MASK_RIGHT=right >= 0,
+        HAS_SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None, HAS_SINKS=sinks is not None,
+        REVERSE_M=right >= 0, USE_TMA=use_tma,
+        num_warps=num_warps, num_stages=num_stages,
+    )

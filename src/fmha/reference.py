@@ -1,0 +1,89 @@
+"""fp32 oracles: the tests' ground truth for every option of SPEC.md.
+
+Written for clarity, not speed: every score is materialised. Inputs may be fp16/bf16; all math is fp32
+(or fp64 when the caller passes fp64). Outputs are returned in fp32 so a test can compare at full precision.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = ["visible_mask", "attention_ref", "attention_varlen_ref"]
+
+
+def visible_mask(seqlen_q: int, seqlen_k: int, window=(-1, -1), device=None) -> torch.Tensor:
+    """Boolean `(seqlen_q, seqlen_k)`: True where query i may see key j.
+
+    Bottom-right aligned: key j is visible iff `i + Sk - Sq - left <= j <= i + Sk - Sq + right`,
+    a negative bound meaning unbounded on that side. `causal=True` is `window=(left, 0)`.
+    """
+    left, right = window
+    i = torch.arange(seqlen_q, device=device)[:, None]
+    j = torch.arange(seqlen_k, device=device)[None, :]
+    diag = i + seqlen_k - seqlen_q
+    mask = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=device)
+    if left >= 0:
+        mask &= j >= diag - left
+    if right >= 0:
+        mask &= j <= diag + right
+    return mask
+
+
+def _effective_window(causal: bool, window) -> tuple[int, int]:
+    left, right = int(window[0]), int(window[1])
+    if causal:
+        right = 0 if right < 0 else min(right, 0)
+    return left, right
+
+
+def attention_ref(q, k, v, *, causal=False, window=(-1, -1), softmax_scale=None, softcap=0.0,
+                  alibi_slopes=None, sinks=None):
+    """Dense attention in fp32. q `(b, sq, hq, dqk)`, k `(b, sk, hk, dqk)`, v `(b, sk, hk, dv)`.
+
+    Returns `(out (b, sq, hq, dv) fp32, lse (b, hq, sq) fp32)`. LSE is the natural log of the softmax
+    denominator *without* the sink; rows that see no key give output 0 and LSE -inf.
+    """
+    b, sq, hq, dqk = q.shape
+    sk, hk = k.shape[1], k.shape[2]
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    scale = softmax_scale if softmax_scale is not None else dqk ** -0.5
+    group = hq // hk
+    qf = q.to(acc).transpose(1, 2)                                      # (b, hq, sq, d)
+    kf = k.to(acc).transpose(1, 2).repeat_interleave(group, dim=1)      # (b, hq, sk, d)
+    vf = v.to(acc).transpose(1, 2).repeat_interleave(group, dim=1)
+    s = torch.matmul(qf, kf.transpose(-1, -2)) * scale
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
+    i = torch.arange(sq, device=q.device)[:, None]
+    j = torch.arange(sk, device=q.device)[None, :]
+    if alibi_slopes is not None:
+        dist = (i + sk - sq - j).abs().to(acc)
+        s = s - alibi_slopes.to(acc).view(1, hq, 1, 1) * dist
+    mask = visible_mask(sq, sk, _effective_window(causal, window), device=q.device)
+    s = s.masked_fill(~mask, -math.inf)
+    lse = torch.logsumexp(s, dim=-1)                                    # -inf where no key is visible
+    p = torch.exp(s - torch.where(torch.isinf(lse), 0.0, lse)[..., None])
+    out = torch.matmul(p, vf)                                           # (b, hq, sq, dv)
+    if sinks is not None:
+        # o = o_nosink * e^lse / (e^lse + e^sink) = o_nosink * sigmoid(lse - sink)
+        w = torch.sigmoid(lse - sinks.to(acc).view(1, hq, 1))
+        out = out * torch.where(torch.isinf(lse) & (lse < 0), 0.0, w)[..., None]
+    return out.transpose(1, 2).float(), lse.float()
+
+
+def attention_varlen_ref(q, k, v, cu_seqlens_q, cu_seqlens_k, **options):
+    """Varlen attention in fp32: q `(total_q, hq, dqk)`; returns `(out (total_q, hq, dv), lse (hq, total_q))`."""
+    cq = cu_seqlens_q.tolist()
+    ck = cu_seqlens_k.tolist()
+    hq, dv = q.shape[1], v.shape[2]
+    out = torch.zeros(q.shape[0], hq, dv, dtype=torch.float32, device=q.device)
+    lse = torch.full((hq, q.shape[0]), -math.inf, dtype=torch.float32, device=q.device)
+    for b in range(len(cq) - 1):
+        qs, qe, ks, ke = cq[b], cq[b + 1], ck[b], ck[b + 1]
+        if qe == qs:
+            continue
+        o_b, lse_b = attention_ref(q[None, qs:qe], k[None, ks:ke], v[None, ks:ke], **options)
+        out[qs:qe] = o_b[0]
+        lse[:, qs:qe] = lse_b[0]
+    return out, lse
