@@ -249,6 +249,11 @@ def _tma_ok(t, d, block_d):
             and all((s * es) % 16 == 0 for s in t.stride()[:-1]))
 
 
+def _strides(t, varlen):
+    """(batch, token, head) strides; varlen sequences are addressed by token offset, so batch stride is 0."""
+    return (0 if varlen else t.stride(0)), t.stride(1), t.stride(2)
+
+
 _allocator_device = [None]
 
 
@@ -306,10 +311,7 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
     attn_fwd_kernel[grid](
         q4, k4, v4, o4, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks,
         seqlen_q, seqlen_k,
-        q4.stride(0), q4.stride(1), q4.stride(2),
-        k4.stride(0), k4.stride(1), k4.stride(2),
-        v4.stride(0), v4.stride(1), v4.stride(2),
-        o4.stride(0), o4.stride(1), o4.stride(2),
+        *_strides(q4, varlen), *_strides(k4, varlen), *_strides(v4, varlen), *_strides(o4, varlen),
         *lse_strides,
         gp, group, heads_eff,
         scale * 1.4426950408889634, float(softcap), left, right,

@@ -1,0 +1,184 @@
+"""fmha.attention / fmha.attention_varlen against the fp32 oracle, with NaN-poisoned memory around every input."""
+import math
+
+import pytest
+import torch
+
+import fmha
+from fmha.kernels.forward import attention_forward
+from fmha.reference import attention_ref, attention_varlen_ref
+from utils import TARGETS, assert_close, assert_lse_close, poisoned
+
+# (batch, seqlen_q, seqlen_k, heads_q, heads_k, head_dim_qk, head_dim_v): small for the interpreter.
+CPU_SHAPES = [
+    (2, 50, 70, 4, 2, 64, 64),      # GQA, lengths off every tile
+    (1, 70, 50, 4, 1, 64, 64),      # MQA, Sq > Sk: under causal the first rows see nothing
+    (1, 1, 70, 8, 2, 128, 128),     # decode-like: Sq = 1, heads packed into the M tile
+    (1, 33, 33, 2, 2, 40, 40),      # head_dim not a power of two
+    (1, 16, 40, 3, 3, 8, 8),        # the smallest head_dim
+    (1, 17, 45, 2, 1, 96, 64),      # dqk != dv, 96 = 64 + 32 split
+    (1, 20, 40, 2, 2, 192, 128),    # DeepSeek prefill shape
+    (1, 12, 40, 6, 2, 256, 256),
+    (1, 9, 33, 2, 2, 512, 512),     # DeepSeek-V4 head_dim
+    (1, 9, 40, 2, 1, 576, 512),     # MLA shape
+]
+GPU_SHAPES = [
+    (2, 1000, 1500, 16, 4, 128, 128),
+    (1, 2048, 2048, 8, 8, 128, 128),
+    (4, 1, 4096, 32, 8, 128, 128),
+    (2, 700, 900, 8, 1, 64, 64),
+    (2, 513, 1027, 4, 4, 256, 256),
+    (1, 333, 777, 4, 2, 96, 64),
+    (1, 500, 800, 8, 8, 192, 128),
+    (1, 64, 2000, 64, 1, 512, 512),
+    (1, 130, 1500, 16, 1, 576, 512),
+    (1, 200, 300, 2, 2, 8, 8),
+]
+MASKS = [
+    dict(),
+    dict(causal=True),
+    dict(window=(8, 0)),
+    dict(window=(5, 3)),
+    dict(window=(-1, 4)),
+]
+
+
+def _shapes(target):
+    return CPU_SHAPES if target[0] == "cpu" else GPU_SHAPES
+
+
+def _dense_inputs(shape, dtype, device):
+    b, sq, sk, hq, hk, dqk, dv = shape
+    q = poisoned((b, sq, hq, dqk), sq, dtype, device)
+    k = poisoned((b, sk, hk, dqk), sk, dtype, device)
+    v = poisoned((b, sk, hk, dv), sk, dtype, device)
+    return q, k, v
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("mask", MASKS, ids=lambda m: "-".join(f"{k}{v}" for k, v in m.items()) or "full")
+@pytest.mark.parametrize("shape_index", range(len(CPU_SHAPES)))
+def test_dense(target, mask, shape_index):
+    device, dtype = target
+    torch.manual_seed(shape_index)
+    shape = _shapes(target)[shape_index]
+    q, k, v = _dense_inputs(shape, dtype, device)
+    out = torch.full((*q.shape[:-1], v.shape[-1]), float("nan"), dtype=dtype, device=device)
+    got, lse = fmha.attention(q, k, v, return_lse=True, out=out, **mask)
+    assert got is out
+    ref, ref_lse = attention_ref(q, k, v, **mask)
+    assert_close("out", got, ref, dtype)
+    assert_lse_close(lse, ref_lse)
+
+
+OPTIONS = [
+    dict(softcap=5.0),
+    dict(alibi_slopes=True),
+    dict(sinks=True),
+    dict(softcap=8.0, alibi_slopes=True, sinks=True, causal=True),
+    dict(softmax_scale=0.3, window=(6, 2), sinks=True),
+]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("options", OPTIONS, ids=lambda o: "-".join(o))
+@pytest.mark.parametrize("shape_index", [0, 2, 5])
+def test_options(target, options, shape_index):
+    device, dtype = target
+    torch.manual_seed(100 + shape_index)
+    shape = _shapes(target)[shape_index]
+    q, k, v = _dense_inputs(shape, dtype, device)
+    hq = shape[3]
+    options = dict(options)
+    if options.get("alibi_slopes"):
+        options["alibi_slopes"] = torch.rand(hq, device=device) * 0.5
+    if options.get("sinks"):
+        options["sinks"] = torch.randn(hq, device=device) * 2
+    got, lse = fmha.attention(q, k, v, return_lse=True, **options)
+    ref, ref_lse = attention_ref(q, k, v, **options)
+    assert_close("out", got, ref, dtype)
+    assert_lse_close(lse, ref_lse)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_sink_limits(target):
+    """+inf sink → output 0; -inf sink → no effect; LSE excludes the sink either way."""
+    device, dtype = target
+    q, k, v = _dense_inputs(_shapes(target)[0], dtype, device)
+    hq = q.shape[2]
+    plain, plain_lse = fmha.attention(q, k, v, return_lse=True)
+    inf_sink = torch.full((hq,), math.inf, device=device)
+    got, lse = fmha.attention(q, k, v, return_lse=True, sinks=inf_sink)
+    assert torch.equal(got, torch.zeros_like(got)) and torch.equal(lse, plain_lse)
+    got = fmha.attention(q, k, v, sinks=-inf_sink)
+    assert torch.equal(got, plain)
+
+
+def _varlen_lengths(target):
+    if target[0] == "cpu":
+        return [37, 0, 5, 64, 1], [50, 3, 0, 64, 19]
+    return [1000, 0, 17, 2048, 1, 513], [1500, 31, 0, 2048, 700, 513]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("mask", MASKS[:4], ids=lambda m: "-".join(f"{k}{v}" for k, v in m.items()) or "full")
+@pytest.mark.parametrize("heads,dims", [((4, 2), (64, 64)), ((6, 1), (96, 64)), ((2, 2), (576, 512))],
+                         ids=["gqa-64", "mqa-96-64", "mla-576"])
+def test_varlen(target, mask, heads, dims):
+    device, dtype = target
+    torch.manual_seed(7)
+    len_q, len_k = _varlen_lengths(target)
+    hq, hk = heads
+    dqk, dv = dims
+    cu_q = torch.tensor([0] + list(torch.tensor(len_q).cumsum(0)), dtype=torch.int32, device=device)
+    cu_k = torch.tensor([0] + list(torch.tensor(len_k).cumsum(0)), dtype=torch.int32, device=device)
+    tq, tk = int(cu_q[-1]), int(cu_k[-1])
+    q = poisoned((tq, hq, dqk), tq, dtype, device, dim=0)
+    k = poisoned((tk, hk, dqk), tk, dtype, device, dim=0)
+    v = poisoned((tk, hk, dv), tk, dtype, device, dim=0)
+    got, lse = fmha.attention_varlen(q, k, v, cu_q, cu_k, max(len_q), max(len_k), return_lse=True, **mask)
+    ref, ref_lse = attention_varlen_ref(q, k, v, cu_q, cu_k, **mask)
+    assert_close("out", got, ref, dtype)
+    assert_lse_close(lse, ref_lse)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("pack_gqa", [False, True])
+@pytest.mark.parametrize("use_tma", [False, True])
+def test_kernel_variants(target, pack_gqa, use_tma):
+    """Both K/V load paths (pointers, TMA descriptors) and both head layouts (packed GQA or not)."""
+    device, dtype = target
+    torch.manual_seed(3)
+    b, sq, sk, hq, hk, d = (2, 21, 77, 6, 2, 64) if device == "cpu" else (2, 300, 2000, 16, 2, 128)
+    q, k, v = _dense_inputs((b, sq, sk, hq, hk, d, d), dtype, device)
+    for mask in MASKS[:3]:
+        out = torch.full_like(q, float("nan"))
+        lse = torch.full((b, hq, sq), float("nan"), device=device)
+        left, right = mask.get("window", (-1, -1))
+        if mask.get("causal"):
+            right = 0
+        attention_forward(q, k, v, out, lse, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=sq,
+                          max_seqlen_k=sk, softmax_scale=None, window=(left, right), softcap=0.0,
+                          alibi_slopes=None, sinks=None, pack_gqa=pack_gqa, use_tma=use_tma,
+                          interpret=device == "cpu")
+        ref, ref_lse = attention_ref(q, k, v, **mask)
+        assert_close("out", out, ref, dtype)
+        assert_lse_close(lse, ref_lse)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_edge_lengths(target):
+    """Sk = 0 (every row: 0 and -inf), Sq = Sk = 1, and a window that hides every key from some rows."""
+    device, dtype = target
+    q, k, v = _dense_inputs((2, 5, 0, 4, 2, 64, 64), dtype, device)
+    out, lse = fmha.attention(q, k, v, return_lse=True)
+    assert torch.equal(out, torch.zeros_like(out)) and torch.isneginf(lse).all()
+    q, k, v = _dense_inputs((3, 1, 1, 2, 1, 32, 32), dtype, device)
+    out, lse = fmha.attention(q, k, v, return_lse=True, causal=True)
+    assert_close("out", out, v.float().repeat_interleave(2, dim=2), dtype)
+    q, k, v = _dense_inputs((1, 40, 20, 2, 2, 64, 64), dtype, device)
+    out, lse = fmha.attention(q, k, v, return_lse=True, window=(0, 0))
+    ref, ref_lse = attention_ref(q, k, v, window=(0, 0))
+    assert torch.isneginf(ref_lse).any()
+    assert_close("out", out, ref, dtype)
+    assert_lse_close(lse, ref_lse)
