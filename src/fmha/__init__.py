@@ -4,9 +4,16 @@ Public API (see each function's docstring for shapes and options):
     attention, attention_varlen    fused prefill attention, padded or packed (varlen) batches
     reference                      fp32 oracles for every op (the tests' ground truth)
 
-Kernels run on CUDA tensors, or on CPU tensors under the Triton interpreter (set TRITON_INTERPRET=1
-before importing fmha).
+Kernels run on CUDA tensors. On a machine with no CUDA device, importing fmha switches Triton to its
+CPU interpreter (TRITON_INTERPRET=1, which must be set before Triton compiles anything), so the same
+kernels run on CPU tensors there: slowly, for tests and for `fmha run`'s small default case.
 """
+import os as _os
+
+import torch as _torch
+
+if not _torch.cuda.is_available():
+    _os.environ.setdefault("TRITON_INTERPRET", "1")
 from . import reference
 from .attention import attention, attention_varlen
 

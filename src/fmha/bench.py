@@ -1,0 +1,271 @@
+"""`fmha bench`: our kernels against every peer importable here, in one process, on the same inputs.
+
+Each row reports TFLOP/s (FlashMLA's formula: 2 * visible (q, k) pairs * heads * (dqk + dv)), GB/s
+(each input read once, the output written once), the ratio of ours to each peer, and the fraction of
+this GPU's own bf16 matmul peak and device-copy bandwidth, both measured in the same run.
+Peers are optional imports: torch SDPA (FLASH_ATTENTION = FlashAttention-2, CUDNN_ATTENTION), FlexAttention
+(compiled), and `flash_attn` (FA2) / `flash_attn_interface` (FA3) when installed.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import time
+
+import torch
+
+
+# ---------------------------------------------------------------------------------------------- timing
+
+def time_fn(fn, runs=20, warmup=5):
+    """Median seconds per call. CUDA: events around each call after warm-up; CPU: wall clock."""
+    for _ in range(warmup):
+        fn()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(runs):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        return statistics.median(times)
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def bench_gpu(fn, rep_ms=200):
+    """Median seconds per call on the GPU; triton's do_bench flushes L2 between calls."""
+    import triton.testing
+
+    return triton.testing.do_bench(fn, warmup=50, rep=rep_ms, return_mode="median") / 1e3
+
+
+def visible_pairs(sq, sk, window, causal):
+    """Number of (query, key) pairs the mask lets through, per (batch, head)."""
+    left, right = window
+    if causal:
+        right = 0
+    total = 0
+    for i in range(sq):
+        lo = 0 if left < 0 else max(0, i + sk - sq - left)
+        hi = sk - 1 if right < 0 else min(sk - 1, i + sk - sq + right)
+        total += max(0, hi - lo + 1)
+    return total
+
+
+def attention_flops(b, sq, sk, hq, dqk, dv, window=(-1, -1), causal=False):
+    return 2 * b * hq * visible_pairs(sq, sk, window, causal) * (dqk + dv)
+
+
+def gpu_ceilings():
+    """This GPU's bf16 matmul rate (8192^3) and device-copy bandwidth (bytes read + written), measured now."""
+    n = 8192
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    t_mm = bench_gpu(lambda: torch.matmul(a, b))
+    del a, b
+    src = torch.randn(256 * 1024 * 1024, device="cuda")          # 1 GiB
+    dst = torch.empty_like(src)
+    t_cp = bench_gpu(lambda: dst.copy_(src))
+    nbytes = 2 * src.numel() * src.element_size()
+    del src, dst
+    return dict(matmul_tflops=2 * n ** 3 / t_mm / 1e12, copy_gbps=nbytes / t_cp / 1e9)
+
+
+# ----------------------------------------------------------------------------------------------- peers
+
+def prefill_peers():
+    """name → builder(q, k, v, causal) returning a zero-arg callable. q/k/v are NHD (b, s, h, d)."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    peers = {}
+
+    def sdpa(backend):
+        def build(q, k, v, causal):
+            qt, kt, vt = (t.transpose(1, 2).contiguous() for t in (q, k, v))   # SDPA's native (b, h, s, d)
+            gqa = q.shape[2] != k.shape[2]
+
+            def call():
+                with sdpa_kernel(backend):
+                    return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=gqa)
+            return call
+        return build
+
+    peers["cudnn"] = sdpa(SDPBackend.CUDNN_ATTENTION)
+    peers["sdpa-fa2"] = sdpa(SDPBackend.FLASH_ATTENTION)
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        flex = torch.compile(flex_attention, dynamic=False)
+
+        def build_flex(q, k, v, causal):
+            qt, kt, vt = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+            mask = None
+            if causal:
+                sq, sk = q.shape[1], k.shape[1]
+                mask = create_block_mask(lambda b, h, i, j: j <= i + (sk - sq), None, None, sq, sk)
+            gqa = q.shape[2] != k.shape[2]
+            return lambda: flex(qt, kt, vt, block_mask=mask, enable_gqa=gqa)
+        peers["flex"] = build_flex
+    except ImportError:
+        pass
+    try:
+        import flash_attn
+        peers["flash_attn2"] = lambda q, k, v, causal: (lambda: flash_attn.flash_attn_func(q, k, v, causal=causal))
+    except ImportError:
+        pass
+    try:
+        import flash_attn_interface
+        peers["fa3"] = lambda q, k, v, causal: (lambda: flash_attn_interface.flash_attn_func(q, k, v, causal=causal))
+    except ImportError:
+        pass
+    return peers
+
+
+# ---------------------------------------------------------------------------------------------- prefill
+
+PREFILL_CASES = [(d, s, causal) for d in (64, 128, 256) for s in (1024, 4096, 16384) for causal in (False, True)]
+
+
+def bench_prefill(args):
+    import fmha
+
+    total_tokens, hidden = 16384, 2048
+    dtype = torch.bfloat16
+    peers = prefill_peers()
+    rows = []
+    cases = PREFILL_CASES
+    if args.head_dim:
+        cases = [c for c in cases if c[0] in args.head_dim]
+    for d, s, causal in cases:
+        b, h = total_tokens // s, hidden // d
+        torch.manual_seed(0)
+        q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=dtype) for _ in range(3))
+        flops = attention_flops(b, s, s, h, d, d, causal=causal)
+        nbytes = 4 * q.numel() * q.element_size()
+        impls = {"ours": lambda: fmha.attention(q, k, v, causal=causal)}
+        for name, build in peers.items():
+            impls[name] = build(q, k, v, causal)
+        ref = impls["ours"]().float()
+        row = dict(workload="prefill", d=d, s=s, b=b, h=h, causal=causal)
+        for name, fn in impls.items():
+            try:
+                out = fn()
+                out = out[0] if isinstance(out, tuple) else out
+                if name != "ours":      # same inputs, same answer: guard against timing a wrong kernel
+                    out = out.transpose(1, 2) if out.shape[1] == h and out.shape[2] == s else out
+                    err = (out.float() - ref).abs().max().item()
+                    if err > 0.05:
+                        raise RuntimeError(f"disagrees with ours (max abs diff {err:.3f})")
+                t = bench_gpu(fn)
+                row[f"{name}_tflops"] = flops / t / 1e12
+                row[f"{name}_gbps"] = nbytes / t / 1e9
+            except Exception as e:  # a peer that cannot run this shape is reported, not fatal
+                row[f"{name}_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
+        for name in impls:
+            if name != "ours" and f"{name}_tflops" in row and "ours_tflops" in row:
+                row[f"ours_vs_{name}"] = row["ours_tflops"] / row[f"{name}_tflops"]
+        rows.append(row)
+        _print_row(row, list(impls))
+        del q, k, v, ref
+        torch.cuda.empty_cache()
+    return rows
+
+
+def _print_row(row, names):
+    head = f"d={row['d']:<3} s={row['s']:<5} b={row['b']:<2} h={row['h']:<2} {'causal' if row['causal'] else 'full  '}"
+    cells = []
+    for n in names:
+        if f"{n}_tflops" in row:
+            cells.append(f"{n} {row[f'{n}_tflops']:6.1f}")
+        else:
+            cells.append(f"{n} n/a")
+    ratios = [f"x{n} {row[f'ours_vs_{n}']:.2f}" for n in names if f"ours_vs_{n}" in row]
+    print(head + " | TFLOP/s " + "  ".join(cells) + " | " + " ".join(ratios), flush=True)
+
+
+# ------------------------------------------------------------------------------------------------ output
+
+def _commit(explicit):
+    if explicit:
+        return explicit
+    try:
+        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True,
+                                       stderr=subprocess.DEVNULL).strip()
+    except Exception:
+        return "unknown"
+
+
+def _write(path, payload):
+    with open(path, "w") as f:
+        json.dump(payload, f, indent=1)
+    stem = os.path.splitext(path)[0]
+    keys = sorted({k for r in payload["rows"] for k in r})
+    with open(stem + ".csv", "w") as f:
+        f.write(",".join(keys) + "\n")
+        for r in payload["rows"]:
+            f.write(",".join(str(r.get(k, "")) for k in keys) + "\n")
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    rows = payload["rows"]
+    names = [n for n in ("ours", "cudnn", "sdpa-fa2", "flex", "flash_attn2", "fa3")
+             if any(f"{n}_tflops" in r for r in rows)]
+    labels = [f"d{r['d']} s{r['s'] // 1024}k{' c' if r['causal'] else ''}" for r in rows]
+    fig, ax = plt.subplots(figsize=(max(8, len(rows) * 0.7), 4.5))
+    width = 0.8 / max(1, len(names))
+    for i, n in enumerate(names):
+        ax.bar([x + i * width for x in range(len(rows))], [r.get(f"{n}_tflops", 0) for r in rows], width, label=n)
+    peak = payload["gpu"].get("matmul_tflops")
+    if peak:
+        ax.axhline(peak, color="k", ls="--", lw=0.8, label="bf16 matmul peak (measured)")
+    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(rows))])
+    ax.set_xticklabels(labels, rotation=60, fontsize=7)
+    ax.set_ylabel("TFLOP/s")
+    ax.set_title(f"fmha bench {payload['workload']} — {payload['gpu']['name']}")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(stem + ".png", dpi=120)
+
+
+def main(argv):
+    p = argparse.ArgumentParser(prog="fmha bench", description=__doc__.splitlines()[0])
+    p.add_argument("workload", choices=("prefill", "decode", "mla"))
+    p.add_argument("--out", default=None, help="JSON path (a .csv and .png are written beside it)")
+    p.add_argument("--commit", default=None, help="commit to record (default: git rev-parse HEAD)")
+    p.add_argument("--head-dim", type=int, nargs="*", default=None, help="only these head dims")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("fmha bench needs a CUDA GPU (peers and timings are GPU-only)")
+        return 2
+    if args.workload != "prefill":
+        print(f"fmha bench {args.workload}: not built yet (see the open issues)")
+        return 2
+    gpu = dict(name=torch.cuda.get_device_name(), **gpu_ceilings())
+    print(f"{gpu['name']}: bf16 matmul {gpu['matmul_tflops']:.0f} TFLOP/s, copy {gpu['copy_gbps']:.0f} GB/s "
+          f"(measured now)", flush=True)
+    rows = bench_prefill(args)
+    for r in rows:
+        if "ours_tflops" in r:
+            r["ours_frac_matmul_peak"] = r["ours_tflops"] / gpu["matmul_tflops"]
+    payload = dict(workload=args.workload, gpu=gpu, date=datetime.datetime.now().isoformat(timespec="seconds"),
+                   commit=_commit(args.commit), torch=torch.__version__,
+                   triton=__import__("triton").__version__, rows=rows)
+    if args.out:
+        _write(args.out, payload)
+        print(f"wrote {args.out}")
+    return 0

@@ -1,0 +1,77 @@
+"""Bad input raises TypeError/ValueError naming the argument, before any launch, writing nothing."""
+import pytest
+import torch
+
+import fmha
+from conftest import ON_GPU
+
+DEV = "cuda" if ON_GPU else "cpu"
+DT = torch.float16
+
+
+def qkv(b=1, sq=8, sk=8, hq=4, hk=2, d=64, dv=None, dtype=DT):
+    dv = dv or d
+    return (torch.randn(b, sq, hq, d, device=DEV, dtype=dtype), torch.randn(b, sk, hk, d, device=DEV, dtype=dtype),
+            torch.randn(b, sk, hk, dv, device=DEV, dtype=dtype))
+
+
+def _bad(kind, match, fn, *args, **kwargs):
+    with pytest.raises(kind, match=match):
+        fn(*args, **kwargs)
+
+
+def test_dtype_and_type_errors():
+    q, k, v = qkv()
+    _bad(TypeError, "q: expected dtype", fmha.attention, q.float(), k, v)
+    _bad(TypeError, "k: expected dtype", fmha.attention, q, k.bfloat16(), v)
+    _bad(TypeError, "q: expected a torch.Tensor", fmha.attention, q.tolist(), k, v)
+    _bad(TypeError, "window", fmha.attention, q, k, v, window=(1.5, 0))
+    _bad(TypeError, "causal", fmha.attention, q, k, v, causal=1)
+    _bad(TypeError, "sinks: expected dtype", fmha.attention, q, k, v, sinks=torch.zeros(4, device=DEV, dtype=DT))
+    _bad(TypeError, "softcap", fmha.attention, q, k, v, softcap="3")
+
+
+def test_shape_errors():
+    q, k, v = qkv()
+    _bad(ValueError, "q: expected a 4-D", fmha.attention, q[0], k, v)
+    _bad(ValueError, "heads_k must divide", fmha.attention, *qkv(hq=4, hk=3))
+    _bad(ValueError, "k: head_dim must equal", fmha.attention, q, k[..., :32], v)
+    _bad(ValueError, "v: leading dims", fmha.attention, q, k, v[:, :4])
+    _bad(ValueError, "k: batch", fmha.attention, q, torch.cat([k, k]), torch.cat([v, v]))
+    _bad(ValueError, "head_dim must be a multiple of 8", fmha.attention, *qkv(d=20))
+    _bad(ValueError, "head_dim must be a multiple of 8", fmha.attention, *qkv(d=320))
+    _bad(ValueError, "last dimension must be contiguous", fmha.attention, q.transpose(-1, -2).contiguous().transpose(-1, -2), k, v)
+    _bad(ValueError, "alibi_slopes: expected shape", fmha.attention, q, k, v, alibi_slopes=torch.zeros(2, device=DEV))
+    _bad(ValueError, "window", fmha.attention, q, k, v, window=(-2, 0))
+    _bad(ValueError, "softmax_scale", fmha.attention, q, k, v, softmax_scale=-1.0)
+    _bad(ValueError, "out: expected shape", fmha.attention, q, k, v, out=torch.empty(1, 8, 4, 32, device=DEV, dtype=DT))
+
+
+def test_varlen_errors():
+    q, k, v = (t[0] for t in qkv())
+    cu = torch.tensor([0, 8], dtype=torch.int32, device=DEV)
+    _bad(TypeError, "cu_seqlens_q: expected dtype", fmha.attention_varlen, q, k, v, cu.long(), cu, 8, 8)
+    _bad(ValueError, "cu_seqlens_k: expected length 2", fmha.attention_varlen, q, k, v, cu,
+         torch.tensor([0, 4, 8], dtype=torch.int32, device=DEV), 8, 8)
+    _bad(TypeError, "max_seqlen_q: expected an int", fmha.attention_varlen, q, k, v, cu, cu, 8.0, 8)
+    _bad(ValueError, "q: expected a 3-D", fmha.attention_varlen, q[None], k, v, cu, cu, 8, 8)
+
+
+def test_error_writes_nothing():
+    q, k, v = qkv()
+    out = torch.full_like(q, 7.0)
+    with pytest.raises(ValueError):
+        fmha.attention(q, k, v, out=out, alibi_slopes=torch.zeros(3, device=DEV))
+    assert (out == 7.0).all()
+
+
+@pytest.mark.skipif(ON_GPU, reason="on a GPU machine CPU tensors are the wrong device")
+def test_cpu_tensor_needs_interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    _bad(ValueError, "q: expected a CUDA tensor", fmha.attention, *qkv())
+
+
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
+def test_device_mismatch():
+    q, k, v = qkv()
+    _bad(ValueError, "k: expected a tensor on", fmha.attention, q, k.cpu(), v)
