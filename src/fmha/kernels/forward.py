@@ -276,6 +276,8 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
     """Launch the forward kernel. Dense: q (b, sq, hq, d). Varlen: q (total_q, hq, d) + cu_seqlens.
 
     Writes `out` (same layout as q, head_dim_v) and `lse` ((b, hq, sq) dense, (hq, total_q) varlen).
+    `pack_gqa`, `use_tma` and `tiles` (BLOCK_M, BLOCK_N, num_warps, num_stages) override the automatic
+    choices (tests and tuning).
     """
     varlen = cu_seqlens_q is not None
     if varlen:
@@ -293,7 +295,7 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
     group = heads_q // heads_k
     if batch == 0 or heads_q == 0 or seqlen_q == 0:
         return
-    block_m, block_n, num_warps, num_stages = _tile_config(dqk, dv, interpret)
+    block_m, block_n, num_warps, num_stages = tiles or _tile_config(dqk, dv, interpret)
     if pack_gqa is None:
         # Pack the heads of a group into the M tile when one head's queries would not fill it.
         pack_gqa = group > 1 and seqlen_q * 2 <= block_m
