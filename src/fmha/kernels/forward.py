@@ -271,7 +271,7 @@ def _ensure_allocator(device):
 
 
 def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                      softmax_scale, window, softcap, alibi_slopes, sinks, pack_gqa=None, use_tma=None,
+                      softmax_scale, window, softcap, alibi_slopes, sinks, pack_gqa=None, use_tma=None, tiles=None,
                       interpret=False):
     """Launch the forward kernel. Dense: q (b, sq, hq, d). Varlen: q (total_q, hq, d) + cu_seqlens.
 
