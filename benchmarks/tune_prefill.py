@@ -5,6 +5,8 @@
 Prints one line per (case, config): TFLOP/s and the ratio to cuDNN. Used to fill `_GPU_TILES`.
 """
 import argparse
+import datetime
+import os
 import itertools
 import json
 
@@ -64,7 +66,8 @@ def main():
                   f"err {err:.1e}", flush=True)
     if args.out:
         with open(args.out, "w") as f:
-            json.dump(dict(gpu=torch.cuda.get_device_name(), rows=rows), f, indent=1)
+            json.dump(dict(gpu=torch.cuda.get_device_name(), date=datetime.date.today().isoformat(),
+                           commit=os.environ.get("FMHA_COMMIT", "unknown"), rows=rows), f, indent=1)
 
 
 if __name__ == "__main__":

@@ -138,7 +138,7 @@ def prefill_peers():
 PREFILL_CASES = [(d, s, causal) for d in (64, 128, 256) for s in (1024, 4096, 16384) for causal in (False, True)]
 
 
-def bench_prefill(args):
+def bench_prefill(args, record):
     import fmha
 
     total_tokens, hidden = 16384, 2048
@@ -177,6 +177,7 @@ def bench_prefill(args):
             if name != "ours" and f"{name}_tflops" in row and "ours_tflops" in row:
                 row[f"ours_vs_{name}"] = row["ours_tflops"] / row[f"{name}_tflops"]
         rows.append(row)
+        record(row)
         _print_row(row, list(impls))
         del q, k, v, ref
         torch.cuda.empty_cache()
@@ -258,14 +259,20 @@ def main(argv):
     gpu = dict(name=torch.cuda.get_device_name(), **gpu_ceilings())
     print(f"{gpu['name']}: bf16 matmul {gpu['matmul_tflops']:.0f} TFLOP/s, copy {gpu['copy_gbps']:.0f} GB/s "
           f"(measured now)", flush=True)
-    rows = bench_prefill(args)
-    for r in rows:
-        if "ours_tflops" in r:
-            r["ours_frac_matmul_peak"] = r["ours_tflops"] / gpu["matmul_tflops"]
     payload = dict(workload=args.workload, gpu=gpu, date=datetime.datetime.now().isoformat(timespec="seconds"),
                    commit=_commit(args.commit), torch=torch.__version__,
-                   triton=__import__("triton").__version__, rows=rows)
+                   triton=__import__("triton").__version__, rows=[])
+
+    def record(row):
+        # Written after every row, so a run cut off by a time limit still leaves what it measured.
+        if "ours_tflops" in row:
+            row["ours_frac_matmul_peak"] = row["ours_tflops"] / gpu["matmul_tflops"]
+            row["ours_frac_copy_bw"] = row["ours_gbps"] / gpu["copy_gbps"]
+        payload["rows"].append(row)
+        if args.out:
+            _write(args.out, payload)
+
+    bench_prefill(args, record)
     if args.out:
-        _write(args.out, payload)
         print(f"wrote {args.out}")
     return 0
