@@ -21,10 +21,11 @@ SCRIPT = textwrap.dedent('''
     consts = dict(HEAD_DIM_QK=d, HEAD_DIM_V=dv, BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=block_d, BLOCK_DT=max(block_dt, 16),
                   BLOCK_DV=triton.next_power_of_2(dv), HAS_TAIL=block_dt > 0, IS_VARLEN=varlen, MASK_LEFT=False,
                   MASK_RIGHT=causal, HAS_SOFTCAP=True, HAS_ALIBI=True, HAS_SINKS=True, REVERSE_M=causal,
-                  USE_TMA=use_tma)
+                  TMA=1 if use_tma else 0)
     ptrs = dict(Q="*bf16", K="*bf16", V="*bf16", O="*bf16", LSE="*fp32", CU_Q="*i32", CU_K="*i32",
-                SLOPES="*fp32", SINKS="*fp32")
+                SLOPES="*fp32", SINKS="*fp32", K_DESC="constexpr", V_DESC="constexpr")
     names = list(inspect.signature(attn_fwd_kernel.fn).parameters)
+    consts.update(K_DESC=None, V_DESC=None)
     sig = {n: ptrs.get(n, "constexpr" if n in consts else ("fp32" if n in ("qk_scale_log2", "softcap") else "i32"))
            for n in names}
     src = ASTSource(attn_fwd_kernel, sig, constexprs={(names.index(k),): v for k, v in consts.items()})

@@ -107,6 +107,11 @@ def prefill_peers():
     peers["sdpa-fa2"] = sdpa(SDPBackend.FLASH_ATTENTION)
     try:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        # Every case is a new shape: without a higher limit dynamo stops recompiling after 8 and flex
+        # silently falls back to an unfused, score-materialising implementation (it would time the wrong thing).
+        for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit"):
+            if hasattr(torch._dynamo.config, name):
+                setattr(torch._dynamo.config, name, 4096)
         flex = torch.compile(flex_attention, dynamic=False)
 
         def build_flex(q, k, v, causal):

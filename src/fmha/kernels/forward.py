@@ -30,15 +30,22 @@ def _load_tile(ptrs, rows, cols, n_rows, N_COLS: tl.constexpr, BLOCK_COLS: tl.co
 
 
 @triton.jit
-def _load_kv_tile(k_base, v_base, k_desc, v_desc, n, offs_n, offs_d, offs_dt, offs_dv, stride_ks, stride_vs,
+def _load_kv_tile(k_base, v_base, k_desc, v_desc, n, b, kv_head, offs_n, offs_d, offs_dt, offs_dv, stride_ks, stride_vs,
                   k_len, HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_D: tl.constexpr,
                   BLOCK_DT: tl.constexpr, BLOCK_DV: tl.constexpr, HAS_TAIL: tl.constexpr, BOUNDS: tl.constexpr,
-                  USE_TMA: tl.constexpr):
+                  TMA: tl.constexpr):
     """K tile (BLOCK_N, BLOCK_D) [+ tail (BLOCK_N, BLOCK_DT)] and V tile (BLOCK_N, BLOCK_DV) at key `n`."""
-    if USE_TMA:
-        # The descriptor's shape stops at k_len: TMA zero-fills past the end, nothing beyond it is read.
+    if TMA == 1:
+        # Per-sequence descriptor whose shape stops at k_len: TMA zero-fills past the end.
         k = k_desc.load([n, 0])
         v = v_desc.load([n, 0])
+        k_t = k
+    elif TMA == 2:
+        # Host descriptor over (batch, seqlen_k, heads_k, d): bounds per dimension, so zero fill past seqlen_k.
+        k4 = k_desc.load([b, n, kv_head, 0])
+        v4 = v_desc.load([b, n, kv_head, 0])
+        k = k4.reshape(k4.shape[1], k4.shape[3])
+        v = v4.reshape(v4.shape[1], v4.shape[3])
         k_t = k
     else:
         rows = n + offs_n
@@ -55,22 +62,22 @@ def _load_kv_tile(k_base, v_base, k_desc, v_desc, n, offs_n, offs_d, offs_dt, of
 
 
 @triton.jit
-def _attn_run(acc, l_i, m_i, q, q_t, k_base, v_base, k_desc, v_desc, start, end,
+def _attn_run(acc, l_i, m_i, q, q_t, k_base, v_base, k_desc, v_desc, b, kv_head, start, end,
               q_pos, slope_log2, diag, window_left, window_right, k_len, stride_ks, stride_vs,
               qk_scale_log2, softcap,
               HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_N: tl.constexpr,
               BLOCK_D: tl.constexpr, BLOCK_DT: tl.constexpr, BLOCK_DV: tl.constexpr, HAS_TAIL: tl.constexpr,
               MASKED: tl.constexpr, MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr,
-              HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, USE_TMA: tl.constexpr):
+              HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, TMA: tl.constexpr):
     """Online softmax over the key tiles starting at start, start + BLOCK_N, ... < end."""
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dt = tl.arange(0, BLOCK_DT)
     offs_dv = tl.arange(0, BLOCK_DV)
     for n in tl.range(start, end, BLOCK_N):
-        k, k_t, v = _load_kv_tile(k_base, v_base, k_desc, v_desc, n, offs_n, offs_d, offs_dt, offs_dv,
+        k, k_t, v = _load_kv_tile(k_base, v_base, k_desc, v_desc, n, b, kv_head, offs_n, offs_d, offs_dt, offs_dv,
                                   stride_ks, stride_vs, k_len, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_D, BLOCK_DT,
-                                  BLOCK_DV, HAS_TAIL, MASKED, USE_TMA)
+                                  BLOCK_DV, HAS_TAIL, MASKED, TMA)
         qk = tl.dot(q, tl.trans(k))
         if HAS_TAIL:
             qk = tl.dot(q_t, tl.trans(k_t), qk)
@@ -85,7 +92,7 @@ def _attn_run(acc, l_i, m_i, q, q_t, k_base, v_base, k_desc, v_desc, start, end,
 
 @triton.jit
 def attn_fwd_kernel(
-    Q, K, V, O, LSE, CU_Q, CU_K, SLOPES, SINKS,
+    Q, K, V, O, LSE, CU_Q, CU_K, SLOPES, SINKS, K_DESC, V_DESC,
     seqlen_q, seqlen_k,
     stride_qb, stride_qs, stride_qh,
     stride_kb, stride_ks, stride_kh,
@@ -99,7 +106,7 @@ def attn_fwd_kernel(
     BLOCK_D: tl.constexpr, BLOCK_DT: tl.constexpr, BLOCK_DV: tl.constexpr, HAS_TAIL: tl.constexpr,
     IS_VARLEN: tl.constexpr, MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_SINKS: tl.constexpr,
-    REVERSE_M: tl.constexpr, USE_TMA: tl.constexpr,
+    REVERSE_M: tl.constexpr, TMA: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -149,7 +156,10 @@ def attn_fwd_kernel(
         v_base += k_start.to(tl.int64) * stride_vs
     k_desc = k_base
     v_desc = v_base
-    if USE_TMA:
+    if TMA == 2:
+        k_desc = K_DESC
+        v_desc = V_DESC
+    if TMA == 1:
         k_desc = tl.make_tensor_descriptor(k_base, shape=[tl.maximum(k_len, 1), HEAD_DIM_QK],
                                            strides=[stride_ks, 1], block_shape=[BLOCK_N, BLOCK_D])
         v_desc = tl.make_tensor_descriptor(v_base, shape=[tl.maximum(k_len, 1), HEAD_DIM_V],
@@ -175,18 +185,18 @@ def attn_fwd_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    acc, l_i, m_i = _attn_run(acc, l_i, m_i, q, q_t, k_base, v_base, k_desc, v_desc, lo, mid_lo,
+    acc, l_i, m_i = _attn_run(acc, l_i, m_i, q, q_t, k_base, v_base, k_desc, v_desc, b, kv_head, lo, mid_lo,
                               q_pos, slope_log2, diag, window_left, window_right, k_len, stride_ks, stride_vs,
                               qk_scale_log2, softcap, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DT,
-                              BLOCK_DV, HAS_TAIL, True, MASK_LEFT, MASK_RIGHT, HAS_SOFTCAP, HAS_ALIBI, USE_TMA)
-    acc, l_i, m_i = _attn_run(acc, l_i, m_i, q, q_t, k_base, v_base, k_desc, v_desc, mid_lo, mid_hi,
+                              BLOCK_DV, HAS_TAIL, True, MASK_LEFT, MASK_RIGHT, HAS_SOFTCAP, HAS_ALIBI, TMA)
+    acc, l_i, m_i = _attn_run(acc, l_i, m_i, q, q_t, k_base, v_base, k_desc, v_desc, b, kv_head, mid_lo, mid_hi,
                               q_pos, slope_log2, diag, window_left, window_right, k_len, stride_ks, stride_vs,
                               qk_scale_log2, softcap, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DT,
-                              BLOCK_DV, HAS_TAIL, False, MASK_LEFT, MASK_RIGHT, HAS_SOFTCAP, HAS_ALIBI, USE_TMA)
-    acc, l_i, m_i = _attn_run(acc, l_i, m_i, q, q_t, k_base, v_base, k_desc, v_desc, mid_hi, hi,
+                              BLOCK_DV, HAS_TAIL, False, MASK_LEFT, MASK_RIGHT, HAS_SOFTCAP, HAS_ALIBI, TMA)
+    acc, l_i, m_i = _attn_run(acc, l_i, m_i, q, q_t, k_base, v_base, k_desc, v_desc, b, kv_head, mid_hi, hi,
                               q_pos, slope_log2, diag, window_left, window_right, k_len, stride_ks, stride_vs,
                               qk_scale_log2, softcap, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DT,
-                              BLOCK_DV, HAS_TAIL, True, MASK_LEFT, MASK_RIGHT, HAS_SOFTCAP, HAS_ALIBI, USE_TMA)
+                              BLOCK_DV, HAS_TAIL, True, MASK_LEFT, MASK_RIGHT, HAS_SOFTCAP, HAS_ALIBI, TMA)
 
     # Epilogue: normalise; rows that saw no key have l = 0, m = -inf → output 0, LSE -inf.
     m_shift = tl.where(m_i == float("-inf"), 0.0, m_i)
@@ -307,13 +317,21 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
     block_dv = _next_pow2(dv)
     if use_tma is None:
         use_tma = not interpret and block_dt == 0 and _tma_ok(k, dqk, block_d) and _tma_ok(v, dv, block_dv)
-    if use_tma:
+    tma, k_desc, v_desc = 0, None, None
+    if use_tma and varlen:
+        tma = 1                       # per-sequence descriptors built in the kernel
         _ensure_allocator(q.device)
+    elif use_tma:
+        # Dense: descriptors built once on the host; building them per program cost ~10-20% at s <= 4k.
+        from triton.tools.tensor_descriptor import TensorDescriptor
+        tma = 2
+        k_desc = TensorDescriptor(k, list(k.shape), list(k.stride()), [1, block_n, 1, block_d])
+        v_desc = TensorDescriptor(v, list(v.shape), list(v.stride()), [1, block_n, 1, block_dv])
     left, right = window
     scale = softmax_scale if softmax_scale is not None else dqk ** -0.5
     grid = (batch * heads_eff, triton.cdiv(seqlen_q * gp, block_m))
     attn_fwd_kernel[grid](
-        q4, k4, v4, o4, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks,
+        q4, k4, v4, o4, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks, k_desc, v_desc,
         seqlen_q, seqlen_k,
         *_strides(q4, varlen), *_strides(k4, varlen), *_strides(v4, varlen), *_strides(o4, varlen),
         *lse_strides,
@@ -323,6 +341,6 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
         BLOCK_D=block_d, BLOCK_DT=max(block_dt, 16), BLOCK_DV=block_dv, HAS_TAIL=block_dt > 0,
         IS_VARLEN=varlen, MASK_LEFT=left >= 0, MASK_RIGHT=right >= 0,
         HAS_SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None, HAS_SINKS=sinks is not None,
-        REVERSE_M=right >= 0, USE_TMA=use_tma,
+        REVERSE_M=right >= 0, TMA=tma,
         num_warps=num_warps, num_stages=num_stages,
     )
