@@ -316,7 +316,8 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
     block_d, block_dt = _split_head_dim(dqk)
     block_dv = _next_pow2(dv)
     if use_tma is None:
-        use_tma = not interpret and block_dt == 0 and _tma_ok(k, dqk, block_d) and _tma_ok(v, dv, block_dv)
+        # TMA descriptors cannot describe an empty tensor (seqlen_k = 0): pointer loads then.
+        use_tma = not interpret and block_dt == 0 and k.numel() > 0 and _tma_ok(k, dqk, block_d) and _tma_ok(v, dv, block_dv)
     tma, k_desc, v_desc = 0, None, None
     if use_tma and varlen:
         tma = 1                       # per-sequence descriptors built in the kernel
