@@ -51,3 +51,10 @@ def assert_lse_close(ours, ref):
     if finite.any():
         err = (ours[finite] - ref[finite]).abs().max().item()
         assert err <= LSE_ATOL, f"lse: max abs err {err:.3e}"
+
+
+def assert_matches(got, lse, oracle, dtype):
+    """`oracle` is the (out, lse) pair from fmha.reference."""
+    ref, ref_lse = oracle
+    assert_close("out", got, ref, dtype)
+    assert_lse_close(lse, ref_lse)
