@@ -2,6 +2,7 @@
 
 Public API (see each function's docstring for shapes and options):
     attention, attention_varlen    fused prefill attention, padded or packed (varlen) batches
+    merge_attention_states[_list]  exact merge of partial results over disjoint key sets
     reference                      fp32 oracles for every op (the tests' ground truth)
 
 Kernels run on CUDA tensors. On a machine with no CUDA device, importing fmha switches Triton to its
@@ -16,6 +17,7 @@ if not _torch.cuda.is_available():
     _os.environ.setdefault("TRITON_INTERPRET", "1")
 from . import reference
 from .attention import attention, attention_varlen
+from .merge import merge_attention_states, merge_attention_states_list
 
-__all__ = ["attention", "attention_varlen", "reference"]
+__all__ = ["attention", "attention_varlen", "merge_attention_states", "merge_attention_states_list", "reference"]
 __version__ = "0.1.0"

@@ -1,0 +1,62 @@
+"""Exact merging of attention computed over disjoint key sets (split-KV, cascade / shared prefixes,
+context parallelism, two-source attention).
+
+If `(o_i, lse_i)` is softmax attention of the same queries over key set K_i, then over the union:
+    lse = log(sum_i e^{lse_i}),   o = sum_i e^{lse_i - lse} * o_i.
+A part that saw no key (lse -inf) gets weight 0; if no part saw a key, o = 0 and lse = -inf.
+All arithmetic is fp32; the output takes the dtype of the first `o`.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import _validate as V
+
+__all__ = ["merge_attention_states", "merge_attention_states_list"]
+
+
+def _check_parts(outs, lses):
+    if len(outs) != len(lses) or len(outs) == 0:
+        raise ValueError(f"lses: expected one LSE per output ({len(outs)} outputs), got {len(lses)}")
+    o0 = outs[0]
+    for i, (o, lse) in enumerate(zip(outs, lses)):
+        V.check_tensor(f"o[{i}]", o, dtypes=(torch.float16, torch.bfloat16, torch.float32), device=o0.device)
+        V.check_tensor(f"lse[{i}]", lse, dtypes=(torch.float32,), device=o0.device)
+        if o.dim() < 1 or o.shape != o0.shape:
+            raise ValueError(f"o[{i}]: expected shape {tuple(o0.shape)} (all parts alike), got {tuple(o.shape)}")
+        if o.dtype != o0.dtype:
+            raise TypeError(f"o[{i}]: expected dtype {o0.dtype} like o[0], got {o.dtype}")
+        if lse.shape != o.shape[:-1]:
+            raise ValueError(f"lse[{i}]: expected shape {tuple(o.shape[:-1])} (o's shape without its last dim), "
+                             f"got {tuple(lse.shape)}")
+
+
+def _merge(outs, lses):
+    lse_all = torch.stack(list(lses))                       # (n, *)
+    lse = torch.logsumexp(lse_all, dim=0)                   # -inf where every part is -inf
+    safe = torch.where(torch.isneginf(lse), 0.0, lse)
+    weights = torch.exp(lse_all - safe)                     # e^{-inf} = 0 for empty parts
+    o = sum(w.unsqueeze(-1) * part.float() for w, part in zip(weights, outs))
+    return o.to(outs[0].dtype), lse
+
+
+def merge_attention_states(o_a, lse_a, o_b, lse_b):
+    """Merge two partial attention results over disjoint key sets.
+
+    Args:
+        o_a, o_b: `(*, head_dim)` partial outputs, same shape and dtype (fp16/bf16/fp32).
+        lse_a, lse_b: `(*)` fp32 natural-log LSEs, shape = o's shape without the last dim. For fmha's
+            `(batch, seqlen, heads, d)` outputs with `(batch, heads, seqlen)` LSEs, pass `lse.transpose(1, 2)`.
+
+    Returns:
+        `(o, lse)`: o in o_a's dtype, lse fp32; exact up to rounding, -inf handled on either side.
+    """
+    _check_parts([o_a, o_b], [lse_a, lse_b])
+    return _merge([o_a, o_b], [lse_a, lse_b])
+
+
+def merge_attention_states_list(outs, lses):
+    """The list form of `merge_attention_states`: any number of parts, same shapes as the pair form."""
+    outs, lses = list(outs), list(lses)
+    _check_parts(outs, lses)
+    return _merge(outs, lses)
