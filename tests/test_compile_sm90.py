@@ -15,15 +15,15 @@ SCRIPT = textwrap.dedent('''
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     from fmha.kernels.forward import attn_fwd_kernel, _GPU_TILES, _split_head_dim
-    d, dv, use_tma, causal, varlen = json.loads(sys.argv[1])
+    d, dv, use_tma, causal, varlen, paged = json.loads(sys.argv[1])
     bm, bn, warps, stages = _GPU_TILES[max(d, dv) if max(d, dv) in _GPU_TILES else 1024]
     block_d, block_dt = _split_head_dim(d)
     consts = dict(HEAD_DIM_QK=d, HEAD_DIM_V=dv, BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=block_d, BLOCK_DT=max(block_dt, 16),
                   BLOCK_DV=triton.next_power_of_2(dv), HAS_TAIL=block_dt > 0, IS_VARLEN=varlen, MASK_LEFT=False,
                   MASK_RIGHT=causal, HAS_SOFTCAP=True, HAS_ALIBI=True, HAS_SINKS=True, REVERSE_M=causal,
-                  TMA=1 if use_tma else 0)
+                  TMA=1 if use_tma else 0, HAS_SEQLENS_K=paged, PAGED=paged, SPLIT=paged)
     ptrs = dict(Q="*bf16", K="*bf16", V="*bf16", O="*bf16", LSE="*fp32", CU_Q="*i32", CU_K="*i32",
-                SLOPES="*fp32", SINKS="*fp32", K_DESC="constexpr", V_DESC="constexpr")
+                SLOPES="*fp32", SINKS="*fp32", K_DESC="constexpr", V_DESC="constexpr", SEQLENS_K="*i32", BLOCK_TABLE="*i32")
     names = list(inspect.signature(attn_fwd_kernel.fn).parameters)
     consts.update(K_DESC=None, V_DESC=None)
     sig = {n: ptrs.get(n, "constexpr" if n in consts else ("fp32" if n in ("qk_scale_log2", "softcap") else "i32"))
@@ -36,8 +36,9 @@ SCRIPT = textwrap.dedent('''
 
 
 @pytest.mark.cpu
-@pytest.mark.parametrize("case", [(128, 128, True, True, False), (64, 64, False, False, True),
-                                  (576, 512, False, True, False)], ids=["d128-tma-causal", "d64-varlen", "d576"])
+@pytest.mark.parametrize("case", [(128, 128, True, True, False, False), (64, 64, False, False, True, False),
+                                  (576, 512, False, True, False, False), (128, 128, False, True, False, True)],
+                         ids=["d128-tma-causal", "d64-varlen", "d576", "d128-paged-split"])
 def test_compiles_for_sm90(case):
     env = dict(os.environ, TRITON_INTERPRET="0")
     proc = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(case)], env=env, capture_output=True, text=True,

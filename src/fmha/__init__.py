@@ -2,6 +2,7 @@
 
 Public API (see each function's docstring for shapes and options):
     attention, attention_varlen    fused prefill attention, padded or packed (varlen) batches
+    attention_with_kvcache         decode / chunked prefill against a contiguous or paged KV cache, split-KV
     merge_attention_states[_list]  exact merge of partial results over disjoint key sets
     reference                      fp32 oracles for every op (the tests' ground truth)
 
@@ -16,8 +17,8 @@ import torch as _torch
 if not _torch.cuda.is_available():
     _os.environ.setdefault("TRITON_INTERPRET", "1")
 from . import reference
-from .attention import attention, attention_varlen
+from .attention import attention, attention_varlen, attention_with_kvcache
 from .merge import merge_attention_states, merge_attention_states_list
 
-__all__ = ["attention", "attention_varlen", "merge_attention_states", "merge_attention_states_list", "reference"]
+__all__ = ["attention", "attention_varlen", "attention_with_kvcache", "merge_attention_states", "merge_attention_states_list", "reference"]
 __version__ = "0.1.0"

@@ -57,7 +57,7 @@ def check_head_dim(name, d):
                      f"{EXTRA_HEAD_DIMS}; got {d}")
 
 
-def check_qkv(q, k, v, *, varlen: bool):
+def check_qkv(q, k, v, *, varlen: bool, check_batch: bool = True):
     """q/k/v: same dtype (fp16/bf16) and device, heads_q % heads_k == 0, matching head_dim_qk."""
     ndim = 3 if varlen else 4
     check_tensor("q", q, ndim=ndim, dtypes=HALF_DTYPES)
@@ -72,7 +72,7 @@ def check_qkv(q, k, v, *, varlen: bool):
         raise ValueError(f"k: head_dim must equal q's ({dqk}), got {k.shape[-1]}")
     if v.shape[:-1] != k.shape[:-1]:
         raise ValueError(f"v: leading dims must equal k's {tuple(k.shape[:-1])}, got {tuple(v.shape[:-1])}")
-    if not varlen and k.shape[0] != q.shape[0]:
+    if not varlen and check_batch and k.shape[0] != q.shape[0]:
         raise ValueError(f"k: batch must equal q's ({q.shape[0]}), got {k.shape[0]}")
     if hk == 0 or hq % hk != 0:
         raise ValueError(f"k: heads_k must divide heads_q ({hq}), got {hk}")

@@ -11,9 +11,10 @@ from typing import Optional
 import torch
 
 from . import _validate as V
-from .kernels.forward import attention_forward
+from .kernels.forward import attention_forward, grid_programs
+from .schedule import num_sms, plan_num_splits
 
-__all__ = ["attention", "attention_varlen"]
+__all__ = ["attention", "attention_varlen", "attention_with_kvcache"]
 
 
 @torch.library.custom_op("fmha::attention_fwd", mutates_args=("out",))
@@ -42,9 +43,10 @@ def _lse_shape(q, cu_seqlens_q):
     return (q.shape[0], q.shape[2], q.shape[1])  # dense q: (b, sq, hq, d)
 
 
-def _prepare(q, k, v, *, varlen, causal, window, softmax_scale, softcap, alibi_slopes, sinks, out):
+def _prepare(q, k, v, *, varlen, causal, window, softmax_scale, softcap, alibi_slopes, sinks, out,
+             check_batch=True):
     """Shared validation + output allocation. Returns (out, softmax_scale, (left, right))."""
-    V.check_qkv(q, k, v, varlen=varlen)
+    V.check_qkv(q, k, v, varlen=varlen, check_batch=check_batch)
     if not isinstance(causal, bool):
         raise TypeError(f"causal: expected a bool, got {type(causal).__name__}")
     window = tuple(window) if isinstance(window, list) else window
@@ -115,4 +117,76 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     V.check_max_seqlen("max_seqlen_k", max_seqlen_k)
     lse = _attention_fwd(q, k, v, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
                          left, right, float(softcap), alibi_slopes, sinks)
+    return (out, lse) if return_lse else out
+
+
+@torch.library.custom_op("fmha::attention_kvcache_fwd", mutates_args=("out",))
+def _attention_kvcache_fwd(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
+                           cache_seqlens: torch.Tensor, block_table: Optional[torch.Tensor], num_splits: int,
+                           softmax_scale: float, window_left: int, window_right: int, softcap: float,
+                           alibi_slopes: Optional[torch.Tensor], sinks: Optional[torch.Tensor]) -> torch.Tensor:
+    lse = torch.empty(_lse_shape(q, None), dtype=torch.float32, device=q.device)
+    attention_forward(q, k_cache, v_cache, out, lse, cu_seqlens_q=None, cu_seqlens_k=None,
+                      max_seqlen_q=q.shape[1], max_seqlen_k=_cache_capacity(k_cache, block_table),
+                      softmax_scale=softmax_scale, window=(window_left, window_right), softcap=softcap,
+                      alibi_slopes=alibi_slopes, sinks=sinks, cache_seqlens=cache_seqlens,
+                      block_table=block_table, num_splits=num_splits, interpret=q.device.type == "cpu")
+    return lse
+
+
+@_attention_kvcache_fwd.register_fake
+def _(q, k_cache, v_cache, out, cache_seqlens, block_table, num_splits, softmax_scale, window_left,
+      window_right, softcap, alibi_slopes, sinks):
+    return q.new_empty(_lse_shape(q, None), dtype=torch.float32)
+
+
+def _cache_capacity(k_cache, block_table):
+    return block_table.shape[1] * k_cache.shape[1] if block_table is not None else k_cache.shape[1]
+
+
+def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, block_table=None, num_splits=0, causal=False,
+                           window=(-1, -1), softmax_scale=None, softcap=0.0, alibi_slopes=None, sinks=None,
+                           return_lse=False, out=None):
+    """Attention of new queries against a KV cache (decode, speculative decoding, chunked prefill).
+
+    Args:
+        q: `(batch, seqlen_q, heads_q, head_dim_qk)`; the queries are the last `seqlen_q` positions of each
+            sequence (bottom-right aligned causal / window masks).
+        k_cache, v_cache: contiguous `(batch, max_seqlen, heads_k, head_dim)`, or paged
+            `(num_pages, page_size, heads_k, head_dim)` with `block_table`.
+        cache_seqlens: `(batch,)` int32, the number of valid keys of each sequence (0 allowed: output 0,
+            LSE -inf). Keys past it are never read.
+        block_table: `(batch, max_pages)` int32; key j of sequence b is slot `j % page_size` of page
+            `block_table[b, j // page_size]`. Pages may be in any order.
+        num_splits: 0 = chosen from the SM count and the cache capacity (no host synchronisation);
+            n >= 1 forces n key splits per sequence, merged exactly.
+        Other options as in `attention`.
+
+    Returns:
+        `out (batch, seqlen_q, heads_q, head_dim_v)`, or `(out, lse)` with lse `(batch, heads_q, seqlen_q)`.
+    """
+    out, scale, (left, right) = _prepare(q, k_cache, v_cache, varlen=False, causal=causal, window=window,
+                                         softmax_scale=softmax_scale, softcap=softcap,
+                                         alibi_slopes=alibi_slopes, sinks=sinks, out=out, check_batch=False)
+    batch = q.shape[0]
+    V.check_tensor("cache_seqlens", cache_seqlens, ndim=1, dtypes=(torch.int32,), device=q.device)
+    if cache_seqlens.shape[0] != batch:
+        raise ValueError(f"cache_seqlens: expected shape ({batch},), got {tuple(cache_seqlens.shape)}")
+    if block_table is not None:
+        V.check_tensor("block_table", block_table, ndim=2, dtypes=(torch.int32,), device=q.device)
+        if block_table.shape[0] != batch or block_table.stride(1) != 1:
+            raise ValueError(f"block_table: expected a row-contiguous ({batch}, max_pages) tensor, "
+                             f"got shape {tuple(block_table.shape)} strides {tuple(block_table.stride())}")
+    elif k_cache.shape[0] != batch:
+        raise ValueError(f"k_cache: batch must equal q's ({batch}) for a contiguous cache, got {k_cache.shape[0]}")
+    if not isinstance(num_splits, int) or isinstance(num_splits, bool) or num_splits < 0:
+        raise ValueError(f"num_splits: expected an int >= 0 (0 = automatic), got {num_splits!r}")
+    capacity = _cache_capacity(k_cache, block_table)
+    if num_splits == 0:
+        programs, block_n = grid_programs(q, k_cache.shape[2], max_seqlen_q=q.shape[1],
+                                          interpret=q.device.type == "cpu")
+        index = q.device.index if q.device.type == "cuda" and q.device.index is not None else 0
+        num_splits = plan_num_splits(programs, capacity, block_n, num_sms(index))
+    lse = _attention_kvcache_fwd(q, k_cache, v_cache, out, cache_seqlens, block_table, num_splits, scale,
+                                 left, right, float(softcap), alibi_slopes, sinks)
     return (out, lse) if return_lse else out

@@ -201,6 +201,74 @@ def _print_row(row, names):
     print(head + " | TFLOP/s " + "  ".join(cells) + " | " + " ".join(ratios), flush=True)
 
 
+# ----------------------------------------------------------------------------------------------- decode
+
+# (batch, heads_q, heads_k, seqlen_k, page_size or None for a contiguous cache), d = 128
+DECODE_CASES = [(64, 32, 8, 4096, None), (64, 32, 8, 4096, 16), (64, 32, 8, 4096, 64),
+                (1, 32, 8, 131072, 64), (4, 32, 8, 131072, 64), (32, 32, 32, 8192, 64)]
+
+
+def bench_decode(args, record):
+    """One new token per sequence against a full cache: bytes = K + V read once + Q + O."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    import fmha
+
+    d, dtype = 128, torch.bfloat16
+    for b, hq, hk, sk, page in DECODE_CASES:
+        torch.manual_seed(0)
+        q = torch.randn(b, 1, hq, d, device="cuda", dtype=dtype)
+        k = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype)
+        v = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype)
+        seqlens = torch.full((b,), sk, dtype=torch.int32, device="cuda")
+        table = None
+        k_cache, v_cache = k, v
+        if page:
+            pages = sk // page
+            perm = torch.randperm(b * pages, device="cuda")
+            table = perm.view(b, pages).to(torch.int32)
+            k_cache = torch.empty(b * pages, page, hk, d, device="cuda", dtype=dtype)
+            v_cache = torch.empty_like(k_cache)
+            k_cache[perm] = k.view(b * pages, page, hk, d)
+            v_cache[perm] = v.view(b * pages, page, hk, d)
+        nbytes = (2 * k.numel() + 2 * q.numel()) * k.element_size()
+        flops = attention_flops(b, 1, sk, hq, d, d)
+        impls = {"ours": lambda: fmha.attention_with_kvcache(q, k_cache, v_cache, seqlens, block_table=table)}
+        qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)    # SDPA views of the contiguous cache
+
+        def sdpa(backend):
+            def call():
+                with sdpa_kernel(backend):
+                    return F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=hq != hk)
+            return call
+        impls["cudnn"] = sdpa(SDPBackend.CUDNN_ATTENTION)
+        impls["sdpa-fa2"] = sdpa(SDPBackend.FLASH_ATTENTION)
+        ref = impls["ours"]().float()
+        row = dict(workload="decode", d=d, b=b, hq=hq, hk=hk, sk=sk, page=page or 0)
+        for name, fn in impls.items():
+            try:
+                out = fn()
+                if name != "ours":
+                    err = (out.transpose(1, 2).float() - ref).abs().max().item()
+                    if err > 0.05:
+                        raise RuntimeError(f"disagrees with ours (max abs diff {err:.3f})")
+                t = bench_gpu(fn)
+                row[f"{name}_gbps"] = nbytes / t / 1e9
+                row[f"{name}_tflops"] = flops / t / 1e12
+            except Exception as e:
+                row[f"{name}_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
+        for name in impls:
+            if name != "ours" and f"{name}_gbps" in row and "ours_gbps" in row:
+                row[f"ours_vs_{name}"] = row["ours_gbps"] / row[f"{name}_gbps"]
+        record(row)
+        cells = "  ".join(f"{n} {row[f'{n}_gbps']:7.1f}" if f"{n}_gbps" in row else f"{n} n/a" for n in impls)
+        print(f"b={b:<3} hq={hq:<2} hk={hk:<2} sk={sk:<6} page={page or '-':<3} | GB/s {cells} | "
+              f"copy-bw frac {row.get('ours_frac_copy_bw', float('nan')):.2f}", flush=True)
+        del q, k, v, k_cache, v_cache
+        torch.cuda.empty_cache()
+
+
 # ------------------------------------------------------------------------------------------------ output
 
 def _commit(explicit):
@@ -231,17 +299,21 @@ def _write(path, payload):
     rows = payload["rows"]
     names = [n for n in ("ours", "cudnn", "sdpa-fa2", "flex", "flash_attn2", "fa3")
              if any(f"{n}_tflops" in r for r in rows)]
-    labels = [f"d{r['d']} s{r['s'] // 1024}k{' c' if r['causal'] else ''}" for r in rows]
+    if payload["workload"] == "decode":
+        labels = [f"b{r['b']} h{r['hq']}/{r['hk']} s{r['sk'] // 1024}k p{r['page']}" for r in rows]
+        metric, unit, peak = "gbps", "GB/s", payload["gpu"].get("copy_gbps")
+    else:
+        labels = [f"d{r['d']} s{r['s'] // 1024}k{' c' if r['causal'] else ''}" for r in rows]
+        metric, unit, peak = "tflops", "TFLOP/s", payload["gpu"].get("matmul_tflops")
     fig, ax = plt.subplots(figsize=(max(8, len(rows) * 0.7), 4.5))
     width = 0.8 / max(1, len(names))
     for i, n in enumerate(names):
-        ax.bar([x + i * width for x in range(len(rows))], [r.get(f"{n}_tflops", 0) for r in rows], width, label=n)
-    peak = payload["gpu"].get("matmul_tflops")
+        ax.bar([x + i * width for x in range(len(rows))], [r.get(f"{n}_{metric}", 0) for r in rows], width, label=n)
     if peak:
-        ax.axhline(peak, color="k", ls="--", lw=0.8, label="bf16 matmul peak (measured)")
+        ax.axhline(peak, color="k", ls="--", lw=0.8, label=f"{'copy bandwidth' if metric == 'gbps' else 'bf16 matmul peak'} (measured)")
     ax.set_xticks([x + 0.4 - width / 2 for x in range(len(rows))])
     ax.set_xticklabels(labels, rotation=60, fontsize=7)
-    ax.set_ylabel("TFLOP/s")
+    ax.set_ylabel(unit)
     ax.set_title(f"fmha bench {payload['workload']} — {payload['gpu']['name']}")
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -258,7 +330,7 @@ def main(argv):
     if not torch.cuda.is_available():
         print("fmha bench needs a CUDA GPU (peers and timings are GPU-only)")
         return 2
-    if args.workload != "prefill":
+    if args.workload not in ("prefill", "decode"):
         print(f"fmha bench {args.workload}: not built yet (see the open issues)")
         return 2
     gpu = dict(name=torch.cuda.get_device_name(), **gpu_ceilings())
@@ -277,7 +349,7 @@ def main(argv):
         if args.out:
             _write(args.out, payload)
 
-    bench_prefill(args, record)
+    (bench_prefill if args.workload == "prefill" else bench_decode)(args, record)
     if args.out:
         print(f"wrote {args.out}")
     return 0

@@ -8,6 +8,7 @@ what makes small-Sq / many-head (decode-like, DSV4) shapes efficient.
 Key tiles fall into three runs: masked tiles on the left edge of the window, unmasked tiles in the
 middle (no mask arithmetic, no bounds on loads), masked tiles on the right edge / sequence end.
 """
+import torch
 import triton
 import triton.language as tl
 
@@ -31,7 +32,7 @@ def _load_tile(ptrs, rows, cols, n_rows, N_COLS: tl.constexpr, BLOCK_COLS: tl.co
 
 @triton.jit
 def _load_kv_tile(k_base, v_base, k_desc, v_desc, n, b, kv_head, offs_n, offs_d, offs_dt, offs_dv, stride_ks, stride_vs,
-                  k_len, HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_D: tl.constexpr,
+                  k_len, bt_row, page_size, stride_kp, stride_vp, PAGED: tl.constexpr, HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_D: tl.constexpr,
                   BLOCK_DT: tl.constexpr, BLOCK_DV: tl.constexpr, HAS_TAIL: tl.constexpr, BOUNDS: tl.constexpr,
                   TMA: tl.constexpr):
     """K tile (BLOCK_N, BLOCK_D) [+ tail (BLOCK_N, BLOCK_DT)] and V tile (BLOCK_N, BLOCK_DV) at key `n`."""
@@ -49,13 +50,21 @@ def _load_kv_tile(k_base, v_base, k_desc, v_desc, n, b, kv_head, offs_n, offs_d,
         k_t = k
     else:
         rows = n + offs_n
-        k_ptrs = k_base + rows[:, None] * stride_ks + offs_d[None, :]
-        v_ptrs = v_base + rows[:, None] * stride_vs + offs_dv[None, :]
+        if PAGED:
+            # Key j lives in page block_table[b, j // page_size], slot j % page_size.
+            page = tl.load(bt_row + rows // page_size, mask=rows < k_len, other=0).to(tl.int64)
+            k_rows = k_base + page * stride_kp + (rows % page_size) * stride_ks
+            v_rows = v_base + page * stride_vp + (rows % page_size) * stride_vs
+        else:
+            k_rows = k_base + rows.to(tl.int64) * stride_ks
+            v_rows = v_base + rows.to(tl.int64) * stride_vs
+        k_ptrs = k_rows[:, None] + offs_d[None, :]
+        v_ptrs = v_rows[:, None] + offs_dv[None, :]
         k = _load_tile(k_ptrs, rows, offs_d, k_len, HEAD_DIM_QK, BLOCK_D, BOUNDS)
         v = _load_tile(v_ptrs, rows, offs_dv, k_len, HEAD_DIM_V, BLOCK_DV, BOUNDS)
         k_t = k
         if HAS_TAIL:
-            kt_ptrs = k_base + rows[:, None] * stride_ks + (BLOCK_D + offs_dt)[None, :]
+            kt_ptrs = k_rows[:, None] + (BLOCK_D + offs_dt)[None, :]
             kt_mask = (rows < k_len)[:, None] & (BLOCK_D + offs_dt < HEAD_DIM_QK)[None, :]
             k_t = tl.load(kt_ptrs, mask=kt_mask, other=0.0)
     return k, k_t, v
@@ -64,6 +73,7 @@ def _load_kv_tile(k_base, v_base, k_desc, v_desc, n, b, kv_head, offs_n, offs_d,
 @triton.jit
 def _attn_run(acc, l_i, m_i, q, q_t, k_base, v_base, k_desc, v_desc, b, kv_head, start, end,
               q_pos, slope_log2, diag, window_left, window_right, k_len, stride_ks, stride_vs,
+              bt_row, page_size, stride_kp, stride_vp, PAGED: tl.constexpr,
               qk_scale_log2, softcap,
               HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_N: tl.constexpr,
               BLOCK_D: tl.constexpr, BLOCK_DT: tl.constexpr, BLOCK_DV: tl.constexpr, HAS_TAIL: tl.constexpr,
@@ -76,7 +86,8 @@ def _attn_run(acc, l_i, m_i, q, q_t, k_base, v_base, k_desc, v_desc, b, kv_head,
     offs_dv = tl.arange(0, BLOCK_DV)
     for n in tl.range(start, end, BLOCK_N):
         k, k_t, v = _load_kv_tile(k_base, v_base, k_desc, v_desc, n, b, kv_head, offs_n, offs_d, offs_dt, offs_dv,
-                                  stride_ks, stride_vs, k_len, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_D, BLOCK_DT,
+                                  stride_ks, stride_vs, k_len, bt_row, page_size, stride_kp, stride_vp, PAGED,
+                                  HEAD_DIM_QK, HEAD_DIM_V, BLOCK_D, BLOCK_DT,
                                   BLOCK_DV, HAS_TAIL, MASKED, TMA)
         qk = tl.dot(q, tl.trans(k))
         if HAS_TAIL:
@@ -92,8 +103,8 @@ def _attn_run(acc, l_i, m_i, q, q_t, k_base, v_base, k_desc, v_desc, b, kv_head,
 
 @triton.jit
 def attn_fwd_kernel(
-    Q, K, V, O, LSE, CU_Q, CU_K, SLOPES, SINKS, K_DESC, V_DESC,
-    seqlen_q, seqlen_k,
+    Q, K, V, O, LSE, CU_Q, CU_K, SLOPES, SINKS, K_DESC, V_DESC, SEQLENS_K, BLOCK_TABLE,
+    seqlen_q, seqlen_k, stride_bt, page_size, stride_o_split, stride_l_split,
     stride_qb, stride_qs, stride_qh,
     stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh,
@@ -107,6 +118,7 @@ def attn_fwd_kernel(
     IS_VARLEN: tl.constexpr, MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_SINKS: tl.constexpr,
     REVERSE_M: tl.constexpr, TMA: tl.constexpr,
+    HAS_SEQLENS_K: tl.constexpr, PAGED: tl.constexpr, SPLIT: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -124,6 +136,8 @@ def attn_fwd_kernel(
         q_len = seqlen_q
         k_start = 0
         k_len = seqlen_k
+        if HAS_SEQLENS_K:
+            k_len = tl.load(SEQLENS_K + b)      # KV cache: this sequence's length
     GP = heads_per_program_row            # query heads packed into the rows (1 unless PACK_GQA)
     row0 = m_block * BLOCK_M
     if row0 >= q_len * GP:
@@ -149,8 +163,15 @@ def attn_fwd_kernel(
     if HAS_ALIBI:
         slope_log2 = tl.load(SLOPES + q_head) * LOG2E
 
-    k_base = K + b.to(tl.int64) * stride_kb + kv_head * stride_kh
-    v_base = V + b.to(tl.int64) * stride_vb + kv_head * stride_vh
+    bt_row = BLOCK_TABLE
+    if PAGED:
+        # Paged cache: stride_kb / stride_vb are page strides; the block table supplies the page.
+        bt_row = BLOCK_TABLE + b.to(tl.int64) * stride_bt
+        k_base = K + kv_head * stride_kh
+        v_base = V + kv_head * stride_vh
+    else:
+        k_base = K + b.to(tl.int64) * stride_kb + kv_head * stride_kh
+        v_base = V + b.to(tl.int64) * stride_vb + kv_head * stride_vh
     if IS_VARLEN:
         k_base += k_start.to(tl.int64) * stride_ks
         v_base += k_start.to(tl.int64) * stride_vs
@@ -178,6 +199,19 @@ def attn_fwd_kernel(
     if MASK_RIGHT:
         hi = tl.maximum(tl.minimum(i_max + diag + window_right + 1, k_len), 0)
         full_hi = tl.maximum(tl.minimum(i_min + diag + window_right + 1, k_len), 0)
+    if SPLIT:
+        # Split-KV: this program sees only its chunk of the keys; chunks are whole tiles, so no tile
+        # straddles two splits. A split with no visible key writes o = 0, lse = -inf (merged away).
+        n_splits = tl.num_programs(2)
+        chunk = tl.cdiv(tl.cdiv(k_len, n_splits), BLOCK_N) * BLOCK_N
+        split_lo = tl.program_id(2) * chunk
+        split_hi = tl.minimum(split_lo + chunk, k_len)
+        lo = tl.maximum(lo, split_lo)
+        full_lo = tl.maximum(full_lo, split_lo)
+        hi = tl.maximum(tl.minimum(hi, split_hi), 0)
+        full_hi = tl.maximum(tl.minimum(full_hi, split_hi), 0)
+        O += tl.program_id(2).to(tl.int64) * stride_o_split
+        LSE += tl.program_id(2).to(tl.int64) * stride_l_split
     lo = (lo // BLOCK_N) * BLOCK_N
     mid_lo = tl.minimum(tl.maximum(lo, tl.cdiv(full_lo, BLOCK_N) * BLOCK_N), tl.maximum(hi, lo))
     mid_hi = tl.maximum(mid_lo, (full_hi // BLOCK_N) * BLOCK_N)
@@ -187,21 +221,21 @@ def attn_fwd_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     acc, l_i, m_i = _attn_run(acc, l_i, m_i, q, q_t, k_base, v_base, k_desc, v_desc, b, kv_head, lo, mid_lo,
                               q_pos, slope_log2, diag, window_left, window_right, k_len, stride_ks, stride_vs,
-                              qk_scale_log2, softcap, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DT,
+                              bt_row, page_size, stride_kb, stride_vb, PAGED, qk_scale_log2, softcap, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DT,
                               BLOCK_DV, HAS_TAIL, True, MASK_LEFT, MASK_RIGHT, HAS_SOFTCAP, HAS_ALIBI, TMA)
     acc, l_i, m_i = _attn_run(acc, l_i, m_i, q, q_t, k_base, v_base, k_desc, v_desc, b, kv_head, mid_lo, mid_hi,
                               q_pos, slope_log2, diag, window_left, window_right, k_len, stride_ks, stride_vs,
-                              qk_scale_log2, softcap, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DT,
+                              bt_row, page_size, stride_kb, stride_vb, PAGED, qk_scale_log2, softcap, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DT,
                               BLOCK_DV, HAS_TAIL, False, MASK_LEFT, MASK_RIGHT, HAS_SOFTCAP, HAS_ALIBI, TMA)
     acc, l_i, m_i = _attn_run(acc, l_i, m_i, q, q_t, k_base, v_base, k_desc, v_desc, b, kv_head, mid_hi, hi,
                               q_pos, slope_log2, diag, window_left, window_right, k_len, stride_ks, stride_vs,
-                              qk_scale_log2, softcap, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DT,
+                              bt_row, page_size, stride_kb, stride_vb, PAGED, qk_scale_log2, softcap, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DT,
                               BLOCK_DV, HAS_TAIL, True, MASK_LEFT, MASK_RIGHT, HAS_SOFTCAP, HAS_ALIBI, TMA)
 
     # Epilogue: normalise; rows that saw no key have l = 0, m = -inf → output 0, LSE -inf.
     m_shift = tl.where(m_i == float("-inf"), 0.0, m_i)
     denom = l_i
-    if HAS_SINKS:
+    if HAS_SINKS and not SPLIT:
         # The sink joins the denominator only; LSE below still excludes it.
         sink_log2 = tl.load(SINKS + q_head) * LOG2E
         denom = denom + tl.exp2(sink_log2 - m_shift)
@@ -261,6 +295,11 @@ def _tma_ok(t, d, block_d):
             and all((s * es) % 16 == 0 for s in t.stride()[:-1]))
 
 
+def _pack_gqa(group, seqlen_q, block_m):
+    """Pack a group's query heads into the M tile when one head's queries would not fill it."""
+    return group > 1 and seqlen_q * 2 <= block_m
+
+
 def _strides(t, varlen):
     """(batch, token, head) strides; varlen sequences are addressed by token offset, so batch stride is 0."""
     return (0 if varlen else t.stride(0)), t.stride(1), t.stride(2)
@@ -283,11 +322,14 @@ def _ensure_allocator(device):
 
 
 def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                      softmax_scale, window, softcap, alibi_slopes, sinks, pack_gqa=None, use_tma=None, tiles=None,
-                      interpret=False):
+                      softmax_scale, window, softcap, alibi_slopes, sinks, cache_seqlens=None, block_table=None,
+                      num_splits=1, pack_gqa=None, use_tma=None, tiles=None, interpret=False):
     """Launch the forward kernel. Dense: q (b, sq, hq, d). Varlen: q (total_q, hq, d) + cu_seqlens.
 
     Writes `out` (same layout as q, head_dim_v) and `lse` ((b, hq, sq) dense, (hq, total_q) varlen).
+    KV cache: `cache_seqlens (b,)` int32 gives each sequence's key count; with `block_table (b, max_pages)`
+    k/v are paged `(num_pages, page_size, heads_k, d)`. `num_splits > 1` splits every sequence's keys into
+    that many tile-aligned chunks run by separate programs, then merges them exactly.
     `pack_gqa`, `use_tma` and `tiles` (BLOCK_M, BLOCK_N, num_warps, num_stages) override the automatic
     choices (tests and tuning).
     """
@@ -310,14 +352,15 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
     block_m, block_n, num_warps, num_stages = tiles or _tile_config(dqk, dv, interpret)
     if pack_gqa is None:
         # Pack the heads of a group into the M tile when one head's queries would not fill it.
-        pack_gqa = group > 1 and seqlen_q * 2 <= block_m
+        pack_gqa = _pack_gqa(group, seqlen_q, block_m)
     gp = group if pack_gqa else 1
     heads_eff = heads_q // gp
     block_d, block_dt = _split_head_dim(dqk)
     block_dv = _next_pow2(dv)
     if use_tma is None:
-        # TMA descriptors cannot describe an empty tensor (seqlen_k = 0): pointer loads then.
-        use_tma = not interpret and block_dt == 0 and k.numel() > 0 and _tma_ok(k, dqk, block_d) and _tma_ok(v, dv, block_dv)
+        # TMA descriptors cannot describe an empty tensor (seqlen_k = 0), a page gather, or a length that
+        # stops inside the tensor (cache_seqlens): pointer loads then.
+        use_tma = not interpret and cache_seqlens is None and block_dt == 0 and k.numel() > 0 and _tma_ok(k, dqk, block_d) and _tma_ok(v, dv, block_dv)
     tma, k_desc, v_desc = 0, None, None
     if use_tma and varlen:
         tma = 1                       # per-sequence descriptors built in the kernel
@@ -330,12 +373,21 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
         v_desc = TensorDescriptor(v, list(v.shape), list(v.stride()), [1, block_n, 1, block_dv])
     left, right = window
     scale = softmax_scale if softmax_scale is not None else dqk ** -0.5
-    grid = (batch * heads_eff, triton.cdiv(seqlen_q * gp, block_m))
+    paged = block_table is not None
+    o_dst, lse_dst, split_strides = o4, lse, (0, 0)
+    if num_splits > 1:
+        # Partial results in fp32, one slab per split, merged below.
+        o_dst = torch.empty((num_splits, *o4.shape), dtype=torch.float32, device=q.device)
+        lse_dst = torch.empty((num_splits, *lse.shape), dtype=torch.float32, device=q.device)
+        split_strides = (o_dst.stride(0), lse_dst.stride(0))
+        o_dst, lse_dst = o_dst[0], lse_dst[0]
+    grid = (batch * heads_eff, triton.cdiv(seqlen_q * gp, block_m), num_splits)
     attn_fwd_kernel[grid](
-        q4, k4, v4, o4, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks, k_desc, v_desc,
-        seqlen_q, seqlen_k,
-        *_strides(q4, varlen), *_strides(k4, varlen), *_strides(v4, varlen), *_strides(o4, varlen),
-        *lse_strides,
+        q4, k4, v4, o_dst, lse_dst, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks, k_desc, v_desc,
+        cache_seqlens, block_table,
+        seqlen_q, seqlen_k, block_table.stride(0) if paged else 0, k.shape[1] if paged else 1, *split_strides,
+        *_strides(q4, varlen), *_strides(k4, varlen), *_strides(v4, varlen), *_strides(o_dst, varlen),
+        *(lse_dst.stride() if not varlen else lse_strides),
         gp, group, heads_eff,
         scale * 1.4426950408889634, float(softcap), left, right,
         HEAD_DIM_QK=dqk, HEAD_DIM_V=dv, BLOCK_M=block_m, BLOCK_N=block_n,
@@ -343,5 +395,32 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
         IS_VARLEN=varlen, MASK_LEFT=left >= 0, MASK_RIGHT=right >= 0,
         HAS_SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None, HAS_SINKS=sinks is not None,
         REVERSE_M=right >= 0, TMA=tma,
+        HAS_SEQLENS_K=cache_seqlens is not None, PAGED=paged, SPLIT=num_splits > 1,
         num_warps=num_warps, num_stages=num_stages,
     )
+    if num_splits > 1:
+        _merge_splits(o_dst.as_strided((num_splits, *o_dst.shape), (split_strides[0], *o_dst.stride())),
+                      lse_dst.as_strided((num_splits, *lse_dst.shape), (split_strides[1], *lse_dst.stride())),
+                      out, lse, sinks)
+
+
+def _merge_splits(o_parts, lse_parts, out, lse, sinks):
+    """Exact merge of split-KV partials (o (s, b, sq, hq, dv), lse (s, b, hq, sq)), then the sink."""
+    total = torch.logsumexp(lse_parts, dim=0)                         # (b, hq, sq); -inf if no key at all
+    safe = torch.where(torch.isneginf(total), 0.0, total)
+    weights = torch.exp(lse_parts - safe).transpose(-1, -2).unsqueeze(-1)   # (s, b, sq, hq, 1)
+    merged = (weights * o_parts).sum(0)
+    if sinks is not None:
+        # o * e^lse / (e^lse + e^sink); rows with no key are already 0.
+        merged = merged * torch.sigmoid(total - sinks.view(1, -1, 1)).transpose(-1, -2).unsqueeze(-1)
+    out.copy_(merged)
+    lse.copy_(total)
+
+
+def grid_programs(q, heads_k, *, max_seqlen_q, interpret):
+    """(programs per split, BLOCK_N) the launcher will use for q: what the split planner needs."""
+    dqk = q.shape[-1]
+    block_m, block_n, _, _ = _tile_config(dqk, dqk, interpret)
+    group = q.shape[-2] // heads_k
+    gp = group if _pack_gqa(group, max_seqlen_q, block_m) else 1
+    return q.shape[0] * (q.shape[-2] // gp) * triton.cdiv(max_seqlen_q * gp, block_m), block_n

@@ -1,0 +1,133 @@
+"""attention_with_kvcache: contiguous and paged caches (shuffled pages, NaN everywhere the kernel must not
+read), split and unsplit paths, against the fp32 oracle run on each sequence's valid keys."""
+import math
+
+import pytest
+import torch
+
+import fmha
+from fmha.reference import attention_ref
+from fmha.schedule import plan_num_splits
+from utils import TARGETS, assert_matches
+
+NAN = float("nan")
+
+
+def _cache(seqlens, capacity, hk, d, dv, dtype, device, page_size=None, seed=0):
+    """Logical K/V (b, capacity, hk, d) with NaN past each length, and the cache the kernel sees: the same
+    tensors, or pages scattered in shuffled order among NaN-filled unused pages."""
+    g = torch.Generator().manual_seed(seed)
+    b = len(seqlens)
+    k = torch.full((b, capacity, hk, d), NAN, dtype=dtype)
+    v = torch.full((b, capacity, hk, dv), NAN, dtype=dtype)
+    for i, n in enumerate(seqlens):
+        k[i, :n] = torch.randn(n, hk, d, generator=g).to(dtype)
+        v[i, :n] = torch.randn(n, hk, dv, generator=g).to(dtype)
+    if page_size is None:
+        return k.to(device), v.to(device), None, k, v
+    pages_per_seq = capacity // page_size
+    num_pages = b * pages_per_seq + 5                       # 5 pages nobody uses, NaN-filled
+    order = torch.randperm(num_pages, generator=g)[: b * pages_per_seq].view(b, pages_per_seq)
+    k_cache = torch.full((num_pages, page_size, hk, d), NAN, dtype=dtype)
+    v_cache = torch.full((num_pages, page_size, hk, dv), NAN, dtype=dtype)
+    for i in range(b):
+        for p in range(pages_per_seq):
+            k_cache[order[i, p]] = k[i, p * page_size:(p + 1) * page_size]
+            v_cache[order[i, p]] = v[i, p * page_size:(p + 1) * page_size]
+    return k_cache.to(device), v_cache.to(device), order.to(torch.int32).to(device), k, v
+
+
+def _oracle(q, k, v, seqlens, **options):
+    outs, lses = [], []
+    for i, n in enumerate(seqlens):
+        o, lse = attention_ref(q[i:i + 1].cpu(), k[i:i + 1, :n], v[i:i + 1, :n], **options)
+        outs.append(o)
+        lses.append(lse)
+    return torch.cat(outs).to(q.device), torch.cat(lses).to(q.device)
+
+
+def _case(target):
+    if target[0] == "cpu":
+        return dict(seqlens=[70, 0, 33, 128], capacity=128, hq=4, hk=2, d=64)
+    return dict(seqlens=[3000, 0, 17, 4096, 1500, 64], capacity=4096, hq=32, hk=8, d=128)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("page_size", [None, 16, 32, 64], ids=lambda p: f"page{p}" if p else "contiguous")
+@pytest.mark.parametrize("seqlen_q,num_splits", [(1, 1), (1, 3), (1, 0), (4, 2), (9, 1)])
+def test_kvcache(target, page_size, seqlen_q, num_splits):
+    device, dtype = target
+    c = _case(target)
+    torch.manual_seed(seqlen_q)
+    k_cache, v_cache, table, k, v = _cache(c["seqlens"], c["capacity"], c["hk"], c["d"], c["d"], dtype, device,
+                                           page_size, seed=seqlen_q)
+    q = torch.randn(len(c["seqlens"]), seqlen_q, c["hq"], c["d"], device=device, dtype=dtype)
+    seqlens = torch.tensor(c["seqlens"], dtype=torch.int32, device=device)
+    options = dict(causal=seqlen_q > 1)
+    got, lse = fmha.attention_with_kvcache(q, k_cache, v_cache, seqlens, block_table=table, num_splits=num_splits,
+                                           return_lse=True, **options)
+    assert_matches(got, lse, _oracle(q, k, v, c["seqlens"], **options), dtype)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_kvcache_options(target, num_splits):
+    """Window, softcap, ALiBi and sinks through the split merge (the sink is applied after merging)."""
+    device, dtype = target
+    c = _case(target)
+    k_cache, v_cache, table, k, v = _cache(c["seqlens"], c["capacity"], c["hk"], c["d"], c["d"], dtype, device, 16)
+    q = torch.randn(len(c["seqlens"]), 3, c["hq"], c["d"], device=device, dtype=dtype)
+    seqlens = torch.tensor(c["seqlens"], dtype=torch.int32, device=device)
+    options = dict(window=(40, 0), softcap=10.0, alibi_slopes=torch.rand(c["hq"], device=device) * 0.1,
+                   sinks=torch.randn(c["hq"], device=device))
+    got, lse = fmha.attention_with_kvcache(q, k_cache, v_cache, seqlens, block_table=table, num_splits=num_splits,
+                                           return_lse=True, **options)
+    assert_matches(got, lse, _oracle(q, k, v, c["seqlens"], **options), dtype)
+
+
+@pytest.mark.gpu
+def test_kvcache_cuda_graph():
+    """A steady-state decode step (automatic splits) captures into a CUDA graph and replays correctly."""
+    c = _case(("cuda",))
+    dtype = torch.bfloat16
+    k_cache, v_cache, table, k, v = _cache(c["seqlens"], c["capacity"], c["hk"], c["d"], c["d"], dtype, "cuda", 64)
+    seqlens = torch.tensor(c["seqlens"], dtype=torch.int32, device="cuda")
+    q = torch.randn(len(c["seqlens"]), 1, c["hq"], c["d"], device="cuda", dtype=dtype)
+    out = torch.empty_like(q)
+    fmha.attention_with_kvcache(q, k_cache, v_cache, seqlens, block_table=table, out=out)   # warm-up / compile
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fmha.attention_with_kvcache(q, k_cache, v_cache, seqlens, block_table=table, out=out)
+    q.copy_(torch.randn_like(q))
+    graph.replay()
+    torch.cuda.synchronize()
+    ref, _ = _oracle(q, k, v, c["seqlens"])
+    from utils import assert_close
+    assert_close("out", out, ref, dtype)
+
+
+def test_planner():
+    assert plan_num_splits(programs=2000, max_seqlen_k=8192, block_n=128, sms=132) == 1
+    assert plan_num_splits(programs=8, max_seqlen_k=131072, block_n=128, sms=132) == 33
+    assert plan_num_splits(programs=8, max_seqlen_k=256, block_n=128, sms=132) == 1   # too short to split
+    assert plan_num_splits(programs=1, max_seqlen_k=10 ** 7, block_n=128, sms=132) == 64
+    assert plan_num_splits(programs=0, max_seqlen_k=0, block_n=128, sms=132) == 1
+
+
+def test_kvcache_bad_input():
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    q = torch.randn(2, 1, 4, 64, device=dev, dtype=torch.float16)
+    kc = torch.randn(10, 16, 2, 64, device=dev, dtype=torch.float16)
+    table = torch.zeros(2, 3, dtype=torch.int32, device=dev)
+    lens = torch.tensor([5, 7], dtype=torch.int32, device=dev)
+    with pytest.raises(TypeError, match="cache_seqlens: expected dtype"):
+        fmha.attention_with_kvcache(q, kc, kc, lens.long(), block_table=table)
+    with pytest.raises(ValueError, match="cache_seqlens: expected shape"):
+        fmha.attention_with_kvcache(q, kc, kc, lens[:1], block_table=table)
+    with pytest.raises(ValueError, match="block_table: expected"):
+        fmha.attention_with_kvcache(q, kc, kc, lens, block_table=table[:1])
+    with pytest.raises(ValueError, match="k_cache: batch"):
+        fmha.attention_with_kvcache(q, kc, kc, lens)
+    with pytest.raises(ValueError, match="num_splits"):
+        fmha.attention_with_kvcache(q, kc, kc, lens, block_table=table, num_splits=-1)
