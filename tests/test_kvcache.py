@@ -38,6 +38,7 @@ def _cache(seqlens, capacity, hk, d, dv, dtype, device, page_size=None, seed=0):
 
 
 def _oracle(q, k, v, seqlens, **options):
+    options = {n: (o.cpu() if isinstance(o, torch.Tensor) else o) for n, o in options.items()}
     outs, lses = [], []
     for i, n in enumerate(seqlens):
         o, lse = attention_ref(q[i:i + 1].cpu(), k[i:i + 1, :n], v[i:i + 1, :n], **options)

@@ -282,10 +282,20 @@ _GPU_TILES = {
 _INTERPRET_TILES = (32, 32, 4, 1)
 
 
-def _tile_config(dqk, dv, interpret):
+# Decode-like calls (at most 64 packed query rows): wgmma's smallest M (64) instead of 128 wasted rows,
+# and 4 warps. Not yet tuned by a sweep (benchmarks/NOTES.md).
+_GPU_DECODE_TILES = {16: (64, 128, 4, 3), 32: (64, 128, 4, 3), 64: (64, 128, 4, 3), 128: (64, 128, 4, 3),
+                     256: (64, 64, 4, 3)}
+
+
+def _tile_config(dqk, dv, interpret, rows=None):
+    """Tiles for a call whose programs hold `rows` packed query rows (None: prefill-sized)."""
     if interpret:
         return _INTERPRET_TILES
-    return _GPU_TILES[max(16, _next_pow2(dqk), _next_pow2(dv))]
+    key = max(16, _next_pow2(dqk), _next_pow2(dv))
+    if rows is not None and rows <= 64 and key in _GPU_DECODE_TILES:
+        return _GPU_DECODE_TILES[key]
+    return _GPU_TILES[key]
 
 
 def _tma_ok(t, d, block_d):
@@ -349,11 +359,10 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
     group = heads_q // heads_k
     if batch == 0 or heads_q == 0 or seqlen_q == 0:
         return
-    block_m, block_n, num_warps, num_stages = tiles or _tile_config(dqk, dv, interpret)
     if pack_gqa is None:
-        # Pack the heads of a group into the M tile when one head's queries would not fill it.
-        pack_gqa = _pack_gqa(group, seqlen_q, block_m)
+        pack_gqa = _pack_gqa(group, seqlen_q, _tile_config(dqk, dv, interpret)[0])
     gp = group if pack_gqa else 1
+    block_m, block_n, num_warps, num_stages = tiles or _tile_config(dqk, dv, interpret, rows=seqlen_q * gp)
     heads_eff = heads_q // gp
     block_d, block_dt = _split_head_dim(dqk)
     block_dv = _next_pow2(dv)
@@ -420,7 +429,7 @@ def _merge_splits(o_parts, lse_parts, out, lse, sinks):
 def grid_programs(q, heads_k, *, max_seqlen_q, interpret):
     """(programs per split, BLOCK_N) the launcher will use for q: what the split planner needs."""
     dqk = q.shape[-1]
-    block_m, block_n, _, _ = _tile_config(dqk, dqk, interpret)
     group = q.shape[-2] // heads_k
-    gp = group if _pack_gqa(group, max_seqlen_q, block_m) else 1
+    gp = group if _pack_gqa(group, max_seqlen_q, _tile_config(dqk, dqk, interpret)[0]) else 1
+    block_m, block_n, _, _ = _tile_config(dqk, dqk, interpret, rows=max_seqlen_q * gp)
     return q.shape[0] * (q.shape[-2] // gp) * triton.cdiv(max_seqlen_q * gp, block_m), block_n

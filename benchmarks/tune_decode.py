@@ -1,0 +1,59 @@
+"""Sweep tile configs for decode (one query per sequence) through the KV-cache path, on the GPU.
+
+    PYTHONPATH=src python3 benchmarks/tune_decode.py [--out tune_decode.json]
+
+GB/s counts K + V read once + Q + O; compare with the copy bandwidth `fmha bench decode` measures.
+"""
+import argparse
+import datetime
+import json
+import os
+
+import torch
+
+from fmha.bench import bench_gpu
+from fmha.kernels.forward import attention_forward
+from fmha.schedule import num_sms, plan_num_splits
+
+CASES = [(64, 32, 8, 4096, 16), (1, 32, 8, 131072, 64), (32, 32, 32, 8192, 64)]
+CONFIGS = [(64, 128, 4, 3), (64, 64, 4, 4), (64, 128, 4, 4), (64, 256, 8, 2), (64, 64, 4, 2), (128, 128, 8, 3)]
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", default=None)
+    args = p.parse_args()
+    rows, d = [], 128
+    for b, hq, hk, sk, page in CASES:
+        q = torch.randn(b, 1, hq, d, device="cuda", dtype=torch.bfloat16)
+        kc = torch.randn(b * sk // page, page, hk, d, device="cuda", dtype=torch.bfloat16)
+        vc = torch.randn_like(kc)
+        table = torch.randperm(b * sk // page, device="cuda").view(b, -1).to(torch.int32)
+        lens = torch.full((b,), sk, dtype=torch.int32, device="cuda")
+        out, lse = torch.empty_like(q), torch.empty(b, hq, 1, device="cuda")
+        nbytes = (2 * kc.numel() + 2 * q.numel()) * 2
+        for tiles in CONFIGS:
+            gp = hq // hk
+            programs = b * (hq // gp) * -(-gp // tiles[0])
+            for splits in sorted({plan_num_splits(programs, sk, tiles[1], num_sms()), 1}):
+                def run():
+                    attention_forward(q, kc, vc, out, lse, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=1,
+                                      max_seqlen_k=sk, softmax_scale=None, window=(-1, -1), softcap=0.0,
+                                      alibi_slopes=None, sinks=None, cache_seqlens=lens, block_table=table,
+                                      num_splits=splits, pack_gqa=True, tiles=tiles)
+                try:
+                    t = bench_gpu(run)
+                except Exception as e:
+                    print(f"b={b} sk={sk} tiles={tiles} splits={splits}: FAILED {type(e).__name__}", flush=True)
+                    continue
+                rows.append(dict(b=b, hq=hq, hk=hk, sk=sk, page=page, tiles=tiles, splits=splits, gbps=nbytes / t / 1e9))
+                print(f"b={b:<3} hq={hq} hk={hk} sk={sk:<6} page={page:<3} tiles={tiles} splits={splits:<3}: "
+                      f"{rows[-1]['gbps']:7.1f} GB/s", flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(dict(gpu=torch.cuda.get_device_name(), date=datetime.date.today().isoformat(),
+                           commit=os.environ.get("FMHA_COMMIT", "unknown"), rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
