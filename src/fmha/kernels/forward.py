@@ -283,9 +283,10 @@ _INTERPRET_TILES = (32, 32, 4, 1)
 
 
 # Decode-like calls (at most 64 packed query rows): wgmma's smallest M (64) instead of 128 wasted rows,
-# and 4 warps. Not yet tuned by a sweep (benchmarks/NOTES.md).
-_GPU_DECODE_TILES = {16: (64, 128, 4, 3), 32: (64, 128, 4, 3), 64: (64, 128, 4, 3), 128: (64, 128, 4, 3),
-                     256: (64, 64, 4, 3)}
+# 4 warps and 64-key tiles: benchmarks/results/tune_decode_h100.json, where (64, 64, 4, 2) beat
+# (64, 128, 4, 3) by 8-29% and the prefill tiles (128, 128, 8, 3) by 10-59% at d=128.
+_GPU_DECODE_TILES = {16: (64, 64, 4, 2), 32: (64, 64, 4, 2), 64: (64, 64, 4, 2), 128: (64, 64, 4, 2),
+                     256: (64, 64, 4, 2)}
 
 
 def _tile_config(dqk, dv, interpret, rows=None):
