@@ -87,8 +87,8 @@ def run_main(argv):
     if dtype_name == "fp8":
         print("fmha run: --dtype fp8 is not supported by the attention kernel yet (FP8 KV caches are MLA-only)")
         return 2
-    if args.paged:
-        print("fmha run: --paged needs fmha.attention_with_kvcache, which is not built yet")
+    if args.paged and (args.paged < 1 or sk % args.paged):
+        print(f"fmha run: --paged {args.paged} must be a positive divisor of -s ({sk})")
         return 2
     if small and dtype_name == "bf16":
         print("note: bf16 arithmetic is wrong in the Triton interpreter; expect FAILED on the CPU")
@@ -109,13 +109,29 @@ def run_main(argv):
     where = "GPU " + torch.cuda.get_device_name() if gpu else "CPU, Triton interpreter (no GPU found)"
     print(f"fmha run on {where}: b={b} h={hq} h_kv={hk} s_q={sq} s={sk} d={d} dv={dv} {dtype_name} "
           + " ".join(f"{k}={v}" for k, v in options.items() if k in ("causal", "window", "softcap") and v not in
-                     (False, (-1, -1), 0.0)) + (" alibi" if args.alibi else "") + (" sinks" if args.sinks else ""))
+                     (False, (-1, -1), 0.0)) + (" alibi" if args.alibi else "") + (" sinks" if args.sinks else "")
+          + (f" paged={args.paged}" if args.paged else ""))
     if args.verbose:
         from .kernels.forward import _tile_config
         print("tiles (BLOCK_M, BLOCK_N, warps, stages):", _tile_config(d, dv, not gpu))
 
     def ours():
         return fmha.attention(q, k, v, return_lse=True, **options)
+
+    if args.paged:
+        # The same keys in a paged cache, pages in shuffled order, through attention_with_kvcache.
+        pages = sk // args.paged
+        perm = torch.randperm(b * pages, device=device)
+        k_cache = torch.empty(b * pages, args.paged, hk, d, device=device, dtype=dtype)
+        v_cache = torch.empty(b * pages, args.paged, hk, dv, device=device, dtype=dtype)
+        k_cache[perm] = k.reshape(b * pages, args.paged, hk, d)
+        v_cache[perm] = v.reshape(b * pages, args.paged, hk, dv)
+        table = perm.view(b, pages).to(torch.int32)
+        seqlens = torch.full((b,), sk, dtype=torch.int32, device=device)
+
+        def ours():  # noqa: F811
+            return fmha.attention_with_kvcache(q, k_cache, v_cache, seqlens, block_table=table, return_lse=True,
+                                               **options)
 
     out, lse = ours()
     ref, ref_lse = attention_ref(q, k, v, **options)
