@@ -5,13 +5,10 @@
 GB/s counts K + V read once + Q + O; compare with the copy bandwidth `fmha bench decode` measures.
 """
 import argparse
-import datetime
-import json
-import os
 
 import torch
 
-from fmha.bench import bench_gpu
+from fmha.bench import bench_gpu, save_sweep
 from fmha.kernels.forward import attention_forward
 from fmha.schedule import num_sms, plan_num_splits
 
@@ -50,9 +47,7 @@ def main():
                 print(f"b={b:<3} hq={hq} hk={hk} sk={sk:<6} page={page:<3} tiles={tiles} splits={splits:<3}: "
                       f"{rows[-1]['gbps']:7.1f} GB/s", flush=True)
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump(dict(gpu=torch.cuda.get_device_name(), date=datetime.date.today().isoformat(),
-                           commit=os.environ.get("FMHA_COMMIT", "unknown"), rows=rows), f, indent=1)
+        save_sweep(args.out, rows)
 
 
 if __name__ == "__main__":

@@ -5,16 +5,13 @@
 Prints one line per (case, config): TFLOP/s and the ratio to cuDNN. Used to fill `_GPU_TILES`.
 """
 import argparse
-import datetime
-import os
 import itertools
-import json
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from fmha.bench import attention_flops, bench_gpu
+from fmha.bench import attention_flops, bench_gpu, save_sweep
 from fmha.kernels.forward import attention_forward
 
 CONFIGS = {
@@ -65,9 +62,7 @@ def main():
                   f"{row['tflops']:6.1f} TFLOP/s  cudnn {row['cudnn_tflops']:6.1f}  x{row['vs_cudnn']:.3f}  "
                   f"err {err:.1e}", flush=True)
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump(dict(gpu=torch.cuda.get_device_name(), date=datetime.date.today().isoformat(),
-                           commit=os.environ.get("FMHA_COMMIT", "unknown"), rows=rows), f, indent=1)
+        save_sweep(args.out, rows)
 
 
 if __name__ == "__main__":

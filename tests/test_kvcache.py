@@ -1,6 +1,5 @@
 """attention_with_kvcache: contiguous and paged caches (shuffled pages, NaN everywhere the kernel must not
 read), split and unsplit paths, against the fp32 oracle run on each sequence's valid keys."""
-import math
 
 import pytest
 import torch

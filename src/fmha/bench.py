@@ -281,6 +281,13 @@ def _commit(explicit):
         return "unknown"
 
 
+def save_sweep(path, rows):
+    """A tuning sweep's rows as JSON, with the GPU, date and commit (FMHA_COMMIT or git) recorded."""
+    with open(path, "w") as f:
+        json.dump(dict(gpu=torch.cuda.get_device_name(), date=datetime.date.today().isoformat(),
+                       commit=_commit(os.environ.get("FMHA_COMMIT")), rows=rows), f, indent=1)
+
+
 def _write(path, payload):
     with open(path, "w") as f:
         json.dump(payload, f, indent=1)
