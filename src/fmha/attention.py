@@ -11,8 +11,7 @@ from typing import Optional
 import torch
 
 from . import _validate as V
-from .kernels.forward import attention_forward, grid_programs
-from .schedule import num_sms, plan_num_splits
+from .kernels.forward import attention_forward
 
 __all__ = ["attention", "attention_varlen", "attention_with_kvcache"]
 
@@ -181,12 +180,6 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, block_table=No
         raise ValueError(f"k_cache: batch must equal q's ({batch}) for a contiguous cache, got {k_cache.shape[0]}")
     if not isinstance(num_splits, int) or isinstance(num_splits, bool) or num_splits < 0:
         raise ValueError(f"num_splits: expected an int >= 0 (0 = automatic), got {num_splits!r}")
-    capacity = _cache_capacity(k_cache, block_table)
-    if num_splits == 0:
-        programs, block_n = grid_programs(q, k_cache.shape[2], max_seqlen_q=q.shape[1],
-                                          interpret=q.device.type == "cpu")
-        index = q.device.index if q.device.type == "cuda" and q.device.index is not None else 0
-        num_splits = plan_num_splits(programs, capacity, block_n, num_sms(index))
     lse = _attention_kvcache_fwd(q, k_cache, v_cache, out, cache_seqlens, block_table, num_splits, scale,
                                  left, right, float(softcap), alibi_slopes, sinks)
     return (out, lse) if return_lse else out

@@ -173,29 +173,45 @@ def bench_prefill(args, record):
             impls[name] = build(q, k, v, causal)
         ref = impls["ours"]().float()
         row = dict(workload="prefill", d=d, s=s, b=b, h=h, causal=causal)
-        for name, fn in impls.items():
-            try:
-                out = fn()
-                out = out[0] if isinstance(out, tuple) else out
-                if name != "ours":      # same inputs, same answer: guard against timing a wrong kernel
-                    out = out.transpose(1, 2) if out.shape[1] == h and out.shape[2] == s else out
-                    err = (out.float() - ref).abs().max().item()
-                    if err > 0.05:
-                        raise RuntimeError(f"disagrees with ours (max abs diff {err:.3f})")
-                t = bench_gpu(fn)
-                row[f"{name}_tflops"] = flops / t / 1e12
-                row[f"{name}_gbps"] = nbytes / t / 1e9
-            except Exception as e:  # a peer that cannot run this shape is reported, not fatal
-                row[f"{name}_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
-        for name in impls:
-            if name != "ours" and f"{name}_tflops" in row and "ours_tflops" in row:
-                row[f"ours_vs_{name}"] = row["ours_tflops"] / row[f"{name}_tflops"]
+        _measure(row, impls, ref, flops, nbytes, ratio_of="tflops", graph=False,
+                 to_nhd=lambda o: o.transpose(1, 2) if o.shape[1] == h and o.shape[2] == s else o)
         rows.append(row)
         record(row)
         _print_row(row, list(impls))
         del q, k, v, ref
         torch.cuda.empty_cache()
     return rows
+
+
+def _measure(row, impls, ref, flops, nbytes, *, ratio_of, graph, to_nhd):
+    """Check each peer against ours (same inputs, same answer: never time a wrong kernel), time it, and fill
+    `row` with TFLOP/s, GB/s and ours / peer on `ratio_of`. A peer that cannot run is reported, not fatal.
+    `graph`: time CUDA-graph replays (eager if capture fails; the row says which)."""
+    for name, fn in impls.items():
+        try:
+            out = fn()
+            out = out[0] if isinstance(out, tuple) else out
+            if name != "ours":
+                err = (to_nhd(out).float() - ref).abs().max().item()
+                if err > 0.05:
+                    raise RuntimeError(f"disagrees with ours (max abs diff {err:.3f})")
+            if graph:
+                try:
+                    t = bench_gpu_graph(fn)
+                    row[f"{name}_timing"] = "cuda-graph"
+                except Exception:
+                    torch.cuda.synchronize()
+                    t = bench_gpu(fn)
+                    row[f"{name}_timing"] = "eager"
+            else:
+                t = bench_gpu(fn)
+            row[f"{name}_tflops"] = flops / t / 1e12
+            row[f"{name}_gbps"] = nbytes / t / 1e9
+        except Exception as e:
+            row[f"{name}_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
+    for name in impls:
+        if name != "ours" and f"{name}_{ratio_of}" in row and f"ours_{ratio_of}" in row:
+            row[f"ours_vs_{name}"] = row[f"ours_{ratio_of}"] / row[f"{name}_{ratio_of}"]
 
 
 def _print_row(row, names):
@@ -217,6 +233,20 @@ DECODE_CASES = [(64, 32, 8, 4096, None), (64, 32, 8, 4096, 16), (64, 32, 8, 4096
                 (1, 32, 8, 131072, 64), (4, 32, 8, 131072, 64), (32, 32, 32, 8192, 64)]
 
 
+def paged_copy(k, v, page_size):
+    """The same keys as contiguous `k`/`v (b, s, h, d)` (s a multiple of page_size) in a paged cache whose
+    pages are stored in shuffled order: `(k_cache, v_cache, block_table)`."""
+    b, s = k.shape[:2]
+    pages = s // page_size
+    perm = torch.randperm(b * pages, device=k.device)
+    caches = []
+    for t in (k, v):
+        cache = torch.empty(b * pages, page_size, *t.shape[2:], device=t.device, dtype=t.dtype)
+        cache[perm] = t.reshape(b * pages, page_size, *t.shape[2:])
+        caches.append(cache)
+    return caches[0], caches[1], perm.view(b, pages).to(torch.int32)
+
+
 def bench_decode(args, record):
     """One new token per sequence against a full cache: bytes = K + V read once + Q + O. Every impl is
     timed as CUDA-graph replays (eager if it cannot be captured; the row says which)."""
@@ -235,13 +265,7 @@ def bench_decode(args, record):
         table = None
         k_cache, v_cache = k, v
         if page:
-            pages = sk // page
-            perm = torch.randperm(b * pages, device="cuda")
-            table = perm.view(b, pages).to(torch.int32)
-            k_cache = torch.empty(b * pages, page, hk, d, device="cuda", dtype=dtype)
-            v_cache = torch.empty_like(k_cache)
-            k_cache[perm] = k.view(b * pages, page, hk, d)
-            v_cache[perm] = v.view(b * pages, page, hk, d)
+            k_cache, v_cache, table = paged_copy(k, v, page)
         nbytes = (2 * k.numel() + 2 * q.numel()) * k.element_size()
         flops = attention_flops(b, 1, sk, hq, d, d)
         impls = {"ours": lambda: fmha.attention_with_kvcache(q, k_cache, v_cache, seqlens, block_table=table)}
@@ -256,27 +280,7 @@ def bench_decode(args, record):
         impls["sdpa-fa2"] = sdpa(SDPBackend.FLASH_ATTENTION)
         ref = impls["ours"]().float()
         row = dict(workload="decode", d=d, b=b, hq=hq, hk=hk, sk=sk, page=page or 0)
-        for name, fn in impls.items():
-            try:
-                out = fn()
-                if name != "ours":
-                    err = (out.transpose(1, 2).float() - ref).abs().max().item()
-                    if err > 0.05:
-                        raise RuntimeError(f"disagrees with ours (max abs diff {err:.3f})")
-                try:
-                    t = bench_gpu_graph(fn)
-                    row[f"{name}_timing"] = "cuda-graph"
-                except Exception:
-                    torch.cuda.synchronize()
-                    t = bench_gpu(fn)
-                    row[f"{name}_timing"] = "eager"
-                row[f"{name}_gbps"] = nbytes / t / 1e9
-                row[f"{name}_tflops"] = flops / t / 1e12
-            except Exception as e:
-                row[f"{name}_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
-        for name in impls:
-            if name != "ours" and f"{name}_gbps" in row and "ours_gbps" in row:
-                row[f"ours_vs_{name}"] = row["ours_gbps"] / row[f"{name}_gbps"]
+        _measure(row, impls, ref, flops, nbytes, ratio_of="gbps", graph=True, to_nhd=lambda o: o.transpose(1, 2))
         record(row)
         cells = "  ".join(f"{n} {row[f'{n}_gbps']:7.1f}" if f"{n}_gbps" in row else f"{n} n/a" for n in impls)
         print(f"b={b:<3} hq={hq:<2} hk={hk:<2} sk={sk:<6} page={page or '-':<3} | GB/s {cells} | "

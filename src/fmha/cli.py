@@ -5,7 +5,6 @@ Without a GPU, `fmha run` switches Triton to its CPU interpreter and runs a smal
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 
@@ -65,14 +64,13 @@ def run_main(argv):
     args = _run_parser().parse_args(argv)
     gpu = _has_cuda()
     if not gpu:
-        os.environ["TRITON_INTERPRET"] = "1"
-        # The interpreter evaluates log(0) for rows with no key in numpy; that -inf is intended.
+        # Importing fmha already switched Triton to its interpreter, which evaluates log(0) in numpy for
+        # rows with no key: that -inf is intended.
         import warnings
         warnings.filterwarnings("ignore", category=RuntimeWarning)
     import torch
 
-    from . import attention as _  # noqa: F401  (imports triton after the interpreter switch)
-    from .bench import time_fn
+    from .bench import paged_copy, time_fn
     from .reference import attention_ref
 
     small = not gpu
@@ -115,21 +113,15 @@ def run_main(argv):
         from .kernels.forward import _tile_config
         print("tiles (BLOCK_M, BLOCK_N, warps, stages):", _tile_config(d, dv, not gpu))
 
-    def ours():
-        return fmha.attention(q, k, v, return_lse=True, **options)
-
-    if args.paged:
+    if not args.paged:
+        def ours():
+            return fmha.attention(q, k, v, return_lse=True, **options)
+    else:
         # The same keys in a paged cache, pages in shuffled order, through attention_with_kvcache.
-        pages = sk // args.paged
-        perm = torch.randperm(b * pages, device=device)
-        k_cache = torch.empty(b * pages, args.paged, hk, d, device=device, dtype=dtype)
-        v_cache = torch.empty(b * pages, args.paged, hk, dv, device=device, dtype=dtype)
-        k_cache[perm] = k.reshape(b * pages, args.paged, hk, d)
-        v_cache[perm] = v.reshape(b * pages, args.paged, hk, dv)
-        table = perm.view(b, pages).to(torch.int32)
+        k_cache, v_cache, table = paged_copy(k, v, args.paged)
         seqlens = torch.full((b,), sk, dtype=torch.int32, device=device)
 
-        def ours():  # noqa: F811
+        def ours():
             return fmha.attention_with_kvcache(q, k_cache, v_cache, seqlens, block_table=table, return_lse=True,
                                                **options)
 

@@ -31,7 +31,8 @@ def _check_parts(outs, lses):
                              f"got {tuple(lse.shape)}")
 
 
-def _merge(outs, lses):
+def merge_states(outs, lses):
+    """The merge itself, no checks: outs `(*, d)` and lses `(*)` per part → (o in outs[0]'s dtype, lse)."""
     lse_all = torch.stack(list(lses))                       # (n, *)
     lse = torch.logsumexp(lse_all, dim=0)                   # -inf where every part is -inf
     safe = torch.where(torch.isneginf(lse), 0.0, lse)
@@ -52,11 +53,11 @@ def merge_attention_states(o_a, lse_a, o_b, lse_b):
         `(o, lse)`: o in o_a's dtype, lse fp32; exact up to rounding, -inf handled on either side.
     """
     _check_parts([o_a, o_b], [lse_a, lse_b])
-    return _merge([o_a, o_b], [lse_a, lse_b])
+    return merge_states([o_a, o_b], [lse_a, lse_b])
 
 
 def merge_attention_states_list(outs, lses):
     """The list form of `merge_attention_states`: any number of parts, same shapes as the pair form."""
     outs, lses = list(outs), list(lses)
     _check_parts(outs, lses)
-    return _merge(outs, lses)
+    return merge_states(outs, lses)

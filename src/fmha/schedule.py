@@ -13,13 +13,19 @@ MAX_SPLITS = 64
 MIN_TILES_PER_SPLIT = 4
 
 
+def num_sms(device) -> int:
+    """Multiprocessors of `device` (a torch.device); the interpreter pretends to be a 4-SM GPU so that
+    automatic splits get exercised on the CPU."""
+    if device.type != "cuda":
+        return 4
+    return _cuda_sms(device.index if device.index is not None else 0)
+
+
 @functools.lru_cache(maxsize=None)
-def num_sms(device_index: int = 0) -> int:
+def _cuda_sms(index: int) -> int:
     import torch
 
-    if not torch.cuda.is_available():
-        return 4                                  # interpreter: a small pretend GPU, so splits get exercised
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def plan_num_splits(programs: int, max_seqlen_k: int, block_n: int, sms: int) -> int:

@@ -12,6 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ..merge import merge_states
+from ..schedule import num_sms, plan_num_splits
 from .common import LN2, LOG2E, online_softmax_step, scores_log2, visible
 
 
@@ -340,7 +342,8 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
     Writes `out` (same layout as q, head_dim_v) and `lse` ((b, hq, sq) dense, (hq, total_q) varlen).
     KV cache: `cache_seqlens (b,)` int32 gives each sequence's key count; with `block_table (b, max_pages)`
     k/v are paged `(num_pages, page_size, heads_k, d)`. `num_splits > 1` splits every sequence's keys into
-    that many tile-aligned chunks run by separate programs, then merges them exactly.
+    that many tile-aligned chunks run by separate programs, then merges them exactly; 0 lets
+    `schedule.plan_num_splits` choose from this launch's grid, its key tile and the SM count.
     `pack_gqa`, `use_tma` and `tiles` (BLOCK_M, BLOCK_N, num_warps, num_stages) override the automatic
     choices (tests and tuning).
     """
@@ -370,7 +373,8 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
     if use_tma is None:
         # TMA descriptors cannot describe an empty tensor (seqlen_k = 0), a page gather, or a length that
         # stops inside the tensor (cache_seqlens): pointer loads then.
-        use_tma = not interpret and cache_seqlens is None and block_dt == 0 and k.numel() > 0 and _tma_ok(k, dqk, block_d) and _tma_ok(v, dv, block_dv)
+        use_tma = (not interpret and cache_seqlens is None and block_dt == 0 and k.numel() > 0
+                   and _tma_ok(k, dqk, block_d) and _tma_ok(v, dv, block_dv))
     tma, k_desc, v_desc = 0, None, None
     if use_tma and varlen:
         tma = 1                       # per-sequence descriptors built in the kernel
@@ -384,13 +388,15 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
     left, right = window
     scale = softmax_scale if softmax_scale is not None else dqk ** -0.5
     paged = block_table is not None
+    programs = batch * heads_eff * triton.cdiv(seqlen_q * gp, block_m)
+    if num_splits == 0:
+        num_splits = plan_num_splits(programs, seqlen_k, block_n, num_sms(q.device))
     o_dst, lse_dst, split_strides = o4, lse, (0, 0)
     if num_splits > 1:
         # Partial results in fp32, one slab per split, merged below.
-        o_dst = torch.empty((num_splits, *o4.shape), dtype=torch.float32, device=q.device)
-        lse_dst = torch.empty((num_splits, *lse.shape), dtype=torch.float32, device=q.device)
-        split_strides = (o_dst.stride(0), lse_dst.stride(0))
-        o_dst, lse_dst = o_dst[0], lse_dst[0]
+        o_parts = torch.empty((num_splits, *o4.shape), dtype=torch.float32, device=q.device)
+        lse_parts = torch.empty((num_splits, *lse.shape), dtype=torch.float32, device=q.device)
+        o_dst, lse_dst, split_strides = o_parts[0], lse_parts[0], (o_parts.stride(0), lse_parts.stride(0))
     grid = (batch * heads_eff, triton.cdiv(seqlen_q * gp, block_m), num_splits)
     attn_fwd_kernel[grid](
         q4, k4, v4, o_dst, lse_dst, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks, k_desc, v_desc,
@@ -409,28 +415,10 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
         num_warps=num_warps, num_stages=num_stages,
     )
     if num_splits > 1:
-        _merge_splits(o_dst.as_strided((num_splits, *o_dst.shape), (split_strides[0], *o_dst.stride())),
-                      lse_dst.as_strided((num_splits, *lse_dst.shape), (split_strides[1], *lse_dst.stride())),
-                      out, lse, sinks)
-
-
-def _merge_splits(o_parts, lse_parts, out, lse, sinks):
-    """Exact merge of split-KV partials (o (s, b, sq, hq, dv), lse (s, b, hq, sq)), then the sink."""
-    total = torch.logsumexp(lse_parts, dim=0)                         # (b, hq, sq); -inf if no key at all
-    safe = torch.where(torch.isneginf(total), 0.0, total)
-    weights = torch.exp(lse_parts - safe).transpose(-1, -2).unsqueeze(-1)   # (s, b, sq, hq, 1)
-    merged = (weights * o_parts).sum(0)
-    if sinks is not None:
-        # o * e^lse / (e^lse + e^sink); rows with no key are already 0.
-        merged = merged * torch.sigmoid(total - sinks.view(1, -1, 1)).transpose(-1, -2).unsqueeze(-1)
-    out.copy_(merged)
-    lse.copy_(total)
-
-
-def grid_programs(q, heads_k, *, max_seqlen_q, interpret):
-    """(programs per split, BLOCK_N) the launcher will use for q: what the split planner needs."""
-    dqk = q.shape[-1]
-    group = q.shape[-2] // heads_k
-    gp = group if _pack_gqa(group, max_seqlen_q, _tile_config(dqk, dqk, interpret)[0]) else 1
-    block_m, block_n, _, _ = _tile_config(dqk, dqk, interpret, rows=max_seqlen_q * gp)
-    return q.shape[0] * (q.shape[-2] // gp) * triton.cdiv(max_seqlen_q * gp, block_m), block_n
+        # lse (b, hq, sq) → (b, sq, hq) views so each LSE matches its output without head_dim.
+        merged, total = merge_states(list(o_parts), [part.transpose(-1, -2) for part in lse_parts])
+        if sinks is not None:
+            # o * e^lse / (e^lse + e^sink); rows with no key are already 0.
+            merged = merged * torch.sigmoid(total - sinks).unsqueeze(-1)
+        out.copy_(merged)
+        lse.copy_(total.transpose(-1, -2))
