@@ -390,7 +390,7 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
     paged = block_table is not None
     programs = batch * heads_eff * triton.cdiv(seqlen_q * gp, block_m)
     if num_splits == 0:
-        num_splits = plan_num_splits(programs, seqlen_k, block_n, num_sms(q.device))
+        num_splits = plan_num_splits(programs, max_seqlen_k, block_n, num_sms(q.device))   # cache capacity for KV caches
     o_dst, lse_dst, split_strides = o4, lse, (0, 0)
     if num_splits > 1:
         # Partial results in fp32, one slab per split, merged below.
