@@ -37,7 +37,7 @@ def merge_states(outs, lses):
     lse = torch.logsumexp(lse_all, dim=0)                   # -inf where every part is -inf
     safe = torch.where(torch.isneginf(lse), 0.0, lse)
     weights = torch.exp(lse_all - safe)                     # e^{-inf} = 0 for empty parts
-    o = sum(w.unsqueeze(-1) * part.float() for w, part in zip(weights, outs))
+    o = (weights.unsqueeze(-1) * torch.stack(list(outs)).float()).sum(0)   # one pass, not one per part
     return o.to(outs[0].dtype), lse
 
 
