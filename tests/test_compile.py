@@ -36,3 +36,24 @@ def test_custom_op_registered():
         torch.randn(1, 8, 2, 32, device=DEV, dtype=DT), torch.randn(1, 8, 2, 32, device=DEV, dtype=DT),
         torch.randn(1, 8, 2, 32, device=DEV, dtype=DT), torch.empty(1, 8, 2, 32, device=DEV, dtype=DT),
         None, None, 8, 8, 0.2, -1, 0, 0.0, None, None), test_utils=("test_schema", "test_faketensor"))
+
+
+def test_compile_mla_fullgraph():
+    """A layer that plans and runs MLA decode traces as one graph."""
+    import fmha.mla as flash_mla
+    from fmha.reference import mla_decode_ref
+
+    torch.manual_seed(0)
+    lens = torch.tensor([70, 0, 130], dtype=torch.int32, device=DEV)
+    cache = torch.randn(9, 64, 1, 576, device=DEV, dtype=DT)
+    table = torch.arange(9, dtype=torch.int32, device=DEV).view(3, 3)
+    q = torch.randn(3, 1, 16, 576, device=DEV, dtype=DT)
+
+    def layer(q):
+        meta, splits = flash_mla.get_mla_metadata(lens, 16, 1)
+        return flash_mla.flash_mla_with_kvcache(q * 2, cache, table, lens, 512, meta, splits)
+
+    out, lse = torch.compile(layer, fullgraph=True, backend=BACKEND)(q)
+    ref, ref_lse = mla_decode_ref(q * 2, cache, table, lens, 512)
+    assert_close("out", out, ref, DT)
+    torch.testing.assert_close(lse, ref_lse, atol=2e-3, rtol=0)

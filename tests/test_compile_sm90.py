@@ -48,3 +48,42 @@ def test_compiles_for_sm90(case):
     assert info["wgmma"], "no wgmma in the PTX: tl.dot did not lower to Hopper's tensor-core path"
     assert info["tma"] == case[2]
     assert info["shared"] <= 232448, f"shared memory {info['shared']} over the H100 limit"
+
+
+MLA_SCRIPT = textwrap.dedent('''
+    import inspect, json, sys
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from fmha.kernels.mla_decode import mla_decode_kernel, _GPU_TILES
+    tma, causal = json.loads(sys.argv[1])
+    bn, warps, stages = _GPU_TILES
+    consts = dict(BLOCK_M=64, BLOCK_N=bn, HALF=256, DT=64, HAS_ROPE=True, CAUSAL=causal, TMA=tma, SCHED_BLOCK=64,
+                  SCHED_FIELDS=8)
+    ptrs = dict(Q_LAT="*bf16", Q_ROPE="*bf16", KV_LAT="*bf16", K_ROPE="*bf16", O="*bf16", LSE="*fp32",
+                O_PART="*fp32", LSE_PART="*fp32", BLOCK_TABLE="*i32", SEQLENS="*i32", SCHED="*i32",
+                SPLIT_OFFSETS="*i32", LAT_DESC=f"tensordesc<bf16[1,{bn},1,256]>",
+                ROPE_DESC=f"tensordesc<bf16[1,{bn},1,64]>")
+    names = list(inspect.signature(mla_decode_kernel.fn).parameters)
+    sig = {n: ptrs.get(n, "constexpr" if n in consts else ("fp32" if n == "qk_scale_log2" else "i32"))
+           for n in names}
+    if not tma:
+        sig.update(LAT_DESC="constexpr", ROPE_DESC="constexpr")
+        consts.update(LAT_DESC=None, ROPE_DESC=None)
+    src = ASTSource(mla_decode_kernel, sig, constexprs={(names.index(k),): v for k, v in consts.items()})
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
+    ptx = k.asm["ptx"]
+    print(json.dumps(dict(shared=k.metadata.shared, wgmma="wgmma" in ptx, tma="cp.async.bulk.tensor" in ptx)))
+''')
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("tma,causal", [(True, True), (False, False)], ids=["mla-tma-causal", "mla-gather"])
+def test_mla_compiles_for_sm90(tma, causal):
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    proc = subprocess.run([sys.executable, "-c", MLA_SCRIPT, json.dumps([tma, causal])], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    info = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert info["wgmma"] and info["tma"] == tma
+    assert info["shared"] <= 232448, f"shared memory {info['shared']} over the H100 limit"

@@ -233,18 +233,18 @@ DECODE_CASES = [(64, 32, 8, 4096, None), (64, 32, 8, 4096, 16), (64, 32, 8, 4096
                 (1, 32, 8, 131072, 64), (4, 32, 8, 131072, 64), (32, 32, 32, 8192, 64)]
 
 
-def paged_copy(k, v, page_size):
-    """The same keys as contiguous `k`/`v (b, s, h, d)` (s a multiple of page_size) in a paged cache whose
-    pages are stored in shuffled order: `(k_cache, v_cache, block_table)`."""
-    b, s = k.shape[:2]
+def paged_copy(page_size, *tensors):
+    """The same keys as each contiguous `(b, s, h, d)` tensor (s a multiple of page_size) in paged caches whose
+    pages are stored in one shuffled order: `(*caches, block_table)`."""
+    b, s = tensors[0].shape[:2]
     pages = s // page_size
-    perm = torch.randperm(b * pages, device=k.device)
+    perm = torch.randperm(b * pages, device=tensors[0].device)
     caches = []
-    for t in (k, v):
+    for t in tensors:
         cache = torch.empty(b * pages, page_size, *t.shape[2:], device=t.device, dtype=t.dtype)
         cache[perm] = t.reshape(b * pages, page_size, *t.shape[2:])
         caches.append(cache)
-    return caches[0], caches[1], perm.view(b, pages).to(torch.int32)
+    return (*caches, perm.view(b, pages).to(torch.int32))
 
 
 def bench_decode(args, record):
@@ -265,7 +265,7 @@ def bench_decode(args, record):
         table = None
         k_cache, v_cache = k, v
         if page:
-            k_cache, v_cache, table = paged_copy(k, v, page)
+            k_cache, v_cache, table = paged_copy(page, k, v)
         nbytes = (2 * k.numel() + 2 * q.numel()) * k.element_size()
         flops = attention_flops(b, 1, sk, hq, d, d)
         impls = {"ours": lambda: fmha.attention_with_kvcache(q, k_cache, v_cache, seqlens, block_table=table)}
@@ -286,6 +286,63 @@ def bench_decode(args, record):
         print(f"b={b:<3} hq={hq:<2} hk={hk:<2} sk={sk:<6} page={page or '-':<3} | GB/s {cells} | "
               f"copy-bw frac {row.get('ours_frac_copy_bw', float('nan')):.2f}", flush=True)
         del q, k, v, k_cache, v_cache
+        torch.cuda.empty_cache()
+
+
+# -------------------------------------------------------------------------------------------------- mla
+
+# FlashMLA's benchmark grid: b = 128, lengths s_k, query heads h_q, s_q (MTP), one latent KV head, 576/512.
+MLA_CASES = [(128, sk, hq, sq) for sk in (4096, 8192, 16384) for hq in (16, 32, 64, 128) for sq in (1, 2)]
+
+
+def mla_peers():
+    """name → builder(q, cache, table, seqlens, s_q, h_q) for every MLA decode kernel importable here."""
+    peers = {}
+    try:
+        import flash_mla
+
+        def build_flash_mla(q, cache, table, seqlens, sq, hq):
+            meta = flash_mla.get_mla_metadata(seqlens, sq * hq, 1)
+            return lambda: flash_mla.flash_mla_with_kvcache(q, cache, table, seqlens, 512, *meta, causal=sq > 1)
+        peers["flash_mla"] = build_flash_mla
+    except ImportError:
+        pass
+    return peers
+
+
+def bench_mla(args, record):
+    """MLA decode over a paged cache (page 64, pages shuffled), FlashMLA's formulas: FLOPs =
+    2 * visible (q, k) pairs * h_q * (576 + 512); bytes = the cache read once + Q + O. CUDA-graph timing, the
+    plan (get_mla_metadata) made once outside the timed call, as FlashMLA's own benchmark does."""
+    import fmha.mla as ours_mla
+
+    dtype, page = torch.bfloat16, 64
+    peers = mla_peers()
+    for b, sk, hq, sq in MLA_CASES:
+        torch.manual_seed(0)
+        q = torch.randn(b, sq, hq, 576, device="cuda", dtype=dtype)
+        kv = torch.randn(b, sk, 1, 576, device="cuda", dtype=dtype)
+        cache, table = paged_copy(page, kv)
+        seqlens = torch.full((b,), sk, dtype=torch.int32, device="cuda")
+        meta, splits = ours_mla.get_mla_metadata(seqlens, sq * hq, 1)
+        impls = {"ours": lambda: ours_mla.flash_mla_with_kvcache(q, cache, table, seqlens, 512, meta, splits,
+                                                                  causal=sq > 1)}
+        for name, build in peers.items():
+            impls[name] = build(q, cache, table, seqlens, sq, hq)
+        ref = impls["ours"]()[0].float()
+        flops = attention_flops(b, sq, sk, hq, 576, 512, causal=sq > 1)
+        nbytes = (kv.numel() + q.numel() + b * sq * hq * 512) * kv.element_size()
+        row = dict(workload="mla", b=b, sk=sk, hq=hq, sq=sq, page=page)
+        # Memory-bound shapes (h_q * s_q <= 32) are judged by bandwidth, the rest by TFLOP/s.
+        _measure(row, impls, ref, flops, nbytes, ratio_of="gbps" if hq * sq <= 32 else "tflops", graph=True,
+                 to_nhd=lambda o: o)
+        record(row)
+        cells = "  ".join(f"{n} {row[f'{n}_tflops']:6.1f} TFLOP/s {row[f'{n}_gbps']:6.0f} GB/s"
+                          if f"{n}_tflops" in row else f"{n} n/a {row.get(f'{n}_error', '')}" for n in impls)
+        print(f"b={b} sk={sk:<5} hq={hq:<3} sq={sq} | {cells} | matmul frac "
+              f"{row.get('ours_frac_matmul_peak', float('nan')):.2f} copy frac "
+              f"{row.get('ours_frac_copy_bw', float('nan')):.2f}", flush=True)
+        del q, kv, cache, ref
         torch.cuda.empty_cache()
 
 
@@ -324,9 +381,12 @@ def _write(path, payload):
     except ImportError:
         return
     rows = payload["rows"]
-    names = [n for n in ("ours", "cudnn", "sdpa-fa2", "flex", "flash_attn2", "fa3")
+    names = [n for n in ("ours", "cudnn", "sdpa-fa2", "flex", "flash_attn2", "fa3", "flash_mla")
              if any(f"{n}_tflops" in r for r in rows)]
-    if payload["workload"] == "decode":
+    if payload["workload"] == "mla":
+        labels = [f"h{r['hq']} sq{r['sq']} s{r['sk'] // 1024}k" for r in rows]
+        metric, unit, peak = "tflops", "TFLOP/s", payload["gpu"].get("matmul_tflops")
+    elif payload["workload"] == "decode":
         labels = [f"b{r['b']} h{r['hq']}/{r['hk']} s{r['sk'] // 1024}k p{r['page']}" for r in rows]
         metric, unit, peak = "gbps", "GB/s", payload["gpu"].get("copy_gbps")
     else:
@@ -357,9 +417,6 @@ def main(argv):
     if not torch.cuda.is_available():
         print("fmha bench needs a CUDA GPU (peers and timings are GPU-only)")
         return 2
-    if args.workload not in ("prefill", "decode"):
-        print(f"fmha bench {args.workload}: not built yet (see the open issues)")
-        return 2
     gpu = dict(name=torch.cuda.get_device_name(), **gpu_ceilings())
     print(f"{gpu['name']}: bf16 matmul {gpu['matmul_tflops']:.0f} TFLOP/s, copy {gpu['copy_gbps']:.0f} GB/s "
           f"(measured now)", flush=True)
@@ -376,7 +433,7 @@ def main(argv):
         if args.out:
             _write(args.out, payload)
 
-    (bench_prefill if args.workload == "prefill" else bench_decode)(args, record)
+    dict(prefill=bench_prefill, decode=bench_decode, mla=bench_mla)[args.workload](args, record)
     if args.out:
         print(f"wrote {args.out}")
     return 0

@@ -118,7 +118,7 @@ def run_main(argv):
             return fmha.attention(q, k, v, return_lse=True, **options)
     else:
         # The same keys in a paged cache, pages in shuffled order, through attention_with_kvcache.
-        k_cache, v_cache, table = paged_copy(k, v, args.paged)
+        k_cache, v_cache, table = paged_copy(args.paged, k, v)
         seqlens = torch.full((b,), sk, dtype=torch.int32, device=device)
 
         def ours():

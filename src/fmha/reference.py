@@ -9,7 +9,7 @@ import math
 
 import torch
 
-__all__ = ["visible_mask", "attention_ref", "attention_varlen_ref"]
+__all__ = ["visible_mask", "attention_ref", "attention_varlen_ref", "gather_pages", "mla_decode_ref"]
 
 
 def visible_mask(seqlen_q: int, seqlen_k: int, window=(-1, -1), device=None) -> torch.Tensor:
@@ -87,3 +87,25 @@ def attention_varlen_ref(q, k, v, cu_seqlens_q, cu_seqlens_k, **options):
         out[qs:qe] = o_b[0]
         lse[:, qs:qe] = lse_b[0]
     return out, lse
+
+
+def gather_pages(cache, block_table, seqlen):
+    """The first `seqlen` tokens of one sequence from a paged cache `(num_blocks, page_size, ...)`, given its
+    row of the block table."""
+    page_size = cache.shape[1]
+    pages = block_table[: -(-seqlen // page_size)].long()
+    return cache[pages].flatten(0, 1)[:seqlen]
+
+
+def mla_decode_ref(q, k_cache, block_table, cache_seqlens, head_dim_v, *, causal=False, softmax_scale=None):
+    """flash_mla_with_kvcache in fp32: q `(b, s_q, h_q, d)`, k_cache `(num_blocks, page, h_k, d)`; the value
+    is the first `head_dim_v` columns of the key. Returns `(out (b, s_q, h_q, dv), lse (b, h_q, s_q))` with
+    FlashMLA's convention for a row that sees no key: output 0, LSE +inf."""
+    scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
+    outs, lses = [], []
+    for b, n in enumerate(cache_seqlens.tolist()):
+        k = gather_pages(k_cache, block_table[b], n).unsqueeze(0)
+        o, lse = attention_ref(q[b:b + 1], k, k[..., :head_dim_v], causal=causal, softmax_scale=scale)
+        outs.append(o)
+        lses.append(torch.where(torch.isneginf(lse), math.inf, lse))
+    return torch.cat(outs), torch.cat(lses)

@@ -35,3 +35,57 @@ def plan_num_splits(programs: int, max_seqlen_k: int, block_n: int, sms: int) ->
     want = -(-2 * sms // programs)                            # ceil(2 * SMs / programs)
     most = max(1, max_seqlen_k // (MIN_TILES_PER_SPLIT * block_n))
     return max(1, min(want, most, MAX_SPLITS))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# MLA decode: FlashMLA-style balanced tile scheduler.
+
+SCHED_BLOCK = 64       # keys per scheduling unit; every MLA kernel key tile divides it
+SCHED_FIELDS = 8       # ints per part in the metadata (FlashMLA's TileSchedulerMetaDataSize)
+MLA_BLOCK_M = 64       # packed query rows per program: wgmma's M
+
+
+def mla_num_parts(rows_per_head_k: int, heads_k: int, sms: int) -> int:
+    """Parts (programs along the key axis) so that parts x heads_k x query blocks covers every SM once."""
+    m_blocks = -(-max(rows_per_head_k, 1) // MLA_BLOCK_M)
+    return max(1, sms // (heads_k * m_blocks))
+
+
+def plan_mla(cache_seqlens, num_parts: int):
+    """Give every part the same number of key blocks: the batch's blocks are laid end to end and cut into
+    `num_parts` equal runs, so a long sequence spans several parts and a part may finish one sequence and
+    start the next. Pure torch on `cache_seqlens`' device: no host synchronisation, CUDA-graph safe.
+
+    Returns:
+        metadata `(num_parts, SCHED_FIELDS)` int32, per part: [first batch, first block within it, number of
+            blocks, split index of the first batch, 0, 0, 0, 0].
+        split_offsets `(batch + 1,)` int32: batch b's partial results are rows `split_offsets[b]` up to
+            `split_offsets[b + 1]` of the split buffers (a batch run whole by one part has one "split" and
+            writes its output directly; a zero-length batch has none).
+    """
+    import torch
+
+    device = cache_seqlens.device
+    blocks = (cache_seqlens.to(torch.int64) + SCHED_BLOCK - 1) // SCHED_BLOCK
+    cum = torch.zeros(blocks.shape[0] + 1, dtype=torch.int64, device=device)
+    cum[1:] = torch.cumsum(blocks, 0)
+    total = cum[-1]
+    per_part = torch.clamp((total + num_parts - 1) // num_parts, min=1)
+    parts = torch.arange(num_parts, dtype=torch.int64, device=device)
+    start = torch.minimum(parts * per_part, total)
+    end = torch.minimum(start + per_part, total)
+    # The batch holding flat block `start`: the first b with cum[b + 1] > start (skips empty batches).
+    batch = torch.searchsorted(cum[1:], start, right=True).clamp(max=max(blocks.shape[0] - 1, 0))
+    first_block = start - cum[batch]
+    first_part = cum[:-1] // per_part                 # the part holding each batch's first block
+    last_part = (cum[1:] - 1) // per_part
+    splits = torch.where(blocks > 0, last_part - first_part + 1, 0)
+    split_offsets = torch.zeros_like(cum)
+    split_offsets[1:] = torch.cumsum(splits, 0)
+    meta = torch.zeros(num_parts, SCHED_FIELDS, dtype=torch.int64, device=device)
+    meta[:, 0] = batch
+    meta[:, 1] = first_block
+    meta[:, 2] = end - start
+    if blocks.shape[0]:
+        meta[:, 3] = torch.where(end > start, parts - first_part[batch], 0)
+    return meta.to(torch.int32), split_offsets.to(torch.int32)

@@ -1,0 +1,314 @@
+"""MLA decode (triton.language): DeepSeek's absorbed attention over a paged latent cache, split-KV.
+
+Shapes the kernel sees (flash_mla's, with the latent and RoPE parts as separate tensors or views):
+    q_latent (b, s_q, h_q, DV), q_rope (b, s_q, h_q, DT), kv_latent (pages, page_size, h_k, DV),
+    k_rope (pages, page_size, h_k, DT). The key is [latent, rope] (DV + DT = 576) and the value is the
+    latent part itself, so one K tile feeds both dots: S = q·kᵀ over 576 columns, O += P·k over 512.
+
+One program owns BLOCK_M packed query rows (row r = query position r // G, head r % G, G = h_q / h_k:
+every query of a KV head shares each K tile) and one *part* of the key blocks, as cut by
+`schedule.plan_mla`: a run of SCHED_BLOCK-key blocks laid end to end over the batch, so it may finish one
+sequence and start the next. A sequence the part covers whole is written as final output; a piece of a
+sequence is written as an fp32 partial (o, lse) that `combine_kernel` merges.
+
+The value width DV is held as two column halves (two 64 x 256 fp32 accumulators for DV = 512): a TMA box
+is at most 256 columns wide, and the halves keep each wgmma's N at 256.
+"""
+import torch
+import triton
+import triton.language as tl
+
+from ..schedule import MLA_BLOCK_M, SCHED_BLOCK, SCHED_FIELDS
+from .common import LN2, LOG2E
+
+
+@triton.jit
+def _load_k(kv_lat, k_rope, lat_desc, rope_desc, bt_row, n, seqlen, kv_head, page_size,
+            stride_lp, stride_ls, stride_lh, stride_rp, stride_rs, stride_rh,
+            BLOCK_N: tl.constexpr, HALF: tl.constexpr, DT: tl.constexpr, HAS_ROPE: tl.constexpr,
+            MASKED: tl.constexpr, TMA: tl.constexpr):
+    """Key tile at key `n`: latent halves (BLOCK_N, HALF) x 2 and rope (BLOCK_N, DT). Rows past `seqlen`
+    are zero in a MASKED tile (the cache may hold anything there, NaN included, and the latent part is
+    also the value: 0 * NaN would poison the output)."""
+    offs_n = n + tl.arange(0, BLOCK_N)
+    if TMA:
+        # The tile lies inside one page (BLOCK_N divides page_size): one TMA box per half.
+        page = tl.load(bt_row + n // page_size)
+        slot = n % page_size
+        k0 = lat_desc.load([page, slot, kv_head, 0]).reshape(BLOCK_N, HALF)
+        k1 = lat_desc.load([page, slot, kv_head, HALF]).reshape(BLOCK_N, HALF)
+        kt = k0
+        if HAS_ROPE:
+            kt = rope_desc.load([page, slot, kv_head, 0]).reshape(BLOCK_N, DT)
+        if MASKED:
+            ok = (offs_n < seqlen)[:, None]
+            k0 = tl.where(ok, k0, 0.0)
+            k1 = tl.where(ok, k1, 0.0)
+            if HAS_ROPE:
+                kt = tl.where(ok, kt, 0.0)
+    else:
+        # Gather: key j lives in page block_table[b, j // page_size], slot j % page_size.
+        offs_h = tl.arange(0, HALF)
+        offs_t = tl.arange(0, DT)
+        if MASKED:
+            ok = offs_n < seqlen
+            page = tl.load(bt_row + offs_n // page_size, mask=ok, other=0).to(tl.int64)
+        else:
+            page = tl.load(bt_row + offs_n // page_size).to(tl.int64)
+        slot = offs_n % page_size
+        lat = kv_lat + page * stride_lp + slot * stride_ls + kv_head * stride_lh
+        rope = lat
+        if HAS_ROPE:
+            rope = k_rope + page * stride_rp + slot * stride_rs + kv_head * stride_rh
+        if MASKED:
+            k0 = tl.load(lat[:, None] + offs_h[None, :], mask=ok[:, None], other=0.0)
+            k1 = tl.load(lat[:, None] + (HALF + offs_h)[None, :], mask=ok[:, None], other=0.0)
+            kt = k0
+            if HAS_ROPE:
+                kt = tl.load(rope[:, None] + offs_t[None, :], mask=ok[:, None], other=0.0)
+        else:
+            k0 = tl.load(lat[:, None] + offs_h[None, :])
+            k1 = tl.load(lat[:, None] + (HALF + offs_h)[None, :])
+            kt = k0
+            if HAS_ROPE:
+                kt = tl.load(rope[:, None] + offs_t[None, :])
+    return k0, k1, kt
+
+
+@triton.jit
+def _mla_run(acc0, acc1, l_i, m_i, q0, q1, qt, kv_lat, k_rope, lat_desc, rope_desc, bt_row, start, end,
+             seqlen, last_visible, kv_head, page_size, qk_scale_log2,
+             stride_lp, stride_ls, stride_lh, stride_rp, stride_rs, stride_rh,
+             BLOCK_N: tl.constexpr, HALF: tl.constexpr, DT: tl.constexpr, HAS_ROPE: tl.constexpr,
+             MASKED: tl.constexpr, TMA: tl.constexpr):
+    """Online softmax over key tiles start, start + BLOCK_N, ... < end. `last_visible` (BLOCK_M,) is each
+    row's last visible key (causal); only MASKED runs look at it."""
+    for n in tl.range(start, end, BLOCK_N):
+        k0, k1, kt = _load_k(kv_lat, k_rope, lat_desc, rope_desc, bt_row, n, seqlen, kv_head, page_size,
+                             stride_lp, stride_ls, stride_lh, stride_rp, stride_rs, stride_rh,
+                             BLOCK_N, HALF, DT, HAS_ROPE, MASKED, TMA)
+        qk = tl.dot(q0, tl.trans(k0))
+        qk = tl.dot(q1, tl.trans(k1), qk)
+        if HAS_ROPE:
+            qk = tl.dot(qt, tl.trans(kt), qk)
+        s = qk * qk_scale_log2
+        if MASKED:
+            k_pos = n + tl.arange(0, BLOCK_N)
+            s = tl.where(k_pos[None, :] <= last_visible[:, None], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_shift = m_new
+        if MASKED:
+            # A row with no visible key yet keeps m = -inf; shift by 0 so exp2 gives 0, not NaN.
+            m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_shift[:, None])
+        alpha = tl.exp2(m_i - m_shift)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        p = p.to(k0.dtype)
+        acc0 = tl.dot(p, k0, acc0 * alpha[:, None])
+        acc1 = tl.dot(p, k1, acc1 * alpha[:, None])
+        m_i = m_new
+    return acc0, acc1, l_i, m_i
+
+
+@triton.jit
+def mla_decode_kernel(
+    Q_LAT, Q_ROPE, KV_LAT, K_ROPE, LAT_DESC, ROPE_DESC, O, LSE, O_PART, LSE_PART,
+    BLOCK_TABLE, SEQLENS, SCHED, SPLIT_OFFSETS,
+    batch, seqlen_q, group, rows_per_k, num_m_blocks, page_size, stride_bt, qk_scale_log2,
+    stride_qlb, stride_qls, stride_qlh, stride_qrb, stride_qrs, stride_qrh,
+    stride_lp, stride_ls, stride_lh, stride_rp, stride_rs, stride_rh,
+    stride_ob, stride_os, stride_oh, stride_lseb, stride_lseh, stride_lses,
+    stride_ps, stride_pr, stride_lps,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HALF: tl.constexpr, DT: tl.constexpr,
+    HAS_ROPE: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr,
+    SCHED_BLOCK: tl.constexpr, SCHED_FIELDS: tl.constexpr,
+):
+    part = tl.program_id(0)
+    kv_head = tl.program_id(1) // num_m_blocks
+    offs_m = (tl.program_id(1) % num_m_blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = offs_m < rows_per_k
+    q_pos = offs_m // group
+    q_head = kv_head * group + offs_m % group
+    offs_h = tl.arange(0, HALF)
+    offs_t = tl.arange(0, DT)
+
+    meta = SCHED + part * SCHED_FIELDS
+    b = tl.load(meta)
+    blk = tl.load(meta + 1)
+    remaining = tl.load(meta + 2)
+    split = tl.load(meta + 3)
+    while (remaining > 0) & (b < batch):
+        seqlen = tl.load(SEQLENS + b)
+        n_blocks = tl.cdiv(seqlen, SCHED_BLOCK)
+        take = tl.minimum(n_blocks - blk, remaining)
+        if take > 0:
+            lo = blk * SCHED_BLOCK
+            hi = tl.minimum((blk + take) * SCHED_BLOCK, seqlen)
+            # Causal (bottom-right): query i sees keys j <= seqlen - seqlen_q + i. Tiles below `full` are
+            # visible to every row and run without masks.
+            last_visible = tl.where(row_ok, seqlen - 1, -1)
+            full = seqlen
+            if CAUSAL:
+                last_visible = tl.where(row_ok, seqlen - seqlen_q + q_pos, -1)
+                full = seqlen - seqlen_q + 1
+            mid = tl.maximum(lo, lo + (tl.minimum(hi, full) - lo) // BLOCK_N * BLOCK_N)
+
+            q_lat = Q_LAT + b.to(tl.int64) * stride_qlb + q_pos * stride_qls + q_head * stride_qlh
+            q0 = tl.load(q_lat[:, None] + offs_h[None, :], mask=row_ok[:, None], other=0.0)
+            q1 = tl.load(q_lat[:, None] + (HALF + offs_h)[None, :], mask=row_ok[:, None], other=0.0)
+            qt = q0
+            if HAS_ROPE:
+                q_rope = Q_ROPE + b.to(tl.int64) * stride_qrb + q_pos * stride_qrs + q_head * stride_qrh
+                qt = tl.load(q_rope[:, None] + offs_t[None, :], mask=row_ok[:, None], other=0.0)
+            bt_row = BLOCK_TABLE + b.to(tl.int64) * stride_bt
+
+            acc0 = tl.zeros([BLOCK_M, HALF], dtype=tl.float32)
+            acc1 = tl.zeros([BLOCK_M, HALF], dtype=tl.float32)
+            l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+            m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+            acc0, acc1, l_i, m_i = _mla_run(acc0, acc1, l_i, m_i, q0, q1, qt, KV_LAT, K_ROPE, LAT_DESC, ROPE_DESC,
+                                            bt_row, lo, mid, seqlen, last_visible, kv_head, page_size,
+                                            qk_scale_log2, stride_lp, stride_ls, stride_lh, stride_rp, stride_rs,
+                                            stride_rh, BLOCK_N, HALF, DT, HAS_ROPE, False, TMA)
+            acc0, acc1, l_i, m_i = _mla_run(acc0, acc1, l_i, m_i, q0, q1, qt, KV_LAT, K_ROPE, LAT_DESC, ROPE_DESC,
+                                            bt_row, mid, hi, seqlen, last_visible, kv_head, page_size,
+                                            qk_scale_log2, stride_lp, stride_ls, stride_lh, stride_rp, stride_rs,
+                                            stride_rh, BLOCK_N, HALF, DT, HAS_ROPE, True, TMA)
+
+            empty = l_i == 0.0
+            inv = tl.where(empty, 0.0, 1.0 / tl.where(empty, 1.0, l_i))
+            o0 = acc0 * inv[:, None]
+            o1 = acc1 * inv[:, None]
+            if (blk == 0) & (take == n_blocks):
+                # The whole sequence: final output. FlashMLA's convention for a row with no key: LSE +inf.
+                lse = tl.where(empty, float("inf"), m_i * LN2 + tl.log(l_i))
+                o_row = O + b.to(tl.int64) * stride_ob + q_pos * stride_os + q_head * stride_oh
+                tl.store(o_row[:, None] + offs_h[None, :], o0.to(O.dtype.element_ty), mask=row_ok[:, None])
+                tl.store(o_row[:, None] + (HALF + offs_h)[None, :], o1.to(O.dtype.element_ty), mask=row_ok[:, None])
+                tl.store(LSE + b.to(tl.int64) * stride_lseb + q_head * stride_lseh + q_pos * stride_lses, lse,
+                         mask=row_ok)
+            else:
+                # A piece: fp32 partial at this batch's split slot; an empty piece has LSE -inf (weight 0).
+                lse = tl.where(empty, float("-inf"), m_i * LN2 + tl.log(l_i))
+                slot = (tl.load(SPLIT_OFFSETS + b) + split).to(tl.int64)
+                prow = kv_head * rows_per_k + offs_m
+                p_row = O_PART + slot * stride_ps + prow.to(tl.int64) * stride_pr
+                tl.store(p_row[:, None] + offs_h[None, :], o0, mask=row_ok[:, None])
+                tl.store(p_row[:, None] + (HALF + offs_h)[None, :], o1, mask=row_ok[:, None])
+                tl.store(LSE_PART + slot * stride_lps + prow, lse, mask=row_ok)
+        remaining -= tl.maximum(take, 0)
+        b += 1
+        blk = 0
+        split = 0
+
+
+@triton.jit
+def combine_kernel(O, LSE, O_PART, LSE_PART, SPLIT_OFFSETS,
+                   group, rows_per_k, total_rows,
+                   stride_ob, stride_os, stride_oh, stride_lseb, stride_lseh, stride_lses,
+                   stride_ps, stride_pr, stride_lps,
+                   DV: tl.constexpr, BLOCK_R: tl.constexpr):
+    """Merge one batch's split partials: o = sum_i e^{lse_i - lse} o_i, lse = log sum_i e^{lse_i}. Batches run
+    whole by one part were written by the decode kernel; zero-length batches get o = 0, LSE +inf here."""
+    b = tl.program_id(0)
+    rows = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_ok = rows < total_rows
+    first = tl.load(SPLIT_OFFSETS + b)
+    n = tl.load(SPLIT_OFFSETS + b + 1) - first
+    if n != 1:
+        offs_d = tl.arange(0, DV)
+        m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
+        for i in range(0, n):
+            lse_i = tl.load(LSE_PART + (first + i).to(tl.int64) * stride_lps + rows, mask=row_ok, other=float("-inf"))
+            m = tl.maximum(m, lse_i)
+        m_shift = tl.where(m == float("-inf"), 0.0, m)
+        acc = tl.zeros([BLOCK_R, DV], dtype=tl.float32)
+        den = tl.zeros([BLOCK_R], dtype=tl.float32)
+        for i in range(0, n):
+            slot = (first + i).to(tl.int64)
+            lse_i = tl.load(LSE_PART + slot * stride_lps + rows, mask=row_ok, other=float("-inf"))
+            w = tl.exp2((lse_i - m_shift) * LOG2E)
+            o_i = tl.load(O_PART + slot * stride_ps + rows.to(tl.int64)[:, None] * stride_pr + offs_d[None, :],
+                          mask=row_ok[:, None], other=0.0)
+            acc += w[:, None] * o_i
+            den += w
+        empty = den == 0.0
+        out = acc / tl.where(empty, 1.0, den)[:, None]
+        lse = tl.where(empty, float("inf"), m_shift + tl.log(den))
+        kv_head = rows // rows_per_k
+        r = rows % rows_per_k
+        q_pos = r // group
+        q_head = kv_head * group + r % group
+        o_row = O + b.to(tl.int64) * stride_ob + q_pos * stride_os + q_head * stride_oh
+        tl.store(o_row[:, None] + offs_d[None, :], out.to(O.dtype.element_ty), mask=row_ok[:, None])
+        tl.store(LSE + b.to(tl.int64) * stride_lseb + q_head * stride_lseh + q_pos * stride_lses, lse, mask=row_ok)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Launch. Callers pass validated tensors; nothing here checks arguments.
+
+# (BLOCK_N, num_warps, num_stages) on sm_90. 8 warps: the two 64 x 256 fp32 accumulators alone take 128
+# registers per thread at 256 threads.
+_GPU_TILES = (32, 8, 2)
+_INTERPRET_TILES = (32, 4, 1)
+_INTERPRET_BLOCK_M = 32        # small tiles keep several query blocks in small CPU tests
+_COMBINE_ROWS = 8
+
+
+def _tma_ok(t):
+    es = t.element_size()
+    return t.data_ptr() % 16 == 0 and all((s * es) % 16 == 0 for s in t.stride()[:-1])
+
+
+def mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens, metadata, split_offsets,
+                       out, lse, *, softmax_scale, causal, tiles=None, use_tma=None, interpret=False):
+    """q_lat (b, s_q, h_q, DV), q_rope (b, s_q, h_q, DT) or None, kv_lat (pages, page_size, h_k, DV),
+    k_rope (pages, page_size, h_k, DT) or None, metadata / split_offsets from `schedule.plan_mla`.
+    Writes out (b, s_q, h_q, DV) and lse (b, h_q, s_q)."""
+    batch, seqlen_q, heads_q, dv = q_lat.shape
+    page_size, heads_k = kv_lat.shape[1], kv_lat.shape[2]
+    if batch == 0 or seqlen_q == 0:
+        return
+    group = heads_q // heads_k
+    rows_per_k = seqlen_q * group
+    block_n, num_warps, num_stages = tiles or (_INTERPRET_TILES if interpret else _GPU_TILES)
+    block_m = _INTERPRET_BLOCK_M if interpret else MLA_BLOCK_M
+    has_rope = q_rope is not None
+    dt = q_rope.shape[-1] if has_rope else 16
+    half = dv // 2
+    if use_tma is None:
+        use_tma = (not interpret and page_size % block_n == 0 and _tma_ok(kv_lat)
+                   and (not has_rope or _tma_ok(k_rope)))
+    lat_desc = rope_desc = None
+    if use_tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+        lat_desc = TensorDescriptor(kv_lat, list(kv_lat.shape), list(kv_lat.stride()), [1, block_n, 1, half])
+        if has_rope:
+            rope_desc = TensorDescriptor(k_rope, list(k_rope.shape), list(k_rope.stride()), [1, block_n, 1, dt])
+    num_parts = metadata.shape[0]
+    # Split buffers: every part boundary adds at most one piece to one batch.
+    o_part = torch.empty((batch + num_parts, heads_k * rows_per_k, dv), dtype=torch.float32, device=q_lat.device)
+    lse_part = torch.empty((batch + num_parts, heads_k * rows_per_k), dtype=torch.float32, device=q_lat.device)
+    rope_strides = (k_rope.stride(0), k_rope.stride(1), k_rope.stride(2)) if has_rope else (0, 0, 0)
+    q_rope_strides = (q_rope.stride(0), q_rope.stride(1), q_rope.stride(2)) if has_rope else (0, 0, 0)
+    num_m_blocks = triton.cdiv(rows_per_k, block_m)
+    mla_decode_kernel[(num_parts, heads_k * num_m_blocks)](
+        q_lat, q_rope, kv_lat, k_rope, lat_desc, rope_desc, out, lse, o_part, lse_part,
+        block_table, cache_seqlens, metadata, split_offsets,
+        batch, seqlen_q, group, rows_per_k, num_m_blocks, page_size, block_table.stride(0),
+        softmax_scale * 1.4426950408889634,
+        q_lat.stride(0), q_lat.stride(1), q_lat.stride(2), *q_rope_strides,
+        kv_lat.stride(0), kv_lat.stride(1), kv_lat.stride(2), *rope_strides,
+        out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1), lse.stride(2),
+        o_part.stride(0), o_part.stride(1), lse_part.stride(0),
+        BLOCK_M=block_m, BLOCK_N=block_n, HALF=half, DT=dt, HAS_ROPE=has_rope, CAUSAL=causal,
+        TMA=bool(use_tma), SCHED_BLOCK=SCHED_BLOCK, SCHED_FIELDS=SCHED_FIELDS,
+        num_warps=num_warps, num_stages=num_stages,
+    )
+    total_rows = heads_k * rows_per_k
+    combine_kernel[(batch, triton.cdiv(total_rows, _COMBINE_ROWS))](
+        out, lse, o_part, lse_part, split_offsets, group, rows_per_k, total_rows,
+        out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1), lse.stride(2),
+        o_part.stride(0), o_part.stride(1), lse_part.stride(0),
+        DV=dv, BLOCK_R=_COMBINE_ROWS, num_warps=4,
+    )

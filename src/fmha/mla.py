@@ -1,0 +1,253 @@
+"""MLA decode, a drop-in for DeepSeek's `flash_mla` package: `import fmha.mla as flash_mla`.
+
+Plan once per decode step, run per layer, as with FlashMLA:
+
+    tile_scheduler_metadata, num_splits = get_mla_metadata(cache_seqlens, s_q * h_q // h_k, h_k)
+    for layer in layers:
+        out, lse = flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, 512,
+                                          tile_scheduler_metadata, num_splits, causal=True)
+
+The math is absorbed multi-head latent attention: each token's cache row is [latent (512), rope (64)];
+the key is the whole row (576 columns) and the value is the latent part, read once for both.
+`mla_decode` is the same operation with the latent and rope parts in separate tensors (vLLM's form).
+
+Data path: validation → plan (`schedule.plan_mla`, on the device, no host sync) → `kernels.mla_decode`
+(split-KV decode kernel, then the combine kernel). Conventions kept from FlashMLA: `lse (b, h_q, s_q)`
+fp32 natural log, and a query row that sees no key gives output 0 and LSE **+inf**.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from . import _validate as V
+from .kernels.mla_decode import mla_decode_forward
+from .schedule import SCHED_FIELDS, mla_num_parts, num_sms, plan_mla
+
+__all__ = ["get_mla_metadata", "flash_mla_with_kvcache", "mla_decode"]
+
+# Issue 5 (FP8 caches, token-sparse attention, sinks, a second KV source) is not built yet: those
+# arguments are accepted by name, as flash_mla's are, and refused if used.
+_NOT_YET = ("is_fp8_kvcache", "indices", "attn_sink", "extra_k_cache", "extra_indices_in_kvcache", "topk_length",
+            "extra_topk_length")
+
+
+def _refuse_unbuilt(**options):
+    for name in _NOT_YET:
+        value = options.get(name)
+        if value is not None and value is not False:
+            raise NotImplementedError(f"{name}: FP8 / sparse / sink / extra-KV MLA decode is not implemented yet")
+
+
+def get_mla_metadata(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_heads_q=None,
+                     is_fp8_kvcache=False, topk=None):
+    """Plan the split-KV schedule of one decode step; reuse the result for every layer.
+
+    Args:
+        cache_seqlens: `(batch,)` int32, the cache length of each sequence (on the GPU).
+        num_q_tokens_per_head_k: `s_q * h_q // h_k`, the packed query rows that share a KV head.
+        num_heads_k: KV heads (1 for DeepSeek MLA).
+        num_heads_q, is_fp8_kvcache, topk: flash_mla's sparse / FP8 options (not built yet).
+
+    Returns:
+        tile_scheduler_metadata: `(num_parts, 8)` int32, each part's run of key blocks (see `schedule.plan_mla`).
+        num_splits: `(batch + 1,)` int32 prefix sums of the pieces each sequence is split into.
+    """
+    _refuse_unbuilt(is_fp8_kvcache=is_fp8_kvcache, indices=topk)
+    V.check_tensor("cache_seqlens", cache_seqlens, ndim=1, dtypes=(torch.int32,))
+    V.check_device("cache_seqlens", cache_seqlens)
+    for name, value in (("num_q_tokens_per_head_k", num_q_tokens_per_head_k), ("num_heads_k", num_heads_k)):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
+        if value < 1:
+            raise ValueError(f"{name}: expected >= 1, got {value}")
+    num_parts = mla_num_parts(num_q_tokens_per_head_k, num_heads_k, num_sms(cache_seqlens.device))
+    return plan_mla(cache_seqlens, num_parts)
+
+
+@torch.library.custom_op("fmha::mla_decode_fwd", mutates_args=())
+def _mla_decode_fwd(q_lat: torch.Tensor, q_rope: Optional[torch.Tensor], kv_lat: torch.Tensor,
+                    k_rope: Optional[torch.Tensor], block_table: torch.Tensor, cache_seqlens: torch.Tensor,
+                    metadata: torch.Tensor, split_offsets: torch.Tensor, softmax_scale: float,
+                    causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    out, lse = _empty_outputs(q_lat)
+    mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens, metadata, split_offsets, out, lse,
+                       softmax_scale=softmax_scale, causal=causal, interpret=q_lat.device.type == "cpu")
+    return out, lse
+
+
+@_mla_decode_fwd.register_fake
+def _(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens, metadata, split_offsets, softmax_scale, causal):
+    return _empty_outputs(q_lat)
+
+
+def _empty_outputs(q_lat):
+    b, s_q, h_q, dv = q_lat.shape
+    out = q_lat.new_empty((b, s_q, h_q, dv))
+    lse = q_lat.new_empty((b, h_q, s_q), dtype=torch.float32)
+    return out, lse
+
+
+def _check_value_dim(name, dv, dqk):
+    """The kernel holds the value in two power-of-two halves and the rest of the key as a power-of-two tail."""
+    half = dv // 2
+    tail = dqk - dv
+    if dv % 2 or half < 16 or half > 256 or half & (half - 1):
+        raise ValueError(f"{name}: expected 2 * a power of two in [32, 512] (512 for DeepSeek MLA), got {dv}")
+    if tail and (tail < 16 or tail & (tail - 1)):
+        raise ValueError(f"{name}: head_dim - head_dim_v must be 0 or a power of two >= 16, got {tail}")
+
+
+def _check_plan(batch, cache_seqlens, block_table, tile_scheduler_metadata, num_splits, device):
+    V.check_tensor("cache_seqlens", cache_seqlens, ndim=1, dtypes=(torch.int32,), device=device)
+    if cache_seqlens.shape[0] != batch:
+        raise ValueError(f"cache_seqlens: expected shape ({batch},), got {tuple(cache_seqlens.shape)}")
+    V.check_tensor("block_table", block_table, ndim=2, dtypes=(torch.int32,), device=device)
+    if block_table.shape[0] != batch or block_table.stride(1) != 1:
+        raise ValueError(f"block_table: expected a row-contiguous ({batch}, max_blocks) tensor, got shape "
+                         f"{tuple(block_table.shape)} strides {tuple(block_table.stride())}")
+    V.check_tensor("tile_scheduler_metadata", tile_scheduler_metadata, ndim=2, dtypes=(torch.int32,), device=device)
+    if tile_scheduler_metadata.shape[1] != SCHED_FIELDS or not tile_scheduler_metadata.is_contiguous():
+        raise ValueError(f"tile_scheduler_metadata: expected a contiguous (num_parts, {SCHED_FIELDS}) tensor from "
+                         f"get_mla_metadata, got shape {tuple(tile_scheduler_metadata.shape)}")
+    V.check_tensor("num_splits", num_splits, ndim=1, dtypes=(torch.int32,), device=device)
+    if num_splits.shape[0] != batch + 1:
+        raise ValueError(f"num_splits: expected shape ({batch + 1},) from get_mla_metadata, "
+                         f"got {tuple(num_splits.shape)}")
+
+
+def _check_scale(softmax_scale, default):
+    if softmax_scale is None:
+        return default
+    if not isinstance(softmax_scale, (int, float)) or isinstance(softmax_scale, bool):
+        raise TypeError(f"softmax_scale: expected a float or None, got {type(softmax_scale).__name__}")
+    if not softmax_scale > 0:
+        raise ValueError(f"softmax_scale: expected a positive value, got {softmax_scale}")
+    return float(softmax_scale)
+
+
+def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata, num_splits,
+                           softmax_scale=None, causal=False, is_fp8_kvcache=False, indices=None, attn_sink=None,
+                           extra_k_cache=None, extra_indices_in_kvcache=None, topk_length=None,
+                           extra_topk_length=None):
+    """MLA decode over a paged cache, flash_mla's signature.
+
+    Args:
+        q: `(batch, s_q, h_q, head_dim)` fp16/bf16, head_dim 576 (512 latent + 64 rope) for DeepSeek MLA;
+            s_q > 1 for MTP / speculative decoding (with `causal`).
+        k_cache: `(num_blocks, page_block_size, h_k, head_dim)`, q's dtype; any page size (FlashMLA uses 64).
+        block_table: `(batch, max_blocks)` int32; key j of sequence b is row `j % page_block_size` of block
+            `block_table[b, j // page_block_size]`.
+        cache_seqlens: `(batch,)` int32; keys past each length are never read (0 is allowed).
+        head_dim_v: the value width; the value is the first `head_dim_v` columns of each key row.
+        tile_scheduler_metadata, num_splits: from `get_mla_metadata` on the same `cache_seqlens`.
+        softmax_scale: defaults to `head_dim ** -0.5` (models pass their own).
+        causal: bottom-right aligned: query i of s_q sees keys `j <= cache_seqlens[b] - s_q + i`.
+        is_fp8_kvcache, indices, attn_sink, extra_*, topk_length: FP8 / sparse / V4 options (not built yet).
+
+    Returns:
+        `out (batch, s_q, h_q, head_dim_v)` in q's dtype and `lse (batch, h_q, s_q)` fp32 (natural log; +inf
+        for a row that sees no key, whose output is 0).
+    """
+    _refuse_unbuilt(is_fp8_kvcache=is_fp8_kvcache, indices=indices, attn_sink=attn_sink, extra_k_cache=extra_k_cache,
+                    extra_indices_in_kvcache=extra_indices_in_kvcache, topk_length=topk_length,
+                    extra_topk_length=extra_topk_length)
+    V.check_tensor("q", q, ndim=4, dtypes=V.HALF_DTYPES)
+    V.check_device("q", q)
+    V.check_tensor("k_cache", k_cache, ndim=4, dtypes=(q.dtype,), device=q.device)
+    for name, t in (("q", q), ("k_cache", k_cache)):
+        V.check_last_dim_contiguous(name, t)
+    batch, _, h_q, dqk = q.shape
+    h_k = k_cache.shape[2]
+    if k_cache.shape[3] != dqk:
+        raise ValueError(f"k_cache: head_dim must equal q's ({dqk}), got {k_cache.shape[3]}")
+    if h_k == 0 or h_q % h_k:
+        raise ValueError(f"k_cache: heads_k must divide h_q ({h_q}), got {h_k}")
+    if not isinstance(head_dim_v, int) or isinstance(head_dim_v, bool):
+        raise TypeError(f"head_dim_v: expected an int, got {type(head_dim_v).__name__}")
+    if not 0 < head_dim_v <= dqk:
+        raise ValueError(f"head_dim_v: expected 0 < head_dim_v <= head_dim ({dqk}), got {head_dim_v}")
+    _check_value_dim("head_dim_v", head_dim_v, dqk)
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal: expected a bool, got {type(causal).__name__}")
+    scale = _check_scale(softmax_scale, dqk ** -0.5)
+    _check_plan(batch, cache_seqlens, block_table, tile_scheduler_metadata, num_splits, q.device)
+    rope = dqk > head_dim_v
+    return _mla_decode_fwd(q[..., :head_dim_v], q[..., head_dim_v:] if rope else None,
+                           k_cache[..., :head_dim_v], k_cache[..., head_dim_v:] if rope else None,
+                           block_table, cache_seqlens, tile_scheduler_metadata, num_splits, scale, causal)
+
+
+def mla_decode(q_latent, q_rope, kv_latent_cache, k_rope_cache, block_table, cache_seqlens, *,
+               tile_scheduler_metadata=None, num_splits=None, softmax_scale=None, causal=False):
+    """MLA decode with the latent and rope parts in separate tensors (vLLM's form); same math as
+    `flash_mla_with_kvcache`.
+
+    Args:
+        q_latent: `(batch, s_q, h_q, d_latent)` or `(batch, h_q, d_latent)` (s_q = 1); d_latent 512 for DeepSeek.
+        q_rope: `(batch, [s_q,] h_q, d_rope)` (64 for DeepSeek), or None for no rope part.
+        kv_latent_cache: `(num_blocks, page_size, [h_k,] d_latent)`: keys' latent part, also the values.
+        k_rope_cache: `(num_blocks, page_size, [h_k,] d_rope)`, or None with q_rope None.
+        block_table, cache_seqlens, causal: as in `flash_mla_with_kvcache`.
+        tile_scheduler_metadata, num_splits: from `get_mla_metadata`; planned here when omitted (plan once per
+            step and pass them to avoid repeating that work in every layer).
+        softmax_scale: defaults to `(d_latent + d_rope) ** -0.5`.
+
+    Returns:
+        `out (batch, [s_q,] h_q, d_latent)` and `lse (batch, h_q, [s_q])` fp32, with the s_q axis only when
+        q_latent has one.
+    """
+    V.check_tensor("q_latent", q_latent, dtypes=V.HALF_DTYPES)
+    V.check_device("q_latent", q_latent)
+    if q_latent.dim() not in (3, 4):
+        raise ValueError(f"q_latent: expected (batch, [s_q,] h_q, d_latent), got shape {tuple(q_latent.shape)}")
+    squeeze = q_latent.dim() == 3
+    q_lat = q_latent.unsqueeze(1) if squeeze else q_latent
+    if kv_latent_cache is None or not isinstance(kv_latent_cache, torch.Tensor):
+        V.check_tensor("kv_latent_cache", kv_latent_cache)
+    if kv_latent_cache.dim() not in (3, 4):
+        raise ValueError(f"kv_latent_cache: expected (num_blocks, page_size, [h_k,] d_latent), "
+                         f"got shape {tuple(kv_latent_cache.shape)}")
+    kv_lat = kv_latent_cache.unsqueeze(2) if kv_latent_cache.dim() == 3 else kv_latent_cache
+    V.check_tensor("kv_latent_cache", kv_lat, dtypes=(q_lat.dtype,), device=q_lat.device)
+    batch, s_q, h_q, d_lat = q_lat.shape
+    h_k = kv_lat.shape[2]
+    if kv_lat.shape[3] != d_lat:
+        raise ValueError(f"kv_latent_cache: last dim must equal q_latent's ({d_lat}), got {kv_lat.shape[3]}")
+    if h_k == 0 or h_q % h_k:
+        raise ValueError(f"kv_latent_cache: heads_k must divide h_q ({h_q}), got {h_k}")
+    if (q_rope is None) != (k_rope_cache is None):
+        raise ValueError("q_rope: q_rope and k_rope_cache must be given together (or both None)")
+    q_r = k_r = None
+    d_rope = 0
+    if q_rope is not None:
+        V.check_tensor("q_rope", q_rope, ndim=q_latent.dim(), dtypes=(q_lat.dtype,), device=q_lat.device)
+        q_r = q_rope.unsqueeze(1) if squeeze else q_rope
+        d_rope = q_r.shape[-1]
+        if q_r.shape[:-1] != q_lat.shape[:-1]:
+            raise ValueError(f"q_rope: leading dims must equal q_latent's {tuple(q_lat.shape[:-1])}, "
+                             f"got {tuple(q_r.shape[:-1])}")
+        V.check_tensor("k_rope_cache", k_rope_cache, ndim=kv_latent_cache.dim(), dtypes=(q_lat.dtype,),
+                       device=q_lat.device)
+        k_r = k_rope_cache.unsqueeze(2) if k_rope_cache.dim() == 3 else k_rope_cache
+        if k_r.shape[:-1] != kv_lat.shape[:-1] or k_r.shape[-1] != d_rope:
+            raise ValueError(f"k_rope_cache: expected shape {(*kv_lat.shape[:-1], d_rope)}, got {tuple(k_r.shape)}")
+    for name, t in (("q_latent", q_lat), ("q_rope", q_r), ("kv_latent_cache", kv_lat), ("k_rope_cache", k_r)):
+        if t is not None:
+            V.check_last_dim_contiguous(name, t)
+    _check_value_dim("q_latent", d_lat, d_lat + d_rope)
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal: expected a bool, got {type(causal).__name__}")
+    scale = _check_scale(softmax_scale, (d_lat + d_rope) ** -0.5)
+    if (tile_scheduler_metadata is None) != (num_splits is None):
+        raise ValueError("tile_scheduler_metadata: pass it together with num_splits (or neither)")
+    if tile_scheduler_metadata is None:
+        V.check_tensor("cache_seqlens", cache_seqlens, ndim=1, dtypes=(torch.int32,), device=q_lat.device)
+        tile_scheduler_metadata, num_splits = get_mla_metadata(cache_seqlens, s_q * h_q // h_k, h_k)
+    _check_plan(batch, cache_seqlens, block_table, tile_scheduler_metadata, num_splits, q_lat.device)
+    out, lse = _mla_decode_fwd(q_lat, q_r, kv_lat, k_r, block_table, cache_seqlens, tile_scheduler_metadata,
+                               num_splits, scale, causal)
+    if squeeze:
+        return out.squeeze(1), lse.squeeze(2)
+    return out, lse

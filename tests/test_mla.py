@@ -1,0 +1,222 @@
+"""fmha.mla against the fp32 oracle, with FlashMLA's test semantics: lengths drawn around a mean (one of
+them 0), pages shuffled among NaN-filled unused pages, NaN in every cache slot past each length, and
+cos diff < 1e-5 on out and on lse."""
+import math
+
+import pytest
+import torch
+
+import fmha.mla as flash_mla
+from fmha.kernels.mla_decode import mla_decode_forward
+from fmha.reference import mla_decode_ref
+from fmha.schedule import SCHED_BLOCK, plan_mla
+from utils import TARGETS, assert_close
+
+D_QK, D_V = 576, 512
+
+
+def _paged_cache(seqlens, page_size, h_k, d, dtype, device, seed=0):
+    """A cache holding each sequence's keys in shuffled pages; NaN past every length and in unused pages."""
+    g = torch.Generator().manual_seed(seed)
+    b = len(seqlens)
+    max_blocks = max(1, -(-max(seqlens) // page_size))
+    num_blocks = b * max_blocks + 3
+    table = torch.randperm(num_blocks, generator=g)[: b * max_blocks].view(b, max_blocks).to(torch.int32)
+    cache = torch.full((num_blocks, page_size, h_k, d), math.nan, dtype=dtype)
+    for i, n in enumerate(seqlens):
+        for p in range(-(-n // page_size)):
+            rows = min(page_size, n - p * page_size)
+            cache[table[i, p], :rows] = torch.randn(rows, h_k, d, generator=g).to(dtype)
+    return cache.to(device), table.to(device)
+
+
+def _seqlens(b, mean, seed):
+    """Lengths drawn around `mean` (FlashMLA's test draws from a normal around it), one of them 0."""
+    g = torch.Generator().manual_seed(seed)
+    lens = (torch.randn(b, generator=g) * mean / 4 + mean).clamp(min=1).long().tolist()
+    lens[min(1, b - 1)] = 0
+    return lens
+
+
+def _cos_diff(a, b):
+    a, b = a.double().flatten(), b.double().flatten()
+    return 1 - 2 * (a * b).sum().item() / max((a * a + b * b).sum().item(), 1e-12)
+
+
+def _check(out, lse, ref_out, ref_lse, dtype):
+    assert_close("out", out, ref_out, dtype)
+    assert torch.equal(torch.isposinf(lse), torch.isposinf(ref_lse)), "lse: +inf rows (no key) differ"
+    finite = torch.isfinite(ref_lse)
+    assert torch.isfinite(lse[finite]).all(), "lse: non-finite where the oracle is finite"
+    assert (lse[finite] - ref_lse[finite]).abs().max().item() <= 2e-3, "lse: max abs err"
+    assert _cos_diff(out.float(), ref_out) < 1e-5, "out: cos diff"
+    assert _cos_diff(lse[finite], ref_lse[finite]) < 1e-5, "lse: cos diff"
+
+
+def _case(target, h_q, s_q, page_size, seed):
+    device, dtype = target
+    b, mean = (4, 150) if device == "cpu" else (128 if h_q <= 64 else 32, 4096)
+    seqlens = _seqlens(b, mean, seed)
+    cache, table = _paged_cache(seqlens, page_size, 1, D_QK, dtype, device, seed)
+    q = torch.randn(b, s_q, h_q, D_QK, generator=torch.Generator().manual_seed(seed + 1)).to(dtype).to(device)
+    return q, cache, table, torch.tensor(seqlens, dtype=torch.int32, device=device)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("h_q", [16, 32, 64, 128])
+@pytest.mark.parametrize("s_q", [1, 2])
+def test_flash_mla_with_kvcache(target, h_q, s_q):
+    if target[0] == "cpu" and h_q == 128:
+        pytest.skip("h_q=128 only at GPU sizes (the interpreter covers multi-block rows with h_q=64)")
+    dtype = target[1]
+    q, cache, table, seqlens = _case(target, h_q, s_q, 64, seed=h_q + s_q)
+    meta, splits = flash_mla.get_mla_metadata(seqlens, s_q * h_q, 1)
+    causal = s_q > 1
+    out, lse = flash_mla.flash_mla_with_kvcache(q, cache, table, seqlens, D_V, meta, splits, causal=causal)
+    assert out.shape == (q.shape[0], s_q, h_q, D_V) and lse.shape == (q.shape[0], h_q, s_q)
+    _check(out, lse, *mla_decode_ref(q, cache, table, seqlens, D_V, causal=causal), dtype)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("page_size", [16, 32, 61, 128])
+def test_page_sizes(target, page_size):
+    """Other page sizes: 16/32 (gather loads on the GPU), 61 (a page that no tile divides), 128."""
+    q, cache, table, seqlens = _case(target, 16, 2, page_size, seed=page_size)
+    meta, splits = flash_mla.get_mla_metadata(seqlens, 32, 1)
+    out, lse = flash_mla.flash_mla_with_kvcache(q, cache, table, seqlens, D_V, meta, splits, causal=True,
+                                                softmax_scale=0.1)
+    _check(out, lse, *mla_decode_ref(q, cache, table, seqlens, D_V, causal=True, softmax_scale=0.1), target[1])
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("use_tma", [False, True])
+def test_load_paths(target, use_tma):
+    """Both K-tile load paths (TMA boxes and pointer gathers) on the same inputs, through the launcher."""
+    q, cache, table, seqlens = _case(target, 32, 2, 64, seed=7)
+    meta, splits = flash_mla.get_mla_metadata(seqlens, 64, 1)
+    out = q.new_empty(*q.shape[:3], D_V)
+    lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], dtype=torch.float32, device=q.device)
+    mla_decode_forward(q[..., :D_V], q[..., D_V:], cache[..., :D_V], cache[..., D_V:], table, seqlens, meta, splits,
+                       out, lse, softmax_scale=D_QK ** -0.5, causal=True, use_tma=use_tma,
+                       interpret=q.device.type == "cpu")
+    _check(out, lse, *mla_decode_ref(q, cache, table, seqlens, D_V, causal=True), target[1])
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_causal_short_sequences(target):
+    """s_q = 4 (MTP) with caches shorter than s_q: the first queries see no key (output 0, LSE +inf)."""
+    device, dtype = target
+    seqlens = [2, 0, 1, 4, 3 * SCHED_BLOCK + 5]
+    cache, table = _paged_cache(seqlens, 64, 1, D_QK, dtype, device, seed=3)
+    q = torch.randn(len(seqlens), 4, 16, D_QK, device=device).to(dtype)
+    lens = torch.tensor(seqlens, dtype=torch.int32, device=device)
+    meta, splits = flash_mla.get_mla_metadata(lens, 64, 1)
+    out, lse = flash_mla.flash_mla_with_kvcache(q, cache, table, lens, D_V, meta, splits, causal=True)
+    _check(out, lse, *mla_decode_ref(q, cache, table, lens, D_V, causal=True), dtype)
+    assert (out[1] == 0).all() and torch.isposinf(lse[1]).all()
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("squeeze", [False, True], ids=["4d", "3d"])
+def test_mla_decode_split_tensors(target, squeeze):
+    """vLLM's form (latent and rope in separate tensors) gives flash_mla_with_kvcache's answer."""
+    q, cache, table, seqlens = _case(target, 16, 1, 64, seed=11)
+    q_lat, q_rope = q[..., :D_V].contiguous(), q[..., D_V:].contiguous()
+    kv_lat, k_rope = cache[:, :, 0, :D_V].contiguous(), cache[:, :, 0, D_V:].contiguous()
+    if squeeze:
+        q_lat, q_rope = q_lat[:, 0], q_rope[:, 0]
+    out, lse = flash_mla.mla_decode(q_lat, q_rope, kv_lat, k_rope, table, seqlens)
+    ref_out, ref_lse = mla_decode_ref(q, cache, table, seqlens, D_V)
+    if squeeze:
+        ref_out, ref_lse = ref_out[:, 0], ref_lse[..., 0]
+    _check(out, lse, ref_out, ref_lse, target[1])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_plan_mla_covers_every_block_once(seed):
+    """Every key block of every sequence belongs to exactly one part; parts differ by at most their share;
+    split slots are exactly the pieces each sequence is cut into."""
+    g = torch.Generator().manual_seed(seed)
+    b = int(torch.randint(1, 40, (1,), generator=g))
+    lens = torch.randint(0, 3000, (b,), generator=g).to(torch.int32)
+    lens[torch.rand(b, generator=g) < 0.2] = 0
+    parts = int(torch.randint(1, 140, (1,), generator=g))
+    meta, offsets = plan_mla(lens, parts)
+    blocks = ((lens + SCHED_BLOCK - 1) // SCHED_BLOCK).tolist()
+    seen = [[0] * n for n in blocks]
+    pieces = [[] for _ in blocks]
+    for p, (batch, blk, count, split) in enumerate(meta[:, :4].tolist()):
+        first = True
+        while count > 0:
+            assert batch < b
+            take = min(blocks[batch] - blk, count)
+            if take > 0:
+                for i in range(blk, blk + take):
+                    seen[batch][i] += 1
+                pieces[batch].append((p, split if first else 0))
+                first = False
+                count -= take
+            batch, blk = batch + 1, 0
+    assert all(c == 1 for row in seen for c in row)
+    for batch, found in enumerate(pieces):
+        n = offsets[batch + 1] - offsets[batch]
+        assert len(found) == n
+        assert sorted(s for _, s in found) == list(range(n))
+    per_part = meta[:, 2]
+    assert per_part.sum() == sum(blocks)
+    working = per_part[per_part > 0]
+    assert (working[:-1] == per_part.max()).all()     # equal shares; only the last working part has less
+
+
+@pytest.mark.gpu
+def test_mla_cuda_graph():
+    """Plan once, capture one decode call in a CUDA graph, replay with new queries and new lengths."""
+    dtype = torch.bfloat16
+    seqlens = _seqlens(64, 2048, seed=5)
+    cache, table = _paged_cache([4096] * 64, 64, 1, D_QK, dtype, "cuda", seed=5)
+    lens = torch.tensor(seqlens, dtype=torch.int32, device="cuda")
+    q = torch.randn(64, 2, 128, D_QK, device="cuda", dtype=dtype)
+    meta, splits = flash_mla.get_mla_metadata(lens, 256, 1)
+    flash_mla.flash_mla_with_kvcache(q, cache, table, lens, D_V, meta, splits, causal=True)   # compile
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        new_meta, new_splits = flash_mla.get_mla_metadata(lens, 256, 1)
+        out, lse = flash_mla.flash_mla_with_kvcache(q, cache, table, lens, D_V, new_meta, new_splits, causal=True)
+    q.copy_(torch.randn_like(q))
+    lens.copy_(torch.tensor(_seqlens(64, 3000, seed=6), dtype=torch.int32).clamp(max=4096))
+    graph.replay()
+    torch.cuda.synchronize()
+    _check(out, lse, *mla_decode_ref(q, cache, table, lens, D_V, causal=True), dtype)
+
+
+def test_mla_bad_input():
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    q = torch.randn(2, 1, 16, D_QK, device=dev, dtype=torch.float16)
+    cache = torch.randn(4, 64, 1, D_QK, device=dev, dtype=torch.float16)
+    table = torch.zeros(2, 2, dtype=torch.int32, device=dev)
+    lens = torch.tensor([5, 70], dtype=torch.int32, device=dev)
+    meta, splits = flash_mla.get_mla_metadata(lens, 16, 1)
+    call = flash_mla.flash_mla_with_kvcache
+    with pytest.raises(TypeError, match="k_cache: expected dtype"):
+        call(q, cache.bfloat16(), table, lens, D_V, meta, splits)
+    with pytest.raises(ValueError, match="k_cache: head_dim"):
+        call(q, cache[..., :512], table, lens, D_V, meta, splits)
+    with pytest.raises(ValueError, match="head_dim_v"):
+        call(q, cache, table, lens, 500, meta, splits)
+    with pytest.raises(TypeError, match="cache_seqlens: expected dtype"):
+        call(q, cache, table, lens.long(), D_V, meta, splits)
+    with pytest.raises(ValueError, match="block_table"):
+        call(q, cache, table[:1], lens, D_V, meta, splits)
+    with pytest.raises(ValueError, match="num_splits"):
+        call(q, cache, table, lens, D_V, meta, splits[:-1])
+    with pytest.raises(ValueError, match="tile_scheduler_metadata"):
+        call(q, cache, table, lens, D_V, meta[:, :4], splits)
+    with pytest.raises(TypeError, match="causal"):
+        call(q, cache, table, lens, D_V, meta, splits, causal=1)
+    with pytest.raises(NotImplementedError, match="is_fp8_kvcache"):
+        call(q, cache, table, lens, D_V, meta, splits, is_fp8_kvcache=True)
+    with pytest.raises(ValueError, match="num_heads_k"):
+        flash_mla.get_mla_metadata(lens, 16, 0)
+    with pytest.raises(ValueError, match="q_rope"):
+        flash_mla.mla_decode(q[..., :D_V], None, cache[:, :, 0, :D_V], cache[:, :, 0, D_V:], table, lens)
