@@ -90,10 +90,12 @@ def test_page_sizes(target, page_size):
 
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("use_tma", [False, True])
-def test_load_paths(target, use_tma):
-    """Both K-tile load paths (TMA boxes and pointer gathers) on the same inputs, through the launcher."""
-    q, cache, table, seqlens = _case(target, 32, 2, 64, seed=7)
-    meta, splits = flash_mla.get_mla_metadata(seqlens, 64, 1)
+@pytest.mark.parametrize("h_q", [16, 32], ids=["transposed", "rows-major"])
+def test_load_paths(target, use_tma, h_q):
+    """Both K-tile load paths (TMA boxes and pointer gathers), in both kernel forms (16 packed rows take the
+    transposed one, 64 the other), on the same inputs through the launcher."""
+    q, cache, table, seqlens = _case(target, h_q, 2 if h_q == 32 else 1, 64, seed=7)
+    meta, splits = flash_mla.get_mla_metadata(seqlens, q.shape[1] * h_q, 1)
     out = q.new_empty(*q.shape[:3], D_V)
     lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], dtype=torch.float32, device=q.device)
     mla_decode_forward(q[..., :D_V], q[..., D_V:], cache[..., :D_V], cache[..., D_V:], table, seqlens, meta, splits,

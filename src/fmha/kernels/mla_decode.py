@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..schedule import MLA_BLOCK_M, SCHED_BLOCK, SCHED_FIELDS
+from ..schedule import SCHED_BLOCK, SCHED_FIELDS
 from .common import LN2, LOG2E
 
 
@@ -32,14 +32,15 @@ def _load_k(kv_lat, k_rope, lat_desc, rope_desc, bt_row, n, seqlen, kv_head, pag
     also the value: 0 * NaN would poison the output)."""
     offs_n = n + tl.arange(0, BLOCK_N)
     if TMA:
-        # The tile lies inside one page (BLOCK_N divides page_size): one TMA box per half.
-        page = tl.load(bt_row + n // page_size)
-        slot = n % page_size
-        k0 = lat_desc.load([page, slot, kv_head, 0]).reshape(BLOCK_N, HALF)
-        k1 = lat_desc.load([page, slot, kv_head, HALF]).reshape(BLOCK_N, HALF)
+        # The tile lies inside one page (BLOCK_N divides page_size) of a single-KV-head cache viewed as
+        # (num_blocks * page_size, d): one 2-D TMA box per half. (A 4-D box reshaped to 2-D made Triton copy the
+        # tile into registers when it is wgmma's A operand, the transposed form below.)
+        row = tl.load(bt_row + n // page_size) * page_size + n % page_size
+        k0 = lat_desc.load([row, 0])
+        k1 = lat_desc.load([row, HALF])
         kt = k0
         if HAS_ROPE:
-            kt = rope_desc.load([page, slot, kv_head, 0]).reshape(BLOCK_N, DT)
+            kt = rope_desc.load([row, 0])
         if MASKED:
             ok = (offs_n < seqlen)[:, None]
             k0 = tl.where(ok, k0, 0.0)
@@ -80,32 +81,49 @@ def _mla_run(acc0, acc1, l_i, m_i, q0, q1, qt, kv_lat, k_rope, lat_desc, rope_de
              seqlen, last_visible, kv_head, page_size, qk_scale_log2,
              stride_lp, stride_ls, stride_lh, stride_rp, stride_rs, stride_rh,
              BLOCK_N: tl.constexpr, HALF: tl.constexpr, DT: tl.constexpr, HAS_ROPE: tl.constexpr,
-             MASKED: tl.constexpr, TMA: tl.constexpr):
+             MASKED: tl.constexpr, TMA: tl.constexpr, TRANSPOSED: tl.constexpr):
     """Online softmax over key tiles start, start + BLOCK_N, ... < end. `last_visible` (BLOCK_M,) is each
-    row's last visible key (causal); only MASKED runs look at it."""
+    row's last visible key (causal); only MASKED runs look at it.
+
+    TRANSPOSED computes Sᵀ = K·Qᵀ and Oᵀ += Vᵀ·Pᵀ (accumulators (HALF, BLOCK_M)): with few query rows, the
+    keys fill wgmma's 64-row M side and the rows become a narrow N, instead of padding 16 rows up to 64."""
+    RED: tl.constexpr = 0 if TRANSPOSED else 1          # the key axis of the score tile
     for n in tl.range(start, end, BLOCK_N):
         k0, k1, kt = _load_k(kv_lat, k_rope, lat_desc, rope_desc, bt_row, n, seqlen, kv_head, page_size,
                              stride_lp, stride_ls, stride_lh, stride_rp, stride_rs, stride_rh,
                              BLOCK_N, HALF, DT, HAS_ROPE, MASKED, TMA)
-        qk = tl.dot(q0, tl.trans(k0))
-        qk = tl.dot(q1, tl.trans(k1), qk)
-        if HAS_ROPE:
-            qk = tl.dot(qt, tl.trans(kt), qk)
+        if TRANSPOSED:
+            qk = tl.dot(k0, tl.trans(q0))
+            qk = tl.dot(k1, tl.trans(q1), qk)
+            if HAS_ROPE:
+                qk = tl.dot(kt, tl.trans(qt), qk)
+        else:
+            qk = tl.dot(q0, tl.trans(k0))
+            qk = tl.dot(q1, tl.trans(k1), qk)
+            if HAS_ROPE:
+                qk = tl.dot(qt, tl.trans(kt), qk)
         s = qk * qk_scale_log2
         if MASKED:
             k_pos = n + tl.arange(0, BLOCK_N)
-            s = tl.where(k_pos[None, :] <= last_visible[:, None], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
+            if TRANSPOSED:
+                s = tl.where(k_pos[:, None] <= last_visible[None, :], s, float("-inf"))
+            else:
+                s = tl.where(k_pos[None, :] <= last_visible[:, None], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, RED))
         m_shift = m_new
         if MASKED:
             # A row with no visible key yet keeps m = -inf; shift by 0 so exp2 gives 0, not NaN.
             m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(s - m_shift[:, None])
         alpha = tl.exp2(m_i - m_shift)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        p = p.to(k0.dtype)
-        acc0 = tl.dot(p, k0, acc0 * alpha[:, None])
-        acc1 = tl.dot(p, k1, acc1 * alpha[:, None])
+        if TRANSPOSED:
+            p = tl.exp2(s - m_shift[None, :])
+            acc0 = tl.dot(tl.trans(k0), p.to(k0.dtype), acc0 * alpha[None, :])
+            acc1 = tl.dot(tl.trans(k1), p.to(k0.dtype), acc1 * alpha[None, :])
+        else:
+            p = tl.exp2(s - m_shift[:, None])
+            acc0 = tl.dot(p.to(k0.dtype), k0, acc0 * alpha[:, None])
+            acc1 = tl.dot(p.to(k0.dtype), k1, acc1 * alpha[:, None])
+        l_i = l_i * alpha + tl.sum(p, RED)
         m_i = m_new
     return acc0, acc1, l_i, m_i
 
@@ -120,7 +138,7 @@ def mla_decode_kernel(
     stride_ob, stride_os, stride_oh, stride_lseb, stride_lseh, stride_lses,
     stride_ps, stride_pr, stride_lps,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HALF: tl.constexpr, DT: tl.constexpr,
-    HAS_ROPE: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr,
+    HAS_ROPE: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr, TRANSPOSED: tl.constexpr,
     SCHED_BLOCK: tl.constexpr, SCHED_FIELDS: tl.constexpr,
 ):
     part = tl.program_id(0)
@@ -162,19 +180,26 @@ def mla_decode_kernel(
                 qt = tl.load(q_rope[:, None] + offs_t[None, :], mask=row_ok[:, None], other=0.0)
             bt_row = BLOCK_TABLE + b.to(tl.int64) * stride_bt
 
-            acc0 = tl.zeros([BLOCK_M, HALF], dtype=tl.float32)
-            acc1 = tl.zeros([BLOCK_M, HALF], dtype=tl.float32)
+            if TRANSPOSED:
+                acc0 = tl.zeros([HALF, BLOCK_M], dtype=tl.float32)
+                acc1 = tl.zeros([HALF, BLOCK_M], dtype=tl.float32)
+            else:
+                acc0 = tl.zeros([BLOCK_M, HALF], dtype=tl.float32)
+                acc1 = tl.zeros([BLOCK_M, HALF], dtype=tl.float32)
             l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
             m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
             acc0, acc1, l_i, m_i = _mla_run(acc0, acc1, l_i, m_i, q0, q1, qt, KV_LAT, K_ROPE, LAT_DESC, ROPE_DESC,
                                             bt_row, lo, mid, seqlen, last_visible, kv_head, page_size,
                                             qk_scale_log2, stride_lp, stride_ls, stride_lh, stride_rp, stride_rs,
-                                            stride_rh, BLOCK_N, HALF, DT, HAS_ROPE, False, TMA)
+                                            stride_rh, BLOCK_N, HALF, DT, HAS_ROPE, False, TMA, TRANSPOSED)
             acc0, acc1, l_i, m_i = _mla_run(acc0, acc1, l_i, m_i, q0, q1, qt, KV_LAT, K_ROPE, LAT_DESC, ROPE_DESC,
                                             bt_row, mid, hi, seqlen, last_visible, kv_head, page_size,
                                             qk_scale_log2, stride_lp, stride_ls, stride_lh, stride_rp, stride_rs,
-                                            stride_rh, BLOCK_N, HALF, DT, HAS_ROPE, True, TMA)
+                                            stride_rh, BLOCK_N, HALF, DT, HAS_ROPE, True, TMA, TRANSPOSED)
 
+            if TRANSPOSED:
+                acc0 = tl.trans(acc0)
+                acc1 = tl.trans(acc1)
             empty = l_i == 0.0
             inv = tl.where(empty, 0.0, 1.0 / tl.where(empty, 1.0, l_i))
             o0 = acc0 * inv[:, None]
@@ -247,44 +272,64 @@ def combine_kernel(O, LSE, O_PART, LSE_PART, SPLIT_OFFSETS,
 # ----------------------------------------------------------------------------------------------------------
 # Launch. Callers pass validated tensors; nothing here checks arguments.
 
-# (BLOCK_N, num_warps, num_stages) on sm_90. 8 warps: the two 64 x 256 fp32 accumulators alone take 128
-# registers per thread at 256 threads.
-_GPU_TILES = (32, 8, 2)
-_INTERPRET_TILES = (32, 4, 1)
-_INTERPRET_BLOCK_M = 32        # small tiles keep several query blocks in small CPU tests
+# (BLOCK_M, BLOCK_N, num_warps, num_stages) on sm_90, from benchmarks/tune_mla.py on the H100
+# (benchmarks/results/tune_mla_h100.json). 8 warps: the two 64 x 256 fp32 accumulators alone take 128 registers
+# per thread at 256 threads.
+_GPU_TILES = (64, 64, 8, 2)
+_INTERPRET_TILES = (32, 32, 4, 1)     # small tiles keep several query blocks in small CPU tests
 _COMBINE_ROWS = 8
 
 
-def _tma_ok(t):
+# At most 32 packed rows: the transposed form with 4 warps (one warpgroup, no duplicated Q·Kᵀ) and the rows
+# as wgmma's N. The 64-row form pads 16 rows to 64 and, with 8 warps, has both warpgroups compute the same
+# 64 x BLOCK_N score tile (Triton gives a 64-row dot one warpgroup's rows): compute-bound even at h_q = 16.
+_GPU_TRANSPOSED_TILES = {16: (16, 64, 4, 2), 32: (32, 64, 4, 2)}
+_INTERPRET_TRANSPOSED_TILES = {16: (16, 32, 4, 1), 32: (32, 32, 4, 1)}
+
+
+def _tile_config(rows_per_k, interpret):
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages, transposed) for `rows_per_k` packed query rows."""
+    rows = max(16, triton.next_power_of_2(rows_per_k))
+    table = _INTERPRET_TRANSPOSED_TILES if interpret else _GPU_TRANSPOSED_TILES
+    if rows in table:
+        return (*table[rows], True)
+    return (*(_INTERPRET_TILES if interpret else _GPU_TILES), False)
+
+
+def _tma_ok(t, heads_k):
+    """A (pages, page_size, 1, d) cache whose pages are evenly spaced rows of one 2-D (rows, d) view, with the
+    16-byte alignment TMA needs."""
     es = t.element_size()
-    return t.data_ptr() % 16 == 0 and all((s * es) % 16 == 0 for s in t.stride()[:-1])
+    return (heads_k == 1 and t.stride(0) == t.shape[1] * t.stride(1) and t.data_ptr() % 16 == 0
+            and (t.stride(1) * es) % 16 == 0)
 
 
 def mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens, metadata, split_offsets,
                        out, lse, *, softmax_scale, causal, tiles=None, use_tma=None, interpret=False):
     """q_lat (b, s_q, h_q, DV), q_rope (b, s_q, h_q, DT) or None, kv_lat (pages, page_size, h_k, DV),
     k_rope (pages, page_size, h_k, DT) or None, metadata / split_offsets from `schedule.plan_mla`.
-    Writes out (b, s_q, h_q, DV) and lse (b, h_q, s_q)."""
+    Writes out (b, s_q, h_q, DV) and lse (b, h_q, s_q); returns the compiled decode kernel (for tuning:
+    its register and spill counts). `tiles` = (BLOCK_M, BLOCK_N, num_warps, num_stages, transposed) overrides the table."""
     batch, seqlen_q, heads_q, dv = q_lat.shape
     page_size, heads_k = kv_lat.shape[1], kv_lat.shape[2]
     if batch == 0 or seqlen_q == 0:
         return
     group = heads_q // heads_k
     rows_per_k = seqlen_q * group
-    block_n, num_warps, num_stages = tiles or (_INTERPRET_TILES if interpret else _GPU_TILES)
-    block_m = _INTERPRET_BLOCK_M if interpret else MLA_BLOCK_M
+    block_m, block_n, num_warps, num_stages, transposed = tiles or _tile_config(rows_per_k, interpret)
     has_rope = q_rope is not None
     dt = q_rope.shape[-1] if has_rope else 16
     half = dv // 2
     if use_tma is None:
-        use_tma = (not interpret and page_size % block_n == 0 and _tma_ok(kv_lat)
-                   and (not has_rope or _tma_ok(k_rope)))
+        use_tma = (not interpret and page_size % block_n == 0 and _tma_ok(kv_lat, heads_k)
+                   and (not has_rope or _tma_ok(k_rope, heads_k)))
     lat_desc = rope_desc = None
     if use_tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
-        lat_desc = TensorDescriptor(kv_lat, list(kv_lat.shape), list(kv_lat.stride()), [1, block_n, 1, half])
+        rows = kv_lat.shape[0] * page_size
+        lat_desc = TensorDescriptor(kv_lat, [rows, dv], [kv_lat.stride(1), 1], [block_n, half])
         if has_rope:
-            rope_desc = TensorDescriptor(k_rope, list(k_rope.shape), list(k_rope.stride()), [1, block_n, 1, dt])
+            rope_desc = TensorDescriptor(k_rope, [rows, dt], [k_rope.stride(1), 1], [block_n, dt])
     num_parts = metadata.shape[0]
     # Split buffers: every part boundary adds at most one piece to one batch.
     o_part = torch.empty((batch + num_parts, heads_k * rows_per_k, dv), dtype=torch.float32, device=q_lat.device)
@@ -292,7 +337,7 @@ def mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens
     rope_strides = (k_rope.stride(0), k_rope.stride(1), k_rope.stride(2)) if has_rope else (0, 0, 0)
     q_rope_strides = (q_rope.stride(0), q_rope.stride(1), q_rope.stride(2)) if has_rope else (0, 0, 0)
     num_m_blocks = triton.cdiv(rows_per_k, block_m)
-    mla_decode_kernel[(num_parts, heads_k * num_m_blocks)](
+    kernel = mla_decode_kernel[(num_parts, heads_k * num_m_blocks)](
         q_lat, q_rope, kv_lat, k_rope, lat_desc, rope_desc, out, lse, o_part, lse_part,
         block_table, cache_seqlens, metadata, split_offsets,
         batch, seqlen_q, group, rows_per_k, num_m_blocks, page_size, block_table.stride(0),
@@ -302,7 +347,7 @@ def mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens
         out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1), lse.stride(2),
         o_part.stride(0), o_part.stride(1), lse_part.stride(0),
         BLOCK_M=block_m, BLOCK_N=block_n, HALF=half, DT=dt, HAS_ROPE=has_rope, CAUSAL=causal,
-        TMA=bool(use_tma), SCHED_BLOCK=SCHED_BLOCK, SCHED_FIELDS=SCHED_FIELDS,
+        TMA=bool(use_tma), TRANSPOSED=transposed, SCHED_BLOCK=SCHED_BLOCK, SCHED_FIELDS=SCHED_FIELDS,
         num_warps=num_warps, num_stages=num_stages,
     )
     total_rows = heads_k * rows_per_k
@@ -312,3 +357,4 @@ def mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens
         o_part.stride(0), o_part.stride(1), lse_part.stride(0),
         DV=dv, BLOCK_R=_COMBINE_ROWS, num_warps=4,
     )
+    return kernel
