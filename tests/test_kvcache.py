@@ -110,6 +110,7 @@ def test_kvcache_cuda_graph():
 def test_planner():
     assert plan_num_splits(programs=2000, max_seqlen_k=8192, block_n=128, sms=132) == 1
     assert plan_num_splits(programs=8, max_seqlen_k=131072, block_n=128, sms=132) == 33
+    assert plan_num_splits(programs=32, max_seqlen_k=131072, block_n=128, sms=132) == 8    # one wave, not 1.1
     assert plan_num_splits(programs=8, max_seqlen_k=256, block_n=128, sms=132) == 1   # too short to split
     assert plan_num_splits(programs=1, max_seqlen_k=10 ** 7, block_n=128, sms=132) == 64
     assert plan_num_splits(programs=0, max_seqlen_k=0, block_n=128, sms=132) == 1

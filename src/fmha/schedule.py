@@ -1,7 +1,7 @@
 """Split-KV planning: how many programs share one sequence's keys. Pure Python, unit-testable on CPU.
 
 Decode-like calls have few (batch, head, query-block) programs; without splitting, most SMs idle while a
-few walk the whole cache. The planner splits keys until the grid covers the GPU about twice, but never
+few walk the whole cache. The planner splits keys until the grid fills one wave of two programs per SM, but never
 into chunks shorter than a few key tiles (each split costs a partial write and a merge).
 It uses only shapes (the cache capacity, not `cache_seqlens`), so it needs no host synchronisation.
 """
@@ -32,7 +32,10 @@ def plan_num_splits(programs: int, max_seqlen_k: int, block_n: int, sms: int) ->
     """Splits for a grid of `programs` (batch x heads x query blocks) over keys up to `max_seqlen_k`."""
     if programs <= 0 or max_seqlen_k <= 0:
         return 1
-    want = -(-2 * sms // programs)                            # ceil(2 * SMs / programs)
+    # At most one wave of two programs per SM (decode tiles fit two per SM): a launch of 288 programs on
+    # 264 slots runs a second, nearly empty wave (benchmarks/results/sweep_splits_h100.json: b=4 at
+    # 9 splits ran at 0.68x the speed of 8 splits).
+    want = 2 * sms // programs
     most = max(1, max_seqlen_k // (MIN_TILES_PER_SPLIT * block_n))
     return max(1, min(want, most, MAX_SPLITS))
 

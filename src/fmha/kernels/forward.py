@@ -12,8 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..merge import merge_states
 from ..schedule import num_sms, plan_num_splits
+from .combine import combine
 from .common import LN2, LOG2E, online_softmax_step, scores_log2, visible
 
 
@@ -393,10 +393,12 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
         num_splits = plan_num_splits(programs, max_seqlen_k, block_n, num_sms(q.device))   # cache capacity for KV caches
     o_dst, lse_dst, split_strides = o4, lse, (0, 0)
     if num_splits > 1:
-        # Partial results in fp32, one slab per split, merged below.
+        # Partial results in fp32, one slab per split, merged below. The LSE slab is (b, sq, hq) so that each
+        # query row has the same index in both slabs; the kernel writes it through a (b, hq, sq) view.
         o_parts = torch.empty((num_splits, *o4.shape), dtype=torch.float32, device=q.device)
-        lse_parts = torch.empty((num_splits, *lse.shape), dtype=torch.float32, device=q.device)
-        o_dst, lse_dst, split_strides = o_parts[0], lse_parts[0], (o_parts.stride(0), lse_parts.stride(0))
+        lse_parts = torch.empty((num_splits, batch, seqlen_q, heads_q), dtype=torch.float32, device=q.device)
+        o_dst, lse_dst = o_parts[0], lse_parts[0].transpose(1, 2)
+        split_strides = (o_parts.stride(0), lse_parts.stride(0))
     grid = (batch * heads_eff, triton.cdiv(seqlen_q * gp, block_m), num_splits)
     attn_fwd_kernel[grid](
         q4, k4, v4, o_dst, lse_dst, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks, k_desc, v_desc,
@@ -415,10 +417,6 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
         num_warps=num_warps, num_stages=num_stages,
     )
     if num_splits > 1:
-        # lse (b, hq, sq) → (b, sq, hq) views so each LSE matches its output without head_dim.
-        merged, total = merge_states(list(o_parts), [part.transpose(-1, -2) for part in lse_parts])
-        if sinks is not None:
-            # o * e^lse / (e^lse + e^sink); rows with no key are already 0.
-            merged = merged * torch.sigmoid(total - sinks).unsqueeze(-1)
-        out.copy_(merged)
-        lse.copy_(total.transpose(-1, -2))
+        rows = seqlen_q * heads_q
+        combine(out, lse, o_parts.view(num_splits, batch, rows, dv), lse_parts.view(num_splits, batch, rows),
+                rows_per_k=rows, group=heads_q, num_splits=num_splits, sinks=sinks)

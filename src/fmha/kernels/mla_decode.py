@@ -9,7 +9,7 @@ One program owns BLOCK_M packed query rows (row r = query position r // G, head 
 every query of a KV head shares each K tile) and one *part* of the key blocks, as cut by
 `schedule.plan_mla`: a run of SCHED_BLOCK-key blocks laid end to end over the batch, so it may finish one
 sequence and start the next. A sequence the part covers whole is written as final output; a piece of a
-sequence is written as an fp32 partial (o, lse) that `combine_kernel` merges.
+sequence is written as an fp32 partial (o, lse) that `combine.combine_kernel` merges.
 
 The value width DV is held as two column halves (two 64 x 256 fp32 accumulators for DV = 512): a TMA box
 is at most 256 columns wide, and the halves keep each wgmma's N at 256.
@@ -19,7 +19,8 @@ import triton
 import triton.language as tl
 
 from ..schedule import SCHED_BLOCK, SCHED_FIELDS
-from .common import LN2, LOG2E
+from .combine import combine
+from .common import LN2
 
 
 @triton.jit
@@ -227,48 +228,6 @@ def mla_decode_kernel(
         split = 0
 
 
-@triton.jit
-def combine_kernel(O, LSE, O_PART, LSE_PART, SPLIT_OFFSETS,
-                   group, rows_per_k, total_rows,
-                   stride_ob, stride_os, stride_oh, stride_lseb, stride_lseh, stride_lses,
-                   stride_ps, stride_pr, stride_lps,
-                   DV: tl.constexpr, BLOCK_R: tl.constexpr):
-    """Merge one batch's split partials: o = sum_i e^{lse_i - lse} o_i, lse = log sum_i e^{lse_i}. Batches run
-    whole by one part were written by the decode kernel; zero-length batches get o = 0, LSE +inf here."""
-    b = tl.program_id(0)
-    rows = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
-    row_ok = rows < total_rows
-    first = tl.load(SPLIT_OFFSETS + b)
-    n = tl.load(SPLIT_OFFSETS + b + 1) - first
-    if n != 1:
-        offs_d = tl.arange(0, DV)
-        m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
-        for i in range(0, n):
-            lse_i = tl.load(LSE_PART + (first + i).to(tl.int64) * stride_lps + rows, mask=row_ok, other=float("-inf"))
-            m = tl.maximum(m, lse_i)
-        m_shift = tl.where(m == float("-inf"), 0.0, m)
-        acc = tl.zeros([BLOCK_R, DV], dtype=tl.float32)
-        den = tl.zeros([BLOCK_R], dtype=tl.float32)
-        for i in range(0, n):
-            slot = (first + i).to(tl.int64)
-            lse_i = tl.load(LSE_PART + slot * stride_lps + rows, mask=row_ok, other=float("-inf"))
-            w = tl.exp2((lse_i - m_shift) * LOG2E)
-            o_i = tl.load(O_PART + slot * stride_ps + rows.to(tl.int64)[:, None] * stride_pr + offs_d[None, :],
-                          mask=row_ok[:, None], other=0.0)
-            acc += w[:, None] * o_i
-            den += w
-        empty = den == 0.0
-        out = acc / tl.where(empty, 1.0, den)[:, None]
-        lse = tl.where(empty, float("inf"), m_shift + tl.log(den))
-        kv_head = rows // rows_per_k
-        r = rows % rows_per_k
-        q_pos = r // group
-        q_head = kv_head * group + r % group
-        o_row = O + b.to(tl.int64) * stride_ob + q_pos * stride_os + q_head * stride_oh
-        tl.store(o_row[:, None] + offs_d[None, :], out.to(O.dtype.element_ty), mask=row_ok[:, None])
-        tl.store(LSE + b.to(tl.int64) * stride_lseb + q_head * stride_lseh + q_pos * stride_lses, lse, mask=row_ok)
-
-
 # ----------------------------------------------------------------------------------------------------------
 # Launch. Callers pass validated tensors; nothing here checks arguments.
 
@@ -277,7 +236,6 @@ def combine_kernel(O, LSE, O_PART, LSE_PART, SPLIT_OFFSETS,
 # per thread at 256 threads.
 _GPU_TILES = (64, 64, 8, 2)
 _INTERPRET_TILES = (32, 32, 4, 1)     # small tiles keep several query blocks in small CPU tests
-_COMBINE_ROWS = 8
 
 
 # At most 32 packed rows: the transposed form with 4 warps (one warpgroup, no duplicated Q·Kᵀ) and the rows
@@ -350,11 +308,6 @@ def mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens
         TMA=bool(use_tma), TRANSPOSED=transposed, SCHED_BLOCK=SCHED_BLOCK, SCHED_FIELDS=SCHED_FIELDS,
         num_warps=num_warps, num_stages=num_stages,
     )
-    total_rows = heads_k * rows_per_k
-    combine_kernel[(batch, triton.cdiv(total_rows, _COMBINE_ROWS))](
-        out, lse, o_part, lse_part, split_offsets, group, rows_per_k, total_rows,
-        out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1), lse.stride(2),
-        o_part.stride(0), o_part.stride(1), lse_part.stride(0),
-        DV=dv, BLOCK_R=_COMBINE_ROWS, num_warps=4,
-    )
+    combine(out, lse, o_part, lse_part, rows_per_k=rows_per_k, group=group, split_offsets=split_offsets,
+            empty_lse=float("inf"))
     return kernel

@@ -1,0 +1,86 @@
+"""The split-KV combine kernel: merge each query row's partial results over disjoint key ranges.
+
+    o = sum_i e^{lse_i - lse} o_i,   lse = log sum_i e^{lse_i}   (a part with lse_i = -inf has weight 0)
+
+Partials are fp32 rows `O_PART[slot, row, :]` / `LSE_PART[slot, row]`, `row` being a packed query row of one
+batch (kv_head, query position, query head within the group). Two ways of numbering the slots:
+  - uniform: every batch has `num_splits` parts, slots 0..num_splits-1 (attention_with_kvcache);
+  - variable: batch b owns slots SPLIT_OFFSETS[b] .. SPLIT_OFFSETS[b+1]-1 (the MLA tile scheduler), and a
+    batch with exactly one part was written as final output by the split kernel, so it is skipped here.
+One launch for the whole merge: the torch-op merge it replaces cost about ten launches per call.
+"""
+import triton
+import triton.language as tl
+
+from .common import LOG2E
+
+
+@triton.jit
+def combine_kernel(O, LSE, O_PART, LSE_PART, SPLIT_OFFSETS, SINKS,
+                   num_splits, group, rows_per_k, total_rows, empty_lse,
+                   stride_ob, stride_os, stride_oh, stride_lseb, stride_lseh, stride_lses,
+                   stride_ps, stride_pb, stride_pr, stride_lps, stride_lpb,
+                   DV: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_R: tl.constexpr,
+                   VARIABLE_SPLITS: tl.constexpr, HAS_SINKS: tl.constexpr):
+    b = tl.program_id(0)
+    rows = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_ok = rows < total_rows
+    if VARIABLE_SPLITS:
+        first = tl.load(SPLIT_OFFSETS + b)
+        n = tl.load(SPLIT_OFFSETS + b + 1) - first
+    else:
+        first = 0
+        n = num_splits
+    if n != 1:
+        offs_d = tl.arange(0, BLOCK_DV)
+        o_mask = row_ok[:, None] & (offs_d < DV)[None, :]
+        o_part = O_PART + b.to(tl.int64) * stride_pb + rows.to(tl.int64)[:, None] * stride_pr + offs_d[None, :]
+        lse_part = LSE_PART + b.to(tl.int64) * stride_lpb + rows
+        m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
+        for i in range(0, n):
+            lse_i = tl.load(lse_part + (first + i).to(tl.int64) * stride_lps, mask=row_ok, other=float("-inf"))
+            m = tl.maximum(m, lse_i)
+        m_shift = tl.where(m == float("-inf"), 0.0, m)
+        acc = tl.zeros([BLOCK_R, BLOCK_DV], dtype=tl.float32)
+        den = tl.zeros([BLOCK_R], dtype=tl.float32)
+        for i in range(0, n):
+            slot = (first + i).to(tl.int64)
+            w = tl.exp2((tl.load(lse_part + slot * stride_lps, mask=row_ok, other=float("-inf")) - m_shift) * LOG2E)
+            acc += w[:, None] * tl.load(o_part + slot * stride_ps, mask=o_mask, other=0.0)
+            den += w
+        empty = den == 0.0
+        out = acc / tl.where(empty, 1.0, den)[:, None]
+        lse = tl.where(empty, empty_lse, m_shift + tl.log(den))
+        kv_head = rows // rows_per_k
+        r = rows % rows_per_k
+        q_pos = r // group
+        q_head = kv_head * group + r % group
+        if HAS_SINKS:
+            # The sink joins the denominator only: o * e^lse / (e^lse + e^sink); the LSE stays sink-free.
+            sink = tl.load(SINKS + q_head, mask=row_ok, other=0.0)
+            out = out / (1.0 + tl.exp2((sink - lse) * LOG2E))[:, None]
+        o_row = O + b.to(tl.int64) * stride_ob + q_pos * stride_os + q_head * stride_oh
+        tl.store(o_row[:, None] + offs_d[None, :], out.to(O.dtype.element_ty), mask=o_mask)
+        tl.store(LSE + b.to(tl.int64) * stride_lseb + q_head * stride_lseh + q_pos * stride_lses, lse, mask=row_ok)
+
+
+def combine(out, lse, o_part, lse_part, *, rows_per_k, group, split_offsets=None, num_splits=0, sinks=None,
+            empty_lse=float("-inf"), rows_per_program=8):
+    """Merge partials into `out (b, s_q, h_q, dv)` and `lse (b, h_q, s_q)`.
+
+    o_part: `(slots, [b,] rows, dv)` fp32, lse_part: `(slots, [b,] rows)` fp32 — with the batch axis for uniform
+    splits (`num_splits` slots per batch), without it when `split_offsets (b + 1,)` numbers each batch's slots.
+    A row's packed index is `kv_head * rows_per_k + q_pos * group + (q_head % group)`.
+    """
+    batch, dv = out.shape[0], out.shape[-1]
+    total_rows = o_part.shape[-2]
+    per_batch = split_offsets is None
+    combine_kernel[(batch, triton.cdiv(total_rows, rows_per_program))](
+        out, lse, o_part, lse_part, split_offsets, sinks,
+        num_splits, group, rows_per_k, total_rows, empty_lse,
+        out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1), lse.stride(2),
+        o_part.stride(0), o_part.stride(1) if per_batch else 0, o_part.stride(-2),
+        lse_part.stride(0), lse_part.stride(1) if per_batch else 0,
+        DV=dv, BLOCK_DV=triton.next_power_of_2(dv), BLOCK_R=rows_per_program,
+        VARIABLE_SPLITS=not per_batch, HAS_SINKS=sinks is not None, num_warps=4,
+    )
