@@ -56,6 +56,10 @@ def bench_gpu_graph(fn, rep_ms=200):
     graph takes the host's launch cost out of a call this short (the same for ours and every peer)."""
     import triton.testing
 
+    # do_bench_cudagraph runs `fn` on new streams that do not wait for the current one: without this sync, the
+    # first call could read inputs (a block table, a cache) whose initialising kernels are still running —
+    # garbage page indices and an illegal address, seen here on 1-GiB caches.
+    torch.cuda.synchronize()
     with torch.cuda.stream(torch.cuda.Stream()):
         return triton.testing.do_bench_cudagraph(fn, rep=rep_ms, return_mode="median") / 1e3
 
