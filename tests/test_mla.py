@@ -202,7 +202,7 @@ def test_mla_bad_input():
     call = flash_mla.flash_mla_with_kvcache
     with pytest.raises(TypeError, match="k_cache: expected dtype"):
         call(q, cache.bfloat16(), table, lens, D_V, meta, splits)
-    with pytest.raises(ValueError, match="k_cache: head_dim"):
+    with pytest.raises(ValueError, match="k_cache: last dim"):
         call(q, cache[..., :512], table, lens, D_V, meta, splits)
     with pytest.raises(ValueError, match="head_dim_v"):
         call(q, cache, table, lens, 500, meta, splits)

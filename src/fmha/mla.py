@@ -89,6 +89,16 @@ def _empty_outputs(q_lat):
     return out, lse
 
 
+def _check_cache_heads(name, cache, d, h_q):
+    """A `(num_blocks, page_size, h_k, d)` cache matching the query's last dim, h_k dividing h_q; returns h_k."""
+    if cache.shape[3] != d:
+        raise ValueError(f"{name}: last dim must equal the query's ({d}), got {cache.shape[3]}")
+    h_k = cache.shape[2]
+    if h_k == 0 or h_q % h_k:
+        raise ValueError(f"{name}: heads_k must divide h_q ({h_q}), got {h_k}")
+    return h_k
+
+
 def _check_value_dim(name, dv, dqk):
     """The kernel holds the value in two power-of-two halves and the rest of the key as a power-of-two tail."""
     half = dv // 2
@@ -159,11 +169,7 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
     for name, t in (("q", q), ("k_cache", k_cache)):
         V.check_last_dim_contiguous(name, t)
     batch, _, h_q, dqk = q.shape
-    h_k = k_cache.shape[2]
-    if k_cache.shape[3] != dqk:
-        raise ValueError(f"k_cache: head_dim must equal q's ({dqk}), got {k_cache.shape[3]}")
-    if h_k == 0 or h_q % h_k:
-        raise ValueError(f"k_cache: heads_k must divide h_q ({h_q}), got {h_k}")
+    h_k = _check_cache_heads("k_cache", k_cache, dqk, h_q)
     if not isinstance(head_dim_v, int) or isinstance(head_dim_v, bool):
         raise TypeError(f"head_dim_v: expected an int, got {type(head_dim_v).__name__}")
     if not 0 < head_dim_v <= dqk:
@@ -212,11 +218,7 @@ def mla_decode(q_latent, q_rope, kv_latent_cache, k_rope_cache, block_table, cac
     kv_lat = kv_latent_cache.unsqueeze(2) if kv_latent_cache.dim() == 3 else kv_latent_cache
     V.check_tensor("kv_latent_cache", kv_lat, dtypes=(q_lat.dtype,), device=q_lat.device)
     batch, s_q, h_q, d_lat = q_lat.shape
-    h_k = kv_lat.shape[2]
-    if kv_lat.shape[3] != d_lat:
-        raise ValueError(f"kv_latent_cache: last dim must equal q_latent's ({d_lat}), got {kv_lat.shape[3]}")
-    if h_k == 0 or h_q % h_k:
-        raise ValueError(f"kv_latent_cache: heads_k must divide h_q ({h_q}), got {h_k}")
+    h_k = _check_cache_heads("kv_latent_cache", kv_lat, d_lat, h_q)
     if (q_rope is None) != (k_rope_cache is None):
         raise ValueError("q_rope: q_rope and k_rope_cache must be given together (or both None)")
     q_r = k_r = None

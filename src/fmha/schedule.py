@@ -32,9 +32,9 @@ def plan_num_splits(programs: int, max_seqlen_k: int, block_n: int, sms: int) ->
     """Splits for a grid of `programs` (batch x heads x query blocks) over keys up to `max_seqlen_k`."""
     if programs <= 0 or max_seqlen_k <= 0:
         return 1
-    # At most one wave of two programs per SM (decode tiles fit two per SM): a launch of 288 programs on
-    # 264 slots runs a second, nearly empty wave (benchmarks/results/sweep_splits_h100.json: b=4 at
-    # 9 splits ran at 0.68x the speed of 8 splits).
+    # At most one wave of two programs per SM (decode tiles fit two per SM): 288 programs on 264 slots run a
+    # second, nearly empty wave. `benchmarks/tune_decode.py --splits` (results/sweep_splits_h100.json): b=4,
+    # sk=131072 at 9 splits ran at 0.68x the speed of 8 splits.
     want = 2 * sms // programs
     most = max(1, max_seqlen_k // (MIN_TILES_PER_SPLIT * block_n))
     return max(1, min(want, most, MAX_SPLITS))
