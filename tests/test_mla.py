@@ -16,18 +16,21 @@ D_QK, D_V = 576, 512
 
 
 def _paged_cache(seqlens, page_size, h_k, d, dtype, device, seed=0):
-    """A cache holding each sequence's keys in shuffled pages; NaN past every length and in unused pages."""
+    """A cache holding each sequence's keys in shuffled pages; NaN past every length and in unused pages.
+    Built with a few whole-tensor ops on the target device (a per-page loop on the CPU took minutes per test
+    when eight pytest workers built b=128 caches at once)."""
     g = torch.Generator().manual_seed(seed)
     b = len(seqlens)
     max_blocks = max(1, -(-max(seqlens) // page_size))
     num_blocks = b * max_blocks + 3
-    table = torch.randperm(num_blocks, generator=g)[: b * max_blocks].view(b, max_blocks).to(torch.int32)
-    cache = torch.full((num_blocks, page_size, h_k, d), math.nan, dtype=dtype)
-    for i, n in enumerate(seqlens):
-        for p in range(-(-n // page_size)):
-            rows = min(page_size, n - p * page_size)
-            cache[table[i, p], :rows] = torch.randn(rows, h_k, d, generator=g).to(dtype)
-    return cache.to(device), table.to(device)
+    table = torch.randperm(num_blocks, generator=g)[: b * max_blocks].view(b, max_blocks).to(torch.int32).to(device)
+    keys = torch.randn(b, max_blocks * page_size, h_k, d, generator=torch.Generator(device).manual_seed(seed),
+                       device=device).to(dtype)
+    lens = torch.tensor(seqlens, device=device)
+    keys[torch.arange(max_blocks * page_size, device=device)[None, :] >= lens[:, None]] = math.nan
+    cache = torch.full((num_blocks, page_size, h_k, d), math.nan, dtype=dtype, device=device)
+    cache[table.flatten().long()] = keys.view(b * max_blocks, page_size, h_k, d)
+    return cache, table
 
 
 def _seqlens(b, mean, seed):
