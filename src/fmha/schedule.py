@@ -34,7 +34,7 @@ def plan_num_splits(programs: int, max_seqlen_k: int, block_n: int, sms: int) ->
         return 1
     # At most one wave of two programs per SM (decode tiles fit two per SM): 288 programs on 264 slots run a
     # second, nearly empty wave. `benchmarks/tune_decode.py --splits` (results/sweep_splits_h100.json): b=4,
-    # sk=131072 at 9 splits ran at 0.68x the speed of 8 splits.
+    # sk=131072 at 9 splits ran at 0.67x the speed of 8 splits.
     want = 2 * sms // programs
     most = max(1, max_seqlen_k // (MIN_TILES_PER_SPLIT * block_n))
     return max(1, min(want, most, MAX_SPLITS))
