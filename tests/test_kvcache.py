@@ -1,6 +1,8 @@
 """attention_with_kvcache: contiguous and paged caches (shuffled pages, NaN everywhere the kernel must not
 read), split and unsplit paths, against the fp32 oracle run on each sequence's valid keys."""
 
+import math
+
 import pytest
 import torch
 
@@ -78,8 +80,10 @@ def test_kvcache_options(target, num_splits):
     k_cache, v_cache, table, k, v = _cache(c["seqlens"], c["capacity"], c["hk"], c["d"], c["d"], dtype, device, 16)
     q = torch.randn(len(c["seqlens"]), 3, c["hq"], c["d"], device=device, dtype=dtype)
     seqlens = torch.tensor(c["seqlens"], dtype=torch.int32, device=device)
+    sinks = torch.randn(c["hq"], device=device)
+    sinks[:2] = torch.tensor([math.inf, -math.inf])          # +inf silences a head, -inf has no effect
     options = dict(window=(40, 0), softcap=10.0, alibi_slopes=torch.rand(c["hq"], device=device) * 0.1,
-                   sinks=torch.randn(c["hq"], device=device))
+                   sinks=sinks)
     got, lse = fmha.attention_with_kvcache(q, k_cache, v_cache, seqlens, block_table=table, num_splits=num_splits,
                                            return_lse=True, **options)
     assert_matches(got, lse, _oracle(q, k, v, c["seqlens"], **options), dtype)

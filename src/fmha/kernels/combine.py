@@ -57,8 +57,10 @@ def combine_kernel(O, LSE, O_PART, LSE_PART, SPLIT_OFFSETS, SINKS,
         q_head = kv_head * group + r % group
         if HAS_SINKS:
             # The sink joins the denominator only: o * e^lse / (e^lse + e^sink); the LSE stays sink-free.
+            # A row with no key keeps o = 0 (and sink - lse could be inf - inf there).
             sink = tl.load(SINKS + q_head, mask=row_ok, other=0.0)
-            out = out / (1.0 + tl.exp2((sink - lse) * LOG2E))[:, None]
+            keep = tl.where(empty, 1.0, 1.0 / (1.0 + tl.exp2((sink - tl.where(empty, 0.0, lse)) * LOG2E)))
+            out = out * keep[:, None]
         o_row = O + b.to(tl.int64) * stride_ob + q_pos * stride_os + q_head * stride_oh
         tl.store(o_row[:, None] + offs_d[None, :], out.to(O.dtype.element_ty), mask=o_mask)
         tl.store(LSE + b.to(tl.int64) * stride_lseb + q_head * stride_lseh + q_pos * stride_lses, lse, mask=row_ok)
