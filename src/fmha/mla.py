@@ -10,6 +10,8 @@ Plan once per decode step, run per layer, as with FlashMLA:
 The math is absorbed multi-head latent attention: each token's cache row is [latent (512), rope (64)];
 the key is the whole row (576 columns) and the value is the latent part, read once for both.
 `mla_decode` is the same operation with the latent and rope parts in separate tensors (vLLM's form).
+`quantize_kv_cache` / `dequantize_kv_cache` pack and unpack the FP8 cache layouts of DeepSeek-V3.2 and V4
+(`_kv_fp8.py` documents them byte by byte); the FP8 decode kernel that reads them is not built yet.
 
 Data path: validation → plan (`schedule.plan_mla`, on the device, no host sync) → `kernels.mla_decode`
 (split-KV decode kernel, then the combine kernel). Conventions kept from FlashMLA: `lse (b, h_q, s_q)`
@@ -22,10 +24,11 @@ from typing import Optional
 import torch
 
 from . import _validate as V
+from ._kv_fp8 import dequantize_kv_cache, quantize_kv_cache
 from .kernels.mla_decode import mla_decode_forward
 from .schedule import SCHED_FIELDS, mla_num_parts, num_sms, plan_mla
 
-__all__ = ["get_mla_metadata", "flash_mla_with_kvcache", "mla_decode"]
+__all__ = ["get_mla_metadata", "flash_mla_with_kvcache", "mla_decode", "quantize_kv_cache", "dequantize_kv_cache"]
 
 # Issue 5 (FP8 caches, token-sparse attention, sinks, a second KV source) is not built yet: those
 # arguments are accepted by name, as flash_mla's are, and refused if used.
