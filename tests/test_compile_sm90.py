@@ -59,10 +59,10 @@ MLA_SCRIPT = textwrap.dedent('''
     tma, causal, rows = json.loads(sys.argv[1])
     bm, bn, warps, stages, transposed = _tile_config(rows, False)
     consts = dict(BLOCK_M=bm, BLOCK_N=bn, HALF=256, DT=64, HAS_ROPE=True, CAUSAL=causal, TMA=tma,
-                  TRANSPOSED=transposed, SCHED_BLOCK=64, SCHED_FIELDS=8)
+                  TRANSPOSED=transposed, HAS_SINKS=True, SCHED_BLOCK=64, SCHED_FIELDS=8)
     ptrs = dict(Q_LAT="*bf16", Q_ROPE="*bf16", KV_LAT="*bf16", K_ROPE="*bf16", O="*bf16", LSE="*fp32",
                 O_PART="*fp32", LSE_PART="*fp32", BLOCK_TABLE="*i32", SEQLENS="*i32", SCHED="*i32",
-                SPLIT_OFFSETS="*i32", LAT_DESC=f"tensordesc<bf16[{bn},256]>",
+                SPLIT_OFFSETS="*i32", SINKS="*fp32", LAT_DESC=f"tensordesc<bf16[{bn},256]>",
                 ROPE_DESC=f"tensordesc<bf16[{bn},64]>")
     names = list(inspect.signature(mla_decode_kernel.fn).parameters)
     sig = {n: ptrs.get(n, "constexpr" if n in consts else ("fp32" if n == "qk_scale_log2" else "i32"))

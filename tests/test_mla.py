@@ -122,6 +122,25 @@ def test_causal_short_sequences(target):
 
 
 @pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("h_q", [16, 64], ids=["transposed", "rows-major"])
+def test_attn_sink(target, h_q):
+    """attn_sink: o * e^lse / (e^lse + e^sink), LSE unchanged; +inf silences a head, -inf has no effect; rows
+    with no key stay 0 / +inf. Covers sequences written whole by one part and split ones (merged)."""
+    device, dtype = target
+    seqlens = [2, 0, 1, 300, 3 * SCHED_BLOCK + 5] if device == "cpu" else [2, 0, 1, 3000, 9000, 64] * 8
+    cache, table = _paged_cache(seqlens, 64, 1, D_QK, dtype, device, seed=9)
+    q = torch.randn(len(seqlens), 2, h_q, D_QK, device=device).to(dtype)
+    lens = torch.tensor(seqlens, dtype=torch.int32, device=device)
+    sink = torch.randn(h_q, device=device) * 3
+    sink[:2] = torch.tensor([math.inf, -math.inf])
+    meta, splits = flash_mla.get_mla_metadata(lens, 2 * h_q, 1)
+    out, lse = flash_mla.flash_mla_with_kvcache(q, cache, table, lens, D_V, meta, splits, causal=True,
+                                                attn_sink=sink)
+    _check(out, lse, *mla_decode_ref(q, cache, table, lens, D_V, causal=True, attn_sink=sink), dtype)
+    assert (out[:, :, 0] == 0).all()
+
+
+@pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("squeeze", [False, True], ids=["4d", "3d"])
 def test_mla_decode_split_tensors(target, squeeze):
     """vLLM's form (latent and rope in separate tensors) gives flash_mla_with_kvcache's answer."""
@@ -221,6 +240,8 @@ def test_mla_bad_input():
         call(q, cache, table, lens, D_V, meta, splits, causal=1)
     with pytest.raises(NotImplementedError, match="is_fp8_kvcache"):
         call(q, cache, table, lens, D_V, meta, splits, is_fp8_kvcache=True)
+    with pytest.raises(ValueError, match="attn_sink"):
+        call(q, cache, table, lens, D_V, meta, splits, attn_sink=torch.zeros(8, device=dev))
     with pytest.raises(ValueError, match="num_heads_k"):
         flash_mla.get_mla_metadata(lens, 16, 0)
     with pytest.raises(ValueError, match="q_rope"):

@@ -30,9 +30,9 @@ from .schedule import SCHED_FIELDS, mla_num_parts, num_sms, plan_mla
 
 __all__ = ["get_mla_metadata", "flash_mla_with_kvcache", "mla_decode", "quantize_kv_cache", "dequantize_kv_cache"]
 
-# Issue 5 (FP8 caches, token-sparse attention, sinks, a second KV source) is not built yet: those
+# Issue 5 (FP8 caches, token-sparse attention, a second KV source) is not built yet: those
 # arguments are accepted by name, as flash_mla's are, and refused if used.
-_NOT_YET = ("is_fp8_kvcache", "indices", "attn_sink", "extra_k_cache", "extra_indices_in_kvcache", "topk_length",
+_NOT_YET = ("is_fp8_kvcache", "indices", "extra_k_cache", "extra_indices_in_kvcache", "topk_length",
             "extra_topk_length")
 
 
@@ -73,15 +73,17 @@ def get_mla_metadata(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_he
 def _mla_decode_fwd(q_lat: torch.Tensor, q_rope: Optional[torch.Tensor], kv_lat: torch.Tensor,
                     k_rope: Optional[torch.Tensor], block_table: torch.Tensor, cache_seqlens: torch.Tensor,
                     metadata: torch.Tensor, split_offsets: torch.Tensor, softmax_scale: float,
-                    causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                    causal: bool, attn_sink: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     out, lse = _empty_outputs(q_lat)
     mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens, metadata, split_offsets, out, lse,
-                       softmax_scale=softmax_scale, causal=causal, interpret=q_lat.device.type == "cpu")
+                       softmax_scale=softmax_scale, causal=causal, sinks=attn_sink,
+                       interpret=q_lat.device.type == "cpu")
     return out, lse
 
 
 @_mla_decode_fwd.register_fake
-def _(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens, metadata, split_offsets, softmax_scale, causal):
+def _(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens, metadata, split_offsets, softmax_scale, causal,
+      attn_sink):
     return _empty_outputs(q_lat)
 
 
@@ -130,6 +132,12 @@ def _check_plan(batch, cache_seqlens, block_table, tile_scheduler_metadata, num_
                          f"got {tuple(num_splits.shape)}")
 
 
+def _check_sink(attn_sink, h_q, device):
+    V.check_tensor("attn_sink", attn_sink, ndim=1, dtypes=(torch.float32,), device=device, optional=True)
+    if attn_sink is not None and attn_sink.shape[0] != h_q:
+        raise ValueError(f"attn_sink: expected shape ({h_q},) (one per query head), got {tuple(attn_sink.shape)}")
+
+
 def _check_scale(softmax_scale, default):
     if softmax_scale is None:
         return default
@@ -157,13 +165,15 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
         tile_scheduler_metadata, num_splits: from `get_mla_metadata` on the same `cache_seqlens`.
         softmax_scale: defaults to `head_dim ** -0.5` (models pass their own).
         causal: bottom-right aligned: query i of s_q sees keys `j <= cache_seqlens[b] - s_q + i`.
-        is_fp8_kvcache, indices, attn_sink, extra_*, topk_length: FP8 / sparse / V4 options (not built yet).
+        attn_sink: `(h_q,)` fp32, a logit per query head that joins the softmax denominator only:
+            out * e^lse / (e^lse + e^sink); +inf silences the head, -inf has no effect; the LSE excludes it.
+        is_fp8_kvcache, indices, extra_*, topk_length: FP8 / sparse / V4 options (not built yet).
 
     Returns:
         `out (batch, s_q, h_q, head_dim_v)` in q's dtype and `lse (batch, h_q, s_q)` fp32 (natural log; +inf
         for a row that sees no key, whose output is 0).
     """
-    _refuse_unbuilt(is_fp8_kvcache=is_fp8_kvcache, indices=indices, attn_sink=attn_sink, extra_k_cache=extra_k_cache,
+    _refuse_unbuilt(is_fp8_kvcache=is_fp8_kvcache, indices=indices, extra_k_cache=extra_k_cache,
                     extra_indices_in_kvcache=extra_indices_in_kvcache, topk_length=topk_length,
                     extra_topk_length=extra_topk_length)
     V.check_tensor("q", q, ndim=4, dtypes=V.HALF_DTYPES)
@@ -182,14 +192,15 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
         raise TypeError(f"causal: expected a bool, got {type(causal).__name__}")
     scale = _check_scale(softmax_scale, dqk ** -0.5)
     _check_plan(batch, cache_seqlens, block_table, tile_scheduler_metadata, num_splits, q.device)
+    _check_sink(attn_sink, h_q, q.device)
     rope = dqk > head_dim_v
     return _mla_decode_fwd(q[..., :head_dim_v], q[..., head_dim_v:] if rope else None,
                            k_cache[..., :head_dim_v], k_cache[..., head_dim_v:] if rope else None,
-                           block_table, cache_seqlens, tile_scheduler_metadata, num_splits, scale, causal)
+                           block_table, cache_seqlens, tile_scheduler_metadata, num_splits, scale, causal, attn_sink)
 
 
 def mla_decode(q_latent, q_rope, kv_latent_cache, k_rope_cache, block_table, cache_seqlens, *,
-               tile_scheduler_metadata=None, num_splits=None, softmax_scale=None, causal=False):
+               tile_scheduler_metadata=None, num_splits=None, softmax_scale=None, causal=False, attn_sink=None):
     """MLA decode with the latent and rope parts in separate tensors (vLLM's form); same math as
     `flash_mla_with_kvcache`.
 
@@ -202,6 +213,7 @@ def mla_decode(q_latent, q_rope, kv_latent_cache, k_rope_cache, block_table, cac
         tile_scheduler_metadata, num_splits: from `get_mla_metadata`; planned here when omitted (plan once per
             step and pass them to avoid repeating that work in every layer).
         softmax_scale: defaults to `(d_latent + d_rope) ** -0.5`.
+        attn_sink: as in `flash_mla_with_kvcache`.
 
     Returns:
         `out (batch, [s_q,] h_q, d_latent)` and `lse (batch, h_q, [s_q])` fp32, with the s_q axis only when
@@ -251,8 +263,9 @@ def mla_decode(q_latent, q_rope, kv_latent_cache, k_rope_cache, block_table, cac
         V.check_tensor("cache_seqlens", cache_seqlens, ndim=1, dtypes=(torch.int32,), device=q_lat.device)
         tile_scheduler_metadata, num_splits = get_mla_metadata(cache_seqlens, s_q * h_q // h_k, h_k)
     _check_plan(batch, cache_seqlens, block_table, tile_scheduler_metadata, num_splits, q_lat.device)
+    _check_sink(attn_sink, h_q, q_lat.device)
     out, lse = _mla_decode_fwd(q_lat, q_r, kv_lat, k_r, block_table, cache_seqlens, tile_scheduler_metadata,
-                               num_splits, scale, causal)
+                               num_splits, scale, causal, attn_sink)
     if squeeze:
         return out.squeeze(1), lse.squeeze(2)
     return out, lse

@@ -97,15 +97,18 @@ def gather_pages(cache, block_table, seqlen):
     return cache[pages].flatten(0, 1)[:seqlen]
 
 
-def mla_decode_ref(q, k_cache, block_table, cache_seqlens, head_dim_v, *, causal=False, softmax_scale=None):
+def mla_decode_ref(q, k_cache, block_table, cache_seqlens, head_dim_v, *, causal=False, softmax_scale=None,
+                   attn_sink=None):
     """flash_mla_with_kvcache in fp32: q `(b, s_q, h_q, d)`, k_cache `(num_blocks, page, h_k, d)`; the value
-    is the first `head_dim_v` columns of the key. Returns `(out (b, s_q, h_q, dv), lse (b, h_q, s_q))` with
-    FlashMLA's convention for a row that sees no key: output 0, LSE +inf."""
+    is the first `head_dim_v` columns of the key; `attn_sink (h_q,)` as SPEC.md's sinks. Returns
+    `(out (b, s_q, h_q, dv), lse (b, h_q, s_q))` with FlashMLA's convention for a row that sees no key:
+    output 0, LSE +inf."""
     scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
     outs, lses = [], []
     for b, n in enumerate(cache_seqlens.tolist()):
         k = gather_pages(k_cache, block_table[b], n).unsqueeze(0)
-        o, lse = attention_ref(q[b:b + 1], k, k[..., :head_dim_v], causal=causal, softmax_scale=scale)
+        o, lse = attention_ref(q[b:b + 1], k, k[..., :head_dim_v], causal=causal, softmax_scale=scale,
+                               sinks=attn_sink)
         outs.append(o)
         lses.append(torch.where(torch.isneginf(lse), math.inf, lse))
     return torch.cat(outs), torch.cat(lses)

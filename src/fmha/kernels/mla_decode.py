@@ -20,7 +20,7 @@ import triton.language as tl
 
 from ..schedule import SCHED_BLOCK, SCHED_FIELDS
 from .combine import combine
-from .common import LN2
+from .common import LN2, LOG2E
 
 
 @triton.jit
@@ -132,7 +132,7 @@ def _mla_run(acc0, acc1, l_i, m_i, q0, q1, qt, kv_lat, k_rope, lat_desc, rope_de
 @triton.jit
 def mla_decode_kernel(
     Q_LAT, Q_ROPE, KV_LAT, K_ROPE, LAT_DESC, ROPE_DESC, O, LSE, O_PART, LSE_PART,
-    BLOCK_TABLE, SEQLENS, SCHED, SPLIT_OFFSETS,
+    BLOCK_TABLE, SEQLENS, SCHED, SPLIT_OFFSETS, SINKS,
     batch, seqlen_q, group, rows_per_k, num_m_blocks, page_size, stride_bt, qk_scale_log2,
     stride_qlb, stride_qls, stride_qlh, stride_qrb, stride_qrs, stride_qrh,
     stride_lp, stride_ls, stride_lh, stride_rp, stride_rs, stride_rh,
@@ -140,6 +140,7 @@ def mla_decode_kernel(
     stride_ps, stride_pr, stride_lps,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HALF: tl.constexpr, DT: tl.constexpr,
     HAS_ROPE: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr, TRANSPOSED: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
     SCHED_BLOCK: tl.constexpr, SCHED_FIELDS: tl.constexpr,
 ):
     part = tl.program_id(0)
@@ -208,6 +209,12 @@ def mla_decode_kernel(
             if (blk == 0) & (take == n_blocks):
                 # The whole sequence: final output. FlashMLA's convention for a row with no key: LSE +inf.
                 lse = tl.where(empty, float("inf"), m_i * LN2 + tl.log(l_i))
+                if HAS_SINKS:
+                    # The sink joins the denominator only: o * e^lse / (e^lse + e^sink); LSE unchanged.
+                    sink = tl.load(SINKS + q_head, mask=row_ok, other=0.0)
+                    keep = tl.where(empty, 1.0, 1.0 / (1.0 + tl.exp2((sink - tl.where(empty, 0.0, lse)) * LOG2E)))
+                    o0 = o0 * keep[:, None]
+                    o1 = o1 * keep[:, None]
                 o_row = O + b.to(tl.int64) * stride_ob + q_pos * stride_os + q_head * stride_oh
                 tl.store(o_row[:, None] + offs_h[None, :], o0.to(O.dtype.element_ty), mask=row_ok[:, None])
                 tl.store(o_row[:, None] + (HALF + offs_h)[None, :], o1.to(O.dtype.element_ty), mask=row_ok[:, None])
@@ -263,9 +270,10 @@ def _tma_ok(t, heads_k):
 
 
 def mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens, metadata, split_offsets,
-                       out, lse, *, softmax_scale, causal, tiles=None, use_tma=None, interpret=False):
+                       out, lse, *, softmax_scale, causal, sinks=None, tiles=None, use_tma=None, interpret=False):
     """q_lat (b, s_q, h_q, DV), q_rope (b, s_q, h_q, DT) or None, kv_lat (pages, page_size, h_k, DV),
-    k_rope (pages, page_size, h_k, DT) or None, metadata / split_offsets from `schedule.plan_mla`.
+    k_rope (pages, page_size, h_k, DT) or None, metadata / split_offsets from `schedule.plan_mla`, sinks (h_q,)
+    fp32 or None (an attention sink per query head).
     Writes out (b, s_q, h_q, DV) and lse (b, h_q, s_q); returns the compiled decode kernel (for tuning:
     its register and spill counts). `tiles` = (BLOCK_M, BLOCK_N, num_warps, num_stages, transposed) overrides the table."""
     batch, seqlen_q, heads_q, dv = q_lat.shape
@@ -297,7 +305,7 @@ def mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens
     num_m_blocks = triton.cdiv(rows_per_k, block_m)
     kernel = mla_decode_kernel[(num_parts, heads_k * num_m_blocks)](
         q_lat, q_rope, kv_lat, k_rope, lat_desc, rope_desc, out, lse, o_part, lse_part,
-        block_table, cache_seqlens, metadata, split_offsets,
+        block_table, cache_seqlens, metadata, split_offsets, sinks,
         batch, seqlen_q, group, rows_per_k, num_m_blocks, page_size, block_table.stride(0),
         softmax_scale * 1.4426950408889634,
         q_lat.stride(0), q_lat.stride(1), q_lat.stride(2), *q_rope_strides,
@@ -305,9 +313,10 @@ def mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens
         out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1), lse.stride(2),
         o_part.stride(0), o_part.stride(1), lse_part.stride(0),
         BLOCK_M=block_m, BLOCK_N=block_n, HALF=half, DT=dt, HAS_ROPE=has_rope, CAUSAL=causal,
-        TMA=bool(use_tma), TRANSPOSED=transposed, SCHED_BLOCK=SCHED_BLOCK, SCHED_FIELDS=SCHED_FIELDS,
+        TMA=bool(use_tma), TRANSPOSED=transposed, HAS_SINKS=sinks is not None,
+        SCHED_BLOCK=SCHED_BLOCK, SCHED_FIELDS=SCHED_FIELDS,
         num_warps=num_warps, num_stages=num_stages,
     )
     combine(out, lse, o_part, lse_part, rows_per_k=rows_per_k, group=group, split_offsets=split_offsets,
-            empty_lse=float("inf"))
+            sinks=sinks, empty_lse=float("inf"))
     return kernel
