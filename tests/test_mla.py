@@ -122,6 +122,22 @@ def test_causal_short_sequences(target):
 
 
 @pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("h_q", [64, 128])
+def test_head_dim_512(target, h_q):
+    """DeepSeek-V4's head_dim 512 (448 NoPE + 64 RoPE in one tensor), value = the whole key (d_v = 512)."""
+    if target[0] == "cpu" and h_q == 128:
+        pytest.skip("h_q=128 only at GPU sizes")
+    device, dtype = target
+    seqlens = _seqlens(4, 150, seed=4) if device == "cpu" else _seqlens(64, 2048, seed=4)
+    cache, table = _paged_cache(seqlens, 64, 1, 512, dtype, device, seed=4)
+    q = torch.randn(len(seqlens), 2, h_q, 512, device=device).to(dtype)
+    lens = torch.tensor(seqlens, dtype=torch.int32, device=device)
+    meta, splits = flash_mla.get_mla_metadata(lens, 2 * h_q, 1)
+    out, lse = flash_mla.flash_mla_with_kvcache(q, cache, table, lens, 512, meta, splits, causal=True)
+    _check(out, lse, *mla_decode_ref(q, cache, table, lens, 512, causal=True), dtype)
+
+
+@pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("h_q", [16, 64], ids=["transposed", "rows-major"])
 def test_attn_sink(target, h_q):
     """attn_sink: o * e^lse / (e^lse + e^sink), LSE unchanged; +inf silences a head, -inf has no effect; rows
