@@ -56,13 +56,14 @@ MLA_SCRIPT = textwrap.dedent('''
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     from fmha.kernels.mla_decode import mla_decode_kernel, _tile_config
-    tma, causal, rows = json.loads(sys.argv[1])
+    tma, causal, rows, sparse = json.loads(sys.argv[1])
     bm, bn, warps, stages, transposed = _tile_config(rows, False)
     consts = dict(BLOCK_M=bm, BLOCK_N=bn, HALF=256, DT=64, HAS_ROPE=True, CAUSAL=causal, TMA=tma,
-                  TRANSPOSED=transposed, HAS_SINKS=True, SCHED_BLOCK=64, SCHED_FIELDS=8)
+                  TRANSPOSED=transposed, HAS_SINKS=True, SPARSE=sparse, SCHED_BLOCK=64,
+                  SCHED_FIELDS=8)
     ptrs = dict(Q_LAT="*bf16", Q_ROPE="*bf16", KV_LAT="*bf16", K_ROPE="*bf16", O="*bf16", LSE="*fp32",
                 O_PART="*fp32", LSE_PART="*fp32", BLOCK_TABLE="*i32", SEQLENS="*i32", SCHED="*i32",
-                SPLIT_OFFSETS="*i32", SINKS="*fp32", LAT_DESC=f"tensordesc<bf16[{bn},256]>",
+                SPLIT_OFFSETS="*i32", SINKS="*fp32", VALID_LENS="*i32", LAT_DESC=f"tensordesc<bf16[{bn},256]>",
                 ROPE_DESC=f"tensordesc<bf16[{bn},64]>")
     names = list(inspect.signature(mla_decode_kernel.fn).parameters)
     sig = {n: ptrs.get(n, "constexpr" if n in consts else ("fp32" if n == "qk_scale_log2" else "i32"))
@@ -78,11 +79,12 @@ MLA_SCRIPT = textwrap.dedent('''
 
 
 @pytest.mark.cpu
-@pytest.mark.parametrize("tma,causal,rows", [(True, True, 128), (False, False, 64), (True, True, 16)],
-                         ids=["mla-tma-causal", "mla-gather", "mla-transposed"])
-def test_mla_compiles_for_sm90(tma, causal, rows):
+@pytest.mark.parametrize("tma,causal,rows,sparse", [(True, True, 128, False), (False, False, 64, False),
+                                                   (True, True, 16, False), (False, False, 128, True)],
+                         ids=["mla-tma-causal", "mla-gather", "mla-transposed", "mla-sparse"])
+def test_mla_compiles_for_sm90(tma, causal, rows, sparse):
     env = dict(os.environ, TRITON_INTERPRET="0")
-    proc = subprocess.run([sys.executable, "-c", MLA_SCRIPT, json.dumps([tma, causal, rows])], env=env, capture_output=True,
+    proc = subprocess.run([sys.executable, "-c", MLA_SCRIPT, json.dumps([tma, causal, rows, sparse])], env=env, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     info = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -8,7 +8,7 @@ import torch
 
 import fmha.mla as flash_mla
 from fmha.kernels.mla_decode import mla_decode_forward
-from fmha.reference import mla_decode_ref
+from fmha.reference import mla_decode_ref, mla_sparse_decode_ref
 from fmha.schedule import SCHED_BLOCK, plan_mla
 from utils import TARGETS, assert_close
 
@@ -154,6 +154,43 @@ def test_attn_sink(target, h_q):
                                                 attn_sink=sink)
     _check(out, lse, *mla_decode_ref(q, cache, table, lens, D_V, causal=True, attn_sink=sink), dtype)
     assert (out[:, :, 0] == 0).all()
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("h_q,s_q,page_size", [(16, 1, 64), (64, 3, 61), (128, 1, 64)])
+@pytest.mark.parametrize("with_sink", [False, True], ids=["", "sink"])
+def test_sparse_decode(target, h_q, s_q, page_size, with_sink):
+    """Token-sparse decode (indices instead of a block table): -1 entries, topk_length trimming (0 included),
+    a token whose indices are all -1, NaN in every cache slot no index points at, odd page sizes."""
+    device, dtype = target
+    if device == "cpu" and h_q == 128:
+        pytest.skip("h_q=128 only at GPU sizes")
+    b, topk, num_tokens = (3, 100, 400) if device == "cpu" else (16, 2048, 40000)
+    g = torch.Generator().manual_seed(h_q + s_q)
+    num_blocks = -(-num_tokens // page_size)
+    cache = torch.randn(num_blocks, page_size, 1, D_QK, generator=g).to(dtype)
+    indices = torch.randint(0, num_tokens, (b, s_q, topk), generator=g, dtype=torch.int32)
+    indices[torch.rand(b, s_q, topk, generator=g) < 0.2] = -1
+    indices[0, -1] = -1                                               # a token that sees nothing
+    topk_length = torch.randint(topk // 2, topk + 1, (b,), generator=g, dtype=torch.int32)
+    topk_length[-1] = 0
+    used = torch.zeros(num_blocks * page_size, dtype=torch.bool)
+    for i in range(b):
+        row = indices[i, :, :topk_length[i]].flatten()
+        used[row[row >= 0].long()] = True
+    cache.view(-1, D_QK)[~used] = math.nan                           # never read: poisoned
+    q = torch.randn(b, s_q, h_q, D_QK, generator=g).to(dtype)
+    sink = torch.randn(h_q) if with_sink else None
+    q, cache, indices, topk_length = (t.to(device) for t in (q, cache, indices, topk_length))
+    sink = sink.to(device) if with_sink else None
+    lens = torch.zeros(b, dtype=torch.int32, device=device)          # cache_seqlens: unused by sparse decode
+    meta, splits = flash_mla.get_mla_metadata(lens, s_q * h_q, 1, num_heads_q=h_q, topk=topk)
+    out, lse = flash_mla.flash_mla_with_kvcache(q, cache, None, lens, D_V, meta, splits, indices=indices,
+                                                topk_length=topk_length, attn_sink=sink)
+    ref = mla_sparse_decode_ref(q, cache, indices, D_V, topk_length=topk_length, attn_sink=sink)
+    _check(out, lse, *ref, dtype)
+    assert (out[0, -1] == 0).all() and torch.isposinf(lse[0, :, -1]).all()
+    assert (out[-1] == 0).all() and torch.isposinf(lse[-1]).all()
 
 
 @pytest.mark.parametrize("target", TARGETS)

@@ -32,15 +32,14 @@ __all__ = ["get_mla_metadata", "flash_mla_with_kvcache", "mla_decode", "quantize
 
 # Issue 5 (FP8 caches, token-sparse attention, a second KV source) is not built yet: those
 # arguments are accepted by name, as flash_mla's are, and refused if used.
-_NOT_YET = ("is_fp8_kvcache", "indices", "extra_k_cache", "extra_indices_in_kvcache", "topk_length",
-            "extra_topk_length")
+_NOT_YET = ("is_fp8_kvcache", "extra_k_cache", "extra_indices_in_kvcache", "extra_topk_length")
 
 
 def _refuse_unbuilt(**options):
     for name in _NOT_YET:
         value = options.get(name)
         if value is not None and value is not False:
-            raise NotImplementedError(f"{name}: FP8 / sparse / sink / extra-KV MLA decode is not implemented yet")
+            raise NotImplementedError(f"{name}: FP8 / extra-KV MLA decode is not implemented yet")
 
 
 def get_mla_metadata(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_heads_q=None,
@@ -51,13 +50,17 @@ def get_mla_metadata(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_he
         cache_seqlens: `(batch,)` int32, the cache length of each sequence (on the GPU).
         num_q_tokens_per_head_k: `s_q * h_q // h_k`, the packed query rows that share a KV head.
         num_heads_k: KV heads (1 for DeepSeek MLA).
-        num_heads_q, is_fp8_kvcache, topk: flash_mla's sparse / FP8 options (not built yet).
+        num_heads_q: query heads; needed with `topk`.
+        topk: token-sparse decode (`indices` at call time): every query token attends to up to `topk` tokens,
+            so the plan covers `batch * s_q` rows of `topk` keys each and `cache_seqlens` only gives the batch.
+        is_fp8_kvcache: FP8 caches (not built yet).
 
     Returns:
         tile_scheduler_metadata: `(num_parts, 8)` int32, each part's run of key blocks (see `schedule.plan_mla`).
-        num_splits: `(batch + 1,)` int32 prefix sums of the pieces each sequence is split into.
+        num_splits: `(batch + 1,)` int32 prefix sums of the pieces each sequence is split into
+            (`(batch * s_q + 1,)`, one entry per query token, with `topk`).
     """
-    _refuse_unbuilt(is_fp8_kvcache=is_fp8_kvcache, indices=topk)
+    _refuse_unbuilt(is_fp8_kvcache=is_fp8_kvcache)
     V.check_tensor("cache_seqlens", cache_seqlens, ndim=1, dtypes=(torch.int32,))
     V.check_device("cache_seqlens", cache_seqlens)
     for name, value in (("num_q_tokens_per_head_k", num_q_tokens_per_head_k), ("num_heads_k", num_heads_k)):
@@ -65,25 +68,38 @@ def get_mla_metadata(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_he
             raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
         if value < 1:
             raise ValueError(f"{name}: expected >= 1, got {value}")
-    num_parts = mla_num_parts(num_q_tokens_per_head_k, num_heads_k, num_sms(cache_seqlens.device))
-    return plan_mla(cache_seqlens, num_parts)
+    sms = num_sms(cache_seqlens.device)
+    if topk is None:
+        return plan_mla(cache_seqlens, mla_num_parts(num_q_tokens_per_head_k, num_heads_k, sms))
+    if not isinstance(topk, int) or isinstance(topk, bool) or topk < 1:
+        raise ValueError(f"topk: expected a positive int, got {topk!r}")
+    if not isinstance(num_heads_q, int) or num_heads_q < num_heads_k or num_heads_q % num_heads_k:
+        raise ValueError(f"num_heads_q: expected a multiple of num_heads_k ({num_heads_k}) with topk, "
+                         f"got {num_heads_q!r}")
+    heads_per_k = num_heads_q // num_heads_k
+    if num_q_tokens_per_head_k % heads_per_k:
+        raise ValueError(f"num_q_tokens_per_head_k: expected s_q * {heads_per_k}, got {num_q_tokens_per_head_k}")
+    tokens = cache_seqlens.shape[0] * (num_q_tokens_per_head_k // heads_per_k)
+    lengths = torch.full((tokens,), topk, dtype=torch.int32, device=cache_seqlens.device)
+    return plan_mla(lengths, mla_num_parts(heads_per_k, num_heads_k, sms))
 
 
 @torch.library.custom_op("fmha::mla_decode_fwd", mutates_args=())
 def _mla_decode_fwd(q_lat: torch.Tensor, q_rope: Optional[torch.Tensor], kv_lat: torch.Tensor,
                     k_rope: Optional[torch.Tensor], block_table: torch.Tensor, cache_seqlens: torch.Tensor,
                     metadata: torch.Tensor, split_offsets: torch.Tensor, softmax_scale: float,
-                    causal: bool, attn_sink: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+                    causal: bool, attn_sink: Optional[torch.Tensor],
+                    valid_lens: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     out, lse = _empty_outputs(q_lat)
     mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens, metadata, split_offsets, out, lse,
-                       softmax_scale=softmax_scale, causal=causal, sinks=attn_sink,
+                       softmax_scale=softmax_scale, causal=causal, sinks=attn_sink, valid_lens=valid_lens,
                        interpret=q_lat.device.type == "cpu")
     return out, lse
 
 
 @_mla_decode_fwd.register_fake
 def _(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens, metadata, split_offsets, softmax_scale, causal,
-      attn_sink):
+      attn_sink, valid_lens):
     return _empty_outputs(q_lat)
 
 
@@ -167,21 +183,24 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
         causal: bottom-right aligned: query i of s_q sees keys `j <= cache_seqlens[b] - s_q + i`.
         attn_sink: `(h_q,)` fp32, a logit per query head that joins the softmax denominator only:
             out * e^lse / (e^lse + e^sink); +inf silences the head, -inf has no effect; the LSE excludes it.
-        is_fp8_kvcache, indices, extra_*, topk_length: FP8 / sparse / V4 options (not built yet).
+        indices: token-sparse decode: `(batch, s_q, topk)` int32 flat token positions
+            `block * page_block_size + offset` into k_cache, -1 = none; replaces block_table (may be None) and the
+            causal mask; plan with `get_mla_metadata(..., num_heads_q=h_q, topk=topk)`.
+        topk_length: `(batch,)` int32, with indices: only the first topk_length[b] indices of batch b count.
+        is_fp8_kvcache, extra_*: FP8 / second-KV-source options (not built yet).
 
     Returns:
         `out (batch, s_q, h_q, head_dim_v)` in q's dtype and `lse (batch, h_q, s_q)` fp32 (natural log; +inf
         for a row that sees no key, whose output is 0).
     """
-    _refuse_unbuilt(is_fp8_kvcache=is_fp8_kvcache, indices=indices, extra_k_cache=extra_k_cache,
-                    extra_indices_in_kvcache=extra_indices_in_kvcache, topk_length=topk_length,
-                    extra_topk_length=extra_topk_length)
+    _refuse_unbuilt(is_fp8_kvcache=is_fp8_kvcache, extra_k_cache=extra_k_cache,
+                    extra_indices_in_kvcache=extra_indices_in_kvcache, extra_topk_length=extra_topk_length)
     V.check_tensor("q", q, ndim=4, dtypes=V.HALF_DTYPES)
     V.check_device("q", q)
     V.check_tensor("k_cache", k_cache, ndim=4, dtypes=(q.dtype,), device=q.device)
     for name, t in (("q", q), ("k_cache", k_cache)):
         V.check_last_dim_contiguous(name, t)
-    batch, _, h_q, dqk = q.shape
+    batch, s_q, h_q, dqk = q.shape
     h_k = _check_cache_heads("k_cache", k_cache, dqk, h_q)
     if not isinstance(head_dim_v, int) or isinstance(head_dim_v, bool):
         raise TypeError(f"head_dim_v: expected an int, got {type(head_dim_v).__name__}")
@@ -191,12 +210,38 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
     if not isinstance(causal, bool):
         raise TypeError(f"causal: expected a bool, got {type(causal).__name__}")
     scale = _check_scale(softmax_scale, dqk ** -0.5)
-    _check_plan(batch, cache_seqlens, block_table, tile_scheduler_metadata, num_splits, q.device)
     _check_sink(attn_sink, h_q, q.device)
     rope = dqk > head_dim_v
-    return _mla_decode_fwd(q[..., :head_dim_v], q[..., head_dim_v:] if rope else None,
-                           k_cache[..., :head_dim_v], k_cache[..., head_dim_v:] if rope else None,
-                           block_table, cache_seqlens, tile_scheduler_metadata, num_splits, scale, causal, attn_sink)
+    q_rope = q[..., head_dim_v:] if rope else None
+    k_rope = k_cache[..., head_dim_v:] if rope else None
+    if indices is None:
+        if topk_length is not None:
+            raise ValueError("topk_length: only used with indices")
+        _check_plan(batch, cache_seqlens, block_table, tile_scheduler_metadata, num_splits, q.device)
+        return _mla_decode_fwd(q[..., :head_dim_v], q_rope, k_cache[..., :head_dim_v], k_rope, block_table,
+                               cache_seqlens, tile_scheduler_metadata, num_splits, scale, causal, attn_sink, None)
+    # Token-sparse: each query token is its own "sequence" of topk keys, its index row the block table.
+    V.check_tensor("indices", indices, ndim=3, dtypes=(torch.int32,), device=q.device)
+    if indices.shape[:2] != (batch, s_q) or indices.stride(-1) != 1:
+        raise ValueError(f"indices: expected a (batch, s_q, topk) = ({batch}, {s_q}, topk) tensor with a contiguous "
+                         f"last dim, got shape {tuple(indices.shape)}")
+    if causal:
+        raise ValueError("causal: not used with indices (the indices say which tokens each query sees)")
+    topk = indices.shape[2]
+    tokens = batch * s_q
+    valid = torch.full((tokens,), topk, dtype=torch.int32, device=q.device)
+    if topk_length is not None:
+        V.check_tensor("topk_length", topk_length, ndim=1, dtypes=(torch.int32,), device=q.device)
+        if topk_length.shape[0] != batch:
+            raise ValueError(f"topk_length: expected shape ({batch},), got {tuple(topk_length.shape)}")
+        valid = topk_length.repeat_interleave(s_q).clamp(0, topk).to(torch.int32)
+    lengths = torch.full((tokens,), topk, dtype=torch.int32, device=q.device)
+    _check_plan(tokens, lengths, indices.reshape(tokens, topk), tile_scheduler_metadata, num_splits, q.device)
+    flat = lambda t: None if t is None else t.reshape(tokens, 1, *t.shape[2:])      # noqa: E731
+    out, lse = _mla_decode_fwd(flat(q[..., :head_dim_v]), flat(q_rope), k_cache[..., :head_dim_v], k_rope,
+                               indices.reshape(tokens, topk), lengths, tile_scheduler_metadata, num_splits, scale,
+                               False, attn_sink, valid)
+    return out.view(batch, s_q, h_q, head_dim_v), lse.view(batch, s_q, h_q).transpose(1, 2).contiguous()
 
 
 def mla_decode(q_latent, q_rope, kv_latent_cache, k_rope_cache, block_table, cache_seqlens, *,
@@ -265,7 +310,7 @@ def mla_decode(q_latent, q_rope, kv_latent_cache, k_rope_cache, block_table, cac
     _check_plan(batch, cache_seqlens, block_table, tile_scheduler_metadata, num_splits, q_lat.device)
     _check_sink(attn_sink, h_q, q_lat.device)
     out, lse = _mla_decode_fwd(q_lat, q_r, kv_lat, k_r, block_table, cache_seqlens, tile_scheduler_metadata,
-                               num_splits, scale, causal, attn_sink)
+                               num_splits, scale, causal, attn_sink, None)
     if squeeze:
         return out.squeeze(1), lse.squeeze(2)
     return out, lse

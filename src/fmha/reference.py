@@ -9,7 +9,8 @@ import math
 
 import torch
 
-__all__ = ["visible_mask", "attention_ref", "attention_varlen_ref", "gather_pages", "mla_decode_ref"]
+__all__ = ["visible_mask", "attention_ref", "attention_varlen_ref", "gather_pages", "mla_decode_ref",
+           "mla_sparse_decode_ref"]
 
 
 def visible_mask(seqlen_q: int, seqlen_k: int, window=(-1, -1), device=None) -> torch.Tensor:
@@ -112,3 +113,23 @@ def mla_decode_ref(q, k_cache, block_table, cache_seqlens, head_dim_v, *, causal
         outs.append(o)
         lses.append(torch.where(torch.isneginf(lse), math.inf, lse))
     return torch.cat(outs), torch.cat(lses)
+
+
+def mla_sparse_decode_ref(q, k_cache, indices, head_dim_v, *, topk_length=None, softmax_scale=None, attn_sink=None):
+    """Token-sparse flash_mla_with_kvcache in fp32: query token (b, s) attends to the cache tokens at the flat
+    positions `indices[b, s, :topk_length[b]]` that are not -1 (positions `block * page_size + offset`).
+    Returns `(out (b, s_q, h_q, dv), lse (b, h_q, s_q))`; a token with no valid index gets 0 and LSE +inf."""
+    b, s_q, h_q, _ = q.shape
+    scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
+    tokens = k_cache.flatten(0, 1)
+    out = torch.zeros(b, s_q, h_q, head_dim_v, dtype=torch.float32, device=q.device)
+    lse = torch.full((b, h_q, s_q), math.inf, dtype=torch.float32, device=q.device)
+    for i in range(b):
+        n = indices.shape[2] if topk_length is None else int(topk_length[i])
+        for s in range(s_q):
+            row = indices[i, s, :n]
+            k = tokens[row[row >= 0].long()].unsqueeze(0)
+            o, l = attention_ref(q[i:i + 1, s:s + 1], k, k[..., :head_dim_v], softmax_scale=scale, sinks=attn_sink)
+            out[i, s] = o[0, 0]
+            lse[i, :, s] = torch.where(torch.isneginf(l[0, :, 0]), math.inf, l[0, :, 0])
+    return out, lse

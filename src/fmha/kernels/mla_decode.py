@@ -27,11 +27,13 @@ from .common import LN2, LOG2E
 def _load_k(kv_lat, k_rope, lat_desc, rope_desc, bt_row, n, seqlen, kv_head, page_size,
             stride_lp, stride_ls, stride_lh, stride_rp, stride_rs, stride_rh,
             BLOCK_N: tl.constexpr, HALF: tl.constexpr, DT: tl.constexpr, HAS_ROPE: tl.constexpr,
-            MASKED: tl.constexpr, TMA: tl.constexpr):
-    """Key tile at key `n`: latent halves (BLOCK_N, HALF) x 2 and rope (BLOCK_N, DT). Rows past `seqlen`
-    are zero in a MASKED tile (the cache may hold anything there, NaN included, and the latent part is
-    also the value: 0 * NaN would poison the output)."""
+            MASKED: tl.constexpr, TMA: tl.constexpr, SPARSE: tl.constexpr):
+    """Key tile at key `n`: latent halves (BLOCK_N, HALF) x 2, rope (BLOCK_N, DT), and which keys exist. Rows
+    past `seqlen` are zero in a MASKED tile (the cache may hold anything there, NaN included, and the latent
+    part is also the value: 0 * NaN would poison the output). SPARSE: `bt_row` is the query's row of token
+    indices (flat positions page * page_size + slot, -1 = none) and `seqlen` its valid length."""
     offs_n = n + tl.arange(0, BLOCK_N)
+    ok = offs_n < seqlen
     if TMA:
         # The tile lies inside one page (BLOCK_N divides page_size) of a single-KV-head cache viewed as
         # (num_blocks * page_size, d): one 2-D TMA box per half. (A 4-D box reshaped to 2-D made Triton copy the
@@ -43,21 +45,25 @@ def _load_k(kv_lat, k_rope, lat_desc, rope_desc, bt_row, n, seqlen, kv_head, pag
         if HAS_ROPE:
             kt = rope_desc.load([row, 0])
         if MASKED:
-            ok = (offs_n < seqlen)[:, None]
-            k0 = tl.where(ok, k0, 0.0)
-            k1 = tl.where(ok, k1, 0.0)
+            k0 = tl.where(ok[:, None], k0, 0.0)
+            k1 = tl.where(ok[:, None], k1, 0.0)
             if HAS_ROPE:
-                kt = tl.where(ok, kt, 0.0)
+                kt = tl.where(ok[:, None], kt, 0.0)
     else:
         # Gather: key j lives in page block_table[b, j // page_size], slot j % page_size.
         offs_h = tl.arange(0, HALF)
         offs_t = tl.arange(0, DT)
-        if MASKED:
-            ok = offs_n < seqlen
+        if SPARSE:
+            token = tl.load(bt_row + offs_n, mask=ok, other=-1)
+            ok = token >= 0
+            page = (tl.where(ok, token, 0) // page_size).to(tl.int64)
+            slot = tl.where(ok, token, 0) % page_size
+        elif MASKED:
             page = tl.load(bt_row + offs_n // page_size, mask=ok, other=0).to(tl.int64)
+            slot = offs_n % page_size
         else:
             page = tl.load(bt_row + offs_n // page_size).to(tl.int64)
-        slot = offs_n % page_size
+            slot = offs_n % page_size
         lat = kv_lat + page * stride_lp + slot * stride_ls + kv_head * stride_lh
         rope = lat
         if HAS_ROPE:
@@ -74,7 +80,7 @@ def _load_k(kv_lat, k_rope, lat_desc, rope_desc, bt_row, n, seqlen, kv_head, pag
             kt = k0
             if HAS_ROPE:
                 kt = tl.load(rope[:, None] + offs_t[None, :])
-    return k0, k1, kt
+    return k0, k1, kt, ok
 
 
 @triton.jit
@@ -82,7 +88,7 @@ def _mla_run(acc0, acc1, l_i, m_i, q0, q1, qt, kv_lat, k_rope, lat_desc, rope_de
              seqlen, last_visible, kv_head, page_size, qk_scale_log2,
              stride_lp, stride_ls, stride_lh, stride_rp, stride_rs, stride_rh,
              BLOCK_N: tl.constexpr, HALF: tl.constexpr, DT: tl.constexpr, HAS_ROPE: tl.constexpr,
-             MASKED: tl.constexpr, TMA: tl.constexpr, TRANSPOSED: tl.constexpr):
+             MASKED: tl.constexpr, TMA: tl.constexpr, TRANSPOSED: tl.constexpr, SPARSE: tl.constexpr):
     """Online softmax over key tiles start, start + BLOCK_N, ... < end. `last_visible` (BLOCK_M,) is each
     row's last visible key (causal); only MASKED runs look at it.
 
@@ -90,9 +96,9 @@ def _mla_run(acc0, acc1, l_i, m_i, q0, q1, qt, kv_lat, k_rope, lat_desc, rope_de
     keys fill wgmma's 64-row M side and the rows become a narrow N, instead of padding 16 rows up to 64."""
     RED: tl.constexpr = 0 if TRANSPOSED else 1          # the key axis of the score tile
     for n in tl.range(start, end, BLOCK_N):
-        k0, k1, kt = _load_k(kv_lat, k_rope, lat_desc, rope_desc, bt_row, n, seqlen, kv_head, page_size,
-                             stride_lp, stride_ls, stride_lh, stride_rp, stride_rs, stride_rh,
-                             BLOCK_N, HALF, DT, HAS_ROPE, MASKED, TMA)
+        k0, k1, kt, key_ok = _load_k(kv_lat, k_rope, lat_desc, rope_desc, bt_row, n, seqlen, kv_head, page_size,
+                                     stride_lp, stride_ls, stride_lh, stride_rp, stride_rs, stride_rh,
+                                     BLOCK_N, HALF, DT, HAS_ROPE, MASKED, TMA, SPARSE)
         if TRANSPOSED:
             qk = tl.dot(k0, tl.trans(q0))
             qk = tl.dot(k1, tl.trans(q1), qk)
@@ -106,6 +112,8 @@ def _mla_run(acc0, acc1, l_i, m_i, q0, q1, qt, kv_lat, k_rope, lat_desc, rope_de
         s = qk * qk_scale_log2
         if MASKED:
             k_pos = n + tl.arange(0, BLOCK_N)
+            if SPARSE:
+                k_pos = tl.where(key_ok, k_pos, 2147483647)      # an invalid index is after every row's last key
             if TRANSPOSED:
                 s = tl.where(k_pos[:, None] <= last_visible[None, :], s, float("-inf"))
             else:
@@ -132,7 +140,7 @@ def _mla_run(acc0, acc1, l_i, m_i, q0, q1, qt, kv_lat, k_rope, lat_desc, rope_de
 @triton.jit
 def mla_decode_kernel(
     Q_LAT, Q_ROPE, KV_LAT, K_ROPE, LAT_DESC, ROPE_DESC, O, LSE, O_PART, LSE_PART,
-    BLOCK_TABLE, SEQLENS, SCHED, SPLIT_OFFSETS, SINKS,
+    BLOCK_TABLE, SEQLENS, VALID_LENS, SCHED, SPLIT_OFFSETS, SINKS,
     batch, seqlen_q, group, rows_per_k, num_m_blocks, page_size, stride_bt, qk_scale_log2,
     stride_qlb, stride_qls, stride_qlh, stride_qrb, stride_qrs, stride_qrh,
     stride_lp, stride_ls, stride_lh, stride_rp, stride_rs, stride_rh,
@@ -140,7 +148,7 @@ def mla_decode_kernel(
     stride_ps, stride_pr, stride_lps,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HALF: tl.constexpr, DT: tl.constexpr,
     HAS_ROPE: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr, TRANSPOSED: tl.constexpr,
-    HAS_SINKS: tl.constexpr,
+    HAS_SINKS: tl.constexpr, SPARSE: tl.constexpr,
     SCHED_BLOCK: tl.constexpr, SCHED_FIELDS: tl.constexpr,
 ):
     part = tl.program_id(0)
@@ -172,6 +180,11 @@ def mla_decode_kernel(
                 last_visible = tl.where(row_ok, seqlen - seqlen_q + q_pos, -1)
                 full = seqlen - seqlen_q + 1
             mid = tl.maximum(lo, lo + (tl.minimum(hi, full) - lo) // BLOCK_N * BLOCK_N)
+            key_len = seqlen
+            if SPARSE:
+                # Any index may be -1 and the row stops at its valid length: every tile is masked.
+                mid = lo
+                key_len = tl.load(VALID_LENS + b)
 
             q_lat = Q_LAT + b.to(tl.int64) * stride_qlb + q_pos * stride_qls + q_head * stride_qlh
             q0 = tl.load(q_lat[:, None] + offs_h[None, :], mask=row_ok[:, None], other=0.0)
@@ -191,13 +204,13 @@ def mla_decode_kernel(
             l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
             m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
             acc0, acc1, l_i, m_i = _mla_run(acc0, acc1, l_i, m_i, q0, q1, qt, KV_LAT, K_ROPE, LAT_DESC, ROPE_DESC,
-                                            bt_row, lo, mid, seqlen, last_visible, kv_head, page_size,
+                                            bt_row, lo, mid, key_len, last_visible, kv_head, page_size,
                                             qk_scale_log2, stride_lp, stride_ls, stride_lh, stride_rp, stride_rs,
-                                            stride_rh, BLOCK_N, HALF, DT, HAS_ROPE, False, TMA, TRANSPOSED)
+                                            stride_rh, BLOCK_N, HALF, DT, HAS_ROPE, False, TMA, TRANSPOSED, SPARSE)
             acc0, acc1, l_i, m_i = _mla_run(acc0, acc1, l_i, m_i, q0, q1, qt, KV_LAT, K_ROPE, LAT_DESC, ROPE_DESC,
-                                            bt_row, mid, hi, seqlen, last_visible, kv_head, page_size,
+                                            bt_row, mid, hi, key_len, last_visible, kv_head, page_size,
                                             qk_scale_log2, stride_lp, stride_ls, stride_lh, stride_rp, stride_rs,
-                                            stride_rh, BLOCK_N, HALF, DT, HAS_ROPE, True, TMA, TRANSPOSED)
+                                            stride_rh, BLOCK_N, HALF, DT, HAS_ROPE, True, TMA, TRANSPOSED, SPARSE)
 
             if TRANSPOSED:
                 acc0 = tl.trans(acc0)
@@ -270,10 +283,12 @@ def _tma_ok(t, heads_k):
 
 
 def mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens, metadata, split_offsets,
-                       out, lse, *, softmax_scale, causal, sinks=None, tiles=None, use_tma=None, interpret=False):
+                       out, lse, *, softmax_scale, causal, sinks=None, valid_lens=None, tiles=None, use_tma=None,
+                       interpret=False):
     """q_lat (b, s_q, h_q, DV), q_rope (b, s_q, h_q, DT) or None, kv_lat (pages, page_size, h_k, DV),
     k_rope (pages, page_size, h_k, DT) or None, metadata / split_offsets from `schedule.plan_mla`, sinks (h_q,)
-    fp32 or None (an attention sink per query head).
+    fp32 or None (an attention sink per query head). Token-sparse: `valid_lens (b,)` int32 given, each "batch"
+    is one query token, `block_table (b, topk)` holds its token indices (-1 = none) and `cache_seqlens` is topk.
     Writes out (b, s_q, h_q, DV) and lse (b, h_q, s_q); returns the compiled decode kernel (for tuning:
     its register and spill counts). `tiles` = (BLOCK_M, BLOCK_N, num_warps, num_stages, transposed) overrides the table."""
     batch, seqlen_q, heads_q, dv = q_lat.shape
@@ -286,6 +301,9 @@ def mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens
     has_rope = q_rope is not None
     dt = q_rope.shape[-1] if has_rope else 16
     half = dv // 2
+    sparse = valid_lens is not None
+    if sparse:
+        use_tma = False                  # token gathers: one page lookup per key
     if use_tma is None:
         use_tma = (not interpret and page_size % block_n == 0 and _tma_ok(kv_lat, heads_k)
                    and (not has_rope or _tma_ok(k_rope, heads_k)))
@@ -305,7 +323,7 @@ def mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens
     num_m_blocks = triton.cdiv(rows_per_k, block_m)
     kernel = mla_decode_kernel[(num_parts, heads_k * num_m_blocks)](
         q_lat, q_rope, kv_lat, k_rope, lat_desc, rope_desc, out, lse, o_part, lse_part,
-        block_table, cache_seqlens, metadata, split_offsets, sinks,
+        block_table, cache_seqlens, valid_lens, metadata, split_offsets, sinks,
         batch, seqlen_q, group, rows_per_k, num_m_blocks, page_size, block_table.stride(0),
         softmax_scale * 1.4426950408889634,
         q_lat.stride(0), q_lat.stride(1), q_lat.stride(2), *q_rope_strides,
@@ -313,7 +331,7 @@ def mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens
         out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1), lse.stride(2),
         o_part.stride(0), o_part.stride(1), lse_part.stride(0),
         BLOCK_M=block_m, BLOCK_N=block_n, HALF=half, DT=dt, HAS_ROPE=has_rope, CAUSAL=causal,
-        TMA=bool(use_tma), TRANSPOSED=transposed, HAS_SINKS=sinks is not None,
+        TMA=bool(use_tma), TRANSPOSED=transposed, HAS_SINKS=sinks is not None, SPARSE=sparse,
         SCHED_BLOCK=SCHED_BLOCK, SCHED_FIELDS=SCHED_FIELDS,
         num_warps=num_warps, num_stages=num_stages,
     )
