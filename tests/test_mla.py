@@ -8,6 +8,7 @@ import torch
 
 import fmha.mla as flash_mla
 from fmha.kernels.mla_decode import mla_decode_forward
+from fmha._kv_fp8 import LAYOUTS
 from fmha.reference import mla_decode_ref, mla_sparse_decode_ref
 from fmha.schedule import SCHED_BLOCK, plan_mla
 from utils import TARGETS, assert_close
@@ -194,6 +195,43 @@ def test_sparse_decode(target, h_q, s_q, page_size, with_sink):
 
 
 @pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("layout", ["v32", "model1"])
+@pytest.mark.parametrize("sparse", [False, True], ids=["paged", "sparse"])
+def test_fp8_kvcache(target, layout, sparse):
+    """FP8 caches, dequantised on load: the oracle runs on the same cache dequantised in fp32. NaN bytes are
+    not possible in a packed cache, so unused pages hold packed 1e4s instead (far off the data's scale: a
+    read would show); the sparse case also has -1 indices and a trimmed topk_length."""
+    device, dtype = target
+    d = LAYOUTS[layout][0]
+    h_q, s_q = (16, 2) if device == "cpu" else (64, 2)
+    seqlens = [70, 0, 200, 5] if device == "cpu" else _seqlens(32, 2048, seed=12)
+    bf16_cache, table = _paged_cache(seqlens, 64, 1, d, torch.bfloat16, device, seed=12)
+    bf16_cache = torch.nan_to_num(bf16_cache, nan=1e4)
+    packed = flash_mla.quantize_kv_cache(bf16_cache, layout)
+    ref_cache = flash_mla.dequantize_kv_cache(packed, layout, torch.float32)
+    q = torch.randn(len(seqlens), s_q, h_q, d, device=device).to(dtype)
+    lens = torch.tensor(seqlens, dtype=torch.int32, device=device)
+    if not sparse:
+        meta, splits = flash_mla.get_mla_metadata(lens, s_q * h_q, 1, is_fp8_kvcache=True)
+        out, lse = flash_mla.flash_mla_with_kvcache(q, packed, table, lens, 512, meta, splits, causal=True,
+                                                    is_fp8_kvcache=True)
+        ref = mla_decode_ref(q, ref_cache, table, lens, 512, causal=True)
+    else:
+        topk = 96 if device == "cpu" else 1024
+        # Token j of sequence b: flat position table[b, j // 64] * 64 + j % 64, for j < its length; else -1.
+        j = torch.randint(0, 10 ** 6, (len(seqlens), s_q, topk), device=device) % lens.clamp(min=1)[:, None, None]
+        flat_pos = (table.long().gather(1, (j // 64).flatten(1)).view_as(j) * 64 + j % 64).to(torch.int32)
+        indices = torch.where((lens[:, None, None] > 0) & (torch.rand(j.shape, device=device) > 0.1), flat_pos, -1)
+        topk_length = torch.full((len(seqlens),), topk, dtype=torch.int32, device=device)
+        topk_length[0] = topk // 3
+        meta, splits = flash_mla.get_mla_metadata(lens, s_q * h_q, 1, num_heads_q=h_q, topk=topk, is_fp8_kvcache=True)
+        out, lse = flash_mla.flash_mla_with_kvcache(q, packed, None, lens, 512, meta, splits, is_fp8_kvcache=True,
+                                                    indices=indices.to(torch.int32), topk_length=topk_length)
+        ref = mla_sparse_decode_ref(q, ref_cache, indices, 512, topk_length=topk_length)
+    _check(out, lse, *ref, dtype)
+
+
+@pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("squeeze", [False, True], ids=["4d", "3d"])
 def test_mla_decode_split_tensors(target, squeeze):
     """vLLM's form (latent and rope in separate tensors) gives flash_mla_with_kvcache's answer."""
@@ -291,8 +329,10 @@ def test_mla_bad_input():
         call(q, cache, table, lens, D_V, meta[:, :4], splits)
     with pytest.raises(TypeError, match="causal"):
         call(q, cache, table, lens, D_V, meta, splits, causal=1)
-    with pytest.raises(NotImplementedError, match="is_fp8_kvcache"):
+    with pytest.raises(TypeError, match="k_cache: expected dtype"):
         call(q, cache, table, lens, D_V, meta, splits, is_fp8_kvcache=True)
+    with pytest.raises(NotImplementedError, match="extra_k_cache"):
+        call(q, cache, table, lens, D_V, meta, splits, extra_k_cache=cache)
     with pytest.raises(ValueError, match="attn_sink"):
         call(q, cache, table, lens, D_V, meta, splits, attn_sink=torch.zeros(8, device=dev))
     with pytest.raises(ValueError, match="num_heads_k"):

@@ -64,11 +64,14 @@ def quantize_kv_cache(kv: torch.Tensor, layout: str) -> torch.Tensor:
     return out
 
 
-def dequantize_kv_cache(packed: torch.Tensor, layout: str) -> torch.Tensor:
-    """Packed uint8 `(..., bytes_per_token)` → bf16 `(..., d)`: NoPE values times their scales, RoPE as stored."""
+def dequantize_kv_cache(packed: torch.Tensor, layout: str, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """Packed uint8 (or float8_e4m3fn) `(..., bytes_per_token)` → `(..., d)` in `dtype` (bf16 by default; the
+    oracles use fp32): NoPE values times their scales, RoPE as stored."""
     d, nope, rope, group, nbytes = _layout(layout)
     if not isinstance(packed, torch.Tensor):
         raise TypeError(f"packed: expected a torch.Tensor, got {type(packed).__name__}")
+    if isinstance(packed, torch.Tensor) and packed.dtype == torch.float8_e4m3fn:
+        packed = packed.view(torch.uint8)
     if packed.dtype != torch.uint8:
         raise TypeError(f"packed: expected dtype uint8, got {str(packed.dtype).replace('torch.', '')}")
     if packed.dim() < 1 or packed.shape[-1] != nbytes:
@@ -83,7 +86,7 @@ def dequantize_kv_cache(packed: torch.Tensor, layout: str) -> torch.Tensor:
     else:
         rope_bytes = packed[..., nope:nope + 2 * rope]
         scale = torch.exp2(packed[..., nope + 2 * rope:nope + 2 * rope + groups].float() - 127)
-    out = torch.empty(*lead, d, dtype=torch.bfloat16, device=packed.device)
-    out[..., :nope] = (values * scale.unsqueeze(-1)).reshape(*lead, nope).to(torch.bfloat16)
-    out[..., nope:] = rope_bytes.contiguous().view(torch.bfloat16)
+    out = torch.empty(*lead, d, dtype=dtype, device=packed.device)
+    out[..., :nope] = (values * scale.unsqueeze(-1)).reshape(*lead, nope).to(dtype)
+    out[..., nope:] = rope_bytes.contiguous().view(torch.bfloat16).to(dtype)
     return out

@@ -11,7 +11,7 @@ The math is absorbed multi-head latent attention: each token's cache row is [lat
 the key is the whole row (576 columns) and the value is the latent part, read once for both.
 `mla_decode` is the same operation with the latent and rope parts in separate tensors (vLLM's form).
 `quantize_kv_cache` / `dequantize_kv_cache` pack and unpack the FP8 cache layouts of DeepSeek-V3.2 and V4
-(`_kv_fp8.py` documents them byte by byte); the FP8 decode kernel that reads them is not built yet.
+(`_kv_fp8.py` documents them byte by byte); `is_fp8_kvcache=True` decodes from them, dequantising on load.
 
 Data path: validation → plan (`schedule.plan_mla`, on the device, no host sync) → `kernels.mla_decode`
 (split-KV decode kernel, then the combine kernel). Conventions kept from FlashMLA: `lse (b, h_q, s_q)`
@@ -32,14 +32,14 @@ __all__ = ["get_mla_metadata", "flash_mla_with_kvcache", "mla_decode", "quantize
 
 # Issue 5 (FP8 caches, token-sparse attention, a second KV source) is not built yet: those
 # arguments are accepted by name, as flash_mla's are, and refused if used.
-_NOT_YET = ("is_fp8_kvcache", "extra_k_cache", "extra_indices_in_kvcache", "extra_topk_length")
+_NOT_YET = ("extra_k_cache", "extra_indices_in_kvcache", "extra_topk_length")
 
 
 def _refuse_unbuilt(**options):
     for name in _NOT_YET:
         value = options.get(name)
         if value is not None and value is not False:
-            raise NotImplementedError(f"{name}: FP8 / extra-KV MLA decode is not implemented yet")
+            raise NotImplementedError(f"{name}: a second (extra) KV source is not implemented yet")
 
 
 def get_mla_metadata(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_heads_q=None,
@@ -53,14 +53,13 @@ def get_mla_metadata(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_he
         num_heads_q: query heads; needed with `topk`.
         topk: token-sparse decode (`indices` at call time): every query token attends to up to `topk` tokens,
             so the plan covers `batch * s_q` rows of `topk` keys each and `cache_seqlens` only gives the batch.
-        is_fp8_kvcache: FP8 caches (not built yet).
+        is_fp8_kvcache: accepted for flash_mla's signature; the plan is the same.
 
     Returns:
         tile_scheduler_metadata: `(num_parts, 8)` int32, each part's run of key blocks (see `schedule.plan_mla`).
         num_splits: `(batch + 1,)` int32 prefix sums of the pieces each sequence is split into
             (`(batch * s_q + 1,)`, one entry per query token, with `topk`).
     """
-    _refuse_unbuilt(is_fp8_kvcache=is_fp8_kvcache)
     V.check_tensor("cache_seqlens", cache_seqlens, ndim=1, dtypes=(torch.int32,))
     V.check_device("cache_seqlens", cache_seqlens)
     for name, value in (("num_q_tokens_per_head_k", num_q_tokens_per_head_k), ("num_heads_k", num_heads_k)):
@@ -89,17 +88,17 @@ def _mla_decode_fwd(q_lat: torch.Tensor, q_rope: Optional[torch.Tensor], kv_lat:
                     k_rope: Optional[torch.Tensor], block_table: torch.Tensor, cache_seqlens: torch.Tensor,
                     metadata: torch.Tensor, split_offsets: torch.Tensor, softmax_scale: float,
                     causal: bool, attn_sink: Optional[torch.Tensor],
-                    valid_lens: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+                    valid_lens: Optional[torch.Tensor], fp8_layout: Optional[str]) -> tuple[torch.Tensor, torch.Tensor]:
     out, lse = _empty_outputs(q_lat)
     mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens, metadata, split_offsets, out, lse,
                        softmax_scale=softmax_scale, causal=causal, sinks=attn_sink, valid_lens=valid_lens,
-                       interpret=q_lat.device.type == "cpu")
+                       fp8_layout=fp8_layout, interpret=q_lat.device.type == "cpu")
     return out, lse
 
 
 @_mla_decode_fwd.register_fake
 def _(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens, metadata, split_offsets, softmax_scale, causal,
-      attn_sink, valid_lens):
+      attn_sink, valid_lens, fp8_layout):
     return _empty_outputs(q_lat)
 
 
@@ -187,7 +186,10 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
             `block * page_block_size + offset` into k_cache, -1 = none; replaces block_table (may be None) and the
             causal mask; plan with `get_mla_metadata(..., num_heads_q=h_q, topk=topk)`.
         topk_length: `(batch,)` int32, with indices: only the first topk_length[b] indices of batch b count.
-        is_fp8_kvcache, extra_*: FP8 / second-KV-source options (not built yet).
+        is_fp8_kvcache: k_cache holds packed FP8 rows (uint8 or float8_e4m3fn), `(num_blocks, page, 1, 656)` for
+            DeepSeek-V3.2 (head_dim 576) or `(..., 584)` for V4 "model1" (head_dim 512); see
+            `quantize_kv_cache`. Dequantised on load; the math is in q's dtype.
+        extra_k_cache, extra_indices_in_kvcache, extra_topk_length: the second KV source (not built yet).
 
     Returns:
         `out (batch, s_q, h_q, head_dim_v)` in q's dtype and `lse (batch, h_q, s_q)` fp32 (natural log; +inf
@@ -197,11 +199,22 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
                     extra_indices_in_kvcache=extra_indices_in_kvcache, extra_topk_length=extra_topk_length)
     V.check_tensor("q", q, ndim=4, dtypes=V.HALF_DTYPES)
     V.check_device("q", q)
-    V.check_tensor("k_cache", k_cache, ndim=4, dtypes=(q.dtype,), device=q.device)
+    batch, s_q, h_q, dqk = q.shape
+    fp8_layout = None
+    if is_fp8_kvcache:
+        V.check_tensor("k_cache", k_cache, ndim=4, dtypes=(torch.uint8, torch.float8_e4m3fn), device=q.device)
+        k_cache = k_cache.view(torch.uint8)
+        fp8_layout = {656: "v32", 584: "model1"}.get(k_cache.shape[-1])
+        want = {"v32": 576, "model1": 512}.get(fp8_layout)
+        if want is None or dqk != want or head_dim_v != 512 or k_cache.shape[2] != 1:
+            raise ValueError(f"k_cache: an FP8 cache is (num_blocks, page, 1, 656) with head_dim 576 (v32) or "
+                             f"(..., 584) with head_dim 512 (model1), head_dim_v 512; got k_cache "
+                             f"{tuple(k_cache.shape)}, head_dim {dqk}, head_dim_v {head_dim_v}")
+    else:
+        V.check_tensor("k_cache", k_cache, ndim=4, dtypes=(q.dtype,), device=q.device)
     for name, t in (("q", q), ("k_cache", k_cache)):
         V.check_last_dim_contiguous(name, t)
-    batch, s_q, h_q, dqk = q.shape
-    h_k = _check_cache_heads("k_cache", k_cache, dqk, h_q)
+    h_k = k_cache.shape[2] if is_fp8_kvcache else _check_cache_heads("k_cache", k_cache, dqk, h_q)
     if not isinstance(head_dim_v, int) or isinstance(head_dim_v, bool):
         raise TypeError(f"head_dim_v: expected an int, got {type(head_dim_v).__name__}")
     if not 0 < head_dim_v <= dqk:
@@ -214,12 +227,16 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
     rope = dqk > head_dim_v
     q_rope = q[..., head_dim_v:] if rope else None
     k_rope = k_cache[..., head_dim_v:] if rope else None
+    k_lat = k_cache[..., :head_dim_v]
+    if fp8_layout is not None:
+        # The kernel reads every part of a packed row through one byte pointer.
+        k_lat, k_rope = k_cache, (k_cache if rope else None)
     if indices is None:
         if topk_length is not None:
             raise ValueError("topk_length: only used with indices")
         _check_plan(batch, cache_seqlens, block_table, tile_scheduler_metadata, num_splits, q.device)
-        return _mla_decode_fwd(q[..., :head_dim_v], q_rope, k_cache[..., :head_dim_v], k_rope, block_table,
-                               cache_seqlens, tile_scheduler_metadata, num_splits, scale, causal, attn_sink, None)
+        return _mla_decode_fwd(q[..., :head_dim_v], q_rope, k_lat, k_rope, block_table, cache_seqlens,
+                               tile_scheduler_metadata, num_splits, scale, causal, attn_sink, None, fp8_layout)
     # Token-sparse: each query token is its own "sequence" of topk keys, its index row the block table.
     V.check_tensor("indices", indices, ndim=3, dtypes=(torch.int32,), device=q.device)
     if indices.shape[:2] != (batch, s_q) or indices.stride(-1) != 1:
@@ -238,9 +255,9 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
     lengths = torch.full((tokens,), topk, dtype=torch.int32, device=q.device)
     _check_plan(tokens, lengths, indices.reshape(tokens, topk), tile_scheduler_metadata, num_splits, q.device)
     flat = lambda t: None if t is None else t.reshape(tokens, 1, *t.shape[2:])      # noqa: E731
-    out, lse = _mla_decode_fwd(flat(q[..., :head_dim_v]), flat(q_rope), k_cache[..., :head_dim_v], k_rope,
+    out, lse = _mla_decode_fwd(flat(q[..., :head_dim_v]), flat(q_rope), k_lat, k_rope,
                                indices.reshape(tokens, topk), lengths, tile_scheduler_metadata, num_splits, scale,
-                               False, attn_sink, valid)
+                               False, attn_sink, valid, fp8_layout)
     return out.view(batch, s_q, h_q, head_dim_v), lse.view(batch, s_q, h_q).transpose(1, 2).contiguous()
 
 
@@ -310,7 +327,7 @@ def mla_decode(q_latent, q_rope, kv_latent_cache, k_rope_cache, block_table, cac
     _check_plan(batch, cache_seqlens, block_table, tile_scheduler_metadata, num_splits, q_lat.device)
     _check_sink(attn_sink, h_q, q_lat.device)
     out, lse = _mla_decode_fwd(q_lat, q_r, kv_lat, k_r, block_table, cache_seqlens, tile_scheduler_metadata,
-                               num_splits, scale, causal, attn_sink, None)
+                               num_splits, scale, causal, attn_sink, None, None)
     if squeeze:
         return out.squeeze(1), lse.squeeze(2)
     return out, lse

@@ -24,14 +24,43 @@ from .common import LN2, LOG2E
 
 
 @triton.jit
+def _fp8_cols(row, cols, ok, FP8: tl.constexpr, DTYPE: tl.constexpr):
+    """Columns `cols` of the key rows at byte pointers `row` in an FP8 cache (`_kv_fp8.py` has the byte layouts),
+    dequantised to DTYPE: NoPE columns are e4m3 times their group's scale, RoPE columns are stored bf16."""
+    if FP8 == 1:         # v32: 512 e4m3 | 4 fp32 scales (groups of 128) | 64 bf16 rope
+        NOPE: tl.constexpr = 512
+        GROUP: tl.constexpr = 128
+        SCALE_OFF: tl.constexpr = 512
+        ROPE_OFF: tl.constexpr = 528
+    else:                # model1: 448 e4m3 | 64 bf16 rope | 7 UE8M0 scales (groups of 64) | pad
+        NOPE: tl.constexpr = 448
+        GROUP: tl.constexpr = 64
+        SCALE_OFF: tl.constexpr = 576
+        ROPE_OFF: tl.constexpr = 448
+    nope = (cols < NOPE)[None, :]
+    x = tl.load(row.to(tl.pointer_type(tl.float8e4nv))[:, None] + cols[None, :], mask=ok[:, None] & nope, other=0.0)
+    if FP8 == 1:
+        scale = tl.load((row + SCALE_OFF).to(tl.pointer_type(tl.float32))[:, None] + (cols // GROUP)[None, :],
+                        mask=ok[:, None] & nope, other=0.0)
+    else:
+        e = tl.load(row[:, None] + SCALE_OFF + (cols // GROUP)[None, :], mask=ok[:, None] & nope, other=127)
+        scale = tl.exp2(e.to(tl.float32) - 127.0)
+    rope = tl.load((row + ROPE_OFF).to(tl.pointer_type(tl.bfloat16))[:, None] + (cols - NOPE)[None, :],
+                   mask=ok[:, None] & ~nope, other=0.0)
+    return tl.where(nope, x.to(tl.float32) * scale, rope.to(tl.float32)).to(DTYPE)
+
+
+@triton.jit
 def _load_k(kv_lat, k_rope, lat_desc, rope_desc, bt_row, n, seqlen, kv_head, page_size,
             stride_lp, stride_ls, stride_lh, stride_rp, stride_rs, stride_rh,
             BLOCK_N: tl.constexpr, HALF: tl.constexpr, DT: tl.constexpr, HAS_ROPE: tl.constexpr,
-            MASKED: tl.constexpr, TMA: tl.constexpr, SPARSE: tl.constexpr):
+            MASKED: tl.constexpr, TMA: tl.constexpr, SPARSE: tl.constexpr, FP8: tl.constexpr = 0,
+            DTYPE: tl.constexpr = tl.bfloat16):
     """Key tile at key `n`: latent halves (BLOCK_N, HALF) x 2, rope (BLOCK_N, DT), and which keys exist. Rows
     past `seqlen` are zero in a MASKED tile (the cache may hold anything there, NaN included, and the latent
     part is also the value: 0 * NaN would poison the output). SPARSE: `bt_row` is the query's row of token
-    indices (flat positions page * page_size + slot, -1 = none) and `seqlen` its valid length."""
+    indices (flat positions page * page_size + slot, -1 = none) and `seqlen` its valid length. FP8: the cache
+    holds packed FP8 rows (uint8), dequantised here to DTYPE."""
     offs_n = n + tl.arange(0, BLOCK_N)
     ok = offs_n < seqlen
     if TMA:
@@ -66,20 +95,27 @@ def _load_k(kv_lat, k_rope, lat_desc, rope_desc, bt_row, n, seqlen, kv_head, pag
             slot = offs_n % page_size
         lat = kv_lat + page * stride_lp + slot * stride_ls + kv_head * stride_lh
         rope = lat
-        if HAS_ROPE:
-            rope = k_rope + page * stride_rp + slot * stride_rs + kv_head * stride_rh
-        if MASKED:
-            k0 = tl.load(lat[:, None] + offs_h[None, :], mask=ok[:, None], other=0.0)
-            k1 = tl.load(lat[:, None] + (HALF + offs_h)[None, :], mask=ok[:, None], other=0.0)
+        if FP8 != 0:
+            k0 = _fp8_cols(lat, offs_h, ok, FP8, DTYPE)
+            k1 = _fp8_cols(lat, HALF + offs_h, ok, FP8, DTYPE)
             kt = k0
             if HAS_ROPE:
-                kt = tl.load(rope[:, None] + offs_t[None, :], mask=ok[:, None], other=0.0)
+                kt = _fp8_cols(lat, 2 * HALF + offs_t, ok, FP8, DTYPE)
         else:
-            k0 = tl.load(lat[:, None] + offs_h[None, :])
-            k1 = tl.load(lat[:, None] + (HALF + offs_h)[None, :])
-            kt = k0
             if HAS_ROPE:
-                kt = tl.load(rope[:, None] + offs_t[None, :])
+                rope = k_rope + page * stride_rp + slot * stride_rs + kv_head * stride_rh
+            if MASKED:
+                k0 = tl.load(lat[:, None] + offs_h[None, :], mask=ok[:, None], other=0.0)
+                k1 = tl.load(lat[:, None] + (HALF + offs_h)[None, :], mask=ok[:, None], other=0.0)
+                kt = k0
+                if HAS_ROPE:
+                    kt = tl.load(rope[:, None] + offs_t[None, :], mask=ok[:, None], other=0.0)
+            else:
+                k0 = tl.load(lat[:, None] + offs_h[None, :])
+                k1 = tl.load(lat[:, None] + (HALF + offs_h)[None, :])
+                kt = k0
+                if HAS_ROPE:
+                    kt = tl.load(rope[:, None] + offs_t[None, :])
     return k0, k1, kt, ok
 
 
@@ -88,7 +124,8 @@ def _mla_run(acc0, acc1, l_i, m_i, q0, q1, qt, kv_lat, k_rope, lat_desc, rope_de
              seqlen, last_visible, kv_head, page_size, qk_scale_log2,
              stride_lp, stride_ls, stride_lh, stride_rp, stride_rs, stride_rh,
              BLOCK_N: tl.constexpr, HALF: tl.constexpr, DT: tl.constexpr, HAS_ROPE: tl.constexpr,
-             MASKED: tl.constexpr, TMA: tl.constexpr, TRANSPOSED: tl.constexpr, SPARSE: tl.constexpr):
+             MASKED: tl.constexpr, TMA: tl.constexpr, TRANSPOSED: tl.constexpr, SPARSE: tl.constexpr,
+             FP8: tl.constexpr):
     """Online softmax over key tiles start, start + BLOCK_N, ... < end. `last_visible` (BLOCK_M,) is each
     row's last visible key (causal); only MASKED runs look at it.
 
@@ -98,7 +135,7 @@ def _mla_run(acc0, acc1, l_i, m_i, q0, q1, qt, kv_lat, k_rope, lat_desc, rope_de
     for n in tl.range(start, end, BLOCK_N):
         k0, k1, kt, key_ok = _load_k(kv_lat, k_rope, lat_desc, rope_desc, bt_row, n, seqlen, kv_head, page_size,
                                      stride_lp, stride_ls, stride_lh, stride_rp, stride_rs, stride_rh,
-                                     BLOCK_N, HALF, DT, HAS_ROPE, MASKED, TMA, SPARSE)
+                                     BLOCK_N, HALF, DT, HAS_ROPE, MASKED, TMA, SPARSE, FP8, q0.dtype)
         if TRANSPOSED:
             qk = tl.dot(k0, tl.trans(q0))
             qk = tl.dot(k1, tl.trans(q1), qk)
@@ -148,7 +185,7 @@ def mla_decode_kernel(
     stride_ps, stride_pr, stride_lps,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HALF: tl.constexpr, DT: tl.constexpr,
     HAS_ROPE: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr, TRANSPOSED: tl.constexpr,
-    HAS_SINKS: tl.constexpr, SPARSE: tl.constexpr,
+    HAS_SINKS: tl.constexpr, SPARSE: tl.constexpr, FP8: tl.constexpr,
     SCHED_BLOCK: tl.constexpr, SCHED_FIELDS: tl.constexpr,
 ):
     part = tl.program_id(0)
@@ -206,11 +243,13 @@ def mla_decode_kernel(
             acc0, acc1, l_i, m_i = _mla_run(acc0, acc1, l_i, m_i, q0, q1, qt, KV_LAT, K_ROPE, LAT_DESC, ROPE_DESC,
                                             bt_row, lo, mid, key_len, last_visible, kv_head, page_size,
                                             qk_scale_log2, stride_lp, stride_ls, stride_lh, stride_rp, stride_rs,
-                                            stride_rh, BLOCK_N, HALF, DT, HAS_ROPE, False, TMA, TRANSPOSED, SPARSE)
+                                            stride_rh, BLOCK_N, HALF, DT, HAS_ROPE, False, TMA, TRANSPOSED, SPARSE,
+                                            FP8)
             acc0, acc1, l_i, m_i = _mla_run(acc0, acc1, l_i, m_i, q0, q1, qt, KV_LAT, K_ROPE, LAT_DESC, ROPE_DESC,
                                             bt_row, mid, hi, key_len, last_visible, kv_head, page_size,
                                             qk_scale_log2, stride_lp, stride_ls, stride_lh, stride_rp, stride_rs,
-                                            stride_rh, BLOCK_N, HALF, DT, HAS_ROPE, True, TMA, TRANSPOSED, SPARSE)
+                                            stride_rh, BLOCK_N, HALF, DT, HAS_ROPE, True, TMA, TRANSPOSED, SPARSE,
+                                            FP8)
 
             if TRANSPOSED:
                 acc0 = tl.trans(acc0)
@@ -283,12 +322,13 @@ def _tma_ok(t, heads_k):
 
 
 def mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens, metadata, split_offsets,
-                       out, lse, *, softmax_scale, causal, sinks=None, valid_lens=None, tiles=None, use_tma=None,
-                       interpret=False):
+                       out, lse, *, softmax_scale, causal, sinks=None, valid_lens=None, fp8_layout=None, tiles=None,
+                       use_tma=None, interpret=False):
     """q_lat (b, s_q, h_q, DV), q_rope (b, s_q, h_q, DT) or None, kv_lat (pages, page_size, h_k, DV),
     k_rope (pages, page_size, h_k, DT) or None, metadata / split_offsets from `schedule.plan_mla`, sinks (h_q,)
     fp32 or None (an attention sink per query head). Token-sparse: `valid_lens (b,)` int32 given, each "batch"
     is one query token, `block_table (b, topk)` holds its token indices (-1 = none) and `cache_seqlens` is topk.
+    `fp8_layout` "v32" / "model1": kv_lat is the packed uint8 cache (k_rope the same tensor), dequantised on load.
     Writes out (b, s_q, h_q, DV) and lse (b, h_q, s_q); returns the compiled decode kernel (for tuning:
     its register and spill counts). `tiles` = (BLOCK_M, BLOCK_N, num_warps, num_stages, transposed) overrides the table."""
     batch, seqlen_q, heads_q, dv = q_lat.shape
@@ -302,8 +342,12 @@ def mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens
     dt = q_rope.shape[-1] if has_rope else 16
     half = dv // 2
     sparse = valid_lens is not None
-    if sparse:
-        use_tma = False                  # token gathers: one page lookup per key
+    if sparse or fp8_layout is not None:
+        use_tma = False                  # token gathers (one page lookup per key) / FP8 rows dequantised on load
+    if fp8_layout is not None and tiles is None:
+        # The pipeliner stages every load of the dequantisation (values, scales, rope) as full tiles: 288 KB
+        # of shared memory at 2 stages. A first, unpipelined FP8 path; its fast path is still to be written.
+        num_stages = 1
     if use_tma is None:
         use_tma = (not interpret and page_size % block_n == 0 and _tma_ok(kv_lat, heads_k)
                    and (not has_rope or _tma_ok(k_rope, heads_k)))
@@ -332,6 +376,7 @@ def mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens
         o_part.stride(0), o_part.stride(1), lse_part.stride(0),
         BLOCK_M=block_m, BLOCK_N=block_n, HALF=half, DT=dt, HAS_ROPE=has_rope, CAUSAL=causal,
         TMA=bool(use_tma), TRANSPOSED=transposed, HAS_SINKS=sinks is not None, SPARSE=sparse,
+        FP8={None: 0, "v32": 1, "model1": 2}[fp8_layout],
         SCHED_BLOCK=SCHED_BLOCK, SCHED_FIELDS=SCHED_FIELDS,
         num_warps=num_warps, num_stages=num_stages,
     )
