@@ -194,6 +194,55 @@ def test_sparse_decode(target, h_q, s_q, page_size, with_sink):
     assert (out[-1] == 0).all() and torch.isposinf(lse[-1]).all()
 
 
+def _sparse_source(b, s_q, topk, num_tokens, page_size, d, dtype, device, g):
+    """A cache of `num_tokens` tokens in pages, indices into it (20% -1), NaN in every slot not indexed."""
+    num_blocks = -(-num_tokens // page_size)
+    cache = torch.randn(num_blocks, page_size, 1, d, generator=g).to(dtype)
+    indices = torch.randint(0, num_tokens, (b, s_q, topk), generator=g, dtype=torch.int32)
+    indices[torch.rand(b, s_q, topk, generator=g) < 0.2] = -1
+    length = torch.randint(0, topk + 1, (b,), generator=g, dtype=torch.int32)
+    used = torch.zeros(num_blocks * page_size, dtype=torch.bool)
+    for i in range(b):
+        row = indices[i, :, :length[i]].flatten()
+        used[row[row >= 0].long()] = True
+    cache.view(-1, d)[~used] = math.nan
+    return cache.to(device), indices.to(device), length.to(device)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("with_sink", [False, True], ids=["", "sink"])
+def test_extra_kv_source(target, with_sink):
+    """DeepSeek-V4's two sources (compressed KV, page 256 on the GPU, + a sliding-window cache, page 64), merged
+    exactly before the sink: equal to attention over the union of both sources' selected tokens."""
+    device, dtype = target
+    b, s_q, h_q, topk, extra_topk, pages = (3, 2, 16, 40, 24, (32, 16)) if device == "cpu" else (8, 2, 64, 128, 512,
+                                                                                              (256, 64))
+    g = torch.Generator().manual_seed(21)
+    cache, indices, length = _sparse_source(b, s_q, topk, 500, pages[0], D_QK, dtype, device, g)
+    extra, extra_indices, extra_length = _sparse_source(b, s_q, extra_topk, 300, pages[1], D_QK, dtype, device, g)
+    length[0], extra_length[0] = 0, 0                                 # a batch that sees nothing at all
+    q = torch.randn(b, s_q, h_q, D_QK, generator=g).to(dtype).to(device)
+    sink = (torch.randn(h_q) * 2).to(device) if with_sink else None
+    lens = torch.zeros(b, dtype=torch.int32, device=device)
+    meta, splits = flash_mla.get_mla_metadata(lens, s_q * h_q, 1, num_heads_q=h_q, topk=topk)
+    out, lse = flash_mla.flash_mla_with_kvcache(q, cache, None, lens, D_V, meta, splits, indices=indices,
+                                                topk_length=length, attn_sink=sink, extra_k_cache=extra,
+                                                extra_indices_in_kvcache=extra_indices, extra_topk_length=extra_length)
+    # Oracle: one cache holding both sources, the extra indices shifted past the first cache's tokens.
+    both = torch.cat([cache.flatten(0, 1), extra.flatten(0, 1)]).unsqueeze(1)
+    shift = cache.shape[0] * cache.shape[1]
+    rows = []
+    for i in range(b):
+        a = indices[i, :, :length[i]]
+        e = extra_indices[i, :, :extra_length[i]]
+        rows.append(torch.cat([a, torch.where(e >= 0, e + shift, -1)], -1))
+    width = max(r.shape[-1] for r in rows)
+    joined = torch.stack([torch.nn.functional.pad(r, (0, width - r.shape[-1]), value=-1) for r in rows])
+    ref = mla_sparse_decode_ref(q, both, joined, D_V, attn_sink=sink)
+    _check(out, lse, *ref, dtype)
+    assert (out[0] == 0).all() and torch.isposinf(lse[0]).all()
+
+
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("layout", ["v32", "model1"])
 @pytest.mark.parametrize("sparse", [False, True], ids=["paged", "sparse"])
@@ -331,7 +380,7 @@ def test_mla_bad_input():
         call(q, cache, table, lens, D_V, meta, splits, causal=1)
     with pytest.raises(TypeError, match="k_cache: expected dtype"):
         call(q, cache, table, lens, D_V, meta, splits, is_fp8_kvcache=True)
-    with pytest.raises(NotImplementedError, match="extra_k_cache"):
+    with pytest.raises(ValueError, match="extra_k_cache: only used with indices"):
         call(q, cache, table, lens, D_V, meta, splits, extra_k_cache=cache)
     with pytest.raises(ValueError, match="attn_sink"):
         call(q, cache, table, lens, D_V, meta, splits, attn_sink=torch.zeros(8, device=dev))

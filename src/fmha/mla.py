@@ -19,6 +19,7 @@ fp32 natural log, and a query row that sees no key gives output 0 and LSE **+inf
 """
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -26,20 +27,10 @@ import torch
 from . import _validate as V
 from ._kv_fp8 import dequantize_kv_cache, quantize_kv_cache
 from .kernels.mla_decode import mla_decode_forward
+from .merge import merge_states
 from .schedule import SCHED_FIELDS, mla_num_parts, num_sms, plan_mla
 
 __all__ = ["get_mla_metadata", "flash_mla_with_kvcache", "mla_decode", "quantize_kv_cache", "dequantize_kv_cache"]
-
-# Issue 5 (FP8 caches, token-sparse attention, a second KV source) is not built yet: those
-# arguments are accepted by name, as flash_mla's are, and refused if used.
-_NOT_YET = ("extra_k_cache", "extra_indices_in_kvcache", "extra_topk_length")
-
-
-def _refuse_unbuilt(**options):
-    for name in _NOT_YET:
-        value = options.get(name)
-        if value is not None and value is not False:
-            raise NotImplementedError(f"{name}: a second (extra) KV source is not implemented yet")
 
 
 def get_mla_metadata(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_heads_q=None,
@@ -189,76 +180,116 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
         is_fp8_kvcache: k_cache holds packed FP8 rows (uint8 or float8_e4m3fn), `(num_blocks, page, 1, 656)` for
             DeepSeek-V3.2 (head_dim 576) or `(..., 584)` for V4 "model1" (head_dim 512); see
             `quantize_kv_cache`. Dequantised on load; the math is in q's dtype.
-        extra_k_cache, extra_indices_in_kvcache, extra_topk_length: the second KV source (not built yet).
+        extra_k_cache, extra_indices_in_kvcache, extra_topk_length: a second KV source with its own page size
+            (DeepSeek-V4's sliding-window branch), sparse like the first: `extra_indices_in_kvcache (batch, s_q,
+            extra_topk)` index `extra_k_cache`. Both sources are attended, merged exactly, then the sink applied.
+            (Two decode launches and a merge for now, not one launch.)
 
     Returns:
         `out (batch, s_q, h_q, head_dim_v)` in q's dtype and `lse (batch, h_q, s_q)` fp32 (natural log; +inf
         for a row that sees no key, whose output is 0).
     """
-    _refuse_unbuilt(is_fp8_kvcache=is_fp8_kvcache, extra_k_cache=extra_k_cache,
-                    extra_indices_in_kvcache=extra_indices_in_kvcache, extra_topk_length=extra_topk_length)
     V.check_tensor("q", q, ndim=4, dtypes=V.HALF_DTYPES)
     V.check_device("q", q)
     batch, s_q, h_q, dqk = q.shape
-    fp8_layout = None
-    if is_fp8_kvcache:
-        V.check_tensor("k_cache", k_cache, ndim=4, dtypes=(torch.uint8, torch.float8_e4m3fn), device=q.device)
-        k_cache = k_cache.view(torch.uint8)
-        fp8_layout = {656: "v32", 584: "model1"}.get(k_cache.shape[-1])
-        want = {"v32": 576, "model1": 512}.get(fp8_layout)
-        if want is None or dqk != want or head_dim_v != 512 or k_cache.shape[2] != 1:
-            raise ValueError(f"k_cache: an FP8 cache is (num_blocks, page, 1, 656) with head_dim 576 (v32) or "
-                             f"(..., 584) with head_dim 512 (model1), head_dim_v 512; got k_cache "
-                             f"{tuple(k_cache.shape)}, head_dim {dqk}, head_dim_v {head_dim_v}")
-    else:
-        V.check_tensor("k_cache", k_cache, ndim=4, dtypes=(q.dtype,), device=q.device)
-    for name, t in (("q", q), ("k_cache", k_cache)):
-        V.check_last_dim_contiguous(name, t)
-    h_k = k_cache.shape[2] if is_fp8_kvcache else _check_cache_heads("k_cache", k_cache, dqk, h_q)
+    V.check_last_dim_contiguous("q", q)
     if not isinstance(head_dim_v, int) or isinstance(head_dim_v, bool):
         raise TypeError(f"head_dim_v: expected an int, got {type(head_dim_v).__name__}")
     if not 0 < head_dim_v <= dqk:
         raise ValueError(f"head_dim_v: expected 0 < head_dim_v <= head_dim ({dqk}), got {head_dim_v}")
     _check_value_dim("head_dim_v", head_dim_v, dqk)
+    k_lat, k_rope, fp8_layout = _cache_parts("k_cache", k_cache, q, head_dim_v, is_fp8_kvcache)
     if not isinstance(causal, bool):
         raise TypeError(f"causal: expected a bool, got {type(causal).__name__}")
     scale = _check_scale(softmax_scale, dqk ** -0.5)
     _check_sink(attn_sink, h_q, q.device)
-    rope = dqk > head_dim_v
-    q_rope = q[..., head_dim_v:] if rope else None
-    k_rope = k_cache[..., head_dim_v:] if rope else None
-    k_lat = k_cache[..., :head_dim_v]
-    if fp8_layout is not None:
-        # The kernel reads every part of a packed row through one byte pointer.
-        k_lat, k_rope = k_cache, (k_cache if rope else None)
+    q_lat = q[..., :head_dim_v]
+    q_rope = q[..., head_dim_v:] if dqk > head_dim_v else None
     if indices is None:
-        if topk_length is not None:
-            raise ValueError("topk_length: only used with indices")
+        for name, value in (("topk_length", topk_length), ("extra_k_cache", extra_k_cache),
+                            ("extra_indices_in_kvcache", extra_indices_in_kvcache),
+                            ("extra_topk_length", extra_topk_length)):
+            if value is not None:
+                raise ValueError(f"{name}: only used with indices (token-sparse decode)")
         _check_plan(batch, cache_seqlens, block_table, tile_scheduler_metadata, num_splits, q.device)
-        return _mla_decode_fwd(q[..., :head_dim_v], q_rope, k_lat, k_rope, block_table, cache_seqlens,
+        return _mla_decode_fwd(q_lat, q_rope, k_lat, k_rope, block_table, cache_seqlens,
                                tile_scheduler_metadata, num_splits, scale, causal, attn_sink, None, fp8_layout)
-    # Token-sparse: each query token is its own "sequence" of topk keys, its index row the block table.
-    V.check_tensor("indices", indices, ndim=3, dtypes=(torch.int32,), device=q.device)
-    if indices.shape[:2] != (batch, s_q) or indices.stride(-1) != 1:
-        raise ValueError(f"indices: expected a (batch, s_q, topk) = ({batch}, {s_q}, topk) tensor with a contiguous "
-                         f"last dim, got shape {tuple(indices.shape)}")
     if causal:
         raise ValueError("causal: not used with indices (the indices say which tokens each query sees)")
+    if extra_k_cache is None:
+        if extra_indices_in_kvcache is not None or extra_topk_length is not None:
+            raise ValueError("extra_indices_in_kvcache: given without extra_k_cache")
+        return _sparse_decode(q_lat, q_rope, k_lat, k_rope, fp8_layout, "indices", indices, "topk_length",
+                              topk_length, tile_scheduler_metadata, num_splits, scale, attn_sink)
+    # Two sources (DeepSeek-V4: compressed KV + sliding window): attend to each without the sink, merge the two
+    # exactly, then apply the sink. The extra source is planned here (device ops, no host sync).
+    # TODO(perf): one launch for both sources, as FlashMLA does; this runs two decode launches and a merge.
+    e_lat, e_rope, e_layout = _cache_parts("extra_k_cache", extra_k_cache, q, head_dim_v, is_fp8_kvcache)
+    if extra_indices_in_kvcache is None:
+        raise ValueError("extra_indices_in_kvcache: required with extra_k_cache")
+    out_a, lse_a = _sparse_decode(q_lat, q_rope, k_lat, k_rope, fp8_layout, "indices", indices, "topk_length",
+                                  topk_length, tile_scheduler_metadata, num_splits, scale, None)
+    extra_topk = extra_indices_in_kvcache.shape[-1] if extra_indices_in_kvcache.dim() == 3 else 0
+    h_k = k_lat.shape[2]
+    lengths = torch.full((batch * s_q,), max(extra_topk, 1), dtype=torch.int32, device=q.device)
+    meta_b, splits_b = plan_mla(lengths, mla_num_parts(h_q // h_k, h_k, num_sms(q.device)))
+    out_b, lse_b = _sparse_decode(q_lat, q_rope, e_lat, e_rope, e_layout, "extra_indices_in_kvcache",
+                                  extra_indices_in_kvcache, "extra_topk_length", extra_topk_length, meta_b, splits_b,
+                                  scale, None)
+    # FlashMLA's +inf (no key) is -inf (weight 0) for the merge.
+    lses = [torch.where(torch.isposinf(x), -math.inf, x).transpose(1, 2) for x in (lse_a, lse_b)]
+    out, lse = merge_states([out_a, out_b], lses)                     # (b, s_q, h_q, dv), (b, s_q, h_q)
+    if attn_sink is not None:
+        keep = torch.where(torch.isneginf(lse), 0.0, torch.sigmoid(lse - attn_sink))
+        out = (out.float() * keep.unsqueeze(-1)).to(q.dtype)
+    return out, torch.where(torch.isneginf(lse), math.inf, lse).transpose(1, 2).contiguous()
+
+
+def _cache_parts(name, cache, q, head_dim_v, is_fp8):
+    """Validate a paged cache against q; return (latent part, rope part or None, FP8 layout or None). An FP8
+    cache is read through one byte pointer, so both parts are the packed tensor itself."""
+    dqk, h_q = q.shape[-1], q.shape[-2]
+    if is_fp8:
+        V.check_tensor(name, cache, ndim=4, dtypes=(torch.uint8, torch.float8_e4m3fn), device=q.device)
+        cache = cache.view(torch.uint8)
+        layout = {656: "v32", 584: "model1"}.get(cache.shape[-1])
+        want = {"v32": 576, "model1": 512}.get(layout)
+        if want is None or dqk != want or head_dim_v != 512 or cache.shape[2] != 1:
+            raise ValueError(f"{name}: an FP8 cache is (num_blocks, page, 1, 656) with head_dim 576 (v32) or "
+                             f"(..., 584) with head_dim 512 (model1), head_dim_v 512; got {name} "
+                             f"{tuple(cache.shape)}, head_dim {dqk}, head_dim_v {head_dim_v}")
+        V.check_last_dim_contiguous(name, cache)
+        return cache, (cache if dqk > head_dim_v else None), layout
+    V.check_tensor(name, cache, ndim=4, dtypes=(q.dtype,), device=q.device)
+    V.check_last_dim_contiguous(name, cache)
+    _check_cache_heads(name, cache, dqk, h_q)
+    return cache[..., :head_dim_v], (cache[..., head_dim_v:] if dqk > head_dim_v else None), None
+
+
+def _sparse_decode(q_lat, q_rope, k_lat, k_rope, fp8_layout, indices_name, indices, length_name, topk_length,
+                   metadata, num_splits, scale, attn_sink):
+    """Token-sparse decode: each query token is its own "sequence" of topk keys, its index row the block table.
+    Returns (out (b, s_q, h_q, dv), lse (b, h_q, s_q))."""
+    batch, s_q, h_q, dv = q_lat.shape
+    V.check_tensor(indices_name, indices, ndim=3, dtypes=(torch.int32,), device=q_lat.device)
+    if indices.shape[:2] != (batch, s_q) or indices.stride(-1) != 1:
+        raise ValueError(f"{indices_name}: expected a (batch, s_q, topk) = ({batch}, {s_q}, topk) tensor with a "
+                         f"contiguous last dim, got shape {tuple(indices.shape)}")
     topk = indices.shape[2]
     tokens = batch * s_q
-    valid = torch.full((tokens,), topk, dtype=torch.int32, device=q.device)
+    valid = torch.full((tokens,), topk, dtype=torch.int32, device=q_lat.device)
     if topk_length is not None:
-        V.check_tensor("topk_length", topk_length, ndim=1, dtypes=(torch.int32,), device=q.device)
+        V.check_tensor(length_name, topk_length, ndim=1, dtypes=(torch.int32,), device=q_lat.device)
         if topk_length.shape[0] != batch:
-            raise ValueError(f"topk_length: expected shape ({batch},), got {tuple(topk_length.shape)}")
+            raise ValueError(f"{length_name}: expected shape ({batch},), got {tuple(topk_length.shape)}")
         valid = topk_length.repeat_interleave(s_q).clamp(0, topk).to(torch.int32)
-    lengths = torch.full((tokens,), topk, dtype=torch.int32, device=q.device)
-    _check_plan(tokens, lengths, indices.reshape(tokens, topk), tile_scheduler_metadata, num_splits, q.device)
+    lengths = torch.full((tokens,), topk, dtype=torch.int32, device=q_lat.device)
+    table = indices.reshape(tokens, topk)
+    _check_plan(tokens, lengths, table, metadata, num_splits, q_lat.device)
     flat = lambda t: None if t is None else t.reshape(tokens, 1, *t.shape[2:])      # noqa: E731
-    out, lse = _mla_decode_fwd(flat(q[..., :head_dim_v]), flat(q_rope), k_lat, k_rope,
-                               indices.reshape(tokens, topk), lengths, tile_scheduler_metadata, num_splits, scale,
-                               False, attn_sink, valid, fp8_layout)
-    return out.view(batch, s_q, h_q, head_dim_v), lse.view(batch, s_q, h_q).transpose(1, 2).contiguous()
+    out, lse = _mla_decode_fwd(flat(q_lat), flat(q_rope), k_lat, k_rope, table, lengths, metadata, num_splits,
+                               scale, False, attn_sink, valid, fp8_layout)
+    return out.view(batch, s_q, h_q, dv), lse.view(batch, s_q, h_q).transpose(1, 2).contiguous()
 
 
 def mla_decode(q_latent, q_rope, kv_latent_cache, k_rope_cache, block_table, cache_seqlens, *,
