@@ -388,3 +388,25 @@ def test_mla_bad_input():
         flash_mla.get_mla_metadata(lens, 16, 0)
     with pytest.raises(ValueError, match="q_rope"):
         flash_mla.mla_decode(q[..., :D_V], None, cache[:, :, 0, :D_V], cache[:, :, 0, D_V:], table, lens)
+
+
+def test_sparse_bad_input():
+    """Sparse inputs are checked before any launch: a bad extra source raises and writes nothing."""
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    q = torch.randn(2, 1, 16, D_QK, device=dev, dtype=torch.float16)
+    cache = torch.randn(4, 64, 1, D_QK, device=dev, dtype=torch.float16)
+    lens = torch.zeros(2, dtype=torch.int32, device=dev)
+    indices = torch.zeros(2, 1, 8, dtype=torch.int32, device=dev)
+    meta, splits = flash_mla.get_mla_metadata(lens, 16, 1, num_heads_q=16, topk=8)
+    call = flash_mla.flash_mla_with_kvcache
+    with pytest.raises(ValueError, match="extra_indices_in_kvcache: expected"):
+        call(q, cache, None, lens, D_V, meta, splits, indices=indices, extra_k_cache=cache,
+             extra_indices_in_kvcache=indices[:1])
+    with pytest.raises(ValueError, match="extra_indices_in_kvcache: required"):
+        call(q, cache, None, lens, D_V, meta, splits, indices=indices, extra_k_cache=cache)
+    with pytest.raises(ValueError, match="causal"):
+        call(q, cache, None, lens, D_V, meta, splits, indices=indices, causal=True)
+    with pytest.raises(ValueError, match="num_splits"):
+        call(q, cache, None, lens, D_V, meta, splits[:-1], indices=indices)
+    with pytest.raises(ValueError, match="num_heads_q"):
+        flash_mla.get_mla_metadata(lens, 16, 1, topk=8)

@@ -219,23 +219,25 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
     if extra_k_cache is None:
         if extra_indices_in_kvcache is not None or extra_topk_length is not None:
             raise ValueError("extra_indices_in_kvcache: given without extra_k_cache")
-        return _sparse_decode(q_lat, q_rope, k_lat, k_rope, fp8_layout, "indices", indices, "topk_length",
-                              topk_length, tile_scheduler_metadata, num_splits, scale, attn_sink)
+        main = _sparse_inputs(q_lat, "indices", indices, "topk_length", topk_length)
+        _check_plan(main[0].shape[0], main[1], main[0], tile_scheduler_metadata, num_splits, q.device)
+        return _sparse_decode(q_lat, q_rope, k_lat, k_rope, fp8_layout, main, tile_scheduler_metadata, num_splits,
+                              scale, attn_sink)
     # Two sources (DeepSeek-V4: compressed KV + sliding window): attend to each without the sink, merge the two
     # exactly, then apply the sink. The extra source is planned here (device ops, no host sync).
     # TODO(perf): one launch for both sources, as FlashMLA does; this runs two decode launches and a merge.
     e_lat, e_rope, e_layout = _cache_parts("extra_k_cache", extra_k_cache, q, head_dim_v, is_fp8_kvcache)
     if extra_indices_in_kvcache is None:
         raise ValueError("extra_indices_in_kvcache: required with extra_k_cache")
-    out_a, lse_a = _sparse_decode(q_lat, q_rope, k_lat, k_rope, fp8_layout, "indices", indices, "topk_length",
-                                  topk_length, tile_scheduler_metadata, num_splits, scale, None)
-    extra_topk = extra_indices_in_kvcache.shape[-1] if extra_indices_in_kvcache.dim() == 3 else 0
+    main = _sparse_inputs(q_lat, "indices", indices, "topk_length", topk_length)
+    _check_plan(main[0].shape[0], main[1], main[0], tile_scheduler_metadata, num_splits, q.device)
+    extra = _sparse_inputs(q_lat, "extra_indices_in_kvcache", extra_indices_in_kvcache, "extra_topk_length",
+                           extra_topk_length)
     h_k = k_lat.shape[2]
-    lengths = torch.full((batch * s_q,), max(extra_topk, 1), dtype=torch.int32, device=q.device)
-    meta_b, splits_b = plan_mla(lengths, mla_num_parts(h_q // h_k, h_k, num_sms(q.device)))
-    out_b, lse_b = _sparse_decode(q_lat, q_rope, e_lat, e_rope, e_layout, "extra_indices_in_kvcache",
-                                  extra_indices_in_kvcache, "extra_topk_length", extra_topk_length, meta_b, splits_b,
-                                  scale, None)
+    meta_b, splits_b = plan_mla(extra[1], mla_num_parts(h_q // h_k, h_k, num_sms(q.device)))
+    out_a, lse_a = _sparse_decode(q_lat, q_rope, k_lat, k_rope, fp8_layout, main, tile_scheduler_metadata,
+                                  num_splits, scale, None)
+    out_b, lse_b = _sparse_decode(q_lat, q_rope, e_lat, e_rope, e_layout, extra, meta_b, splits_b, scale, None)
     # FlashMLA's +inf (no key) is -inf (weight 0) for the merge.
     lses = [torch.where(torch.isposinf(x), -math.inf, x).transpose(1, 2) for x in (lse_a, lse_b)]
     out, lse = merge_states([out_a, out_b], lses)                     # (b, s_q, h_q, dv), (b, s_q, h_q)
@@ -266,14 +268,13 @@ def _cache_parts(name, cache, q, head_dim_v, is_fp8):
     return cache[..., :head_dim_v], (cache[..., head_dim_v:] if dqk > head_dim_v else None), None
 
 
-def _sparse_decode(q_lat, q_rope, k_lat, k_rope, fp8_layout, indices_name, indices, length_name, topk_length,
-                   metadata, num_splits, scale, attn_sink):
-    """Token-sparse decode: each query token is its own "sequence" of topk keys, its index row the block table.
-    Returns (out (b, s_q, h_q, dv), lse (b, h_q, s_q))."""
-    batch, s_q, h_q, dv = q_lat.shape
+def _sparse_inputs(q_lat, indices_name, indices, length_name, topk_length):
+    """Check one source's token indices; return (index table (b * s_q, topk), planned lengths (topk each),
+    valid lengths (b * s_q,)): each query token is its own "sequence" of topk keys, its index row the table."""
+    batch, s_q = q_lat.shape[:2]
     V.check_tensor(indices_name, indices, ndim=3, dtypes=(torch.int32,), device=q_lat.device)
-    if indices.shape[:2] != (batch, s_q) or indices.stride(-1) != 1:
-        raise ValueError(f"{indices_name}: expected a (batch, s_q, topk) = ({batch}, {s_q}, topk) tensor with a "
+    if indices.shape[:2] != (batch, s_q) or indices.shape[2] == 0 or indices.stride(-1) != 1:
+        raise ValueError(f"{indices_name}: expected a (batch, s_q, topk) = ({batch}, {s_q}, topk >= 1) tensor with a "
                          f"contiguous last dim, got shape {tuple(indices.shape)}")
     topk = indices.shape[2]
     tokens = batch * s_q
@@ -284,8 +285,15 @@ def _sparse_decode(q_lat, q_rope, k_lat, k_rope, fp8_layout, indices_name, indic
             raise ValueError(f"{length_name}: expected shape ({batch},), got {tuple(topk_length.shape)}")
         valid = topk_length.repeat_interleave(s_q).clamp(0, topk).to(torch.int32)
     lengths = torch.full((tokens,), topk, dtype=torch.int32, device=q_lat.device)
-    table = indices.reshape(tokens, topk)
-    _check_plan(tokens, lengths, table, metadata, num_splits, q_lat.device)
+    return indices.reshape(tokens, topk), lengths, valid
+
+
+def _sparse_decode(q_lat, q_rope, k_lat, k_rope, fp8_layout, inputs, metadata, num_splits, scale, attn_sink):
+    """Token-sparse decode of one source (`inputs` from `_sparse_inputs`). Returns (out (b, s_q, h_q, dv),
+    lse (b, h_q, s_q))."""
+    batch, s_q, h_q, dv = q_lat.shape
+    table, lengths, valid = inputs
+    tokens = table.shape[0]
     flat = lambda t: None if t is None else t.reshape(tokens, 1, *t.shape[2:])      # noqa: E731
     out, lse = _mla_decode_fwd(flat(q_lat), flat(q_rope), k_lat, k_rope, table, lengths, metadata, num_splits,
                                scale, False, attn_sink, valid, fp8_layout)
