@@ -87,19 +87,30 @@ def check_options(q, *, window, softmax_scale, softcap, alibi_slopes, sinks):
         raise TypeError(f"window: expected a pair of ints (left, right), got {window!r}")
     if window[0] < -1 or window[1] < -1:
         raise ValueError(f"window: each bound must be >= 0, or -1 for unbounded; got {tuple(window)}")
-    if softmax_scale is not None:
-        if not isinstance(softmax_scale, (int, float)) or isinstance(softmax_scale, bool):
-            raise TypeError(f"softmax_scale: expected a float or None, got {type(softmax_scale).__name__}")
-        if not softmax_scale > 0:
-            raise ValueError(f"softmax_scale: expected a positive value, got {softmax_scale}")
+    check_softmax_scale(softmax_scale)
     if not isinstance(softcap, (int, float)) or isinstance(softcap, bool):
         raise TypeError(f"softcap: expected a float, got {type(softcap).__name__}")
     if softcap < 0:
         raise ValueError(f"softcap: expected >= 0 (0 disables it), got {softcap}")
     for name, t in (("alibi_slopes", alibi_slopes), ("sinks", sinks)):
-        check_tensor(name, t, ndim=1, dtypes=(torch.float32,), device=q.device, optional=True)
-        if t is not None and t.shape[0] != hq:
-            raise ValueError(f"{name}: expected shape ({hq},) (one per query head), got {tuple(t.shape)}")
+        check_per_head(name, t, hq, q.device)
+
+
+def check_softmax_scale(softmax_scale):
+    """None (the default scale) or a positive number."""
+    if softmax_scale is None:
+        return
+    if not isinstance(softmax_scale, (int, float)) or isinstance(softmax_scale, bool):
+        raise TypeError(f"softmax_scale: expected a float or None, got {type(softmax_scale).__name__}")
+    if not softmax_scale > 0:
+        raise ValueError(f"softmax_scale: expected a positive value, got {softmax_scale}")
+
+
+def check_per_head(name, t, heads_q, device):
+    """An optional fp32 `(heads_q,)` tensor: one value per query head (ALiBi slopes, sinks)."""
+    check_tensor(name, t, ndim=1, dtypes=(torch.float32,), device=device, optional=True)
+    if t is not None and t.shape[0] != heads_q:
+        raise ValueError(f"{name}: expected shape ({heads_q},) (one per query head), got {tuple(t.shape)}")
 
 
 def check_out(out, shape, dtype, device):

@@ -138,20 +138,9 @@ def _check_plan(batch, cache_seqlens, block_table, tile_scheduler_metadata, num_
                          f"got {tuple(num_splits.shape)}")
 
 
-def _check_sink(attn_sink, h_q, device):
-    V.check_tensor("attn_sink", attn_sink, ndim=1, dtypes=(torch.float32,), device=device, optional=True)
-    if attn_sink is not None and attn_sink.shape[0] != h_q:
-        raise ValueError(f"attn_sink: expected shape ({h_q},) (one per query head), got {tuple(attn_sink.shape)}")
-
-
 def _check_scale(softmax_scale, default):
-    if softmax_scale is None:
-        return default
-    if not isinstance(softmax_scale, (int, float)) or isinstance(softmax_scale, bool):
-        raise TypeError(f"softmax_scale: expected a float or None, got {type(softmax_scale).__name__}")
-    if not softmax_scale > 0:
-        raise ValueError(f"softmax_scale: expected a positive value, got {softmax_scale}")
-    return float(softmax_scale)
+    V.check_softmax_scale(softmax_scale)
+    return default if softmax_scale is None else float(softmax_scale)
 
 
 def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata, num_splits,
@@ -202,7 +191,7 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
     if not isinstance(causal, bool):
         raise TypeError(f"causal: expected a bool, got {type(causal).__name__}")
     scale = _check_scale(softmax_scale, dqk ** -0.5)
-    _check_sink(attn_sink, h_q, q.device)
+    V.check_per_head("attn_sink", attn_sink, h_q, q.device)
     q_lat = q[..., :head_dim_v]
     q_rope = q[..., head_dim_v:] if dqk > head_dim_v else None
     if indices is None:
@@ -216,11 +205,11 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
                                tile_scheduler_metadata, num_splits, scale, causal, attn_sink, None, fp8_layout)
     if causal:
         raise ValueError("causal: not used with indices (the indices say which tokens each query sees)")
+    if extra_k_cache is None and (extra_indices_in_kvcache is not None or extra_topk_length is not None):
+        raise ValueError("extra_indices_in_kvcache: given without extra_k_cache")
+    main = _sparse_inputs(q_lat, "indices", indices, "topk_length", topk_length)
+    _check_plan(main[0].shape[0], main[1], main[0], tile_scheduler_metadata, num_splits, q.device)
     if extra_k_cache is None:
-        if extra_indices_in_kvcache is not None or extra_topk_length is not None:
-            raise ValueError("extra_indices_in_kvcache: given without extra_k_cache")
-        main = _sparse_inputs(q_lat, "indices", indices, "topk_length", topk_length)
-        _check_plan(main[0].shape[0], main[1], main[0], tile_scheduler_metadata, num_splits, q.device)
         return _sparse_decode(q_lat, q_rope, k_lat, k_rope, fp8_layout, main, tile_scheduler_metadata, num_splits,
                               scale, attn_sink)
     # Two sources (DeepSeek-V4: compressed KV + sliding window): attend to each without the sink, merge the two
@@ -229,8 +218,6 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
     e_lat, e_rope, e_layout = _cache_parts("extra_k_cache", extra_k_cache, q, head_dim_v, is_fp8_kvcache)
     if extra_indices_in_kvcache is None:
         raise ValueError("extra_indices_in_kvcache: required with extra_k_cache")
-    main = _sparse_inputs(q_lat, "indices", indices, "topk_length", topk_length)
-    _check_plan(main[0].shape[0], main[1], main[0], tile_scheduler_metadata, num_splits, q.device)
     extra = _sparse_inputs(q_lat, "extra_indices_in_kvcache", extra_indices_in_kvcache, "extra_topk_length",
                            extra_topk_length)
     h_k = k_lat.shape[2]
@@ -278,13 +265,12 @@ def _sparse_inputs(q_lat, indices_name, indices, length_name, topk_length):
                          f"contiguous last dim, got shape {tuple(indices.shape)}")
     topk = indices.shape[2]
     tokens = batch * s_q
-    valid = torch.full((tokens,), topk, dtype=torch.int32, device=q_lat.device)
     if topk_length is not None:
         V.check_tensor(length_name, topk_length, ndim=1, dtypes=(torch.int32,), device=q_lat.device)
         if topk_length.shape[0] != batch:
             raise ValueError(f"{length_name}: expected shape ({batch},), got {tuple(topk_length.shape)}")
-        valid = topk_length.repeat_interleave(s_q).clamp(0, topk).to(torch.int32)
     lengths = torch.full((tokens,), topk, dtype=torch.int32, device=q_lat.device)
+    valid = lengths if topk_length is None else topk_length.repeat_interleave(s_q).clamp(0, topk).to(torch.int32)
     return indices.reshape(tokens, topk), lengths, valid
 
 
@@ -364,7 +350,7 @@ def mla_decode(q_latent, q_rope, kv_latent_cache, k_rope_cache, block_table, cac
         V.check_tensor("cache_seqlens", cache_seqlens, ndim=1, dtypes=(torch.int32,), device=q_lat.device)
         tile_scheduler_metadata, num_splits = get_mla_metadata(cache_seqlens, s_q * h_q // h_k, h_k)
     _check_plan(batch, cache_seqlens, block_table, tile_scheduler_metadata, num_splits, q_lat.device)
-    _check_sink(attn_sink, h_q, q_lat.device)
+    V.check_per_head("attn_sink", attn_sink, h_q, q_lat.device)
     out, lse = _mla_decode_fwd(q_lat, q_r, kv_lat, k_r, block_table, cache_seqlens, tile_scheduler_metadata,
                                num_splits, scale, causal, attn_sink, None, None)
     if squeeze:

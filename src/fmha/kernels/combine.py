@@ -12,7 +12,7 @@ One launch for the whole merge: the torch-op merge it replaces cost about ten la
 import triton
 import triton.language as tl
 
-from .common import LOG2E
+from .common import LOG2E, sink_keep
 
 
 @triton.jit
@@ -56,11 +56,7 @@ def combine_kernel(O, LSE, O_PART, LSE_PART, SPLIT_OFFSETS, SINKS,
         q_pos = r // group
         q_head = kv_head * group + r % group
         if HAS_SINKS:
-            # The sink joins the denominator only: o * e^lse / (e^lse + e^sink); the LSE stays sink-free.
-            # A row with no key keeps o = 0 (and sink - lse could be inf - inf there).
-            sink = tl.load(SINKS + q_head, mask=row_ok, other=0.0)
-            keep = tl.where(empty, 1.0, 1.0 / (1.0 + tl.exp2((sink - tl.where(empty, 0.0, lse)) * LOG2E)))
-            out = out * keep[:, None]
+            out = out * sink_keep(lse, empty, tl.load(SINKS + q_head, mask=row_ok, other=0.0))[:, None]
         o_row = O + b.to(tl.int64) * stride_ob + q_pos * stride_os + q_head * stride_oh
         tl.store(o_row[:, None] + offs_d[None, :], out.to(O.dtype.element_ty), mask=o_mask)
         tl.store(LSE + b.to(tl.int64) * stride_lseb + q_head * stride_lseh + q_pos * stride_lses, lse, mask=row_ok)

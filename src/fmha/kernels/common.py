@@ -51,3 +51,10 @@ def online_softmax_step(acc, l_i, m_i, s, v, MASKED: tl.constexpr):
     acc = acc * alpha[:, None]
     acc = tl.dot(p.to(v.dtype), v, acc)
     return acc, l_i, m_new
+
+
+@triton.jit
+def sink_keep(lse, empty, sink):
+    """The factor e^lse / (e^lse + e^sink) that a sink puts on a row's output (the LSE itself stays sink-free);
+    1 for a row with no key, whose output is already 0 (and where sink - lse could be inf - inf)."""
+    return tl.where(empty, 1.0, 1.0 / (1.0 + tl.exp2((sink - tl.where(empty, 0.0, lse)) * LOG2E)))

@@ -20,13 +20,14 @@ import triton.language as tl
 
 from ..schedule import SCHED_BLOCK, SCHED_FIELDS
 from .combine import combine
-from .common import LN2, LOG2E
+from .common import LN2, sink_keep
 
 
 @triton.jit
-def _fp8_cols(row, cols, ok, FP8: tl.constexpr, DTYPE: tl.constexpr):
-    """Columns `cols` of the key rows at byte pointers `row` in an FP8 cache (`_kv_fp8.py` has the byte layouts),
-    dequantised to DTYPE: NoPE columns are e4m3 times their group's scale, RoPE columns are stored bf16."""
+def _fp8_cols(row, START: tl.constexpr, WIDTH: tl.constexpr, ok, FP8: tl.constexpr, DTYPE: tl.constexpr):
+    """Columns START .. START + WIDTH - 1 of the key rows at byte pointers `row` in an FP8 cache (`_kv_fp8.py` has
+    the byte layouts), dequantised to DTYPE: NoPE columns are e4m3 times their group's scale, RoPE columns are
+    stored bf16. Only the loads the column range can need are issued."""
     if FP8 == 1:         # v32: 512 e4m3 | 4 fp32 scales (groups of 128) | 64 bf16 rope
         NOPE: tl.constexpr = 512
         GROUP: tl.constexpr = 128
@@ -37,17 +38,24 @@ def _fp8_cols(row, cols, ok, FP8: tl.constexpr, DTYPE: tl.constexpr):
         GROUP: tl.constexpr = 64
         SCALE_OFF: tl.constexpr = 576
         ROPE_OFF: tl.constexpr = 448
+    cols = START + tl.arange(0, WIDTH)
     nope = (cols < NOPE)[None, :]
-    x = tl.load(row.to(tl.pointer_type(tl.float8e4nv))[:, None] + cols[None, :], mask=ok[:, None] & nope, other=0.0)
-    if FP8 == 1:
-        scale = tl.load((row + SCALE_OFF).to(tl.pointer_type(tl.float32))[:, None] + (cols // GROUP)[None, :],
-                        mask=ok[:, None] & nope, other=0.0)
-    else:
-        e = tl.load(row[:, None] + SCALE_OFF + (cols // GROUP)[None, :], mask=ok[:, None] & nope, other=127)
-        scale = tl.exp2(e.to(tl.float32) - 127.0)
-    rope = tl.load((row + ROPE_OFF).to(tl.pointer_type(tl.bfloat16))[:, None] + (cols - NOPE)[None, :],
-                   mask=ok[:, None] & ~nope, other=0.0)
-    return tl.where(nope, x.to(tl.float32) * scale, rope.to(tl.float32)).to(DTYPE)
+    value = tl.zeros([row.shape[0], WIDTH], dtype=tl.float32)
+    if START < NOPE:
+        x = tl.load(row.to(tl.pointer_type(tl.float8e4nv))[:, None] + cols[None, :], mask=ok[:, None] & nope,
+                    other=0.0)
+        if FP8 == 1:
+            scale = tl.load((row + SCALE_OFF).to(tl.pointer_type(tl.float32))[:, None] + (cols // GROUP)[None, :],
+                            mask=ok[:, None] & nope, other=0.0)
+        else:
+            e = tl.load(row[:, None] + SCALE_OFF + (cols // GROUP)[None, :], mask=ok[:, None] & nope, other=127)
+            scale = tl.exp2(e.to(tl.float32) - 127.0)
+        value = x.to(tl.float32) * scale
+    if START + WIDTH > NOPE:
+        rope = tl.load((row + ROPE_OFF).to(tl.pointer_type(tl.bfloat16))[:, None] + (cols - NOPE)[None, :],
+                       mask=ok[:, None] & ~nope, other=0.0)
+        value = tl.where(nope, value, rope.to(tl.float32))
+    return value.to(DTYPE)
 
 
 @triton.jit
@@ -85,8 +93,9 @@ def _load_k(kv_lat, k_rope, lat_desc, rope_desc, bt_row, n, seqlen, kv_head, pag
         if SPARSE:
             token = tl.load(bt_row + offs_n, mask=ok, other=-1)
             ok = token >= 0
-            page = (tl.where(ok, token, 0) // page_size).to(tl.int64)
-            slot = tl.where(ok, token, 0) % page_size
+            token = tl.maximum(token, 0)
+            page = (token // page_size).to(tl.int64)
+            slot = token % page_size
         elif MASKED:
             page = tl.load(bt_row + offs_n // page_size, mask=ok, other=0).to(tl.int64)
             slot = offs_n % page_size
@@ -96,11 +105,11 @@ def _load_k(kv_lat, k_rope, lat_desc, rope_desc, bt_row, n, seqlen, kv_head, pag
         lat = kv_lat + page * stride_lp + slot * stride_ls + kv_head * stride_lh
         rope = lat
         if FP8 != 0:
-            k0 = _fp8_cols(lat, offs_h, ok, FP8, DTYPE)
-            k1 = _fp8_cols(lat, HALF + offs_h, ok, FP8, DTYPE)
+            k0 = _fp8_cols(lat, 0, HALF, ok, FP8, DTYPE)
+            k1 = _fp8_cols(lat, HALF, HALF, ok, FP8, DTYPE)
             kt = k0
             if HAS_ROPE:
-                kt = _fp8_cols(lat, 2 * HALF + offs_t, ok, FP8, DTYPE)
+                kt = _fp8_cols(lat, 2 * HALF, DT, ok, FP8, DTYPE)
         else:
             if HAS_ROPE:
                 rope = k_rope + page * stride_rp + slot * stride_rs + kv_head * stride_rh
@@ -262,9 +271,7 @@ def mla_decode_kernel(
                 # The whole sequence: final output. FlashMLA's convention for a row with no key: LSE +inf.
                 lse = tl.where(empty, float("inf"), m_i * LN2 + tl.log(l_i))
                 if HAS_SINKS:
-                    # The sink joins the denominator only: o * e^lse / (e^lse + e^sink); LSE unchanged.
-                    sink = tl.load(SINKS + q_head, mask=row_ok, other=0.0)
-                    keep = tl.where(empty, 1.0, 1.0 / (1.0 + tl.exp2((sink - tl.where(empty, 0.0, lse)) * LOG2E)))
+                    keep = sink_keep(lse, empty, tl.load(SINKS + q_head, mask=row_ok, other=0.0))
                     o0 = o0 * keep[:, None]
                     o1 = o1 * keep[:, None]
                 o_row = O + b.to(tl.int64) * stride_ob + q_pos * stride_os + q_head * stride_oh
