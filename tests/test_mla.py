@@ -9,7 +9,7 @@ import torch
 import fmha.mla as flash_mla
 from fmha.kernels.mla_decode import mla_decode_forward
 from fmha._kv_fp8 import LAYOUTS
-from fmha.reference import mla_decode_ref, mla_sparse_decode_ref
+from fmha.reference import mla_decode_ref, mla_sparse_decode_ref, mla_sparse_prefill_ref
 from fmha.schedule import SCHED_BLOCK, plan_mla
 from utils import TARGETS, assert_close
 
@@ -244,6 +244,47 @@ def test_extra_kv_source(target, with_sink):
 
 
 @pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("h_q,h_kv,d_qk", [(16, 1, D_QK), (32, 2, D_QK), (64, 1, 512), (128, 1, D_QK)])
+@pytest.mark.parametrize("with_sink", [False, True], ids=["", "sink"])
+def test_sparse_prefill(target, h_q, h_kv, d_qk, with_sink):
+    """flash_mla_sparse_fwd: indices -1 and past s_kv, topk_length trimming (0 included), a token whose indices
+    are all invalid, NaN in every kv row no valid index names, one index row per KV head (h_kv = 2)."""
+    device, dtype = target
+    if device == "cpu" and h_q > 32:
+        pytest.skip("h_q > 32 only at GPU sizes")
+    s_q, s_kv, topk = (6, 300, 100) if device == "cpu" else (512, 16384, 2048)
+    g = torch.Generator().manual_seed(h_q + d_qk)
+    kv = torch.randn(s_kv, h_kv, d_qk, generator=g).to(dtype)
+    indices = torch.randint(0, s_kv, (s_q, h_kv, topk), generator=g, dtype=torch.int32)
+    indices[torch.rand(s_q, h_kv, topk, generator=g) < 0.1] = -1
+    indices[torch.rand(s_q, h_kv, topk, generator=g) < 0.1] = s_kv + 7     # past the end: invalid too
+    indices[1] = -1                                                        # a token that sees nothing
+    topk_length = torch.randint(topk // 2, topk + 1, (s_q,), generator=g, dtype=torch.int32)
+    topk_length[-1] = 0
+    used = torch.zeros(s_kv, h_kv, dtype=torch.bool)
+    for i in range(s_q):
+        for h in range(h_kv):
+            row = indices[i, h, :topk_length[i]]
+            used[row[(row >= 0) & (row < s_kv)].long(), h] = True
+    kv[~used] = math.nan                                                  # never read: poisoned
+    q = torch.randn(s_q, h_q, d_qk, generator=g).to(dtype)
+    sink = torch.randn(h_q, generator=g) * 2 if with_sink else None
+    q, kv, indices, topk_length = (t.to(device) for t in (q, kv, indices, topk_length))
+    sink = sink.to(device) if with_sink else None
+    scale = 0.07
+    out, max_logits, lse = flash_mla.flash_mla_sparse_fwd(q, kv, indices, scale, d_v=D_V, attn_sink=sink,
+                                                          topk_length=topk_length)
+    ref_out, ref_max, ref_lse = mla_sparse_prefill_ref(q, kv, indices, D_V, sm_scale=scale, attn_sink=sink,
+                                                       topk_length=topk_length)
+    _check(out.unsqueeze(0), lse.T.unsqueeze(0), ref_out.unsqueeze(0), ref_lse.T.unsqueeze(0), dtype)
+    assert torch.equal(torch.isneginf(max_logits), torch.isneginf(ref_max)), "max_logits: -inf rows differ"
+    finite = torch.isfinite(ref_max)
+    assert (max_logits[finite] - ref_max[finite]).abs().max().item() <= 2e-3, "max_logits: max abs err"
+    assert (out[1] == 0).all() and torch.isposinf(lse[1]).all() and torch.isneginf(max_logits[1]).all()
+    assert (out[-1] == 0).all() and torch.isposinf(lse[-1]).all()
+
+
+@pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("layout", ["v32", "model1"])
 @pytest.mark.parametrize("sparse", [False, True], ids=["paged", "sparse"])
 def test_fp8_kvcache(target, layout, sparse):
@@ -410,3 +451,25 @@ def test_sparse_bad_input():
         call(q, cache, None, lens, D_V, meta, splits[:-1], indices=indices)
     with pytest.raises(ValueError, match="num_heads_q"):
         flash_mla.get_mla_metadata(lens, 16, 1, topk=8)
+
+
+def test_sparse_prefill_bad_input():
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    q = torch.randn(4, 16, D_QK, device=dev, dtype=torch.float16)
+    kv = torch.randn(32, 1, D_QK, device=dev, dtype=torch.float16)
+    indices = torch.zeros(4, 1, 8, dtype=torch.int32, device=dev)
+    call = flash_mla.flash_mla_sparse_fwd
+    with pytest.raises(ValueError, match="kv"):
+        call(q, kv[..., :512], indices, 0.1)
+    with pytest.raises(ValueError, match="kv: heads"):
+        call(q, torch.randn(32, 3, D_QK, device=dev, dtype=torch.float16), indices, 0.1)
+    with pytest.raises(ValueError, match="indices"):
+        call(q, kv, indices[:3], 0.1)
+    with pytest.raises(TypeError, match="indices"):
+        call(q, kv, indices.long(), 0.1)
+    with pytest.raises(ValueError, match="topk_length"):
+        call(q, kv, indices, 0.1, topk_length=torch.zeros(3, dtype=torch.int32, device=dev))
+    with pytest.raises(ValueError, match="d_v"):
+        call(q, kv, indices, 0.1, d_v=100)
+    with pytest.raises(ValueError, match="attn_sink"):
+        call(q, kv, indices, 0.1, attn_sink=torch.zeros(8, device=dev))

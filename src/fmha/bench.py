@@ -350,6 +350,122 @@ def bench_mla(args, record):
         torch.cuda.empty_cache()
 
 
+# ----------------------------------------------------------------------------------------------- sparse
+
+# DeepSeek-V3.2/V4 sparse attention, issue 5's rows. Decode: (name, b, h_q, s_q, d_qk, FP8 layout, topk, main page,
+# extra topk, extra page); FLOPs count the selected tokens only: 2 * b * s_q * h_q * (topk + extra) * (d_qk + 512).
+SPARSE_DECODE_CASES = [("v32-fp8", b, 128, 2, 576, "v32", 2048, 64, 0, 0) for b in (64, 128)] + \
+    [("v4-fp8", b, hq, 2, 512, "model1", 128, 256, extra, 64) for hq, extra in ((64, 512), (128, 1024))
+     for b in (64, 128)]
+# Prefill: (name, s_q, s_kv, h_q, d_qk, topk).
+SPARSE_PREFILL_CASES = [("prefill", 4096, 32768, 128, 576, 2048), ("prefill", 4096, 32768, 64, 576, 2048),
+                        ("prefill", 4096, 32768, 128, 512, 2048)]
+# FlashMLA's figures on this workplace's H100 from SPEC.md (an earlier run, not this one): for a cross-run ratio
+# only, keyed by (name, b or s_q, h_q, d_qk).
+SPEC_FLASH_MLA_TFLOPS = {("v32-fp8", 64, 128, 576): 398, ("v32-fp8", 128, 128, 576): 411,
+                         ("v4-fp8", 64, 64, 512): 236, ("v4-fp8", 128, 64, 512): 269,
+                         ("v4-fp8", 64, 128, 512): 370, ("v4-fp8", 128, 128, 512): 383,
+                         ("prefill", 4096, 128, 576): 569, ("prefill", 4096, 64, 576): 529,
+                         ("prefill", 4096, 128, 512): 578}
+
+
+def _sparse_cache(b, tokens_per_seq, page, d, layout, g):
+    """A shuffled paged cache of b sequences (packed FP8 when `layout`) and each sequence's flat token positions."""
+    kv = torch.randn(b, tokens_per_seq, 1, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    cache, table = paged_copy(page, kv)
+    del kv
+    if layout:
+        import fmha.mla as ours_mla
+        cache = ours_mla.quantize_kv_cache(cache, layout)
+    slots = torch.arange(tokens_per_seq, device="cuda")
+    positions = table.long()[:, slots // page] * page + slots % page        # (b, tokens_per_seq)
+    return cache, positions.to(torch.int32)
+
+
+def _pick(positions, s_q, topk, g):
+    """(b, s_q, topk) distinct random tokens of each sequence."""
+    b, n = positions.shape
+    order = torch.rand(b, s_q, n, device="cuda", generator=g).argsort(-1)[..., :topk]
+    return torch.gather(positions.unsqueeze(1).expand(b, s_q, n), 2, order).to(torch.int32)
+
+
+def _flash_mla_sparse_peer():
+    try:
+        import flash_mla
+    except ImportError:
+        return None
+    return flash_mla
+
+
+def bench_sparse(args, record):
+    """FP8 token-sparse decode (V3.2 and V4 with its sliding-window source) and bf16 sparse prefill. Decode is
+    timed as CUDA-graph replays, prefill eagerly; FlashMLA runs beside ours when importable, and SPEC.md's
+    FlashMLA figure (an earlier run) is recorded for a cross-run ratio."""
+    import fmha.mla as ours_mla
+
+    peer = _flash_mla_sparse_peer()
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for name, b, hq, sq, d, layout, topk, page, extra_topk, extra_page in SPARSE_DECODE_CASES:
+        cache, pos = _sparse_cache(b, 4 * topk if not extra_topk else 8 * topk, page, d, layout, g)
+        indices = _pick(pos, sq, topk, g)
+        kw = dict(indices=indices, is_fp8_kvcache=True)
+        if extra_topk:
+            # The sliding window: each sequence's last extra_topk tokens, in their own page-64 cache.
+            extra, extra_pos = _sparse_cache(b, extra_topk, extra_page, d, layout, g)
+            kw.update(extra_k_cache=extra, extra_indices_in_kvcache=extra_pos.unsqueeze(1).expand(b, sq, extra_topk)
+                      .contiguous())
+        q = torch.randn(b, sq, hq, d, device="cuda", dtype=torch.bfloat16, generator=g)
+        sink = torch.randn(hq, device="cuda", generator=g)
+        lens = torch.zeros(b, dtype=torch.int32, device="cuda")
+        meta, splits = ours_mla.get_mla_metadata(lens, sq * hq, 1, num_heads_q=hq, topk=topk)
+        impls = {"ours": lambda: ours_mla.flash_mla_with_kvcache(q, cache, None, lens, 512, meta, splits,
+                                                                  attn_sink=sink, **kw)}
+        if peer is not None:
+            def flash_mla_call(meta_p=peer.get_mla_metadata(lens, sq * hq, 1, num_heads_q=hq, topk=topk,
+                                                            is_fp8_kvcache=True)):
+                return peer.flash_mla_with_kvcache(q, cache, None, lens, 512, *meta_p, attn_sink=sink, **kw)
+            impls["flash_mla"] = flash_mla_call
+        selected = topk + extra_topk
+        flops = 2 * b * sq * hq * selected * (d + 512)
+        nbytes = b * sq * selected * cache.shape[-1] + (q.numel() + b * sq * hq * 512) * 2
+        row = dict(workload="sparse", case=name, b=b, hq=hq, sq=sq, d=d, topk=topk, extra_topk=extra_topk,
+                   page=page, extra_page=extra_page)
+        _sparse_row(row, impls, flops, nbytes, graph=True, key=(name, b, hq, d), record=record)
+        del cache, q, indices, kw
+        torch.cuda.empty_cache()
+    for name, sq, skv, hq, d, topk in SPARSE_PREFILL_CASES:
+        q = torch.randn(sq, hq, d, device="cuda", dtype=torch.bfloat16, generator=g)
+        kv = torch.randn(skv, 1, d, device="cuda", dtype=torch.bfloat16, generator=g)
+        # Causal-style selection as in DSA prefill: token i picks topk of the keys before it (all of them when fewer).
+        base = torch.arange(sq, device="cuda") + (skv - sq)
+        indices = (torch.rand(sq, 1, topk, device="cuda", generator=g) * (base + 1).view(sq, 1, 1)).long()
+        indices = indices.to(torch.int32)
+        impls = {"ours": lambda: ours_mla.flash_mla_sparse_fwd(q, kv, indices, d ** -0.5, 512)}
+        if peer is not None and hasattr(peer, "flash_mla_sparse_fwd"):
+            impls["flash_mla"] = lambda: peer.flash_mla_sparse_fwd(q, kv, indices, d ** -0.5, 512)
+        flops = 2 * sq * hq * topk * (d + 512)
+        nbytes = (sq * topk * d + q.numel() + sq * hq * 512) * 2
+        row = dict(workload="sparse", case=name, b=1, hq=hq, sq=sq, d=d, topk=topk, extra_topk=0, skv=skv)
+        _sparse_row(row, impls, flops, nbytes, graph=False, key=(name, sq, hq, d), record=record)
+        del q, kv, indices
+        torch.cuda.empty_cache()
+
+
+def _sparse_row(row, impls, flops, nbytes, *, graph, key, record):
+    ref = impls["ours"]()[0].float()
+    _measure(row, impls, ref, flops, nbytes, ratio_of="tflops", graph=graph, to_nhd=lambda o: o)
+    spec = SPEC_FLASH_MLA_TFLOPS.get(key)
+    if spec and "ours_tflops" in row:
+        row["flash_mla_spec_tflops"] = spec
+        row["ours_vs_flash_mla_spec"] = row["ours_tflops"] / spec
+    record(row)
+    cells = "  ".join(f"{n} {row[f'{n}_tflops']:6.1f} TFLOP/s" if f"{n}_tflops" in row
+                      else f"{n} n/a {row.get(f'{n}_error', '')}" for n in impls)
+    print(f"{row['case']:<8} b={row['b']:<3} hq={row['hq']:<3} sq={row['sq']:<4} d={row['d']} topk={row['topk']}"
+          f"+{row['extra_topk']} | {cells} | vs FlashMLA (SPEC) {row.get('ours_vs_flash_mla_spec', float('nan')):.2f}"
+          f" | matmul frac {row.get('ours_frac_matmul_peak', float('nan')):.2f}", flush=True)
+
+
 # ------------------------------------------------------------------------------------------------ output
 
 def _commit(explicit):
@@ -387,7 +503,10 @@ def _write(path, payload):
     rows = payload["rows"]
     names = [n for n in ("ours", "cudnn", "sdpa-fa2", "flex", "flash_attn2", "fa3", "flash_mla")
              if any(f"{n}_tflops" in r for r in rows)]
-    if payload["workload"] == "mla":
+    if payload["workload"] == "sparse":
+        labels = [f"{r['case']} b{r['b']} h{r['hq']} d{r['d']}" for r in rows]
+        metric, unit, peak = "tflops", "TFLOP/s", payload["gpu"].get("matmul_tflops")
+    elif payload["workload"] == "mla":
         labels = [f"h{r['hq']} sq{r['sq']} s{r['sk'] // 1024}k" for r in rows]
         metric, unit, peak = "tflops", "TFLOP/s", payload["gpu"].get("matmul_tflops")
     elif payload["workload"] == "decode":
@@ -413,7 +532,7 @@ def _write(path, payload):
 
 def main(argv):
     p = argparse.ArgumentParser(prog="fmha bench", description=__doc__.splitlines()[0])
-    p.add_argument("workload", choices=("prefill", "decode", "mla"))
+    p.add_argument("workload", choices=("prefill", "decode", "mla", "sparse"))
     p.add_argument("--out", default=None, help="JSON path (a .csv and .png are written beside it)")
     p.add_argument("--commit", default=None, help="commit to record (default: git rev-parse HEAD)")
     p.add_argument("--head-dim", type=int, nargs="*", default=None, help="only these head dims")
@@ -437,7 +556,7 @@ def main(argv):
         if args.out:
             _write(args.out, payload)
 
-    dict(prefill=bench_prefill, decode=bench_decode, mla=bench_mla)[args.workload](args, record)
+    dict(prefill=bench_prefill, decode=bench_decode, mla=bench_mla, sparse=bench_sparse)[args.workload](args, record)
     if args.out:
         print(f"wrote {args.out}")
     return 0

@@ -30,7 +30,8 @@ from .kernels.mla_decode import mla_decode_forward
 from .merge import merge_states
 from .schedule import SCHED_FIELDS, mla_num_parts, num_sms, plan_mla
 
-__all__ = ["get_mla_metadata", "flash_mla_with_kvcache", "mla_decode", "quantize_kv_cache", "dequantize_kv_cache"]
+__all__ = ["get_mla_metadata", "flash_mla_with_kvcache", "flash_mla_sparse_fwd", "mla_decode", "quantize_kv_cache",
+           "dequantize_kv_cache"]
 
 
 def get_mla_metadata(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_heads_q=None,
@@ -91,6 +92,30 @@ def _mla_decode_fwd(q_lat: torch.Tensor, q_rope: Optional[torch.Tensor], kv_lat:
 def _(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens, metadata, split_offsets, softmax_scale, causal,
       attn_sink, valid_lens, fp8_layout):
     return _empty_outputs(q_lat)
+
+
+@torch.library.custom_op("fmha::mla_sparse_prefill_fwd", mutates_args=())
+def _mla_sparse_prefill_fwd(q_lat: torch.Tensor, q_rope: Optional[torch.Tensor], kv_lat: torch.Tensor,
+                            k_rope: Optional[torch.Tensor], indices: torch.Tensor, valid_lens: torch.Tensor,
+                            softmax_scale: float, attn_sink: Optional[torch.Tensor]
+                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    out, lse = _empty_outputs(q_lat)
+    max_logits = lse.new_empty(lse.shape[:2])
+    tokens, topk = q_lat.shape[0], indices.shape[-1]
+    if tokens:
+        # One part per query token: each is run whole, so max_logits needs no combining.
+        lengths = torch.full((tokens,), topk, dtype=torch.int32, device=q_lat.device)
+        metadata, split_offsets = plan_mla(lengths, tokens)
+        mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, indices, lengths, metadata, split_offsets, out, lse,
+                           softmax_scale=softmax_scale, causal=False, sinks=attn_sink, valid_lens=valid_lens,
+                           max_logits=max_logits, interpret=q_lat.device.type == "cpu")
+    return out.squeeze(1), max_logits, lse.squeeze(2)
+
+
+@_mla_sparse_prefill_fwd.register_fake
+def _(q_lat, q_rope, kv_lat, k_rope, indices, valid_lens, softmax_scale, attn_sink):
+    out, lse = _empty_outputs(q_lat)
+    return out.squeeze(1), lse.new_empty(lse.shape[:2]), lse.squeeze(2)
 
 
 def _empty_outputs(q_lat):
@@ -284,6 +309,61 @@ def _sparse_decode(q_lat, q_rope, k_lat, k_rope, fp8_layout, inputs, metadata, n
     out, lse = _mla_decode_fwd(flat(q_lat), flat(q_rope), k_lat, k_rope, table, lengths, metadata, num_splits,
                                scale, False, attn_sink, valid, fp8_layout)
     return out.view(batch, s_q, h_q, dv), lse.view(batch, s_q, h_q).transpose(1, 2).contiguous()
+
+
+def flash_mla_sparse_fwd(q, kv, indices, sm_scale=None, d_v=512, attn_sink=None, topk_length=None):
+    """Token-sparse MLA prefill (DeepSeek-V3.2 DSA), flash_mla's signature: each query token attends to the kv
+    rows its indices name.
+
+    Args:
+        q: `(s_q, h_q, d_qk)` fp16/bf16 (d_qk 576 for V3.2, 512 for V4).
+        kv: `(s_kv, h_kv, d_qk)`, q's dtype; h_kv divides h_q (1 for DeepSeek). The value is the first d_v columns.
+        indices: `(s_q, h_kv, topk)` int32 rows of kv; an entry < 0 or >= s_kv is invalid (skipped).
+        sm_scale: the softmax scale (None: `d_qk ** -0.5`).
+        d_v: the value width (512 for DeepSeek).
+        attn_sink: `(h_q,)` fp32, as in `flash_mla_with_kvcache`: out * e^lse / (e^lse + e^sink).
+        topk_length: `(s_q,)` int32: only the first topk_length[i] indices of token i count.
+
+    Returns:
+        out `(s_q, h_q, d_v)` in q's dtype; max_logits `(s_q, h_q)` fp32, the largest scaled score q·k * sm_scale
+        of each row (-inf with no valid index); lse `(s_q, h_q)` fp32, natural log, excluding the sink, +inf for a
+        row with no valid index (its output is 0), FlashMLA's conventions.
+    """
+    V.check_tensor("q", q, ndim=3, dtypes=V.HALF_DTYPES)
+    V.check_device("q", q)
+    s_q, h_q, dqk = q.shape
+    V.check_tensor("kv", kv, ndim=3, dtypes=(q.dtype,), device=q.device)
+    if kv.shape[2] != dqk:
+        raise ValueError(f"kv: last dim must equal q's ({dqk}), got {kv.shape[2]}")
+    h_kv = kv.shape[1]
+    if h_kv == 0 or h_q % h_kv:
+        raise ValueError(f"kv: heads must divide h_q ({h_q}), got {h_kv}")
+    V.check_tensor("indices", indices, ndim=3, dtypes=(torch.int32,), device=q.device)
+    if indices.shape[:2] != (s_q, h_kv) or indices.shape[2] == 0:
+        raise ValueError(f"indices: expected ({s_q}, {h_kv}, topk >= 1), got {tuple(indices.shape)}")
+    for name, t in (("q", q), ("kv", kv), ("indices", indices)):
+        V.check_last_dim_contiguous(name, t)
+    if not isinstance(d_v, int) or isinstance(d_v, bool):
+        raise TypeError(f"d_v: expected an int, got {type(d_v).__name__}")
+    if not 0 < d_v <= dqk:
+        raise ValueError(f"d_v: expected 0 < d_v <= d_qk ({dqk}), got {d_v}")
+    _check_value_dim("d_v", d_v, dqk)
+    scale = _check_scale(sm_scale, dqk ** -0.5)
+    V.check_per_head("attn_sink", attn_sink, h_q, q.device)
+    topk = indices.shape[2]
+    if topk_length is None:
+        valid = torch.full((s_q,), topk, dtype=torch.int32, device=q.device)
+    else:
+        V.check_tensor("topk_length", topk_length, ndim=1, dtypes=(torch.int32,), device=q.device)
+        if topk_length.shape[0] != s_q:
+            raise ValueError(f"topk_length: expected shape ({s_q},), got {tuple(topk_length.shape)}")
+        valid = topk_length.clamp(0, topk).to(torch.int32)
+    # The kernel's view: s_q "sequences" of one query token each, kv as a cache of pages holding one row.
+    q1 = q.unsqueeze(1)
+    cache = kv.unsqueeze(1)
+    rope = (q1[..., d_v:], cache[..., d_v:]) if dqk > d_v else (None, None)
+    return _mla_sparse_prefill_fwd(q1[..., :d_v], rope[0], cache[..., :d_v], rope[1], indices, valid, scale,
+                                   attn_sink)
 
 
 def mla_decode(q_latent, q_rope, kv_latent_cache, k_rope_cache, block_table, cache_seqlens, *,

@@ -133,3 +133,40 @@ def mla_sparse_decode_ref(q, k_cache, indices, head_dim_v, *, topk_length=None, 
             out[i, s] = o[0, 0]
             lse[i, :, s] = torch.where(torch.isneginf(l[0, :, 0]), math.inf, l[0, :, 0])
     return out, lse
+
+
+def mla_sparse_prefill_ref(q, kv, indices, d_v, *, sm_scale=None, attn_sink=None, topk_length=None, chunk=64):
+    """flash_mla_sparse_fwd in fp32: q `(s_q, h_q, d)`, kv `(s_kv, h_kv, d)`, indices `(s_q, h_kv, topk)`; an index
+    < 0 or >= s_kv, or past `topk_length[i]`, is skipped. Returns `(out (s_q, h_q, d_v), max_logits (s_q, h_q),
+    lse (s_q, h_q))`: max_logits is -inf and lse +inf (FlashMLA's convention) for a row with no valid index, whose
+    output is 0; `attn_sink` as SPEC.md's sinks (the LSE excludes it)."""
+    s_q, h_q, d = q.shape
+    s_kv, h_kv = kv.shape[:2]
+    g = h_q // h_kv
+    scale = sm_scale if sm_scale is not None else d ** -0.5
+    topk = indices.shape[2]
+    valid = (indices >= 0) & (indices < s_kv)
+    if topk_length is not None:
+        valid &= torch.arange(topk, device=q.device)[None, None, :] < topk_length.view(s_q, 1, 1)
+    out = torch.empty(s_q, h_q, d_v, dtype=torch.float32, device=q.device)
+    max_logits = torch.empty(s_q, h_q, dtype=torch.float32, device=q.device)
+    lse = torch.empty(s_q, h_q, dtype=torch.float32, device=q.device)
+    heads = torch.arange(h_kv, device=q.device).view(1, h_kv, 1)
+    for i in range(0, s_q, chunk):
+        sl = slice(i, i + chunk)
+        k = kv[torch.where(valid[sl], indices[sl], 0).long(), heads].float()       # (c, h_kv, topk, d)
+        k = torch.where(valid[sl].unsqueeze(-1), k, 0.0)        # an invalid slot's stand-in row may be NaN
+        qc = q[sl].float().view(-1, h_kv, g, d)
+        s = torch.einsum("chgd,chkd->chgk", qc, k) * scale
+        s = s.masked_fill(~valid[sl].unsqueeze(2), -math.inf)
+        m = s.amax(-1)
+        l = torch.logsumexp(s, -1)
+        p = torch.exp(s - torch.where(torch.isinf(l), 0.0, l).unsqueeze(-1))
+        o = torch.einsum("chgk,chkd->chgd", p, k[..., :d_v])
+        if attn_sink is not None:
+            w = torch.sigmoid(l - attn_sink.float().view(h_kv, g))
+            o = o * torch.where(torch.isneginf(l), 0.0, w).unsqueeze(-1)
+        out[sl] = o.reshape(-1, h_q, d_v)
+        max_logits[sl] = m.reshape(-1, h_q)
+        lse[sl] = torch.where(torch.isneginf(l), math.inf, l).reshape(-1, h_q)
+    return out, max_logits, lse

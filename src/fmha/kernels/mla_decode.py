@@ -59,7 +59,7 @@ def _fp8_cols(row, START: tl.constexpr, WIDTH: tl.constexpr, ok, FP8: tl.constex
 
 
 @triton.jit
-def _load_k(kv_lat, k_rope, lat_desc, rope_desc, bt_row, n, seqlen, kv_head, page_size,
+def _load_k(kv_lat, k_rope, lat_desc, rope_desc, bt_row, n, seqlen, kv_head, page_size, index_bound,
             stride_lp, stride_ls, stride_lh, stride_rp, stride_rs, stride_rh,
             BLOCK_N: tl.constexpr, HALF: tl.constexpr, DT: tl.constexpr, HAS_ROPE: tl.constexpr,
             MASKED: tl.constexpr, TMA: tl.constexpr, SPARSE: tl.constexpr, FP8: tl.constexpr = 0,
@@ -67,7 +67,8 @@ def _load_k(kv_lat, k_rope, lat_desc, rope_desc, bt_row, n, seqlen, kv_head, pag
     """Key tile at key `n`: latent halves (BLOCK_N, HALF) x 2, rope (BLOCK_N, DT), and which keys exist. Rows
     past `seqlen` are zero in a MASKED tile (the cache may hold anything there, NaN included, and the latent
     part is also the value: 0 * NaN would poison the output). SPARSE: `bt_row` is the query's row of token
-    indices (flat positions page * page_size + slot, -1 = none) and `seqlen` its valid length. FP8: the cache
+    indices (flat positions page * page_size + slot; negative or >= `index_bound` = none) and `seqlen` its valid
+    length. FP8: the cache
     holds packed FP8 rows (uint8), dequantised here to DTYPE."""
     offs_n = n + tl.arange(0, BLOCK_N)
     ok = offs_n < seqlen
@@ -92,8 +93,8 @@ def _load_k(kv_lat, k_rope, lat_desc, rope_desc, bt_row, n, seqlen, kv_head, pag
         offs_t = tl.arange(0, DT)
         if SPARSE:
             token = tl.load(bt_row + offs_n, mask=ok, other=-1)
-            ok = token >= 0
-            token = tl.maximum(token, 0)
+            ok = (token >= 0) & (token < index_bound)
+            token = tl.where(ok, token, 0)
             page = (token // page_size).to(tl.int64)
             slot = token % page_size
         elif MASKED:
@@ -130,7 +131,7 @@ def _load_k(kv_lat, k_rope, lat_desc, rope_desc, bt_row, n, seqlen, kv_head, pag
 
 @triton.jit
 def _mla_run(acc0, acc1, l_i, m_i, q0, q1, qt, kv_lat, k_rope, lat_desc, rope_desc, bt_row, start, end,
-             seqlen, last_visible, kv_head, page_size, qk_scale_log2,
+             seqlen, last_visible, kv_head, page_size, index_bound, qk_scale_log2,
              stride_lp, stride_ls, stride_lh, stride_rp, stride_rs, stride_rh,
              BLOCK_N: tl.constexpr, HALF: tl.constexpr, DT: tl.constexpr, HAS_ROPE: tl.constexpr,
              MASKED: tl.constexpr, TMA: tl.constexpr, TRANSPOSED: tl.constexpr, SPARSE: tl.constexpr,
@@ -143,6 +144,7 @@ def _mla_run(acc0, acc1, l_i, m_i, q0, q1, qt, kv_lat, k_rope, lat_desc, rope_de
     RED: tl.constexpr = 0 if TRANSPOSED else 1          # the key axis of the score tile
     for n in tl.range(start, end, BLOCK_N):
         k0, k1, kt, key_ok = _load_k(kv_lat, k_rope, lat_desc, rope_desc, bt_row, n, seqlen, kv_head, page_size,
+                                     index_bound,
                                      stride_lp, stride_ls, stride_lh, stride_rp, stride_rs, stride_rh,
                                      BLOCK_N, HALF, DT, HAS_ROPE, MASKED, TMA, SPARSE, FP8, q0.dtype)
         if TRANSPOSED:
@@ -185,16 +187,16 @@ def _mla_run(acc0, acc1, l_i, m_i, q0, q1, qt, kv_lat, k_rope, lat_desc, rope_de
 
 @triton.jit
 def mla_decode_kernel(
-    Q_LAT, Q_ROPE, KV_LAT, K_ROPE, LAT_DESC, ROPE_DESC, O, LSE, O_PART, LSE_PART,
+    Q_LAT, Q_ROPE, KV_LAT, K_ROPE, LAT_DESC, ROPE_DESC, O, LSE, O_PART, LSE_PART, MAX_LOGITS,
     BLOCK_TABLE, SEQLENS, VALID_LENS, SCHED, SPLIT_OFFSETS, SINKS,
-    batch, seqlen_q, group, rows_per_k, num_m_blocks, page_size, stride_bt, qk_scale_log2,
+    batch, seqlen_q, group, rows_per_k, num_m_blocks, page_size, index_bound, stride_bt, stride_bth, qk_scale_log2,
     stride_qlb, stride_qls, stride_qlh, stride_qrb, stride_qrs, stride_qrh,
     stride_lp, stride_ls, stride_lh, stride_rp, stride_rs, stride_rh,
     stride_ob, stride_os, stride_oh, stride_lseb, stride_lseh, stride_lses,
-    stride_ps, stride_pr, stride_lps,
+    stride_ps, stride_pr, stride_lps, stride_mb, stride_mh,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HALF: tl.constexpr, DT: tl.constexpr,
     HAS_ROPE: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr, TRANSPOSED: tl.constexpr,
-    HAS_SINKS: tl.constexpr, SPARSE: tl.constexpr, FP8: tl.constexpr,
+    HAS_SINKS: tl.constexpr, SPARSE: tl.constexpr, FP8: tl.constexpr, HAS_MAX: tl.constexpr,
     SCHED_BLOCK: tl.constexpr, SCHED_FIELDS: tl.constexpr,
 ):
     part = tl.program_id(0)
@@ -239,7 +241,7 @@ def mla_decode_kernel(
             if HAS_ROPE:
                 q_rope = Q_ROPE + b.to(tl.int64) * stride_qrb + q_pos * stride_qrs + q_head * stride_qrh
                 qt = tl.load(q_rope[:, None] + offs_t[None, :], mask=row_ok[:, None], other=0.0)
-            bt_row = BLOCK_TABLE + b.to(tl.int64) * stride_bt
+            bt_row = BLOCK_TABLE + b.to(tl.int64) * stride_bt + kv_head * stride_bth
 
             if TRANSPOSED:
                 acc0 = tl.zeros([HALF, BLOCK_M], dtype=tl.float32)
@@ -251,12 +253,12 @@ def mla_decode_kernel(
             m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
             acc0, acc1, l_i, m_i = _mla_run(acc0, acc1, l_i, m_i, q0, q1, qt, KV_LAT, K_ROPE, LAT_DESC, ROPE_DESC,
                                             bt_row, lo, mid, key_len, last_visible, kv_head, page_size,
-                                            qk_scale_log2, stride_lp, stride_ls, stride_lh, stride_rp, stride_rs,
+                                            index_bound, qk_scale_log2, stride_lp, stride_ls, stride_lh, stride_rp, stride_rs,
                                             stride_rh, BLOCK_N, HALF, DT, HAS_ROPE, False, TMA, TRANSPOSED, SPARSE,
                                             FP8)
             acc0, acc1, l_i, m_i = _mla_run(acc0, acc1, l_i, m_i, q0, q1, qt, KV_LAT, K_ROPE, LAT_DESC, ROPE_DESC,
                                             bt_row, mid, hi, key_len, last_visible, kv_head, page_size,
-                                            qk_scale_log2, stride_lp, stride_ls, stride_lh, stride_rp, stride_rs,
+                                            index_bound, qk_scale_log2, stride_lp, stride_ls, stride_lh, stride_rp, stride_rs,
                                             stride_rh, BLOCK_N, HALF, DT, HAS_ROPE, True, TMA, TRANSPOSED, SPARSE,
                                             FP8)
 
@@ -279,6 +281,10 @@ def mla_decode_kernel(
                 tl.store(o_row[:, None] + (HALF + offs_h)[None, :], o1.to(O.dtype.element_ty), mask=row_ok[:, None])
                 tl.store(LSE + b.to(tl.int64) * stride_lseb + q_head * stride_lseh + q_pos * stride_lses, lse,
                          mask=row_ok)
+                if HAS_MAX:
+                    # The largest scaled score of each row (natural units; -inf with no key): sparse prefill's
+                    # max_logits. Only whole sequences are planned when it is asked for.
+                    tl.store(MAX_LOGITS + b.to(tl.int64) * stride_mb + q_head * stride_mh, m_i * LN2, mask=row_ok)
             else:
                 # A piece: fp32 partial at this batch's split slot; an empty piece has LSE -inf (weight 0).
                 lse = tl.where(empty, float("-inf"), m_i * LN2 + tl.log(l_i))
@@ -329,12 +335,15 @@ def _tma_ok(t, heads_k):
 
 
 def mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens, metadata, split_offsets,
-                       out, lse, *, softmax_scale, causal, sinks=None, valid_lens=None, fp8_layout=None, tiles=None,
-                       use_tma=None, interpret=False):
+                       out, lse, *, softmax_scale, causal, sinks=None, valid_lens=None, fp8_layout=None,
+                       max_logits=None, tiles=None, use_tma=None, interpret=False):
     """q_lat (b, s_q, h_q, DV), q_rope (b, s_q, h_q, DT) or None, kv_lat (pages, page_size, h_k, DV),
     k_rope (pages, page_size, h_k, DT) or None, metadata / split_offsets from `schedule.plan_mla`, sinks (h_q,)
     fp32 or None (an attention sink per query head). Token-sparse: `valid_lens (b,)` int32 given, each "batch"
-    is one query token, `block_table (b, topk)` holds its token indices (-1 = none) and `cache_seqlens` is topk.
+    is one query token, `block_table (b, [h_k,] topk)` holds its token indices (negative or past the cache = none;
+    with the h_k axis, one row per KV head) and `cache_seqlens` is topk.
+    `max_logits (b, h_q)` fp32 (s_q = 1): also write each row's largest scaled score; the plan must run every
+    sequence whole (one part each), so there is nothing to combine and no split buffer is made.
     `fp8_layout` "v32" / "model1": kv_lat is the packed uint8 cache (k_rope the same tensor), dequantised on load.
     Writes out (b, s_q, h_q, DV) and lse (b, h_q, s_q); returns the compiled decode kernel (for tuning:
     its register and spill counts). `tiles` = (BLOCK_M, BLOCK_N, num_warps, num_stages, transposed) overrides the table."""
@@ -367,26 +376,31 @@ def mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens
             rope_desc = TensorDescriptor(k_rope, [rows, dt], [k_rope.stride(1), 1], [block_n, dt])
     num_parts = metadata.shape[0]
     # Split buffers: every part boundary adds at most one piece to one batch.
-    o_part = torch.empty((batch + num_parts, heads_k * rows_per_k, dv), dtype=torch.float32, device=q_lat.device)
-    lse_part = torch.empty((batch + num_parts, heads_k * rows_per_k), dtype=torch.float32, device=q_lat.device)
+    whole = max_logits is not None
+    parts_rows = 0 if whole else batch + num_parts
+    o_part = torch.empty((parts_rows, heads_k * rows_per_k, dv), dtype=torch.float32, device=q_lat.device)
+    lse_part = torch.empty((parts_rows, heads_k * rows_per_k), dtype=torch.float32, device=q_lat.device)
     rope_strides = (k_rope.stride(0), k_rope.stride(1), k_rope.stride(2)) if has_rope else (0, 0, 0)
     q_rope_strides = (q_rope.stride(0), q_rope.stride(1), q_rope.stride(2)) if has_rope else (0, 0, 0)
     num_m_blocks = triton.cdiv(rows_per_k, block_m)
     kernel = mla_decode_kernel[(num_parts, heads_k * num_m_blocks)](
-        q_lat, q_rope, kv_lat, k_rope, lat_desc, rope_desc, out, lse, o_part, lse_part,
+        q_lat, q_rope, kv_lat, k_rope, lat_desc, rope_desc, out, lse, o_part, lse_part, max_logits,
         block_table, cache_seqlens, valid_lens, metadata, split_offsets, sinks,
-        batch, seqlen_q, group, rows_per_k, num_m_blocks, page_size, block_table.stride(0),
+        batch, seqlen_q, group, rows_per_k, num_m_blocks, page_size, kv_lat.shape[0] * page_size,
+        block_table.stride(0), block_table.stride(1) if block_table.dim() == 3 else 0,
         softmax_scale * 1.4426950408889634,
         q_lat.stride(0), q_lat.stride(1), q_lat.stride(2), *q_rope_strides,
         kv_lat.stride(0), kv_lat.stride(1), kv_lat.stride(2), *rope_strides,
         out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1), lse.stride(2),
         o_part.stride(0), o_part.stride(1), lse_part.stride(0),
+        *((max_logits.stride(0), max_logits.stride(1)) if whole else (0, 0)),
         BLOCK_M=block_m, BLOCK_N=block_n, HALF=half, DT=dt, HAS_ROPE=has_rope, CAUSAL=causal,
         TMA=bool(use_tma), TRANSPOSED=transposed, HAS_SINKS=sinks is not None, SPARSE=sparse,
-        FP8={None: 0, "v32": 1, "model1": 2}[fp8_layout],
+        FP8={None: 0, "v32": 1, "model1": 2}[fp8_layout], HAS_MAX=whole,
         SCHED_BLOCK=SCHED_BLOCK, SCHED_FIELDS=SCHED_FIELDS,
         num_warps=num_warps, num_stages=num_stages,
     )
-    combine(out, lse, o_part, lse_part, rows_per_k=rows_per_k, group=group, split_offsets=split_offsets,
-            sinks=sinks, empty_lse=float("inf"))
+    if not whole:
+        combine(out, lse, o_part, lse_part, rows_per_k=rows_per_k, group=group, split_offsets=split_offsets,
+                sinks=sinks, empty_lse=float("inf"))
     return kernel
