@@ -58,10 +58,10 @@ MLA_SCRIPT = textwrap.dedent('''
     from fmha.kernels.mla_decode import mla_decode_kernel, _tile_config
     tma, causal, rows, sparse, fp8 = json.loads(sys.argv[1])
     bm, bn, warps, stages, transposed = _tile_config(rows, False)
-    stages = 1 if fp8 else stages          # as mla_decode_forward does for FP8 caches
-    consts = dict(BLOCK_M=bm, BLOCK_N=bn, HALF=256, DT=64, HAS_ROPE=True, CAUSAL=causal, TMA=tma,
+    consts = dict(BLOCK_M=bm, BLOCK_N=bn, HALF=256, DT=64, HAS_ROPE=fp8 != 2, CAUSAL=causal, TMA=tma,
                   TRANSPOSED=transposed, HAS_SINKS=True, SPARSE=sparse, FP8=fp8, SCHED_BLOCK=64,
                   SCHED_FIELDS=8, HAS_MAX=sparse and not fp8)     # sparse bf16: the sparse prefill form
+    # fp8 == 2 is model1: d_qk = d_v = 512, no separate rope part.
     ptrs = dict(Q_LAT="*bf16", Q_ROPE="*bf16", KV_LAT="*bf16", K_ROPE="*bf16", O="*bf16", LSE="*fp32",
                 O_PART="*fp32", LSE_PART="*fp32", MAX_LOGITS="*fp32", BLOCK_TABLE="*i32", SEQLENS="*i32", SCHED="*i32",
                 SPLIT_OFFSETS="*i32", SINKS="*fp32", VALID_LENS="*i32", LAT_DESC=f"tensordesc<bf16[{bn},256]>",
@@ -84,9 +84,10 @@ MLA_SCRIPT = textwrap.dedent('''
 @pytest.mark.cpu
 @pytest.mark.parametrize("tma,causal,rows,sparse,fp8", [(True, True, 128, False, 0), (False, False, 64, False, 0),
                                                        (True, True, 16, False, 0), (False, False, 128, True, 1),
-                                                       (False, True, 64, False, 1), (False, False, 128, True, 0)],
+                                                       (False, True, 64, False, 1), (False, False, 128, True, 0),
+                                                       (False, False, 128, True, 2)],
                          ids=["mla-tma-causal", "mla-gather", "mla-transposed", "mla-sparse-fp8", "mla-fp8",
-                              "mla-sparse-prefill"])
+                              "mla-sparse-prefill", "mla-sparse-model1"])
 def test_mla_compiles_for_sm90(tma, causal, rows, sparse, fp8):
     env = dict(os.environ, TRITON_INTERPRET="0")
     proc = subprocess.run([sys.executable, "-c", MLA_SCRIPT, json.dumps([tma, causal, rows, sparse, fp8])], env=env,

@@ -27,7 +27,8 @@ from .common import LN2, sink_keep
 def _fp8_cols(row, START: tl.constexpr, WIDTH: tl.constexpr, ok, FP8: tl.constexpr, DTYPE: tl.constexpr):
     """Columns START .. START + WIDTH - 1 of the key rows at byte pointers `row` in an FP8 cache (`_kv_fp8.py` has
     the byte layouts), dequantised to DTYPE: NoPE columns are e4m3 times their group's scale, RoPE columns are
-    stored bf16. Only the loads the column range can need are issued."""
+    stored bf16. Values are loaded as (rows, groups, GROUP) and scales as (rows, groups), one scale per group and
+    row: compact tiles that the pipeliner can stage."""
     if FP8 == 1:         # v32: 512 e4m3 | 4 fp32 scales (groups of 128) | 64 bf16 rope
         NOPE: tl.constexpr = 512
         GROUP: tl.constexpr = 128
@@ -38,23 +39,33 @@ def _fp8_cols(row, START: tl.constexpr, WIDTH: tl.constexpr, ok, FP8: tl.constex
         GROUP: tl.constexpr = 64
         SCALE_OFF: tl.constexpr = 576
         ROPE_OFF: tl.constexpr = 448
-    cols = START + tl.arange(0, WIDTH)
-    nope = (cols < NOPE)[None, :]
-    value = tl.zeros([row.shape[0], WIDTH], dtype=tl.float32)
-    if START < NOPE:
-        x = tl.load(row.to(tl.pointer_type(tl.float8e4nv))[:, None] + cols[None, :], mask=ok[:, None] & nope,
-                    other=0.0)
+    if START >= NOPE:
+        # All RoPE (v32's last 64 columns).
+        cols = START - NOPE + tl.arange(0, WIDTH)
+        value = tl.load((row + ROPE_OFF).to(tl.pointer_type(tl.bfloat16))[:, None] + cols[None, :],
+                        mask=ok[:, None], other=0.0)
+    else:
+        tl.static_assert(WIDTH % GROUP == 0)
+        GROUPS: tl.constexpr = WIDTH // GROUP
+        g = START // GROUP + tl.arange(0, GROUPS)                   # group numbers in this column range
+        cols = g[:, None] * GROUP + tl.arange(0, GROUP)[None, :]   # (GROUPS, GROUP)
+        g_nope = (g * GROUP < NOPE)[None, :]
+        x = tl.load(row.to(tl.pointer_type(tl.float8e4nv))[:, None, None] + cols[None, :, :],
+                    mask=ok[:, None, None] & (cols < NOPE)[None, :, :], other=0.0)
         if FP8 == 1:
-            scale = tl.load((row + SCALE_OFF).to(tl.pointer_type(tl.float32))[:, None] + (cols // GROUP)[None, :],
-                            mask=ok[:, None] & nope, other=0.0)
+            scale = tl.load((row + SCALE_OFF).to(tl.pointer_type(tl.float32))[:, None] + g[None, :],
+                            mask=ok[:, None] & g_nope, other=0.0)
         else:
-            e = tl.load(row[:, None] + SCALE_OFF + (cols // GROUP)[None, :], mask=ok[:, None] & nope, other=127)
+            e = tl.load(row[:, None] + SCALE_OFF + g[None, :], mask=ok[:, None] & g_nope, other=127)
             scale = tl.exp2(e.to(tl.float32) - 127.0)
-        value = x.to(tl.float32) * scale
-    if START + WIDTH > NOPE:
-        rope = tl.load((row + ROPE_OFF).to(tl.pointer_type(tl.bfloat16))[:, None] + (cols - NOPE)[None, :],
-                       mask=ok[:, None] & ~nope, other=0.0)
-        value = tl.where(nope, value, rope.to(tl.float32))
+        value = x.to(tl.float32) * scale[:, :, None]
+        if START + WIDTH > NOPE:
+            # model1's second half ends with the RoPE columns, exactly one group wide.
+            tl.static_assert(START + WIDTH - NOPE == GROUP)
+            rope = tl.load((row + ROPE_OFF).to(tl.pointer_type(tl.bfloat16))[:, None] + tl.arange(0, GROUP)[None, :],
+                           mask=ok[:, None], other=0.0)
+            value = tl.where(g_nope[:, :, None], value, rope.to(tl.float32)[:, None, :])
+        value = tl.reshape(value, [row.shape[0], WIDTH])
     return value.to(DTYPE)
 
 
@@ -360,10 +371,6 @@ def mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens
     sparse = valid_lens is not None
     if sparse or fp8_layout is not None:
         use_tma = False                  # token gathers (one page lookup per key) / FP8 rows dequantised on load
-    if fp8_layout is not None and tiles is None:
-        # The pipeliner stages every load of the dequantisation (values, scales, rope) as full tiles: 288 KB
-        # of shared memory at 2 stages. A first, unpipelined FP8 path; its fast path is still to be written.
-        num_stages = 1
     if use_tma is None:
         use_tma = (not interpret and page_size % block_n == 0 and _tma_ok(kv_lat, heads_k)
                    and (not has_rope or _tma_ok(k_rope, heads_k)))
