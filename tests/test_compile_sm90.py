@@ -60,14 +60,16 @@ MLA_SCRIPT = textwrap.dedent('''
     bm, bn, warps, stages, transposed = _tile_config(rows, False)
     consts = dict(BLOCK_M=bm, BLOCK_N=bn, HALF=256, DT=64, HAS_ROPE=fp8 != 2, CAUSAL=causal, TMA=tma,
                   TRANSPOSED=transposed, HAS_SINKS=True, SPARSE=sparse, FP8=fp8, SCHED_BLOCK=64,
-                  SCHED_FIELDS=8, HAS_MAX=sparse and not fp8)     # sparse bf16: the sparse prefill form
+                  SCHED_FIELDS=8, HAS_MAX=sparse and not fp8, EXTRA=sparse and fp8 == 2)
+    # sparse bf16 is the sparse prefill form; sparse model1 is V4's, with the extra source.
     # fp8 == 2 is model1: d_qk = d_v = 512, no separate rope part.
     ptrs = dict(Q_LAT="*bf16", Q_ROPE="*bf16", KV_LAT="*bf16", K_ROPE="*bf16", O="*bf16", LSE="*fp32",
                 O_PART="*fp32", LSE_PART="*fp32", MAX_LOGITS="*fp32", BLOCK_TABLE="*i32", SEQLENS="*i32", SCHED="*i32",
-                SPLIT_OFFSETS="*i32", SINKS="*fp32", VALID_LENS="*i32", LAT_DESC=f"tensordesc<bf16[{bn},256]>",
+                SPLIT_OFFSETS="*i32", SINKS="*fp32", VALID_LENS="*i32", X_TABLE="*i32", X_VALID="*i32", X_LAT="*bf16", X_ROPE="*bf16",
+                LAT_DESC=f"tensordesc<bf16[{bn},256]>",
                 ROPE_DESC=f"tensordesc<bf16[{bn},64]>")
     if fp8:
-        ptrs.update(KV_LAT="*u8", K_ROPE="*u8")
+        ptrs.update(KV_LAT="*u8", K_ROPE="*u8", X_LAT="*u8", X_ROPE="*u8")
     names = list(inspect.signature(mla_decode_kernel.fn).parameters)
     sig = {n: ptrs.get(n, "constexpr" if n in consts else ("fp32" if n == "qk_scale_log2" else "i32"))
            for n in names}

@@ -211,25 +211,34 @@ def _sparse_source(b, s_q, topk, num_tokens, page_size, d, dtype, device, g):
 
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("with_sink", [False, True], ids=["", "sink"])
-def test_extra_kv_source(target, with_sink):
-    """DeepSeek-V4's two sources (compressed KV, page 256 on the GPU, + a sliding-window cache, page 64), merged
-    exactly before the sink: equal to attention over the union of both sources' selected tokens."""
+@pytest.mark.parametrize("layout", [None, "model1"], ids=["bf16", "fp8-model1"])
+def test_extra_kv_source(target, with_sink, layout):
+    """DeepSeek-V4's two sources (compressed KV, page 256 on the GPU, + a sliding-window cache, page 64) in one
+    launch, the sink after both: equal to attention over the union of both sources' selected tokens. Also with
+    V4's FP8 caches (unused slots hold packed 1e4s there, as NaN cannot be packed)."""
     device, dtype = target
     b, s_q, h_q, topk, extra_topk, pages = (3, 2, 16, 40, 24, (32, 16)) if device == "cpu" else (8, 2, 64, 128, 512,
                                                                                               (256, 64))
+    d = D_QK if layout is None else LAYOUTS[layout][0]
     g = torch.Generator().manual_seed(21)
-    cache, indices, length = _sparse_source(b, s_q, topk, 500, pages[0], D_QK, dtype, device, g)
-    extra, extra_indices, extra_length = _sparse_source(b, s_q, extra_topk, 300, pages[1], D_QK, dtype, device, g)
+    cache, indices, length = _sparse_source(b, s_q, topk, 500, pages[0], d, dtype, device, g)
+    extra, extra_indices, extra_length = _sparse_source(b, s_q, extra_topk, 300, pages[1], d, dtype, device, g)
+    ref_cache, ref_extra = cache, extra
+    if layout is not None:
+        cache, extra = (flash_mla.quantize_kv_cache(torch.nan_to_num(c.bfloat16(), nan=1e4), layout)
+                        for c in (cache, extra))
+        ref_cache, ref_extra = (flash_mla.dequantize_kv_cache(c, layout, torch.float32) for c in (cache, extra))
     length[0], extra_length[0] = 0, 0                                 # a batch that sees nothing at all
-    q = torch.randn(b, s_q, h_q, D_QK, generator=g).to(dtype).to(device)
+    q = torch.randn(b, s_q, h_q, d, generator=g).to(dtype).to(device)
     sink = (torch.randn(h_q) * 2).to(device) if with_sink else None
     lens = torch.zeros(b, dtype=torch.int32, device=device)
     meta, splits = flash_mla.get_mla_metadata(lens, s_q * h_q, 1, num_heads_q=h_q, topk=topk)
     out, lse = flash_mla.flash_mla_with_kvcache(q, cache, None, lens, D_V, meta, splits, indices=indices,
                                                 topk_length=length, attn_sink=sink, extra_k_cache=extra,
-                                                extra_indices_in_kvcache=extra_indices, extra_topk_length=extra_length)
+                                                extra_indices_in_kvcache=extra_indices, extra_topk_length=extra_length,
+                                                is_fp8_kvcache=layout is not None)
     # Oracle: one cache holding both sources, the extra indices shifted past the first cache's tokens.
-    both = torch.cat([cache.flatten(0, 1), extra.flatten(0, 1)]).unsqueeze(1)
+    both = torch.cat([ref_cache.flatten(0, 1), ref_extra.flatten(0, 1)]).unsqueeze(1)
     shift = cache.shape[0] * cache.shape[1]
     rows = []
     for i in range(b):

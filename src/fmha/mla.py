@@ -19,7 +19,6 @@ fp32 natural log, and a query row that sees no key gives output 0 and LSE **+inf
 """
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import torch
@@ -27,8 +26,7 @@ import torch
 from . import _validate as V
 from ._kv_fp8 import dequantize_kv_cache, quantize_kv_cache
 from .kernels.mla_decode import mla_decode_forward
-from .merge import merge_states
-from .schedule import SCHED_FIELDS, mla_num_parts, num_sms, plan_mla
+from .schedule import SCHED_BLOCK, SCHED_FIELDS, mla_num_parts, num_sms, plan_mla
 
 __all__ = ["get_mla_metadata", "flash_mla_with_kvcache", "flash_mla_sparse_fwd", "mla_decode", "quantize_kv_cache",
            "dequantize_kv_cache"]
@@ -80,17 +78,21 @@ def _mla_decode_fwd(q_lat: torch.Tensor, q_rope: Optional[torch.Tensor], kv_lat:
                     k_rope: Optional[torch.Tensor], block_table: torch.Tensor, cache_seqlens: torch.Tensor,
                     metadata: torch.Tensor, split_offsets: torch.Tensor, softmax_scale: float,
                     causal: bool, attn_sink: Optional[torch.Tensor],
-                    valid_lens: Optional[torch.Tensor], fp8_layout: Optional[str]) -> tuple[torch.Tensor, torch.Tensor]:
+                    valid_lens: Optional[torch.Tensor], fp8_layout: Optional[str],
+                    x_lat: Optional[torch.Tensor] = None, x_rope: Optional[torch.Tensor] = None,
+                    x_table: Optional[torch.Tensor] = None, x_valid: Optional[torch.Tensor] = None,
+                    main_span: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     out, lse = _empty_outputs(q_lat)
+    extra = None if x_lat is None else (x_lat, x_rope, x_table, x_valid, main_span)
     mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens, metadata, split_offsets, out, lse,
                        softmax_scale=softmax_scale, causal=causal, sinks=attn_sink, valid_lens=valid_lens,
-                       fp8_layout=fp8_layout, interpret=q_lat.device.type == "cpu")
+                       fp8_layout=fp8_layout, extra=extra, interpret=q_lat.device.type == "cpu")
     return out, lse
 
 
 @_mla_decode_fwd.register_fake
 def _(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens, metadata, split_offsets, softmax_scale, causal,
-      attn_sink, valid_lens, fp8_layout):
+      attn_sink, valid_lens, fp8_layout, x_lat=None, x_rope=None, x_table=None, x_valid=None, main_span=0):
     return _empty_outputs(q_lat)
 
 
@@ -196,8 +198,8 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
             `quantize_kv_cache`. Dequantised on load; the math is in q's dtype.
         extra_k_cache, extra_indices_in_kvcache, extra_topk_length: a second KV source with its own page size
             (DeepSeek-V4's sliding-window branch), sparse like the first: `extra_indices_in_kvcache (batch, s_q,
-            extra_topk)` index `extra_k_cache`. Both sources are attended, merged exactly, then the sink applied.
-            (Two decode launches and a merge for now, not one launch.)
+            extra_topk)` index `extra_k_cache` (same row format as k_cache). Both sources are attended in one
+            launch (one softmax over the union), then the sink applied.
 
     Returns:
         `out (batch, s_q, h_q, head_dim_v)` in q's dtype and `lse (batch, h_q, s_q)` fp32 (natural log; +inf
@@ -237,26 +239,24 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
     if extra_k_cache is None:
         return _sparse_decode(q_lat, q_rope, k_lat, k_rope, fp8_layout, main, tile_scheduler_metadata, num_splits,
                               scale, attn_sink)
-    # Two sources (DeepSeek-V4: compressed KV + sliding window): attend to each without the sink, merge the two
-    # exactly, then apply the sink. The extra source is planned here (device ops, no host sync).
-    # TODO(perf): one launch for both sources, as FlashMLA does; this runs two decode launches and a merge.
-    e_lat, e_rope, e_layout = _cache_parts("extra_k_cache", extra_k_cache, q, head_dim_v, is_fp8_kvcache)
+    # Two sources (DeepSeek-V4: compressed KV + sliding window) in one launch: each query token's planned row is
+    # the main source's topk keys (rounded up to a whole scheduling block) followed by the extra source's, one
+    # online softmax runs over both, and the sink comes last. The plan covers both, so it is made here (device ops,
+    # no host sync); the one passed in, checked above, is for the main source alone.
+    e_lat, e_rope, _ = _cache_parts("extra_k_cache", extra_k_cache, q, head_dim_v, is_fp8_kvcache)
     if extra_indices_in_kvcache is None:
         raise ValueError("extra_indices_in_kvcache: required with extra_k_cache")
-    extra = _sparse_inputs(q_lat, "extra_indices_in_kvcache", extra_indices_in_kvcache, "extra_topk_length",
-                           extra_topk_length)
+    if extra_k_cache.shape[-1] != k_cache.shape[-1] or extra_k_cache.shape[2] != k_cache.shape[2]:
+        raise ValueError(f"extra_k_cache: heads and row width must match k_cache's {tuple(k_cache.shape[2:])}, got "
+                         f"{tuple(extra_k_cache.shape[2:])}")
+    x_table, _, x_valid = _sparse_inputs(q_lat, "extra_indices_in_kvcache", extra_indices_in_kvcache,
+                                         "extra_topk_length", extra_topk_length)
+    main_span = -(-main[0].shape[1] // SCHED_BLOCK) * SCHED_BLOCK
+    lengths = torch.full_like(main[1], main_span + x_table.shape[1])
     h_k = k_lat.shape[2]
-    meta_b, splits_b = plan_mla(extra[1], mla_num_parts(h_q // h_k, h_k, num_sms(q.device)))
-    out_a, lse_a = _sparse_decode(q_lat, q_rope, k_lat, k_rope, fp8_layout, main, tile_scheduler_metadata,
-                                  num_splits, scale, None)
-    out_b, lse_b = _sparse_decode(q_lat, q_rope, e_lat, e_rope, e_layout, extra, meta_b, splits_b, scale, None)
-    # FlashMLA's +inf (no key) is -inf (weight 0) for the merge.
-    lses = [torch.where(torch.isposinf(x), -math.inf, x).transpose(1, 2) for x in (lse_a, lse_b)]
-    out, lse = merge_states([out_a, out_b], lses)                     # (b, s_q, h_q, dv), (b, s_q, h_q)
-    if attn_sink is not None:
-        keep = torch.where(torch.isneginf(lse), 0.0, torch.sigmoid(lse - attn_sink))
-        out = (out.float() * keep.unsqueeze(-1)).to(q.dtype)
-    return out, torch.where(torch.isneginf(lse), math.inf, lse).transpose(1, 2).contiguous()
+    metadata, splits = plan_mla(lengths, mla_num_parts(h_q // h_k, h_k, num_sms(q.device)))
+    return _sparse_decode(q_lat, q_rope, k_lat, k_rope, fp8_layout, (main[0], lengths, main[2]), metadata, splits,
+                          scale, attn_sink, extra=(e_lat, e_rope, x_table, x_valid, main_span))
 
 
 def _cache_parts(name, cache, q, head_dim_v, is_fp8):
@@ -299,15 +299,16 @@ def _sparse_inputs(q_lat, indices_name, indices, length_name, topk_length):
     return indices.reshape(tokens, topk), lengths, valid
 
 
-def _sparse_decode(q_lat, q_rope, k_lat, k_rope, fp8_layout, inputs, metadata, num_splits, scale, attn_sink):
-    """Token-sparse decode of one source (`inputs` from `_sparse_inputs`). Returns (out (b, s_q, h_q, dv),
-    lse (b, h_q, s_q))."""
+def _sparse_decode(q_lat, q_rope, k_lat, k_rope, fp8_layout, inputs, metadata, num_splits, scale, attn_sink,
+                   extra=None):
+    """Token-sparse decode (`inputs` from `_sparse_inputs`; `extra` a second source, as `mla_decode_forward`
+    takes it). Returns (out (b, s_q, h_q, dv), lse (b, h_q, s_q))."""
     batch, s_q, h_q, dv = q_lat.shape
     table, lengths, valid = inputs
     tokens = table.shape[0]
     flat = lambda t: None if t is None else t.reshape(tokens, 1, *t.shape[2:])      # noqa: E731
     out, lse = _mla_decode_fwd(flat(q_lat), flat(q_rope), k_lat, k_rope, table, lengths, metadata, num_splits,
-                               scale, False, attn_sink, valid, fp8_layout)
+                               scale, False, attn_sink, valid, fp8_layout, *(extra or ()))
     return out.view(batch, s_q, h_q, dv), lse.view(batch, s_q, h_q).transpose(1, 2).contiguous()
 
 

@@ -200,6 +200,8 @@ def _mla_run(acc0, acc1, l_i, m_i, q0, q1, qt, kv_lat, k_rope, lat_desc, rope_de
 def mla_decode_kernel(
     Q_LAT, Q_ROPE, KV_LAT, K_ROPE, LAT_DESC, ROPE_DESC, O, LSE, O_PART, LSE_PART, MAX_LOGITS,
     BLOCK_TABLE, SEQLENS, VALID_LENS, SCHED, SPLIT_OFFSETS, SINKS,
+    X_LAT, X_ROPE, X_TABLE, X_VALID, main_span, x_page_size, x_index_bound, stride_xbt,
+    stride_xlp, stride_xls, stride_xlh, stride_xrp, stride_xrs, stride_xrh,
     batch, seqlen_q, group, rows_per_k, num_m_blocks, page_size, index_bound, stride_bt, stride_bth, qk_scale_log2,
     stride_qlb, stride_qls, stride_qlh, stride_qrb, stride_qrs, stride_qrh,
     stride_lp, stride_ls, stride_lh, stride_rp, stride_rs, stride_rh,
@@ -207,7 +209,7 @@ def mla_decode_kernel(
     stride_ps, stride_pr, stride_lps, stride_mb, stride_mh,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HALF: tl.constexpr, DT: tl.constexpr,
     HAS_ROPE: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr, TRANSPOSED: tl.constexpr,
-    HAS_SINKS: tl.constexpr, SPARSE: tl.constexpr, FP8: tl.constexpr, HAS_MAX: tl.constexpr,
+    HAS_SINKS: tl.constexpr, SPARSE: tl.constexpr, FP8: tl.constexpr, HAS_MAX: tl.constexpr, EXTRA: tl.constexpr,
     SCHED_BLOCK: tl.constexpr, SCHED_FIELDS: tl.constexpr,
 ):
     part = tl.program_id(0)
@@ -262,16 +264,28 @@ def mla_decode_kernel(
                 acc1 = tl.zeros([BLOCK_M, HALF], dtype=tl.float32)
             l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
             m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+            if not SPARSE:
+                acc0, acc1, l_i, m_i = _mla_run(acc0, acc1, l_i, m_i, q0, q1, qt, KV_LAT, K_ROPE, LAT_DESC,
+                                                ROPE_DESC, bt_row, lo, mid, key_len, last_visible, kv_head, page_size,
+                                                index_bound, qk_scale_log2, stride_lp, stride_ls, stride_lh,
+                                                stride_rp, stride_rs, stride_rh, BLOCK_N, HALF, DT, HAS_ROPE, False,
+                                                TMA, TRANSPOSED, SPARSE, FP8)
+            # Sparse: every tile is masked (any index may be invalid). With an EXTRA source, keys [0, main_span)
+            # of the planned row are the main source's and the rest the extra source's (main_span is a multiple of
+            # SCHED_BLOCK, so no tile straddles the two).
             acc0, acc1, l_i, m_i = _mla_run(acc0, acc1, l_i, m_i, q0, q1, qt, KV_LAT, K_ROPE, LAT_DESC, ROPE_DESC,
-                                            bt_row, lo, mid, key_len, last_visible, kv_head, page_size,
-                                            index_bound, qk_scale_log2, stride_lp, stride_ls, stride_lh, stride_rp, stride_rs,
-                                            stride_rh, BLOCK_N, HALF, DT, HAS_ROPE, False, TMA, TRANSPOSED, SPARSE,
-                                            FP8)
-            acc0, acc1, l_i, m_i = _mla_run(acc0, acc1, l_i, m_i, q0, q1, qt, KV_LAT, K_ROPE, LAT_DESC, ROPE_DESC,
-                                            bt_row, mid, hi, key_len, last_visible, kv_head, page_size,
-                                            index_bound, qk_scale_log2, stride_lp, stride_ls, stride_lh, stride_rp, stride_rs,
-                                            stride_rh, BLOCK_N, HALF, DT, HAS_ROPE, True, TMA, TRANSPOSED, SPARSE,
-                                            FP8)
+                                            bt_row, mid, tl.minimum(hi, main_span), key_len, last_visible, kv_head,
+                                            page_size, index_bound, qk_scale_log2, stride_lp, stride_ls, stride_lh,
+                                            stride_rp, stride_rs, stride_rh, BLOCK_N, HALF, DT, HAS_ROPE, True, TMA,
+                                            TRANSPOSED, SPARSE, FP8)
+            if EXTRA:
+                acc0, acc1, l_i, m_i = _mla_run(acc0, acc1, l_i, m_i, q0, q1, qt, X_LAT, X_ROPE, LAT_DESC, ROPE_DESC,
+                                                X_TABLE + b.to(tl.int64) * stride_xbt,
+                                                tl.maximum(lo, main_span) - main_span, hi - main_span,
+                                                tl.load(X_VALID + b), last_visible, kv_head, x_page_size,
+                                                x_index_bound, qk_scale_log2, stride_xlp, stride_xls, stride_xlh,
+                                                stride_xrp, stride_xrs, stride_xrh, BLOCK_N, HALF, DT, HAS_ROPE,
+                                                True, False, TRANSPOSED, SPARSE, FP8)
 
             if TRANSPOSED:
                 acc0 = tl.trans(acc0)
@@ -347,7 +361,7 @@ def _tma_ok(t, heads_k):
 
 def mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens, metadata, split_offsets,
                        out, lse, *, softmax_scale, causal, sinks=None, valid_lens=None, fp8_layout=None,
-                       max_logits=None, tiles=None, use_tma=None, interpret=False):
+                       max_logits=None, extra=None, tiles=None, use_tma=None, interpret=False):
     """q_lat (b, s_q, h_q, DV), q_rope (b, s_q, h_q, DT) or None, kv_lat (pages, page_size, h_k, DV),
     k_rope (pages, page_size, h_k, DT) or None, metadata / split_offsets from `schedule.plan_mla`, sinks (h_q,)
     fp32 or None (an attention sink per query head). Token-sparse: `valid_lens (b,)` int32 given, each "batch"
@@ -355,6 +369,9 @@ def mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens
     with the h_k axis, one row per KV head) and `cache_seqlens` is topk.
     `max_logits (b, h_q)` fp32 (s_q = 1): also write each row's largest scaled score; the plan must run every
     sequence whole (one part each), so there is nothing to combine and no split buffer is made.
+    `extra = (x_lat, x_rope, x_table (b, extra_topk), x_valid (b,), main_span)`: a second sparse source (its own
+    cache, page size and indices) in the same launch: the plan's rows are main_span (a multiple of SCHED_BLOCK, at
+    least the main topk) keys of the main source followed by extra_topk of the extra one.
     `fp8_layout` "v32" / "model1": kv_lat is the packed uint8 cache (k_rope the same tensor), dequantised on load.
     Writes out (b, s_q, h_q, DV) and lse (b, h_q, s_q); returns the compiled decode kernel (for tuning:
     its register and spill counts). `tiles` = (BLOCK_M, BLOCK_N, num_warps, num_stages, transposed) overrides the table."""
@@ -390,9 +407,16 @@ def mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens
     rope_strides = (k_rope.stride(0), k_rope.stride(1), k_rope.stride(2)) if has_rope else (0, 0, 0)
     q_rope_strides = (q_rope.stride(0), q_rope.stride(1), q_rope.stride(2)) if has_rope else (0, 0, 0)
     num_m_blocks = triton.cdiv(rows_per_k, block_m)
+    if extra is not None:
+        x_lat, x_rope, x_table, x_valid, main_span = extra
+        x_rope_strides = (x_rope.stride(0), x_rope.stride(1), x_rope.stride(2)) if has_rope else (0, 0, 0)
+        x_args = (x_lat, x_rope, x_table, x_valid, main_span, x_lat.shape[1], x_lat.shape[0] * x_lat.shape[1],
+                  x_table.stride(0), x_lat.stride(0), x_lat.stride(1), x_lat.stride(2), *x_rope_strides)
+    else:
+        x_args = (None, None, None, None, 1 << 30, 1, 0, 0, 0, 0, 0, 0, 0, 0)
     kernel = mla_decode_kernel[(num_parts, heads_k * num_m_blocks)](
         q_lat, q_rope, kv_lat, k_rope, lat_desc, rope_desc, out, lse, o_part, lse_part, max_logits,
-        block_table, cache_seqlens, valid_lens, metadata, split_offsets, sinks,
+        block_table, cache_seqlens, valid_lens, metadata, split_offsets, sinks, *x_args,
         batch, seqlen_q, group, rows_per_k, num_m_blocks, page_size, kv_lat.shape[0] * page_size,
         block_table.stride(0), block_table.stride(1) if block_table.dim() == 3 else 0,
         softmax_scale * 1.4426950408889634,
@@ -403,7 +427,7 @@ def mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens
         *((max_logits.stride(0), max_logits.stride(1)) if whole else (0, 0)),
         BLOCK_M=block_m, BLOCK_N=block_n, HALF=half, DT=dt, HAS_ROPE=has_rope, CAUSAL=causal,
         TMA=bool(use_tma), TRANSPOSED=transposed, HAS_SINKS=sinks is not None, SPARSE=sparse,
-        FP8={None: 0, "v32": 1, "model1": 2}[fp8_layout], HAS_MAX=whole,
+        FP8={None: 0, "v32": 1, "model1": 2}[fp8_layout], HAS_MAX=whole, EXTRA=extra is not None,
         SCHED_BLOCK=SCHED_BLOCK, SCHED_FIELDS=SCHED_FIELDS,
         num_warps=num_warps, num_stages=num_stages,
     )
