@@ -137,6 +137,37 @@ def test_varlen(target, mask, heads, dims):
 
 
 @pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("right", [0, 3], ids=["causal", "right3"])
+def test_window_per_sequence(target, right):
+    """A (batch,) int32 tensor of left bounds: each sequence its own sliding window, negative = unbounded,
+    in varlen and dense calls; a bad tensor raises naming `window`."""
+    device, dtype = target
+    torch.manual_seed(11)
+    len_q, len_k = _varlen_lengths(target)
+    lefts = torch.tensor([3, -1, 0, 17, -5, 200][:len(len_q)], dtype=torch.int32, device=device)
+    cu_q = torch.tensor([0] + list(torch.tensor(len_q).cumsum(0)), dtype=torch.int32, device=device)
+    cu_k = torch.tensor([0] + list(torch.tensor(len_k).cumsum(0)), dtype=torch.int32, device=device)
+    tq, tk = int(cu_q[-1]), int(cu_k[-1])
+    q = poisoned((tq, 4, 64), tq, dtype, device, dim=0)
+    k = poisoned((tk, 2, 64), tk, dtype, device, dim=0)
+    v = poisoned((tk, 2, 64), tk, dtype, device, dim=0)
+    got, lse = fmha.attention_varlen(q, k, v, cu_q, cu_k, max(len_q), max(len_k), window=(lefts, right),
+                                     return_lse=True)
+    assert_matches(got, lse, attention_varlen_ref(q, k, v, cu_q, cu_k, window=(lefts, right)), dtype)
+    b, sq, sk = 3, (40 if device == "cpu" else 700), (70 if device == "cpu" else 2000)
+    qd = torch.randn(b, sq, 4, 64, device=device, dtype=dtype)
+    kd = torch.randn(b, sk, 2, 64, device=device, dtype=dtype)
+    vd = torch.randn(b, sk, 2, 64, device=device, dtype=dtype)
+    dense_lefts = lefts[:b].flip(0).contiguous()
+    got, lse = fmha.attention(qd, kd, vd, window=(dense_lefts, right), return_lse=True)
+    assert_matches(got, lse, attention_ref(qd, kd, vd, window=(dense_lefts, right)), dtype)
+    with pytest.raises(ValueError, match="window"):
+        fmha.attention(qd, kd, vd, window=(dense_lefts[:2], right))
+    with pytest.raises(ValueError, match="window"):
+        fmha.attention(qd, kd, vd, window=(dense_lefts.long(), right))
+
+
+@pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("pack_gqa", [False, True])
 @pytest.mark.parametrize("use_tma", [False, True])
 def test_kernel_variants(target, pack_gqa, use_tma):

@@ -21,9 +21,12 @@ SCRIPT = textwrap.dedent('''
     consts = dict(HEAD_DIM_QK=d, HEAD_DIM_V=dv, BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=block_d, BLOCK_DT=max(block_dt, 16),
                   BLOCK_DV=triton.next_power_of_2(dv), HAS_TAIL=block_dt > 0, IS_VARLEN=varlen, MASK_LEFT=False,
                   MASK_RIGHT=causal, HAS_SOFTCAP=True, HAS_ALIBI=True, HAS_SINKS=True, REVERSE_M=causal,
-                  TMA=1 if use_tma else 0, HAS_SEQLENS_K=paged, PAGED=paged, SPLIT=paged)
+                  TMA=1 if use_tma else 0, HAS_SEQLENS_K=paged, PAGED=paged, SPLIT=paged, LEFT_PER_BATCH=varlen)
+    if varlen:
+        consts.update(MASK_LEFT=True)           # the per-sequence sliding window
     ptrs = dict(Q="*bf16", K="*bf16", V="*bf16", O="*bf16", LSE="*fp32", CU_Q="*i32", CU_K="*i32",
-                SLOPES="*fp32", SINKS="*fp32", K_DESC="constexpr", V_DESC="constexpr", SEQLENS_K="*i32", BLOCK_TABLE="*i32")
+                SLOPES="*fp32", SINKS="*fp32", K_DESC="constexpr", V_DESC="constexpr", SEQLENS_K="*i32",
+                BLOCK_TABLE="*i32", WINDOW_LEFTS="*i32")
     names = list(inspect.signature(attn_fwd_kernel.fn).parameters)
     consts.update(K_DESC=None, V_DESC=None)
     sig = {n: ptrs.get(n, "constexpr" if n in consts else ("fp32" if n in ("qk_scale_log2", "softcap") else "i32"))

@@ -136,3 +136,23 @@ def test_kvcache_bad_input():
         fmha.attention_with_kvcache(q, kc, kc, lens)
     with pytest.raises(ValueError, match="num_splits"):
         fmha.attention_with_kvcache(q, kc, kc, lens, block_table=table, num_splits=-1)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_kvcache_window_per_sequence(target, num_splits):
+    """A sliding-window decode branch with one window length per sequence (a (batch,) tensor, -1 = unbounded),
+    causal, over a paged cache, through the split merge."""
+    device, dtype = target
+    c = _case(target)
+    k_cache, v_cache, table, k, v = _cache(c["seqlens"], c["capacity"], c["hk"], c["d"], c["d"], dtype, device, 16)
+    seqlen_q = 3
+    lefts = [5, -1, 0, 40, 1024, 7][:len(c["seqlens"])]
+    q = torch.randn(len(c["seqlens"]), seqlen_q, c["hq"], c["d"], device=device, dtype=dtype)
+    seqlens = torch.tensor(c["seqlens"], dtype=torch.int32, device=device)
+    got, lse = fmha.attention_with_kvcache(q, k_cache, v_cache, seqlens, block_table=table, num_splits=num_splits,
+                                           causal=True, window=(torch.tensor(lefts, dtype=torch.int32, device=device),
+                                                                -1), return_lse=True)
+    outs, lses = zip(*(_oracle(q[i:i + 1], k[i:i + 1], v[i:i + 1], [n], causal=True, window=(lefts[i], -1))
+                       for i, n in enumerate(c["seqlens"])))
+    assert_matches(got, lse, (torch.cat(outs), torch.cat(lses)), dtype)

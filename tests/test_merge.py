@@ -37,6 +37,33 @@ def test_merge_equals_whole(target, parts):
 
 
 @pytest.mark.parametrize("target", TARGETS)
+def test_external_merge_with_sink(target):
+    """The Stage D flow: two branches (a compressed-KV stand-in and a sliding window over the recent keys, causal)
+    run without sinks into fp32 outputs, merged, then the sink applied once: equal to one attention with sinks
+    over the union. Sinks include +inf (head silenced) and -inf (no effect)."""
+    device, dtype = target
+    q, k, v = _split_case(device, dtype, seed=3)
+    b, sq, hq, _ = q.shape
+    cut = k.shape[1] // 3
+    sinks = torch.randn(hq, device=device) * 2
+    sinks[:2] = torch.tensor([math.inf, -math.inf])
+    outs, lses = [], []
+    for lo, hi, causal in ((0, cut, False), (cut, k.shape[1], True)):
+        out = torch.empty(b, sq, hq, v.shape[-1], device=device, dtype=torch.float32)
+        o, lse = fmha.attention(q, k[:, lo:hi], v[:, lo:hi], causal=causal, return_lse=True, out=out)
+        assert o is out
+        outs.append(o)
+        lses.append(lse.transpose(1, 2))
+    o, lse = fmha.merge_attention_states(outs[0], lses[0], outs[1], lses[1])
+    o = fmha.apply_attention_sink(o, lse, sinks)
+    # The oracle: causal over the whole key range is the second branch's mask; the first branch sees all of
+    # its keys (they lie before every query's causal limit here).
+    assert k.shape[1] - q.shape[1] >= cut
+    assert_matches(o.to(dtype), lse.transpose(1, 2), attention_ref(q, k, v, causal=True, sinks=sinks), dtype)
+    assert (o[:, :, 0] == 0).all()
+
+
+@pytest.mark.parametrize("target", TARGETS)
 def test_merge_neg_inf(target):
     """A part with LSE -inf contributes nothing (even if its output holds garbage); all -inf gives 0, -inf."""
     device, dtype = target

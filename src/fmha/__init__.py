@@ -4,6 +4,8 @@ Public API (see each function's docstring for shapes and options):
     attention, attention_varlen    fused prefill attention, padded or packed (varlen) batches
     attention_with_kvcache         decode / chunked prefill against a contiguous or paged KV cache, split-KV
     merge_attention_states[_list]  exact merge of partial results over disjoint key sets
+    apply_attention_sink           the sink on a merged result (external merges: branches run without sinks)
+    mla                            `import fmha.mla as flash_mla`: DeepSeek MLA decode, sparse, FP8 (FlashMLA's API)
     reference                      fp32 oracles for every op (the tests' ground truth)
 
 Kernels run on CUDA tensors. On a machine with no CUDA device, importing fmha switches Triton to its
@@ -18,7 +20,8 @@ if not _torch.cuda.is_available():
     _os.environ.setdefault("TRITON_INTERPRET", "1")
 from . import reference
 from .attention import attention, attention_varlen, attention_with_kvcache
-from .merge import merge_attention_states, merge_attention_states_list
+from .merge import apply_attention_sink, merge_attention_states, merge_attention_states_list
 
-__all__ = ["attention", "attention_varlen", "attention_with_kvcache", "merge_attention_states", "merge_attention_states_list", "reference"]
+__all__ = ["attention", "attention_varlen", "attention_with_kvcache", "merge_attention_states",
+           "merge_attention_states_list", "apply_attention_sink", "reference"]
 __version__ = "0.1.0"

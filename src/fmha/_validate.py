@@ -80,12 +80,25 @@ def check_qkv(q, k, v, *, varlen: bool, check_batch: bool = True):
     check_head_dim("v", v.shape[-1])
 
 
-def check_options(q, *, window, softmax_scale, softcap, alibi_slopes, sinks):
+def check_options(q, *, window, softmax_scale, softcap, alibi_slopes, sinks, batch):
+    """`window` is (left, right) ints, or with `left` a `(batch,)` int32 tensor: one left bound per sequence."""
     hq = q.shape[-2]
-    if not (isinstance(window, (tuple, list)) and len(window) == 2
-            and all(isinstance(w, int) and not isinstance(w, bool) for w in window)):
-        raise TypeError(f"window: expected a pair of ints (left, right), got {window!r}")
-    if window[0] < -1 or window[1] < -1:
+    is_int = lambda w: isinstance(w, int) and not isinstance(w, bool)      # noqa: E731
+    if not (isinstance(window, (tuple, list)) and len(window) == 2 and is_int(window[1])
+            and (is_int(window[0]) or isinstance(window[0], torch.Tensor))):
+        raise TypeError(f"window: expected (left, right) ints, left optionally a (batch,) int32 tensor; "
+                        f"got {window!r}")
+    if isinstance(window[0], torch.Tensor):
+        left = window[0]
+        if left.dtype != torch.int32 or left.dim() != 1 or left.shape[0] != batch:
+            raise ValueError(f"window: a per-sequence left bound must be a ({batch},) int32 tensor, got "
+                             f"{left.dtype} {tuple(left.shape)}")
+        check_tensor("window", left, device=q.device)
+        # Values < -1 are not checked here (that would synchronise with the GPU); the kernel reads any
+        # negative entry as unbounded.
+    elif window[0] < -1:
+        raise ValueError(f"window: each bound must be >= 0, or -1 for unbounded; got {tuple(window)}")
+    if window[1] < -1:
         raise ValueError(f"window: each bound must be >= 0, or -1 for unbounded; got {tuple(window)}")
     check_softmax_scale(softmax_scale)
     if not isinstance(softcap, (int, float)) or isinstance(softcap, bool):
@@ -114,9 +127,10 @@ def check_per_head(name, t, heads_q, device):
 
 
 def check_out(out, shape, dtype, device):
+    """`out` in q's dtype, or fp32 (full-precision partial results for an external merge)."""
     if out is None:
         return
-    check_tensor("out", out, dtypes=(dtype,), device=device)
+    check_tensor("out", out, dtypes=(dtype, torch.float32), device=device)
     if tuple(out.shape) != tuple(shape):
         raise ValueError(f"out: expected shape {tuple(shape)}, got {tuple(out.shape)}")
     check_last_dim_contiguous("out", out)

@@ -21,19 +21,31 @@ def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch
                    cu_seqlens_q: Optional[torch.Tensor], cu_seqlens_k: Optional[torch.Tensor],
                    max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float,
                    window_left: int, window_right: int, softcap: float,
-                   alibi_slopes: Optional[torch.Tensor], sinks: Optional[torch.Tensor]) -> torch.Tensor:
+                   alibi_slopes: Optional[torch.Tensor], sinks: Optional[torch.Tensor],
+                   window_lefts: Optional[torch.Tensor] = None) -> torch.Tensor:
     lse = torch.empty(_lse_shape(q, cu_seqlens_q), dtype=torch.float32, device=q.device)
     attention_forward(q, k, v, out, lse, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                       max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, softmax_scale=softmax_scale,
-                      window=(window_left, window_right), softcap=softcap, alibi_slopes=alibi_slopes,
+                      window=(_left(window_left, window_lefts), window_right), softcap=softcap,
+                      alibi_slopes=alibi_slopes,
                       sinks=sinks, interpret=q.device.type == "cpu")
     return lse
 
 
 @_attention_fwd.register_fake
 def _(q, k, v, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-      window_left, window_right, softcap, alibi_slopes, sinks):
+      window_left, window_right, softcap, alibi_slopes, sinks, window_lefts=None):
     return q.new_empty(_lse_shape(q, cu_seqlens_q), dtype=torch.float32)
+
+
+def _left(window_left, window_lefts):
+    """The kernel's left bound: the per-sequence tensor when given, else the int."""
+    return window_left if window_lefts is None else window_lefts
+
+
+def _split_left(left):
+    """(int, tensor or None) for the custom ops, which take an int and an optional per-sequence tensor."""
+    return (-1, left) if isinstance(left, torch.Tensor) else (left, None)
 
 
 def _lse_shape(q, cu_seqlens_q):
@@ -43,14 +55,15 @@ def _lse_shape(q, cu_seqlens_q):
 
 
 def _prepare(q, k, v, *, varlen, causal, window, softmax_scale, softcap, alibi_slopes, sinks, out,
-             check_batch=True):
-    """Shared validation + output allocation. Returns (out, softmax_scale, (left, right))."""
+             check_batch=True, batch=None):
+    """Shared validation + output allocation. Returns (out, softmax_scale, (left, right)); `left` is an int or
+    a `(batch,)` int32 tensor of per-sequence left bounds."""
     V.check_qkv(q, k, v, varlen=varlen, check_batch=check_batch)
     if not isinstance(causal, bool):
         raise TypeError(f"causal: expected a bool, got {type(causal).__name__}")
     window = tuple(window) if isinstance(window, list) else window
     V.check_options(q, window=window, softmax_scale=softmax_scale, softcap=softcap,
-                    alibi_slopes=alibi_slopes, sinks=sinks)
+                    alibi_slopes=alibi_slopes, sinks=sinks, batch=q.shape[0] if batch is None else batch)
     out_shape = (*q.shape[:-1], v.shape[-1])
     V.check_out(out, out_shape, q.dtype, q.device)
     if out is None:
@@ -59,7 +72,7 @@ def _prepare(q, k, v, *, varlen, causal, window, softmax_scale, softcap, alibi_s
     if causal:
         right = 0
     scale = float(softmax_scale) if softmax_scale is not None else q.shape[-1] ** -0.5
-    return out, scale, (int(left), int(right))
+    return out, scale, (left if isinstance(left, torch.Tensor) else int(left), int(right))
 
 
 def attention(q, k, v, *, causal=False, window=(-1, -1), softmax_scale=None, softcap=0.0,
@@ -72,13 +85,18 @@ def attention(q, k, v, *, causal=False, window=(-1, -1), softmax_scale=None, sof
         v: `(batch, seqlen_k, heads_k, head_dim_v)`; head_dim_v may differ from head_dim_qk.
         causal: bottom-right aligned: query i sees key j iff `j <= i + seqlen_k - seqlen_q` (same as window right=0).
         window: `(left, right)`, -1 = unbounded; key j visible iff
-            `i + Sk - Sq - left <= j <= i + Sk - Sq + right`.
+            `i + Sk - Sq - left <= j <= i + Sk - Sq + right`. `left` may be a `(batch,)` int32 tensor: one
+            sliding-window length per sequence (a negative entry = unbounded), e.g. a sliding-window branch
+            whose sequences have different windows; no host synchronisation.
         softmax_scale: defaults to `head_dim_qk ** -0.5`.
         softcap: if > 0, scores become `softcap * tanh(scores / softcap)` before masking.
         alibi_slopes: `(heads_q,)` fp32; adds `-slope[h] * |i + Sk - Sq - j|` to the scaled score.
         sinks: `(heads_q,)` fp32; a logit that joins the softmax denominator only.
         return_lse: also return the log-sum-exp `(batch, heads_q, seqlen_q)` fp32 (natural log, sink excluded).
-        out: optional output `(batch, seqlen_q, heads_q, head_dim_v)` in q's dtype.
+            For an external merge (`merge_attention_states`, e.g. a compressed-KV branch and a sliding-window
+            branch), run each branch without `sinks`, merge, then `apply_attention_sink` once.
+        out: optional output `(batch, seqlen_q, heads_q, head_dim_v)` in q's dtype, or fp32 to keep partial
+            results for a merge at full precision.
 
     Returns:
         `out`, or `(out, lse)` with `return_lse=True`. Rows that see no key give 0 and LSE -inf.
@@ -86,8 +104,9 @@ def attention(q, k, v, *, causal=False, window=(-1, -1), softmax_scale=None, sof
     out, scale, (left, right) = _prepare(q, k, v, varlen=False, causal=causal, window=window,
                                          softmax_scale=softmax_scale, softcap=softcap,
                                          alibi_slopes=alibi_slopes, sinks=sinks, out=out)
+    left, lefts = _split_left(left)
     lse = _attention_fwd(q, k, v, out, None, None, q.shape[1], k.shape[1], scale, left, right,
-                         float(softcap), alibi_slopes, sinks)
+                         float(softcap), alibi_slopes, sinks, lefts)
     return (out, lse) if return_lse else out
 
 
@@ -107,15 +126,17 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     Returns:
         `out (total_q, heads_q, head_dim_v)`, or `(out, lse)` with lse `(heads_q, total_q)` fp32.
     """
+    batch = cu_seqlens_q.shape[0] - 1 if isinstance(cu_seqlens_q, torch.Tensor) and cu_seqlens_q.dim() == 1 else -1
     out, scale, (left, right) = _prepare(q, k, v, varlen=True, causal=causal, window=window,
                                          softmax_scale=softmax_scale, softcap=softcap,
-                                         alibi_slopes=alibi_slopes, sinks=sinks, out=out)
+                                         alibi_slopes=alibi_slopes, sinks=sinks, out=out, batch=batch)
     V.check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, device=q.device)
     V.check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, batch_plus_one=cu_seqlens_q.shape[0], device=q.device)
     V.check_max_seqlen("max_seqlen_q", max_seqlen_q)
     V.check_max_seqlen("max_seqlen_k", max_seqlen_k)
+    left, lefts = _split_left(left)
     lse = _attention_fwd(q, k, v, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
-                         left, right, float(softcap), alibi_slopes, sinks)
+                         left, right, float(softcap), alibi_slopes, sinks, lefts)
     return (out, lse) if return_lse else out
 
 
@@ -123,11 +144,13 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
 def _attention_kvcache_fwd(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
                            cache_seqlens: torch.Tensor, block_table: Optional[torch.Tensor], num_splits: int,
                            softmax_scale: float, window_left: int, window_right: int, softcap: float,
-                           alibi_slopes: Optional[torch.Tensor], sinks: Optional[torch.Tensor]) -> torch.Tensor:
+                           alibi_slopes: Optional[torch.Tensor], sinks: Optional[torch.Tensor],
+                           window_lefts: Optional[torch.Tensor] = None) -> torch.Tensor:
     lse = torch.empty(_lse_shape(q, None), dtype=torch.float32, device=q.device)
     attention_forward(q, k_cache, v_cache, out, lse, cu_seqlens_q=None, cu_seqlens_k=None,
                       max_seqlen_q=q.shape[1], max_seqlen_k=_cache_capacity(k_cache, block_table),
-                      softmax_scale=softmax_scale, window=(window_left, window_right), softcap=softcap,
+                      softmax_scale=softmax_scale, window=(_left(window_left, window_lefts), window_right),
+                      softcap=softcap,
                       alibi_slopes=alibi_slopes, sinks=sinks, cache_seqlens=cache_seqlens,
                       block_table=block_table, num_splits=num_splits, interpret=q.device.type == "cpu")
     return lse
@@ -135,7 +158,7 @@ def _attention_kvcache_fwd(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 
 @_attention_kvcache_fwd.register_fake
 def _(q, k_cache, v_cache, out, cache_seqlens, block_table, num_splits, softmax_scale, window_left,
-      window_right, softcap, alibi_slopes, sinks):
+      window_right, softcap, alibi_slopes, sinks, window_lefts=None):
     return q.new_empty(_lse_shape(q, None), dtype=torch.float32)
 
 
@@ -180,6 +203,7 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, block_table=No
         raise ValueError(f"k_cache: batch must equal q's ({batch}) for a contiguous cache, got {k_cache.shape[0]}")
     if not isinstance(num_splits, int) or isinstance(num_splits, bool) or num_splits < 0:
         raise ValueError(f"num_splits: expected an int >= 0 (0 = automatic), got {num_splits!r}")
+    left, lefts = _split_left(left)
     lse = _attention_kvcache_fwd(q, k_cache, v_cache, out, cache_seqlens, block_table, num_splits, scale,
-                                 left, right, float(softcap), alibi_slopes, sinks)
+                                 left, right, float(softcap), alibi_slopes, sinks, lefts)
     return (out, lse) if return_lse else out

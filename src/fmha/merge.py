@@ -12,7 +12,7 @@ import torch
 
 from . import _validate as V
 
-__all__ = ["merge_attention_states", "merge_attention_states_list"]
+__all__ = ["merge_attention_states", "merge_attention_states_list", "apply_attention_sink"]
 
 
 def _check_parts(outs, lses):
@@ -61,3 +61,25 @@ def merge_attention_states_list(outs, lses):
     outs, lses = list(outs), list(lses)
     _check_parts(outs, lses)
     return merge_states(outs, lses)
+
+
+def apply_attention_sink(out, lse, sinks):
+    """Put per-head attention sinks on a merged (or any sink-free) result: out * e^lse / (e^lse + e^sink).
+
+    The last step of an external merge: run each branch without sinks (`return_lse=True`), merge them with
+    `merge_attention_states`, then call this once. The LSE is unchanged (it never includes the sink).
+
+    Args:
+        out: `(*, heads, d)` fp16/bf16/fp32.
+        lse: `(*, heads)` fp32 (out's shape without its last dim); a row with LSE -inf keeps its output (0).
+        sinks: `(heads,)` fp32; +inf silences a head, -inf changes nothing.
+
+    Returns:
+        the scaled output, in out's dtype.
+    """
+    _check_parts([out], [lse])
+    if out.dim() < 2:
+        raise ValueError(f"out: expected (*, heads, d), got shape {tuple(out.shape)}")
+    V.check_per_head("sinks", sinks, out.shape[-2], out.device)
+    keep = torch.where(torch.isneginf(lse), 1.0, torch.sigmoid(lse - sinks))
+    return (out.float() * keep.unsqueeze(-1)).to(out.dtype)

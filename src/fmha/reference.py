@@ -43,8 +43,14 @@ def attention_ref(q, k, v, *, causal=False, window=(-1, -1), softmax_scale=None,
     """Dense attention in fp32. q `(b, sq, hq, dqk)`, k `(b, sk, hk, dqk)`, v `(b, sk, hk, dv)`.
 
     Returns `(out (b, sq, hq, dv) fp32, lse (b, hq, sq) fp32)`. LSE is the natural log of the softmax
-    denominator *without* the sink; rows that see no key give output 0 and LSE -inf.
+    denominator *without* the sink; rows that see no key give output 0 and LSE -inf. `window[0]` may be a
+    `(b,)` tensor of per-sequence left bounds (negative = unbounded).
     """
+    if isinstance(window[0], torch.Tensor):
+        parts = [attention_ref(q[i:i + 1], k[i:i + 1], v[i:i + 1], causal=causal,
+                               window=(_left_bound(window[0], i), window[1]), softmax_scale=softmax_scale,
+                               softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks) for i in range(q.shape[0])]
+        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
     b, sq, hq, dqk = q.shape
     sk, hk = k.shape[1], k.shape[2]
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
@@ -73,8 +79,14 @@ def attention_ref(q, k, v, *, causal=False, window=(-1, -1), softmax_scale=None,
     return out.transpose(1, 2).float(), lse.float()
 
 
+def _left_bound(lefts, i):
+    """Sequence i's left window bound from a per-sequence tensor (negative = unbounded)."""
+    return max(int(lefts[i]), -1)
+
+
 def attention_varlen_ref(q, k, v, cu_seqlens_q, cu_seqlens_k, **options):
     """Varlen attention in fp32: q `(total_q, hq, dqk)`; returns `(out (total_q, hq, dv), lse (hq, total_q))`."""
+    window = options.pop("window", (-1, -1))
     cq = cu_seqlens_q.tolist()
     ck = cu_seqlens_k.tolist()
     hq, dv = q.shape[1], v.shape[2]
@@ -84,7 +96,9 @@ def attention_varlen_ref(q, k, v, cu_seqlens_q, cu_seqlens_k, **options):
         qs, qe, ks, ke = cq[b], cq[b + 1], ck[b], ck[b + 1]
         if qe == qs:
             continue
-        o_b, lse_b = attention_ref(q[None, qs:qe], k[None, ks:ke], v[None, ks:ke], **options)
+        left = _left_bound(window[0], b) if isinstance(window[0], torch.Tensor) else window[0]
+        o_b, lse_b = attention_ref(q[None, qs:qe], k[None, ks:ke], v[None, ks:ke], window=(left, window[1]),
+                                   **options)
         out[qs:qe] = o_b[0]
         lse[:, qs:qe] = lse_b[0]
     return out, lse

@@ -105,7 +105,7 @@ def _attn_run(acc, l_i, m_i, q, q_t, k_base, v_base, k_desc, v_desc, b, kv_head,
 
 @triton.jit
 def attn_fwd_kernel(
-    Q, K, V, O, LSE, CU_Q, CU_K, SLOPES, SINKS, K_DESC, V_DESC, SEQLENS_K, BLOCK_TABLE,
+    Q, K, V, O, LSE, CU_Q, CU_K, SLOPES, SINKS, K_DESC, V_DESC, SEQLENS_K, BLOCK_TABLE, WINDOW_LEFTS,
     seqlen_q, seqlen_k, stride_bt, page_size, stride_o_split, stride_l_split,
     stride_qb, stride_qs, stride_qh,
     stride_kb, stride_ks, stride_kh,
@@ -120,7 +120,7 @@ def attn_fwd_kernel(
     IS_VARLEN: tl.constexpr, MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_SINKS: tl.constexpr,
     REVERSE_M: tl.constexpr, TMA: tl.constexpr,
-    HAS_SEQLENS_K: tl.constexpr, PAGED: tl.constexpr, SPLIT: tl.constexpr,
+    HAS_SEQLENS_K: tl.constexpr, PAGED: tl.constexpr, SPLIT: tl.constexpr, LEFT_PER_BATCH: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -140,6 +140,10 @@ def attn_fwd_kernel(
         k_len = seqlen_k
         if HAS_SEQLENS_K:
             k_len = tl.load(SEQLENS_K + b)      # KV cache: this sequence's length
+    if LEFT_PER_BATCH:
+        # One sliding-window length per sequence; a negative one is unbounded.
+        window_left = tl.load(WINDOW_LEFTS + b)
+        window_left = tl.where(window_left < 0, 1 << 30, window_left)
     GP = heads_per_program_row            # query heads packed into the rows (1 unless PACK_GQA)
     row0 = m_block * BLOCK_M
     if row0 >= q_len * GP:
@@ -386,6 +390,9 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
         k_desc = TensorDescriptor(k, list(k.shape), list(k.stride()), [1, block_n, 1, block_d])
         v_desc = TensorDescriptor(v, list(v.shape), list(v.stride()), [1, block_n, 1, block_dv])
     left, right = window
+    lefts = left if isinstance(left, torch.Tensor) else None     # per-sequence left bounds (batch,) int32
+    if lefts is not None:
+        left = 0
     scale = softmax_scale if softmax_scale is not None else dqk ** -0.5
     paged = block_table is not None
     programs = batch * heads_eff * triton.cdiv(seqlen_q * gp, block_m)
@@ -402,7 +409,7 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
     grid = (batch * heads_eff, triton.cdiv(seqlen_q * gp, block_m), num_splits)
     attn_fwd_kernel[grid](
         q4, k4, v4, o_dst, lse_dst, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks, k_desc, v_desc,
-        cache_seqlens, block_table,
+        cache_seqlens, block_table, lefts,
         seqlen_q, seqlen_k, block_table.stride(0) if paged else 0, k.shape[1] if paged else 1, *split_strides,
         *_strides(q4, varlen), *_strides(k4, varlen), *_strides(v4, varlen), *_strides(o_dst, varlen),
         *(lse_dst.stride() if not varlen else lse_strides),
@@ -410,10 +417,11 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
         scale * 1.4426950408889634, float(softcap), left, right,
         HEAD_DIM_QK=dqk, HEAD_DIM_V=dv, BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_D=block_d, BLOCK_DT=max(block_dt, 16), BLOCK_DV=block_dv, HAS_TAIL=block_dt > 0,
-        IS_VARLEN=varlen, MASK_LEFT=left >= 0, MASK_RIGHT=right >= 0,
+        IS_VARLEN=varlen, MASK_LEFT=left >= 0 or lefts is not None, MASK_RIGHT=right >= 0,
         HAS_SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None, HAS_SINKS=sinks is not None,
         REVERSE_M=right >= 0, TMA=tma,
         HAS_SEQLENS_K=cache_seqlens is not None, PAGED=paged, SPLIT=num_splits > 1,
+        LEFT_PER_BATCH=lefts is not None,
         num_warps=num_warps, num_stages=num_stages,
     )
     if num_splits > 1:
