@@ -34,7 +34,8 @@ def _load_tile(ptrs, rows, cols, n_rows, N_COLS: tl.constexpr, BLOCK_COLS: tl.co
 
 @triton.jit
 def _load_kv_tile(k_base, v_base, k_desc, v_desc, n, b, kv_head, offs_n, offs_d, offs_dt, offs_dv, stride_ks, stride_vs,
-                  k_len, bt_row, page_size, stride_kp, stride_vp, PAGED: tl.constexpr, HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_D: tl.constexpr,
+                  k_len, bt_row, page_size, stride_kp, stride_vp, PAGED: tl.constexpr, PAGE_TILE: tl.constexpr,
+                  HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_D: tl.constexpr,
                   BLOCK_DT: tl.constexpr, BLOCK_DV: tl.constexpr, HAS_TAIL: tl.constexpr, BOUNDS: tl.constexpr,
                   TMA: tl.constexpr):
     """K tile (BLOCK_N, BLOCK_D) [+ tail (BLOCK_N, BLOCK_DT)] and V tile (BLOCK_N, BLOCK_DV) at key `n`."""
@@ -52,7 +53,14 @@ def _load_kv_tile(k_base, v_base, k_desc, v_desc, n, b, kv_head, offs_n, offs_d,
         k_t = k
     else:
         rows = n + offs_n
-        if PAGED:
+        if PAGED and PAGE_TILE:
+            # BLOCK_N divides page_size: the whole tile lies in one page, looked up once (n < k_len, so the
+            # page is a valid table entry; rows past k_len are masked below).
+            page = tl.load(bt_row + n // page_size).to(tl.int64)
+            slot = n % page_size + offs_n
+            k_rows = k_base + page * stride_kp + slot * stride_ks
+            v_rows = v_base + page * stride_vp + slot * stride_vs
+        elif PAGED:
             # Key j lives in page block_table[b, j // page_size], slot j % page_size.
             page = tl.load(bt_row + rows // page_size, mask=rows < k_len, other=0).to(tl.int64)
             k_rows = k_base + page * stride_kp + (rows % page_size) * stride_ks
@@ -75,7 +83,7 @@ def _load_kv_tile(k_base, v_base, k_desc, v_desc, n, b, kv_head, offs_n, offs_d,
 @triton.jit
 def _attn_run(acc, l_i, m_i, q, q_t, k_base, v_base, k_desc, v_desc, b, kv_head, start, end,
               q_pos, slope_log2, diag, window_left, window_right, k_len, stride_ks, stride_vs,
-              bt_row, page_size, stride_kp, stride_vp, PAGED: tl.constexpr,
+              bt_row, page_size, stride_kp, stride_vp, PAGED: tl.constexpr, PAGE_TILE: tl.constexpr,
               qk_scale_log2, softcap,
               HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_N: tl.constexpr,
               BLOCK_D: tl.constexpr, BLOCK_DT: tl.constexpr, BLOCK_DV: tl.constexpr, HAS_TAIL: tl.constexpr,
@@ -89,7 +97,7 @@ def _attn_run(acc, l_i, m_i, q, q_t, k_base, v_base, k_desc, v_desc, b, kv_head,
     for n in tl.range(start, end, BLOCK_N):
         k, k_t, v = _load_kv_tile(k_base, v_base, k_desc, v_desc, n, b, kv_head, offs_n, offs_d, offs_dt, offs_dv,
                                   stride_ks, stride_vs, k_len, bt_row, page_size, stride_kp, stride_vp, PAGED,
-                                  HEAD_DIM_QK, HEAD_DIM_V, BLOCK_D, BLOCK_DT,
+                                  PAGE_TILE, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_D, BLOCK_DT,
                                   BLOCK_DV, HAS_TAIL, MASKED, TMA)
         qk = tl.dot(q, tl.trans(k))
         if HAS_TAIL:
@@ -121,6 +129,7 @@ def attn_fwd_kernel(
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_SINKS: tl.constexpr,
     REVERSE_M: tl.constexpr, TMA: tl.constexpr,
     HAS_SEQLENS_K: tl.constexpr, PAGED: tl.constexpr, SPLIT: tl.constexpr, LEFT_PER_BATCH: tl.constexpr,
+    PAGE_TILE: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -227,15 +236,18 @@ def attn_fwd_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     acc, l_i, m_i = _attn_run(acc, l_i, m_i, q, q_t, k_base, v_base, k_desc, v_desc, b, kv_head, lo, mid_lo,
                               q_pos, slope_log2, diag, window_left, window_right, k_len, stride_ks, stride_vs,
-                              bt_row, page_size, stride_kb, stride_vb, PAGED, qk_scale_log2, softcap, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DT,
+                              bt_row, page_size, stride_kb, stride_vb, PAGED, PAGE_TILE, qk_scale_log2, softcap, HEAD_DIM_QK,
+                              HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DT,
                               BLOCK_DV, HAS_TAIL, True, MASK_LEFT, MASK_RIGHT, HAS_SOFTCAP, HAS_ALIBI, TMA)
     acc, l_i, m_i = _attn_run(acc, l_i, m_i, q, q_t, k_base, v_base, k_desc, v_desc, b, kv_head, mid_lo, mid_hi,
                               q_pos, slope_log2, diag, window_left, window_right, k_len, stride_ks, stride_vs,
-                              bt_row, page_size, stride_kb, stride_vb, PAGED, qk_scale_log2, softcap, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DT,
+                              bt_row, page_size, stride_kb, stride_vb, PAGED, PAGE_TILE, qk_scale_log2, softcap, HEAD_DIM_QK,
+                              HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DT,
                               BLOCK_DV, HAS_TAIL, False, MASK_LEFT, MASK_RIGHT, HAS_SOFTCAP, HAS_ALIBI, TMA)
     acc, l_i, m_i = _attn_run(acc, l_i, m_i, q, q_t, k_base, v_base, k_desc, v_desc, b, kv_head, mid_hi, hi,
                               q_pos, slope_log2, diag, window_left, window_right, k_len, stride_ks, stride_vs,
-                              bt_row, page_size, stride_kb, stride_vb, PAGED, qk_scale_log2, softcap, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DT,
+                              bt_row, page_size, stride_kb, stride_vb, PAGED, PAGE_TILE, qk_scale_log2, softcap, HEAD_DIM_QK,
+                              HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DT,
                               BLOCK_DV, HAS_TAIL, True, MASK_LEFT, MASK_RIGHT, HAS_SOFTCAP, HAS_ALIBI, TMA)
 
     # Epilogue: normalise; rows that saw no key have l = 0, m = -inf → output 0, LSE -inf.
@@ -421,7 +433,7 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
         HAS_SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None, HAS_SINKS=sinks is not None,
         REVERSE_M=right >= 0, TMA=tma,
         HAS_SEQLENS_K=cache_seqlens is not None, PAGED=paged, SPLIT=num_splits > 1,
-        LEFT_PER_BATCH=lefts is not None,
+        LEFT_PER_BATCH=lefts is not None, PAGE_TILE=paged and k.shape[1] % block_n == 0,
         num_warps=num_warps, num_stages=num_stages,
     )
     if num_splits > 1:
