@@ -388,6 +388,10 @@ def mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens
     sparse = valid_lens is not None
     if sparse or fp8_layout is not None:
         use_tma = False                  # token gathers (one page lookup per key) / FP8 rows dequantised on load
+    if fp8_layout == "model1" and tiles is None:
+        # V4's short sparse rows (topk 128 + a 512-1024 window per token) ran 5-11% faster unpipelined:
+        # benchmarks/results/tune_sparse_h100.json.
+        num_stages = 1
     if use_tma is None:
         use_tma = (not interpret and page_size % block_n == 0 and _tma_ok(kv_lat, heads_k)
                    and (not has_rope or _tma_ok(k_rope, heads_k)))
