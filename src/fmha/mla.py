@@ -10,6 +10,7 @@ Plan once per decode step, run per layer, as with FlashMLA:
 The math is absorbed multi-head latent attention: each token's cache row is [latent (512), rope (64)];
 the key is the whole row (576 columns) and the value is the latent part, read once for both.
 `mla_decode` is the same operation with the latent and rope parts in separate tensors (vLLM's form).
+`flash_mla_sparse_fwd` is DeepSeek-V3.2's token-sparse prefill on the same kernel (one part per query token).
 `quantize_kv_cache` / `dequantize_kv_cache` pack and unpack the FP8 cache layouts of DeepSeek-V3.2 and V4
 (`_kv_fp8.py` documents them byte by byte); `is_fp8_kvcache=True` decodes from them, dequantising on load.
 
