@@ -6,19 +6,11 @@ import sys
 import torch
 
 import fmha.mla as mla
-from fmha.bench import SPARSE_DECODE_CASES, _pick, _sparse_cache
+from fmha.bench import SPARSE_DECODE_CASES, sparse_decode_inputs
 
-name, b, hq, sq, d, layout, topk, page, extra_topk, extra_page = SPARSE_DECODE_CASES[int(sys.argv[1])
-                                                                                     if len(sys.argv) > 1 else 2]
-g = torch.Generator(device="cuda").manual_seed(0)
-cache, pos = _sparse_cache(b, 8 * topk, page, d, layout, g)
-kw = dict(indices=_pick(pos, sq, topk, g), is_fp8_kvcache=True)
-if extra_topk:
-    extra, extra_pos = _sparse_cache(b, extra_topk, extra_page, d, layout, g)
-    kw.update(extra_k_cache=extra, extra_indices_in_kvcache=extra_pos.unsqueeze(1).expand(b, sq, extra_topk).contiguous())
-q = torch.randn(b, sq, hq, d, device="cuda", dtype=torch.bfloat16, generator=g)
-sink = torch.randn(hq, device="cuda", generator=g)
-lens = torch.zeros(b, dtype=torch.int32, device="cuda")
+case = SPARSE_DECODE_CASES[int(sys.argv[1]) if len(sys.argv) > 1 else 2]
+name, b, hq, sq, d, layout, topk, page, extra_topk, extra_page = case
+q, cache, lens, sink, kw = sparse_decode_inputs(case, torch.Generator(device="cuda").manual_seed(0))
 meta, splits = mla.get_mla_metadata(lens, sq * hq, 1, num_heads_q=hq, topk=topk)
 call = lambda: mla.flash_mla_with_kvcache(q, cache, None, lens, 512, meta, splits, attn_sink=sink, **kw)  # noqa
 for _ in range(3):

@@ -9,7 +9,7 @@ import torch
 
 import fmha.kernels.mla_decode as kernel
 import fmha.mla as mla
-from fmha.bench import SPARSE_DECODE_CASES, _pick, _sparse_cache, bench_gpu_graph, save_sweep
+from fmha.bench import SPARSE_DECODE_CASES, bench_gpu_graph, save_sweep, sparse_decode_inputs
 
 CONFIGS = [(64, 64, 8, 2), (64, 32, 8, 2), (64, 32, 8, 3), (64, 64, 8, 1), (64, 16, 8, 3)]
 
@@ -20,21 +20,16 @@ def main():
     args = p.parse_args()
     rows = []
     g = torch.Generator(device="cuda").manual_seed(0)
-    for name, b, hq, sq, d, layout, topk, page, extra_topk, extra_page in SPARSE_DECODE_CASES[::2]:
-        cache, pos = _sparse_cache(b, 4 * topk if not extra_topk else 8 * topk, page, d, layout, g)
-        kw = dict(indices=_pick(pos, sq, topk, g), is_fp8_kvcache=True)
-        if extra_topk:
-            extra, extra_pos = _sparse_cache(b, extra_topk, extra_page, d, layout, g)
-            kw.update(extra_k_cache=extra,
-                      extra_indices_in_kvcache=extra_pos.unsqueeze(1).expand(b, sq, extra_topk).contiguous())
-        q = torch.randn(b, sq, hq, d, device="cuda", dtype=torch.bfloat16, generator=g)
-        lens = torch.zeros(b, dtype=torch.int32, device="cuda")
+    for case in SPARSE_DECODE_CASES[::2]:
+        name, b, hq, sq, d, layout, topk, page, extra_topk, extra_page = case
+        q, cache, lens, sink, kw = sparse_decode_inputs(case, g)
         meta, splits = mla.get_mla_metadata(lens, sq * hq, 1, num_heads_q=hq, topk=topk)
         flops = 2 * b * sq * hq * (topk + extra_topk) * (d + 512)
         for tiles in CONFIGS:
             kernel._GPU_TILES = tiles
             try:
-                t = bench_gpu_graph(lambda: mla.flash_mla_with_kvcache(q, cache, None, lens, 512, meta, splits, **kw))
+                t = bench_gpu_graph(lambda: mla.flash_mla_with_kvcache(q, cache, None, lens, 512, meta, splits,
+                                                                       attn_sink=sink, **kw))
             except Exception as e:
                 print(f"{name} hq={hq} tiles={tiles}: FAILED {type(e).__name__}: {str(e)[:160]}", flush=True)
                 continue

@@ -389,6 +389,21 @@ def _pick(positions, s_q, topk, g):
     return torch.gather(positions.unsqueeze(1).expand(b, s_q, n), 2, order).to(torch.int32)
 
 
+def sparse_decode_inputs(case, g):
+    """One SPARSE_DECODE_CASES row's inputs: (q, cache, cache_seqlens, attn_sink, the sparse keyword arguments of
+    flash_mla_with_kvcache). The extra source is each sequence's last extra_topk tokens, in their own cache."""
+    name, b, hq, sq, d, layout, topk, page, extra_topk, extra_page = case
+    cache, pos = _sparse_cache(b, 4 * topk if not extra_topk else 8 * topk, page, d, layout, g)
+    kw = dict(indices=_pick(pos, sq, topk, g), is_fp8_kvcache=True)
+    if extra_topk:
+        extra, extra_pos = _sparse_cache(b, extra_topk, extra_page, d, layout, g)
+        kw.update(extra_k_cache=extra,
+                  extra_indices_in_kvcache=extra_pos.unsqueeze(1).expand(b, sq, extra_topk).contiguous())
+    q = torch.randn(b, sq, hq, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    sink = torch.randn(hq, device="cuda", generator=g)
+    return q, cache, torch.zeros(b, dtype=torch.int32, device="cuda"), sink, kw
+
+
 def _flash_mla_sparse_peer():
     try:
         import flash_mla
@@ -405,18 +420,9 @@ def bench_sparse(args, record):
 
     peer = _flash_mla_sparse_peer()
     g = torch.Generator(device="cuda").manual_seed(0)
-    for name, b, hq, sq, d, layout, topk, page, extra_topk, extra_page in SPARSE_DECODE_CASES:
-        cache, pos = _sparse_cache(b, 4 * topk if not extra_topk else 8 * topk, page, d, layout, g)
-        indices = _pick(pos, sq, topk, g)
-        kw = dict(indices=indices, is_fp8_kvcache=True)
-        if extra_topk:
-            # The sliding window: each sequence's last extra_topk tokens, in their own page-64 cache.
-            extra, extra_pos = _sparse_cache(b, extra_topk, extra_page, d, layout, g)
-            kw.update(extra_k_cache=extra, extra_indices_in_kvcache=extra_pos.unsqueeze(1).expand(b, sq, extra_topk)
-                      .contiguous())
-        q = torch.randn(b, sq, hq, d, device="cuda", dtype=torch.bfloat16, generator=g)
-        sink = torch.randn(hq, device="cuda", generator=g)
-        lens = torch.zeros(b, dtype=torch.int32, device="cuda")
+    for case in SPARSE_DECODE_CASES:
+        name, b, hq, sq, d, layout, topk, page, extra_topk, extra_page = case
+        q, cache, lens, sink, kw = sparse_decode_inputs(case, g)
         meta, splits = ours_mla.get_mla_metadata(lens, sq * hq, 1, num_heads_q=hq, topk=topk)
         impls = {"ours": lambda: ours_mla.flash_mla_with_kvcache(q, cache, None, lens, 512, meta, splits,
                                                                   attn_sink=sink, **kw)}
@@ -431,7 +437,7 @@ def bench_sparse(args, record):
         row = dict(workload="sparse", case=name, b=b, hq=hq, sq=sq, d=d, topk=topk, extra_topk=extra_topk,
                    page=page, extra_page=extra_page)
         _sparse_row(row, impls, flops, nbytes, graph=True, key=(name, b, hq, d), record=record)
-        del cache, q, indices, kw
+        del cache, q, kw
         torch.cuda.empty_cache()
     for name, sq, skv, hq, d, topk in SPARSE_PREFILL_CASES:
         q = torch.randn(sq, hq, d, device="cuda", dtype=torch.bfloat16, generator=g)
