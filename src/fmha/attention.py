@@ -26,9 +26,8 @@ def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch
     lse = torch.empty(_lse_shape(q, cu_seqlens_q), dtype=torch.float32, device=q.device)
     attention_forward(q, k, v, out, lse, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                       max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, softmax_scale=softmax_scale,
-                      window=(_left(window_left, window_lefts), window_right), softcap=softcap,
-                      alibi_slopes=alibi_slopes,
-                      sinks=sinks, interpret=q.device.type == "cpu")
+                      window=(window_left, window_right), window_lefts=window_lefts, softcap=softcap,
+                      alibi_slopes=alibi_slopes, sinks=sinks, interpret=q.device.type == "cpu")
     return lse
 
 
@@ -36,16 +35,6 @@ def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch
 def _(q, k, v, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
       window_left, window_right, softcap, alibi_slopes, sinks, window_lefts=None):
     return q.new_empty(_lse_shape(q, cu_seqlens_q), dtype=torch.float32)
-
-
-def _left(window_left, window_lefts):
-    """The kernel's left bound: the per-sequence tensor when given, else the int."""
-    return window_left if window_lefts is None else window_lefts
-
-
-def _split_left(left):
-    """(int, tensor or None) for the custom ops, which take an int and an optional per-sequence tensor."""
-    return (-1, left) if isinstance(left, torch.Tensor) else (left, None)
 
 
 def _lse_shape(q, cu_seqlens_q):
@@ -56,8 +45,8 @@ def _lse_shape(q, cu_seqlens_q):
 
 def _prepare(q, k, v, *, varlen, causal, window, softmax_scale, softcap, alibi_slopes, sinks, out,
              check_batch=True, batch=None):
-    """Shared validation + output allocation. Returns (out, softmax_scale, (left, right)); `left` is an int or
-    a `(batch,)` int32 tensor of per-sequence left bounds."""
+    """Shared validation + output allocation. Returns (out, softmax_scale, (left, right), lefts): `lefts` is the
+    `(batch,)` int32 tensor of per-sequence left bounds when `window[0]` is one (then left is -1), else None."""
     V.check_qkv(q, k, v, varlen=varlen, check_batch=check_batch)
     if not isinstance(causal, bool):
         raise TypeError(f"causal: expected a bool, got {type(causal).__name__}")
@@ -72,7 +61,9 @@ def _prepare(q, k, v, *, varlen, causal, window, softmax_scale, softcap, alibi_s
     if causal:
         right = 0
     scale = float(softmax_scale) if softmax_scale is not None else q.shape[-1] ** -0.5
-    return out, scale, (left if isinstance(left, torch.Tensor) else int(left), int(right))
+    if isinstance(left, torch.Tensor):
+        return out, scale, (-1, int(right)), left
+    return out, scale, (int(left), int(right)), None
 
 
 def attention(q, k, v, *, causal=False, window=(-1, -1), softmax_scale=None, softcap=0.0,
@@ -101,10 +92,9 @@ def attention(q, k, v, *, causal=False, window=(-1, -1), softmax_scale=None, sof
     Returns:
         `out`, or `(out, lse)` with `return_lse=True`. Rows that see no key give 0 and LSE -inf.
     """
-    out, scale, (left, right) = _prepare(q, k, v, varlen=False, causal=causal, window=window,
-                                         softmax_scale=softmax_scale, softcap=softcap,
-                                         alibi_slopes=alibi_slopes, sinks=sinks, out=out)
-    left, lefts = _split_left(left)
+    out, scale, (left, right), lefts = _prepare(q, k, v, varlen=False, causal=causal, window=window,
+                                                softmax_scale=softmax_scale, softcap=softcap,
+                                                alibi_slopes=alibi_slopes, sinks=sinks, out=out)
     lse = _attention_fwd(q, k, v, out, None, None, q.shape[1], k.shape[1], scale, left, right,
                          float(softcap), alibi_slopes, sinks, lefts)
     return (out, lse) if return_lse else out
@@ -127,14 +117,13 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
         `out (total_q, heads_q, head_dim_v)`, or `(out, lse)` with lse `(heads_q, total_q)` fp32.
     """
     batch = cu_seqlens_q.shape[0] - 1 if isinstance(cu_seqlens_q, torch.Tensor) and cu_seqlens_q.dim() == 1 else -1
-    out, scale, (left, right) = _prepare(q, k, v, varlen=True, causal=causal, window=window,
-                                         softmax_scale=softmax_scale, softcap=softcap,
-                                         alibi_slopes=alibi_slopes, sinks=sinks, out=out, batch=batch)
+    out, scale, (left, right), lefts = _prepare(q, k, v, varlen=True, causal=causal, window=window,
+                                                softmax_scale=softmax_scale, softcap=softcap,
+                                                alibi_slopes=alibi_slopes, sinks=sinks, out=out, batch=batch)
     V.check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, device=q.device)
     V.check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, batch_plus_one=cu_seqlens_q.shape[0], device=q.device)
     V.check_max_seqlen("max_seqlen_q", max_seqlen_q)
     V.check_max_seqlen("max_seqlen_k", max_seqlen_k)
-    left, lefts = _split_left(left)
     lse = _attention_fwd(q, k, v, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
                          left, right, float(softcap), alibi_slopes, sinks, lefts)
     return (out, lse) if return_lse else out
@@ -149,9 +138,9 @@ def _attention_kvcache_fwd(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     lse = torch.empty(_lse_shape(q, None), dtype=torch.float32, device=q.device)
     attention_forward(q, k_cache, v_cache, out, lse, cu_seqlens_q=None, cu_seqlens_k=None,
                       max_seqlen_q=q.shape[1], max_seqlen_k=_cache_capacity(k_cache, block_table),
-                      softmax_scale=softmax_scale, window=(_left(window_left, window_lefts), window_right),
-                      softcap=softcap,
-                      alibi_slopes=alibi_slopes, sinks=sinks, cache_seqlens=cache_seqlens,
+                      softmax_scale=softmax_scale, window=(window_left, window_right),
+                      window_lefts=window_lefts, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
+                      cache_seqlens=cache_seqlens,
                       block_table=block_table, num_splits=num_splits, interpret=q.device.type == "cpu")
     return lse
 
@@ -187,9 +176,9 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, block_table=No
     Returns:
         `out (batch, seqlen_q, heads_q, head_dim_v)`, or `(out, lse)` with lse `(batch, heads_q, seqlen_q)`.
     """
-    out, scale, (left, right) = _prepare(q, k_cache, v_cache, varlen=False, causal=causal, window=window,
-                                         softmax_scale=softmax_scale, softcap=softcap,
-                                         alibi_slopes=alibi_slopes, sinks=sinks, out=out, check_batch=False)
+    out, scale, (left, right), lefts = _prepare(q, k_cache, v_cache, varlen=False, causal=causal, window=window,
+                                                softmax_scale=softmax_scale, softcap=softcap,
+                                                alibi_slopes=alibi_slopes, sinks=sinks, out=out, check_batch=False)
     batch = q.shape[0]
     V.check_tensor("cache_seqlens", cache_seqlens, ndim=1, dtypes=(torch.int32,), device=q.device)
     if cache_seqlens.shape[0] != batch:
@@ -203,7 +192,6 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, block_table=No
         raise ValueError(f"k_cache: batch must equal q's ({batch}) for a contiguous cache, got {k_cache.shape[0]}")
     if not isinstance(num_splits, int) or isinstance(num_splits, bool) or num_splits < 0:
         raise ValueError(f"num_splits: expected an int >= 0 (0 = automatic), got {num_splits!r}")
-    left, lefts = _split_left(left)
     lse = _attention_kvcache_fwd(q, k_cache, v_cache, out, cache_seqlens, block_table, num_splits, scale,
                                  left, right, float(softcap), alibi_slopes, sinks, lefts)
     return (out, lse) if return_lse else out

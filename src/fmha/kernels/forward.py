@@ -351,11 +351,13 @@ def _ensure_allocator(device):
 
 
 def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                      softmax_scale, window, softcap, alibi_slopes, sinks, cache_seqlens=None, block_table=None,
+                      softmax_scale, window, softcap, alibi_slopes, sinks, window_lefts=None, cache_seqlens=None,
+                      block_table=None,
                       num_splits=1, pack_gqa=None, use_tma=None, tiles=None, interpret=False):
     """Launch the forward kernel. Dense: q (b, sq, hq, d). Varlen: q (total_q, hq, d) + cu_seqlens.
 
     Writes `out` (same layout as q, head_dim_v) and `lse` ((b, hq, sq) dense, (hq, total_q) varlen).
+    `window_lefts (b,)` int32: one left window bound per sequence (negative = unbounded) instead of window[0].
     KV cache: `cache_seqlens (b,)` int32 gives each sequence's key count; with `block_table (b, max_pages)`
     k/v are paged `(num_pages, page_size, heads_k, d)`. `num_splits > 1` splits every sequence's keys into
     that many tile-aligned chunks run by separate programs, then merges them exactly; 0 lets
@@ -401,10 +403,7 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
         tma = 2
         k_desc = TensorDescriptor(k, list(k.shape), list(k.stride()), [1, block_n, 1, block_d])
         v_desc = TensorDescriptor(v, list(v.shape), list(v.stride()), [1, block_n, 1, block_dv])
-    left, right = window
-    lefts = left if isinstance(left, torch.Tensor) else None     # per-sequence left bounds (batch,) int32
-    if lefts is not None:
-        left = 0
+    left, right = window               # window_lefts (batch,) int32, when given, replaces `left` per sequence
     scale = softmax_scale if softmax_scale is not None else dqk ** -0.5
     paged = block_table is not None
     programs = batch * heads_eff * triton.cdiv(seqlen_q * gp, block_m)
@@ -421,7 +420,7 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
     grid = (batch * heads_eff, triton.cdiv(seqlen_q * gp, block_m), num_splits)
     attn_fwd_kernel[grid](
         q4, k4, v4, o_dst, lse_dst, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks, k_desc, v_desc,
-        cache_seqlens, block_table, lefts,
+        cache_seqlens, block_table, window_lefts,
         seqlen_q, seqlen_k, block_table.stride(0) if paged else 0, k.shape[1] if paged else 1, *split_strides,
         *_strides(q4, varlen), *_strides(k4, varlen), *_strides(v4, varlen), *_strides(o_dst, varlen),
         *(lse_dst.stride() if not varlen else lse_strides),
@@ -429,11 +428,11 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
         scale * 1.4426950408889634, float(softcap), left, right,
         HEAD_DIM_QK=dqk, HEAD_DIM_V=dv, BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_D=block_d, BLOCK_DT=max(block_dt, 16), BLOCK_DV=block_dv, HAS_TAIL=block_dt > 0,
-        IS_VARLEN=varlen, MASK_LEFT=left >= 0 or lefts is not None, MASK_RIGHT=right >= 0,
+        IS_VARLEN=varlen, MASK_LEFT=left >= 0 or window_lefts is not None, MASK_RIGHT=right >= 0,
         HAS_SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None, HAS_SINKS=sinks is not None,
         REVERSE_M=right >= 0, TMA=tma,
         HAS_SEQLENS_K=cache_seqlens is not None, PAGED=paged, SPLIT=num_splits > 1,
-        LEFT_PER_BATCH=lefts is not None, PAGE_TILE=paged and k.shape[1] % block_n == 0,
+        LEFT_PER_BATCH=window_lefts is not None, PAGE_TILE=paged and k.shape[1] % block_n == 0,
         num_warps=num_warps, num_stages=num_stages,
     )
     if num_splits > 1:
