@@ -172,7 +172,8 @@ def bench_prefill(args, record):
         q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=dtype) for _ in range(3))
         flops = attention_flops(b, s, s, h, d, d, causal=causal)
         nbytes = 4 * q.numel() * q.element_size()
-        impls = {"ours": lambda: fmha.attention(q, k, v, causal=causal)}
+        impls = {"ours": lambda: fmha.attention(q, k, v, causal=causal),
+                 "ours-triton": _portable_prefill(q, k, v, causal)}
         for name, build in peers.items():
             impls[name] = build(q, k, v, causal)
         ref = impls["ours"]().float()
@@ -185,6 +186,20 @@ def bench_prefill(args, record):
         del q, k, v, ref
         torch.cuda.empty_cache()
     return rows
+
+
+def _portable_prefill(q, k, v, causal):
+    """Our `triton.language` kernel on the same inputs (what runs where the Gluon path does not apply)."""
+    from .kernels.forward import attention_forward
+    out = torch.empty_like(q)
+    lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], dtype=torch.float32, device=q.device)
+
+    def call():
+        attention_forward(q, k, v, out, lse, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=q.shape[1],
+                          max_seqlen_k=k.shape[1], softmax_scale=None, window=(-1, 0 if causal else -1),
+                          softcap=0.0, alibi_slopes=None, sinks=None, backend="triton")
+        return out
+    return call
 
 
 def _measure(row, impls, ref, flops, nbytes, *, ratio_of, graph, to_nhd):

@@ -8,6 +8,8 @@ what makes small-Sq / many-head (decode-like, DSV4) shapes efficient.
 Key tiles fall into three runs: masked tiles on the left edge of the window, unmasked tiles in the
 middle (no mask arithmetic, no bounds on loads), masked tiles on the right edge / sequence end.
 """
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -353,7 +355,7 @@ def _ensure_allocator(device):
 def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                       softmax_scale, window, softcap, alibi_slopes, sinks, window_lefts=None, cache_seqlens=None,
                       block_table=None,
-                      num_splits=1, pack_gqa=None, use_tma=None, tiles=None, interpret=False):
+                      num_splits=1, pack_gqa=None, use_tma=None, tiles=None, backend=None, interpret=False):
     """Launch the forward kernel. Dense: q (b, sq, hq, d). Varlen: q (total_q, hq, d) + cu_seqlens.
 
     Writes `out` (same layout as q, head_dim_v) and `lse` ((b, hq, sq) dense, (hq, total_q) varlen).
@@ -363,7 +365,8 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
     that many tile-aligned chunks run by separate programs, then merges them exactly; 0 lets
     `schedule.plan_num_splits` choose from this launch's grid, its key tile and the SM count.
     `pack_gqa`, `use_tma` and `tiles` (BLOCK_M, BLOCK_N, num_warps, num_stages) override the automatic
-    choices (tests and tuning).
+    choices (tests and tuning); so does `backend`: "triton" forces this file's kernel, None lets a plain dense
+    call on Hopper take the Gluon kernel of `forward_sm90` (also turned off by the environment, FMHA_GLUON=0).
     """
     varlen = cu_seqlens_q is not None
     if varlen:
@@ -381,6 +384,16 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
     group = heads_q // heads_k
     if batch == 0 or heads_q == 0 or seqlen_q == 0:
         return
+    left, right = window               # window_lefts (batch,) int32, when given, replaces `left` per sequence
+    scale = softmax_scale if softmax_scale is not None else dqk ** -0.5
+    plain = (not varlen and cache_seqlens is None and num_splits <= 1 and window_lefts is None and left < 0
+             and right <= 0 and softcap <= 0 and alibi_slopes is None and sinks is None
+             and pack_gqa is None and use_tma is None and tiles is None and backend is None)
+    if plain and not interpret and os.environ.get("FMHA_GLUON", "1") != "0":
+        from . import forward_sm90
+        if forward_sm90.supported(q, k, v):
+            forward_sm90.attention_forward_sm90(q, k, v, out, lse, causal=right == 0, softmax_scale=scale)
+            return
     if pack_gqa is None:
         pack_gqa = _pack_gqa(group, seqlen_q, _tile_config(dqk, dv, interpret)[0])
     gp = group if pack_gqa else 1
@@ -403,8 +416,6 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
         tma = 2
         k_desc = TensorDescriptor(k, list(k.shape), list(k.stride()), [1, block_n, 1, block_d])
         v_desc = TensorDescriptor(v, list(v.shape), list(v.stride()), [1, block_n, 1, block_dv])
-    left, right = window               # window_lefts (batch,) int32, when given, replaces `left` per sequence
-    scale = softmax_scale if softmax_scale is not None else dqk ** -0.5
     paged = block_table is not None
     programs = batch * heads_eff * triton.cdiv(seqlen_q * gp, block_m)
     if num_splits == 0:

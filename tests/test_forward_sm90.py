@@ -1,0 +1,67 @@
+"""The Hopper Gluon prefill kernel (`kernels/forward_sm90.py`) against the fp32 oracle, on the GPU only
+(Gluon does not run in the interpreter). Every case first asserts that the dispatch really takes the Gluon
+path, so a silent fall-back to the portable kernel cannot make these tests pass."""
+import pytest
+import torch
+
+import fmha
+from fmha.reference import attention_ref
+from utils import assert_matches, poisoned
+
+pytestmark = pytest.mark.gpu
+
+# (batch, seqlen_q, seqlen_k, heads_q, heads_k, head_dim)
+SHAPES = [
+    (2, 1000, 1500, 16, 4, 128),    # GQA, lengths off every tile, Sq < Sk
+    (1, 2048, 2048, 8, 8, 128),
+    (3, 700, 300, 4, 1, 128),       # MQA, Sq > Sk: under causal the first 400 rows see nothing
+    (2, 1, 4096, 8, 2, 128),        # Sq = 1
+    (2, 129, 65, 2, 2, 128),        # one row and one key past a tile
+    (2, 700, 900, 8, 1, 64),
+    (1, 4096, 4096, 4, 4, 64),
+    (2, 513, 1027, 4, 4, 256),
+    (1, 100, 2000, 2, 1, 256),
+]
+
+
+def _gluon_ok(q, k, v):
+    from fmha.kernels import forward_sm90
+    return torch.cuda.get_device_capability()[0] == 9 and forward_sm90.supported(q, k, v)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_gluon_prefill(shape, causal, dtype):
+    torch.manual_seed(sum(shape))
+    b, sq, sk, hq, hk, d = shape
+    # Batch and sequence strides padded with NaN rows and columns the kernel must not read.
+    q = poisoned((b, sq, hq, d), sq, dtype, "cuda")
+    k = poisoned((b, sk, hk, d), sk, dtype, "cuda")
+    v = poisoned((b, sk, hk, d), sk, dtype, "cuda")
+    if not _gluon_ok(q, k, v):
+        pytest.skip("not an sm_90 GPU")
+    out = torch.full((b, sq, hq, d), float("nan"), dtype=dtype, device="cuda")
+    got, lse = fmha.attention(q, k, v, causal=causal, return_lse=True, out=out)
+    assert_matches(got, lse, attention_ref(q, k, v, causal=causal), dtype)
+
+
+def test_gluon_packed_qkv():
+    """q, k, v as slices of one packed (b, s, 3, h, d) projection output: head stride d, token stride 3hd."""
+    torch.manual_seed(0)
+    qkv = torch.randn(2, 777, 3, 8, 128, dtype=torch.bfloat16, device="cuda")
+    q, k, v = qkv.unbind(2)
+    if not _gluon_ok(q, k, v):
+        pytest.skip("not an sm_90 GPU")
+    got, lse = fmha.attention(q, k, v, causal=True, return_lse=True, softmax_scale=0.07)
+    assert_matches(got, lse, attention_ref(q, k, v, causal=True, softmax_scale=0.07), torch.bfloat16)
+
+
+def test_gluon_fp32_out():
+    torch.manual_seed(1)
+    q, k, v = (torch.randn(1, 300, 4, 64, dtype=torch.float16, device="cuda") for _ in range(3))
+    if not _gluon_ok(q, k, v):
+        pytest.skip("not an sm_90 GPU")
+    out = torch.empty(1, 300, 4, 64, dtype=torch.float32, device="cuda")
+    got, lse = fmha.attention(q, k, v, return_lse=True, out=out)
+    assert_matches(got, lse, attention_ref(q, k, v), torch.float16)
