@@ -11,12 +11,13 @@ from typing import Optional
 import torch
 
 from . import _validate as V
+from ._ops import custom_op
 from .kernels.forward import attention_forward
 
 __all__ = ["attention", "attention_varlen", "attention_with_kvcache"]
 
 
-@torch.library.custom_op("fmha::attention_fwd", mutates_args=("out",))
+@custom_op("fmha::attention_fwd", mutates_args=("out",))
 def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                    cu_seqlens_q: Optional[torch.Tensor], cu_seqlens_k: Optional[torch.Tensor],
                    max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float,
@@ -129,7 +130,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     return (out, lse) if return_lse else out
 
 
-@torch.library.custom_op("fmha::attention_kvcache_fwd", mutates_args=("out",))
+@custom_op("fmha::attention_kvcache_fwd", mutates_args=("out",))
 def _attention_kvcache_fwd(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
                            cache_seqlens: torch.Tensor, block_table: Optional[torch.Tensor], num_splits: int,
                            softmax_scale: float, window_left: int, window_right: int, softcap: float,

@@ -25,6 +25,7 @@ from typing import Optional
 import torch
 
 from . import _validate as V
+from ._ops import custom_op
 from ._kv_fp8 import dequantize_kv_cache, quantize_kv_cache
 from .kernels.mla_decode import mla_decode_forward
 from .schedule import SCHED_BLOCK, SCHED_FIELDS, mla_num_parts, num_sms, plan_mla
@@ -74,7 +75,7 @@ def get_mla_metadata(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_he
     return plan_mla(lengths, mla_num_parts(heads_per_k, num_heads_k, sms))
 
 
-@torch.library.custom_op("fmha::mla_decode_fwd", mutates_args=())
+@custom_op("fmha::mla_decode_fwd", mutates_args=())
 def _mla_decode_fwd(q_lat: torch.Tensor, q_rope: Optional[torch.Tensor], kv_lat: torch.Tensor,
                     k_rope: Optional[torch.Tensor], block_table: torch.Tensor, cache_seqlens: torch.Tensor,
                     metadata: torch.Tensor, split_offsets: torch.Tensor, softmax_scale: float,
@@ -97,7 +98,7 @@ def _(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens, metadata, split
     return _empty_outputs(q_lat)
 
 
-@torch.library.custom_op("fmha::mla_sparse_prefill_fwd", mutates_args=())
+@custom_op("fmha::mla_sparse_prefill_fwd", mutates_args=())
 def _mla_sparse_prefill_fwd(q_lat: torch.Tensor, q_rope: Optional[torch.Tensor], kv_lat: torch.Tensor,
                             k_rope: Optional[torch.Tensor], indices: torch.Tensor, valid_lens: torch.Tensor,
                             softmax_scale: float, attn_sink: Optional[torch.Tensor]
