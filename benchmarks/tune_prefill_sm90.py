@@ -64,36 +64,8 @@ def main():
             print(f"d={d:<3} s={s:<5} {'causal' if causal else 'full  '} tiles={tiles} pp={int(pingpong)}: "
                   f"{row['tflops']:6.1f} TFLOP/s  cudnn {row['cudnn_tflops']:6.1f}  x{row['vs_cudnn']:.3f}  "
                   f"err {err:.1e}", flush=True)
-    rows += host_overhead()
     if args.out:
         save_sweep(args.out, rows)
-
-
-def host_overhead():
-    """Microseconds per call of the public function, issued back to back (host-bound when it exceeds the
-    kernel's time), against the same call replayed from a CUDA graph (kernel time only)."""
-    import time
-    import fmha
-    from fmha.bench import bench_gpu_graph
-    rows = []
-    for s in (1024, 4096):
-        q, k, v = (torch.randn(16384 // s, s, 16, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-        fn = lambda: fmha.attention(q, k, v, causal=True)
-        for _ in range(20):
-            fn()
-        torch.cuda.synchronize()
-        n = 200
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        issue_us = (time.perf_counter() - t0) / n * 1e6
-        torch.cuda.synchronize()
-        wall_us = (time.perf_counter() - t0) / n * 1e6
-        graph_us = bench_gpu_graph(fn) * 1e6
-        rows.append(dict(probe="host", s=s, issue_us=issue_us, eager_us=wall_us, graph_us=graph_us))
-        print(f"host probe s={s}: issue {issue_us:.1f} us/call, eager {wall_us:.1f}, graph replay {graph_us:.1f}",
-              flush=True)
-    return rows
 
 
 if __name__ == "__main__":

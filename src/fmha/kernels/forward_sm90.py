@@ -30,6 +30,7 @@ from ..schedule import num_sms
 ROWS = gl.constexpr(64)           # query rows per consumer warpgroup; a CTA has two
 _ROWS = 64                        # the same, for the host
 LOG2E = 1.4426950408889634
+L2_BUDGET = 24 << 20              # bytes of K/V that causal work items share at a time (H100 L2: 50 MB)
 LN2 = gl.constexpr(0.6931471805599453)
 PRODUCER_REGS = gl.constexpr(40)     # the producer warp's register budget (its warpgroup's, with 3 idle warps)
 
@@ -61,13 +62,21 @@ def _rounds(n_work, CAUSAL: gl.constexpr):
 
 
 @gluon.jit
-def _work_item(t, n_m, n_bh, heads_q, group, seqlen_q, seqlen_k, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
-    """Work item t → (batch, head, kv head, first query row, key tiles). Causal: the items with the most key
-    tiles come first (row blocks from the bottom, all heads of one block together). Otherwise all row blocks
-    of one head run next to each other, sharing its K/V in L2."""
+def _work_item(t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, BLOCK_N: gl.constexpr,
+               CAUSAL: gl.constexpr):
+    """Work item t → (batch, head, kv head, first query row, key tiles).
+
+    Without a mask all row blocks of one head run next to each other, sharing its K/V in L2. Causal: heads
+    are taken `head_chunk` at a time (as many as keep their K/V in L2), and inside a chunk the row blocks
+    with the most key tiles come first, all heads of the chunk together (longest first, for balance). Taking
+    every head's longest block first instead spreads the running programs over all heads and re-reads K/V
+    from memory: at 1k tokens that was HBM-bound."""
     if CAUSAL:
-        m_idx = n_m - 1 - t // n_bh
-        bh = t % n_bh
+        chunk = t // (head_chunk * n_m)
+        width = gl.minimum(head_chunk, n_bh - chunk * head_chunk)
+        r = t - chunk * head_chunk * n_m
+        m_idx = n_m - 1 - r // width
+        bh = chunk * head_chunk + r % width
     else:
         bh = t // n_m
         m_idx = t % n_m
@@ -81,7 +90,7 @@ def _work_item(t, n_m, n_bh, heads_q, group, seqlen_q, seqlen_k, BLOCK_N: gl.con
 
 @gluon.jit
 def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
-              n_m, n_bh, heads_q, group, seqlen_q, seqlen_k, stride_qh, stride_kh, stride_vh,
+              n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, stride_qh, stride_kh, stride_vh,
               BLOCK_N: gl.constexpr, STAGES: gl.constexpr, Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr):
     # The descriptors are 3-D, (batch, seqlen, columns) with boxes (1, rows, head_dim); each box lands in a
     # 2-D slot seen through a (1, rows, head_dim) view.
@@ -91,8 +100,8 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, 
     kv = 0                        # K/V tiles loaded so far: position in the ring and its phase
     w = 0                         # work items so far: the Q buffer and its phase
     for r in range(_rounds(n_m * n_bh, CAUSAL)):
-        b, h, hk, m_start, n_tiles = _work_item(_item(r, CAUSAL), n_m, n_bh, heads_q, group, seqlen_q, seqlen_k,
-                                                BLOCK_N, CAUSAL)
+        b, h, hk, m_start, n_tiles = _work_item(_item(r, CAUSAL), n_m, n_bh, head_chunk, heads_q, group,
+                                                seqlen_q, seqlen_k, BLOCK_N, CAUSAL)
         qb = w % Q_BUFS
         # A buffer is free once both consumers released it; the first pass over a ring waits on nothing.
         mbarrier.wait(q_empty.index(qb), ((w // Q_BUFS) & 1) ^ 1)
@@ -153,7 +162,7 @@ def _give_turn(turn, WG: gl.constexpr, PINGPONG: gl.constexpr):
 
 @gluon.jit
 def _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, O, LSE,
-              n_m, n_bh, heads_q, group, seqlen_q, seqlen_k, qk_scale_log2,
+              n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, qk_scale_log2,
               stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls,
               turn, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.constexpr, STAGES: gl.constexpr,
               Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr):
@@ -172,8 +181,8 @@ def _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_read
     w = 0
     turns = 0                     # wgmma issue rounds so far (PINGPONG)
     for r in range(_rounds(n_m * n_bh, CAUSAL)):
-        b, h, hk, m_start, n_tiles = _work_item(_item(r, CAUSAL), n_m, n_bh, heads_q, group, seqlen_q, seqlen_k,
-                                                BLOCK_N, CAUSAL)
+        b, h, hk, m_start, n_tiles = _work_item(_item(r, CAUSAL), n_m, n_bh, head_chunk, heads_q, group,
+                                                seqlen_q, seqlen_k, BLOCK_N, CAUSAL)
         m0 = m_start + WG * ROWS
         q_pos = m0 + gl.arange(0, ROWS, layout=row_s)
         # First key tile that needs a mask for some row of this warpgroup.
@@ -245,7 +254,7 @@ def _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_read
 
 
 @gluon.jit
-def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, seqlen_q, seqlen_k, heads_q, group, n_bh,
+def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, seqlen_q, seqlen_k, heads_q, group, n_bh, head_chunk,
                          stride_qh, stride_kh, stride_vh,
                          stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls, qk_scale_log2,
                          BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, HEAD_DV: gl.constexpr,
@@ -280,15 +289,15 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, seqlen_q, seqlen_k, hea
 
     gl.warp_specialize([
         (_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, O, LSE,
-                     n_m, n_bh, heads_q, group, seqlen_q, seqlen_k, qk_scale_log2,
+                     n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, qk_scale_log2,
                      stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls,
                      turn, 0, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG)),
         (_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, O, LSE,
-                     n_m, n_bh, heads_q, group, seqlen_q, seqlen_k, qk_scale_log2,
+                     n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, qk_scale_log2,
                      stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls,
                      turn, 1, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG)),
         (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty,
-                     v_ready, v_empty, n_m, n_bh, heads_q, group, seqlen_q, seqlen_k,
+                     v_ready, v_empty, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k,
                      stride_qh, stride_kh, stride_vh, BLOCK_N, STAGES, Q_BUFS, CAUSAL)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
@@ -317,6 +326,12 @@ def supported(q, k, v):
     return all(_view3(t) is not None for t in (q, k, v))
 
 
+def _head_chunk(k, v, group):
+    """Query heads per causal chunk (see `_work_item`): as many as keep their K/V within L2_BUDGET."""
+    per_kv_head = k.shape[1] * (k.shape[3] + v.shape[3]) * k.element_size()
+    return max(1, L2_BUDGET // per_kv_head) * group
+
+
 def attention_forward_sm90(q, k, v, out, lse, *, causal, softmax_scale, pingpong=None, tiles=None):
     """Launch the Gluon kernel. q (b, sq, hq, d), k/v (b, sk, hk, d); out (b, sq, hq, d); lse (b, hq, sq)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -336,7 +351,8 @@ def attention_forward_sm90(q, k, v, out, lse, *, causal, softmax_scale, pingpong
     grid = (min(n_work, num_sms(q.device)),)
     attn_fwd_sm90_kernel[grid](
         desc(q, _ROWS), desc(k, block_n), desc(v, block_n), out, lse, seqlen_q, seqlen_k, heads_q,
-        heads_q // heads_k, batch * heads_q, q.stride(2), k.stride(2), v.stride(2),
+        heads_q // heads_k, batch * heads_q, _head_chunk(k, v, heads_q // heads_k),
+        q.stride(2), k.stride(2), v.stride(2),
         out.stride(0), out.stride(1), out.stride(2), *lse.stride(), softmax_scale * LOG2E,
         BLOCK_N=block_n, HEAD_D=d, HEAD_DV=d, STAGES=stages, Q_BUFS=q_bufs, CAUSAL=causal, PINGPONG=pingpong,
         CONSUMER_REGS=regs,
