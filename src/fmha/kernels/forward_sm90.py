@@ -3,21 +3,26 @@
 The `triton.language` kernel in `forward.py` is the portable path (and the one the CPU tests run); this one
 is what `attention_forward` dispatches to on an H100/H200 for the plain dense case: no softcap, ALiBi, sinks
 or left window, `head_dim_qk == head_dim_v` in {64, 128, 256}, q/k/v strides that TMA accepts (16-byte
-aligned). The schedule is FlashAttention-3's, without its persistence:
+aligned). The schedule is FlashAttention-3's:
 
-* one CTA per (128 query rows, batch, head); causal CTAs launched longest first;
-* a one-warp producer partition: Q once, then K and V tiles through a `STAGES`-deep ring of shared-memory
-  slots, each completing on its own mbarrier (K and V apart, so QKᵀ starts before V lands);
+* persistent: one program per SM walks a static list of work items (128 query rows of one head), causal
+  items ordered for balance and L2 reuse (`_work_item`, `_head_chunk`);
+* a one-warp producer partition: Q (double-buffered, so the next item's Q lands during this one) and K and
+  V tiles through `STAGES`-deep rings of shared-memory slots, each completing on its own mbarrier; K and V
+  slots are released separately (K after Q·Kᵀ, V after P·V), so loads run a full tile ahead;
 * two consumer warpgroups, each owning 64 of the 128 query rows and reading the same K/V slots. Within one
   warpgroup, tile j's softmax runs while the tensor cores do tile j-1's P·V (intra-warpgroup overlap):
-  issue S_j = Q·K_jᵀ, issue O += P_{j-1}·V_{j-1}, wait for S_j, softmax, wait for O, release the slot.
-  The two warpgroups are free-running, so one's softmax also overlaps the other's wgmma.
+  issue S_j = Q·K_jᵀ, issue O += P_{j-1}·V_{j-1}, wait for S_j, softmax, wait for O, release the slots.
+  With PINGPONG the two warpgroups take turns issuing (mbarrier hand-off), so one's softmax overlaps the
+  other's matrix products.
 
 Each tensor is seen by TMA as (batch, seqlen, columns), head h starting at column h * head_stride, so a tile
 that runs past a sequence's end gets TMA's zero fill (keys there are masked to -inf; query rows there are
 never stored). The output is written with masked pointer stores, one row per query.
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 import triton
@@ -326,10 +331,34 @@ def supported(q, k, v):
     return all(_view3(t) is not None for t in (q, k, v))
 
 
-def _head_chunk(k, v, group):
-    """Query heads per causal chunk (see `_work_item`): as many as keep their K/V within L2_BUDGET."""
-    per_kv_head = k.shape[1] * (k.shape[3] + v.shape[3]) * k.element_size()
-    return max(1, L2_BUDGET // per_kv_head) * group
+_CHUNKS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+
+
+@functools.lru_cache(maxsize=1024)
+def _head_chunk(n_bh, n_m, seqlen_q, seqlen_k, block_n, per_kv_head, group, programs):
+    """Query heads per causal chunk (see `_work_item`). Candidates: chunks whose K/V fit in L2_BUDGET, and no
+    chunking at all (all heads). Each is scored by the load of the busiest program under the static schedule
+    (`_position`: snake rounds), each work item costing its key tiles plus one tile of prologue/epilogue;
+    no chunking pays 5% for its L2 misses. Host-side and cached per shape."""
+    m_start = torch.arange(n_m) * (2 * _ROWS)
+    hi = (m_start + 2 * _ROWS + seqlen_k - seqlen_q).clamp(0, seqlen_k)
+    cost = ((hi + block_n - 1) // block_n + 1).flip(0).double()      # row blocks, longest first
+    fit = max(1, L2_BUDGET // per_kv_head) * group
+
+    def busiest(chunk):
+        full, rem = divmod(n_bh, chunk)
+        parts = [cost.repeat_interleave(chunk).repeat(full)] if full else []
+        if rem:
+            parts.append(cost.repeat_interleave(rem))
+        x = torch.cat(parts)
+        rounds = -(-x.numel() // programs)
+        x = torch.nn.functional.pad(x, (0, rounds * programs - x.numel())).view(rounds, programs)
+        x[1::2] = x[1::2].flip(1)
+        load = x.sum(0)
+        return (load.max() / load.mean()).item()
+    scored = [(busiest(c), c) for c in _CHUNKS if c <= min(fit, n_bh)]
+    scored.append((busiest(n_bh) * 1.05, n_bh))
+    return min(scored)[1]
 
 
 def attention_forward_sm90(q, k, v, out, lse, *, causal, softmax_scale, pingpong=None, tiles=None):
@@ -338,8 +367,8 @@ def attention_forward_sm90(q, k, v, out, lse, *, causal, softmax_scale, pingpong
     batch, seqlen_q, heads_q, d = q.shape
     seqlen_k, heads_k = k.shape[1], k.shape[2]
     block_n, stages, q_bufs, regs = tiles or _TILES[d]
-    if pingpong is None:          # tune_prefill_sm90.py: +2% without a mask, -2..5% with the causal one
-        pingpong = not causal
+    if pingpong is None:          # tune_sm90_h100.json: +0.5-7% at d >= 128, mostly a loss at d = 64
+        pingpong = d >= 128
     el = gl.float16 if q.dtype == torch.float16 else gl.bfloat16
 
     def desc(t, rows):
@@ -347,11 +376,15 @@ def attention_forward_sm90(q, k, v, out, lse, *, causal, softmax_scale, pingpong
         layout = gl.NVMMASharedLayout.get_default_for([1, rows, d], el)
         return TensorDescriptor(t, shape, strides, [1, rows, d], layout)
 
-    n_work = batch * heads_q * triton.cdiv(seqlen_q, 2 * _ROWS)
-    grid = (min(n_work, num_sms(q.device)),)
+    n_m = triton.cdiv(seqlen_q, 2 * _ROWS)
+    grid = (min(batch * heads_q * n_m, num_sms(q.device)),)
+    chunk = 1
+    if causal:
+        chunk = _head_chunk(batch * heads_q, n_m, seqlen_q, seqlen_k, block_n,
+                            seqlen_k * 2 * d * k.element_size(), heads_q // heads_k, grid[0])
     attn_fwd_sm90_kernel[grid](
         desc(q, _ROWS), desc(k, block_n), desc(v, block_n), out, lse, seqlen_q, seqlen_k, heads_q,
-        heads_q // heads_k, batch * heads_q, _head_chunk(k, v, heads_q // heads_k),
+        heads_q // heads_k, batch * heads_q, chunk,
         q.stride(2), k.stride(2), v.stride(2),
         out.stride(0), out.stride(1), out.stride(2), *lse.stride(), softmax_scale * LOG2E,
         BLOCK_N=block_n, HEAD_D=d, HEAD_DV=d, STAGES=stages, Q_BUFS=q_bufs, CAUSAL=causal, PINGPONG=pingpong,
