@@ -1,8 +1,12 @@
-"""Sweep the forward kernel's tile configs on the GPU, beside cuDNN SDPA in the same run.
+"""Sweep a prefill kernel's tile configs on the GPU, beside cuDNN SDPA in the same run.
 
-    PYTHONPATH=src python3 benchmarks/tune_prefill.py [--out tune.json]
+    PYTHONPATH=src python3 benchmarks/tune_prefill.py [--kernel triton|gluon] [--out tune.json]
+        [--dims 64 128 256] [--seqs 4096 16384] [--all-configs]
 
-Prints one line per (case, config): TFLOP/s and the ratio to cuDNN. Used to fill `_GPU_TILES`.
+Prints one line per (case, variant): TFLOP/s and the ratio to cuDNN; each variant's output is checked against
+cuDNN's before it is timed. `--kernel triton` sweeps `forward.py` (tiles × TMA on/off; fills `_GPU_TILES`),
+`--kernel gluon` the Hopper kernel of `forward_sm90.py` (tiles × ping-pong on/off; fills `_TILES`; without
+`--all-configs` only the table's own tiles).
 """
 import argparse
 import itertools
@@ -14,19 +18,45 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from fmha.bench import attention_flops, bench_gpu, save_sweep
 from fmha.kernels.forward import attention_forward
 
-CONFIGS = {
+# head_dim -> [(BLOCK_M, BLOCK_N, num_warps, num_stages)]
+TRITON_CONFIGS = {
     64: [(128, 128, 4, 3), (128, 128, 8, 3), (128, 64, 4, 4), (64, 128, 4, 3), (128, 128, 4, 4)],
     128: [(128, 128, 8, 3), (128, 64, 4, 3), (128, 128, 4, 3), (128, 64, 8, 4), (128, 128, 8, 2),
           (64, 128, 4, 3), (128, 256, 8, 2)],
     256: [(128, 64, 8, 2), (64, 64, 4, 2), (128, 32, 8, 3), (64, 128, 8, 2), (128, 64, 8, 3)],
 }
+# head_dim -> [(BLOCK_N, STAGES, Q_BUFS, consumer registers)]
+GLUON_CONFIGS = {64: [(128, 3, 2, 232), (128, 2, 2, 232), (64, 4, 2, 232)],
+                 128: [(128, 2, 2, 232), (128, 2, 1, 232), (64, 4, 2, 232), (64, 3, 2, 232)],
+                 256: [(64, 2, 1, 232), (32, 4, 1, 232)]}
+
+
+def variants(kernel, d, all_configs):
+    """(label, launcher) pairs; a launcher takes (q, k, v, out, lse, causal)."""
+    if kernel == "triton":
+        for tiles, tma in itertools.product(TRITON_CONFIGS[d], (True, False)):
+            def run(q, k, v, out, lse, causal, tiles=tiles, tma=tma):
+                s = q.shape[1]
+                attention_forward(q, k, v, out, lse, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=s,
+                                  max_seqlen_k=s, softmax_scale=None, window=(-1, 0 if causal else -1),
+                                  softcap=0.0, alibi_slopes=None, sinks=None, use_tma=tma, tiles=tiles)
+            yield dict(tiles=tiles, tma=tma), run
+        return
+    from fmha.kernels.forward_sm90 import _TILES, attention_forward_sm90
+    for tiles, pingpong in itertools.product(GLUON_CONFIGS[d] if all_configs else [_TILES[d]], (True, False)):
+        def run(q, k, v, out, lse, causal, tiles=tiles, pingpong=pingpong):
+            attention_forward_sm90(q, k, v, out, lse, causal=causal, softmax_scale=d ** -0.5, pingpong=pingpong,
+                                   tiles=tiles)
+        yield dict(tiles=tiles, pingpong=pingpong), run
 
 
 def main():
     p = argparse.ArgumentParser()
+    p.add_argument("--kernel", choices=("triton", "gluon"), default="triton")
     p.add_argument("--out", default=None)
     p.add_argument("--dims", type=int, nargs="*", default=[64, 128, 256])
     p.add_argument("--seqs", type=int, nargs="*", default=[4096, 16384])
+    p.add_argument("--all-configs", action="store_true")
     args = p.parse_args()
     rows = []
     for d, s, causal in itertools.product(args.dims, args.seqs, (False, True)):
@@ -42,25 +72,24 @@ def main():
         ref = cudnn().transpose(1, 2).float()
         out = torch.empty_like(q)
         lse = torch.empty(b, h, s, device="cuda")
-        for tiles, tma in itertools.product(CONFIGS[d], (True, False)):
-            def ours():
-                attention_forward(q, k, v, out, lse, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=s,
-                                  max_seqlen_k=s, softmax_scale=None, window=(-1, 0 if causal else -1),
-                                  softcap=0.0, alibi_slopes=None, sinks=None, use_tma=tma, tiles=tiles)
+        for label, run in variants(args.kernel, d, args.all_configs):
+            case = f"d={d:<3} s={s:<5} {'causal' if causal else 'full  '} {label}"
             try:
-                ours()
+                out.fill_(float("nan"))
+                run(q, k, v, out, lse, causal)
                 err = (out.float() - ref).abs().max().item()
-                t = bench_gpu(ours)
+                if not err < 0.05:
+                    raise RuntimeError(f"disagrees with cuDNN (max abs diff {err})")
+                t = bench_gpu(lambda: run(q, k, v, out, lse, causal))
             except Exception as e:
-                print(f"d={d} s={s} causal={causal} tiles={tiles} tma={tma}: FAILED {type(e).__name__} "
-                      f"{str(e).splitlines()[0][:100] if str(e) else ''}", flush=True)
+                print(f"{case}: FAILED {type(e).__name__} {str(e).splitlines()[0][:100] if str(e) else ''}",
+                      flush=True)
                 continue
-            row = dict(d=d, s=s, causal=causal, tiles=tiles, tma=tma, tflops=flops / t / 1e12,
+            row = dict(kernel=args.kernel, d=d, s=s, causal=causal, **label, tflops=flops / t / 1e12,
                        cudnn_tflops=flops / t_ref / 1e12, vs_cudnn=t_ref / t, max_err=err)
             rows.append(row)
-            print(f"d={d:<3} s={s:<5} {'causal' if causal else 'full  '} tiles={tiles} tma={int(tma)}: "
-                  f"{row['tflops']:6.1f} TFLOP/s  cudnn {row['cudnn_tflops']:6.1f}  x{row['vs_cudnn']:.3f}  "
-                  f"err {err:.1e}", flush=True)
+            print(f"{case}: {row['tflops']:6.1f} TFLOP/s  cudnn {row['cudnn_tflops']:6.1f}  "
+                  f"x{row['vs_cudnn']:.3f}  err {err:.1e}", flush=True)
     if args.out:
         save_sweep(args.out, rows)
 

@@ -367,7 +367,7 @@ def attention_forward_sm90(q, k, v, out, lse, *, causal, softmax_scale, pingpong
     batch, seqlen_q, heads_q, d = q.shape
     seqlen_k, heads_k = k.shape[1], k.shape[2]
     block_n, stages, q_bufs, regs = tiles or _TILES[d]
-    if pingpong is None:          # tune_sm90_h100.json: +0.5-7% at d >= 128, mostly a loss at d = 64
+    if pingpong is None:          # tune_prefill_sm90_h100.json: +0.5-7% at d >= 128, mostly a loss at d = 64
         pingpong = d >= 128
     el = gl.float16 if q.dtype == torch.float16 else gl.bfloat16
 
