@@ -318,10 +318,31 @@ def _view3(t):
     return [b, s, (h - 1) * sh + d], [sb, ss, 1]
 
 
+@functools.lru_cache(maxsize=None)
+def _capability(index):
+    return torch.cuda.get_device_capability(index)
+
+
+@functools.lru_cache(maxsize=None)
+def _smem_layout(rows, d, dtype):
+    return gl.NVMMASharedLayout.get_default_for([1, rows, d], gl.float16 if dtype == torch.float16 else gl.bfloat16)
+
+
+def _descriptor(t, shape, strides, block, layout):
+    """A Gluon TensorDescriptor without its constructor's checks, which `_view3` has made (alignment, unit
+    last stride) for a block shape of powers of two: on a slow host the checks cost more than the kernel
+    of a short prefill."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    desc = object.__new__(TensorDescriptor)
+    desc.base, desc.shape, desc.strides, desc.block_shape, desc.layout, desc.padding = (
+        t, shape, strides, block, layout, "zero")
+    return desc
+
+
 def supported(q, k, v):
     """Whether a plain dense call (the caller has checked the options) can take this path: Hopper, fp16/bf16,
     head_dim_qk == head_dim_v in `_TILES`, keys present, and q/k/v strides that TMA accepts."""
-    if not q.is_cuda or torch.cuda.get_device_capability(q.device)[0] != 9:
+    if not q.is_cuda or _capability(q.device.index)[0] != 9:
         return False
     if q.dtype not in (torch.float16, torch.bfloat16) or q.dim() != 4:
         return False
@@ -363,18 +384,22 @@ def _head_chunk(n_bh, n_m, seqlen_q, seqlen_k, block_n, per_kv_head, group, prog
 
 def attention_forward_sm90(q, k, v, out, lse, *, causal, softmax_scale, pingpong=None, tiles=None):
     """Launch the Gluon kernel. q (b, sq, hq, d), k/v (b, sk, hk, d); out (b, sq, hq, d); lse (b, hq, sq)."""
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    grid, args, meta = launch_args(q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale,
+                                   pingpong=pingpong, tiles=tiles)
+    attn_fwd_sm90_kernel[grid](*args, **meta)
+
+
+def launch_args(q, k, v, out, lse, *, causal, softmax_scale, pingpong=None, tiles=None):
+    """(grid, arguments, meta-parameters) of one launch; `benchmarks/profile_host.py` times the launch alone."""
     batch, seqlen_q, heads_q, d = q.shape
     seqlen_k, heads_k = k.shape[1], k.shape[2]
     block_n, stages, q_bufs, regs = tiles or _TILES[d]
     if pingpong is None:          # tune_prefill_sm90_h100.json: +0.5-7% at d >= 128, mostly a loss at d = 64
         pingpong = d >= 128
-    el = gl.float16 if q.dtype == torch.float16 else gl.bfloat16
 
     def desc(t, rows):
         shape, strides = _view3(t)
-        layout = gl.NVMMASharedLayout.get_default_for([1, rows, d], el)
-        return TensorDescriptor(t, shape, strides, [1, rows, d], layout)
+        return _descriptor(t, shape, strides, [1, rows, d], _smem_layout(rows, d, q.dtype))
 
     n_m = triton.cdiv(seqlen_q, 2 * _ROWS)
     grid = (min(batch * heads_q * n_m, num_sms(q.device)),)
@@ -382,11 +407,9 @@ def attention_forward_sm90(q, k, v, out, lse, *, causal, softmax_scale, pingpong
     if causal:
         chunk = _head_chunk(batch * heads_q, n_m, seqlen_q, seqlen_k, block_n,
                             seqlen_k * 2 * d * k.element_size(), heads_q // heads_k, grid[0])
-    attn_fwd_sm90_kernel[grid](
-        desc(q, _ROWS), desc(k, block_n), desc(v, block_n), out, lse, seqlen_q, seqlen_k, heads_q,
-        heads_q // heads_k, batch * heads_q, chunk,
-        q.stride(2), k.stride(2), v.stride(2),
-        out.stride(0), out.stride(1), out.stride(2), *lse.stride(), softmax_scale * LOG2E,
-        BLOCK_N=block_n, HEAD_D=d, HEAD_DV=d, STAGES=stages, Q_BUFS=q_bufs, CAUSAL=causal, PINGPONG=pingpong,
-        CONSUMER_REGS=regs,
-        num_warps=4)
+    args = (desc(q, _ROWS), desc(k, block_n), desc(v, block_n), out, lse, seqlen_q, seqlen_k, heads_q,
+            heads_q // heads_k, batch * heads_q, chunk, q.stride(2), k.stride(2), v.stride(2),
+            out.stride(0), out.stride(1), out.stride(2), *lse.stride(), softmax_scale * LOG2E)
+    meta = dict(BLOCK_N=block_n, HEAD_D=d, HEAD_DV=d, STAGES=stages, Q_BUFS=q_bufs, CAUSAL=causal,
+                PINGPONG=pingpong, CONSUMER_REGS=regs, num_warps=4)
+    return grid, args, meta
