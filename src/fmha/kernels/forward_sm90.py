@@ -382,14 +382,15 @@ def _head_chunk(n_bh, n_m, seqlen_q, seqlen_k, block_n, per_kv_head, group, prog
     return min(scored)[1]
 
 
-def attention_forward_sm90(q, k, v, out, lse, *, causal, softmax_scale, pingpong=None, tiles=None):
-    """Launch the Gluon kernel. q (b, sq, hq, d), k/v (b, sk, hk, d); out (b, sq, hq, d); lse (b, hq, sq)."""
+def attention_forward_sm90(q, k, v, out, lse, *, causal, softmax_scale, pingpong=None, tiles=None, chunk=None):
+    """Launch the Gluon kernel. q (b, sq, hq, d), k/v (b, sk, hk, d); out (b, sq, hq, d); lse (b, hq, sq).
+    `pingpong`, `tiles` and the causal head `chunk` override the automatic choices (tuning)."""
     grid, args, meta = launch_args(q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale,
-                                   pingpong=pingpong, tiles=tiles)
+                                   pingpong=pingpong, tiles=tiles, chunk=chunk)
     attn_fwd_sm90_kernel[grid](*args, **meta)
 
 
-def launch_args(q, k, v, out, lse, *, causal, softmax_scale, pingpong=None, tiles=None):
+def launch_args(q, k, v, out, lse, *, causal, softmax_scale, pingpong=None, tiles=None, chunk=None):
     """(grid, arguments, meta-parameters) of one launch; `benchmarks/profile_host.py` times the launch alone."""
     batch, seqlen_q, heads_q, d = q.shape
     seqlen_k, heads_k = k.shape[1], k.shape[2]
@@ -403,8 +404,9 @@ def launch_args(q, k, v, out, lse, *, causal, softmax_scale, pingpong=None, tile
 
     n_m = triton.cdiv(seqlen_q, 2 * _ROWS)
     grid = (min(batch * heads_q * n_m, num_sms(q.device)),)
-    chunk = 1
-    if causal:
+    if not causal:
+        chunk = 1
+    elif chunk is None:
         chunk = _head_chunk(batch * heads_q, n_m, seqlen_q, seqlen_k, block_n,
                             seqlen_k * 2 * d * k.element_size(), heads_q // heads_k, grid[0])
     args = (desc(q, _ROWS), desc(k, block_n), desc(v, block_n), out, lse, seqlen_q, seqlen_k, heads_q,
