@@ -18,15 +18,18 @@ from fmha.kernels.forward_sm90 import attention_forward_sm90, launch_args
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=None)
+    p.add_argument("--seqs", type=int, nargs="*", default=[1024])
+    p.add_argument("--dims", type=int, nargs="*", default=[256, 128])
     args = p.parse_args()
     rows = []
-    for b, s, h, d in [(16, 1024, 8, 256), (16, 1024, 16, 128)]:
+    for s, d in [(s, d) for s in args.seqs for d in args.dims]:
+        b, h = 16384 // s, 2048 // d
         q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         out = torch.empty_like(q)
         lse = torch.empty(b, h, s, device="cuda")
         flops = 4 * b * h * s * s * d / 2
         auto = launch_args(q, k, v, out, lse, causal=True, softmax_scale=0.1)[1][10]
-        for chunk in (1, 2, 4, 8, 16, 24, 48, b * h):
+        for chunk in sorted({c for c in (1, 2, 3, 4, 6, 8, 16, 24, 48) if c < b * h} | {b * h}):
             def fn():
                 attention_forward_sm90(q, k, v, out, lse, causal=True, softmax_scale=0.1, chunk=chunk)
             t_bench = triton.testing.do_bench(fn, warmup=20, rep=100, return_mode="median") / 1e3
