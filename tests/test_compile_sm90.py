@@ -120,7 +120,7 @@ GLUON_SCRIPT = textwrap.dedent('''
         return f"tensordesc<{dt}[1,{rows},{d}],{layout!r}>"
     consts = dict(BLOCK_N=bn, HEAD_D=d, HEAD_DV=d, STAGES=stages, Q_BUFS=q_bufs, CAUSAL=causal, PINGPONG=not causal,
                   CONSUMER_REGS=regs)
-    ptrs = dict(q_desc=desc(_ROWS), k_desc=desc(bn), v_desc=desc(bn), O=f"*{dt}", LSE="*fp32")
+    ptrs = dict(q_desc=desc(_ROWS), k_desc=desc(bn), v_desc=desc(bn), O=f"*{dt}", LSE="*fp32", COUNTER="*i32")
     names = list(inspect.signature(attn_fwd_sm90_kernel.fn).parameters)
     sig = {n: ptrs.get(n, "constexpr" if n in consts else ("fp32" if n == "qk_scale_log2" else "i32")) for n in names}
     src = GluonASTSource(attn_fwd_sm90_kernel, sig, constexprs={(names.index(k),): v for k, v in consts.items()})

@@ -5,8 +5,9 @@ is what `attention_forward` dispatches to on an H100/H200 for the plain dense ca
 or left window, `head_dim_qk == head_dim_v` in {64, 128, 256}, q/k/v strides that TMA accepts (16-byte
 aligned). The schedule is FlashAttention-3's:
 
-* persistent: one program per SM walks a static list of work items (128 query rows of one head), causal
-  items ordered for balance and L2 reuse (`_work_item`, `_head_chunk`);
+* persistent: one program per SM runs work items (128 query rows of one head) until none is left:
+  a program takes the next untaken item when it starts one (an atomic counter), items ordered head by head
+  for L2 reuse, causal ones longest first (`_work_item`, `_next_item`);
 * a one-warp producer partition: Q (double-buffered, so the next item's Q lands during this one) and K and
   V tiles through `STAGES`-deep rings of shared-memory slots, each completing on its own mbarrier; K and V
   slots are released separately (K after Q·Kᵀ, V after P·V), so loads run a full tile ahead;
@@ -35,7 +36,6 @@ from ..schedule import num_sms
 ROWS = gl.constexpr(64)           # query rows per consumer warpgroup; a CTA has two
 _ROWS = 64                        # the same, for the host
 LOG2E = 1.4426950408889634
-L2_BUDGET = 24 << 20              # bytes of K/V that causal work items share at a time (H100 L2: 50 MB)
 LN2 = gl.constexpr(0.6931471805599453)
 PRODUCER_REGS = gl.constexpr(40)     # the producer warp's register budget (its warpgroup's, with 3 idle warps)
 
@@ -44,47 +44,14 @@ _TILES = {64: (128, 3, 2, 232), 128: (128, 2, 2, 232), 256: (64, 2, 1, 232)}
 
 
 @gluon.jit
-def _position(r, CAUSAL: gl.constexpr):
-    """This program's place in round r of the persistent schedule: round-robin, or for causal (work items
-    sorted longest first) a snake, reversed every other round, so that each program's total is even."""
-    pid = gl.program_id(0)
+def _work_item(t, n_m, heads_q, group, seqlen_q, seqlen_k, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    """Work item t → (batch, head, kv head, first query row, key tiles). Items go out in order of t (see
+    `_next_item`): all row blocks of one head next to each other, sharing its K/V in L2; causal ones longest
+    first, so that the short ones fill the end."""
+    bh = t // n_m
+    m_idx = t % n_m
     if CAUSAL:
-        if r % 2 == 1:
-            pid = gl.num_programs(0) - 1 - pid
-    return pid
-
-
-@gluon.jit
-def _item(r, CAUSAL: gl.constexpr):
-    return r * gl.num_programs(0) + _position(r, CAUSAL)
-
-
-@gluon.jit
-def _rounds(n_work, CAUSAL: gl.constexpr):
-    """How many rounds this program has work in: every full round, and the last one if its place is taken."""
-    full = n_work // gl.num_programs(0)
-    return full + (_position(full, CAUSAL) < n_work % gl.num_programs(0)).to(gl.int32)
-
-
-@gluon.jit
-def _work_item(t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, BLOCK_N: gl.constexpr,
-               CAUSAL: gl.constexpr):
-    """Work item t → (batch, head, kv head, first query row, key tiles).
-
-    Without a mask all row blocks of one head run next to each other, sharing its K/V in L2. Causal: heads
-    are taken `head_chunk` at a time (as many as keep their K/V in L2), and inside a chunk the row blocks
-    with the most key tiles come first, all heads of the chunk together (longest first, for balance). Taking
-    every head's longest block first instead spreads the running programs over all heads and re-reads K/V
-    from memory: at 1k tokens that was HBM-bound."""
-    if CAUSAL:
-        chunk = t // (head_chunk * n_m)
-        width = gl.minimum(head_chunk, n_bh - chunk * head_chunk)
-        r = t - chunk * head_chunk * n_m
-        m_idx = n_m - 1 - r // width
-        bh = chunk * head_chunk + r % width
-    else:
-        bh = t // n_m
-        m_idx = t % n_m
+        m_idx = n_m - 1 - m_idx
     h = bh % heads_q
     m_start = m_idx * (2 * ROWS)
     hi = seqlen_k
@@ -94,8 +61,28 @@ def _work_item(t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, BLO
 
 
 @gluon.jit
-def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
-              n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, stride_qh, stride_kh, stride_vh,
+def _next_item(COUNTER):
+    """Dynamic schedule: a program's first item is its own index, each next one the first not yet taken (one
+    atomic per item), so programs that drew short items take more of them."""
+    return gl.num_programs(0) + gl.atomic_add(COUNTER, 1)
+
+
+@gluon.jit
+def _post_item(slot, t, WARPS: gl.constexpr):
+    """The producer hands the item index to the consumers in shared memory, before the Q barrier's arrive."""
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
+    slot.store(gl.full([1], t, gl.int32, layout))
+
+
+@gluon.jit
+def _read_item(slot, WARPS: gl.constexpr):
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
+    return gl.max(slot.load(layout), 0)
+
+
+@gluon.jit
+def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready,
+              v_empty, COUNTER, n_m, n_bh, heads_q, group, seqlen_q, seqlen_k, stride_qh, stride_kh, stride_vh,
               BLOCK_N: gl.constexpr, STAGES: gl.constexpr, Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr):
     # The descriptors are 3-D, (batch, seqlen, columns) with boxes (1, rows, head_dim); each box lands in a
     # 2-D slot seen through a (1, rows, head_dim) view.
@@ -104,12 +91,13 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, 
     v_box: gl.constexpr = v_desc.block_type.shape
     kv = 0                        # K/V tiles loaded so far: position in the ring and its phase
     w = 0                         # work items so far: the Q buffer and its phase
-    for r in range(_rounds(n_m * n_bh, CAUSAL)):
-        b, h, hk, m_start, n_tiles = _work_item(_item(r, CAUSAL), n_m, n_bh, head_chunk, heads_q, group,
-                                                seqlen_q, seqlen_k, BLOCK_N, CAUSAL)
+    t = gl.program_id(0)
+    while t < n_m * n_bh:
+        b, h, hk, m_start, n_tiles = _work_item(t, n_m, heads_q, group, seqlen_q, seqlen_k, BLOCK_N, CAUSAL)
         qb = w % Q_BUFS
         # A buffer is free once both consumers released it; the first pass over a ring waits on nothing.
         mbarrier.wait(q_empty.index(qb), ((w // Q_BUFS) & 1) ^ 1)
+        _post_item(items.index(qb), t, 1)
         mbarrier.expect(q_ready.index(qb), 2 * q_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [b, m_start, h * stride_qh], q_ready.index(qb),
                                         q_smem.index(2 * qb).reshape(q_box))
@@ -128,6 +116,12 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, 
                                             v_smem.index(slot).reshape(v_box))
             kv += 1
         w += 1
+        t = _next_item(COUNTER)
+    # The end: an index past the last item tells the consumers to stop.
+    qb = w % Q_BUFS
+    mbarrier.wait(q_empty.index(qb), ((w // Q_BUFS) & 1) ^ 1)
+    _post_item(items.index(qb), t, 1)
+    mbarrier.arrive(q_ready.index(qb), count=1)
 
 
 @gluon.jit
@@ -166,8 +160,8 @@ def _give_turn(turn, WG: gl.constexpr, PINGPONG: gl.constexpr):
 
 
 @gluon.jit
-def _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, O, LSE,
-              n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, qk_scale_log2,
+def _consumer(q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, O, LSE,
+              n_m, n_bh, heads_q, group, seqlen_q, seqlen_k, qk_scale_log2,
               stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls,
               turn, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.constexpr, STAGES: gl.constexpr,
               Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr):
@@ -185,9 +179,11 @@ def _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_read
     kv = 0                        # the producer's counters, kept in step
     w = 0
     turns = 0                     # wgmma issue rounds so far (PINGPONG)
-    for r in range(_rounds(n_m * n_bh, CAUSAL)):
-        b, h, hk, m_start, n_tiles = _work_item(_item(r, CAUSAL), n_m, n_bh, head_chunk, heads_q, group,
-                                                seqlen_q, seqlen_k, BLOCK_N, CAUSAL)
+    qb = 0
+    mbarrier.wait(q_ready.index(0), 0)
+    t = _read_item(items.index(0), 4)
+    while t < n_m * n_bh:
+        b, h, hk, m_start, n_tiles = _work_item(t, n_m, heads_q, group, seqlen_q, seqlen_k, BLOCK_N, CAUSAL)
         m0 = m_start + WG * ROWS
         q_pos = m0 + gl.arange(0, ROWS, layout=row_s)
         # First key tile that needs a mask for some row of this warpgroup.
@@ -197,9 +193,7 @@ def _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_read
         acc = gl.zeros([ROWS, HEAD_DV], gl.float32, o_layout)
         m_i = gl.full([ROWS], float("-inf"), gl.float32, row_s)
         l_i = gl.zeros([ROWS], gl.float32, row_s)
-        qb = w % Q_BUFS
         q = q_smem.index(2 * qb + WG)
-        mbarrier.wait(q_ready.index(qb), (w // Q_BUFS) & 1)
         if n_tiles > 0:
             slot = kv % STAGES
             mbarrier.wait(k_ready.index(slot), (kv // STAGES) & 1)
@@ -256,16 +250,19 @@ def _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_read
         o_ptrs = O + b * stride_ob + h * stride_oh + rows[:, None] * stride_os + cols[None, :]
         gl.store(o_ptrs, out, mask=(rows < seqlen_q)[:, None])
         gl.store(LSE + b * stride_lb + h * stride_lh + q_pos * stride_ls, lse, mask=q_pos < seqlen_q)
+        qb = w % Q_BUFS
+        mbarrier.wait(q_ready.index(qb), (w // Q_BUFS) & 1)
+        t = _read_item(items.index(qb), 4)
 
 
 @gluon.jit
-def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, seqlen_q, seqlen_k, heads_q, group, n_bh, head_chunk,
+def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, seqlen_q, seqlen_k, heads_q, group, n_bh,
                          stride_qh, stride_kh, stride_vh,
                          stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls, qk_scale_log2,
                          BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, HEAD_DV: gl.constexpr,
                          STAGES: gl.constexpr, Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr,
                          PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr):
-    """Persistent: program p runs work items p, p + grid, ... (see `_work_item`)."""
+    """Persistent: each program runs work items until none is left (`_next_item`); COUNTER is a zeroed int32."""
     n_m = gl.cdiv(seqlen_q, 2 * ROWS)
     dtype: gl.constexpr = q_desc.dtype
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, HEAD_D], dtype)
@@ -280,6 +277,7 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, seqlen_q, seqlen_k, hea
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    items = gl.allocate_shared_memory(gl.int32, [Q_BUFS, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     mbarrier.init(turn.index(0), count=1)
     mbarrier.init(turn.index(1), count=1)
@@ -293,16 +291,16 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, seqlen_q, seqlen_k, hea
         mbarrier.init(v_empty.index(i), count=2)
 
     gl.warp_specialize([
-        (_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, O, LSE,
-                     n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, qk_scale_log2,
+        (_consumer, (q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, O, LSE,
+                     n_m, n_bh, heads_q, group, seqlen_q, seqlen_k, qk_scale_log2,
                      stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls,
                      turn, 0, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG)),
-        (_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, O, LSE,
-                     n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, qk_scale_log2,
+        (_consumer, (q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, O, LSE,
+                     n_m, n_bh, heads_q, group, seqlen_q, seqlen_k, qk_scale_log2,
                      stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls,
                      turn, 1, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG)),
-        (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty,
-                     v_ready, v_empty, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k,
+        (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty,
+                     v_ready, v_empty, COUNTER, n_m, n_bh, heads_q, group, seqlen_q, seqlen_k,
                      stride_qh, stride_kh, stride_vh, BLOCK_N, STAGES, Q_BUFS, CAUSAL)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
@@ -352,45 +350,15 @@ def supported(q, k, v):
     return all(_view3(t) is not None for t in (q, k, v))
 
 
-_CHUNKS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
-
-
-@functools.lru_cache(maxsize=1024)
-def _head_chunk(n_bh, n_m, seqlen_q, seqlen_k, block_n, per_kv_head, group, programs):
-    """Query heads per causal chunk (see `_work_item`). Candidates: chunks whose K/V fit in L2_BUDGET, and no
-    chunking at all (all heads). Each is scored by the load of the busiest program under the static schedule
-    (`_position`: snake rounds), each work item costing its key tiles plus one tile of prologue/epilogue;
-    no chunking pays 5% for its L2 misses. Host-side and cached per shape."""
-    m_start = torch.arange(n_m) * (2 * _ROWS)
-    hi = (m_start + 2 * _ROWS + seqlen_k - seqlen_q).clamp(0, seqlen_k)
-    cost = ((hi + block_n - 1) // block_n + 1).flip(0).double()      # row blocks, longest first
-    fit = max(1, L2_BUDGET // per_kv_head) * group
-
-    def busiest(chunk):
-        full, rem = divmod(n_bh, chunk)
-        parts = [cost.repeat_interleave(chunk).repeat(full)] if full else []
-        if rem:
-            parts.append(cost.repeat_interleave(rem))
-        x = torch.cat(parts)
-        rounds = -(-x.numel() // programs)
-        x = torch.nn.functional.pad(x, (0, rounds * programs - x.numel())).view(rounds, programs)
-        x[1::2] = x[1::2].flip(1)
-        load = x.sum(0)
-        return (load.max() / load.mean()).item()
-    scored = [(busiest(c), c) for c in _CHUNKS if c <= min(fit, n_bh)]
-    scored.append((busiest(n_bh) * 1.05, n_bh))
-    return min(scored)[1]
-
-
-def attention_forward_sm90(q, k, v, out, lse, *, causal, softmax_scale, pingpong=None, tiles=None, chunk=None):
+def attention_forward_sm90(q, k, v, out, lse, *, causal, softmax_scale, pingpong=None, tiles=None):
     """Launch the Gluon kernel. q (b, sq, hq, d), k/v (b, sk, hk, d); out (b, sq, hq, d); lse (b, hq, sq).
-    `pingpong`, `tiles` and the causal head `chunk` override the automatic choices (tuning)."""
+    `pingpong` and `tiles` override the automatic choices (tuning)."""
     grid, args, meta = launch_args(q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale,
-                                   pingpong=pingpong, tiles=tiles, chunk=chunk)
+                                   pingpong=pingpong, tiles=tiles)
     attn_fwd_sm90_kernel[grid](*args, **meta)
 
 
-def launch_args(q, k, v, out, lse, *, causal, softmax_scale, pingpong=None, tiles=None, chunk=None):
+def launch_args(q, k, v, out, lse, *, causal, softmax_scale, pingpong=None, tiles=None):
     """(grid, arguments, meta-parameters) of one launch; `benchmarks/profile_host.py` times the launch alone."""
     batch, seqlen_q, heads_q, d = q.shape
     seqlen_k, heads_k = k.shape[1], k.shape[2]
@@ -404,13 +372,9 @@ def launch_args(q, k, v, out, lse, *, causal, softmax_scale, pingpong=None, tile
 
     n_m = triton.cdiv(seqlen_q, 2 * _ROWS)
     grid = (min(batch * heads_q * n_m, num_sms(q.device)),)
-    if not causal:
-        chunk = 1
-    elif chunk is None:
-        chunk = _head_chunk(batch * heads_q, n_m, seqlen_q, seqlen_k, block_n,
-                            seqlen_k * 2 * d * k.element_size(), heads_q // heads_k, grid[0])
-    args = (desc(q, _ROWS), desc(k, block_n), desc(v, block_n), out, lse, seqlen_q, seqlen_k, heads_q,
-            heads_q // heads_k, batch * heads_q, chunk, q.stride(2), k.stride(2), v.stride(2),
+    counter = torch.zeros(1, dtype=torch.int32, device=q.device)      # items handed out past the first grid
+    args = (desc(q, _ROWS), desc(k, block_n), desc(v, block_n), out, lse, counter, seqlen_q, seqlen_k, heads_q,
+            heads_q // heads_k, batch * heads_q, q.stride(2), k.stride(2), v.stride(2),
             out.stride(0), out.stride(1), out.stride(2), *lse.stride(), softmax_scale * LOG2E)
     meta = dict(BLOCK_N=block_n, HEAD_D=d, HEAD_DV=d, STAGES=stages, Q_BUFS=q_bufs, CAUSAL=causal,
                 PINGPONG=pingpong, CONSUMER_REGS=regs, num_warps=4)
