@@ -6,8 +6,8 @@ or left window, `head_dim_qk == head_dim_v` in {64, 128, 256}, q/k/v strides tha
 aligned). The schedule is FlashAttention-3's:
 
 * persistent: one program per SM runs work items (128 query rows of one head) until none is left:
-  a program takes the next untaken item when it starts one (an atomic counter), items ordered head by head
-  for L2 reuse, causal ones longest first (`_work_item`, `_next_item`);
+  a program takes the next untaken item when it starts one (an atomic counter); causal items go out in
+  L2-sized chunks of heads, longest first inside a chunk (`_work_item`, `_next_item`);
 * a one-warp producer partition: Q (double-buffered, so the next item's Q lands during this one) and K and
   V tiles through `STAGES`-deep rings of shared-memory slots, each completing on its own mbarrier; K and V
   slots are released separately (K after Q·Kᵀ, V after P·V), so loads run a full tile ahead;
@@ -36,6 +36,7 @@ from ..schedule import num_sms
 ROWS = gl.constexpr(64)           # query rows per consumer warpgroup; a CTA has two
 _ROWS = 64                        # the same, for the host
 LOG2E = 1.4426950408889634
+L2_BUDGET = 24 << 20              # bytes of K/V that causal work items share at a time (H100 L2: 50 MB)
 LN2 = gl.constexpr(0.6931471805599453)
 PRODUCER_REGS = gl.constexpr(40)     # the producer warp's register budget (its warpgroup's, with 3 idle warps)
 
@@ -44,14 +45,22 @@ _TILES = {64: (128, 3, 2, 232), 128: (128, 2, 2, 232), 256: (64, 2, 1, 232)}
 
 
 @gluon.jit
-def _work_item(t, n_m, heads_q, group, seqlen_q, seqlen_k, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+def _work_item(t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, BLOCK_N: gl.constexpr,
+               CAUSAL: gl.constexpr):
     """Work item t → (batch, head, kv head, first query row, key tiles). Items go out in order of t (see
-    `_next_item`): all row blocks of one head next to each other, sharing its K/V in L2; causal ones longest
-    first, so that the short ones fill the end."""
-    bh = t // n_m
-    m_idx = t % n_m
+    `_next_item`). Without a mask, all row blocks of one head are next to each other, sharing its K/V in L2.
+    Causal: heads are taken `head_chunk` at a time (as many as keep their K/V in L2), and inside a chunk the
+    row blocks with the most key tiles come first, all heads of the chunk together, so that short items
+    fill the end."""
     if CAUSAL:
-        m_idx = n_m - 1 - m_idx
+        chunk = t // (head_chunk * n_m)
+        width = gl.minimum(head_chunk, n_bh - chunk * head_chunk)
+        r = t - chunk * head_chunk * n_m
+        m_idx = n_m - 1 - r // width
+        bh = chunk * head_chunk + r % width
+    else:
+        bh = t // n_m
+        m_idx = t % n_m
     h = bh % heads_q
     m_start = m_idx * (2 * ROWS)
     hi = seqlen_k
@@ -82,7 +91,8 @@ def _read_item(slot, WARPS: gl.constexpr):
 
 @gluon.jit
 def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready,
-              v_empty, COUNTER, n_m, n_bh, heads_q, group, seqlen_q, seqlen_k, stride_qh, stride_kh, stride_vh,
+              v_empty, COUNTER, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, stride_qh, stride_kh,
+              stride_vh,
               BLOCK_N: gl.constexpr, STAGES: gl.constexpr, Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr):
     # The descriptors are 3-D, (batch, seqlen, columns) with boxes (1, rows, head_dim); each box lands in a
     # 2-D slot seen through a (1, rows, head_dim) view.
@@ -93,7 +103,8 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, items, q_ready, q_
     w = 0                         # work items so far: the Q buffer and its phase
     t = gl.program_id(0)
     while t < n_m * n_bh:
-        b, h, hk, m_start, n_tiles = _work_item(t, n_m, heads_q, group, seqlen_q, seqlen_k, BLOCK_N, CAUSAL)
+        b, h, hk, m_start, n_tiles = _work_item(t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k,
+                                                BLOCK_N, CAUSAL)
         qb = w % Q_BUFS
         # A buffer is free once both consumers released it; the first pass over a ring waits on nothing.
         mbarrier.wait(q_empty.index(qb), ((w // Q_BUFS) & 1) ^ 1)
@@ -161,7 +172,7 @@ def _give_turn(turn, WG: gl.constexpr, PINGPONG: gl.constexpr):
 
 @gluon.jit
 def _consumer(q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, O, LSE,
-              n_m, n_bh, heads_q, group, seqlen_q, seqlen_k, qk_scale_log2,
+              n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, qk_scale_log2,
               stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls,
               turn, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.constexpr, STAGES: gl.constexpr,
               Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr):
@@ -183,7 +194,8 @@ def _consumer(q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty,
     mbarrier.wait(q_ready.index(0), 0)
     t = _read_item(items.index(0), 4)
     while t < n_m * n_bh:
-        b, h, hk, m_start, n_tiles = _work_item(t, n_m, heads_q, group, seqlen_q, seqlen_k, BLOCK_N, CAUSAL)
+        b, h, hk, m_start, n_tiles = _work_item(t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k,
+                                                BLOCK_N, CAUSAL)
         m0 = m_start + WG * ROWS
         q_pos = m0 + gl.arange(0, ROWS, layout=row_s)
         # First key tile that needs a mask for some row of this warpgroup.
@@ -257,6 +269,7 @@ def _consumer(q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty,
 
 @gluon.jit
 def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, seqlen_q, seqlen_k, heads_q, group, n_bh,
+                         head_chunk,
                          stride_qh, stride_kh, stride_vh,
                          stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls, qk_scale_log2,
                          BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, HEAD_DV: gl.constexpr,
@@ -292,15 +305,15 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, seqlen_q, seql
 
     gl.warp_specialize([
         (_consumer, (q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, O, LSE,
-                     n_m, n_bh, heads_q, group, seqlen_q, seqlen_k, qk_scale_log2,
+                     n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, qk_scale_log2,
                      stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls,
                      turn, 0, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG)),
         (_consumer, (q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, O, LSE,
-                     n_m, n_bh, heads_q, group, seqlen_q, seqlen_k, qk_scale_log2,
+                     n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, qk_scale_log2,
                      stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls,
                      turn, 1, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG)),
         (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty,
-                     v_ready, v_empty, COUNTER, n_m, n_bh, heads_q, group, seqlen_q, seqlen_k,
+                     v_ready, v_empty, COUNTER, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k,
                      stride_qh, stride_kh, stride_vh, BLOCK_N, STAGES, Q_BUFS, CAUSAL)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
@@ -373,8 +386,11 @@ def launch_args(q, k, v, out, lse, *, causal, softmax_scale, pingpong=None, tile
     n_m = triton.cdiv(seqlen_q, 2 * _ROWS)
     grid = (min(batch * heads_q * n_m, num_sms(q.device)),)
     counter = torch.zeros(1, dtype=torch.int32, device=q.device)      # items handed out past the first grid
+    chunk = 1
+    if causal:                    # query heads whose K/V fit in L2_BUDGET
+        chunk = max(1, L2_BUDGET // (seqlen_k * 2 * d * k.element_size())) * (heads_q // heads_k)
     args = (desc(q, _ROWS), desc(k, block_n), desc(v, block_n), out, lse, counter, seqlen_q, seqlen_k, heads_q,
-            heads_q // heads_k, batch * heads_q, q.stride(2), k.stride(2), v.stride(2),
+            heads_q // heads_k, batch * heads_q, chunk, q.stride(2), k.stride(2), v.stride(2),
             out.stride(0), out.stride(1), out.stride(2), *lse.stride(), softmax_scale * LOG2E)
     meta = dict(BLOCK_N=block_n, HEAD_D=d, HEAD_DV=d, STAGES=stages, Q_BUFS=q_bufs, CAUSAL=causal,
                 PINGPONG=pingpong, CONSUMER_REGS=regs, num_warps=4)
