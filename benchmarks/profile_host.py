@@ -4,8 +4,8 @@
 
 Eager prefill of short sequences can be host-bound: a call that spends more host time than its kernel runs
 leaves the GPU idle. Prints microseconds of host time per call (calls issued back to back, one
-synchronisation at the end) for `fmha.attention`, for the Gluon launcher it reaches, for the bare kernel launch, and the top entries
-of a profile of the former.
+synchronisation at the end) for `fmha.attention`, for the Gluon launcher it reaches and for the bare kernel
+launch, and the top entries of a profile of the first.
 """
 import cProfile
 import pstats
