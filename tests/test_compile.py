@@ -57,3 +57,23 @@ def test_compile_mla_fullgraph():
     ref, ref_lse = mla_decode_ref(q * 2, cache, table, lens, 512)
     assert_close("out", out, ref, DT)
     torch.testing.assert_close(lse, ref_lse, atol=2e-3, rtol=0)
+
+
+def test_eager_calls_skip_the_dispatcher_only_on_plain_tensors():
+    """`fmha._ops.custom_op` runs plain eager calls directly (host time) and everything else through the op:
+    a dispatch mode (fake tensors: shape propagation, export), tensors that require grad (autograd)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from fmha._ops import _direct
+    plain = torch.randn(2, 3, device=DEV)
+    assert _direct((plain, None, 3, 0.5))
+    assert not _direct((plain.requires_grad_(),))
+    with FakeTensorMode() as mode:
+        fake = mode.from_tensor(torch.randn(2, 3))
+        assert not _direct((fake,))
+
+    # Under a fake mode the public function still works (through the op's fake implementation).
+    with FakeTensorMode():
+        q = torch.empty(1, 8, 2, 32, device=DEV, dtype=DT)
+        out, lse = fmha.attention(q, q, q, causal=True, return_lse=True)
+        assert out.shape == (1, 8, 2, 32) and lse.shape == (1, 2, 8)
