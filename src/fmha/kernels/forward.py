@@ -391,8 +391,10 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
              and pack_gqa is None and use_tma is None and tiles is None and backend is None)
     if plain and not interpret and os.environ.get("FMHA_GLUON", "1") != "0":
         from . import forward_sm90
-        if forward_sm90.supported(q, k, v):
-            forward_sm90.attention_forward_sm90(q, k, v, out, lse, causal=right == 0, softmax_scale=scale)
+        views = forward_sm90.supported(q, k, v)
+        if views is not None:
+            forward_sm90.attention_forward_sm90(q, k, v, out, lse, causal=right == 0, softmax_scale=scale,
+                                                views=views)
             return
     if pack_gqa is None:
         pack_gqa = _pack_gqa(group, seqlen_q, _tile_config(dqk, dv, interpret)[0])

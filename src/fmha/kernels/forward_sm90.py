@@ -33,8 +33,8 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 
 from ..schedule import num_sms
 
-ROWS = gl.constexpr(64)           # query rows per consumer warpgroup; a CTA has two
-_ROWS = 64                        # the same, for the host
+_ROWS = 64                        # query rows per consumer warpgroup; a CTA has two
+ROWS = gl.constexpr(_ROWS)        # the same, for the kernels
 LOG2E = 1.4426950408889634
 L2_BUDGET = 24 << 20              # bytes of K/V that causal work items share at a time (H100 L2: 50 MB)
 LN2 = gl.constexpr(0.6931471805599453)
@@ -352,26 +352,29 @@ def _descriptor(t, shape, strides, block, layout):
 
 def supported(q, k, v):
     """Whether a plain dense call (the caller has checked the options) can take this path: Hopper, fp16/bf16,
-    head_dim_qk == head_dim_v in `_TILES`, keys present, and q/k/v strides that TMA accepts."""
+    head_dim_qk == head_dim_v in `_TILES`, keys present, and q/k/v strides that TMA accepts. Returns the three
+    TMA views (`_view3`, for `attention_forward_sm90`), or None."""
     if not q.is_cuda or _capability(q.device.index)[0] != 9:
-        return False
+        return None
     if q.dtype not in (torch.float16, torch.bfloat16) or q.dim() != 4:
-        return False
+        return None
     d, dv = q.shape[-1], v.shape[-1]
     if d != dv or d not in _TILES or k.shape[1] == 0:
-        return False
-    return all(_view3(t) is not None for t in (q, k, v))
+        return None
+    views = tuple(_view3(t) for t in (q, k, v))
+    return None if None in views else views
 
 
-def attention_forward_sm90(q, k, v, out, lse, *, causal, softmax_scale, pingpong=None, tiles=None):
+def attention_forward_sm90(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None, tiles=None):
     """Launch the Gluon kernel. q (b, sq, hq, d), k/v (b, sk, hk, d); out (b, sq, hq, d); lse (b, hq, sq).
-    `pingpong` and `tiles` override the automatic choices (tuning)."""
-    grid, args, meta = launch_args(q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale,
+    `views` are `supported`'s result when the caller has it; `pingpong` and `tiles` override the automatic
+    choices (tuning)."""
+    grid, args, meta = launch_args(q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale, views=views,
                                    pingpong=pingpong, tiles=tiles)
     attn_fwd_sm90_kernel[grid](*args, **meta)
 
 
-def launch_args(q, k, v, out, lse, *, causal, softmax_scale, pingpong=None, tiles=None):
+def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None, tiles=None):
     """(grid, arguments, meta-parameters) of one launch; `benchmarks/profile_host.py` times the launch alone."""
     batch, seqlen_q, heads_q, d = q.shape
     seqlen_k, heads_k = k.shape[1], k.shape[2]
@@ -379,18 +382,19 @@ def launch_args(q, k, v, out, lse, *, causal, softmax_scale, pingpong=None, tile
     if pingpong is None:          # tune_prefill_sm90_h100.json: +0.5-7% at d >= 128, mostly a loss at d = 64
         pingpong = d >= 128
 
-    def desc(t, rows):
-        shape, strides = _view3(t)
+    def desc(t, view, rows):
+        shape, strides = view
         return _descriptor(t, shape, strides, [1, rows, d], _smem_layout(rows, d, q.dtype))
 
+    vq, vk, vv = views or (_view3(q), _view3(k), _view3(v))
     n_m = triton.cdiv(seqlen_q, 2 * _ROWS)
     grid = (min(batch * heads_q * n_m, num_sms(q.device)),)
     counter = torch.zeros(1, dtype=torch.int32, device=q.device)      # items handed out past the first grid
     chunk = 1
     if causal:                    # query heads whose K/V fit in L2_BUDGET
         chunk = max(1, L2_BUDGET // (seqlen_k * 2 * d * k.element_size())) * (heads_q // heads_k)
-    args = (desc(q, _ROWS), desc(k, block_n), desc(v, block_n), out, lse, counter, seqlen_q, seqlen_k, heads_q,
-            heads_q // heads_k, batch * heads_q, chunk, q.stride(2), k.stride(2), v.stride(2),
+    args = (desc(q, vq, _ROWS), desc(k, vk, block_n), desc(v, vv, block_n), out, lse, counter, seqlen_q,
+            seqlen_k, heads_q, heads_q // heads_k, batch * heads_q, chunk, q.stride(2), k.stride(2), v.stride(2),
             out.stride(0), out.stride(1), out.stride(2), *lse.stride(), softmax_scale * LOG2E)
     meta = dict(BLOCK_N=block_n, HEAD_D=d, HEAD_DV=d, STAGES=stages, Q_BUFS=q_bufs, CAUSAL=causal,
                 PINGPONG=pingpong, CONSUMER_REGS=regs, num_warps=4)
