@@ -329,6 +329,19 @@ def mla_peers():
     return peers
 
 
+def _portable_mla(q, cache, table, seqlens, meta, splits, causal):
+    """Our `triton.language` MLA kernel on the same inputs (where the Gluon path does not apply)."""
+    from .kernels.mla_decode import mla_decode_forward
+    out = q.new_empty(*q.shape[:3], 512)
+    lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], dtype=torch.float32, device=q.device)
+
+    def call():
+        mla_decode_forward(q[..., :512], q[..., 512:], cache[..., :512], cache[..., 512:], table, seqlens, meta,
+                           splits, out, lse, softmax_scale=576 ** -0.5, causal=causal, backend="triton")
+        return out
+    return call
+
+
 def bench_mla(args, record):
     """MLA decode over a paged cache (page 64, pages shuffled), FlashMLA's formulas: FLOPs =
     2 * visible (q, k) pairs * h_q * (576 + 512); bytes = the cache read once + Q + O. CUDA-graph timing, the
@@ -345,7 +358,8 @@ def bench_mla(args, record):
         seqlens = torch.full((b,), sk, dtype=torch.int32, device="cuda")
         meta, splits = ours_mla.get_mla_metadata(seqlens, sq * hq, 1)
         impls = {"ours": lambda: ours_mla.flash_mla_with_kvcache(q, cache, table, seqlens, 512, meta, splits,
-                                                                  causal=sq > 1)}
+                                                                  causal=sq > 1),
+                 "ours-triton": _portable_mla(q, cache, table, seqlens, meta, splits, causal=sq > 1)}
         for name, build in peers.items():
             impls[name] = build(q, cache, table, seqlens, sq, hq)
         ref = impls["ours"]()[0].float()

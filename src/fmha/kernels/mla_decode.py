@@ -14,6 +14,8 @@ sequence is written as an fp32 partial (o, lse) that `combine.combine_kernel` me
 The value width DV is held as two column halves (two 64 x 256 fp32 accumulators for DV = 512): a TMA box
 is at most 256 columns wide, and the halves keep each wgmma's N at 256.
 """
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -361,7 +363,7 @@ def _tma_ok(t, heads_k):
 
 def mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens, metadata, split_offsets,
                        out, lse, *, softmax_scale, causal, sinks=None, valid_lens=None, fp8_layout=None,
-                       max_logits=None, extra=None, tiles=None, use_tma=None, interpret=False):
+                       max_logits=None, extra=None, tiles=None, use_tma=None, backend=None, interpret=False):
     """q_lat (b, s_q, h_q, DV), q_rope (b, s_q, h_q, DT) or None, kv_lat (pages, page_size, h_k, DV),
     k_rope (pages, page_size, h_k, DT) or None, metadata / split_offsets from `schedule.plan_mla`, sinks (h_q,)
     fp32 or None (an attention sink per query head). Token-sparse: `valid_lens (b,)` int32 given, each "batch"
@@ -374,7 +376,9 @@ def mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens
     least the main topk) keys of the main source followed by extra_topk of the extra one.
     `fp8_layout` "v32" / "model1": kv_lat is the packed uint8 cache (k_rope the same tensor), dequantised on load.
     Writes out (b, s_q, h_q, DV) and lse (b, h_q, s_q); returns the compiled decode kernel (for tuning:
-    its register and spill counts). `tiles` = (BLOCK_M, BLOCK_N, num_warps, num_stages, transposed) overrides the table."""
+    its register and spill counts; None when the Gluon kernel of `mla_decode_sm90` ran, which the dense 64-row
+    case takes on Hopper unless `backend="triton"`, `tiles` or `use_tma` is given, or FMHA_GLUON=0).
+    `tiles` = (BLOCK_M, BLOCK_N, num_warps, num_stages, transposed) overrides the table."""
     batch, seqlen_q, heads_q, dv = q_lat.shape
     page_size, heads_k = kv_lat.shape[1], kv_lat.shape[2]
     if batch == 0 or seqlen_q == 0:
@@ -408,6 +412,18 @@ def mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens
     parts_rows = 0 if whole else batch + num_parts
     o_part = torch.empty((parts_rows, heads_k * rows_per_k, dv), dtype=torch.float32, device=q_lat.device)
     lse_part = torch.empty((parts_rows, heads_k * rows_per_k), dtype=torch.float32, device=q_lat.device)
+    if (backend != "triton" and not interpret and tiles is None and use_tma is None and not sparse and not whole
+            and fp8_layout is None and extra is None and os.environ.get("FMHA_GLUON", "1") != "0"):
+        # The dense 64-row case on Hopper: the Gluon kernel (no duplicated score tile, warp-specialised).
+        from . import mla_decode_sm90
+        views = mla_decode_sm90.supported(q_lat, q_rope, kv_lat, k_rope, rows_per_k)
+        if views is not None:
+            mla_decode_sm90.mla_decode_forward_sm90(views, q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens,
+                                                    metadata, split_offsets, out, lse, o_part, lse_part,
+                                                    softmax_scale=softmax_scale, causal=causal, sinks=sinks)
+            combine(out, lse, o_part, lse_part, rows_per_k=rows_per_k, group=group, split_offsets=split_offsets,
+                    sinks=sinks, empty_lse=float("inf"))
+            return None
     rope_strides = (k_rope.stride(0), k_rope.stride(1), k_rope.stride(2)) if has_rope else (0, 0, 0)
     q_rope_strides = (q_rope.stride(0), q_rope.stride(1), q_rope.stride(2)) if has_rope else (0, 0, 0)
     num_m_blocks = triton.cdiv(rows_per_k, block_m)

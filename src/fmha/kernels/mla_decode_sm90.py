@@ -1,0 +1,456 @@
+"""Hopper (sm_90) fast path of dense MLA decode, written in Gluon.
+
+`mla_decode.py` is the portable `triton.language` kernel (and what the CPU tests run). This one takes the dense
+bf16/fp16 case with 64-row query blocks: one KV head, DV = 512 latent + DT = 64 RoPE columns, page sizes that are
+multiples of 64, strides TMA accepts. That is where the `triton.language` kernel is compute-bound and stops at
+0.45x FlashMLA (benchmarks/NOTES.md): it computes the 64 x 64 x 576 score tile twice, once per warpgroup.
+
+One program owns 64 packed query rows and one part of the key blocks (`schedule.plan_mla`, the same plan and
+partial-result layout as the portable kernel, merged by `combine.py`). Three partitions:
+
+* a one-warp producer: TMA loads of Q (once per sequence piece) and of 64-key tiles of the cache, the page
+  looked up per tile, through a STAGES-deep ring; a slot is free again when both consumers released it;
+* two consumer warpgroups, each owning 256 of the 512 output columns (a 64 x 256 fp32 accumulator).
+  Key tiles go in pairs: warpgroup 0 computes the scores of the first tile of a pair, warpgroup 1 those of the
+  second, so no score is computed twice and both run their Q·Kᵀ at the same time. The running row max passes
+  between them through shared memory ("seesaw"):
+    WG0: S0 = Q·K0ᵀ; m0 = max(m, rowmax S0); P0 = exp2(S0 - m0); O_L = O_L·e^(m - m0) + P0·V0_L
+    WG1: S1 = Q·K1ᵀ; m1 = max(m0, rowmax S1); P1 = exp2(S1 - m1); O_R = O_R·e^(m - m1) + P1·V1_R
+    WG0: O_L = O_L·e^(m0 - m1) + P1·V1_L        WG1: O_R += (P0·e^(m0 - m1))·V0_R
+  Each warpgroup hands its P to the other through shared memory, written over its tile's RoPE columns (only
+  Q·Kᵀ reads them, and that is done by then), so the plan fits the 227 KB of shared memory: Q 72 KB and two
+  72 KB key tiles. Each warpgroup sums the probabilities it computed; the two row sums are added at the end.
+
+The cache may hold anything (NaN included) past a sequence's end; the last tile's rows there are zeroed in
+shared memory before they are used as values (0 · NaN would poison the output), each warpgroup its own half.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                              warpgroup_mma_init, warpgroup_mma_wait)
+
+from ..schedule import SCHED_BLOCK, SCHED_FIELDS as _SCHED_FIELDS
+
+ROWS = gl.constexpr(64)           # packed query rows per program (wgmma's M)
+BLOCK_N = gl.constexpr(64)        # keys per tile: one scheduling block
+HALF = gl.constexpr(256)          # value columns per consumer warpgroup
+DT = gl.constexpr(64)             # RoPE columns
+SCHED_FIELDS = gl.constexpr(_SCHED_FIELDS)
+LN2 = gl.constexpr(0.6931471805599453)
+LOG2E = gl.constexpr(1.4426950408889634)
+STAGES = 2                        # key tiles in flight: 2 x 72 KB
+CONSUMER_REGS = 232
+PRODUCER_REGS = 40
+
+
+@gluon.jit
+def _piece(SEQLENS, b, blk, remaining):
+    """Batch b's piece of this part: (sequence length, key blocks taken from block blk on); `take` may be 0
+    (an empty sequence)."""
+    seqlen = gl.load(SEQLENS + b)
+    take = gl.minimum(gl.cdiv(seqlen, BLOCK_N) - blk, remaining)
+    return seqlen, take
+
+
+@gluon.jit
+def _producer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, q_lat, q_rope, k_lat, k_rope,
+              q_ready, q_empty, k_ready, k_empty, SCHED, SEQLENS, BLOCK_TABLE, batch, stride_bt, page_size,
+              STAGES: gl.constexpr):
+    q_box: gl.constexpr = q_lat_desc.block_type.shape
+    qr_box: gl.constexpr = q_rope_desc.block_type.shape
+    k_box: gl.constexpr = k_lat_desc.block_type.shape
+    kr_box: gl.constexpr = k_rope_desc.block_type.shape
+    meta = SCHED + gl.program_id(0) * SCHED_FIELDS
+    b = gl.load(meta)
+    blk = gl.load(meta + 1)
+    remaining = gl.load(meta + 2)
+    row0 = gl.program_id(1) * ROWS
+    c = 0                         # key tiles loaded so far: ring slot and phase
+    w = 0                         # sequence pieces so far: the Q buffer's phase
+    while (remaining > 0) & (b < batch):
+        seqlen, take = _piece(SEQLENS, b, blk, remaining)
+        if take > 0:
+            mbarrier.wait(q_empty, (w & 1) ^ 1)
+            mbarrier.expect(q_ready, 2 * q_lat_desc.block_type.nbytes + q_rope_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(q_lat_desc, [b, row0, 0], q_ready, q_lat.index(0).reshape(q_box))
+            tma.async_copy_global_to_shared(q_lat_desc, [b, row0, HALF], q_ready, q_lat.index(1).reshape(q_box))
+            tma.async_copy_global_to_shared(q_rope_desc, [b, row0, 0], q_ready, q_rope.reshape(qr_box))
+            table = BLOCK_TABLE + b.to(gl.int64) * stride_bt
+            for t in range(take):
+                n = (blk + t) * BLOCK_N
+                page = gl.load(table + n // page_size)
+                slot = c % STAGES
+                mbarrier.wait(k_empty.index(slot), ((c // STAGES) & 1) ^ 1)
+                mbarrier.expect(k_ready.index(slot), 2 * k_lat_desc.block_type.nbytes + k_rope_desc.block_type.nbytes)
+                row = n % page_size
+                tma.async_copy_global_to_shared(k_lat_desc, [page, row, 0], k_ready.index(slot),
+                                                k_lat.index(2 * slot).reshape(k_box))
+                tma.async_copy_global_to_shared(k_lat_desc, [page, row, HALF], k_ready.index(slot),
+                                                k_lat.index(2 * slot + 1).reshape(k_box))
+                tma.async_copy_global_to_shared(k_rope_desc, [page, row, 0], k_ready.index(slot),
+                                                k_rope.index(slot).reshape(kr_box))
+                c += 1
+            w += 1
+        remaining -= gl.maximum(take, 0)
+        b += 1
+        blk = 0
+
+
+@gluon.jit
+def _scores(q_lat, q_rope, k_lat, k_rope, slot, s_layout: gl.constexpr):
+    """S = Q·Kᵀ over the 576 columns of one key tile (two latent halves and the RoPE part)."""
+    zero = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
+    s = warpgroup_mma(q_lat.index(0), k_lat.index(2 * slot).permute((1, 0)), zero, use_acc=False, is_async=True)
+    s = warpgroup_mma(q_lat.index(1), k_lat.index(2 * slot + 1).permute((1, 0)), s, is_async=True)
+    s = warpgroup_mma(q_rope, k_rope.index(slot).permute((1, 0)), s, is_async=True)
+    return warpgroup_mma_wait(0, deps=(s,))
+
+
+@gluon.jit
+def _mask(s, n, full, seqlen, last_visible, qk_scale_log2, s_layout: gl.constexpr):
+    """Scaled log2 scores of the tile at key n: keys past the sequence or past a row's causal limit get -inf
+    (only tiles that cross `full`, the first key some row cannot see, are masked)."""
+    s = s * qk_scale_log2
+    if n + BLOCK_N > full:
+        k_pos = n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        ok = (k_pos[None, :] < seqlen) & (k_pos[None, :] <= last_visible[:, None])
+        s = gl.where(ok, s, float("-inf"))
+    return s
+
+
+@gluon.jit
+def _shift(m):
+    """A row with no visible key yet has max -inf; exponents are taken relative to 0 there (no inf - inf)."""
+    return gl.where(m == float("-inf"), 0.0, m)
+
+
+@gluon.jit
+def _zero_tail(v, valid):
+    """Zero rows >= valid of a (BLOCK_N, HALF) value tile in shared memory (keys past the sequence's end), 64
+    columns at a time, and make the stores visible to the tensor cores."""
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    keep = (gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, layout)) < valid)[:, None]
+    for j in gl.static_range(HALF // 64):
+        part = v.slice(64 * j, 64, dim=1)
+        part.store(gl.where(keep, part.load(layout), 0.0).to(v.dtype))
+    fence_async_shared()
+    gl.thread_barrier()
+
+
+@gluon.jit
+def _put_rows(buf, x):
+    """Publish a per-row vector to the other warpgroup (`_signal` then arrives on a barrier)."""
+    buf.store(x)
+
+
+@gluon.jit
+def _signal(bar):
+    # Every thread's shared-memory writes are done before the one arrive that publishes them.
+    gl.thread_barrier()
+    mbarrier.arrive(bar, count=1)
+
+
+@gluon.jit
+def _consumer(q_lat, q_rope, k_lat, k_rope, q_ready, q_empty, k_ready, k_empty, handoff, rows_smem,
+              O, LSE, O_PART, LSE_PART, SCHED, SEQLENS, SPLIT_OFFSETS, SINKS,
+              batch, seqlen_q, group, rows_per_k, qk_scale_log2,
+              stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls, stride_ps, stride_pr, stride_lps,
+              WG: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, HAS_SINKS: gl.constexpr):
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HALF, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    dtype: gl.constexpr = q_lat.dtype
+    # handoff barriers: 0 scale0, 1 scale1, 2 P0, 3 P1, 4 + WG row sums; rows_smem: m0, a0, m1, a1, l0, l1
+    sm_mine = rows_smem.index(2 * WG)
+    sa_mine = rows_smem.index(2 * WG + 1)
+    sm_other = rows_smem.index(2 - 2 * WG)
+    sa_other = rows_smem.index(3 - 2 * WG)
+
+    offs_m = gl.program_id(1) * ROWS + gl.arange(0, ROWS, layout=row_s)
+    q_pos = offs_m // group
+    q_head = offs_m % group
+    cols = WG * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(0, o_layout))
+    rows_o = gl.convert_layout(offs_m, row_o)
+    q_pos_o = rows_o // group
+    q_head_o = rows_o % group
+
+    meta = SCHED + gl.program_id(0) * SCHED_FIELDS
+    b = gl.load(meta)
+    blk = gl.load(meta + 1)
+    remaining = gl.load(meta + 2)
+    split = gl.load(meta + 3)
+    c = 0                         # key tiles consumed (the producer's ring counter)
+    pairs = 0                     # tile pairs so far: the hand-off barriers' phase
+    w = 0                         # sequence pieces so far
+    while (remaining > 0) & (b < batch):
+        seqlen, take = _piece(SEQLENS, b, blk, remaining)
+        if take > 0:
+            # Causal (bottom-right): query i sees keys j <= seqlen - seqlen_q + i.
+            full = seqlen
+            last_visible = gl.zeros([ROWS], gl.int32, row_s) + (seqlen - 1)
+            if CAUSAL:
+                full = seqlen - seqlen_q + 1
+                last_visible = seqlen - seqlen_q + q_pos
+            acc = gl.zeros([ROWS, HALF], gl.float32, o_layout)
+            l_i = gl.zeros([ROWS], gl.float32, row_s)
+            m_i = gl.full([ROWS], float("-inf"), gl.float32, row_s)
+            mbarrier.wait(q_ready, w & 1)
+            for i in range(0, take, 2):
+                n0 = (blk + i) * BLOCK_N
+                n1 = n0 + BLOCK_N
+                has1 = i + 1 < take
+                slot0 = c % STAGES
+                slot1 = (c + 1) % STAGES
+                ph = pairs & 1
+                if WG == 0:
+                    mbarrier.wait(k_ready.index(slot0), (c // STAGES) & 1)
+                    s = _mask(_scores(q_lat, q_rope, k_lat, k_rope, slot0, s_layout), n0, full, seqlen,
+                              last_visible, qk_scale_log2, s_layout)
+                    m_new = gl.maximum(m_i, gl.max(s, 1))
+                    alpha = gl.exp2(m_i - _shift(m_new))
+                    p = gl.exp2(s - _shift(m_new)[:, None])
+                    _put_rows(sm_mine, m_new)
+                    _put_rows(sa_mine, alpha)
+                    _signal(handoff.index(0))
+                    l_i = l_i * alpha + gl.sum(p, 1)
+                    acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+                    v0 = k_lat.index(2 * slot0)
+                    if n1 > seqlen:
+                        _zero_tail(v0, seqlen - n0)
+                    o_tok = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v0, acc, is_async=True)
+                    # WG1's max: rescale P0 to it and hand P0 over in this tile's RoPE slot.
+                    mbarrier.wait(handoff.index(1), ph)
+                    alpha1 = sa_other.load(row_s)
+                    m_i = sm_other.load(row_s)
+                    k_rope.index(slot0).store((p * alpha1[:, None]).to(dtype))
+                    fence_async_shared()
+                    _signal(handoff.index(2))
+                    acc = warpgroup_mma_wait(0, deps=(o_tok,))
+                    acc = acc * gl.convert_layout(alpha1, row_o)[:, None]
+                    l_i = l_i * alpha1
+                    mbarrier.wait(handoff.index(3), ph)
+                    if has1:
+                        v1 = k_lat.index(2 * slot1)
+                        if n1 + BLOCK_N > seqlen:
+                            _zero_tail(v1, seqlen - n1)
+                        o_tok = warpgroup_mma(k_rope.index(slot1), v1, acc, is_async=True)
+                        acc = warpgroup_mma_wait(0, deps=(o_tok,))
+                        mbarrier.arrive(k_empty.index(slot1), count=1)
+                    mbarrier.arrive(k_empty.index(slot0), count=1)
+                else:
+                    if has1:
+                        mbarrier.wait(k_ready.index(slot1), ((c + 1) // STAGES) & 1)
+                        s = _mask(_scores(q_lat, q_rope, k_lat, k_rope, slot1, s_layout), n1, full, seqlen,
+                                  last_visible, qk_scale_log2, s_layout)
+                    else:
+                        s = gl.full([ROWS, BLOCK_N], float("-inf"), gl.float32, s_layout)
+                    mbarrier.wait(handoff.index(0), ph)
+                    m0 = sm_other.load(row_s)
+                    alpha0 = sa_other.load(row_s)
+                    m_new = gl.maximum(m0, gl.max(s, 1))
+                    alpha1 = gl.exp2(m0 - _shift(m_new))
+                    _put_rows(sm_mine, m_new)
+                    _put_rows(sa_mine, alpha1)
+                    _signal(handoff.index(1))
+                    m_i = m_new
+                    scale = alpha0 * alpha1
+                    acc = acc * gl.convert_layout(scale, row_o)[:, None]
+                    l_i = l_i * scale
+                    o_tok = warpgroup_mma_init(acc)
+                    if has1:
+                        p = gl.exp2(s - _shift(m_new)[:, None])
+                        l_i = l_i + gl.sum(p, 1)
+                        k_rope.index(slot1).store(p.to(dtype))
+                        fence_async_shared()
+                        _signal(handoff.index(3))
+                        v1 = k_lat.index(2 * slot1 + 1)
+                        if n1 + BLOCK_N > seqlen:
+                            _zero_tail(v1, seqlen - n1)
+                        o_tok = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v1, o_tok, is_async=True)
+                    else:
+                        _signal(handoff.index(3))
+                    mbarrier.wait(handoff.index(2), ph)
+                    v0 = k_lat.index(2 * slot0 + 1)
+                    if n1 > seqlen:
+                        _zero_tail(v0, seqlen - n0)
+                    o_tok = warpgroup_mma(k_rope.index(slot0), v0, o_tok, is_async=True)
+                    acc = warpgroup_mma_wait(0, deps=(o_tok,))
+                    mbarrier.arrive(k_empty.index(slot0), count=1)
+                    if has1:
+                        mbarrier.arrive(k_empty.index(slot1), count=1)
+                c += gl.minimum(take - i, 2)
+                pairs += 1
+            mbarrier.arrive(q_empty, count=1)
+
+            # Row sums: each warpgroup has the part over the tiles whose scores it computed.
+            l_mine = rows_smem.index(4 + WG)
+            _put_rows(l_mine, l_i)
+            _signal(handoff.index(4 + WG))
+            mbarrier.wait(handoff.index(5 - WG), w & 1)
+            l_i = l_i + rows_smem.index(5 - WG).load(row_s)
+            empty = l_i == 0.0
+            inv = gl.convert_layout(gl.where(empty, 0.0, 1.0 / gl.where(empty, 1.0, l_i)), row_o)
+            lse2 = m_i + gl.log2(gl.where(empty, 1.0, l_i))        # log2 units
+            out = acc * inv[:, None]
+            n_blocks = gl.cdiv(seqlen, BLOCK_N)
+            if (blk == 0) & (take == n_blocks):
+                # The whole sequence: final output. FlashMLA's convention for a row with no key: LSE +inf.
+                lse = gl.where(empty, float("inf"), lse2 * LN2)
+                if HAS_SINKS:
+                    sink = gl.load(SINKS + q_head)
+                    keep = gl.where(empty, 1.0, 1.0 / (1.0 + gl.exp2((sink - gl.where(empty, 0.0, lse)) * LOG2E)))
+                    out = out * gl.convert_layout(keep, row_o)[:, None]
+                o_row = O + b.to(gl.int64) * stride_ob + q_pos_o * stride_os + q_head_o * stride_oh
+                gl.store(o_row[:, None] + cols[None, :], out.to(O.dtype.element_ty))
+                if WG == 0:
+                    gl.store(LSE + b.to(gl.int64) * stride_lb + q_head * stride_lh + q_pos * stride_ls, lse)
+            else:
+                # A piece: an fp32 partial at this batch's split slot; an empty piece has LSE -inf (weight 0).
+                lse = gl.where(empty, float("-inf"), lse2 * LN2)
+                slot = (gl.load(SPLIT_OFFSETS + b) + split).to(gl.int64)
+                p_row = O_PART + slot * stride_ps + rows_o.to(gl.int64) * stride_pr
+                gl.store(p_row[:, None] + cols[None, :], out)
+                if WG == 0:
+                    gl.store(LSE_PART + slot * stride_lps + offs_m, lse)
+            w += 1
+        remaining -= gl.maximum(take, 0)
+        b += 1
+        blk = 0
+        split = 0
+
+
+@gluon.jit
+def mla_decode_sm90_kernel(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, O, LSE, O_PART, LSE_PART,
+                           SCHED, SEQLENS, SPLIT_OFFSETS, SINKS, BLOCK_TABLE,
+                           batch, seqlen_q, group, rows_per_k, page_size, stride_bt, qk_scale_log2,
+                           stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls,
+                           stride_ps, stride_pr, stride_lps,
+                           STAGES: gl.constexpr, CAUSAL: gl.constexpr, HAS_SINKS: gl.constexpr,
+                           CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+    """Grid (parts, query blocks of 64 packed rows); a single KV head."""
+    dtype: gl.constexpr = q_lat_desc.dtype
+    half_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, HALF], dtype)
+    rope_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, DT], dtype)
+    q_lat = gl.allocate_shared_memory(dtype, [2, ROWS, HALF], half_layout)
+    q_rope = gl.allocate_shared_memory(dtype, [ROWS, DT], rope_layout)
+    k_lat = gl.allocate_shared_memory(dtype, [2 * STAGES, BLOCK_N, HALF], half_layout)
+    k_rope = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, DT], rope_layout)
+    rows_smem = gl.allocate_shared_memory(gl.float32, [6, ROWS], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_ready = q_bars.index(0)
+    q_empty = q_bars.index(1)
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    handoff = gl.allocate_shared_memory(gl.int64, [6, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_ready, count=1)
+    mbarrier.init(q_empty, count=2)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(k_empty.index(i), count=2)        # both consumer warpgroups release a tile
+    for i in gl.static_range(6):
+        mbarrier.init(handoff.index(i), count=1)
+
+    gl.warp_specialize([
+        (_consumer, (q_lat, q_rope, k_lat, k_rope, q_ready, q_empty, k_ready, k_empty, handoff, rows_smem,
+                     O, LSE, O_PART, LSE_PART, SCHED, SEQLENS, SPLIT_OFFSETS, SINKS,
+                     batch, seqlen_q, group, rows_per_k, qk_scale_log2,
+                     stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls, stride_ps, stride_pr,
+                     stride_lps, 0, STAGES, CAUSAL, HAS_SINKS)),
+        (_consumer, (q_lat, q_rope, k_lat, k_rope, q_ready, q_empty, k_ready, k_empty, handoff, rows_smem,
+                     O, LSE, O_PART, LSE_PART, SCHED, SEQLENS, SPLIT_OFFSETS, SINKS,
+                     batch, seqlen_q, group, rows_per_k, qk_scale_log2,
+                     stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls, stride_ps, stride_pr,
+                     stride_lps, 1, STAGES, CAUSAL, HAS_SINKS)),
+        (_producer, (q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, q_lat, q_rope, k_lat, k_rope,
+                     q_ready, q_empty, k_ready, k_empty, SCHED, SEQLENS, BLOCK_TABLE, batch, stride_bt, page_size,
+                     STAGES)),
+    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Launch. Callers pass validated tensors.
+
+def _view3(t, rows_dims):
+    """(shape, strides) of a 3-D TMA view (outer, rows, columns) of t, or None when TMA cannot read it:
+    rows_dims = (1, 2) merges q's (s_q, h_q) into packed rows (needs stride(1) == h_q * stride(2)); (1,) takes
+    a cache's (pages, page_size, 1, d) as (pages, page_size, d)."""
+    el = t.element_size()
+    if t.stride(-1) != 1 or t.data_ptr() % 16 or any((s * el) % 16 for s in t.stride()[:-1]):
+        return None
+    if rows_dims == (1, 2):
+        b, s, h, d = t.shape
+        if s > 1 and t.stride(1) != h * t.stride(2):
+            return None
+        return [b, s * h, d], [t.stride(0), t.stride(2), 1]
+    pages, page, heads, d = t.shape
+    if heads != 1:
+        return None
+    return [pages, page, d], [t.stride(0), t.stride(1), 1]
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(index):
+    return torch.cuda.get_device_capability(index)
+
+
+@functools.lru_cache(maxsize=None)
+def _smem_layout(rows, d, dtype):
+    return gl.NVMMASharedLayout.get_default_for([1, rows, d], gl.float16 if dtype == torch.float16 else gl.bfloat16)
+
+
+def _descriptor(t, view, block):
+    """A Gluon TensorDescriptor without its constructor's checks, which `_view3` has made."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    shape, strides = view
+    desc = object.__new__(TensorDescriptor)
+    desc.base, desc.shape, desc.strides, desc.block_shape, desc.padding = t, shape, strides, block, "zero"
+    desc.layout = _smem_layout(block[1], block[2], t.dtype)
+    return desc
+
+
+def supported(q_lat, q_rope, kv_lat, k_rope, rows_per_k):
+    """The four TMA views when this path can run the call (the caller has ruled out sparse, FP8 and extra
+    sources): Hopper, fp16/bf16, one KV head, 512 + 64 columns, 64-row query blocks, pages of a multiple of
+    64 keys, TMA-readable strides. Otherwise None."""
+    if not q_lat.is_cuda or _capability(q_lat.device.index)[0] != 9 or q_rope is None or k_rope is None:
+        return None
+    if q_lat.dtype not in (torch.float16, torch.bfloat16) or kv_lat.dtype != q_lat.dtype:
+        return None
+    if q_lat.shape[-1] != 2 * HALF.value or q_rope.shape[-1] != DT.value or rows_per_k % ROWS.value:
+        return None
+    if kv_lat.shape[2] != 1 or kv_lat.shape[1] % BLOCK_N.value:
+        return None
+    views = (_view3(q_lat, (1, 2)), _view3(q_rope, (1, 2)), _view3(kv_lat, (1,)), _view3(k_rope, (1,)))
+    return None if None in views else views
+
+
+def mla_decode_forward_sm90(views, q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens, metadata,
+                            split_offsets, out, lse, o_part, lse_part, *, softmax_scale, causal, sinks):
+    """Launch over `metadata`'s parts; writes whole sequences to out / lse and pieces to o_part / lse_part
+    (the portable kernel's layout), which the caller combines."""
+    batch, seqlen_q, heads_q, _ = q_lat.shape
+    rows_per_k = seqlen_q * heads_q
+    vq, vr, vk, vkr = views
+    args = (_descriptor(q_lat, vq, [1, ROWS.value, HALF.value]), _descriptor(q_rope, vr, [1, ROWS.value, DT.value]),
+            _descriptor(kv_lat, vk, [1, BLOCK_N.value, HALF.value]),
+            _descriptor(k_rope, vkr, [1, BLOCK_N.value, DT.value]),
+            out, lse, o_part, lse_part, metadata, cache_seqlens, split_offsets, sinks, block_table,
+            batch, seqlen_q, heads_q, rows_per_k, kv_lat.shape[1], block_table.stride(0),
+            softmax_scale * LOG2E.value,
+            out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1), lse.stride(2),
+            o_part.stride(0), o_part.stride(1), lse_part.stride(0))
+    grid = (metadata.shape[0], rows_per_k // ROWS.value)
+    mla_decode_sm90_kernel[grid](*args, STAGES=STAGES, CAUSAL=causal, HAS_SINKS=sinks is not None,
+                                 CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4)
+
+
+assert SCHED_BLOCK == BLOCK_N.value, "a key tile is one scheduling block"

@@ -1,0 +1,75 @@
+"""The Hopper Gluon MLA decode kernel (`kernels/mla_decode_sm90.py`) against the fp32 oracle, on the GPU only
+(Gluon does not run in the interpreter). Each case asserts that the call really took the Gluon path (a
+silent fall-back to the portable kernel cannot pass here), with FlashMLA's test semantics: lengths around a
+mean with a zero among them, shuffled pages in a NaN-filled cache, NaN past every length."""
+import pytest
+import torch
+
+import fmha.mla as flash_mla
+from fmha.kernels import mla_decode_sm90
+from fmha.reference import mla_decode_ref
+from test_mla import D_QK, D_V, _check, _paged_cache, _seqlens
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture
+def gluon_calls(monkeypatch):
+    """Counts launches of the Gluon kernel; skips off sm_90."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("not an sm_90 GPU")
+    calls = []
+    launch = mla_decode_sm90.mla_decode_forward_sm90
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return launch(*args, **kwargs)
+    monkeypatch.setattr(mla_decode_sm90, "mla_decode_forward_sm90", counted)
+    return calls
+
+
+def _run(seqlens, h_q, s_q, page_size, dtype, *, seed=0, sinks=False, scale=None):
+    cache, table = _paged_cache(seqlens, page_size, 1, D_QK, dtype, "cuda", seed)
+    q = torch.randn(len(seqlens), s_q, h_q, D_QK, generator=torch.Generator().manual_seed(seed + 1)).to(dtype).cuda()
+    lens = torch.tensor(seqlens, dtype=torch.int32, device="cuda")
+    sink = torch.randn(h_q, device="cuda") * 2 if sinks else None
+    meta, splits = flash_mla.get_mla_metadata(lens, s_q * h_q, 1)
+    out, lse = flash_mla.flash_mla_with_kvcache(q, cache, table, lens, D_V, meta, splits, causal=s_q > 1,
+                                                softmax_scale=scale, attn_sink=sink)
+    ref = mla_decode_ref(q, cache, table, lens, D_V, causal=s_q > 1, softmax_scale=scale, attn_sink=sink)
+    _check(out, lse, *ref, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("h_q,s_q", [(64, 1), (128, 1), (64, 2), (128, 2), (32, 2), (16, 4)])
+def test_gluon_mla(gluon_calls, h_q, s_q, dtype):
+    _run(_seqlens(48, 3000, seed=h_q + s_q), h_q, s_q, 64, dtype, seed=h_q * s_q)
+    assert gluon_calls
+
+
+@pytest.mark.parametrize("page_size", [128, 256])
+def test_gluon_mla_pages(gluon_calls, page_size):
+    """Tiles are 64-key slices of bigger pages."""
+    _run(_seqlens(16, 1000, seed=page_size), 128, 1, page_size, torch.bfloat16, seed=page_size, scale=0.05)
+    assert gluon_calls
+
+
+@pytest.mark.parametrize("seqlens", [[1], [63, 64, 65, 0, 127, 128, 129], [40000], [5, 20000, 1, 3000]],
+                         ids=["one-key", "tile-edges", "long-split", "far-apart"])
+def test_gluon_mla_lengths(gluon_calls, seqlens):
+    """Lengths at tile edges (odd tile counts leave warpgroup 1 without a tile), a single key, one sequence
+    split over every SM, lengths far apart (parts that finish one sequence and start the next)."""
+    _run(seqlens, 128, 1, 64, torch.bfloat16, seed=len(seqlens))
+    assert gluon_calls
+
+
+@pytest.mark.parametrize("s_q", [1, 2])
+def test_gluon_mla_sinks(gluon_calls, s_q):
+    _run(_seqlens(20, 2000, seed=5), 64, s_q, 64, torch.bfloat16, seed=9, sinks=True)
+    assert gluon_calls
+
+
+def test_gluon_mla_causal_short(gluon_calls):
+    """s_q = 4 with caches shorter than s_q: queries that see no key give 0 and LSE +inf."""
+    _run([2, 0, 1, 4, 3 * 64 + 5], 16, 4, 64, torch.bfloat16, seed=3)
+    assert gluon_calls
