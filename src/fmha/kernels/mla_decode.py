@@ -383,6 +383,7 @@ def mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens
     page_size, heads_k = kv_lat.shape[1], kv_lat.shape[2]
     if batch == 0 or seqlen_q == 0:
         return
+    overridden = backend == "triton" or tiles is not None or use_tma is not None
     group = heads_q // heads_k
     rows_per_k = seqlen_q * group
     block_m, block_n, num_warps, num_stages, transposed = tiles or _tile_config(rows_per_k, interpret)
@@ -412,8 +413,8 @@ def mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens
     parts_rows = 0 if whole else batch + num_parts
     o_part = torch.empty((parts_rows, heads_k * rows_per_k, dv), dtype=torch.float32, device=q_lat.device)
     lse_part = torch.empty((parts_rows, heads_k * rows_per_k), dtype=torch.float32, device=q_lat.device)
-    if (backend != "triton" and not interpret and tiles is None and use_tma is None and not sparse and not whole
-            and fp8_layout is None and extra is None and os.environ.get("FMHA_GLUON", "1") != "0"):
+    if (not overridden and not interpret and not sparse and not whole and fp8_layout is None and extra is None
+            and os.environ.get("FMHA_GLUON", "1") != "0"):
         # The dense 64-row case on Hopper: the Gluon kernel (no duplicated score tile, warp-specialised).
         from . import mla_decode_sm90
         views = mla_decode_sm90.supported(q_lat, q_rope, kv_lat, k_rope, rows_per_k)
