@@ -41,6 +41,12 @@ BLOCK_N = gl.constexpr(64)        # keys per tile: one scheduling block
 HALF = gl.constexpr(256)          # value columns per consumer warpgroup
 DT = gl.constexpr(64)             # RoPE columns
 SCHED_FIELDS = gl.constexpr(_SCHED_FIELDS)
+# A key tile's ring slot is three parts, each with its own ready / empty barrier, freed by whichever warpgroup
+# uses it last: the latent halves L (columns 0-255) and R (256-511) and the RoPE columns (which also carry P).
+PART_L = gl.constexpr(0)
+PART_R = gl.constexpr(1)
+PART_ROPE = gl.constexpr(2)
+PARTS = gl.constexpr(3)
 LN2 = gl.constexpr(0.6931471805599453)
 LOG2E = gl.constexpr(1.4426950408889634)
 STAGES = 2                        # key tiles in flight: 2 x 72 KB
@@ -58,13 +64,22 @@ def _piece(SEQLENS, b, blk, remaining):
 
 
 @gluon.jit
+def _load_part(desc, dest, k_ready, k_empty, page, row, t, PART: gl.constexpr, COL: gl.constexpr,
+               STAGES: gl.constexpr):
+    """TMA-load one part (PART_L, PART_R or PART_ROPE) of key tile t into its ring slot once that part is free."""
+    slot = t % STAGES
+    mbarrier.wait(k_empty.index(PARTS * slot + PART), ((t // STAGES) & 1) ^ 1)
+    bar = k_ready.index(PARTS * slot + PART)
+    mbarrier.expect(bar, desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(desc, [page, row, COL], bar, dest.reshape(desc.block_type.shape))
+
+
+@gluon.jit
 def _producer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, q_lat, q_rope, k_lat, k_rope,
               q_ready, q_empty, k_ready, k_empty, SCHED, SEQLENS, BLOCK_TABLE, batch, stride_bt, page_size,
               STAGES: gl.constexpr):
     q_box: gl.constexpr = q_lat_desc.block_type.shape
     qr_box: gl.constexpr = q_rope_desc.block_type.shape
-    k_box: gl.constexpr = k_lat_desc.block_type.shape
-    kr_box: gl.constexpr = k_rope_desc.block_type.shape
     meta = SCHED + gl.program_id(0) * SCHED_FIELDS
     b = gl.load(meta)
     blk = gl.load(meta + 1)
@@ -81,20 +96,30 @@ def _producer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, q_lat, q_rope, k
             tma.async_copy_global_to_shared(q_lat_desc, [b, row0, HALF], q_ready, q_lat.index(1).reshape(q_box))
             tma.async_copy_global_to_shared(q_rope_desc, [b, row0, 0], q_ready, q_rope.reshape(qr_box))
             table = BLOCK_TABLE + b.to(gl.int64) * stride_bt
-            for t in range(take):
-                n = (blk + t) * BLOCK_N
-                page = gl.load(table + n // page_size)
-                slot = c % STAGES
-                mbarrier.wait(k_empty.index(slot), ((c // STAGES) & 1) ^ 1)
-                mbarrier.expect(k_ready.index(slot), 2 * k_lat_desc.block_type.nbytes + k_rope_desc.block_type.nbytes)
-                row = n % page_size
-                tma.async_copy_global_to_shared(k_lat_desc, [page, row, 0], k_ready.index(slot),
-                                                k_lat.index(2 * slot).reshape(k_box))
-                tma.async_copy_global_to_shared(k_lat_desc, [page, row, HALF], k_ready.index(slot),
-                                                k_lat.index(2 * slot + 1).reshape(k_box))
-                tma.async_copy_global_to_shared(k_rope_desc, [page, row, 0], k_ready.index(slot),
-                                                k_rope.index(slot).reshape(kr_box))
-                c += 1
+            for i in range(0, take, 2):
+                # A pair's parts in the order the consumers free the slots they go to (see `_consumer`): the
+                # first tile's latent half L and the second's half R are free half-way through the previous pair.
+                n0 = (blk + i) * BLOCK_N
+                page0 = gl.load(table + n0 // page_size)
+                s0 = c % STAGES
+                n1 = gl.minimum(n0 + BLOCK_N, (blk + take - 1) * BLOCK_N)       # n0 when the pair has one tile
+                page1 = gl.load(table + n1 // page_size)
+                s1 = (c + 1) % STAGES
+                _load_part(k_lat_desc, k_lat.index(2 * s0), k_ready, k_empty, page0, n0 % page_size, c, PART_L, 0,
+                           STAGES)
+                if i + 1 < take:
+                    _load_part(k_lat_desc, k_lat.index(2 * s1 + 1), k_ready, k_empty, page1, n1 % page_size, c + 1,
+                               PART_R, HALF, STAGES)
+                _load_part(k_lat_desc, k_lat.index(2 * s0 + 1), k_ready, k_empty, page0, n0 % page_size, c, PART_R,
+                           HALF, STAGES)
+                _load_part(k_rope_desc, k_rope.index(s0), k_ready, k_empty, page0, n0 % page_size, c, PART_ROPE, 0,
+                           STAGES)
+                if i + 1 < take:
+                    _load_part(k_lat_desc, k_lat.index(2 * s1), k_ready, k_empty, page1, n1 % page_size, c + 1,
+                               PART_L, 0, STAGES)
+                    _load_part(k_rope_desc, k_rope.index(s1), k_ready, k_empty, page1, n1 % page_size, c + 1,
+                               PART_ROPE, 0, STAGES)
+                c += gl.minimum(take - i, 2)
             w += 1
         remaining -= gl.maximum(take, 0)
         b += 1
@@ -102,13 +127,30 @@ def _producer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, q_lat, q_rope, k
 
 
 @gluon.jit
-def _scores(q_lat, q_rope, k_lat, k_rope, slot, s_layout: gl.constexpr):
-    """S = Q·Kᵀ over the 576 columns of one key tile (two latent halves and the RoPE part)."""
-    zero = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
-    s = warpgroup_mma(q_lat.index(0), k_lat.index(2 * slot).permute((1, 0)), zero, use_acc=False, is_async=True)
-    s = warpgroup_mma(q_lat.index(1), k_lat.index(2 * slot + 1).permute((1, 0)), s, is_async=True)
-    s = warpgroup_mma(q_rope, k_rope.index(slot).permute((1, 0)), s, is_async=True)
-    return warpgroup_mma_wait(0, deps=(s,))
+def _score_part(q_lat, q_rope, k_lat, k_rope, k_ready, t, s, PART: gl.constexpr, STAGES: gl.constexpr):
+    """Add one part of Q·Kᵀ for key tile t (async), once that part has landed."""
+    slot = t % STAGES
+    mbarrier.wait(k_ready.index(PARTS * slot + PART), (t // STAGES) & 1)
+    if PART == PART_ROPE:
+        s = warpgroup_mma(q_rope, k_rope.index(slot).permute((1, 0)), s, is_async=True)
+    else:
+        s = warpgroup_mma(q_lat.index(PART), k_lat.index(2 * slot + PART).permute((1, 0)), s, is_async=True)
+    return s
+
+
+@gluon.jit
+def _scores(q_lat, q_rope, k_lat, k_rope, k_ready, t, FIRST: gl.constexpr, STAGES: gl.constexpr,
+            s_layout: gl.constexpr):
+    """Issue S = Q·Kᵀ over the 576 columns of key tile t: latent half FIRST, the other half, then RoPE."""
+    s = warpgroup_mma_init(gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout))
+    s = _score_part(q_lat, q_rope, k_lat, k_rope, k_ready, t, s, FIRST, STAGES)
+    s = _score_part(q_lat, q_rope, k_lat, k_rope, k_ready, t, s, 1 - FIRST, STAGES)
+    return _score_part(q_lat, q_rope, k_lat, k_rope, k_ready, t, s, PART_ROPE, STAGES)
+
+
+@gluon.jit
+def _release(k_empty, t, PART: gl.constexpr, STAGES: gl.constexpr):
+    mbarrier.arrive(k_empty.index(PARTS * (t % STAGES) + PART), count=1)
 
 
 @gluon.jit
@@ -203,18 +245,23 @@ def _consumer(q_lat, q_rope, k_lat, k_rope, q_ready, q_empty, k_ready, k_empty, 
             acc = gl.zeros([ROWS, HALF], gl.float32, o_layout)
             l_i = gl.zeros([ROWS], gl.float32, row_s)
             m_i = gl.full([ROWS], float("-inf"), gl.float32, row_s)
+            zero_s = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
             mbarrier.wait(q_ready, w & 1)
+            # The scores of a warpgroup's tile in the next pair are issued at the end of this one (overlapping
+            # the other warpgroup's work and the loads still in flight); the first pair's here.
+            s_tok = warpgroup_mma_init(zero_s)
+            if WG == 0:
+                s_tok = _scores(q_lat, q_rope, k_lat, k_rope, k_ready, c, PART_L, STAGES, s_layout)
+            elif take > 1:
+                s_tok = _scores(q_lat, q_rope, k_lat, k_rope, k_ready, c + 1, PART_R, STAGES, s_layout)
             for i in range(0, take, 2):
                 n0 = (blk + i) * BLOCK_N
                 n1 = n0 + BLOCK_N
                 has1 = i + 1 < take
-                slot0 = c % STAGES
-                slot1 = (c + 1) % STAGES
                 ph = pairs & 1
                 if WG == 0:
-                    mbarrier.wait(k_ready.index(slot0), (c // STAGES) & 1)
-                    s = _mask(_scores(q_lat, q_rope, k_lat, k_rope, slot0, s_layout), n0, full, seqlen,
-                              last_visible, qk_scale_log2, s_layout)
+                    s = _mask(warpgroup_mma_wait(0, deps=(s_tok,)), n0, full, seqlen, last_visible, qk_scale_log2,
+                              s_layout)
                     m_new = gl.maximum(m_i, gl.max(s, 1))
                     alpha = gl.exp2(m_i - _shift(m_new))
                     p = gl.exp2(s - _shift(m_new)[:, None])
@@ -223,7 +270,7 @@ def _consumer(q_lat, q_rope, k_lat, k_rope, q_ready, q_empty, k_ready, k_empty, 
                     _signal(handoff.index(0))
                     l_i = l_i * alpha + gl.sum(p, 1)
                     acc = acc * gl.convert_layout(alpha, row_o)[:, None]
-                    v0 = k_lat.index(2 * slot0)
+                    v0 = k_lat.index(2 * (c % STAGES))
                     if n1 > seqlen:
                         _zero_tail(v0, seqlen - n0)
                     o_tok = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v0, acc, is_async=True)
@@ -231,26 +278,30 @@ def _consumer(q_lat, q_rope, k_lat, k_rope, q_ready, q_empty, k_ready, k_empty, 
                     mbarrier.wait(handoff.index(1), ph)
                     alpha1 = sa_other.load(row_s)
                     m_i = sm_other.load(row_s)
-                    k_rope.index(slot0).store((p * alpha1[:, None]).to(dtype))
+                    k_rope.index(c % STAGES).store((p * alpha1[:, None]).to(dtype))
                     fence_async_shared()
                     _signal(handoff.index(2))
                     acc = warpgroup_mma_wait(0, deps=(o_tok,))
+                    _release(k_empty, c, PART_L, STAGES)
                     acc = acc * gl.convert_layout(alpha1, row_o)[:, None]
                     l_i = l_i * alpha1
                     mbarrier.wait(handoff.index(3), ph)
                     if has1:
+                        slot1 = (c + 1) % STAGES
                         v1 = k_lat.index(2 * slot1)
                         if n1 + BLOCK_N > seqlen:
                             _zero_tail(v1, seqlen - n1)
                         o_tok = warpgroup_mma(k_rope.index(slot1), v1, acc, is_async=True)
                         acc = warpgroup_mma_wait(0, deps=(o_tok,))
-                        mbarrier.arrive(k_empty.index(slot1), count=1)
-                    mbarrier.arrive(k_empty.index(slot0), count=1)
+                        _release(k_empty, c + 1, PART_L, STAGES)
+                        _release(k_empty, c + 1, PART_ROPE, STAGES)
+                    if i + 2 < take:
+                        # The next pair's first tile: its half L went to the slot freed half-way through this pair.
+                        s_tok = _scores(q_lat, q_rope, k_lat, k_rope, k_ready, c + 2, PART_L, STAGES, s_layout)
                 else:
                     if has1:
-                        mbarrier.wait(k_ready.index(slot1), ((c + 1) // STAGES) & 1)
-                        s = _mask(_scores(q_lat, q_rope, k_lat, k_rope, slot1, s_layout), n1, full, seqlen,
-                                  last_visible, qk_scale_log2, s_layout)
+                        s = _mask(warpgroup_mma_wait(0, deps=(s_tok,)), n1, full, seqlen, last_visible,
+                                  qk_scale_log2, s_layout)
                     else:
                         s = gl.full([ROWS, BLOCK_N], float("-inf"), gl.float32, s_layout)
                     mbarrier.wait(handoff.index(0), ph)
@@ -267,6 +318,7 @@ def _consumer(q_lat, q_rope, k_lat, k_rope, q_ready, q_empty, k_ready, k_empty, 
                     l_i = l_i * scale
                     o_tok = warpgroup_mma_init(acc)
                     if has1:
+                        slot1 = (c + 1) % STAGES
                         p = gl.exp2(s - _shift(m_new)[:, None])
                         l_i = l_i + gl.sum(p, 1)
                         k_rope.index(slot1).store(p.to(dtype))
@@ -279,14 +331,19 @@ def _consumer(q_lat, q_rope, k_lat, k_rope, q_ready, q_empty, k_ready, k_empty, 
                     else:
                         _signal(handoff.index(3))
                     mbarrier.wait(handoff.index(2), ph)
-                    v0 = k_lat.index(2 * slot0 + 1)
+                    v0 = k_lat.index(2 * (c % STAGES) + 1)
                     if n1 > seqlen:
                         _zero_tail(v0, seqlen - n0)
-                    o_tok = warpgroup_mma(k_rope.index(slot0), v0, o_tok, is_async=True)
-                    acc = warpgroup_mma_wait(0, deps=(o_tok,))
-                    mbarrier.arrive(k_empty.index(slot0), count=1)
+                    o_tok = warpgroup_mma(k_rope.index(c % STAGES), v0, o_tok, is_async=True)
                     if has1:
-                        mbarrier.arrive(k_empty.index(slot1), count=1)
+                        warpgroup_mma_wait(1, deps=(o_tok,))        # P1·V1_R is done, P0·V0_R may not be
+                        _release(k_empty, c + 1, PART_R, STAGES)
+                    acc = warpgroup_mma_wait(0, deps=(o_tok,))
+                    _release(k_empty, c, PART_R, STAGES)
+                    _release(k_empty, c, PART_ROPE, STAGES)
+                    if i + 3 < take:
+                        # The next pair's second tile: its half R went to the slot freed above.
+                        s_tok = _scores(q_lat, q_rope, k_lat, k_rope, k_ready, c + 3, PART_R, STAGES, s_layout)
                 c += gl.minimum(take - i, 2)
                 pairs += 1
             mbarrier.arrive(q_empty, count=1)
@@ -348,14 +405,14 @@ def mla_decode_sm90_kernel(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, O, 
     q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     q_ready = q_bars.index(0)
     q_empty = q_bars.index(1)
-    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [PARTS * STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [PARTS * STAGES, 1], mbarrier.MBarrierLayout())
     handoff = gl.allocate_shared_memory(gl.int64, [6, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_ready, count=1)
     mbarrier.init(q_empty, count=2)
-    for i in gl.static_range(STAGES):
+    for i in gl.static_range(PARTS * STAGES):
         mbarrier.init(k_ready.index(i), count=1)
-        mbarrier.init(k_empty.index(i), count=2)        # both consumer warpgroups release a tile
+        mbarrier.init(k_empty.index(i), count=1)        # one warpgroup uses each part last and frees it
     for i in gl.static_range(6):
         mbarrier.init(handoff.index(i), count=1)
 
