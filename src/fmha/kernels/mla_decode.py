@@ -417,7 +417,7 @@ def mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens
             and os.environ.get("FMHA_GLUON", "1") != "0"):
         # The dense 64-row case on Hopper: the Gluon kernel (no duplicated score tile, warp-specialised).
         from . import mla_decode_sm90
-        views = mla_decode_sm90.supported(q_lat, q_rope, kv_lat, k_rope, rows_per_k)
+        views = mla_decode_sm90.supported(q_lat, q_rope, kv_lat, k_rope, out, rows_per_k)
         if views is not None:
             mla_decode_sm90.mla_decode_forward_sm90(views, q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens,
                                                     metadata, split_offsets, out, lse, o_part, lse_part,

@@ -49,9 +49,8 @@ PART_ROPE = gl.constexpr(2)
 PARTS = gl.constexpr(3)
 LN2 = gl.constexpr(0.6931471805599453)
 LOG2E = gl.constexpr(1.4426950408889634)
-STAGES = 2                        # key tiles in flight: 2 x 72 KB
-CONSUMER_REGS = 232
-PRODUCER_REGS = 40
+STAGES = gl.constexpr(2)          # key tiles in flight: 2 x 72 KB
+CONSUMER_REGS = 240
 
 
 @gluon.jit
@@ -61,69 +60,6 @@ def _piece(SEQLENS, b, blk, remaining):
     seqlen = gl.load(SEQLENS + b)
     take = gl.minimum(gl.cdiv(seqlen, BLOCK_N) - blk, remaining)
     return seqlen, take
-
-
-@gluon.jit
-def _load_part(desc, dest, k_ready, k_empty, page, row, t, PART: gl.constexpr, COL: gl.constexpr,
-               STAGES: gl.constexpr):
-    """TMA-load one part (PART_L, PART_R or PART_ROPE) of key tile t into its ring slot once that part is free."""
-    slot = t % STAGES
-    mbarrier.wait(k_empty.index(PARTS * slot + PART), ((t // STAGES) & 1) ^ 1)
-    bar = k_ready.index(PARTS * slot + PART)
-    mbarrier.expect(bar, desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(desc, [page, row, COL], bar, dest.reshape(desc.block_type.shape))
-
-
-@gluon.jit
-def _producer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, q_lat, q_rope, k_lat, k_rope,
-              q_ready, q_empty, k_ready, k_empty, SCHED, SEQLENS, BLOCK_TABLE, batch, stride_bt, page_size,
-              STAGES: gl.constexpr):
-    q_box: gl.constexpr = q_lat_desc.block_type.shape
-    qr_box: gl.constexpr = q_rope_desc.block_type.shape
-    meta = SCHED + gl.program_id(0) * SCHED_FIELDS
-    b = gl.load(meta)
-    blk = gl.load(meta + 1)
-    remaining = gl.load(meta + 2)
-    row0 = gl.program_id(1) * ROWS
-    c = 0                         # key tiles loaded so far: ring slot and phase
-    w = 0                         # sequence pieces so far: the Q buffer's phase
-    while (remaining > 0) & (b < batch):
-        seqlen, take = _piece(SEQLENS, b, blk, remaining)
-        if take > 0:
-            mbarrier.wait(q_empty, (w & 1) ^ 1)
-            mbarrier.expect(q_ready, 2 * q_lat_desc.block_type.nbytes + q_rope_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(q_lat_desc, [b, row0, 0], q_ready, q_lat.index(0).reshape(q_box))
-            tma.async_copy_global_to_shared(q_lat_desc, [b, row0, HALF], q_ready, q_lat.index(1).reshape(q_box))
-            tma.async_copy_global_to_shared(q_rope_desc, [b, row0, 0], q_ready, q_rope.reshape(qr_box))
-            table = BLOCK_TABLE + b.to(gl.int64) * stride_bt
-            for i in range(0, take, 2):
-                # A pair's parts in the order the consumers free the slots they go to (see `_consumer`): the
-                # first tile's latent half L and the second's half R are free half-way through the previous pair.
-                n0 = (blk + i) * BLOCK_N
-                page0 = gl.load(table + n0 // page_size)
-                s0 = c % STAGES
-                n1 = gl.minimum(n0 + BLOCK_N, (blk + take - 1) * BLOCK_N)       # n0 when the pair has one tile
-                page1 = gl.load(table + n1 // page_size)
-                s1 = (c + 1) % STAGES
-                _load_part(k_lat_desc, k_lat.index(2 * s0), k_ready, k_empty, page0, n0 % page_size, c, PART_L, 0,
-                           STAGES)
-                if i + 1 < take:
-                    _load_part(k_lat_desc, k_lat.index(2 * s1 + 1), k_ready, k_empty, page1, n1 % page_size, c + 1,
-                               PART_R, HALF, STAGES)
-                _load_part(k_lat_desc, k_lat.index(2 * s0 + 1), k_ready, k_empty, page0, n0 % page_size, c, PART_R,
-                           HALF, STAGES)
-                _load_part(k_rope_desc, k_rope.index(s0), k_ready, k_empty, page0, n0 % page_size, c, PART_ROPE, 0,
-                           STAGES)
-                if i + 1 < take:
-                    _load_part(k_lat_desc, k_lat.index(2 * s1), k_ready, k_empty, page1, n1 % page_size, c + 1,
-                               PART_L, 0, STAGES)
-                    _load_part(k_rope_desc, k_rope.index(s1), k_ready, k_empty, page1, n1 % page_size, c + 1,
-                               PART_ROPE, 0, STAGES)
-                c += gl.minimum(take - i, 2)
-            w += 1
-        remaining -= gl.maximum(take, 0)
-        b += 1
-        blk = 0
 
 
 @gluon.jit
@@ -146,11 +82,6 @@ def _scores(q_lat, q_rope, k_lat, k_rope, k_ready, t, FIRST: gl.constexpr, STAGE
     s = _score_part(q_lat, q_rope, k_lat, k_rope, k_ready, t, s, FIRST, STAGES)
     s = _score_part(q_lat, q_rope, k_lat, k_rope, k_ready, t, s, 1 - FIRST, STAGES)
     return _score_part(q_lat, q_rope, k_lat, k_rope, k_ready, t, s, PART_ROPE, STAGES)
-
-
-@gluon.jit
-def _release(k_empty, t, PART: gl.constexpr, STAGES: gl.constexpr):
-    mbarrier.arrive(k_empty.index(PARTS * (t % STAGES) + PART), count=1)
 
 
 @gluon.jit
@@ -198,11 +129,35 @@ def _signal(bar):
 
 
 @gluon.jit
-def _consumer(q_lat, q_rope, k_lat, k_rope, q_ready, q_empty, k_ready, k_empty, handoff, rows_smem,
-              O, LSE, O_PART, LSE_PART, SCHED, SEQLENS, SPLIT_OFFSETS, SINKS,
-              batch, seqlen_q, group, rows_per_k, qk_scale_log2,
-              stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls, stride_ps, stride_pr, stride_lps,
-              WG: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, HAS_SINKS: gl.constexpr):
+def _load_part(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size, n, t, PART: gl.constexpr):
+    """TMA-load one part (PART_L, PART_R or PART_ROPE) of key tile t (keys n .. n + 63 of the sequence whose
+    block table row is `table`) into the tile's ring slot."""
+    page = gl.load(table + n // page_size)
+    slot = t % STAGES
+    bar = k_ready.index(PARTS * slot + PART)
+    if PART == PART_ROPE:
+        mbarrier.expect(bar, k_rope_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_rope_desc, [page, n % page_size, 0], bar,
+                                        k_rope.index(slot).reshape(k_rope_desc.block_type.shape))
+    else:
+        mbarrier.expect(bar, k_lat_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_lat_desc, [page, n % page_size, PART * HALF], bar,
+                                        k_lat.index(2 * slot + PART).reshape(k_lat_desc.block_type.shape))
+
+
+@gluon.jit
+def _load_tile(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size, n, t):
+    _load_part(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size, n, t, PART_L)
+    _load_part(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size, n, t, PART_R)
+    _load_part(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size, n, t, PART_ROPE)
+
+
+@gluon.jit
+def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_desc,
+              q_lat, q_rope, k_lat, k_rope, q_ready, q_free, k_ready, handoff, rows_smem,
+              LSE, LSE_PART, SCHED, SEQLENS, SPLIT_OFFSETS, SINKS, BLOCK_TABLE,
+              batch, seqlen_q, group, page_size, stride_bt, qk_scale_log2, stride_lb, stride_lh, stride_ls,
+              stride_lps, WG: gl.constexpr, CAUSAL: gl.constexpr, HAS_SINKS: gl.constexpr):
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -211,31 +166,47 @@ def _consumer(q_lat, q_rope, k_lat, k_rope, q_ready, q_empty, k_ready, k_empty, 
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     dtype: gl.constexpr = q_lat.dtype
-    # handoff barriers: 0 scale0, 1 scale1, 2 P0, 3 P1, 4 + WG row sums; rows_smem: m0, a0, m1, a1, l0, l1
+    f32_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, ROWS, HALF], gl.float32)
+    # handoff barriers: 0 scale0, 1 scale1, 2 P0, 3 P1, 4 + WG row sums, 6 partial staged; rows_smem: m0, a0,
+    # m1, a1, l0, l1
     sm_mine = rows_smem.index(2 * WG)
     sa_mine = rows_smem.index(2 * WG + 1)
     sm_other = rows_smem.index(2 - 2 * WG)
     sa_other = rows_smem.index(3 - 2 * WG)
 
-    offs_m = gl.program_id(1) * ROWS + gl.arange(0, ROWS, layout=row_s)
+    row0 = gl.program_id(1) * ROWS
+    offs_m = row0 + gl.arange(0, ROWS, layout=row_s)
     q_pos = offs_m // group
     q_head = offs_m % group
-    cols = WG * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(0, o_layout))
-    rows_o = gl.convert_layout(offs_m, row_o)
-    q_pos_o = rows_o // group
-    q_head_o = rows_o % group
 
     meta = SCHED + gl.program_id(0) * SCHED_FIELDS
     b = gl.load(meta)
     blk = gl.load(meta + 1)
     remaining = gl.load(meta + 2)
     split = gl.load(meta + 3)
-    c = 0                         # key tiles consumed (the producer's ring counter)
+    c = 0                         # key tiles so far (ring slot and barrier phase)
     pairs = 0                     # tile pairs so far: the hand-off barriers' phase
     w = 0                         # sequence pieces so far
+    staged = 0                    # partial pieces so far (handoff 6's phase)
     while (remaining > 0) & (b < batch):
         seqlen, take = _piece(SEQLENS, b, blk, remaining)
         if take > 0:
+            table = BLOCK_TABLE + b.to(gl.int64) * stride_bt
+            if WG == 0:
+                # The piece's Q and first two tiles, once both warpgroups are done with the last piece (its Q
+                # buffer also staged their outputs).
+                mbarrier.wait(q_free, (w & 1) ^ 1)
+                mbarrier.expect(q_ready, 2 * q_lat_desc.block_type.nbytes + q_rope_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(q_lat_desc, [b, row0, 0], q_ready,
+                                                q_lat.index(0).reshape(q_lat_desc.block_type.shape))
+                tma.async_copy_global_to_shared(q_lat_desc, [b, row0, HALF], q_ready,
+                                                q_lat.index(1).reshape(q_lat_desc.block_type.shape))
+                tma.async_copy_global_to_shared(q_rope_desc, [b, row0, 0], q_ready,
+                                                q_rope.reshape(q_rope_desc.block_type.shape))
+                _load_tile(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size, blk * BLOCK_N, c)
+                if take > 1:
+                    _load_tile(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size,
+                               (blk + 1) * BLOCK_N, c + 1)
             # Causal (bottom-right): query i sees keys j <= seqlen - seqlen_q + i.
             full = seqlen
             last_visible = gl.zeros([ROWS], gl.int32, row_s) + (seqlen - 1)
@@ -247,8 +218,8 @@ def _consumer(q_lat, q_rope, k_lat, k_rope, q_ready, q_empty, k_ready, k_empty, 
             m_i = gl.full([ROWS], float("-inf"), gl.float32, row_s)
             zero_s = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
             mbarrier.wait(q_ready, w & 1)
-            # The scores of a warpgroup's tile in the next pair are issued at the end of this one (overlapping
-            # the other warpgroup's work and the loads still in flight); the first pair's here.
+            # The scores of a warpgroup's tile in the next pair are issued at the end of this one; the first
+            # pair's here.
             s_tok = warpgroup_mma_init(zero_s)
             if WG == 0:
                 s_tok = _scores(q_lat, q_rope, k_lat, k_rope, k_ready, c, PART_L, STAGES, s_layout)
@@ -282,7 +253,9 @@ def _consumer(q_lat, q_rope, k_lat, k_rope, q_ready, q_empty, k_ready, k_empty, 
                     fence_async_shared()
                     _signal(handoff.index(2))
                     acc = warpgroup_mma_wait(0, deps=(o_tok,))
-                    _release(k_empty, c, PART_L, STAGES)
+                    if i + 2 < take:          # this slot's half L is free: the next pair's first tile
+                        _load_part(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size,
+                                   n0 + 2 * BLOCK_N, c + 2, PART_L)
                     acc = acc * gl.convert_layout(alpha1, row_o)[:, None]
                     l_i = l_i * alpha1
                     mbarrier.wait(handoff.index(3), ph)
@@ -293,10 +266,12 @@ def _consumer(q_lat, q_rope, k_lat, k_rope, q_ready, q_empty, k_ready, k_empty, 
                             _zero_tail(v1, seqlen - n1)
                         o_tok = warpgroup_mma(k_rope.index(slot1), v1, acc, is_async=True)
                         acc = warpgroup_mma_wait(0, deps=(o_tok,))
-                        _release(k_empty, c + 1, PART_L, STAGES)
-                        _release(k_empty, c + 1, PART_ROPE, STAGES)
+                        if i + 3 < take:
+                            _load_part(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size,
+                                       n1 + 2 * BLOCK_N, c + 3, PART_L)
+                            _load_part(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size,
+                                       n1 + 2 * BLOCK_N, c + 3, PART_ROPE)
                     if i + 2 < take:
-                        # The next pair's first tile: its half L went to the slot freed half-way through this pair.
                         s_tok = _scores(q_lat, q_rope, k_lat, k_rope, k_ready, c + 2, PART_L, STAGES, s_layout)
                 else:
                     if has1:
@@ -335,22 +310,23 @@ def _consumer(q_lat, q_rope, k_lat, k_rope, q_ready, q_empty, k_ready, k_empty, 
                     if n1 > seqlen:
                         _zero_tail(v0, seqlen - n0)
                     o_tok = warpgroup_mma(k_rope.index(c % STAGES), v0, o_tok, is_async=True)
-                    if has1:
-                        warpgroup_mma_wait(1, deps=(o_tok,))        # P1·V1_R is done, P0·V0_R may not be
-                        _release(k_empty, c + 1, PART_R, STAGES)
-                    acc = warpgroup_mma_wait(0, deps=(o_tok,))
-                    _release(k_empty, c, PART_R, STAGES)
-                    _release(k_empty, c, PART_ROPE, STAGES)
                     if i + 3 < take:
-                        # The next pair's second tile: its half R went to the slot freed above.
+                        warpgroup_mma_wait(1, deps=(o_tok,))        # P1·V1_R is done, P0·V0_R may not be
+                        _load_part(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size,
+                                   n1 + 2 * BLOCK_N, c + 3, PART_R)
+                    acc = warpgroup_mma_wait(0, deps=(o_tok,))
+                    if i + 2 < take:
+                        _load_part(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size,
+                                   n0 + 2 * BLOCK_N, c + 2, PART_R)
+                        _load_part(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size,
+                                   n0 + 2 * BLOCK_N, c + 2, PART_ROPE)
+                    if i + 3 < take:
                         s_tok = _scores(q_lat, q_rope, k_lat, k_rope, k_ready, c + 3, PART_R, STAGES, s_layout)
                 c += gl.minimum(take - i, 2)
                 pairs += 1
-            mbarrier.arrive(q_empty, count=1)
 
             # Row sums: each warpgroup has the part over the tiles whose scores it computed.
-            l_mine = rows_smem.index(4 + WG)
-            _put_rows(l_mine, l_i)
+            _put_rows(rows_smem.index(4 + WG), l_i)
             _signal(handoff.index(4 + WG))
             mbarrier.wait(handoff.index(5 - WG), w & 1)
             l_i = l_i + rows_smem.index(5 - WG).load(row_s)
@@ -358,26 +334,42 @@ def _consumer(q_lat, q_rope, k_lat, k_rope, q_ready, q_empty, k_ready, k_empty, 
             inv = gl.convert_layout(gl.where(empty, 0.0, 1.0 / gl.where(empty, 1.0, l_i)), row_o)
             lse2 = m_i + gl.log2(gl.where(empty, 1.0, l_i))        # log2 units
             out = acc * inv[:, None]
-            n_blocks = gl.cdiv(seqlen, BLOCK_N)
-            if (blk == 0) & (take == n_blocks):
+            # The outputs leave through the Q buffer (free now: both warpgroups are past their last Q·Kᵀ) and
+            # a TMA store.
+            if (blk == 0) & (take == gl.cdiv(seqlen, BLOCK_N)):
                 # The whole sequence: final output. FlashMLA's convention for a row with no key: LSE +inf.
                 lse = gl.where(empty, float("inf"), lse2 * LN2)
                 if HAS_SINKS:
                     sink = gl.load(SINKS + q_head)
                     keep = gl.where(empty, 1.0, 1.0 / (1.0 + gl.exp2((sink - gl.where(empty, 0.0, lse)) * LOG2E)))
                     out = out * gl.convert_layout(keep, row_o)[:, None]
-                o_row = O + b.to(gl.int64) * stride_ob + q_pos_o * stride_os + q_head_o * stride_oh
-                gl.store(o_row[:, None] + cols[None, :], out.to(O.dtype.element_ty))
+                q_lat.index(WG).store(out.to(dtype))
+                fence_async_shared()
+                gl.thread_barrier()
+                tma.async_copy_shared_to_global(o_desc, [b, row0, WG * HALF],
+                                                q_lat.index(WG).reshape(o_desc.block_type.shape))
                 if WG == 0:
                     gl.store(LSE + b.to(gl.int64) * stride_lb + q_head * stride_lh + q_pos * stride_ls, lse)
+                tma.store_wait(0)
             else:
                 # A piece: an fp32 partial at this batch's split slot; an empty piece has LSE -inf (weight 0).
+                # 64 KB per warpgroup: the two take turns with the 72 KB buffer.
                 lse = gl.where(empty, float("-inf"), lse2 * LN2)
-                slot = (gl.load(SPLIT_OFFSETS + b) + split).to(gl.int64)
-                p_row = O_PART + slot * stride_ps + rows_o.to(gl.int64) * stride_pr
-                gl.store(p_row[:, None] + cols[None, :], out)
+                slot = gl.load(SPLIT_OFFSETS + b) + split
+                if WG == 1:
+                    mbarrier.wait(handoff.index(6), staged & 1)
+                f32_stage = q_lat._reinterpret(gl.float32, [1, ROWS, HALF], f32_layout)
+                f32_stage.reshape([ROWS, HALF]).store(out)
+                fence_async_shared()
+                gl.thread_barrier()
+                tma.async_copy_shared_to_global(o_part_desc, [slot, row0, WG * HALF], f32_stage)
                 if WG == 0:
-                    gl.store(LSE_PART + slot * stride_lps + offs_m, lse)
+                    gl.store(LSE_PART + slot.to(gl.int64) * stride_lps + offs_m, lse)
+                tma.store_wait(0)
+                if WG == 0:
+                    _signal(handoff.index(6))
+                staged += 1
+            _signal(q_free)
             w += 1
         remaining -= gl.maximum(take, 0)
         b += 1
@@ -386,14 +378,14 @@ def _consumer(q_lat, q_rope, k_lat, k_rope, q_ready, q_empty, k_ready, k_empty, 
 
 
 @gluon.jit
-def mla_decode_sm90_kernel(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, O, LSE, O_PART, LSE_PART,
+def mla_decode_sm90_kernel(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_desc, LSE, LSE_PART,
                            SCHED, SEQLENS, SPLIT_OFFSETS, SINKS, BLOCK_TABLE,
-                           batch, seqlen_q, group, rows_per_k, page_size, stride_bt, qk_scale_log2,
-                           stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls,
-                           stride_ps, stride_pr, stride_lps,
-                           STAGES: gl.constexpr, CAUSAL: gl.constexpr, HAS_SINKS: gl.constexpr,
-                           CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
-    """Grid (parts, query blocks of 64 packed rows); a single KV head."""
+                           batch, seqlen_q, group, page_size, stride_bt, qk_scale_log2,
+                           stride_lb, stride_lh, stride_ls, stride_lps,
+                           CAUSAL: gl.constexpr, HAS_SINKS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+    """Grid (parts, query blocks of 64 packed rows); a single KV head. Two warpgroups, no producer warp: a
+    third warpgroup would cap every thread at 168 registers (65536 / 384), and ptxas then serialises the
+    wgmmas of a 64 x 256 fp32 accumulator kernel."""
     dtype: gl.constexpr = q_lat_desc.dtype
     half_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, HALF], dtype)
     rope_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, DT], dtype)
@@ -404,33 +396,28 @@ def mla_decode_sm90_kernel(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, O, 
     rows_smem = gl.allocate_shared_memory(gl.float32, [6, ROWS], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     q_ready = q_bars.index(0)
-    q_empty = q_bars.index(1)
+    q_free = q_bars.index(1)
     k_ready = gl.allocate_shared_memory(gl.int64, [PARTS * STAGES, 1], mbarrier.MBarrierLayout())
-    k_empty = gl.allocate_shared_memory(gl.int64, [PARTS * STAGES, 1], mbarrier.MBarrierLayout())
-    handoff = gl.allocate_shared_memory(gl.int64, [6, 1], mbarrier.MBarrierLayout())
+    handoff = gl.allocate_shared_memory(gl.int64, [7, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_ready, count=1)
-    mbarrier.init(q_empty, count=2)
+    mbarrier.init(q_free, count=2)
     for i in gl.static_range(PARTS * STAGES):
         mbarrier.init(k_ready.index(i), count=1)
-        mbarrier.init(k_empty.index(i), count=1)        # one warpgroup uses each part last and frees it
-    for i in gl.static_range(6):
+    for i in gl.static_range(7):
         mbarrier.init(handoff.index(i), count=1)
 
     gl.warp_specialize([
-        (_consumer, (q_lat, q_rope, k_lat, k_rope, q_ready, q_empty, k_ready, k_empty, handoff, rows_smem,
-                     O, LSE, O_PART, LSE_PART, SCHED, SEQLENS, SPLIT_OFFSETS, SINKS,
-                     batch, seqlen_q, group, rows_per_k, qk_scale_log2,
-                     stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls, stride_ps, stride_pr,
-                     stride_lps, 0, STAGES, CAUSAL, HAS_SINKS)),
-        (_consumer, (q_lat, q_rope, k_lat, k_rope, q_ready, q_empty, k_ready, k_empty, handoff, rows_smem,
-                     O, LSE, O_PART, LSE_PART, SCHED, SEQLENS, SPLIT_OFFSETS, SINKS,
-                     batch, seqlen_q, group, rows_per_k, qk_scale_log2,
-                     stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls, stride_ps, stride_pr,
-                     stride_lps, 1, STAGES, CAUSAL, HAS_SINKS)),
-        (_producer, (q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, q_lat, q_rope, k_lat, k_rope,
-                     q_ready, q_empty, k_ready, k_empty, SCHED, SEQLENS, BLOCK_TABLE, batch, stride_bt, page_size,
-                     STAGES)),
-    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+        (_consumer, (q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_desc,
+                     q_lat, q_rope, k_lat, k_rope, q_ready, q_free, k_ready, handoff, rows_smem,
+                     LSE, LSE_PART, SCHED, SEQLENS, SPLIT_OFFSETS, SINKS, BLOCK_TABLE,
+                     batch, seqlen_q, group, page_size, stride_bt, qk_scale_log2, stride_lb, stride_lh, stride_ls,
+                     stride_lps, 0, CAUSAL, HAS_SINKS)),
+        (_consumer, (q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_desc,
+                     q_lat, q_rope, k_lat, k_rope, q_ready, q_free, k_ready, handoff, rows_smem,
+                     LSE, LSE_PART, SCHED, SEQLENS, SPLIT_OFFSETS, SINKS, BLOCK_TABLE,
+                     batch, seqlen_q, group, page_size, stride_bt, qk_scale_log2, stride_lb, stride_lh, stride_ls,
+                     stride_lps, 1, CAUSAL, HAS_SINKS)),
+    ], [4], [CONSUMER_REGS])
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -459,9 +446,12 @@ def _capability(index):
     return torch.cuda.get_device_capability(index)
 
 
+_GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16, torch.float32: gl.float32}
+
+
 @functools.lru_cache(maxsize=None)
 def _smem_layout(rows, d, dtype):
-    return gl.NVMMASharedLayout.get_default_for([1, rows, d], gl.float16 if dtype == torch.float16 else gl.bfloat16)
+    return gl.NVMMASharedLayout.get_default_for([1, rows, d], _GL_DTYPES[dtype])
 
 
 def _descriptor(t, view, block):
@@ -474,40 +464,41 @@ def _descriptor(t, view, block):
     return desc
 
 
-def supported(q_lat, q_rope, kv_lat, k_rope, rows_per_k):
-    """The four TMA views when this path can run the call (the caller has ruled out sparse, FP8 and extra
-    sources): Hopper, fp16/bf16, one KV head, 512 + 64 columns, 64-row query blocks, pages of a multiple of
-    64 keys, TMA-readable strides. Otherwise None."""
+def supported(q_lat, q_rope, kv_lat, k_rope, out, rows_per_k):
+    """The TMA views (q latent, q rope, cache latent, cache rope, out) when this path can run the call (the
+    caller has ruled out sparse, FP8 and extra sources): Hopper, fp16/bf16, one KV head, 512 + 64 columns, 64-row
+    query blocks, pages of a multiple of 64 keys, TMA-readable strides. Otherwise None."""
     if not q_lat.is_cuda or _capability(q_lat.device.index)[0] != 9 or q_rope is None or k_rope is None:
         return None
-    if q_lat.dtype not in (torch.float16, torch.bfloat16) or kv_lat.dtype != q_lat.dtype:
+    if q_lat.dtype not in (torch.float16, torch.bfloat16) or kv_lat.dtype != q_lat.dtype or out.dtype != q_lat.dtype:
         return None
     if q_lat.shape[-1] != 2 * HALF.value or q_rope.shape[-1] != DT.value or rows_per_k % ROWS.value:
         return None
     if kv_lat.shape[2] != 1 or kv_lat.shape[1] % BLOCK_N.value:
         return None
-    views = (_view3(q_lat, (1, 2)), _view3(q_rope, (1, 2)), _view3(kv_lat, (1,)), _view3(k_rope, (1,)))
+    views = (_view3(q_lat, (1, 2)), _view3(q_rope, (1, 2)), _view3(kv_lat, (1,)), _view3(k_rope, (1,)),
+             _view3(out, (1, 2)))
     return None if None in views else views
 
 
 def mla_decode_forward_sm90(views, q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens, metadata,
                             split_offsets, out, lse, o_part, lse_part, *, softmax_scale, causal, sinks):
     """Launch over `metadata`'s parts; writes whole sequences to out / lse and pieces to o_part / lse_part
-    (the portable kernel's layout), which the caller combines."""
+    (the portable kernel's layout: (pieces, rows_per_k, 512) fp32), which the caller combines."""
     batch, seqlen_q, heads_q, _ = q_lat.shape
     rows_per_k = seqlen_q * heads_q
-    vq, vr, vk, vkr = views
-    args = (_descriptor(q_lat, vq, [1, ROWS.value, HALF.value]), _descriptor(q_rope, vr, [1, ROWS.value, DT.value]),
-            _descriptor(kv_lat, vk, [1, BLOCK_N.value, HALF.value]),
-            _descriptor(k_rope, vkr, [1, BLOCK_N.value, DT.value]),
-            out, lse, o_part, lse_part, metadata, cache_seqlens, split_offsets, sinks, block_table,
-            batch, seqlen_q, heads_q, rows_per_k, kv_lat.shape[1], block_table.stride(0),
-            softmax_scale * LOG2E.value,
-            out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1), lse.stride(2),
-            o_part.stride(0), o_part.stride(1), lse_part.stride(0))
-    grid = (metadata.shape[0], rows_per_k // ROWS.value)
-    mla_decode_sm90_kernel[grid](*args, STAGES=STAGES, CAUSAL=causal, HAS_SINKS=sinks is not None,
-                                 CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4)
+    vq, vr, vk, vkr, vo = views
+    rows, half, dt = ROWS.value, HALF.value, DT.value
+    part_view = ([o_part.shape[0], rows_per_k, 2 * half], [o_part.stride(0), o_part.stride(1), 1])
+    args = (_descriptor(q_lat, vq, [1, rows, half]), _descriptor(q_rope, vr, [1, rows, dt]),
+            _descriptor(kv_lat, vk, [1, BLOCK_N.value, half]), _descriptor(k_rope, vkr, [1, BLOCK_N.value, dt]),
+            _descriptor(out, vo, [1, rows, half]), _descriptor(o_part, part_view, [1, rows, half]),
+            lse, lse_part, metadata, cache_seqlens, split_offsets, sinks, block_table,
+            batch, seqlen_q, heads_q, kv_lat.shape[1], block_table.stride(0), softmax_scale * LOG2E.value,
+            lse.stride(0), lse.stride(1), lse.stride(2), lse_part.stride(0))
+    grid = (metadata.shape[0], rows_per_k // rows)
+    mla_decode_sm90_kernel[grid](*args, CAUSAL=causal, HAS_SINKS=sinks is not None, CONSUMER_REGS=CONSUMER_REGS,
+                                 num_warps=4)
 
 
 assert SCHED_BLOCK == BLOCK_N.value, "a key tile is one scheduling block"
