@@ -146,3 +146,53 @@ def test_gluon_prefill_compiles_for_sm90(case):
     assert info["wgmma"] and info["tma"] and info["setmaxnreg"], info
     assert info["warps"] == 12, info
     assert info["shared"] <= 232448, f"shared memory {info['shared']} over the H100 limit"
+
+
+GLUON_MLA_SCRIPT = textwrap.dedent('''
+    import inspect, json, os, subprocess, sys, tempfile
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from fmha.kernels import mla_decode_sm90 as M
+    causal, sinks, dt = json.loads(sys.argv[1])
+    el = gl.bfloat16 if dt == "bf16" else gl.float16
+
+    def desc(rows, d, name=dt, e=el):
+        layout = gl.NVMMASharedLayout.get_default_for([1, rows, d], e)
+        return f"tensordesc<{name}[1,{rows},{d}],{layout!r}>"
+    consts = dict(CAUSAL=causal, HAS_SINKS=sinks, CONSUMER_REGS=M.CONSUMER_REGS)
+    ptrs = dict(q_lat_desc=desc(64, 256), q_rope_desc=desc(64, 64), k_lat_desc=desc(64, 256),
+                k_rope_desc=desc(64, 64), o_desc=desc(64, 256), o_part_desc=desc(64, 256, "fp32", gl.float32),
+                LSE="*fp32", LSE_PART="*fp32", SCHED="*i32", SEQLENS="*i32", SPLIT_OFFSETS="*i32", SINKS="*fp32",
+                BLOCK_TABLE="*i32")
+    names = list(inspect.signature(M.mla_decode_sm90_kernel.fn).parameters)
+    sig = {n: ptrs.get(n, "constexpr" if n in consts else ("fp32" if n == "qk_scale_log2" else "i32")) for n in names}
+    src = GluonASTSource(M.mla_decode_sm90_kernel, sig, constexprs={(names.index(k),): v for k, v in consts.items()})
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
+    ptx = k.asm["ptx"]
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    with tempfile.TemporaryDirectory() as d:
+        open(os.path.join(d, "k.ptx"), "w").write(ptx)
+        log = subprocess.run([ptxas, "-arch=sm_90a", "-v", os.path.join(d, "k.ptx"), "-o", os.path.join(d, "k.o")],
+                             capture_output=True, text=True).stderr
+    print(json.dumps(dict(shared=k.metadata.shared, warps=k.metadata.num_warps, wgmma="wgmma.mma_async" in ptx,
+                          tma_store="cp.async.bulk.tensor.3d.global.shared" in ptx, serialized="C7512" in log)))
+''')
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("case", [(False, False, "bf16"), (True, True, "fp16")], ids=["mla-bf16", "mla-causal-sinks-fp16"])
+def test_gluon_mla_compiles_for_sm90(case):
+    """The Gluon MLA decode kernel for sm_90: two warpgroups (8 warps, so 255 registers a thread), wgmma that
+    ptxas does not serialise for want of registers (its C7512 warning: what a third warpgroup caused), TMA-store
+    epilogue, shared memory within the H100 limit."""
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    proc = subprocess.run([sys.executable, "-c", GLUON_MLA_SCRIPT, json.dumps(case)], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    info = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert info["wgmma"] and info["tma_store"], info
+    assert info["warps"] == 8, info
+    assert not info["serialized"], "ptxas serialised the wgmmas (insufficient registers)"
+    assert info["shared"] <= 232448, f"shared memory {info['shared']} over the H100 limit"

@@ -6,20 +6,25 @@ multiples of 64, strides TMA accepts. That is where the `triton.language` kernel
 0.45x FlashMLA (benchmarks/NOTES.md): it computes the 64 x 64 x 576 score tile twice, once per warpgroup.
 
 One program owns 64 packed query rows and one part of the key blocks (`schedule.plan_mla`, the same plan and
-partial-result layout as the portable kernel, merged by `combine.py`). Three partitions:
+partial-result layout as the portable kernel, merged by `combine.py`). Two warpgroups, each owning 256 of the
+512 output columns (a 64 x 256 fp32 accumulator); no producer warp: a third warpgroup would cap every thread at
+168 registers, and ptxas then serialises every wgmma (its C7512 warning; that version ran at 0.87x of this one).
 
-* a one-warp producer: TMA loads of Q (once per sequence piece) and of 64-key tiles of the cache, the page
-  looked up per tile, through a STAGES-deep ring; a slot is free again when both consumers released it;
-* two consumer warpgroups, each owning 256 of the 512 output columns (a 64 x 256 fp32 accumulator).
-  Key tiles go in pairs: warpgroup 0 computes the scores of the first tile of a pair, warpgroup 1 those of the
-  second, so no score is computed twice and both run their Q·Kᵀ at the same time. The running row max passes
-  between them through shared memory ("seesaw"):
+Key tiles (64 keys x 576 columns, TMA from one page) go in pairs: warpgroup 0 computes the scores of the first
+tile of a pair, warpgroup 1 those of the second, so no score is computed twice and both run their Q·Kᵀ at the
+same time. The running row max passes between them through shared memory ("seesaw"):
     WG0: S0 = Q·K0ᵀ; m0 = max(m, rowmax S0); P0 = exp2(S0 - m0); O_L = O_L·e^(m - m0) + P0·V0_L
     WG1: S1 = Q·K1ᵀ; m1 = max(m0, rowmax S1); P1 = exp2(S1 - m1); O_R = O_R·e^(m - m1) + P1·V1_R
     WG0: O_L = O_L·e^(m0 - m1) + P1·V1_L        WG1: O_R += (P0·e^(m0 - m1))·V0_R
-  Each warpgroup hands its P to the other through shared memory, written over its tile's RoPE columns (only
-  Q·Kᵀ reads them, and that is done by then), so the plan fits the 227 KB of shared memory: Q 72 KB and two
-  72 KB key tiles. Each warpgroup sums the probabilities it computed; the two row sums are added at the end.
+Each warpgroup hands its P to the other through shared memory, written over its tile's RoPE columns (only
+Q·Kᵀ reads them, and that is done by then), so the plan fits the 227 KB of shared memory: Q 72 KB and two
+72 KB key tiles. Each warpgroup sums the probabilities it computed; the two row sums are added at the end.
+
+Loads: a tile's slot is three parts (latent halves L and R, RoPE), each with its own barrier. Whichever
+warpgroup uses a part last issues the TMA load of the tile two ahead into it, so half of the next pair
+(its first tile's L, its second tile's R) loads while this pair's last products run. The scores of a
+warpgroup's tile in the next pair are issued at the end of this pair. Outputs leave through the Q buffer
+(bf16 final rows or fp32 partials) by TMA store.
 
 The cache may hold anything (NaN included) past a sequence's end; the last tile's rows there are zeroed in
 shared memory before they are used as values (0 · NaN would poison the output), each warpgroup its own half.
