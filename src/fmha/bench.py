@@ -504,6 +504,8 @@ def _sparse_row(row, impls, flops, nbytes, *, graph, key, record):
 # ------------------------------------------------------------------------------------------------ output
 
 def _commit(explicit):
+    """--commit, else FMHA_COMMIT (a copied tree's git HEAD can be stale), else git's HEAD."""
+    explicit = explicit or os.environ.get("FMHA_COMMIT")
     if explicit:
         return explicit
     try:
