@@ -7,7 +7,7 @@ import torch
 import fmha.mla as ours_mla
 from fmha.bench import _portable_mla, attention_flops, bench_gpu_graph, paged_copy
 
-CASES = [(128, 8192, 64, 1), (128, 8192, 128, 1), (128, 8192, 128, 2), (128, 16384, 128, 1)]
+CASES = [(128, 8192, 128, 1), (128, 8192, 32, 1), (128, 8192, 16, 2), (128, 8192, 16, 1)]
 
 
 def main():

@@ -1,7 +1,7 @@
 """Hopper (sm_90) fast path of dense MLA decode, written in Gluon.
 
 `mla_decode.py` is the portable `triton.language` kernel (and what the CPU tests run). This one takes the dense
-bf16/fp16 case with 64-row query blocks: one KV head, DV = 512 latent + DT = 64 RoPE columns, page sizes that are
+bf16/fp16 case with at least 32 packed query rows (in 64-row blocks): one KV head, DV = 512 latent + DT = 64 RoPE columns, page sizes that are
 multiples of 64, strides TMA accepts. That is where the `triton.language` kernel is compute-bound and stops at
 0.45x FlashMLA (benchmarks/NOTES.md): it computes the 64 x 64 x 576 score tile twice, once per warpgroup.
 
@@ -34,6 +34,7 @@ from __future__ import annotations
 import functools
 
 import torch
+import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
@@ -55,6 +56,9 @@ PARTS = gl.constexpr(3)
 LN2 = gl.constexpr(0.6931471805599453)
 LOG2E = gl.constexpr(1.4426950408889634)
 STAGES = gl.constexpr(2)          # key tiles in flight: 2 x 72 KB
+# Fewer packed rows than this run the portable transposed kernel: a block here is always 64 rows (TMA fills
+# the missing ones with zeros, stores drop them), which at 16 rows quadruples the tensor-core work.
+MIN_ROWS = 32
 CONSUMER_REGS = 240
 
 
@@ -161,8 +165,8 @@ def _load_tile(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size
 def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_desc,
               q_lat, q_rope, k_lat, k_rope, q_ready, q_free, k_ready, handoff, rows_smem,
               LSE, LSE_PART, SCHED, SEQLENS, SPLIT_OFFSETS, SINKS, BLOCK_TABLE,
-              batch, seqlen_q, group, page_size, stride_bt, qk_scale_log2, stride_lb, stride_lh, stride_ls,
-              stride_lps, WG: gl.constexpr, CAUSAL: gl.constexpr, HAS_SINKS: gl.constexpr):
+              batch, seqlen_q, group, rows_per_k, page_size, stride_bt, qk_scale_log2, stride_lb, stride_lh,
+              stride_ls, stride_lps, WG: gl.constexpr, CAUSAL: gl.constexpr, HAS_SINKS: gl.constexpr):
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -354,7 +358,8 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
                 tma.async_copy_shared_to_global(o_desc, [b, row0, WG * HALF],
                                                 q_lat.index(WG).reshape(o_desc.block_type.shape))
                 if WG == 0:
-                    gl.store(LSE + b.to(gl.int64) * stride_lb + q_head * stride_lh + q_pos * stride_ls, lse)
+                    gl.store(LSE + b.to(gl.int64) * stride_lb + q_head * stride_lh + q_pos * stride_ls, lse,
+                             mask=offs_m < rows_per_k)
                 tma.store_wait(0)
             else:
                 # A piece: an fp32 partial at this batch's split slot; an empty piece has LSE -inf (weight 0).
@@ -369,7 +374,7 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
                 gl.thread_barrier()
                 tma.async_copy_shared_to_global(o_part_desc, [slot, row0, WG * HALF], f32_stage)
                 if WG == 0:
-                    gl.store(LSE_PART + slot.to(gl.int64) * stride_lps + offs_m, lse)
+                    gl.store(LSE_PART + slot.to(gl.int64) * stride_lps + offs_m, lse, mask=offs_m < rows_per_k)
                 tma.store_wait(0)
                 if WG == 0:
                     _signal(handoff.index(6))
@@ -385,7 +390,7 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
 @gluon.jit
 def mla_decode_sm90_kernel(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_desc, LSE, LSE_PART,
                            SCHED, SEQLENS, SPLIT_OFFSETS, SINKS, BLOCK_TABLE,
-                           batch, seqlen_q, group, page_size, stride_bt, qk_scale_log2,
+                           batch, seqlen_q, group, rows_per_k, page_size, stride_bt, qk_scale_log2,
                            stride_lb, stride_lh, stride_ls, stride_lps,
                            CAUSAL: gl.constexpr, HAS_SINKS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
     """Grid (parts, query blocks of 64 packed rows); a single KV head. Two warpgroups, no producer warp: a
@@ -415,13 +420,13 @@ def mla_decode_sm90_kernel(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_d
         (_consumer, (q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_desc,
                      q_lat, q_rope, k_lat, k_rope, q_ready, q_free, k_ready, handoff, rows_smem,
                      LSE, LSE_PART, SCHED, SEQLENS, SPLIT_OFFSETS, SINKS, BLOCK_TABLE,
-                     batch, seqlen_q, group, page_size, stride_bt, qk_scale_log2, stride_lb, stride_lh, stride_ls,
-                     stride_lps, 0, CAUSAL, HAS_SINKS)),
+                     batch, seqlen_q, group, rows_per_k, page_size, stride_bt, qk_scale_log2, stride_lb, stride_lh,
+                     stride_ls, stride_lps, 0, CAUSAL, HAS_SINKS)),
         (_consumer, (q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_desc,
                      q_lat, q_rope, k_lat, k_rope, q_ready, q_free, k_ready, handoff, rows_smem,
                      LSE, LSE_PART, SCHED, SEQLENS, SPLIT_OFFSETS, SINKS, BLOCK_TABLE,
-                     batch, seqlen_q, group, page_size, stride_bt, qk_scale_log2, stride_lb, stride_lh, stride_ls,
-                     stride_lps, 1, CAUSAL, HAS_SINKS)),
+                     batch, seqlen_q, group, rows_per_k, page_size, stride_bt, qk_scale_log2, stride_lb, stride_lh,
+                     stride_ls, stride_lps, 1, CAUSAL, HAS_SINKS)),
     ], [4], [CONSUMER_REGS])
 
 
@@ -471,13 +476,13 @@ def _descriptor(t, view, block):
 
 def supported(q_lat, q_rope, kv_lat, k_rope, out, rows_per_k):
     """The TMA views (q latent, q rope, cache latent, cache rope, out) when this path can run the call (the
-    caller has ruled out sparse, FP8 and extra sources): Hopper, fp16/bf16, one KV head, 512 + 64 columns, 64-row
-    query blocks, pages of a multiple of 64 keys, TMA-readable strides. Otherwise None."""
+    caller has ruled out sparse, FP8 and extra sources): Hopper, fp16/bf16, one KV head, 512 + 64 columns, at
+    least MIN_ROWS packed query rows, pages of a multiple of 64 keys, TMA-readable strides. Otherwise None."""
     if not q_lat.is_cuda or _capability(q_lat.device.index)[0] != 9 or q_rope is None or k_rope is None:
         return None
     if q_lat.dtype not in (torch.float16, torch.bfloat16) or kv_lat.dtype != q_lat.dtype or out.dtype != q_lat.dtype:
         return None
-    if q_lat.shape[-1] != 2 * HALF.value or q_rope.shape[-1] != DT.value or rows_per_k % ROWS.value:
+    if q_lat.shape[-1] != 2 * HALF.value or q_rope.shape[-1] != DT.value or rows_per_k < MIN_ROWS:
         return None
     if kv_lat.shape[2] != 1 or kv_lat.shape[1] % BLOCK_N.value:
         return None
@@ -499,9 +504,9 @@ def mla_decode_forward_sm90(views, q_lat, q_rope, kv_lat, k_rope, block_table, c
             _descriptor(kv_lat, vk, [1, BLOCK_N.value, half]), _descriptor(k_rope, vkr, [1, BLOCK_N.value, dt]),
             _descriptor(out, vo, [1, rows, half]), _descriptor(o_part, part_view, [1, rows, half]),
             lse, lse_part, metadata, cache_seqlens, split_offsets, sinks, block_table,
-            batch, seqlen_q, heads_q, kv_lat.shape[1], block_table.stride(0), softmax_scale * LOG2E.value,
+            batch, seqlen_q, heads_q, rows_per_k, kv_lat.shape[1], block_table.stride(0), softmax_scale * LOG2E.value,
             lse.stride(0), lse.stride(1), lse.stride(2), lse_part.stride(0))
-    grid = (metadata.shape[0], rows_per_k // rows)
+    grid = (metadata.shape[0], triton.cdiv(rows_per_k, rows))
     mla_decode_sm90_kernel[grid](*args, CAUSAL=causal, HAS_SINKS=sinks is not None, CONSUMER_REGS=CONSUMER_REGS,
                                  num_warps=4)
 
