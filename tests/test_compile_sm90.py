@@ -182,7 +182,8 @@ GLUON_MLA_SCRIPT = textwrap.dedent('''
 
 
 @pytest.mark.cpu
-@pytest.mark.parametrize("case", [(False, False, "bf16"), (True, True, "fp16")], ids=["mla-bf16", "mla-causal-sinks-fp16"])
+@pytest.mark.parametrize("case", [(False, False, "bf16"), (True, True, "fp16")],
+                         ids=["mla-bf16", "mla-causal-sinks-fp16"])
 def test_gluon_mla_compiles_for_sm90(case):
     """The Gluon MLA decode kernel for sm_90: two warpgroups (8 warps, so 255 registers a thread), wgmma that
     ptxas does not serialise for want of registers (its C7512 warning: what a third warpgroup caused), TMA-store

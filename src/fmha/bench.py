@@ -538,7 +538,7 @@ def _write(path, payload):
     except ImportError:
         return
     rows = payload["rows"]
-    names = [n for n in ("ours", "cudnn", "sdpa-fa2", "flex", "flash_attn2", "fa3", "flash_mla")
+    names = [n for n in ("ours", "ours-triton", "cudnn", "sdpa-fa2", "flex", "flash_attn2", "fa3", "flash_mla")
              if any(f"{n}_tflops" in r for r in rows)]
     if payload["workload"] == "sparse":
         labels = [f"{r['case']} b{r['b']} h{r['hq']} d{r['d']}" for r in rows]
@@ -557,7 +557,8 @@ def _write(path, payload):
     for i, n in enumerate(names):
         ax.bar([x + i * width for x in range(len(rows))], [r.get(f"{n}_{metric}", 0) for r in rows], width, label=n)
     if peak:
-        ax.axhline(peak, color="k", ls="--", lw=0.8, label=f"{'copy bandwidth' if metric == 'gbps' else 'bf16 matmul peak'} (measured)")
+        ceiling = "copy bandwidth" if metric == "gbps" else "bf16 matmul peak"
+        ax.axhline(peak, color="k", ls="--", lw=0.8, label=f"{ceiling} (measured)")
     ax.set_xticks([x + 0.4 - width / 2 for x in range(len(rows))])
     ax.set_xticklabels(labels, rotation=60, fontsize=7)
     ax.set_ylabel(unit)
@@ -565,6 +566,7 @@ def _write(path, payload):
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(stem + ".png", dpi=120)
+    plt.close(fig)
 
 
 def main(argv):

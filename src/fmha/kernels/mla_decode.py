@@ -376,8 +376,8 @@ def mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens
     least the main topk) keys of the main source followed by extra_topk of the extra one.
     `fp8_layout` "v32" / "model1": kv_lat is the packed uint8 cache (k_rope the same tensor), dequantised on load.
     Writes out (b, s_q, h_q, DV) and lse (b, h_q, s_q); returns the compiled decode kernel (for tuning:
-    its register and spill counts; None when the Gluon kernel of `mla_decode_sm90` ran, which the dense >= 32-row
-    case with >= 32 packed rows takes on Hopper unless `backend="triton"`, `tiles` or `use_tma` is given, or FMHA_GLUON=0).
+    its register and spill counts; None when the Gluon kernel of `mla_decode_sm90` ran, which the dense case with
+    >= 16 packed rows takes on Hopper unless `backend="triton"`, `tiles` or `use_tma` is given, or FMHA_GLUON=0).
     `tiles` = (BLOCK_M, BLOCK_N, num_warps, num_stages, transposed) overrides the table."""
     batch, seqlen_q, heads_q, dv = q_lat.shape
     page_size, heads_k = kv_lat.shape[1], kv_lat.shape[2]
@@ -415,7 +415,7 @@ def mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens
     lse_part = torch.empty((parts_rows, heads_k * rows_per_k), dtype=torch.float32, device=q_lat.device)
     if (not overridden and not interpret and not sparse and not whole and fp8_layout is None and extra is None
             and os.environ.get("FMHA_GLUON", "1") != "0"):
-        # The dense case with >= 32 packed rows on Hopper: the Gluon kernel (no duplicated score tile).
+        # The dense case with >= 16 packed rows on Hopper: the Gluon kernel (no duplicated score tile).
         from . import mla_decode_sm90
         views = mla_decode_sm90.supported(q_lat, q_rope, kv_lat, k_rope, out, rows_per_k)
         if views is not None:

@@ -1,9 +1,10 @@
 """Hopper (sm_90) fast path of dense MLA decode, written in Gluon.
 
 `mla_decode.py` is the portable `triton.language` kernel (and what the CPU tests run). This one takes the dense
-bf16/fp16 case with at least 32 packed query rows (in 64-row blocks): one KV head, DV = 512 latent + DT = 64 RoPE columns, page sizes that are
-multiples of 64, strides TMA accepts. That is where the `triton.language` kernel is compute-bound and stops at
-0.45x FlashMLA (benchmarks/NOTES.md): it computes the 64 x 64 x 576 score tile twice, once per warpgroup.
+bf16/fp16 case with at least 16 packed query rows (run in 64-row blocks): one KV head, DV = 512 latent + DT = 64
+RoPE columns, page sizes that are multiples of 64, strides TMA accepts. With 64 rows the `triton.language` kernel
+is compute-bound and stops at 0.45x FlashMLA (benchmarks/NOTES.md): it computes the 64 x 64 x 576 score tile
+twice, once per warpgroup.
 
 One program owns 64 packed query rows and one part of the key blocks (`schedule.plan_mla`, the same plan and
 partial-result layout as the portable kernel, merged by `combine.py`). Two warpgroups, each owning 256 of the
@@ -56,9 +57,10 @@ PARTS = gl.constexpr(3)
 LN2 = gl.constexpr(0.6931471805599453)
 LOG2E = gl.constexpr(1.4426950408889634)
 STAGES = gl.constexpr(2)          # key tiles in flight: 2 x 72 KB
-# Fewer packed rows than this run the portable transposed kernel: a block here is always 64 rows (TMA fills
-# the missing ones with zeros, stores drop them), which at 16 rows quadruples the tensor-core work.
-MIN_ROWS = 32
+# Fewer packed rows than this run the portable kernel. A block here is always 64 rows (TMA fills the missing
+# ones with zeros, stores drop them): at 16 rows that is 4x the tensor-core work, but the case is memory-bound
+# and this kernel still read 4-6% faster than the portable transposed one (h_q=16, s_q=1, b=128, s_k 4k-16k).
+MIN_ROWS = 16
 CONSUMER_REGS = 240
 
 
