@@ -22,7 +22,7 @@ SCRIPT = textwrap.dedent('''
                   BLOCK_DV=triton.next_power_of_2(dv), HAS_TAIL=block_dt > 0, IS_VARLEN=varlen, MASK_LEFT=False,
                   MASK_RIGHT=causal, HAS_SOFTCAP=True, HAS_ALIBI=True, HAS_SINKS=True, REVERSE_M=causal,
                   TMA=1 if use_tma else 0, HAS_SEQLENS_K=paged, PAGED=paged, SPLIT=paged, LEFT_PER_BATCH=varlen,
-                  PAGE_TILE=paged)
+                  PAGE_TILE=bn if paged else 0)
     if varlen:
         consts.update(MASK_LEFT=True)           # the per-sequence sliding window
     ptrs = dict(Q="*bf16", K="*bf16", V="*bf16", O="*bf16", LSE="*fp32", CU_Q="*i32", CU_K="*i32",

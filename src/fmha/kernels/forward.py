@@ -55,11 +55,22 @@ def _load_kv_tile(k_base, v_base, k_desc, v_desc, n, b, kv_head, offs_n, offs_d,
         k_t = k
     else:
         rows = n + offs_n
-        if PAGED and PAGE_TILE:
+        BLOCK_N: tl.constexpr = offs_n.shape[0]
+        if PAGED and PAGE_TILE == BLOCK_N:
             # BLOCK_N divides page_size: the whole tile lies in one page, looked up once (n < k_len, so the
             # page is a valid table entry; rows past k_len are masked below).
             page = tl.load(bt_row + n // page_size).to(tl.int64)
             slot = n % page_size + offs_n
+            k_rows = k_base + page * stride_kp + slot * stride_ks
+            v_rows = v_base + page * stride_vp + slot * stride_vs
+        elif PAGED and PAGE_TILE > 0:
+            # The tile is BLOCK_N // PAGE_TILE whole pages (page_size == PAGE_TILE): their numbers are one short
+            # vector load, spread over the tile's rows, instead of one table lookup per key.
+            PAGES: tl.constexpr = BLOCK_N // PAGE_TILE
+            first = n + tl.arange(0, PAGES) * PAGE_TILE
+            pages = tl.load(bt_row + first // PAGE_TILE, mask=first < k_len, other=0).to(tl.int64)
+            page = tl.reshape(tl.broadcast_to(pages[:, None], (PAGES, PAGE_TILE)), (BLOCK_N,))
+            slot = offs_n % PAGE_TILE
             k_rows = k_base + page * stride_kp + slot * stride_ks
             v_rows = v_base + page * stride_vp + slot * stride_vs
         elif PAGED:
@@ -352,6 +363,16 @@ def _ensure_allocator(device):
     _allocator_device[0] = device
 
 
+def _page_tile(page_size, block_n):
+    """Keys of a BLOCK_N tile that share one page, when pages tile it evenly: block_n (a tile inside one page),
+    page_size (whole power-of-two pages inside one tile), or 0 (look each key's page up)."""
+    if page_size % block_n == 0:
+        return block_n
+    if block_n % page_size == 0 and page_size & (page_size - 1) == 0:
+        return page_size
+    return 0
+
+
 def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                       softmax_scale, window, softcap, alibi_slopes, sinks, window_lefts=None, cache_seqlens=None,
                       block_table=None,
@@ -445,7 +466,7 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
         HAS_SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None, HAS_SINKS=sinks is not None,
         REVERSE_M=right >= 0, TMA=tma,
         HAS_SEQLENS_K=cache_seqlens is not None, PAGED=paged, SPLIT=num_splits > 1,
-        LEFT_PER_BATCH=window_lefts is not None, PAGE_TILE=paged and k.shape[1] % block_n == 0,
+        LEFT_PER_BATCH=window_lefts is not None, PAGE_TILE=_page_tile(k.shape[1], block_n) if paged else 0,
         num_warps=num_warps, num_stages=num_stages,
     )
     if num_splits > 1:
