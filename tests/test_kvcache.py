@@ -156,3 +156,13 @@ def test_kvcache_window_per_sequence(target, num_splits):
     outs, lses = zip(*(_oracle(q[i:i + 1], k[i:i + 1], v[i:i + 1], [n], causal=True, window=(lefts[i], -1))
                        for i, n in enumerate(c["seqlens"])))
     assert_matches(got, lse, (torch.cat(outs), torch.cat(lses)), dtype)
+
+
+@pytest.mark.cpu
+def test_page_tile():
+    """Keys of a key tile that share a page: the whole tile inside a page, whole power-of-two pages inside the
+    tile (their numbers loaded as one vector), or 0 (a lookup per key: pages that do not tile the tile evenly)."""
+    from fmha.kernels.forward import _page_tile
+    assert _page_tile(64, 64) == 64 and _page_tile(256, 64) == 64
+    assert _page_tile(16, 64) == 16 and _page_tile(32, 64) == 32
+    assert _page_tile(48, 64) == 0 and _page_tile(24, 64) == 0 and _page_tile(96, 64) == 0
