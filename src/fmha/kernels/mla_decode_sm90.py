@@ -48,8 +48,9 @@ BLOCK_N = gl.constexpr(64)        # keys per tile: one scheduling block
 HALF = gl.constexpr(256)          # value columns per consumer warpgroup
 DT = gl.constexpr(64)             # RoPE columns
 SCHED_FIELDS = gl.constexpr(_SCHED_FIELDS)
-# A key tile's ring slot is three parts, each with its own ready / empty barrier, freed by whichever warpgroup
-# uses it last: the latent halves L (columns 0-255) and R (256-511) and the RoPE columns (which also carry P).
+# A key tile's ring slot is three parts, each with its own ready barrier; whichever warpgroup uses a part last
+# loads the tile two ahead into it: the latent halves L (columns 0-255) and R (256-511) and the RoPE columns
+# (which also carry P).
 PART_L = gl.constexpr(0)
 PART_R = gl.constexpr(1)
 PART_ROPE = gl.constexpr(2)
@@ -61,7 +62,7 @@ STAGES = gl.constexpr(2)          # key tiles in flight: 2 x 72 KB
 # ones with zeros, stores drop them): at 16 rows that is 4x the tensor-core work, but the case is memory-bound
 # and this kernel still read 4-6% faster than the portable transposed one (h_q=16, s_q=1, b=128, s_k 4k-16k).
 MIN_ROWS = 16
-CONSUMER_REGS = 240
+CONSUMER_REGS = 240               # the worker warpgroup's setmaxnreg (8 warps: 255 registers anyway)
 
 
 @gluon.jit
