@@ -482,3 +482,18 @@ def test_sparse_prefill_bad_input():
         call(q, kv, indices, 0.1, d_v=100)
     with pytest.raises(ValueError, match="attn_sink"):
         call(q, kv, indices, 0.1, attn_sink=torch.zeros(8, device=dev))
+
+
+@pytest.mark.cpu
+def test_gluon_views():
+    """The TMA views the Hopper MLA kernel would use (pure stride logic, checked on CPU tensors): q's (s_q, h_q)
+    merge into packed rows only when s_q's stride is h_q rows; a cache is viewed as (pages, page, d) with one KV
+    head; a 16-byte misaligned stride is refused."""
+    from fmha.kernels.mla_decode_sm90 import _view3
+    q = torch.zeros(3, 2, 16, 576, dtype=torch.float16)
+    assert _view3(q[..., :512], (1, 2)) == ([3, 32, 512], [2 * 16 * 576, 576, 1])
+    assert _view3(q.transpose(1, 2)[..., :512], (1, 2)) is None          # (s, h) not packable
+    cache = torch.zeros(5, 64, 1, 576, dtype=torch.float16)
+    assert _view3(cache[..., 512:], (1,)) == ([5, 64, 64], [64 * 576, 576, 1])
+    assert _view3(torch.zeros(5, 64, 2, 576, dtype=torch.float16), (1,)) is None   # two KV heads
+    assert _view3(torch.zeros(5, 64, 1, 577, dtype=torch.float16)[..., :576], (1,)) is None   # 1154-byte rows
