@@ -8,8 +8,6 @@ what makes small-Sq / many-head (decode-like, DSV4) shapes efficient.
 Key tiles fall into three runs: masked tiles on the left edge of the window, unmasked tiles in the
 middle (no mask arithmetic, no bounds on loads), masked tiles on the right edge / sequence end.
 """
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -17,6 +15,7 @@ import triton.language as tl
 from ..schedule import num_sms, plan_num_splits
 from .combine import combine
 from .common import LN2, LOG2E, online_softmax_step, scores_log2, visible
+from .sm90 import gluon_enabled
 
 
 @triton.jit
@@ -410,7 +409,7 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
     plain = (not varlen and cache_seqlens is None and num_splits <= 1 and window_lefts is None and left < 0
              and right <= 0 and softcap <= 0 and alibi_slopes is None and sinks is None
              and pack_gqa is None and use_tma is None and tiles is None and backend is None)
-    if plain and not interpret and os.environ.get("FMHA_GLUON", "1") != "0":
+    if plain and not interpret and gluon_enabled():
         from . import forward_sm90
         views = forward_sm90.supported(q, k, v)
         if views is not None:

@@ -23,8 +23,6 @@ never stored). The output is written with masked pointer stores, one row per que
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 from triton.experimental import gluon
@@ -32,6 +30,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 from ..schedule import num_sms
+from .sm90 import capability, descriptor
 
 _ROWS = 64                        # query rows per consumer warpgroup; a CTA has two
 ROWS = gl.constexpr(_ROWS)        # the same, for the kernels
@@ -329,32 +328,11 @@ def _view3(t):
     return [b, s, (h - 1) * sh + d], [sb, ss, 1]
 
 
-@functools.lru_cache(maxsize=None)
-def _capability(index):
-    return torch.cuda.get_device_capability(index)
-
-
-@functools.lru_cache(maxsize=None)
-def _smem_layout(rows, d, dtype):
-    return gl.NVMMASharedLayout.get_default_for([1, rows, d], gl.float16 if dtype == torch.float16 else gl.bfloat16)
-
-
-def _descriptor(t, shape, strides, block, layout):
-    """A Gluon TensorDescriptor without its constructor's checks, which `_view3` has made (alignment, unit
-    last stride) for a block shape of powers of two: on a slow host the checks cost more than the kernel
-    of a short prefill."""
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    desc = object.__new__(TensorDescriptor)
-    desc.base, desc.shape, desc.strides, desc.block_shape, desc.layout, desc.padding = (
-        t, shape, strides, block, layout, "zero")
-    return desc
-
-
 def supported(q, k, v):
     """Whether a plain dense call (the caller has checked the options) can take this path: Hopper, fp16/bf16,
     head_dim_qk == head_dim_v in `_TILES`, keys present, and q/k/v strides that TMA accepts. Returns the three
     TMA views (`_view3`, for `attention_forward_sm90`), or None."""
-    if not q.is_cuda or _capability(q.device.index)[0] != 9:
+    if not q.is_cuda or capability(q.device.index)[0] != 9:
         return None
     if q.dtype not in (torch.float16, torch.bfloat16) or q.dim() != 4:
         return None
@@ -383,8 +361,7 @@ def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpon
         pingpong = d >= 128
 
     def desc(t, view, rows):
-        shape, strides = view
-        return _descriptor(t, shape, strides, [1, rows, d], _smem_layout(rows, d, q.dtype))
+        return descriptor(t, view, [1, rows, d])
 
     vq, vk, vv = views or (_view3(q), _view3(k), _view3(v))
     n_m = triton.cdiv(seqlen_q, 2 * _ROWS)

@@ -14,8 +14,6 @@ sequence is written as an fp32 partial (o, lse) that `combine.combine_kernel` me
 The value width DV is held as two column halves (two 64 x 256 fp32 accumulators for DV = 512): a TMA box
 is at most 256 columns wide, and the halves keep each wgmma's N at 256.
 """
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -23,6 +21,7 @@ import triton.language as tl
 from ..schedule import SCHED_BLOCK, SCHED_FIELDS
 from .combine import combine
 from .common import LN2, sink_keep
+from .sm90 import gluon_enabled
 
 
 @triton.jit
@@ -414,7 +413,7 @@ def mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens
     o_part = torch.empty((parts_rows, heads_k * rows_per_k, dv), dtype=torch.float32, device=q_lat.device)
     lse_part = torch.empty((parts_rows, heads_k * rows_per_k), dtype=torch.float32, device=q_lat.device)
     if (not overridden and not interpret and not sparse and not whole and fp8_layout is None and extra is None
-            and os.environ.get("FMHA_GLUON", "1") != "0"):
+            and gluon_enabled()):
         # The dense case with >= 16 packed rows on Hopper: the Gluon kernel (no duplicated score tile).
         from . import mla_decode_sm90
         views = mla_decode_sm90.supported(q_lat, q_rope, kv_lat, k_rope, out, rows_per_k)

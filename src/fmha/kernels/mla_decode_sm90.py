@@ -32,8 +32,6 @@ shared memory before they are used as values (0 · NaN would poison the output),
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 from triton.experimental import gluon
@@ -42,6 +40,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_init, warpgroup_mma_wait)
 
 from ..schedule import SCHED_BLOCK, SCHED_FIELDS as _SCHED_FIELDS
+from .sm90 import capability, descriptor
 
 ROWS = gl.constexpr(64)           # packed query rows per program (wgmma's M)
 BLOCK_N = gl.constexpr(64)        # keys per tile: one scheduling block
@@ -454,34 +453,11 @@ def _view3(t, rows_dims):
     return [pages, page, d], [t.stride(0), t.stride(1), 1]
 
 
-@functools.lru_cache(maxsize=None)
-def _capability(index):
-    return torch.cuda.get_device_capability(index)
-
-
-_GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16, torch.float32: gl.float32}
-
-
-@functools.lru_cache(maxsize=None)
-def _smem_layout(rows, d, dtype):
-    return gl.NVMMASharedLayout.get_default_for([1, rows, d], _GL_DTYPES[dtype])
-
-
-def _descriptor(t, view, block):
-    """A Gluon TensorDescriptor without its constructor's checks, which `_view3` has made."""
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    shape, strides = view
-    desc = object.__new__(TensorDescriptor)
-    desc.base, desc.shape, desc.strides, desc.block_shape, desc.padding = t, shape, strides, block, "zero"
-    desc.layout = _smem_layout(block[1], block[2], t.dtype)
-    return desc
-
-
 def supported(q_lat, q_rope, kv_lat, k_rope, out, rows_per_k):
     """The TMA views (q latent, q rope, cache latent, cache rope, out) when this path can run the call (the
     caller has ruled out sparse, FP8 and extra sources): Hopper, fp16/bf16, one KV head, 512 + 64 columns, at
     least MIN_ROWS packed query rows, pages of a multiple of 64 keys, TMA-readable strides. Otherwise None."""
-    if not q_lat.is_cuda or _capability(q_lat.device.index)[0] != 9 or q_rope is None or k_rope is None:
+    if not q_lat.is_cuda or capability(q_lat.device.index)[0] != 9 or q_rope is None or k_rope is None:
         return None
     if q_lat.dtype not in (torch.float16, torch.bfloat16) or kv_lat.dtype != q_lat.dtype or out.dtype != q_lat.dtype:
         return None
@@ -503,9 +479,9 @@ def mla_decode_forward_sm90(views, q_lat, q_rope, kv_lat, k_rope, block_table, c
     vq, vr, vk, vkr, vo = views
     rows, half, dt = ROWS.value, HALF.value, DT.value
     part_view = ([o_part.shape[0], rows_per_k, 2 * half], [o_part.stride(0), o_part.stride(1), 1])
-    args = (_descriptor(q_lat, vq, [1, rows, half]), _descriptor(q_rope, vr, [1, rows, dt]),
-            _descriptor(kv_lat, vk, [1, BLOCK_N.value, half]), _descriptor(k_rope, vkr, [1, BLOCK_N.value, dt]),
-            _descriptor(out, vo, [1, rows, half]), _descriptor(o_part, part_view, [1, rows, half]),
+    args = (descriptor(q_lat, vq, [1, rows, half]), descriptor(q_rope, vr, [1, rows, dt]),
+            descriptor(kv_lat, vk, [1, BLOCK_N.value, half]), descriptor(k_rope, vkr, [1, BLOCK_N.value, dt]),
+            descriptor(out, vo, [1, rows, half]), descriptor(o_part, part_view, [1, rows, half]),
             lse, lse_part, metadata, cache_seqlens, split_offsets, sinks, block_table,
             batch, seqlen_q, heads_q, rows_per_k, kv_lat.shape[1], block_table.stride(0), softmax_scale * LOG2E.value,
             lse.stride(0), lse.stride(1), lse.stride(2), lse_part.stride(0))
