@@ -382,14 +382,33 @@ def mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens
     page_size, heads_k = kv_lat.shape[1], kv_lat.shape[2]
     if batch == 0 or seqlen_q == 0:
         return
-    overridden = backend == "triton" or tiles is not None or use_tma is not None
     group = heads_q // heads_k
     rows_per_k = seqlen_q * group
+    sparse = valid_lens is not None
+    num_parts = metadata.shape[0]
+    # Split buffers: every part boundary adds at most one piece to one batch.
+    whole = max_logits is not None
+    parts_rows = 0 if whole else batch + num_parts
+    o_part = torch.empty((parts_rows, heads_k * rows_per_k, dv), dtype=torch.float32, device=q_lat.device)
+    lse_part = torch.empty((parts_rows, heads_k * rows_per_k), dtype=torch.float32, device=q_lat.device)
+    overridden = backend == "triton" or tiles is not None or use_tma is not None
+    if (not overridden and not interpret and not sparse and not whole and fp8_layout is None and extra is None
+            and gluon_enabled()):
+        # The dense case with >= 16 packed rows on Hopper: the Gluon kernel (no duplicated score tile). Decided
+        # before the portable kernel's tiles and descriptors, which it does not use.
+        from . import mla_decode_sm90
+        views = mla_decode_sm90.supported(q_lat, q_rope, kv_lat, k_rope, out, rows_per_k)
+        if views is not None:
+            mla_decode_sm90.mla_decode_forward_sm90(views, q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens,
+                                                    metadata, split_offsets, out, lse, o_part, lse_part,
+                                                    softmax_scale=softmax_scale, causal=causal, sinks=sinks)
+            combine(out, lse, o_part, lse_part, rows_per_k=rows_per_k, group=group, split_offsets=split_offsets,
+                    sinks=sinks, empty_lse=float("inf"))
+            return None
     block_m, block_n, num_warps, num_stages, transposed = tiles or _tile_config(rows_per_k, interpret)
     has_rope = q_rope is not None
     dt = q_rope.shape[-1] if has_rope else 16
     half = dv // 2
-    sparse = valid_lens is not None
     if sparse or fp8_layout is not None:
         use_tma = False                  # token gathers (one page lookup per key) / FP8 rows dequantised on load
     if fp8_layout == "model1" and tiles is None:
@@ -406,24 +425,6 @@ def mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens
         lat_desc = TensorDescriptor(kv_lat, [rows, dv], [kv_lat.stride(1), 1], [block_n, half])
         if has_rope:
             rope_desc = TensorDescriptor(k_rope, [rows, dt], [k_rope.stride(1), 1], [block_n, dt])
-    num_parts = metadata.shape[0]
-    # Split buffers: every part boundary adds at most one piece to one batch.
-    whole = max_logits is not None
-    parts_rows = 0 if whole else batch + num_parts
-    o_part = torch.empty((parts_rows, heads_k * rows_per_k, dv), dtype=torch.float32, device=q_lat.device)
-    lse_part = torch.empty((parts_rows, heads_k * rows_per_k), dtype=torch.float32, device=q_lat.device)
-    if (not overridden and not interpret and not sparse and not whole and fp8_layout is None and extra is None
-            and gluon_enabled()):
-        # The dense case with >= 16 packed rows on Hopper: the Gluon kernel (no duplicated score tile).
-        from . import mla_decode_sm90
-        views = mla_decode_sm90.supported(q_lat, q_rope, kv_lat, k_rope, out, rows_per_k)
-        if views is not None:
-            mla_decode_sm90.mla_decode_forward_sm90(views, q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens,
-                                                    metadata, split_offsets, out, lse, o_part, lse_part,
-                                                    softmax_scale=softmax_scale, causal=causal, sinks=sinks)
-            combine(out, lse, o_part, lse_part, rows_per_k=rows_per_k, group=group, split_offsets=split_offsets,
-                    sinks=sinks, empty_lse=float("inf"))
-            return None
     rope_strides = (k_rope.stride(0), k_rope.stride(1), k_rope.stride(2)) if has_rope else (0, 0, 0)
     q_rope_strides = (q_rope.stride(0), q_rope.stride(1), q_rope.stride(2)) if has_rope else (0, 0, 0)
     num_m_blocks = triton.cdiv(rows_per_k, block_m)
