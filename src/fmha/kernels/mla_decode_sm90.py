@@ -157,9 +157,15 @@ def _load_part(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size
 
 
 @gluon.jit
+def _load_parts(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size, n, t, FIRST: gl.constexpr,
+                SECOND: gl.constexpr):
+    _load_part(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size, n, t, FIRST)
+    _load_part(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size, n, t, SECOND)
+
+
+@gluon.jit
 def _load_tile(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size, n, t):
-    _load_part(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size, n, t, PART_L)
-    _load_part(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size, n, t, PART_R)
+    _load_parts(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size, n, t, PART_L, PART_R)
     _load_part(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size, n, t, PART_ROPE)
 
 
@@ -278,10 +284,8 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
                         o_tok = warpgroup_mma(k_rope.index(slot1), v1, acc, is_async=True)
                         acc = warpgroup_mma_wait(0, deps=(o_tok,))
                         if i + 3 < take:
-                            _load_part(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size,
-                                       n1 + 2 * BLOCK_N, c + 3, PART_L)
-                            _load_part(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size,
-                                       n1 + 2 * BLOCK_N, c + 3, PART_ROPE)
+                            _load_parts(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size,
+                                        n1 + 2 * BLOCK_N, c + 3, PART_L, PART_ROPE)
                     if i + 2 < take:
                         s_tok = _scores(q_lat, q_rope, k_lat, k_rope, k_ready, c + 2, PART_L, STAGES, s_layout)
                 else:
@@ -327,10 +331,8 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
                                    n1 + 2 * BLOCK_N, c + 3, PART_R)
                     acc = warpgroup_mma_wait(0, deps=(o_tok,))
                     if i + 2 < take:
-                        _load_part(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size,
-                                   n0 + 2 * BLOCK_N, c + 2, PART_R)
-                        _load_part(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size,
-                                   n0 + 2 * BLOCK_N, c + 2, PART_ROPE)
+                        _load_parts(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size,
+                                    n0 + 2 * BLOCK_N, c + 2, PART_R, PART_ROPE)
                     if i + 3 < take:
                         s_tok = _scores(q_lat, q_rope, k_lat, k_rope, k_ready, c + 3, PART_R, STAGES, s_layout)
                 c += gl.minimum(take - i, 2)
