@@ -34,6 +34,34 @@ def _load_tile(ptrs, rows, cols, n_rows, N_COLS: tl.constexpr, BLOCK_COLS: tl.co
 
 
 @triton.jit
+def _key_slots(n, offs_n, bt_row, k_len, page_size, PAGED: tl.constexpr, PAGE_TILE: tl.constexpr):
+    """Where keys n + offs_n live: (page, slot), so that a key's row is base + page * page_stride + slot * row_stride.
+    Paged caches: block_table[b, key // page_size] and key % page_size; a contiguous cache: page 0, slot = key.
+    Table entries at or past k_len are not read (page 0 there; the caller masks or ignores those rows)."""
+    BLOCK_N: tl.constexpr = offs_n.shape[0]
+    rows = n + offs_n
+    if PAGED and PAGE_TILE == BLOCK_N:
+        # BLOCK_N divides page_size: the whole tile lies in one page, looked up once.
+        page = tl.load(bt_row + n // page_size, mask=n < k_len, other=0).to(tl.int64)
+        slot = n % page_size + offs_n
+    elif PAGED and PAGE_TILE > 0:
+        # The tile is BLOCK_N // PAGE_TILE whole pages (page_size == PAGE_TILE): their numbers are one short
+        # vector load, spread over the tile's rows, instead of one table lookup per key.
+        PAGES: tl.constexpr = BLOCK_N // PAGE_TILE
+        first = n + tl.arange(0, PAGES) * PAGE_TILE
+        pages = tl.load(bt_row + first // PAGE_TILE, mask=first < k_len, other=0).to(tl.int64)
+        page = tl.reshape(tl.broadcast_to(pages[:, None], (PAGES, PAGE_TILE)), (BLOCK_N,))
+        slot = offs_n % PAGE_TILE
+    elif PAGED:
+        page = tl.load(bt_row + rows // page_size, mask=rows < k_len, other=0).to(tl.int64)
+        slot = rows % page_size
+    else:
+        page = 0
+        slot = rows.to(tl.int64)
+    return page, slot
+
+
+@triton.jit
 def _load_kv_tile(k_base, v_base, k_desc, v_desc, n, b, kv_head, offs_n, offs_d, offs_dt, offs_dv, stride_ks, stride_vs,
                   k_len, bt_row, page_size, stride_kp, stride_vp, PAGED: tl.constexpr, PAGE_TILE: tl.constexpr,
                   HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -54,32 +82,9 @@ def _load_kv_tile(k_base, v_base, k_desc, v_desc, n, b, kv_head, offs_n, offs_d,
         k_t = k
     else:
         rows = n + offs_n
-        BLOCK_N: tl.constexpr = offs_n.shape[0]
-        if PAGED and PAGE_TILE == BLOCK_N:
-            # BLOCK_N divides page_size: the whole tile lies in one page, looked up once (n < k_len, so the
-            # page is a valid table entry; rows past k_len are masked below).
-            page = tl.load(bt_row + n // page_size).to(tl.int64)
-            slot = n % page_size + offs_n
-            k_rows = k_base + page * stride_kp + slot * stride_ks
-            v_rows = v_base + page * stride_vp + slot * stride_vs
-        elif PAGED and PAGE_TILE > 0:
-            # The tile is BLOCK_N // PAGE_TILE whole pages (page_size == PAGE_TILE): their numbers are one short
-            # vector load, spread over the tile's rows, instead of one table lookup per key.
-            PAGES: tl.constexpr = BLOCK_N // PAGE_TILE
-            first = n + tl.arange(0, PAGES) * PAGE_TILE
-            pages = tl.load(bt_row + first // PAGE_TILE, mask=first < k_len, other=0).to(tl.int64)
-            page = tl.reshape(tl.broadcast_to(pages[:, None], (PAGES, PAGE_TILE)), (BLOCK_N,))
-            slot = offs_n % PAGE_TILE
-            k_rows = k_base + page * stride_kp + slot * stride_ks
-            v_rows = v_base + page * stride_vp + slot * stride_vs
-        elif PAGED:
-            # Key j lives in page block_table[b, j // page_size], slot j % page_size.
-            page = tl.load(bt_row + rows // page_size, mask=rows < k_len, other=0).to(tl.int64)
-            k_rows = k_base + page * stride_kp + (rows % page_size) * stride_ks
-            v_rows = v_base + page * stride_vp + (rows % page_size) * stride_vs
-        else:
-            k_rows = k_base + rows.to(tl.int64) * stride_ks
-            v_rows = v_base + rows.to(tl.int64) * stride_vs
+        page, slot = _key_slots(n, offs_n, bt_row, k_len, page_size, PAGED, PAGE_TILE)
+        k_rows = k_base + page * stride_kp + slot * stride_ks
+        v_rows = v_base + page * stride_vp + slot * stride_vs
         k_ptrs = k_rows[:, None] + offs_d[None, :]
         v_ptrs = v_rows[:, None] + offs_dv[None, :]
         k = _load_tile(k_ptrs, rows, offs_d, k_len, HEAD_DIM_QK, BLOCK_D, BOUNDS)
@@ -108,8 +113,8 @@ def _attn_run(acc, l_i, m_i, q, q_t, k_base, v_base, k_desc, v_desc, b, kv_head,
     offs_dv = tl.arange(0, BLOCK_DV)
     for n in tl.range(start, end, BLOCK_N):
         k, k_t, v = _load_kv_tile(k_base, v_base, k_desc, v_desc, n, b, kv_head, offs_n, offs_d, offs_dt, offs_dv,
-                                  stride_ks, stride_vs, k_len, bt_row, page_size, stride_kp, stride_vp, PAGED,
-                                  PAGE_TILE, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_D, BLOCK_DT,
+                                  stride_ks, stride_vs, k_len, bt_row, page_size, stride_kp, stride_vp,
+                                  PAGED, PAGE_TILE, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_D, BLOCK_DT,
                                   BLOCK_DV, HAS_TAIL, MASKED, TMA)
         qk = tl.dot(q, tl.trans(k))
         if HAS_TAIL:
@@ -317,15 +322,23 @@ _INTERPRET_TILES = (32, 32, 4, 1)
 # (64, 128, 4, 3) by 8-29% and the prefill tiles (128, 128, 8, 3) by 10-59% at d=128.
 _GPU_DECODE_TILES = {16: (64, 64, 4, 2), 32: (64, 64, 4, 2), 64: (64, 64, 4, 2), 128: (64, 64, 4, 2),
                      256: (64, 64, 4, 2)}
+# Paged caches: 5 stages make the pipeliner fetch each tile's page numbers (cp.async) a stage before the tile
+# and keep K/V two tiles ahead (three buffers; at d=256 they would not fit twice per SM). In
+# benchmarks/results/probe_decode_h100.json this took page 16 from 0.945x to 0.970x cuDNN-on-a-contiguous-cache
+# and page 64 / b=4 by 0.3-1.1%; on contiguous caches it lost 3.5%, so they keep the table above.
+_GPU_PAGED_DECODE_TILES = {16: (64, 64, 4, 5), 32: (64, 64, 4, 5), 64: (64, 64, 4, 5), 128: (64, 64, 4, 5),
+                           256: (64, 64, 4, 2)}
 
 
-def _tile_config(dqk, dv, interpret, rows=None):
-    """Tiles for a call whose programs hold `rows` packed query rows (None: prefill-sized)."""
+def _tile_config(dqk, dv, interpret, rows=None, paged=False):
+    """Tiles for a call whose programs hold `rows` packed query rows (None: prefill-sized) on a paged KV cache
+    or not."""
     if interpret:
         return _INTERPRET_TILES
     key = max(16, _next_pow2(dqk), _next_pow2(dv))
-    if rows is not None and rows <= 64 and key in _GPU_DECODE_TILES:
-        return _GPU_DECODE_TILES[key]
+    decode = _GPU_PAGED_DECODE_TILES if paged else _GPU_DECODE_TILES
+    if rows is not None and rows <= 64 and key in decode:
+        return decode[key]
     return _GPU_TILES[key]
 
 
@@ -419,7 +432,9 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
     if pack_gqa is None:
         pack_gqa = _pack_gqa(group, seqlen_q, _tile_config(dqk, dv, interpret)[0])
     gp = group if pack_gqa else 1
-    block_m, block_n, num_warps, num_stages = tiles or _tile_config(dqk, dv, interpret, rows=seqlen_q * gp)
+    paged = block_table is not None
+    block_m, block_n, num_warps, num_stages = tiles or _tile_config(dqk, dv, interpret, rows=seqlen_q * gp,
+                                                                    paged=paged)
     heads_eff = heads_q // gp
     block_d, block_dt = _split_head_dim(dqk)
     block_dv = _next_pow2(dv)
@@ -438,7 +453,6 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
         tma = 2
         k_desc = TensorDescriptor(k, list(k.shape), list(k.stride()), [1, block_n, 1, block_d])
         v_desc = TensorDescriptor(v, list(v.shape), list(v.stride()), [1, block_n, 1, block_dv])
-    paged = block_table is not None
     programs = batch * heads_eff * triton.cdiv(seqlen_q * gp, block_m)
     if num_splits == 0:
         num_splits = plan_num_splits(programs, max_seqlen_k, block_n, num_sms(q.device))   # cache capacity for KV caches

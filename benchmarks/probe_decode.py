@@ -1,0 +1,74 @@
+"""A/B of decode pipelining variants through the public KV-cache API (one process, same inputs, CUDA-graph
+timing as `fmha bench decode`): decode tiles (BLOCK_M, BLOCK_N, num_warps, num_stages) put in both decode tile
+tables (paged and contiguous) in turn. cuDNN SDPA on the contiguous cache
+is timed before and after the variants of each case, so drift within the case shows. For tuning; `fmha bench
+decode` is the record.
+
+    PYTHONPATH=src python3 benchmarks/probe_decode.py [--rounds 2] [--out probe.json]
+"""
+import argparse
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import fmha
+from fmha.bench import bench_gpu_graph, paged_copy, save_sweep
+from fmha.kernels import forward
+
+CASES = [(64, 32, 8, 4096, 16), (64, 32, 8, 4096, 64), (64, 32, 8, 4096, None), (4, 32, 8, 131072, 64),
+         (1, 32, 8, 131072, 64), (32, 32, 32, 8192, 64)]
+VARIANTS = [(64, 64, 4, 2), (64, 64, 4, 5), (64, 32, 4, 3), (64, 32, 4, 5), (64, 32, 4, 7), (64, 128, 4, 3),
+            (64, 128, 8, 3), (64, 64, 8, 5)]
+D = 128
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--rounds", type=int, default=2, help="passes over the variants per case")
+    p.add_argument("--out", default=None, help="also write the rows as JSON (GPU, date, commit recorded)")
+    args = p.parse_args()
+    tables = (forward._GPU_DECODE_TILES, forward._GPU_PAGED_DECODE_TILES)
+    defaults = [t[D] for t in tables]
+    rows = []
+    for b, hq, hk, sk, page in CASES:
+        torch.manual_seed(0)
+        q = torch.randn(b, 1, hq, D, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(b, sk, hk, D, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(b, sk, hk, D, device="cuda", dtype=torch.bfloat16)
+        lens = torch.full((b,), sk, dtype=torch.int32, device="cuda")
+        k_cache, v_cache, table = (k, v, None) if page is None else paged_copy(page, k, v)
+        nbytes = (2 * k.numel() + 2 * q.numel()) * k.element_size()
+        qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+        def cudnn():
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                return F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=hq != hk)
+        ref = cudnn().transpose(1, 2).float()
+        row = dict(b=b, hq=hq, hk=hk, sk=sk, page=page or 0, cudnn_gbps=[nbytes / bench_gpu_graph(cudnn) / 1e9])
+        for r in range(args.rounds):
+            for tiles in VARIANTS:
+                for table_ in tables:
+                    table_[D] = tiles
+                call = lambda: fmha.attention_with_kvcache(q, k_cache, v_cache, lens, block_table=table)
+                key = "x".join(map(str, tiles))
+                if r == 0:
+                    row[f"{key}_maxdiff"] = (call().float() - ref).abs().max().item()
+                row.setdefault(f"{key}_gbps", []).append(nbytes / bench_gpu_graph(call) / 1e9)
+        for table_, tiles in zip(tables, defaults):
+            table_[D] = tiles
+        row["cudnn_gbps"].append(nbytes / bench_gpu_graph(cudnn) / 1e9)
+        rows.append(row)
+        cudnn_best = max(row["cudnn_gbps"])
+        cells = "  ".join(f"{k} {max(row[f'{k}_gbps']) / cudnn_best:.3f}" for k in ("x".join(map(str, t)) for t in VARIANTS))
+        print(f"b={b:<3} hq={hq} hk={hk} sk={sk:<6} page={page or '-':<3} | cuDNN "
+              f"{'/'.join(f'{x:.0f}' for x in row['cudnn_gbps'])} GB/s | best of rounds / best cuDNN: {cells}",
+              flush=True)
+        del q, k, v, k_cache, v_cache
+        torch.cuda.empty_cache()
+    if args.out:
+        save_sweep(args.out, rows)
+
+
+if __name__ == "__main__":
+    main()
