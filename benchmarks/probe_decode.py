@@ -4,7 +4,11 @@ tables (paged and contiguous) in turn. cuDNN SDPA on the contiguous cache
 is timed before and after the variants of each case, so drift within the case shows. For tuning; `fmha bench
 decode` is the record.
 
-    PYTHONPATH=src python3 benchmarks/probe_decode.py [--rounds 2] [--out probe.json]
+`--placement` instead keeps the tiles and varies where the pages lie: in order (the paged cache is then the
+contiguous one, byte for byte), shuffled in runs of pages that fill 2 MB, or shuffled one by one (what
+`fmha bench decode` does). It separates the cost of the paged code path from the cost of scattered pages.
+
+    PYTHONPATH=src python3 benchmarks/probe_decode.py [--rounds 2] [--placement] [--out probe.json]
 """
 import argparse
 
@@ -20,17 +24,80 @@ CASES = [(64, 32, 8, 4096, 16), (64, 32, 8, 4096, 64), (64, 32, 8, 4096, None), 
          (1, 32, 8, 131072, 64), (32, 32, 32, 8192, 64)]
 VARIANTS = [(64, 64, 4, 2), (64, 64, 4, 5), (64, 32, 4, 3), (64, 32, 4, 5), (64, 32, 4, 7), (64, 128, 4, 3),
             (64, 128, 8, 3), (64, 64, 8, 5)]
+PLACEMENT_CASES = [(64, 32, 8, 4096, 16), (64, 32, 8, 4096, 64)]
+PLACEMENTS = ("in-order", "2MB-runs", "shuffled")
 D = 128
+
+
+def placed_copy(page, placement, k, v):
+    """Paged caches holding contiguous k, v `(b, s, h, d)`, pages stored in the given placement."""
+    b, s = k.shape[:2]
+    n = b * (s // page)
+    run = min(n, max(1, (2 << 20) // (page * k.shape[2] * k.shape[3] * k.element_size())))    # pages per 2 MB
+    assert n % run == 0, (n, run)
+    if placement == "in-order":
+        perm = torch.arange(n, device=k.device)
+    elif placement == "2MB-runs":
+        runs = torch.randperm(n // run, device=k.device)
+        perm = (runs[:, None] * run + torch.arange(run, device=k.device)[None, :]).reshape(-1)
+    else:
+        perm = torch.randperm(n, device=k.device)
+    caches = []
+    for t in (k, v):
+        cache = torch.empty(n, page, *t.shape[2:], device=t.device, dtype=t.dtype)
+        cache[perm] = t.reshape(n, page, *t.shape[2:])
+        caches.append(cache)
+    return (*caches, perm.view(b, -1).to(torch.int32))
+
+
+def probe_placement(args, rows):
+    for b, hq, hk, sk, page in PLACEMENT_CASES:
+        torch.manual_seed(0)
+        q = torch.randn(b, 1, hq, D, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(b, sk, hk, D, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(b, sk, hk, D, device="cuda", dtype=torch.bfloat16)
+        lens = torch.full((b,), sk, dtype=torch.int32, device="cuda")
+        nbytes = (2 * k.numel() + 2 * q.numel()) * k.element_size()
+        qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+        def cudnn():
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                return F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=hq != hk)
+        ref = cudnn().transpose(1, 2).float()
+        row = dict(b=b, hq=hq, hk=hk, sk=sk, page=page, cudnn_gbps=[nbytes / bench_gpu_graph(cudnn) / 1e9])
+        contiguous = lambda: fmha.attention_with_kvcache(q, k, v, lens)
+        for r in range(args.rounds):
+            row.setdefault("contiguous_gbps", []).append(nbytes / bench_gpu_graph(contiguous) / 1e9)
+            for placement in PLACEMENTS:
+                k_cache, v_cache, table = placed_copy(page, placement, k, v)
+                call = lambda: fmha.attention_with_kvcache(q, k_cache, v_cache, lens, block_table=table)
+                if r == 0:
+                    row[f"{placement}_maxdiff"] = (call().float() - ref).abs().max().item()
+                row.setdefault(f"{placement}_gbps", []).append(nbytes / bench_gpu_graph(call) / 1e9)
+                del k_cache, v_cache
+        row["cudnn_gbps"].append(nbytes / bench_gpu_graph(cudnn) / 1e9)
+        rows.append(row)
+        best = max(row["cudnn_gbps"])
+        cells = "  ".join(f"{name} {max(row[f'{name}_gbps']) / best:.3f}" for name in ("contiguous", *PLACEMENTS))
+        print(f"b={b} hq={hq} hk={hk} sk={sk} page={page} | best of rounds / best cuDNN: {cells}", flush=True)
+        del q, k, v
+        torch.cuda.empty_cache()
 
 
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--rounds", type=int, default=2, help="passes over the variants per case")
+    p.add_argument("--placement", action="store_true", help="vary where the pages lie instead of the tiles")
     p.add_argument("--out", default=None, help="also write the rows as JSON (GPU, date, commit recorded)")
     args = p.parse_args()
+    rows = []
+    if args.placement:
+        probe_placement(args, rows)
+        if args.out:
+            save_sweep(args.out, rows)
+        return
     tables = (forward._GPU_DECODE_TILES, forward._GPU_PAGED_DECODE_TILES)
     defaults = [t[D] for t in tables]
-    rows = []
     for b, hq, hk, sk, page in CASES:
         torch.manual_seed(0)
         q = torch.randn(b, 1, hq, D, device="cuda", dtype=torch.bfloat16)
