@@ -22,16 +22,11 @@ from fmha.kernels import forward
 
 CASES = [(64, 32, 8, 4096, 16), (64, 32, 8, 4096, 64), (64, 32, 8, 4096, None), (4, 32, 8, 131072, 64),
          (1, 32, 8, 131072, 64), (32, 32, 32, 8192, 64)]
-# (tiles, PAGE_AHEAD): decode tiles put in both tile tables, and whether a paged tile's page numbers are read
-# two tiles ahead of it (2) or in the tile (0)
-VARIANTS = [((64, 64, 4, 2), 0), ((64, 64, 4, 5), 0), ((64, 64, 4, 2), 2), ((64, 64, 4, 3), 2), ((64, 64, 4, 4), 2)]
+VARIANTS = [(64, 64, 4, 2), (64, 64, 4, 5), (64, 32, 4, 3), (64, 32, 4, 5), (64, 32, 4, 7), (64, 128, 4, 3),
+            (64, 128, 8, 3), (64, 64, 8, 5)]
 PLACEMENT_CASES = [(64, 32, 8, 4096, 16), (64, 32, 8, 4096, 64)]
 PLACEMENTS = ("in-order", "2MB-runs", "shuffled")
 D = 128
-
-
-def _key(tiles, ahead):
-    return "x".join(map(str, tiles)) + f"_ahead{ahead}"
 
 
 def placed_copy(page, placement, k, v):
@@ -102,7 +97,7 @@ def main():
             save_sweep(args.out, rows)
         return
     tables = (forward._GPU_DECODE_TILES, forward._GPU_PAGED_DECODE_TILES)
-    defaults, default_ahead = [t[D] for t in tables], forward._PAGE_AHEAD
+    defaults = [t[D] for t in tables]
     for b, hq, hk, sk, page in CASES:
         torch.manual_seed(0)
         q = torch.randn(b, 1, hq, D, device="cuda", dtype=torch.bfloat16)
@@ -119,22 +114,20 @@ def main():
         ref = cudnn().transpose(1, 2).float()
         row = dict(b=b, hq=hq, hk=hk, sk=sk, page=page or 0, cudnn_gbps=[nbytes / bench_gpu_graph(cudnn) / 1e9])
         for r in range(args.rounds):
-            for tiles, ahead in VARIANTS:
-                forward._PAGE_AHEAD = ahead
+            for tiles in VARIANTS:
                 for table_ in tables:
                     table_[D] = tiles
                 call = lambda: fmha.attention_with_kvcache(q, k_cache, v_cache, lens, block_table=table)
-                key = _key(tiles, ahead)
+                key = "x".join(map(str, tiles))
                 if r == 0:
                     row[f"{key}_maxdiff"] = (call().float() - ref).abs().max().item()
                 row.setdefault(f"{key}_gbps", []).append(nbytes / bench_gpu_graph(call) / 1e9)
         for table_, tiles in zip(tables, defaults):
             table_[D] = tiles
-        forward._PAGE_AHEAD = default_ahead
         row["cudnn_gbps"].append(nbytes / bench_gpu_graph(cudnn) / 1e9)
         rows.append(row)
         cudnn_best = max(row["cudnn_gbps"])
-        cells = "  ".join(f"{k} {max(row[f'{k}_gbps']) / cudnn_best:.3f}" for k in (_key(*v) for v in VARIANTS))
+        cells = "  ".join(f"{k} {max(row[f'{k}_gbps']) / cudnn_best:.3f}" for k in ("x".join(map(str, t)) for t in VARIANTS))
         print(f"b={b:<3} hq={hq} hk={hk} sk={sk:<6} page={page or '-':<3} | cuDNN "
               f"{'/'.join(f'{x:.0f}' for x in row['cudnn_gbps'])} GB/s | best of rounds / best cuDNN: {cells}",
               flush=True)

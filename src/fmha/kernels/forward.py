@@ -34,34 +34,22 @@ def _load_tile(ptrs, rows, cols, n_rows, N_COLS: tl.constexpr, BLOCK_COLS: tl.co
 
 
 @triton.jit
-def _tile_pages(n, bt_row, k_len, page_size, PAGE_TILE: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Page numbers of the key tile at n when its keys share pages (PAGE_TILE > 0): one page (BLOCK_N divides
-    page_size) or BLOCK_N // PAGE_TILE whole pages as a short vector. Entries at or past k_len are not read
-    (page 0 there)."""
-    if PAGE_TILE == BLOCK_N:
-        pages = tl.load(bt_row + n // page_size, mask=n < k_len, other=0).to(tl.int64)
-    else:
-        first = n + tl.arange(0, BLOCK_N // PAGE_TILE) * PAGE_TILE
-        pages = tl.load(bt_row + first // PAGE_TILE, mask=first < k_len, other=0).to(tl.int64)
-    return pages
-
-
-@triton.jit
-def _key_slots(n, offs_n, pages, bt_row, k_len, page_size, PAGED: tl.constexpr, PAGE_TILE: tl.constexpr):
+def _key_slots(n, offs_n, bt_row, k_len, page_size, PAGED: tl.constexpr, PAGE_TILE: tl.constexpr):
     """Where keys n + offs_n live: (page, slot), so that a key's row is base + page * page_stride + slot * row_stride.
-    Paged caches: block_table[b, key // page_size] and key % page_size (with PAGE_TILE > 0 the tile's page
-    numbers are `pages`, from _tile_pages); a contiguous cache: page 0, slot = key. Table entries at or past
-    k_len are not read (page 0 there; the caller masks or ignores those rows)."""
+    Paged caches: block_table[b, key // page_size] and key % page_size; a contiguous cache: page 0, slot = key.
+    Table entries at or past k_len are not read (page 0 there; the caller masks or ignores those rows)."""
     BLOCK_N: tl.constexpr = offs_n.shape[0]
     rows = n + offs_n
     if PAGED and PAGE_TILE == BLOCK_N:
-        # BLOCK_N divides page_size: the whole tile lies in one page.
-        page = pages
+        # BLOCK_N divides page_size: the whole tile lies in one page, looked up once.
+        page = tl.load(bt_row + n // page_size, mask=n < k_len, other=0).to(tl.int64)
         slot = n % page_size + offs_n
     elif PAGED and PAGE_TILE > 0:
-        # The tile is BLOCK_N // PAGE_TILE whole pages (page_size == PAGE_TILE): their numbers, one short vector,
-        # spread over the tile's rows instead of one table lookup per key.
+        # The tile is BLOCK_N // PAGE_TILE whole pages (page_size == PAGE_TILE): their numbers are one short
+        # vector load, spread over the tile's rows, instead of one table lookup per key.
         PAGES: tl.constexpr = BLOCK_N // PAGE_TILE
+        first = n + tl.arange(0, PAGES) * PAGE_TILE
+        pages = tl.load(bt_row + first // PAGE_TILE, mask=first < k_len, other=0).to(tl.int64)
         page = tl.reshape(tl.broadcast_to(pages[:, None], (PAGES, PAGE_TILE)), (BLOCK_N,))
         slot = offs_n % PAGE_TILE
     elif PAGED:
@@ -75,7 +63,7 @@ def _key_slots(n, offs_n, pages, bt_row, k_len, page_size, PAGED: tl.constexpr, 
 
 @triton.jit
 def _load_kv_tile(k_base, v_base, k_desc, v_desc, n, b, kv_head, offs_n, offs_d, offs_dt, offs_dv, stride_ks, stride_vs,
-                  k_len, bt_row, pages, page_size, stride_kp, stride_vp, PAGED: tl.constexpr, PAGE_TILE: tl.constexpr,
+                  k_len, bt_row, page_size, stride_kp, stride_vp, PAGED: tl.constexpr, PAGE_TILE: tl.constexpr,
                   HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_D: tl.constexpr,
                   BLOCK_DT: tl.constexpr, BLOCK_DV: tl.constexpr, HAS_TAIL: tl.constexpr, BOUNDS: tl.constexpr,
                   TMA: tl.constexpr):
@@ -94,7 +82,7 @@ def _load_kv_tile(k_base, v_base, k_desc, v_desc, n, b, kv_head, offs_n, offs_d,
         k_t = k
     else:
         rows = n + offs_n
-        page, slot = _key_slots(n, offs_n, pages, bt_row, k_len, page_size, PAGED, PAGE_TILE)
+        page, slot = _key_slots(n, offs_n, bt_row, k_len, page_size, PAGED, PAGE_TILE)
         k_rows = k_base + page * stride_kp + slot * stride_ks
         v_rows = v_base + page * stride_vp + slot * stride_vs
         k_ptrs = k_rows[:, None] + offs_d[None, :]
@@ -117,29 +105,15 @@ def _attn_run(acc, l_i, m_i, q, q_t, k_base, v_base, k_desc, v_desc, b, kv_head,
               HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_N: tl.constexpr,
               BLOCK_D: tl.constexpr, BLOCK_DT: tl.constexpr, BLOCK_DV: tl.constexpr, HAS_TAIL: tl.constexpr,
               MASKED: tl.constexpr, MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr,
-              HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, TMA: tl.constexpr, PAGE_AHEAD: tl.constexpr):
+              HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, TMA: tl.constexpr):
     """Online softmax over the key tiles starting at start, start + BLOCK_N, ... < end."""
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dt = tl.arange(0, BLOCK_DT)
     offs_dv = tl.arange(0, BLOCK_DV)
-    # Tiles that share pages read their page numbers PAGE_AHEAD tiles ahead and carry them (0: in the tile).
-    AHEAD: tl.constexpr = PAGE_AHEAD if PAGED and PAGE_TILE > 0 else 0
-    if AHEAD == 2:
-        pages_1 = _tile_pages(start, bt_row, k_len, page_size, PAGE_TILE, BLOCK_N)
-        pages_2 = _tile_pages(start + BLOCK_N, bt_row, k_len, page_size, PAGE_TILE, BLOCK_N)
     for n in tl.range(start, end, BLOCK_N):
-        if AHEAD == 2:
-            pages = pages_1
-            # (a select, not a plain copy: a value carried two iterations unchanged stops the pipeliner)
-            pages_1 = tl.where(n >= start, pages_2, 0)
-            pages_2 = _tile_pages(n + 2 * BLOCK_N, bt_row, k_len, page_size, PAGE_TILE, BLOCK_N)
-        elif PAGED and PAGE_TILE > 0:
-            pages = _tile_pages(n, bt_row, k_len, page_size, PAGE_TILE, BLOCK_N)
-        else:
-            pages = 0
         k, k_t, v = _load_kv_tile(k_base, v_base, k_desc, v_desc, n, b, kv_head, offs_n, offs_d, offs_dt, offs_dv,
-                                  stride_ks, stride_vs, k_len, bt_row, pages, page_size, stride_kp, stride_vp,
+                                  stride_ks, stride_vs, k_len, bt_row, page_size, stride_kp, stride_vp,
                                   PAGED, PAGE_TILE, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_D, BLOCK_DT,
                                   BLOCK_DV, HAS_TAIL, MASKED, TMA)
         qk = tl.dot(q, tl.trans(k))
@@ -172,7 +146,7 @@ def attn_fwd_kernel(
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_SINKS: tl.constexpr,
     REVERSE_M: tl.constexpr, TMA: tl.constexpr,
     HAS_SEQLENS_K: tl.constexpr, PAGED: tl.constexpr, SPLIT: tl.constexpr, LEFT_PER_BATCH: tl.constexpr,
-    PAGE_TILE: tl.constexpr, PAGE_AHEAD: tl.constexpr,
+    PAGE_TILE: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -281,17 +255,17 @@ def attn_fwd_kernel(
                               q_pos, slope_log2, diag, window_left, window_right, k_len, stride_ks, stride_vs,
                               bt_row, page_size, stride_kb, stride_vb, PAGED, PAGE_TILE, qk_scale_log2, softcap, HEAD_DIM_QK,
                               HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DT,
-                              BLOCK_DV, HAS_TAIL, True, MASK_LEFT, MASK_RIGHT, HAS_SOFTCAP, HAS_ALIBI, TMA, PAGE_AHEAD)
+                              BLOCK_DV, HAS_TAIL, True, MASK_LEFT, MASK_RIGHT, HAS_SOFTCAP, HAS_ALIBI, TMA)
     acc, l_i, m_i = _attn_run(acc, l_i, m_i, q, q_t, k_base, v_base, k_desc, v_desc, b, kv_head, mid_lo, mid_hi,
                               q_pos, slope_log2, diag, window_left, window_right, k_len, stride_ks, stride_vs,
                               bt_row, page_size, stride_kb, stride_vb, PAGED, PAGE_TILE, qk_scale_log2, softcap, HEAD_DIM_QK,
                               HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DT,
-                              BLOCK_DV, HAS_TAIL, False, MASK_LEFT, MASK_RIGHT, HAS_SOFTCAP, HAS_ALIBI, TMA, PAGE_AHEAD)
+                              BLOCK_DV, HAS_TAIL, False, MASK_LEFT, MASK_RIGHT, HAS_SOFTCAP, HAS_ALIBI, TMA)
     acc, l_i, m_i = _attn_run(acc, l_i, m_i, q, q_t, k_base, v_base, k_desc, v_desc, b, kv_head, mid_hi, hi,
                               q_pos, slope_log2, diag, window_left, window_right, k_len, stride_ks, stride_vs,
                               bt_row, page_size, stride_kb, stride_vb, PAGED, PAGE_TILE, qk_scale_log2, softcap, HEAD_DIM_QK,
                               HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DT,
-                              BLOCK_DV, HAS_TAIL, True, MASK_LEFT, MASK_RIGHT, HAS_SOFTCAP, HAS_ALIBI, TMA, PAGE_AHEAD)
+                              BLOCK_DV, HAS_TAIL, True, MASK_LEFT, MASK_RIGHT, HAS_SOFTCAP, HAS_ALIBI, TMA)
 
     # Epilogue: normalise; rows that saw no key have l = 0, m = -inf → output 0, LSE -inf.
     m_shift = tl.where(m_i == float("-inf"), 0.0, m_i)
@@ -401,9 +375,6 @@ def _ensure_allocator(device):
     _allocator_device[0] = device
 
 
-_PAGE_AHEAD = 0     # temporary A/B switch (probe_decode.py)
-
-
 def _page_tile(page_size, block_n):
     """Keys of a BLOCK_N tile that share one page, when pages tile it evenly: block_n (a tile inside one page),
     page_size (whole power-of-two pages inside one tile), or 0 (look each key's page up)."""
@@ -509,7 +480,6 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
         REVERSE_M=right >= 0, TMA=tma,
         HAS_SEQLENS_K=cache_seqlens is not None, PAGED=paged, SPLIT=num_splits > 1,
         LEFT_PER_BATCH=window_lefts is not None, PAGE_TILE=_page_tile(k.shape[1], block_n) if paged else 0,
-        PAGE_AHEAD=_PAGE_AHEAD,
         num_warps=num_warps, num_stages=num_stages,
     )
     if num_splits > 1:
