@@ -171,16 +171,6 @@ def _give_turn(turn, WG: gl.constexpr, PINGPONG: gl.constexpr):
 
 
 @gluon.jit
-def _settle_store(q_empty, owed, w, Q_BUFS: gl.constexpr, TMA_STORE: gl.constexpr):
-    """TMA_STORE: wait for the output store of item w - 1, if one is owed, and give its Q slot back."""
-    if TMA_STORE:
-        if owed != 0:
-            tma.store_wait(0)
-            mbarrier.arrive(q_empty.index((w - 1) % Q_BUFS), count=1)
-    return 0 if TMA_STORE else owed
-
-
-@gluon.jit
 def _consumer(q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, O, o_desc, LSE,
               n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, qk_scale_log2,
               stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls,
@@ -201,7 +191,6 @@ def _consumer(q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty,
     w = 0
     turns = 0                     # wgmma issue rounds so far (PINGPONG)
     qb = 0
-    owed = 0                      # TMA_STORE: 1 while the previous item's output store may still read its Q slot
     mbarrier.wait(q_ready.index(0), 0)
     t = _read_item(items.index(0), 4)
     while t < n_m * n_bh:
@@ -225,7 +214,6 @@ def _consumer(q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty,
             _give_turn(turn, WG, PINGPONG)
             s = warpgroup_mma_wait(0, deps=(s_tok,))
             mbarrier.arrive(k_empty.index(slot), count=1)
-            owed = _settle_store(q_empty, owed, w, Q_BUFS, TMA_STORE)
             p, m_i, l_i, alpha = _softmax_tile(s, 0, m_i, l_i, q_pos, diag, seqlen_k, qk_scale_log2, mask_from,
                                                BLOCK_N, CAUSAL, s_layout)
             for i in range(1, n_tiles):
@@ -259,7 +247,6 @@ def _consumer(q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty,
             _give_turn(turn, WG, PINGPONG)
             acc = warpgroup_mma_wait(0, deps=(o_tok,))
             mbarrier.arrive(v_empty.index(last), count=1)
-        owed = _settle_store(q_empty, owed, w, Q_BUFS, TMA_STORE)       # (an item with no key tile)
         if not TMA_STORE:
             mbarrier.arrive(q_empty.index(qb), count=1)
         kv += n_tiles
@@ -272,15 +259,14 @@ def _consumer(q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty,
         out = (acc * inv_l[:, None]).to(dtype)
         if TMA_STORE:
             # Through this warpgroup's Q slot (its last Q·Kᵀ is done) and one TMA store, which drops the rows past
-            # seqlen_q. The store is waited for, and the slot given back to the producer, only once the next
-            # item's first Q·Kᵀ is done (`_settle_store`): waiting here stalled the warpgroup (without ping-pong,
-            # both at once) for the store's round trip.
+            # seqlen_q; the slot goes back to the producer once the store has read it.
             q.store(out)
             fence_async_shared()
             gl.thread_barrier()
             tma.async_copy_shared_to_global(o_desc, [b, m0, h * stride_oh], q.reshape(o_desc.block_type.shape))
             gl.store(LSE + b * stride_lb + h * stride_lh + q_pos * stride_ls, lse, mask=q_pos < seqlen_q)
-            owed = 1
+            tma.store_wait(0)
+            mbarrier.arrive(q_empty.index(qb), count=1)
         else:
             out = gl.convert_layout(out, store_layout)
             rows = m0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, store_layout))
@@ -292,8 +278,6 @@ def _consumer(q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty,
         qb = w % Q_BUFS
         mbarrier.wait(q_ready.index(qb), (w // Q_BUFS) & 1)
         t = _read_item(items.index(qb), 4)
-    if TMA_STORE:
-        tma.store_wait(0)
 
 
 @gluon.jit
