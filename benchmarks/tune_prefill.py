@@ -5,8 +5,8 @@
 
 Prints one line per (case, variant): TFLOP/s and the ratio to cuDNN; each variant's output is checked against
 cuDNN's before it is timed. `--kernel triton` sweeps `forward.py` (tiles × TMA on/off; fills `_GPU_TILES`),
-`--kernel gluon` the Hopper kernel of `forward_sm90.py` (tiles × ping-pong on/off × output by TMA store or
-pointer stores; fills `_TILES`; without `--all-configs` only the table's own tiles).
+`--kernel gluon` the Hopper kernel of `forward_sm90.py` (tiles × ping-pong on/off; fills `_TILES`; without
+`--all-configs` only the table's own tiles).
 """
 import argparse
 import itertools
@@ -43,12 +43,11 @@ def variants(kernel, d, all_configs):
             yield dict(tiles=tiles, tma=tma), run
         return
     from fmha.kernels.forward_sm90 import _TILES, attention_forward_sm90
-    for tiles, pingpong, tma_store in itertools.product(GLUON_CONFIGS[d] if all_configs else [_TILES[d]],
-                                                        (True, False), (None, False)):
-        def run(q, k, v, out, lse, causal, tiles=tiles, pingpong=pingpong, tma_store=tma_store):
+    for tiles, pingpong in itertools.product(GLUON_CONFIGS[d] if all_configs else [_TILES[d]], (True, False)):
+        def run(q, k, v, out, lse, causal, tiles=tiles, pingpong=pingpong):
             attention_forward_sm90(q, k, v, out, lse, causal=causal, softmax_scale=d ** -0.5, pingpong=pingpong,
-                                   tiles=tiles, tma_store=tma_store)
-        yield dict(tiles=tiles, pingpong=pingpong, tma_store=tma_store is None), run
+                                   tiles=tiles)
+        yield dict(tiles=tiles, pingpong=pingpong), run
 
 
 def main():

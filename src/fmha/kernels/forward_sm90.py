@@ -27,8 +27,7 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
-                                                               warpgroup_mma_wait)
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 from ..schedule import num_sms
 from .sm90 import capability, descriptor
@@ -171,11 +170,11 @@ def _give_turn(turn, WG: gl.constexpr, PINGPONG: gl.constexpr):
 
 
 @gluon.jit
-def _consumer(q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, O, o_desc, LSE,
+def _consumer(q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, O, LSE,
               n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, qk_scale_log2,
               stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls,
               turn, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.constexpr, STAGES: gl.constexpr,
-              Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, TMA_STORE: gl.constexpr):
+              Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr):
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -247,47 +246,34 @@ def _consumer(q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty,
             _give_turn(turn, WG, PINGPONG)
             acc = warpgroup_mma_wait(0, deps=(o_tok,))
             mbarrier.arrive(v_empty.index(last), count=1)
-        if not TMA_STORE:
-            mbarrier.arrive(q_empty.index(qb), count=1)
+        mbarrier.arrive(q_empty.index(qb), count=1)
         kv += n_tiles
+        w += 1
 
         # Epilogue (overlapping the other warpgroup's tiles and the producer's next loads): normalise and
         # write the rows that exist; a row with no visible key gives 0 and LSE -inf.
         empty = l_i == 0.0
         lse = gl.where(empty, float("-inf"), (m_i + gl.log2(gl.where(empty, 1.0, l_i))) * LN2)
         inv_l = gl.convert_layout(1.0 / gl.where(empty, 1.0, l_i), row_o)
-        out = (acc * inv_l[:, None]).to(dtype)
-        if TMA_STORE:
-            # Through this warpgroup's Q slot (its last Q·Kᵀ is done) and one TMA store, which drops the rows past
-            # seqlen_q; the slot goes back to the producer once the store has read it.
-            q.store(out)
-            fence_async_shared()
-            gl.thread_barrier()
-            tma.async_copy_shared_to_global(o_desc, [b, m0, h * stride_oh], q.reshape(o_desc.block_type.shape))
-            gl.store(LSE + b * stride_lb + h * stride_lh + q_pos * stride_ls, lse, mask=q_pos < seqlen_q)
-            tma.store_wait(0)
-            mbarrier.arrive(q_empty.index(qb), count=1)
-        else:
-            out = gl.convert_layout(out, store_layout)
-            rows = m0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, store_layout))
-            cols = gl.arange(0, HEAD_DV, layout=gl.SliceLayout(0, store_layout))
-            o_ptrs = O + b * stride_ob + h * stride_oh + rows[:, None] * stride_os + cols[None, :]
-            gl.store(o_ptrs, out, mask=(rows < seqlen_q)[:, None])
-            gl.store(LSE + b * stride_lb + h * stride_lh + q_pos * stride_ls, lse, mask=q_pos < seqlen_q)
-        w += 1
+        out = gl.convert_layout((acc * inv_l[:, None]).to(O.dtype.element_ty), store_layout)
+        rows = m0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, store_layout))
+        cols = gl.arange(0, HEAD_DV, layout=gl.SliceLayout(0, store_layout))
+        o_ptrs = O + b * stride_ob + h * stride_oh + rows[:, None] * stride_os + cols[None, :]
+        gl.store(o_ptrs, out, mask=(rows < seqlen_q)[:, None])
+        gl.store(LSE + b * stride_lb + h * stride_lh + q_pos * stride_ls, lse, mask=q_pos < seqlen_q)
         qb = w % Q_BUFS
         mbarrier.wait(q_ready.index(qb), (w // Q_BUFS) & 1)
         t = _read_item(items.index(qb), 4)
 
 
 @gluon.jit
-def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, o_desc, LSE, COUNTER, seqlen_q, seqlen_k, heads_q, group, n_bh,
+def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, seqlen_q, seqlen_k, heads_q, group, n_bh,
                          head_chunk,
                          stride_qh, stride_kh, stride_vh,
                          stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls, qk_scale_log2,
                          BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, HEAD_DV: gl.constexpr,
                          STAGES: gl.constexpr, Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr,
-                         PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr, TMA_STORE: gl.constexpr):
+                         PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr):
     """Persistent: each program runs work items until none is left (`_next_item`); COUNTER is a zeroed int32."""
     n_m = gl.cdiv(seqlen_q, 2 * ROWS)
     dtype: gl.constexpr = q_desc.dtype
@@ -317,14 +303,14 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, o_desc, LSE, COUNTER, seqlen
         mbarrier.init(v_empty.index(i), count=2)
 
     gl.warp_specialize([
-        (_consumer, (q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, O, o_desc, LSE,
+        (_consumer, (q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, O, LSE,
                      n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, qk_scale_log2,
                      stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls,
-                     turn, 0, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, TMA_STORE)),
-        (_consumer, (q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, O, o_desc, LSE,
+                     turn, 0, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG)),
+        (_consumer, (q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, O, LSE,
                      n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, qk_scale_log2,
                      stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls,
-                     turn, 1, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, TMA_STORE)),
+                     turn, 1, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG)),
         (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty,
                      v_ready, v_empty, COUNTER, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k,
                      stride_qh, stride_kh, stride_vh, BLOCK_N, STAGES, Q_BUFS, CAUSAL)),
@@ -357,18 +343,16 @@ def supported(q, k, v):
     return None if None in views else views
 
 
-def attention_forward_sm90(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None, tiles=None,
-                           tma_store=None):
+def attention_forward_sm90(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None, tiles=None):
     """Launch the Gluon kernel. q (b, sq, hq, d), k/v (b, sk, hk, d); out (b, sq, hq, d); lse (b, hq, sq).
-    `views` are `supported`'s result when the caller has it; `pingpong`, `tiles` and `tma_store` (False: pointer
-    stores for the output) override the automatic choices (tuning, tests)."""
+    `views` are `supported`'s result when the caller has it; `pingpong` and `tiles` override the automatic
+    choices (tuning)."""
     grid, args, meta = launch_args(q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale, views=views,
-                                   pingpong=pingpong, tiles=tiles, tma_store=tma_store)
+                                   pingpong=pingpong, tiles=tiles)
     attn_fwd_sm90_kernel[grid](*args, **meta)
 
 
-def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None, tiles=None,
-                tma_store=None):
+def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None, tiles=None):
     """(grid, arguments, meta-parameters) of one launch; `benchmarks/profile_host.py` times the launch alone."""
     batch, seqlen_q, heads_q, d = q.shape
     seqlen_k, heads_k = k.shape[1], k.shape[2]
@@ -386,13 +370,9 @@ def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpon
     chunk = 1
     if causal:                    # query heads whose K/V fit in L2_BUDGET
         chunk = max(1, L2_BUDGET // (seqlen_k * 2 * d * k.element_size())) * (heads_q // heads_k)
-    # The output leaves by TMA through the Q slots when it can (two Q buffers, so the next item's Q is not
-    # held up by the store; q's dtype; strides TMA accepts); otherwise by pointer stores.
-    vo = _view3(out) if q_bufs == 2 and out.dtype == q.dtype and tma_store is not False else None
-    o_desc = desc(out, vo, _ROWS) if vo is not None else None
-    args = (desc(q, vq, _ROWS), desc(k, vk, block_n), desc(v, vv, block_n), out, o_desc, lse, counter, seqlen_q,
+    args = (desc(q, vq, _ROWS), desc(k, vk, block_n), desc(v, vv, block_n), out, lse, counter, seqlen_q,
             seqlen_k, heads_q, heads_q // heads_k, batch * heads_q, chunk, q.stride(2), k.stride(2), v.stride(2),
             out.stride(0), out.stride(1), out.stride(2), *lse.stride(), softmax_scale * LOG2E)
     meta = dict(BLOCK_N=block_n, HEAD_D=d, HEAD_DV=d, STAGES=stages, Q_BUFS=q_bufs, CAUSAL=causal,
-                PINGPONG=pingpong, CONSUMER_REGS=regs, TMA_STORE=o_desc is not None, num_warps=4)
+                PINGPONG=pingpong, CONSUMER_REGS=regs, num_warps=4)
     return grid, args, meta
