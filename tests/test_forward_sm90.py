@@ -65,3 +65,18 @@ def test_gluon_fp32_out():
     out = torch.empty(1, 300, 4, 64, dtype=torch.float32, device="cuda")
     got, lse = fmha.attention(q, k, v, return_lse=True, out=out)
     assert_matches(got, lse, attention_ref(q, k, v), torch.float16)
+
+
+def test_gluon_out_view():
+    """`out` a column slice of a wider NaN-filled tensor: each head's rows and columns are written, nothing of
+    the padding (rows past seqlen_q, columns past head_dim)."""
+    torch.manual_seed(2)
+    b, sq, h, d = 2, 333, 4, 128
+    q, k, v = (torch.randn(b, sq, h, d, dtype=torch.bfloat16, device="cuda") for _ in range(3))
+    if not _gluon_ok(q, k, v):
+        pytest.skip("not an sm_90 GPU")
+    wide = torch.full((b, sq + 7, h, d + 8), float("nan"), dtype=torch.bfloat16, device="cuda")
+    out = wide[:, :sq, :, :d]
+    got, lse = fmha.attention(q, k, v, causal=True, return_lse=True, out=out)
+    assert_matches(got, lse, attention_ref(q, k, v, causal=True), torch.bfloat16)
+    assert wide[:, :, :, d:].isnan().all() and wide[:, sq:].isnan().all()

@@ -357,8 +357,11 @@ def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpon
     batch, seqlen_q, heads_q, d = q.shape
     seqlen_k, heads_k = k.shape[1], k.shape[2]
     block_n, stages, q_bufs, regs = tiles or _TILES[d]
-    if pingpong is None:          # tune_prefill_sm90_h100.json: +0.5-7% at d >= 128, mostly a loss at d = 64
-        pingpong = d >= 128
+    if pingpong is None:
+        # tune_prefill_sm90_h100.json: +0.5-7% at d >= 128, mostly a loss at d = 64. Five later runs at d = 128
+        # (history/tune_prefill_tmastore_h100_*.json, the pointer-store rows) had it 4-7% behind at 16k without
+        # a mask and level with it at 4k: on for d = 256 and causal d = 128 only.
+        pingpong = d == 256 or (d == 128 and causal)
 
     def desc(t, view, rows):
         return descriptor(t, view, [1, rows, d])
