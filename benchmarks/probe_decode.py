@@ -29,6 +29,25 @@ PLACEMENTS = ("in-order", "2MB-runs", "shuffled")
 D = 128
 
 
+def _case(b, hq, hk, sk, page):
+    """Inputs of one decode case on a contiguous cache, cuDNN on it (the call, its output as the reference, its
+    first timing in the row)."""
+    torch.manual_seed(0)
+    q = torch.randn(b, 1, hq, D, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(b, sk, hk, D, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(b, sk, hk, D, device="cuda", dtype=torch.bfloat16)
+    lens = torch.full((b,), sk, dtype=torch.int32, device="cuda")
+    nbytes = (2 * k.numel() + 2 * q.numel()) * k.element_size()
+    qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+    def cudnn():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=hq != hk)
+    ref = cudnn().transpose(1, 2).float()
+    row = dict(b=b, hq=hq, hk=hk, sk=sk, page=page or 0, cudnn_gbps=[nbytes / bench_gpu_graph(cudnn) / 1e9])
+    return q, k, v, lens, nbytes, cudnn, ref, row
+
+
 def placed_copy(page, placement, k, v):
     """Paged caches holding contiguous k, v `(b, s, h, d)`, pages stored in the given placement."""
     b, s = k.shape[:2]
@@ -52,19 +71,7 @@ def placed_copy(page, placement, k, v):
 
 def probe_placement(args, rows):
     for b, hq, hk, sk, page in PLACEMENT_CASES:
-        torch.manual_seed(0)
-        q = torch.randn(b, 1, hq, D, device="cuda", dtype=torch.bfloat16)
-        k = torch.randn(b, sk, hk, D, device="cuda", dtype=torch.bfloat16)
-        v = torch.randn(b, sk, hk, D, device="cuda", dtype=torch.bfloat16)
-        lens = torch.full((b,), sk, dtype=torch.int32, device="cuda")
-        nbytes = (2 * k.numel() + 2 * q.numel()) * k.element_size()
-        qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-
-        def cudnn():
-            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                return F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=hq != hk)
-        ref = cudnn().transpose(1, 2).float()
-        row = dict(b=b, hq=hq, hk=hk, sk=sk, page=page, cudnn_gbps=[nbytes / bench_gpu_graph(cudnn) / 1e9])
+        q, k, v, lens, nbytes, cudnn, ref, row = _case(b, hq, hk, sk, page)
         contiguous = lambda: fmha.attention_with_kvcache(q, k, v, lens)
         for r in range(args.rounds):
             row.setdefault("contiguous_gbps", []).append(nbytes / bench_gpu_graph(contiguous) / 1e9)
@@ -99,20 +106,8 @@ def main():
     tables = (forward._GPU_DECODE_TILES, forward._GPU_PAGED_DECODE_TILES)
     defaults = [t[D] for t in tables]
     for b, hq, hk, sk, page in CASES:
-        torch.manual_seed(0)
-        q = torch.randn(b, 1, hq, D, device="cuda", dtype=torch.bfloat16)
-        k = torch.randn(b, sk, hk, D, device="cuda", dtype=torch.bfloat16)
-        v = torch.randn(b, sk, hk, D, device="cuda", dtype=torch.bfloat16)
-        lens = torch.full((b,), sk, dtype=torch.int32, device="cuda")
+        q, k, v, lens, nbytes, cudnn, ref, row = _case(b, hq, hk, sk, page)
         k_cache, v_cache, table = (k, v, None) if page is None else paged_copy(page, k, v)
-        nbytes = (2 * k.numel() + 2 * q.numel()) * k.element_size()
-        qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-
-        def cudnn():
-            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                return F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=hq != hk)
-        ref = cudnn().transpose(1, 2).float()
-        row = dict(b=b, hq=hq, hk=hk, sk=sk, page=page or 0, cudnn_gbps=[nbytes / bench_gpu_graph(cudnn) / 1e9])
         for r in range(args.rounds):
             for tiles in VARIANTS:
                 for table_ in tables:
