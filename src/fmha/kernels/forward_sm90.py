@@ -89,6 +89,26 @@ def _read_item(slot, WARPS: gl.constexpr):
 
 
 @gluon.jit
+def _load_kv_tile(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv, b, i, hk, stride_kh,
+                  stride_vh, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    """Key tile i of (batch b, kv head hk) into ring position kv, K and V each once its slot is free; returns
+    kv + 1."""
+    k_box: gl.constexpr = k_desc.block_type.shape
+    v_box: gl.constexpr = v_desc.block_type.shape
+    slot = kv % STAGES
+    phase = ((kv // STAGES) & 1) ^ 1
+    mbarrier.wait(k_empty.index(slot), phase)
+    mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(k_desc, [b, i * BLOCK_N, hk * stride_kh], k_ready.index(slot),
+                                    k_smem.index(slot).reshape(k_box))
+    mbarrier.wait(v_empty.index(slot), phase)
+    mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(v_desc, [b, i * BLOCK_N, hk * stride_vh], v_ready.index(slot),
+                                    v_smem.index(slot).reshape(v_box))
+    return kv + 1
+
+
+@gluon.jit
 def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready,
               v_empty, COUNTER, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, stride_qh, stride_kh,
               stride_vh,
@@ -96,8 +116,6 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, items, q_ready, q_
     # The descriptors are 3-D, (batch, seqlen, columns) with boxes (1, rows, head_dim); each box lands in a
     # 2-D slot seen through a (1, rows, head_dim) view.
     q_box: gl.constexpr = q_desc.block_type.shape
-    k_box: gl.constexpr = k_desc.block_type.shape
-    v_box: gl.constexpr = v_desc.block_type.shape
     kv = 0                        # K/V tiles loaded so far: position in the ring and its phase
     w = 0                         # work items so far: the Q buffer and its phase
     t = gl.program_id(0)
@@ -105,6 +123,13 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, items, q_ready, q_
         b, h, hk, m_start, n_tiles = _work_item(t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k,
                                                 BLOCK_N, CAUSAL)
         qb = w % Q_BUFS
+        # The item's first key tiles go out before its Q: their ring slots free up while the consumers are still
+        # on the previous item, whereas the Q buffer (with one buffer, d = 256) frees only at its end, and
+        # waiting for it first left every item boundary with nothing in flight.
+        head = gl.minimum(n_tiles, STAGES)
+        for i in range(head):
+            kv = _load_kv_tile(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv, b, i, hk,
+                               stride_kh, stride_vh, BLOCK_N, STAGES)
         # A buffer is free once both consumers released it; the first pass over a ring waits on nothing.
         mbarrier.wait(q_empty.index(qb), ((w // Q_BUFS) & 1) ^ 1)
         _post_item(items.index(qb), t, 1)
@@ -113,18 +138,9 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, items, q_ready, q_
                                         q_smem.index(2 * qb).reshape(q_box))
         tma.async_copy_global_to_shared(q_desc, [b, m_start + ROWS, h * stride_qh], q_ready.index(qb),
                                         q_smem.index(2 * qb + 1).reshape(q_box))
-        for i in range(n_tiles):
-            slot = kv % STAGES
-            phase = ((kv // STAGES) & 1) ^ 1
-            mbarrier.wait(k_empty.index(slot), phase)
-            mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(k_desc, [b, i * BLOCK_N, hk * stride_kh], k_ready.index(slot),
-                                            k_smem.index(slot).reshape(k_box))
-            mbarrier.wait(v_empty.index(slot), phase)
-            mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(v_desc, [b, i * BLOCK_N, hk * stride_vh], v_ready.index(slot),
-                                            v_smem.index(slot).reshape(v_box))
-            kv += 1
+        for i in range(head, n_tiles):
+            kv = _load_kv_tile(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv, b, i, hk,
+                               stride_kh, stride_vh, BLOCK_N, STAGES)
         w += 1
         t = _next_item(COUNTER)
     # The end: an index past the last item tells the consumers to stop.
