@@ -123,10 +123,12 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, items, q_ready, q_
         b, h, hk, m_start, n_tiles = _work_item(t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k,
                                                 BLOCK_N, CAUSAL)
         qb = w % Q_BUFS
-        # The item's first key tiles go out before its Q: their ring slots free up while the consumers are still
-        # on the previous item, whereas the Q buffer (with one buffer, d = 256) frees only at its end, and
-        # waiting for it first left every item boundary with nothing in flight.
-        head = gl.minimum(n_tiles, STAGES)
+        # With one Q buffer (d = 256) the item's first key tiles go out before its Q: their ring slots free up
+        # while the consumers are still on the previous item, whereas the Q buffer frees only at its end, and
+        # waiting for it first left every item boundary with nothing in flight (d=256 1k causal: 228 -> 344
+        # TFLOP/s, `history/prefill_h100_f93e080.json`). With two Q buffers the Q goes first: it is free early,
+        # and queuing it behind the tiles' slots cost d = 64 / 128 2-9% in that run.
+        head = gl.minimum(n_tiles, STAGES) if Q_BUFS == 1 else 0
         for i in range(head):
             kv = _load_kv_tile(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv, b, i, hk,
                                stride_kh, stride_vh, BLOCK_N, STAGES)
