@@ -54,6 +54,53 @@ def test_compiles_for_sm90(case):
     assert info["shared"] <= 232448, f"shared memory {info['shared']} over the H100 limit"
 
 
+DECODE_SCRIPT = textwrap.dedent('''
+    import inspect, json, sys
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from fmha.kernels.forward import attn_fwd_kernel, _tile_config, _page_tile
+    d, page_size = json.loads(sys.argv[1])
+    bm, bn, warps, stages = _tile_config(d, d, False, rows=4, paged=True)
+    consts = dict(HEAD_DIM_QK=d, HEAD_DIM_V=d, BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=d, BLOCK_DT=16, BLOCK_DV=d,
+                  HAS_TAIL=False, IS_VARLEN=False, MASK_LEFT=False, MASK_RIGHT=False, HAS_SOFTCAP=False,
+                  HAS_ALIBI=False, HAS_SINKS=False, REVERSE_M=False, TMA=0, HAS_SEQLENS_K=True, PAGED=True,
+                  SPLIT=False, LEFT_PER_BATCH=False, PAGE_TILE=_page_tile(page_size, bn),
+                  CU_Q=None, CU_K=None, SLOPES=None, SINKS=None, K_DESC=None, V_DESC=None, WINDOW_LEFTS=None)
+    ptrs = dict(Q="*bf16", K="*bf16", V="*bf16", O="*bf16", LSE="*fp32", SEQLENS_K="*i32", BLOCK_TABLE="*i32")
+    names = list(inspect.signature(attn_fwd_kernel.fn).parameters)
+    sig = {n: "constexpr" if n in consts else ptrs.get(n, "fp32" if n in ("qk_scale_log2", "softcap") else "i32")
+           for n in names}
+    # What the JIT assumes of a real decode call: pointers and the strides, sizes and page size are multiples
+    # of 16 (without that the loads look unaligned and are not pipelined at all).
+    unaligned = {"heads_per_program_row", "group", "heads_eff", "window_left", "window_right", "stride_o_split",
+                 "stride_l_split", "stride_lh", "stride_ls"}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
+             if sig[n].startswith("*") or (sig[n] == "i32" and n not in unaligned)}
+    src = ASTSource(attn_fwd_kernel, sig, constexprs={(names.index(k),): v for k, v in consts.items()}, attrs=attrs)
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
+    print(json.dumps(dict(shared=k.metadata.shared, stages=stages, cp_async=k.asm["ptx"].count("cp.async.cg"))))
+''')
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("case", [(128, 16, 2), (128, 64, 2), (64, 16, 2), (256, 64, 1)],
+                         ids=["d128-p16", "d128-p64", "d64-p16", "d256-p64"])
+def test_paged_decode_tiles_fit_per_sm(case):
+    """The paged decode tiles (5 stages at d <= 128) exist for their pipeline depth, and are only worth it while
+    two programs still fit on an SM: check both, the K/V loads pipelined as cp.async and the shared memory
+    within an H100 SM's 228 KB (less 1 KB the driver reserves per program) for that many programs. (d=256:
+    one program per SM with its 2-stage 64-key tiles, 160 KB; not tuned.)"""
+    d, page_size, programs = case
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    proc = subprocess.run([sys.executable, "-c", DECODE_SCRIPT, json.dumps([d, page_size])], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    info = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert info["cp_async"] > 0, info
+    assert programs * (info["shared"] + 1024) <= 233472, info
+
+
 MLA_SCRIPT = textwrap.dedent('''
     import inspect, json, sys
     import triton
