@@ -37,12 +37,13 @@ def _load_tile(ptrs, rows, cols, n_rows, N_COLS: tl.constexpr, BLOCK_COLS: tl.co
 def _key_slots(n, offs_n, bt_row, k_len, page_size, PAGED: tl.constexpr, PAGE_TILE: tl.constexpr):
     """Where keys n + offs_n live: (page, slot), so that a key's row is base + page * page_stride + slot * row_stride.
     Paged caches: block_table[b, key // page_size] and key % page_size; a contiguous cache: page 0, slot = key.
-    Table entries at or past k_len are not read (page 0 there; the caller masks or ignores those rows)."""
+    Callers pass n < k_len; table entries at or past k_len are not read (page 0 there; the caller masks those
+    rows)."""
     BLOCK_N: tl.constexpr = offs_n.shape[0]
     rows = n + offs_n
     if PAGED and PAGE_TILE == BLOCK_N:
-        # BLOCK_N divides page_size: the whole tile lies in one page, looked up once.
-        page = tl.load(bt_row + n // page_size, mask=n < k_len, other=0).to(tl.int64)
+        # BLOCK_N divides page_size: the whole tile lies in one page, looked up once (n < k_len: a valid entry).
+        page = tl.load(bt_row + n // page_size).to(tl.int64)
         slot = n % page_size + offs_n
     elif PAGED and PAGE_TILE > 0:
         # The tile is BLOCK_N // PAGE_TILE whole pages (page_size == PAGE_TILE): their numbers are one short
