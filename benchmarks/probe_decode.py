@@ -60,13 +60,8 @@ def placed_copy(page, placement, k, v):
         runs = torch.randperm(n // run, device=k.device)
         perm = (runs[:, None] * run + torch.arange(run, device=k.device)[None, :]).reshape(-1)
     else:
-        perm = torch.randperm(n, device=k.device)
-    caches = []
-    for t in (k, v):
-        cache = torch.empty(n, page, *t.shape[2:], device=t.device, dtype=t.dtype)
-        cache[perm] = t.reshape(n, page, *t.shape[2:])
-        caches.append(cache)
-    return (*caches, perm.view(b, -1).to(torch.int32))
+        perm = None                                           # shuffled page by page, as `fmha bench decode`
+    return paged_copy(page, k, v, perm=perm)
 
 
 def probe_placement(args, rows):

@@ -252,12 +252,14 @@ DECODE_CASES = [(64, 32, 8, 4096, None), (64, 32, 8, 4096, 16), (64, 32, 8, 4096
                 (1, 32, 8, 131072, 64), (4, 32, 8, 131072, 64), (32, 32, 32, 8192, 64)]
 
 
-def paged_copy(page_size, *tensors):
+def paged_copy(page_size, *tensors, perm=None):
     """The same keys as each contiguous `(b, s, h, d)` tensor (s a multiple of page_size) in paged caches whose
-    pages are stored in one shuffled order: `(*caches, block_table)`."""
+    pages are stored in one shuffled order, or in `perm`'s (page i of the flattened (b, pages) order goes to
+    cache page perm[i]): `(*caches, block_table)`."""
     b, s = tensors[0].shape[:2]
     pages = s // page_size
-    perm = torch.randperm(b * pages, device=tensors[0].device)
+    if perm is None:
+        perm = torch.randperm(b * pages, device=tensors[0].device)
     caches = []
     for t in tensors:
         cache = torch.empty(b * pages, page_size, *t.shape[2:], device=t.device, dtype=t.dtype)
