@@ -8,7 +8,7 @@ import torch
 import fmha.mla as flash_mla
 from fmha.kernels import mla_decode_sm90
 from fmha.reference import mla_decode_ref
-from test_mla import D_QK, D_V, _check, _paged_cache, _seqlens
+from test_mla import D_QK, D_V, _check, _paged_cache, _seqlens, test_sparse_decode, test_sparse_prefill
 
 pytestmark = pytest.mark.gpu
 
@@ -74,4 +74,22 @@ def test_gluon_mla_sinks(gluon_calls, s_q):
 def test_gluon_mla_causal_short(gluon_calls):
     """s_q = 4 with caches shorter than s_q: queries that see no key give 0 and LSE +inf."""
     _run([2, 0, 1, 4, 3 * 64 + 5], 16, 4, 64, torch.bfloat16, seed=3)
+    assert gluon_calls
+
+
+@pytest.mark.parametrize("h_q", [16, 128])
+@pytest.mark.parametrize("with_sink", [False, True], ids=["", "sink"])
+def test_gluon_sparse_prefill(gluon_calls, h_q, with_sink):
+    """flash_mla_sparse_fwd through the Gluon kernel's gather path (one KV head, 576 columns): invalid and
+    past-the-end indices, trimmed rows, a token with nothing valid, NaN in every row no valid index names;
+    max_logits too. The cases are test_mla's."""
+    test_sparse_prefill(("cuda", torch.bfloat16), h_q, 1, D_QK, with_sink)
+    assert gluon_calls
+
+
+@pytest.mark.parametrize("h_q,s_q,page_size", [(16, 1, 64), (64, 3, 61), (128, 1, 64)])
+@pytest.mark.parametrize("with_sink", [False, True], ids=["", "sink"])
+def test_gluon_sparse_decode(gluon_calls, h_q, s_q, page_size, with_sink):
+    """bf16 token-sparse decode through the gather path: split tokens (partials + combine), odd page sizes."""
+    test_sparse_decode(("cuda", torch.bfloat16), h_q, s_q, page_size, with_sink)
     assert gluon_calls

@@ -477,7 +477,8 @@ def bench_sparse(args, record):
         base = torch.arange(sq, device="cuda") + (skv - sq)
         indices = (torch.rand(sq, 1, topk, device="cuda", generator=g) * (base + 1).view(sq, 1, 1)).long()
         indices = indices.to(torch.int32)
-        impls = {"ours": lambda: ours_mla.flash_mla_sparse_fwd(q, kv, indices, d ** -0.5, 512)}
+        impls = {"ours": lambda: ours_mla.flash_mla_sparse_fwd(q, kv, indices, d ** -0.5, 512),
+                 "ours-triton": _without_gluon(lambda: ours_mla.flash_mla_sparse_fwd(q, kv, indices, d ** -0.5, 512))}
         if peer is not None and hasattr(peer, "flash_mla_sparse_fwd"):
             impls["flash_mla"] = lambda: peer.flash_mla_sparse_fwd(q, kv, indices, d ** -0.5, 512)
         flops = 2 * sq * hq * topk * (d + 512)
@@ -486,6 +487,22 @@ def bench_sparse(args, record):
         _sparse_row(row, impls, flops, nbytes, graph=False, key=(name, sq, hq, d), record=record)
         del q, kv, indices
         torch.cuda.empty_cache()
+
+
+def _without_gluon(fn):
+    """fn run with the Gluon paths switched off (FMHA_GLUON=0, read at each call): the portable kernel on the
+    same inputs through the same public call."""
+    def call():
+        saved = os.environ.get("FMHA_GLUON")
+        os.environ["FMHA_GLUON"] = "0"
+        try:
+            return fn()
+        finally:
+            if saved is None:
+                del os.environ["FMHA_GLUON"]
+            else:
+                os.environ["FMHA_GLUON"] = saved
+    return call
 
 
 def _sparse_row(row, impls, flops, nbytes, *, graph, key, record):

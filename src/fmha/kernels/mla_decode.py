@@ -389,21 +389,25 @@ def mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens
     # Split buffers: every part boundary adds at most one piece to one batch.
     whole = max_logits is not None
     parts_rows = 0 if whole else batch + num_parts
-    o_part = torch.empty((parts_rows, heads_k * rows_per_k, dv), dtype=torch.float32, device=q_lat.device)
-    lse_part = torch.empty((parts_rows, heads_k * rows_per_k), dtype=torch.float32, device=q_lat.device)
+    o_part = torch.empty((max(parts_rows, 1), heads_k * rows_per_k, dv), dtype=torch.float32, device=q_lat.device)
+    lse_part = torch.empty((max(parts_rows, 1), heads_k * rows_per_k), dtype=torch.float32, device=q_lat.device)
     overridden = backend == "triton" or tiles is not None or use_tma is not None
-    if (not overridden and not interpret and not sparse and not whole and fp8_layout is None and extra is None
+    if block_table.dim() == 3 and heads_k == 1:
+        block_table = block_table[:, 0]           # sparse prefill's (tokens, h_kv = 1, topk) index rows
+    if (not overridden and not interpret and fp8_layout is None and extra is None and block_table.dim() == 2
             and gluon_enabled()):
-        # The dense case with >= 16 packed rows on Hopper: the Gluon kernel (no duplicated score tile). Decided
-        # before the portable kernel's tiles and descriptors, which it does not use.
+        # One KV head, bf16/fp16, >= 16 packed rows on Hopper, paged or token-sparse: the Gluon kernel (no
+        # duplicated score tile). Decided before the portable kernel's tiles and descriptors, which it does not use.
         from . import mla_decode_sm90
-        views = mla_decode_sm90.supported(q_lat, q_rope, kv_lat, k_rope, out, rows_per_k)
+        views = mla_decode_sm90.supported(q_lat, q_rope, kv_lat, k_rope, out, rows_per_k, sparse=sparse)
         if views is not None:
             mla_decode_sm90.mla_decode_forward_sm90(views, q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens,
                                                     metadata, split_offsets, out, lse, o_part, lse_part,
-                                                    softmax_scale=softmax_scale, causal=causal, sinks=sinks)
-            combine(out, lse, o_part, lse_part, rows_per_k=rows_per_k, group=group, split_offsets=split_offsets,
-                    sinks=sinks, empty_lse=float("inf"))
+                                                    softmax_scale=softmax_scale, causal=causal, sinks=sinks,
+                                                    valid_lens=valid_lens, max_logits=max_logits)
+            if not whole:
+                combine(out, lse, o_part, lse_part, rows_per_k=rows_per_k, group=group, split_offsets=split_offsets,
+                        sinks=sinks, empty_lse=float("inf"))
             return None
     block_m, block_n, num_warps, num_stages, transposed = tiles or _tile_config(rows_per_k, interpret)
     has_rope = q_rope is not None

@@ -36,6 +36,7 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_init, warpgroup_mma_wait)
 
@@ -74,10 +75,11 @@ def _piece(SEQLENS, b, blk, remaining):
 
 
 @gluon.jit
-def _score_part(q_lat, q_rope, k_lat, k_rope, k_ready, t, s, PART: gl.constexpr, STAGES: gl.constexpr):
+def _score_part(q_lat, q_rope, k_lat, k_rope, k_ready, t, s, PART: gl.constexpr, STAGES: gl.constexpr,
+                SPARSE: gl.constexpr):
     """Add one part of Q·Kᵀ for key tile t (async), once that part has landed."""
     slot = t % STAGES
-    mbarrier.wait(k_ready.index(PARTS * slot + PART), (t // STAGES) & 1)
+    _landed(k_ready, t, PART, SPARSE)
     if PART == PART_ROPE:
         s = warpgroup_mma(q_rope, k_rope.index(slot).permute((1, 0)), s, is_async=True)
     else:
@@ -87,20 +89,41 @@ def _score_part(q_lat, q_rope, k_lat, k_rope, k_ready, t, s, PART: gl.constexpr,
 
 @gluon.jit
 def _scores(q_lat, q_rope, k_lat, k_rope, k_ready, t, FIRST: gl.constexpr, STAGES: gl.constexpr,
-            s_layout: gl.constexpr):
+            s_layout: gl.constexpr, SPARSE: gl.constexpr):
     """Issue S = Q·Kᵀ over the 576 columns of key tile t: latent half FIRST, the other half, then RoPE."""
     s = warpgroup_mma_init(gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout))
-    s = _score_part(q_lat, q_rope, k_lat, k_rope, k_ready, t, s, FIRST, STAGES)
-    s = _score_part(q_lat, q_rope, k_lat, k_rope, k_ready, t, s, 1 - FIRST, STAGES)
-    return _score_part(q_lat, q_rope, k_lat, k_rope, k_ready, t, s, PART_ROPE, STAGES)
+    s = _score_part(q_lat, q_rope, k_lat, k_rope, k_ready, t, s, FIRST, STAGES, SPARSE)
+    s = _score_part(q_lat, q_rope, k_lat, k_rope, k_ready, t, s, 1 - FIRST, STAGES, SPARSE)
+    return _score_part(q_lat, q_rope, k_lat, k_rope, k_ready, t, s, PART_ROPE, STAGES, SPARSE)
 
 
 @gluon.jit
-def _mask(s, n, full, seqlen, last_visible, qk_scale_log2, s_layout: gl.constexpr):
+def _landed(k_ready, t, PART: gl.constexpr, SPARSE: gl.constexpr):
+    """Wait until part PART of key tile t is in shared memory. A gathered part (SPARSE) was written by cp.async,
+    through the generic proxy: fence it before the tensor cores (the async proxy) read it. Each warpgroup waits
+    for every gathered part it reads itself (the wait on a completed phase returns at once)."""
+    mbarrier.wait(k_ready.index(PARTS * (t % STAGES) + PART), (t // STAGES) & 1)
+    if SPARSE:
+        fence_async_shared()
+
+
+@gluon.jit
+def _key_ok(gather, n, s_layout: gl.constexpr):
+    """SPARSE: which keys of the tile at key n exist: within the token's valid length, index >= 0 and inside
+    the cache. `gather` = (table row, valid length, index bound, ...)."""
+    k_pos = n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    token = gl.load(gather[0] + k_pos, mask=k_pos < gather[1], other=-1)
+    return (token >= 0) & (token < gather[2])
+
+
+@gluon.jit
+def _mask(s, n, full, seqlen, last_visible, qk_scale_log2, key_ok, s_layout: gl.constexpr, SPARSE: gl.constexpr):
     """Scaled log2 scores of the tile at key n: keys past the sequence or past a row's causal limit get -inf
-    (only tiles that cross `full`, the first key some row cannot see, are masked)."""
+    (only tiles that cross `full`, the first key some row cannot see, are masked); SPARSE: keys not `key_ok`."""
     s = s * qk_scale_log2
-    if n + BLOCK_N > full:
+    if SPARSE:
+        s = gl.where(key_ok[None, :], s, float("-inf"))
+    elif n + BLOCK_N > full:
         k_pos = n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         ok = (k_pos[None, :] < seqlen) & (k_pos[None, :] <= last_visible[:, None])
         s = gl.where(ok, s, float("-inf"))
@@ -140,41 +163,72 @@ def _signal(bar):
 
 
 @gluon.jit
-def _load_part(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size, n, t, PART: gl.constexpr):
-    """TMA-load one part (PART_L, PART_R or PART_ROPE) of key tile t (keys n .. n + 63 of the sequence whose
-    block table row is `table`) into the tile's ring slot."""
-    page = gl.load(table + n // page_size)
+def _gather_rows(base, stride_page, stride_slot, page_size, gather, n, dst, COL0: gl.constexpr):
+    """cp.async the columns COL0 .. COL0 + width of the keys at n .. n + 63 of a token's index row into `dst`
+    (BLOCK_N, width), 64 columns at a time, 16 bytes a copy. Keys that do not exist (`_key_ok`) are zero-filled:
+    the cache may hold NaN there, and 0 * NaN would poison the output."""
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    k_pos = n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, layout))
+    token = gl.load(gather[0] + k_pos, mask=k_pos < gather[1], other=-1)
+    ok = (token >= 0) & (token < gather[2])
+    token = gl.where(ok, token, 0)
+    row = base + (token // page_size).to(gl.int64) * stride_page + (token % page_size) * stride_slot
+    cols = gl.arange(0, 64, layout=gl.SliceLayout(0, layout))
+    for j in gl.static_range(dst.shape[1] // 64):
+        async_copy.async_copy_global_to_shared(dst.slice(64 * j, 64, dim=1),
+                                               row[:, None] + (COL0 + 64 * j + cols)[None, :], mask=ok[:, None])
+
+
+@gluon.jit
+def _load_part(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size, gather, n, t, PART: gl.constexpr,
+               SPARSE: gl.constexpr):
+    """Load one part (PART_L, PART_R or PART_ROPE) of key tile t (keys n .. n + 63 of the sequence whose
+    block table row is `table`) into the tile's ring slot: one TMA copy, or (SPARSE) a gather by the calling
+    warpgroup's 128 threads, each arriving on the part's barrier when its copies land. `gather` = (index row,
+    valid length, index bound, latent base, rope base, latent page / slot strides, rope page / slot strides)."""
     slot = t % STAGES
     bar = k_ready.index(PARTS * slot + PART)
-    if PART == PART_ROPE:
-        mbarrier.expect(bar, k_rope_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_rope_desc, [page, n % page_size, 0], bar,
-                                        k_rope.index(slot).reshape(k_rope_desc.block_type.shape))
+    if SPARSE:
+        if PART == PART_ROPE:
+            _gather_rows(gather[4], gather[7], gather[8], page_size, gather, n, k_rope.index(slot), 0)
+        else:
+            _gather_rows(gather[3], gather[5], gather[6], page_size, gather, n, k_lat.index(2 * slot + PART),
+                         PART * HALF)
+        async_copy.mbarrier_arrive(bar, increment_count=False)
     else:
-        mbarrier.expect(bar, k_lat_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_lat_desc, [page, n % page_size, PART * HALF], bar,
-                                        k_lat.index(2 * slot + PART).reshape(k_lat_desc.block_type.shape))
+        page = gl.load(table + n // page_size)
+        if PART == PART_ROPE:
+            mbarrier.expect(bar, k_rope_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(k_rope_desc, [page, n % page_size, 0], bar,
+                                            k_rope.index(slot).reshape(k_rope_desc.block_type.shape))
+        else:
+            mbarrier.expect(bar, k_lat_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(k_lat_desc, [page, n % page_size, PART * HALF], bar,
+                                            k_lat.index(2 * slot + PART).reshape(k_lat_desc.block_type.shape))
 
 
 @gluon.jit
-def _load_parts(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size, n, t, FIRST: gl.constexpr,
-                SECOND: gl.constexpr):
-    _load_part(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size, n, t, FIRST)
-    _load_part(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size, n, t, SECOND)
+def _load_parts(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size, gather, n, t,
+                FIRST: gl.constexpr, SECOND: gl.constexpr, SPARSE: gl.constexpr):
+    _load_part(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size, gather, n, t, FIRST, SPARSE)
+    _load_part(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size, gather, n, t, SECOND, SPARSE)
 
 
 @gluon.jit
-def _load_tile(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size, n, t):
-    _load_parts(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size, n, t, PART_L, PART_R)
-    _load_part(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size, n, t, PART_ROPE)
+def _load_tile(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size, gather, n, t, SPARSE: gl.constexpr):
+    _load_parts(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size, gather, n, t, PART_L, PART_R,
+                SPARSE)
+    _load_part(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size, gather, n, t, PART_ROPE, SPARSE)
 
 
 @gluon.jit
 def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_desc,
               q_lat, q_rope, k_lat, k_rope, q_ready, q_free, k_ready, handoff, rows_smem,
-              LSE, LSE_PART, SCHED, SEQLENS, SPLIT_OFFSETS, SINKS, BLOCK_TABLE,
+              LSE, LSE_PART, SCHED, SEQLENS, SPLIT_OFFSETS, SINKS, BLOCK_TABLE, KV_LAT, K_ROPE, VALID_LENS, MAX_LOGITS,
               batch, seqlen_q, group, rows_per_k, page_size, stride_bt, qk_scale_log2, stride_lb, stride_lh,
-              stride_ls, stride_lps, WG: gl.constexpr, CAUSAL: gl.constexpr, HAS_SINKS: gl.constexpr):
+              stride_ls, stride_lps, index_bound, stride_kp, stride_ks, stride_rp, stride_rs, stride_mb, stride_mh,
+              WG: gl.constexpr, CAUSAL: gl.constexpr, HAS_SINKS: gl.constexpr, SPARSE: gl.constexpr,
+              HAS_MAX: gl.constexpr):
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -209,6 +263,14 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
         seqlen, take = _piece(SEQLENS, b, blk, remaining)
         if take > 0:
             table = BLOCK_TABLE + b.to(gl.int64) * stride_bt
+            # SPARSE: `table` is the token's index row, of which the first `valid` count. Gathered tiles arrive
+            # with missing keys zero-filled; a paged tile's keys from `zero_from` on are zeroed before use.
+            valid = seqlen
+            zero_from = seqlen
+            if SPARSE:
+                valid = gl.load(VALID_LENS + b)
+                zero_from = 1 << 30
+            gather = (table, valid, index_bound, KV_LAT, K_ROPE, stride_kp, stride_ks, stride_rp, stride_rs)
             if WG == 0:
                 # The piece's Q and first two tiles, once both warpgroups are done with the last piece (its Q
                 # buffer also staged their outputs).
@@ -220,10 +282,10 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
                                                 q_lat.index(1).reshape(q_lat_desc.block_type.shape))
                 tma.async_copy_global_to_shared(q_rope_desc, [b, row0, 0], q_ready,
                                                 q_rope.reshape(q_rope_desc.block_type.shape))
-                _load_tile(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size, blk * BLOCK_N, c)
+                _load_tile(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size, gather, blk * BLOCK_N, c, SPARSE)
                 if take > 1:
-                    _load_tile(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size,
-                               (blk + 1) * BLOCK_N, c + 1)
+                    _load_tile(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size, gather,
+                               (blk + 1) * BLOCK_N, c + 1, SPARSE)
             # Causal (bottom-right): query i sees keys j <= seqlen - seqlen_q + i.
             full = seqlen
             last_visible = gl.zeros([ROWS], gl.int32, row_s) + (seqlen - 1)
@@ -239,17 +301,18 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
             # pair's here.
             s_tok = warpgroup_mma_init(zero_s)
             if WG == 0:
-                s_tok = _scores(q_lat, q_rope, k_lat, k_rope, k_ready, c, PART_L, STAGES, s_layout)
+                s_tok = _scores(q_lat, q_rope, k_lat, k_rope, k_ready, c, PART_L, STAGES, s_layout, SPARSE)
             elif take > 1:
-                s_tok = _scores(q_lat, q_rope, k_lat, k_rope, k_ready, c + 1, PART_R, STAGES, s_layout)
+                s_tok = _scores(q_lat, q_rope, k_lat, k_rope, k_ready, c + 1, PART_R, STAGES, s_layout, SPARSE)
             for i in range(0, take, 2):
                 n0 = (blk + i) * BLOCK_N
                 n1 = n0 + BLOCK_N
                 has1 = i + 1 < take
                 ph = pairs & 1
                 if WG == 0:
+                    key_ok = _key_ok(gather, n0, s_layout) if SPARSE else 0
                     s = _mask(warpgroup_mma_wait(0, deps=(s_tok,)), n0, full, seqlen, last_visible, qk_scale_log2,
-                              s_layout)
+                              key_ok, s_layout, SPARSE)
                     m_new = gl.maximum(m_i, gl.max(s, 1))
                     alpha = gl.exp2(m_i - _shift(m_new))
                     p = gl.exp2(s - _shift(m_new)[:, None])
@@ -259,7 +322,7 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
                     l_i = l_i * alpha + gl.sum(p, 1)
                     acc = acc * gl.convert_layout(alpha, row_o)[:, None]
                     v0 = k_lat.index(2 * (c % STAGES))
-                    if n1 > seqlen:
+                    if n1 > zero_from:
                         _zero_tail(v0, seqlen - n0)
                     o_tok = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v0, acc, is_async=True)
                     # WG1's max: rescale P0 to it and hand P0 over in this tile's RoPE slot.
@@ -271,27 +334,30 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
                     _signal(handoff.index(2))
                     acc = warpgroup_mma_wait(0, deps=(o_tok,))
                     if i + 2 < take:          # this slot's half L is free: the next pair's first tile
-                        _load_part(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size,
-                                   n0 + 2 * BLOCK_N, c + 2, PART_L)
+                        _load_part(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size, gather,
+                                   n0 + 2 * BLOCK_N, c + 2, PART_L, SPARSE)
                     acc = acc * gl.convert_layout(alpha1, row_o)[:, None]
                     l_i = l_i * alpha1
                     mbarrier.wait(handoff.index(3), ph)
                     if has1:
                         slot1 = (c + 1) % STAGES
                         v1 = k_lat.index(2 * slot1)
-                        if n1 + BLOCK_N > seqlen:
+                        if SPARSE:                # scored by warpgroup 1: wait for its gather here too
+                            _landed(k_ready, c + 1, PART_L, SPARSE)
+                        if n1 + BLOCK_N > zero_from:
                             _zero_tail(v1, seqlen - n1)
                         o_tok = warpgroup_mma(k_rope.index(slot1), v1, acc, is_async=True)
                         acc = warpgroup_mma_wait(0, deps=(o_tok,))
                         if i + 3 < take:
-                            _load_parts(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size,
-                                        n1 + 2 * BLOCK_N, c + 3, PART_L, PART_ROPE)
+                            _load_parts(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size, gather,
+                                        n1 + 2 * BLOCK_N, c + 3, PART_L, PART_ROPE, SPARSE)
                     if i + 2 < take:
-                        s_tok = _scores(q_lat, q_rope, k_lat, k_rope, k_ready, c + 2, PART_L, STAGES, s_layout)
+                        s_tok = _scores(q_lat, q_rope, k_lat, k_rope, k_ready, c + 2, PART_L, STAGES, s_layout, SPARSE)
                 else:
                     if has1:
+                        key_ok = _key_ok(gather, n1, s_layout) if SPARSE else 0
                         s = _mask(warpgroup_mma_wait(0, deps=(s_tok,)), n1, full, seqlen, last_visible,
-                                  qk_scale_log2, s_layout)
+                                  qk_scale_log2, key_ok, s_layout, SPARSE)
                     else:
                         s = gl.full([ROWS, BLOCK_N], float("-inf"), gl.float32, s_layout)
                     mbarrier.wait(handoff.index(0), ph)
@@ -315,26 +381,28 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
                         fence_async_shared()
                         _signal(handoff.index(3))
                         v1 = k_lat.index(2 * slot1 + 1)
-                        if n1 + BLOCK_N > seqlen:
+                        if n1 + BLOCK_N > zero_from:
                             _zero_tail(v1, seqlen - n1)
                         o_tok = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v1, o_tok, is_async=True)
                     else:
                         _signal(handoff.index(3))
                     mbarrier.wait(handoff.index(2), ph)
                     v0 = k_lat.index(2 * (c % STAGES) + 1)
-                    if n1 > seqlen:
+                    if SPARSE:                    # scored by warpgroup 0: wait for its gather here too
+                        _landed(k_ready, c, PART_R, SPARSE)
+                    if n1 > zero_from:
                         _zero_tail(v0, seqlen - n0)
                     o_tok = warpgroup_mma(k_rope.index(c % STAGES), v0, o_tok, is_async=True)
                     if i + 3 < take:
                         warpgroup_mma_wait(1, deps=(o_tok,))        # P1·V1_R is done, P0·V0_R may not be
-                        _load_part(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size,
-                                   n1 + 2 * BLOCK_N, c + 3, PART_R)
+                        _load_part(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size, gather,
+                                   n1 + 2 * BLOCK_N, c + 3, PART_R, SPARSE)
                     acc = warpgroup_mma_wait(0, deps=(o_tok,))
                     if i + 2 < take:
-                        _load_parts(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size,
-                                    n0 + 2 * BLOCK_N, c + 2, PART_R, PART_ROPE)
+                        _load_parts(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size, gather,
+                                    n0 + 2 * BLOCK_N, c + 2, PART_R, PART_ROPE, SPARSE)
                     if i + 3 < take:
-                        s_tok = _scores(q_lat, q_rope, k_lat, k_rope, k_ready, c + 3, PART_R, STAGES, s_layout)
+                        s_tok = _scores(q_lat, q_rope, k_lat, k_rope, k_ready, c + 3, PART_R, STAGES, s_layout, SPARSE)
                 c += gl.minimum(take - i, 2)
                 pairs += 1
 
@@ -364,6 +432,9 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
                 if WG == 0:
                     gl.store(LSE + b.to(gl.int64) * stride_lb + q_head * stride_lh + q_pos * stride_ls, lse,
                              mask=offs_m < rows_per_k)
+                    if HAS_MAX:               # the largest scaled score (-inf with no key); s_q = 1 here
+                        gl.store(MAX_LOGITS + b.to(gl.int64) * stride_mb + q_head * stride_mh, m_i * LN2,
+                                 mask=offs_m < rows_per_k)
                 tma.store_wait(0)
             else:
                 # A piece: an fp32 partial at this batch's split slot; an empty piece has LSE -inf (weight 0).
@@ -393,10 +464,12 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
 
 @gluon.jit
 def mla_decode_sm90_kernel(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_desc, LSE, LSE_PART,
-                           SCHED, SEQLENS, SPLIT_OFFSETS, SINKS, BLOCK_TABLE,
+                           SCHED, SEQLENS, SPLIT_OFFSETS, SINKS, BLOCK_TABLE, KV_LAT, K_ROPE, VALID_LENS, MAX_LOGITS,
                            batch, seqlen_q, group, rows_per_k, page_size, stride_bt, qk_scale_log2,
                            stride_lb, stride_lh, stride_ls, stride_lps,
-                           CAUSAL: gl.constexpr, HAS_SINKS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+                           index_bound, stride_kp, stride_ks, stride_rp, stride_rs, stride_mb, stride_mh,
+                           CAUSAL: gl.constexpr, HAS_SINKS: gl.constexpr, SPARSE: gl.constexpr,
+                           HAS_MAX: gl.constexpr, CONSUMER_REGS: gl.constexpr):
     """Grid (parts, query blocks of 64 packed rows); a single KV head. Two warpgroups, no producer warp: a
     third warpgroup would cap every thread at 168 registers (65536 / 384), and ptxas then serialises the
     wgmmas of a 64 x 256 fp32 accumulator kernel."""
@@ -416,21 +489,24 @@ def mla_decode_sm90_kernel(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_d
     mbarrier.init(q_ready, count=1)
     mbarrier.init(q_free, count=2)
     for i in gl.static_range(PARTS * STAGES):
-        mbarrier.init(k_ready.index(i), count=1)
+        # A TMA load arrives once (with its byte count); a gather once per thread of the loading warpgroup.
+        mbarrier.init(k_ready.index(i), count=128 if SPARSE else 1)
     for i in gl.static_range(7):
         mbarrier.init(handoff.index(i), count=1)
 
     gl.warp_specialize([
         (_consumer, (q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_desc,
                      q_lat, q_rope, k_lat, k_rope, q_ready, q_free, k_ready, handoff, rows_smem,
-                     LSE, LSE_PART, SCHED, SEQLENS, SPLIT_OFFSETS, SINKS, BLOCK_TABLE,
-                     batch, seqlen_q, group, rows_per_k, page_size, stride_bt, qk_scale_log2, stride_lb, stride_lh,
-                     stride_ls, stride_lps, 0, CAUSAL, HAS_SINKS)),
+                     LSE, LSE_PART, SCHED, SEQLENS, SPLIT_OFFSETS, SINKS, BLOCK_TABLE, KV_LAT, K_ROPE, VALID_LENS,
+                     MAX_LOGITS, batch, seqlen_q, group, rows_per_k, page_size, stride_bt, qk_scale_log2, stride_lb,
+                     stride_lh, stride_ls, stride_lps, index_bound, stride_kp, stride_ks, stride_rp, stride_rs,
+                     stride_mb, stride_mh, 0, CAUSAL, HAS_SINKS, SPARSE, HAS_MAX)),
         (_consumer, (q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_desc,
                      q_lat, q_rope, k_lat, k_rope, q_ready, q_free, k_ready, handoff, rows_smem,
-                     LSE, LSE_PART, SCHED, SEQLENS, SPLIT_OFFSETS, SINKS, BLOCK_TABLE,
-                     batch, seqlen_q, group, rows_per_k, page_size, stride_bt, qk_scale_log2, stride_lb, stride_lh,
-                     stride_ls, stride_lps, 1, CAUSAL, HAS_SINKS)),
+                     LSE, LSE_PART, SCHED, SEQLENS, SPLIT_OFFSETS, SINKS, BLOCK_TABLE, KV_LAT, K_ROPE, VALID_LENS,
+                     MAX_LOGITS, batch, seqlen_q, group, rows_per_k, page_size, stride_bt, qk_scale_log2, stride_lb,
+                     stride_lh, stride_ls, stride_lps, index_bound, stride_kp, stride_ks, stride_rp, stride_rs,
+                     stride_mb, stride_mh, 1, CAUSAL, HAS_SINKS, SPARSE, HAS_MAX)),
     ], [4], [CONSUMER_REGS])
 
 
@@ -455,41 +531,50 @@ def _view3(t, rows_dims):
     return [pages, page, d], [t.stride(0), t.stride(1), 1]
 
 
-def supported(q_lat, q_rope, kv_lat, k_rope, out, rows_per_k):
+def supported(q_lat, q_rope, kv_lat, k_rope, out, rows_per_k, sparse=False):
     """The TMA views (q latent, q rope, cache latent, cache rope, out) when this path can run the call (the
-    caller has ruled out sparse, FP8 and extra sources): Hopper, fp16/bf16, one KV head, 512 + 64 columns, at
-    least MIN_ROWS packed query rows, pages of a multiple of 64 keys, TMA-readable strides. Otherwise None."""
+    caller has ruled out FP8 and extra sources): Hopper, fp16/bf16, one KV head, 512 + 64 columns, at least
+    MIN_ROWS packed query rows, TMA-readable strides, and for a paged cache pages of a multiple of 64 keys.
+    A sparse call gathers its keys (no cache views, any page size). Otherwise None."""
     if not q_lat.is_cuda or capability(q_lat.device.index)[0] != 9 or q_rope is None or k_rope is None:
         return None
     if q_lat.dtype not in (torch.float16, torch.bfloat16) or kv_lat.dtype != q_lat.dtype or out.dtype != q_lat.dtype:
         return None
     if q_lat.shape[-1] != 2 * HALF.value or q_rope.shape[-1] != DT.value or rows_per_k < MIN_ROWS:
         return None
-    if kv_lat.shape[2] != 1 or kv_lat.shape[1] % BLOCK_N.value:
+    if kv_lat.shape[2] != 1 or (not sparse and kv_lat.shape[1] % BLOCK_N.value):
         return None
-    views = (_view3(q_lat, (1, 2)), _view3(q_rope, (1, 2)), _view3(kv_lat, (1,)), _view3(k_rope, (1,)),
-             _view3(out, (1, 2)))
+    cache = (True, True) if sparse else (_view3(kv_lat, (1,)), _view3(k_rope, (1,)))
+    views = (_view3(q_lat, (1, 2)), _view3(q_rope, (1, 2)), *cache, _view3(out, (1, 2)))
     return None if None in views else views
 
 
 def mla_decode_forward_sm90(views, q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens, metadata,
-                            split_offsets, out, lse, o_part, lse_part, *, softmax_scale, causal, sinks):
+                            split_offsets, out, lse, o_part, lse_part, *, softmax_scale, causal, sinks,
+                            valid_lens=None, max_logits=None):
     """Launch over `metadata`'s parts; writes whole sequences to out / lse and pieces to o_part / lse_part
-    (the portable kernel's layout: (pieces, rows_per_k, 512) fp32), which the caller combines."""
+    (the portable kernel's layout: (pieces, rows_per_k, 512) fp32), which the caller combines. Token-sparse
+    (`valid_lens` given): `block_table` holds each "batch" (query token)'s cache indices, gathered by cp.async;
+    `max_logits (b, h_q)`: also write each row's largest scaled score (the plan runs every token whole)."""
     batch, seqlen_q, heads_q, _ = q_lat.shape
     rows_per_k = seqlen_q * heads_q
+    sparse = valid_lens is not None
     vq, vr, vk, vkr, vo = views
     rows, half, dt = ROWS.value, HALF.value, DT.value
     part_view = ([o_part.shape[0], rows_per_k, 2 * half], [o_part.stride(0), o_part.stride(1), 1])
-    args = (descriptor(q_lat, vq, [1, rows, half]), descriptor(q_rope, vr, [1, rows, dt]),
-            descriptor(kv_lat, vk, [1, BLOCK_N.value, half]), descriptor(k_rope, vkr, [1, BLOCK_N.value, dt]),
+    page_size = kv_lat.shape[1]
+    k_descs = (None, None) if sparse else (descriptor(kv_lat, vk, [1, BLOCK_N.value, half]),
+                                           descriptor(k_rope, vkr, [1, BLOCK_N.value, dt]))
+    args = (descriptor(q_lat, vq, [1, rows, half]), descriptor(q_rope, vr, [1, rows, dt]), *k_descs,
             descriptor(out, vo, [1, rows, half]), descriptor(o_part, part_view, [1, rows, half]),
-            lse, lse_part, metadata, cache_seqlens, split_offsets, sinks, block_table,
-            batch, seqlen_q, heads_q, rows_per_k, kv_lat.shape[1], block_table.stride(0), softmax_scale * LOG2E.value,
-            lse.stride(0), lse.stride(1), lse.stride(2), lse_part.stride(0))
+            lse, lse_part, metadata, cache_seqlens, split_offsets, sinks, block_table, kv_lat, k_rope, valid_lens,
+            max_logits, batch, seqlen_q, heads_q, rows_per_k, page_size, block_table.stride(0),
+            softmax_scale * LOG2E.value, lse.stride(0), lse.stride(1), lse.stride(2), lse_part.stride(0),
+            kv_lat.shape[0] * page_size, kv_lat.stride(0), kv_lat.stride(1), k_rope.stride(0), k_rope.stride(1),
+            *((max_logits.stride(0), max_logits.stride(1)) if max_logits is not None else (0, 0)))
     grid = (metadata.shape[0], triton.cdiv(rows_per_k, rows))
-    mla_decode_sm90_kernel[grid](*args, CAUSAL=causal, HAS_SINKS=sinks is not None, CONSUMER_REGS=CONSUMER_REGS,
-                                 num_warps=4)
+    mla_decode_sm90_kernel[grid](*args, CAUSAL=causal, HAS_SINKS=sinks is not None, SPARSE=sparse,
+                                 HAS_MAX=max_logits is not None, CONSUMER_REGS=CONSUMER_REGS, num_warps=4)
 
 
 assert SCHED_BLOCK == BLOCK_N.value, "a key tile is one scheduling block"
