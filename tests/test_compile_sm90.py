@@ -202,20 +202,33 @@ GLUON_MLA_SCRIPT = textwrap.dedent('''
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
     from fmha.kernels import mla_decode_sm90 as M
-    causal, sinks, dt = json.loads(sys.argv[1])
+    causal, sinks, dt, sparse, rope = json.loads(sys.argv[1])
     el = gl.bfloat16 if dt == "bf16" else gl.float16
 
     def desc(rows, d, name=dt, e=el):
         layout = gl.NVMMASharedLayout.get_default_for([1, rows, d], e)
         return f"tensordesc<{name}[1,{rows},{d}],{layout!r}>"
-    consts = dict(CAUSAL=causal, HAS_SINKS=sinks, CONSUMER_REGS=M.CONSUMER_REGS)
+    # sparse: the token-sparse prefill form (cp.async gathers, no key descriptors, max_logits written).
+    consts = dict(CAUSAL=causal, HAS_SINKS=sinks, SPARSE=sparse, HAS_MAX=sparse, HAS_ROPE=rope,
+                  CONSUMER_REGS=M.CONSUMER_REGS)
     ptrs = dict(q_lat_desc=desc(64, 256), q_rope_desc=desc(64, 64), k_lat_desc=desc(64, 256),
                 k_rope_desc=desc(64, 64), o_desc=desc(64, 256), o_part_desc=desc(64, 256, "fp32", gl.float32),
                 LSE="*fp32", LSE_PART="*fp32", SCHED="*i32", SEQLENS="*i32", SPLIT_OFFSETS="*i32", SINKS="*fp32",
-                BLOCK_TABLE="*i32")
+                BLOCK_TABLE="*i32", KV_LAT=f"*{dt}", K_ROPE=f"*{dt}", VALID_LENS="*i32", MAX_LOGITS="*fp32")
+    if sparse:
+        consts.update(k_lat_desc=None, k_rope_desc=None)
+    else:
+        consts.update(VALID_LENS=None, MAX_LOGITS=None)
+    if not rope:
+        consts.update(q_rope_desc=None, k_rope_desc=None)
     names = list(inspect.signature(M.mla_decode_sm90_kernel.fn).parameters)
-    sig = {n: ptrs.get(n, "constexpr" if n in consts else ("fp32" if n == "qk_scale_log2" else "i32")) for n in names}
-    src = GluonASTSource(M.mla_decode_sm90_kernel, sig, constexprs={(names.index(k),): v for k, v in consts.items()})
+    sig = {n: "constexpr" if n in consts else ptrs.get(n, "fp32" if n == "qk_scale_log2" else "i32") for n in names}
+    # The JIT's divisibility hints for pointers and strides (sizes may be anything).
+    unaligned = {"batch", "seqlen_q", "group", "rows_per_k", "page_size", "index_bound"}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
+             if sig[n].startswith("*") or (sig[n] == "i32" and n not in unaligned)}
+    src = GluonASTSource(M.mla_decode_sm90_kernel, sig, constexprs={(names.index(k),): v for k, v in consts.items()},
+                         attrs=attrs)
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
     ptx = k.asm["ptx"]
     ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
@@ -224,17 +237,21 @@ GLUON_MLA_SCRIPT = textwrap.dedent('''
         log = subprocess.run([ptxas, "-arch=sm_90a", "-v", os.path.join(d, "k.ptx"), "-o", os.path.join(d, "k.o")],
                              capture_output=True, text=True).stderr
     print(json.dumps(dict(shared=k.metadata.shared, warps=k.metadata.num_warps, wgmma="wgmma.mma_async" in ptx,
-                          tma_store="cp.async.bulk.tensor.3d.global.shared" in ptx, serialized="C7512" in log)))
+                          tma_store="cp.async.bulk.tensor.3d.global.shared" in ptx, serialized="C7512" in log,
+                          gathers=ptx.count("cp.async.cg.shared.global"),
+                          arrives=ptx.count("cp.async.mbarrier.arrive.noinc"))))
 ''')
 
 
 @pytest.mark.cpu
-@pytest.mark.parametrize("case", [(False, False, "bf16"), (True, True, "fp16")],
-                         ids=["mla-bf16", "mla-causal-sinks-fp16"])
+@pytest.mark.parametrize("case", [(False, False, "bf16", False, True), (True, True, "fp16", False, True),
+                                  (False, True, "bf16", True, True), (False, False, "bf16", True, False)],
+                         ids=["mla-bf16", "mla-causal-sinks-fp16", "sparse-sinks", "sparse-d512"])
 def test_gluon_mla_compiles_for_sm90(case):
     """The Gluon MLA decode kernel for sm_90: two warpgroups (8 warps, so 255 registers a thread), wgmma that
     ptxas does not serialise for want of registers (its C7512 warning: what a third warpgroup caused), TMA-store
-    epilogue, shared memory within the H100 limit."""
+    epilogue, shared memory within the H100 limit. The token-sparse form gathers keys with 16-byte cp.async
+    copies, each thread arriving on the part's barrier (no TMA loads of keys)."""
     env = dict(os.environ, TRITON_INTERPRET="0")
     proc = subprocess.run([sys.executable, "-c", GLUON_MLA_SCRIPT, json.dumps(case)], env=env, capture_output=True,
                           text=True, timeout=600)
@@ -242,5 +259,7 @@ def test_gluon_mla_compiles_for_sm90(case):
     info = json.loads(proc.stdout.strip().splitlines()[-1])
     assert info["wgmma"] and info["tma_store"], info
     assert info["warps"] == 8, info
+    sparse = case[3]
+    assert (info["gathers"] > 0 and info["arrives"] > 0) == sparse, info
     assert not info["serialized"], "ptxas serialised the wgmmas (insufficient registers)"
     assert info["shared"] <= 232448, f"shared memory {info['shared']} over the H100 limit"

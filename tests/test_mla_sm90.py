@@ -8,7 +8,8 @@ import torch
 import fmha.mla as flash_mla
 from fmha.kernels import mla_decode_sm90
 from fmha.reference import mla_decode_ref
-from test_mla import D_QK, D_V, _check, _paged_cache, _seqlens, test_sparse_decode, test_sparse_prefill
+from test_mla import (D_QK, D_V, _check, _paged_cache, _seqlens, test_head_dim_512, test_sparse_decode,
+                      test_sparse_prefill)
 
 pytestmark = pytest.mark.gpu
 
@@ -77,13 +78,20 @@ def test_gluon_mla_causal_short(gluon_calls):
     assert gluon_calls
 
 
-@pytest.mark.parametrize("h_q", [16, 128])
+@pytest.mark.parametrize("h_q,d_qk", [(16, D_QK), (128, D_QK), (64, 512)])
 @pytest.mark.parametrize("with_sink", [False, True], ids=["", "sink"])
-def test_gluon_sparse_prefill(gluon_calls, h_q, with_sink):
-    """flash_mla_sparse_fwd through the Gluon kernel's gather path (one KV head, 576 columns): invalid and
-    past-the-end indices, trimmed rows, a token with nothing valid, NaN in every row no valid index names;
-    max_logits too. The cases are test_mla's."""
-    test_sparse_prefill(("cuda", torch.bfloat16), h_q, 1, D_QK, with_sink)
+def test_gluon_sparse_prefill(gluon_calls, h_q, d_qk, with_sink):
+    """flash_mla_sparse_fwd through the Gluon kernel's gather path (one KV head; 576 columns, or V4's 512 with
+    no separate RoPE part): invalid and past-the-end indices, trimmed rows, a token with nothing valid, NaN in
+    every row no valid index names; max_logits too. The cases are test_mla's."""
+    test_sparse_prefill(("cuda", torch.bfloat16), h_q, 1, d_qk, with_sink)
+    assert gluon_calls
+
+
+@pytest.mark.parametrize("h_q", [64, 128])
+def test_gluon_head_dim_512(gluon_calls, h_q):
+    """Dense paged decode with V4's head_dim 512 (no RoPE part: Q·Kᵀ over the two latent halves only)."""
+    test_head_dim_512(("cuda", torch.bfloat16), h_q)
     assert gluon_calls
 
 

@@ -89,12 +89,15 @@ def _score_part(q_lat, q_rope, k_lat, k_rope, k_ready, t, s, PART: gl.constexpr,
 
 @gluon.jit
 def _scores(q_lat, q_rope, k_lat, k_rope, k_ready, t, FIRST: gl.constexpr, STAGES: gl.constexpr,
-            s_layout: gl.constexpr, SPARSE: gl.constexpr):
-    """Issue S = Q·Kᵀ over the 576 columns of key tile t: latent half FIRST, the other half, then RoPE."""
+            s_layout: gl.constexpr, SPARSE: gl.constexpr, HAS_ROPE: gl.constexpr):
+    """Issue S = Q·Kᵀ over the 576 (512 without RoPE) columns of key tile t: latent half FIRST, the other
+    half, then RoPE."""
     s = warpgroup_mma_init(gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout))
     s = _score_part(q_lat, q_rope, k_lat, k_rope, k_ready, t, s, FIRST, STAGES, SPARSE)
     s = _score_part(q_lat, q_rope, k_lat, k_rope, k_ready, t, s, 1 - FIRST, STAGES, SPARSE)
-    return _score_part(q_lat, q_rope, k_lat, k_rope, k_ready, t, s, PART_ROPE, STAGES, SPARSE)
+    if HAS_ROPE:
+        s = _score_part(q_lat, q_rope, k_lat, k_rope, k_ready, t, s, PART_ROPE, STAGES, SPARSE)
+    return s
 
 
 @gluon.jit
@@ -181,14 +184,16 @@ def _gather_rows(base, stride_page, stride_slot, page_size, gather, n, dst, COL0
 
 @gluon.jit
 def _load_part(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size, gather, n, t, PART: gl.constexpr,
-               SPARSE: gl.constexpr):
+               SPARSE: gl.constexpr, HAS_ROPE: gl.constexpr):
     """Load one part (PART_L, PART_R or PART_ROPE) of key tile t (keys n .. n + 63 of the sequence whose
     block table row is `table`) into the tile's ring slot: one TMA copy, or (SPARSE) a gather by the calling
     warpgroup's 128 threads, each arriving on the part's barrier when its copies land. `gather` = (index row,
     valid length, index bound, latent base, rope base, latent page / slot strides, rope page / slot strides)."""
     slot = t % STAGES
     bar = k_ready.index(PARTS * slot + PART)
-    if SPARSE:
+    if (PART == PART_ROPE) and (not HAS_ROPE):
+        pass                          # no RoPE columns (DeepSeek-V4's 512): the slot only carries P
+    elif SPARSE:
         if PART == PART_ROPE:
             _gather_rows(gather[4], gather[7], gather[8], page_size, gather, n, k_rope.index(slot), 0)
         else:
@@ -209,16 +214,20 @@ def _load_part(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size
 
 @gluon.jit
 def _load_parts(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size, gather, n, t,
-                FIRST: gl.constexpr, SECOND: gl.constexpr, SPARSE: gl.constexpr):
-    _load_part(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size, gather, n, t, FIRST, SPARSE)
-    _load_part(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size, gather, n, t, SECOND, SPARSE)
+                FIRST: gl.constexpr, SECOND: gl.constexpr, SPARSE: gl.constexpr, HAS_ROPE: gl.constexpr):
+    _load_part(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size, gather, n, t, FIRST, SPARSE,
+               HAS_ROPE)
+    _load_part(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size, gather, n, t, SECOND, SPARSE,
+               HAS_ROPE)
 
 
 @gluon.jit
-def _load_tile(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size, gather, n, t, SPARSE: gl.constexpr):
+def _load_tile(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size, gather, n, t, SPARSE: gl.constexpr,
+               HAS_ROPE: gl.constexpr):
     _load_parts(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size, gather, n, t, PART_L, PART_R,
-                SPARSE)
-    _load_part(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size, gather, n, t, PART_ROPE, SPARSE)
+                SPARSE, HAS_ROPE)
+    _load_part(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size, gather, n, t, PART_ROPE, SPARSE,
+               HAS_ROPE)
 
 
 @gluon.jit
@@ -228,7 +237,7 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
               batch, seqlen_q, group, rows_per_k, page_size, stride_bt, qk_scale_log2, stride_lb, stride_lh,
               stride_ls, stride_lps, index_bound, stride_kp, stride_ks, stride_rp, stride_rs, stride_mb, stride_mh,
               WG: gl.constexpr, CAUSAL: gl.constexpr, HAS_SINKS: gl.constexpr, SPARSE: gl.constexpr,
-              HAS_MAX: gl.constexpr):
+              HAS_MAX: gl.constexpr, HAS_ROPE: gl.constexpr):
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -275,17 +284,20 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
                 # The piece's Q and first two tiles, once both warpgroups are done with the last piece (its Q
                 # buffer also staged their outputs).
                 mbarrier.wait(q_free, (w & 1) ^ 1)
-                mbarrier.expect(q_ready, 2 * q_lat_desc.block_type.nbytes + q_rope_desc.block_type.nbytes)
+                if HAS_ROPE:
+                    mbarrier.expect(q_ready, 2 * q_lat_desc.block_type.nbytes + q_rope_desc.block_type.nbytes)
+                    tma.async_copy_global_to_shared(q_rope_desc, [b, row0, 0], q_ready,
+                                                    q_rope.reshape(q_rope_desc.block_type.shape))
+                else:
+                    mbarrier.expect(q_ready, 2 * q_lat_desc.block_type.nbytes)
                 tma.async_copy_global_to_shared(q_lat_desc, [b, row0, 0], q_ready,
                                                 q_lat.index(0).reshape(q_lat_desc.block_type.shape))
                 tma.async_copy_global_to_shared(q_lat_desc, [b, row0, HALF], q_ready,
                                                 q_lat.index(1).reshape(q_lat_desc.block_type.shape))
-                tma.async_copy_global_to_shared(q_rope_desc, [b, row0, 0], q_ready,
-                                                q_rope.reshape(q_rope_desc.block_type.shape))
-                _load_tile(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size, gather, blk * BLOCK_N, c, SPARSE)
+                _load_tile(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size, gather, blk * BLOCK_N, c, SPARSE, HAS_ROPE)
                 if take > 1:
                     _load_tile(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size, gather,
-                               (blk + 1) * BLOCK_N, c + 1, SPARSE)
+                               (blk + 1) * BLOCK_N, c + 1, SPARSE, HAS_ROPE)
             # Causal (bottom-right): query i sees keys j <= seqlen - seqlen_q + i.
             full = seqlen
             last_visible = gl.zeros([ROWS], gl.int32, row_s) + (seqlen - 1)
@@ -301,9 +313,9 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
             # pair's here.
             s_tok = warpgroup_mma_init(zero_s)
             if WG == 0:
-                s_tok = _scores(q_lat, q_rope, k_lat, k_rope, k_ready, c, PART_L, STAGES, s_layout, SPARSE)
+                s_tok = _scores(q_lat, q_rope, k_lat, k_rope, k_ready, c, PART_L, STAGES, s_layout, SPARSE, HAS_ROPE)
             elif take > 1:
-                s_tok = _scores(q_lat, q_rope, k_lat, k_rope, k_ready, c + 1, PART_R, STAGES, s_layout, SPARSE)
+                s_tok = _scores(q_lat, q_rope, k_lat, k_rope, k_ready, c + 1, PART_R, STAGES, s_layout, SPARSE, HAS_ROPE)
             for i in range(0, take, 2):
                 n0 = (blk + i) * BLOCK_N
                 n1 = n0 + BLOCK_N
@@ -335,7 +347,7 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
                     acc = warpgroup_mma_wait(0, deps=(o_tok,))
                     if i + 2 < take:          # this slot's half L is free: the next pair's first tile
                         _load_part(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size, gather,
-                                   n0 + 2 * BLOCK_N, c + 2, PART_L, SPARSE)
+                                   n0 + 2 * BLOCK_N, c + 2, PART_L, SPARSE, HAS_ROPE)
                     acc = acc * gl.convert_layout(alpha1, row_o)[:, None]
                     l_i = l_i * alpha1
                     mbarrier.wait(handoff.index(3), ph)
@@ -350,9 +362,9 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
                         acc = warpgroup_mma_wait(0, deps=(o_tok,))
                         if i + 3 < take:
                             _load_parts(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size, gather,
-                                        n1 + 2 * BLOCK_N, c + 3, PART_L, PART_ROPE, SPARSE)
+                                        n1 + 2 * BLOCK_N, c + 3, PART_L, PART_ROPE, SPARSE, HAS_ROPE)
                     if i + 2 < take:
-                        s_tok = _scores(q_lat, q_rope, k_lat, k_rope, k_ready, c + 2, PART_L, STAGES, s_layout, SPARSE)
+                        s_tok = _scores(q_lat, q_rope, k_lat, k_rope, k_ready, c + 2, PART_L, STAGES, s_layout, SPARSE, HAS_ROPE)
                 else:
                     if has1:
                         key_ok = _key_ok(gather, n1, s_layout) if SPARSE else 0
@@ -396,13 +408,13 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
                     if i + 3 < take:
                         warpgroup_mma_wait(1, deps=(o_tok,))        # P1·V1_R is done, P0·V0_R may not be
                         _load_part(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size, gather,
-                                   n1 + 2 * BLOCK_N, c + 3, PART_R, SPARSE)
+                                   n1 + 2 * BLOCK_N, c + 3, PART_R, SPARSE, HAS_ROPE)
                     acc = warpgroup_mma_wait(0, deps=(o_tok,))
                     if i + 2 < take:
                         _load_parts(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size, gather,
-                                    n0 + 2 * BLOCK_N, c + 2, PART_R, PART_ROPE, SPARSE)
+                                    n0 + 2 * BLOCK_N, c + 2, PART_R, PART_ROPE, SPARSE, HAS_ROPE)
                     if i + 3 < take:
-                        s_tok = _scores(q_lat, q_rope, k_lat, k_rope, k_ready, c + 3, PART_R, STAGES, s_layout, SPARSE)
+                        s_tok = _scores(q_lat, q_rope, k_lat, k_rope, k_ready, c + 3, PART_R, STAGES, s_layout, SPARSE, HAS_ROPE)
                 c += gl.minimum(take - i, 2)
                 pairs += 1
 
@@ -469,7 +481,7 @@ def mla_decode_sm90_kernel(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_d
                            stride_lb, stride_lh, stride_ls, stride_lps,
                            index_bound, stride_kp, stride_ks, stride_rp, stride_rs, stride_mb, stride_mh,
                            CAUSAL: gl.constexpr, HAS_SINKS: gl.constexpr, SPARSE: gl.constexpr,
-                           HAS_MAX: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+                           HAS_MAX: gl.constexpr, HAS_ROPE: gl.constexpr, CONSUMER_REGS: gl.constexpr):
     """Grid (parts, query blocks of 64 packed rows); a single KV head. Two warpgroups, no producer warp: a
     third warpgroup would cap every thread at 168 registers (65536 / 384), and ptxas then serialises the
     wgmmas of a 64 x 256 fp32 accumulator kernel."""
@@ -500,13 +512,13 @@ def mla_decode_sm90_kernel(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_d
                      LSE, LSE_PART, SCHED, SEQLENS, SPLIT_OFFSETS, SINKS, BLOCK_TABLE, KV_LAT, K_ROPE, VALID_LENS,
                      MAX_LOGITS, batch, seqlen_q, group, rows_per_k, page_size, stride_bt, qk_scale_log2, stride_lb,
                      stride_lh, stride_ls, stride_lps, index_bound, stride_kp, stride_ks, stride_rp, stride_rs,
-                     stride_mb, stride_mh, 0, CAUSAL, HAS_SINKS, SPARSE, HAS_MAX)),
+                     stride_mb, stride_mh, 0, CAUSAL, HAS_SINKS, SPARSE, HAS_MAX, HAS_ROPE)),
         (_consumer, (q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_desc,
                      q_lat, q_rope, k_lat, k_rope, q_ready, q_free, k_ready, handoff, rows_smem,
                      LSE, LSE_PART, SCHED, SEQLENS, SPLIT_OFFSETS, SINKS, BLOCK_TABLE, KV_LAT, K_ROPE, VALID_LENS,
                      MAX_LOGITS, batch, seqlen_q, group, rows_per_k, page_size, stride_bt, qk_scale_log2, stride_lb,
                      stride_lh, stride_ls, stride_lps, index_bound, stride_kp, stride_ks, stride_rp, stride_rs,
-                     stride_mb, stride_mh, 1, CAUSAL, HAS_SINKS, SPARSE, HAS_MAX)),
+                     stride_mb, stride_mh, 1, CAUSAL, HAS_SINKS, SPARSE, HAS_MAX, HAS_ROPE)),
     ], [4], [CONSUMER_REGS])
 
 
@@ -536,16 +548,17 @@ def supported(q_lat, q_rope, kv_lat, k_rope, out, rows_per_k, sparse=False):
     caller has ruled out FP8 and extra sources): Hopper, fp16/bf16, one KV head, 512 + 64 columns, at least
     MIN_ROWS packed query rows, TMA-readable strides, and for a paged cache pages of a multiple of 64 keys.
     A sparse call gathers its keys (no cache views, any page size). Otherwise None."""
-    if not q_lat.is_cuda or capability(q_lat.device.index)[0] != 9 or q_rope is None or k_rope is None:
+    if not q_lat.is_cuda or capability(q_lat.device.index)[0] != 9 or (q_rope is None) != (k_rope is None):
         return None
     if q_lat.dtype not in (torch.float16, torch.bfloat16) or kv_lat.dtype != q_lat.dtype or out.dtype != q_lat.dtype:
         return None
-    if q_lat.shape[-1] != 2 * HALF.value or q_rope.shape[-1] != DT.value or rows_per_k < MIN_ROWS:
+    if q_lat.shape[-1] != 2 * HALF.value or rows_per_k < MIN_ROWS or (q_rope is not None and q_rope.shape[-1] != DT.value):
         return None
     if kv_lat.shape[2] != 1 or (not sparse and kv_lat.shape[1] % BLOCK_N.value):
         return None
-    cache = (True, True) if sparse else (_view3(kv_lat, (1,)), _view3(k_rope, (1,)))
-    views = (_view3(q_lat, (1, 2)), _view3(q_rope, (1, 2)), *cache, _view3(out, (1, 2)))
+    rope = q_rope is not None
+    cache = (True, True) if sparse else (_view3(kv_lat, (1,)), _view3(k_rope, (1,)) if rope else True)
+    views = (_view3(q_lat, (1, 2)), _view3(q_rope, (1, 2)) if rope else True, *cache, _view3(out, (1, 2)))
     return None if None in views else views
 
 
@@ -559,22 +572,24 @@ def mla_decode_forward_sm90(views, q_lat, q_rope, kv_lat, k_rope, block_table, c
     batch, seqlen_q, heads_q, _ = q_lat.shape
     rows_per_k = seqlen_q * heads_q
     sparse = valid_lens is not None
+    rope = q_rope is not None
     vq, vr, vk, vkr, vo = views
     rows, half, dt = ROWS.value, HALF.value, DT.value
     part_view = ([o_part.shape[0], rows_per_k, 2 * half], [o_part.stride(0), o_part.stride(1), 1])
     page_size = kv_lat.shape[1]
-    k_descs = (None, None) if sparse else (descriptor(kv_lat, vk, [1, BLOCK_N.value, half]),
-                                           descriptor(k_rope, vkr, [1, BLOCK_N.value, dt]))
-    args = (descriptor(q_lat, vq, [1, rows, half]), descriptor(q_rope, vr, [1, rows, dt]), *k_descs,
-            descriptor(out, vo, [1, rows, half]), descriptor(o_part, part_view, [1, rows, half]),
-            lse, lse_part, metadata, cache_seqlens, split_offsets, sinks, block_table, kv_lat, k_rope, valid_lens,
-            max_logits, batch, seqlen_q, heads_q, rows_per_k, page_size, block_table.stride(0),
+    k_rope = k_rope if rope else kv_lat          # (never read without RoPE columns)
+    descs = (descriptor(q_lat, vq, [1, rows, half]), descriptor(q_rope, vr, [1, rows, dt]) if rope else None,
+             None if sparse else descriptor(kv_lat, vk, [1, BLOCK_N.value, half]),
+             descriptor(k_rope, vkr, [1, BLOCK_N.value, dt]) if rope and not sparse else None,
+             descriptor(out, vo, [1, rows, half]), descriptor(o_part, part_view, [1, rows, half]))
+    args = (*descs, lse, lse_part, metadata, cache_seqlens, split_offsets, sinks, block_table, kv_lat, k_rope,
+            valid_lens, max_logits, batch, seqlen_q, heads_q, rows_per_k, page_size, block_table.stride(0),
             softmax_scale * LOG2E.value, lse.stride(0), lse.stride(1), lse.stride(2), lse_part.stride(0),
             kv_lat.shape[0] * page_size, kv_lat.stride(0), kv_lat.stride(1), k_rope.stride(0), k_rope.stride(1),
             *((max_logits.stride(0), max_logits.stride(1)) if max_logits is not None else (0, 0)))
     grid = (metadata.shape[0], triton.cdiv(rows_per_k, rows))
     mla_decode_sm90_kernel[grid](*args, CAUSAL=causal, HAS_SINKS=sinks is not None, SPARSE=sparse,
-                                 HAS_MAX=max_logits is not None, CONSUMER_REGS=CONSUMER_REGS, num_warps=4)
-
+                                 HAS_MAX=max_logits is not None, HAS_ROPE=rope, CONSUMER_REGS=CONSUMER_REGS,
+                                 num_warps=4)
 
 assert SCHED_BLOCK == BLOCK_N.value, "a key tile is one scheduling block"
