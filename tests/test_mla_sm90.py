@@ -8,8 +8,9 @@ import torch
 import fmha.mla as flash_mla
 from fmha.kernels import mla_decode_sm90
 from fmha.reference import mla_decode_ref
-from test_mla import (D_QK, D_V, _check, _paged_cache, _seqlens, test_head_dim_512, test_sparse_decode,
-                      test_sparse_prefill)
+from fmha.reference import mla_sparse_decode_ref
+from test_mla import (D_QK, D_V, _check, _paged_cache, _seqlens, test_fp8_kvcache, test_head_dim_512,
+                      test_sparse_decode, test_sparse_prefill)
 
 pytestmark = pytest.mark.gpu
 
@@ -100,4 +101,39 @@ def test_gluon_head_dim_512(gluon_calls, h_q):
 def test_gluon_sparse_decode(gluon_calls, h_q, s_q, page_size, with_sink):
     """bf16 token-sparse decode through the gather path: split tokens (partials + combine), odd page sizes."""
     test_sparse_decode(("cuda", torch.bfloat16), h_q, s_q, page_size, with_sink)
+    assert gluon_calls
+
+
+@pytest.mark.parametrize("sparse", [False, True], ids=["paged", "sparse"])
+def test_gluon_fp8_v32(gluon_calls, sparse):
+    """DeepSeek-V3.2's FP8 cache through the gather path: e4m3 bytes and scales land by cp.async and are
+    dequantised in shared memory (test_mla's FP8 cases: 1e4s packed in unused pages, -1 indices, trimming)."""
+    test_fp8_kvcache(("cuda", torch.bfloat16), "v32", sparse)
+    assert gluon_calls
+
+
+@pytest.mark.parametrize("page_size", [64, 61])
+def test_gluon_fp8_sparse_decode_h128(gluon_calls, page_size):
+    """The V3.2 benchmark's shape at small scale: h_q = 128, s_q = 2 (two 64-row blocks per token, tokens split
+    over parts), topk 2048 with -1 entries and a trimmed row, a sink, odd pages; the oracle runs on the same
+    cache dequantised in fp32."""
+    b, s_q, h_q, topk, tokens = 6, 2, 128, 2048, 20000
+    g = torch.Generator().manual_seed(page_size)
+    blocks = -(-tokens // page_size)
+    kv = torch.randn(blocks, page_size, 1, D_QK, generator=g).to(torch.bfloat16).cuda()
+    packed = flash_mla.quantize_kv_cache(kv, "v32")
+    ref_cache = flash_mla.dequantize_kv_cache(packed, "v32", torch.float32)
+    indices = torch.randint(0, tokens, (b, s_q, topk), generator=g, dtype=torch.int32)
+    indices[torch.rand(b, s_q, topk, generator=g) < 0.1] = -1
+    topk_length = torch.full((b,), topk, dtype=torch.int32)
+    topk_length[1] = 700
+    q = torch.randn(b, s_q, h_q, D_QK, generator=g).to(torch.bfloat16).cuda()
+    sink = torch.randn(h_q, generator=g).cuda()
+    indices, topk_length = indices.cuda(), topk_length.cuda()
+    lens = torch.zeros(b, dtype=torch.int32, device="cuda")
+    meta, splits = flash_mla.get_mla_metadata(lens, s_q * h_q, 1, num_heads_q=h_q, topk=topk, is_fp8_kvcache=True)
+    out, lse = flash_mla.flash_mla_with_kvcache(q, packed, None, lens, D_V, meta, splits, is_fp8_kvcache=True,
+                                                indices=indices, topk_length=topk_length, attn_sink=sink)
+    ref = mla_sparse_decode_ref(q, ref_cache, indices, D_V, topk_length=topk_length, attn_sink=sink)
+    _check(out, lse, *ref, torch.bfloat16)
     assert gluon_calls

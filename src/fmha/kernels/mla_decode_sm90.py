@@ -55,6 +55,9 @@ PART_L = gl.constexpr(0)
 PART_R = gl.constexpr(1)
 PART_ROPE = gl.constexpr(2)
 PARTS = gl.constexpr(3)
+# DeepSeek-V3.2's FP8 cache row (656 bytes, `_kv_fp8.py`): 512 e4m3 | 4 fp32 scales | 64 bf16 RoPE values.
+FP8_SCALE_OFF = gl.constexpr(512)
+FP8_ROPE_OFF = gl.constexpr(528)
 LN2 = gl.constexpr(0.6931471805599453)
 LOG2E = gl.constexpr(1.4426950408889634)
 STAGES = gl.constexpr(2)          # key tiles in flight: 2 x 72 KB
@@ -75,38 +78,40 @@ def _piece(SEQLENS, b, blk, remaining):
 
 
 @gluon.jit
-def _score_part(q_lat, q_rope, k_lat, k_rope, k_ready, t, s, PART: gl.constexpr, STAGES: gl.constexpr,
-                SPARSE: gl.constexpr):
-    """Add one part of Q·Kᵀ for key tile t (async), once that part has landed."""
+def _score_part(q_lat, q_rope, bufs, t, s, PART: gl.constexpr, GATHER: gl.constexpr, FP8: gl.constexpr):
+    """Add one part of Q·Kᵀ for key tile t (async), once that part has landed (FP8: and been dequantised)."""
+    k_lat, k_rope, k_ready, k_raw, k_scale = bufs
     slot = t % STAGES
-    _landed(k_ready, t, PART, SPARSE)
+    _landed(k_ready, t, PART, GATHER)
     if PART == PART_ROPE:
         s = warpgroup_mma(q_rope, k_rope.index(slot).permute((1, 0)), s, is_async=True)
     else:
+        if FP8:
+            _dequant(k_lat, k_raw, k_scale, slot, PART)
         s = warpgroup_mma(q_lat.index(PART), k_lat.index(2 * slot + PART).permute((1, 0)), s, is_async=True)
     return s
 
 
 @gluon.jit
-def _scores(q_lat, q_rope, k_lat, k_rope, k_ready, t, FIRST: gl.constexpr, STAGES: gl.constexpr,
-            s_layout: gl.constexpr, SPARSE: gl.constexpr, HAS_ROPE: gl.constexpr):
+def _scores(q_lat, q_rope, bufs, t, FIRST: gl.constexpr, s_layout: gl.constexpr, GATHER: gl.constexpr,
+            FP8: gl.constexpr, HAS_ROPE: gl.constexpr):
     """Issue S = Q·Kᵀ over the 576 (512 without RoPE) columns of key tile t: latent half FIRST, the other
     half, then RoPE."""
     s = warpgroup_mma_init(gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout))
-    s = _score_part(q_lat, q_rope, k_lat, k_rope, k_ready, t, s, FIRST, STAGES, SPARSE)
-    s = _score_part(q_lat, q_rope, k_lat, k_rope, k_ready, t, s, 1 - FIRST, STAGES, SPARSE)
+    s = _score_part(q_lat, q_rope, bufs, t, s, FIRST, GATHER, FP8)
+    s = _score_part(q_lat, q_rope, bufs, t, s, 1 - FIRST, GATHER, FP8)
     if HAS_ROPE:
-        s = _score_part(q_lat, q_rope, k_lat, k_rope, k_ready, t, s, PART_ROPE, STAGES, SPARSE)
+        s = _score_part(q_lat, q_rope, bufs, t, s, PART_ROPE, GATHER, FP8)
     return s
 
 
 @gluon.jit
-def _landed(k_ready, t, PART: gl.constexpr, SPARSE: gl.constexpr):
-    """Wait until part PART of key tile t is in shared memory. A gathered part (SPARSE) was written by cp.async,
-    through the generic proxy: fence it before the tensor cores (the async proxy) read it. Each warpgroup waits
-    for every gathered part it reads itself (the wait on a completed phase returns at once)."""
+def _landed(k_ready, t, PART: gl.constexpr, GATHER: gl.constexpr):
+    """Wait until part PART of key tile t is in shared memory. A gathered part was written by cp.async, through
+    the generic proxy: fence it before the tensor cores (the async proxy) read it. Each warpgroup waits for
+    every gathered part it reads itself (the wait on a completed phase returns at once)."""
     mbarrier.wait(k_ready.index(PARTS * (t % STAGES) + PART), (t // STAGES) & 1)
-    if SPARSE:
+    if GATHER:
         fence_async_shared()
 
 
@@ -166,39 +171,88 @@ def _signal(bar):
 
 
 @gluon.jit
-def _gather_rows(base, stride_page, stride_slot, page_size, gather, n, dst, COL0: gl.constexpr):
-    """cp.async the columns COL0 .. COL0 + width of the keys at n .. n + 63 of a token's index row into `dst`
-    (BLOCK_N, width), 64 columns at a time, 16 bytes a copy. Keys that do not exist (`_key_ok`) are zero-filled:
-    the cache may hold NaN there, and 0 * NaN would poison the output."""
-    layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-    k_pos = n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, layout))
-    token = gl.load(gather[0] + k_pos, mask=k_pos < gather[1], other=-1)
-    ok = (token >= 0) & (token < gather[2])
-    token = gl.where(ok, token, 0)
-    row = base + (token // page_size).to(gl.int64) * stride_page + (token % page_size) * stride_slot
-    cols = gl.arange(0, 64, layout=gl.SliceLayout(0, layout))
-    for j in gl.static_range(dst.shape[1] // 64):
-        async_copy.async_copy_global_to_shared(dst.slice(64 * j, 64, dim=1),
-                                               row[:, None] + (COL0 + 64 * j + cols)[None, :], mask=ok[:, None])
+def _key_rows(gather, n, page_size, rows_layout: gl.constexpr, SPARSE: gl.constexpr):
+    """(page, slot, exists) of the keys n .. n + 63: SPARSE from the token's index row (flat positions
+    page * page_size + slot; invalid: negative, past the cache or past the valid length), else from the
+    sequence's block table row (keys past its length do not exist)."""
+    k_pos = n + gl.arange(0, BLOCK_N, layout=rows_layout)
+    if SPARSE:
+        token = gl.load(gather[0] + k_pos, mask=k_pos < gather[1], other=-1)
+        ok = (token >= 0) & (token < gather[2])
+        token = gl.where(ok, token, 0)
+        return token // page_size, token % page_size, ok
+    else:
+        ok = k_pos < gather[1]
+        return gl.load(gather[0] + k_pos // page_size, mask=ok, other=0), k_pos % page_size, ok
 
 
 @gluon.jit
-def _load_part(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size, gather, n, t, PART: gl.constexpr,
-               SPARSE: gl.constexpr, HAS_ROPE: gl.constexpr):
+def _gather_rows(base, stride_page, stride_slot, page_size, gather, n, dst, OFFSET: gl.constexpr,
+                 SPARSE: gl.constexpr):
+    """cp.async, 16 bytes a copy, the keys n .. n + 63 into `dst` (BLOCK_N, width): each key's row starts at
+    `base + page * stride_page + slot * stride_slot + OFFSET` (in base's elements) and is read as dst's dtype.
+    Keys that do not exist are zero-filled: the cache may hold NaN there, and 0 * NaN would poison the output."""
+    VEC: gl.constexpr = 128 // dst.dtype.primitive_bitwidth
+    CHUNK: gl.constexpr = 8 * VEC if dst.shape[1] >= 8 * VEC else dst.shape[1]
+    layout: gl.constexpr = gl.BlockedLayout([1, VEC], [32 * VEC // CHUNK, CHUNK // VEC], [4, 1], [1, 0])
+    page, slot, ok = _key_rows(gather, n, page_size, gl.SliceLayout(1, layout), SPARSE)
+    row = (base + page.to(gl.int64) * stride_page + slot * stride_slot + OFFSET).to(gl.pointer_type(dst.dtype))
+    cols = gl.arange(0, CHUNK, layout=gl.SliceLayout(0, layout))
+    for j in gl.static_range(dst.shape[1] // CHUNK):
+        async_copy.async_copy_global_to_shared(dst.slice(CHUNK * j, CHUNK, dim=1),
+                                               row[:, None] + (CHUNK * j + cols)[None, :], mask=ok[:, None])
+
+
+@gluon.jit
+def _dequant(k_lat, k_raw, k_scale, slot, PART: gl.constexpr):
+    """FP8 (DeepSeek-V3.2 layout): turn latent half PART of the tile in ring slot `slot`, landed as e4m3 bytes
+    in the upper half of its own bf16/fp16 buffer with 4 fp32 scales per key beside it, into values in that
+    buffer (NVMMA layout), for the tensor cores. Every thread reads its bytes before any writes (a barrier
+    between), then stores value * scale per 128-column group and fences the stores for the async proxy."""
+    raw_layout: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])        # (64, 128) bytes
+    scale_layout: gl.constexpr = gl.BlockedLayout([1, 4], [32, 1], [4, 1], [1, 0])      # (64, 4) fp32
+    raw = k_raw.index(2 * (2 * slot + PART) + 1)
+    x0 = raw.slice(0, 128, dim=1).load(raw_layout)
+    x1 = raw.slice(128, 128, dim=1).load(raw_layout)
+    scales = k_scale.index(slot).load(scale_layout)
+    group = gl.arange(0, 4, layout=gl.SliceLayout(0, scale_layout))[None, :]
+    s0 = gl.convert_layout(gl.sum(gl.where(group == 2 * PART, scales, 0.0), 1), gl.SliceLayout(1, raw_layout))
+    s1 = gl.convert_layout(gl.sum(gl.where(group == 2 * PART + 1, scales, 0.0), 1), gl.SliceLayout(1, raw_layout))
+    gl.thread_barrier()
+    dst = k_lat.index(2 * slot + PART)
+    dst.slice(0, 128, dim=1).store((x0.to(gl.float8e4nv, bitcast=True).to(gl.float32) * s0[:, None]).to(dst.dtype))
+    dst.slice(128, 128, dim=1).store((x1.to(gl.float8e4nv, bitcast=True).to(gl.float32) * s1[:, None]).to(dst.dtype))
+    fence_async_shared()
+    gl.thread_barrier()
+
+
+@gluon.jit
+def _load_part(k_lat_desc, k_rope_desc, bufs, table, page_size, gather, n, t, PART: gl.constexpr,
+               SPARSE: gl.constexpr, FP8: gl.constexpr, HAS_ROPE: gl.constexpr):
     """Load one part (PART_L, PART_R or PART_ROPE) of key tile t (keys n .. n + 63 of the sequence whose
-    block table row is `table`) into the tile's ring slot: one TMA copy, or (SPARSE) a gather by the calling
-    warpgroup's 128 threads, each arriving on the part's barrier when its copies land. `gather` = (index row,
+    block table row is `table`) into the tile's ring slot: one TMA copy (a bf16/fp16 paged cache), or a gather
+    by the calling warpgroup's 128 threads (SPARSE or FP8), each arriving on the part's barrier when its
+    copies land. FP8 latent halves land as bytes (`_dequant` turns them into values), part L with the key's
+    scales. `bufs` = (k_lat, k_rope, k_ready, k_raw, k_scale); `gather` = (index row or block table row,
     valid length, index bound, latent base, rope base, latent page / slot strides, rope page / slot strides)."""
+    k_lat, k_rope, k_ready, k_raw, k_scale = bufs
     slot = t % STAGES
     bar = k_ready.index(PARTS * slot + PART)
     if (PART == PART_ROPE) and (not HAS_ROPE):
         pass                          # no RoPE columns (DeepSeek-V4's 512): the slot only carries P
-    elif SPARSE:
+    elif SPARSE or FP8:
         if PART == PART_ROPE:
-            _gather_rows(gather[4], gather[7], gather[8], page_size, gather, n, k_rope.index(slot), 0)
+            _gather_rows(gather[4], gather[7], gather[8], page_size, gather, n, k_rope.index(slot),
+                         FP8_ROPE_OFF if FP8 else 0, SPARSE)
+        elif FP8:
+            _gather_rows(gather[3], gather[5], gather[6], page_size, gather, n,
+                         k_raw.index(2 * (2 * slot + PART) + 1), PART * HALF, SPARSE)
+            if PART == PART_L:
+                _gather_rows(gather[3], gather[5], gather[6], page_size, gather, n, k_scale.index(slot),
+                             FP8_SCALE_OFF, SPARSE)
         else:
             _gather_rows(gather[3], gather[5], gather[6], page_size, gather, n, k_lat.index(2 * slot + PART),
-                         PART * HALF)
+                         PART * HALF, SPARSE)
         async_copy.mbarrier_arrive(bar, increment_count=False)
     else:
         page = gl.load(table + n // page_size)
@@ -213,31 +267,28 @@ def _load_part(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size
 
 
 @gluon.jit
-def _load_parts(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size, gather, n, t,
-                FIRST: gl.constexpr, SECOND: gl.constexpr, SPARSE: gl.constexpr, HAS_ROPE: gl.constexpr):
-    _load_part(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size, gather, n, t, FIRST, SPARSE,
-               HAS_ROPE)
-    _load_part(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size, gather, n, t, SECOND, SPARSE,
-               HAS_ROPE)
+def _load_parts(k_lat_desc, k_rope_desc, bufs, table, page_size, gather, n, t, FIRST: gl.constexpr,
+                SECOND: gl.constexpr, SPARSE: gl.constexpr, FP8: gl.constexpr, HAS_ROPE: gl.constexpr):
+    _load_part(k_lat_desc, k_rope_desc, bufs, table, page_size, gather, n, t, FIRST, SPARSE, FP8, HAS_ROPE)
+    _load_part(k_lat_desc, k_rope_desc, bufs, table, page_size, gather, n, t, SECOND, SPARSE, FP8, HAS_ROPE)
 
 
 @gluon.jit
-def _load_tile(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size, gather, n, t, SPARSE: gl.constexpr,
-               HAS_ROPE: gl.constexpr):
-    _load_parts(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size, gather, n, t, PART_L, PART_R,
-                SPARSE, HAS_ROPE)
-    _load_part(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size, gather, n, t, PART_ROPE, SPARSE,
-               HAS_ROPE)
+def _load_tile(k_lat_desc, k_rope_desc, bufs, table, page_size, gather, n, t, SPARSE: gl.constexpr,
+               FP8: gl.constexpr, HAS_ROPE: gl.constexpr):
+    _load_parts(k_lat_desc, k_rope_desc, bufs, table, page_size, gather, n, t, PART_L, PART_R, SPARSE, FP8,
+                HAS_ROPE)
+    _load_part(k_lat_desc, k_rope_desc, bufs, table, page_size, gather, n, t, PART_ROPE, SPARSE, FP8, HAS_ROPE)
 
 
 @gluon.jit
 def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_desc,
-              q_lat, q_rope, k_lat, k_rope, q_ready, q_free, k_ready, handoff, rows_smem,
+              q_lat, q_rope, bufs, q_ready, q_free, handoff, rows_smem,
               LSE, LSE_PART, SCHED, SEQLENS, SPLIT_OFFSETS, SINKS, BLOCK_TABLE, KV_LAT, K_ROPE, VALID_LENS, MAX_LOGITS,
               batch, seqlen_q, group, rows_per_k, page_size, stride_bt, qk_scale_log2, stride_lb, stride_lh,
               stride_ls, stride_lps, index_bound, stride_kp, stride_ks, stride_rp, stride_rs, stride_mb, stride_mh,
               WG: gl.constexpr, CAUSAL: gl.constexpr, HAS_SINKS: gl.constexpr, SPARSE: gl.constexpr,
-              HAS_MAX: gl.constexpr, HAS_ROPE: gl.constexpr):
+              FP8: gl.constexpr, GATHER: gl.constexpr, HAS_MAX: gl.constexpr, HAS_ROPE: gl.constexpr):
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -246,6 +297,7 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     dtype: gl.constexpr = q_lat.dtype
+    k_lat, k_rope, k_ready, k_raw, k_scale = bufs
     f32_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, ROWS, HALF], gl.float32)
     # handoff barriers: 0 scale0, 1 scale1, 2 P0, 3 P1, 4 + WG row sums, 6 partial staged; rows_smem: m0, a0,
     # m1, a1, l0, l1
@@ -278,6 +330,7 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
             zero_from = seqlen
             if SPARSE:
                 valid = gl.load(VALID_LENS + b)
+            if GATHER:
                 zero_from = 1 << 30
             gather = (table, valid, index_bound, KV_LAT, K_ROPE, stride_kp, stride_ks, stride_rp, stride_rs)
             if WG == 0:
@@ -294,10 +347,10 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
                                                 q_lat.index(0).reshape(q_lat_desc.block_type.shape))
                 tma.async_copy_global_to_shared(q_lat_desc, [b, row0, HALF], q_ready,
                                                 q_lat.index(1).reshape(q_lat_desc.block_type.shape))
-                _load_tile(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size, gather, blk * BLOCK_N, c, SPARSE, HAS_ROPE)
+                _load_tile(k_lat_desc, k_rope_desc, bufs, table, page_size, gather, blk * BLOCK_N, c, SPARSE, FP8, HAS_ROPE)
                 if take > 1:
-                    _load_tile(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size, gather,
-                               (blk + 1) * BLOCK_N, c + 1, SPARSE, HAS_ROPE)
+                    _load_tile(k_lat_desc, k_rope_desc, bufs, table, page_size, gather,
+                               (blk + 1) * BLOCK_N, c + 1, SPARSE, FP8, HAS_ROPE)
             # Causal (bottom-right): query i sees keys j <= seqlen - seqlen_q + i.
             full = seqlen
             last_visible = gl.zeros([ROWS], gl.int32, row_s) + (seqlen - 1)
@@ -313,9 +366,9 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
             # pair's here.
             s_tok = warpgroup_mma_init(zero_s)
             if WG == 0:
-                s_tok = _scores(q_lat, q_rope, k_lat, k_rope, k_ready, c, PART_L, STAGES, s_layout, SPARSE, HAS_ROPE)
+                s_tok = _scores(q_lat, q_rope, bufs, c, PART_L, s_layout, GATHER, FP8, HAS_ROPE)
             elif take > 1:
-                s_tok = _scores(q_lat, q_rope, k_lat, k_rope, k_ready, c + 1, PART_R, STAGES, s_layout, SPARSE, HAS_ROPE)
+                s_tok = _scores(q_lat, q_rope, bufs, c + 1, PART_R, s_layout, GATHER, FP8, HAS_ROPE)
             for i in range(0, take, 2):
                 n0 = (blk + i) * BLOCK_N
                 n1 = n0 + BLOCK_N
@@ -346,25 +399,25 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
                     _signal(handoff.index(2))
                     acc = warpgroup_mma_wait(0, deps=(o_tok,))
                     if i + 2 < take:          # this slot's half L is free: the next pair's first tile
-                        _load_part(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size, gather,
-                                   n0 + 2 * BLOCK_N, c + 2, PART_L, SPARSE, HAS_ROPE)
+                        _load_part(k_lat_desc, k_rope_desc, bufs, table, page_size, gather,
+                                   n0 + 2 * BLOCK_N, c + 2, PART_L, SPARSE, FP8, HAS_ROPE)
                     acc = acc * gl.convert_layout(alpha1, row_o)[:, None]
                     l_i = l_i * alpha1
                     mbarrier.wait(handoff.index(3), ph)
                     if has1:
                         slot1 = (c + 1) % STAGES
                         v1 = k_lat.index(2 * slot1)
-                        if SPARSE:                # scored by warpgroup 1: wait for its gather here too
-                            _landed(k_ready, c + 1, PART_L, SPARSE)
+                        if GATHER:                # scored by warpgroup 1: wait for its gather here too
+                            _landed(k_ready, c + 1, PART_L, GATHER)
                         if n1 + BLOCK_N > zero_from:
                             _zero_tail(v1, seqlen - n1)
                         o_tok = warpgroup_mma(k_rope.index(slot1), v1, acc, is_async=True)
                         acc = warpgroup_mma_wait(0, deps=(o_tok,))
                         if i + 3 < take:
-                            _load_parts(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size, gather,
-                                        n1 + 2 * BLOCK_N, c + 3, PART_L, PART_ROPE, SPARSE, HAS_ROPE)
+                            _load_parts(k_lat_desc, k_rope_desc, bufs, table, page_size, gather,
+                                        n1 + 2 * BLOCK_N, c + 3, PART_L, PART_ROPE, SPARSE, FP8, HAS_ROPE)
                     if i + 2 < take:
-                        s_tok = _scores(q_lat, q_rope, k_lat, k_rope, k_ready, c + 2, PART_L, STAGES, s_layout, SPARSE, HAS_ROPE)
+                        s_tok = _scores(q_lat, q_rope, bufs, c + 2, PART_L, s_layout, GATHER, FP8, HAS_ROPE)
                 else:
                     if has1:
                         key_ok = _key_ok(gather, n1, s_layout) if SPARSE else 0
@@ -400,21 +453,21 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
                         _signal(handoff.index(3))
                     mbarrier.wait(handoff.index(2), ph)
                     v0 = k_lat.index(2 * (c % STAGES) + 1)
-                    if SPARSE:                    # scored by warpgroup 0: wait for its gather here too
-                        _landed(k_ready, c, PART_R, SPARSE)
+                    if GATHER:                    # scored by warpgroup 0: wait for its gather here too
+                        _landed(k_ready, c, PART_R, GATHER)
                     if n1 > zero_from:
                         _zero_tail(v0, seqlen - n0)
                     o_tok = warpgroup_mma(k_rope.index(c % STAGES), v0, o_tok, is_async=True)
                     if i + 3 < take:
                         warpgroup_mma_wait(1, deps=(o_tok,))        # P1·V1_R is done, P0·V0_R may not be
-                        _load_part(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size, gather,
-                                   n1 + 2 * BLOCK_N, c + 3, PART_R, SPARSE, HAS_ROPE)
+                        _load_part(k_lat_desc, k_rope_desc, bufs, table, page_size, gather,
+                                   n1 + 2 * BLOCK_N, c + 3, PART_R, SPARSE, FP8, HAS_ROPE)
                     acc = warpgroup_mma_wait(0, deps=(o_tok,))
                     if i + 2 < take:
-                        _load_parts(k_lat_desc, k_rope_desc, k_lat, k_rope, k_ready, table, page_size, gather,
-                                    n0 + 2 * BLOCK_N, c + 2, PART_R, PART_ROPE, SPARSE, HAS_ROPE)
+                        _load_parts(k_lat_desc, k_rope_desc, bufs, table, page_size, gather,
+                                    n0 + 2 * BLOCK_N, c + 2, PART_R, PART_ROPE, SPARSE, FP8, HAS_ROPE)
                     if i + 3 < take:
-                        s_tok = _scores(q_lat, q_rope, k_lat, k_rope, k_ready, c + 3, PART_R, STAGES, s_layout, SPARSE, HAS_ROPE)
+                        s_tok = _scores(q_lat, q_rope, bufs, c + 3, PART_R, s_layout, GATHER, FP8, HAS_ROPE)
                 c += gl.minimum(take - i, 2)
                 pairs += 1
 
@@ -480,18 +533,24 @@ def mla_decode_sm90_kernel(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_d
                            batch, seqlen_q, group, rows_per_k, page_size, stride_bt, qk_scale_log2,
                            stride_lb, stride_lh, stride_ls, stride_lps,
                            index_bound, stride_kp, stride_ks, stride_rp, stride_rs, stride_mb, stride_mh,
-                           CAUSAL: gl.constexpr, HAS_SINKS: gl.constexpr, SPARSE: gl.constexpr,
+                           CAUSAL: gl.constexpr, HAS_SINKS: gl.constexpr, SPARSE: gl.constexpr, FP8: gl.constexpr,
                            HAS_MAX: gl.constexpr, HAS_ROPE: gl.constexpr, CONSUMER_REGS: gl.constexpr):
     """Grid (parts, query blocks of 64 packed rows); a single KV head. Two warpgroups, no producer warp: a
     third warpgroup would cap every thread at 168 registers (65536 / 384), and ptxas then serialises the
     wgmmas of a 64 x 256 fp32 accumulator kernel."""
     dtype: gl.constexpr = q_lat_desc.dtype
+    GATHER: gl.constexpr = SPARSE or FP8
     half_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, HALF], dtype)
     rope_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, DT], dtype)
     q_lat = gl.allocate_shared_memory(dtype, [2, ROWS, HALF], half_layout)
     q_rope = gl.allocate_shared_memory(dtype, [ROWS, DT], rope_layout)
     k_lat = gl.allocate_shared_memory(dtype, [2 * STAGES, BLOCK_N, HALF], half_layout)
     k_rope = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, DT], rope_layout)
+    # FP8: a latent half's e4m3 bytes land in the upper half of its own buffer (k_raw, index 2 * buffer + 1),
+    # the key's 4 scales beside the tile (k_scale).
+    k_raw = k_lat._reinterpret(gl.uint8, [4 * STAGES, BLOCK_N, HALF], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    k_scale = gl.allocate_shared_memory(gl.float32, [STAGES if FP8 else 1, BLOCK_N, 4],
+                                        gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
     rows_smem = gl.allocate_shared_memory(gl.float32, [6, ROWS], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     q_ready = q_bars.index(0)
@@ -502,23 +561,23 @@ def mla_decode_sm90_kernel(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_d
     mbarrier.init(q_free, count=2)
     for i in gl.static_range(PARTS * STAGES):
         # A TMA load arrives once (with its byte count); a gather once per thread of the loading warpgroup.
-        mbarrier.init(k_ready.index(i), count=128 if SPARSE else 1)
+        mbarrier.init(k_ready.index(i), count=128 if GATHER else 1)
     for i in gl.static_range(7):
         mbarrier.init(handoff.index(i), count=1)
 
     gl.warp_specialize([
         (_consumer, (q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_desc,
-                     q_lat, q_rope, k_lat, k_rope, q_ready, q_free, k_ready, handoff, rows_smem,
+                     q_lat, q_rope, (k_lat, k_rope, k_ready, k_raw, k_scale), q_ready, q_free, handoff, rows_smem,
                      LSE, LSE_PART, SCHED, SEQLENS, SPLIT_OFFSETS, SINKS, BLOCK_TABLE, KV_LAT, K_ROPE, VALID_LENS,
                      MAX_LOGITS, batch, seqlen_q, group, rows_per_k, page_size, stride_bt, qk_scale_log2, stride_lb,
                      stride_lh, stride_ls, stride_lps, index_bound, stride_kp, stride_ks, stride_rp, stride_rs,
-                     stride_mb, stride_mh, 0, CAUSAL, HAS_SINKS, SPARSE, HAS_MAX, HAS_ROPE)),
+                     stride_mb, stride_mh, 0, CAUSAL, HAS_SINKS, SPARSE, FP8, GATHER, HAS_MAX, HAS_ROPE)),
         (_consumer, (q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_desc,
-                     q_lat, q_rope, k_lat, k_rope, q_ready, q_free, k_ready, handoff, rows_smem,
+                     q_lat, q_rope, (k_lat, k_rope, k_ready, k_raw, k_scale), q_ready, q_free, handoff, rows_smem,
                      LSE, LSE_PART, SCHED, SEQLENS, SPLIT_OFFSETS, SINKS, BLOCK_TABLE, KV_LAT, K_ROPE, VALID_LENS,
                      MAX_LOGITS, batch, seqlen_q, group, rows_per_k, page_size, stride_bt, qk_scale_log2, stride_lb,
                      stride_lh, stride_ls, stride_lps, index_bound, stride_kp, stride_ks, stride_rp, stride_rs,
-                     stride_mb, stride_mh, 1, CAUSAL, HAS_SINKS, SPARSE, HAS_MAX, HAS_ROPE)),
+                     stride_mb, stride_mh, 1, CAUSAL, HAS_SINKS, SPARSE, FP8, GATHER, HAS_MAX, HAS_ROPE)),
     ], [4], [CONSUMER_REGS])
 
 
@@ -543,32 +602,38 @@ def _view3(t, rows_dims):
     return [pages, page, d], [t.stride(0), t.stride(1), 1]
 
 
-def supported(q_lat, q_rope, kv_lat, k_rope, out, rows_per_k, sparse=False):
+def supported(q_lat, q_rope, kv_lat, k_rope, out, rows_per_k, sparse=False, fp8=False):
     """The TMA views (q latent, q rope, cache latent, cache rope, out) when this path can run the call (the
-    caller has ruled out FP8 and extra sources): Hopper, fp16/bf16, one KV head, 512 + 64 columns, at least
-    MIN_ROWS packed query rows, TMA-readable strides, and for a paged cache pages of a multiple of 64 keys.
-    A sparse call gathers its keys (no cache views, any page size). Otherwise None."""
+    caller has ruled out extra sources and FP8 layouts other than V3.2's): Hopper, fp16/bf16 (bf16 with an
+    FP8 cache, whose RoPE values are bf16), one KV head, 512 (+ 64) columns, at least MIN_ROWS packed query
+    rows, TMA-readable strides, and for a paged bf16/fp16 cache pages of a multiple of 64 keys. Sparse and FP8
+    calls gather their keys (no cache views, any page size). Otherwise None."""
     if not q_lat.is_cuda or capability(q_lat.device.index)[0] != 9 or (q_rope is None) != (k_rope is None):
         return None
-    if q_lat.dtype not in (torch.float16, torch.bfloat16) or kv_lat.dtype != q_lat.dtype or out.dtype != q_lat.dtype:
+    if q_lat.dtype not in (torch.float16, torch.bfloat16) or out.dtype != q_lat.dtype:
+        return None
+    if kv_lat.dtype != (torch.uint8 if fp8 else q_lat.dtype) or (fp8 and (q_lat.dtype != torch.bfloat16 or
+                                                                          q_rope is None)):
         return None
     if q_lat.shape[-1] != 2 * HALF.value or rows_per_k < MIN_ROWS or (q_rope is not None and q_rope.shape[-1] != DT.value):
         return None
-    if kv_lat.shape[2] != 1 or (not sparse and kv_lat.shape[1] % BLOCK_N.value):
+    gather = sparse or fp8
+    if kv_lat.shape[2] != 1 or (not gather and kv_lat.shape[1] % BLOCK_N.value):
         return None
     rope = q_rope is not None
-    cache = (True, True) if sparse else (_view3(kv_lat, (1,)), _view3(k_rope, (1,)) if rope else True)
+    cache = (True, True) if gather else (_view3(kv_lat, (1,)), _view3(k_rope, (1,)) if rope else True)
     views = (_view3(q_lat, (1, 2)), _view3(q_rope, (1, 2)) if rope else True, *cache, _view3(out, (1, 2)))
     return None if None in views else views
 
 
 def mla_decode_forward_sm90(views, q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens, metadata,
                             split_offsets, out, lse, o_part, lse_part, *, softmax_scale, causal, sinks,
-                            valid_lens=None, max_logits=None):
+                            valid_lens=None, max_logits=None, fp8=False):
     """Launch over `metadata`'s parts; writes whole sequences to out / lse and pieces to o_part / lse_part
     (the portable kernel's layout: (pieces, rows_per_k, 512) fp32), which the caller combines. Token-sparse
     (`valid_lens` given): `block_table` holds each "batch" (query token)'s cache indices, gathered by cp.async;
-    `max_logits (b, h_q)`: also write each row's largest scaled score (the plan runs every token whole)."""
+    `max_logits (b, h_q)`: also write each row's largest scaled score (the plan runs every token whole).
+    `fp8`: the cache is V3.2's packed FP8 rows (kv_lat = k_rope = the uint8 tensor), gathered and dequantised."""
     batch, seqlen_q, heads_q, _ = q_lat.shape
     rows_per_k = seqlen_q * heads_q
     sparse = valid_lens is not None
@@ -579,8 +644,8 @@ def mla_decode_forward_sm90(views, q_lat, q_rope, kv_lat, k_rope, block_table, c
     page_size = kv_lat.shape[1]
     k_rope = k_rope if rope else kv_lat          # (never read without RoPE columns)
     descs = (descriptor(q_lat, vq, [1, rows, half]), descriptor(q_rope, vr, [1, rows, dt]) if rope else None,
-             None if sparse else descriptor(kv_lat, vk, [1, BLOCK_N.value, half]),
-             descriptor(k_rope, vkr, [1, BLOCK_N.value, dt]) if rope and not sparse else None,
+             None if sparse or fp8 else descriptor(kv_lat, vk, [1, BLOCK_N.value, half]),
+             descriptor(k_rope, vkr, [1, BLOCK_N.value, dt]) if rope and not (sparse or fp8) else None,
              descriptor(out, vo, [1, rows, half]), descriptor(o_part, part_view, [1, rows, half]))
     args = (*descs, lse, lse_part, metadata, cache_seqlens, split_offsets, sinks, block_table, kv_lat, k_rope,
             valid_lens, max_logits, batch, seqlen_q, heads_q, rows_per_k, page_size, block_table.stride(0),
@@ -588,7 +653,7 @@ def mla_decode_forward_sm90(views, q_lat, q_rope, kv_lat, k_rope, block_table, c
             kv_lat.shape[0] * page_size, kv_lat.stride(0), kv_lat.stride(1), k_rope.stride(0), k_rope.stride(1),
             *((max_logits.stride(0), max_logits.stride(1)) if max_logits is not None else (0, 0)))
     grid = (metadata.shape[0], triton.cdiv(rows_per_k, rows))
-    mla_decode_sm90_kernel[grid](*args, CAUSAL=causal, HAS_SINKS=sinks is not None, SPARSE=sparse,
+    mla_decode_sm90_kernel[grid](*args, CAUSAL=causal, HAS_SINKS=sinks is not None, SPARSE=sparse, FP8=fp8,
                                  HAS_MAX=max_logits is not None, HAS_ROPE=rope, CONSUMER_REGS=CONSUMER_REGS,
                                  num_warps=4)
 
