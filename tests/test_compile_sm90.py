@@ -202,23 +202,27 @@ GLUON_MLA_SCRIPT = textwrap.dedent('''
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
     from fmha.kernels import mla_decode_sm90 as M
-    causal, sinks, dt, sparse, rope = json.loads(sys.argv[1])
+    causal, sinks, dt, sparse, rope, fp8 = json.loads(sys.argv[1])
     el = gl.bfloat16 if dt == "bf16" else gl.float16
 
     def desc(rows, d, name=dt, e=el):
         layout = gl.NVMMASharedLayout.get_default_for([1, rows, d], e)
         return f"tensordesc<{name}[1,{rows},{d}],{layout!r}>"
     # sparse: the token-sparse prefill form (cp.async gathers, no key descriptors, max_logits written).
-    consts = dict(CAUSAL=causal, HAS_SINKS=sinks, SPARSE=sparse, HAS_MAX=sparse, HAS_ROPE=rope,
+    consts = dict(CAUSAL=causal, HAS_SINKS=sinks, SPARSE=sparse, FP8=fp8, HAS_MAX=sparse and not fp8, HAS_ROPE=rope,
                   CONSUMER_REGS=M.CONSUMER_REGS)
     ptrs = dict(q_lat_desc=desc(64, 256), q_rope_desc=desc(64, 64), k_lat_desc=desc(64, 256),
                 k_rope_desc=desc(64, 64), o_desc=desc(64, 256), o_part_desc=desc(64, 256, "fp32", gl.float32),
                 LSE="*fp32", LSE_PART="*fp32", SCHED="*i32", SEQLENS="*i32", SPLIT_OFFSETS="*i32", SINKS="*fp32",
                 BLOCK_TABLE="*i32", KV_LAT=f"*{dt}", K_ROPE=f"*{dt}", VALID_LENS="*i32", MAX_LOGITS="*fp32")
-    if sparse:
+    if fp8:                                     # V3.2's packed rows, read as bytes
+        ptrs.update(KV_LAT="*u8", K_ROPE="*u8")
+    if sparse or fp8:
         consts.update(k_lat_desc=None, k_rope_desc=None)
-    else:
-        consts.update(VALID_LENS=None, MAX_LOGITS=None)
+    if not sparse:
+        consts.update(VALID_LENS=None)
+    if not consts["HAS_MAX"]:
+        consts.update(MAX_LOGITS=None)
     if not rope:
         consts.update(q_rope_desc=None, k_rope_desc=None)
     names = list(inspect.signature(M.mla_decode_sm90_kernel.fn).parameters)
@@ -244,14 +248,16 @@ GLUON_MLA_SCRIPT = textwrap.dedent('''
 
 
 @pytest.mark.cpu
-@pytest.mark.parametrize("case", [(False, False, "bf16", False, True), (True, True, "fp16", False, True),
-                                  (False, True, "bf16", True, True), (False, False, "bf16", True, False)],
-                         ids=["mla-bf16", "mla-causal-sinks-fp16", "sparse-sinks", "sparse-d512"])
+@pytest.mark.parametrize("case", [(False, False, "bf16", False, True, False), (True, True, "fp16", False, True, False),
+                                  (False, True, "bf16", True, True, False), (False, False, "bf16", True, False, False),
+                                  (False, True, "bf16", True, True, True), (True, False, "bf16", False, True, True)],
+                         ids=["mla-bf16", "mla-causal-sinks-fp16", "sparse-sinks", "sparse-d512", "sparse-fp8",
+                              "paged-fp8-causal"])
 def test_gluon_mla_compiles_for_sm90(case):
     """The Gluon MLA decode kernel for sm_90: two warpgroups (8 warps, so 255 registers a thread), wgmma that
     ptxas does not serialise for want of registers (its C7512 warning: what a third warpgroup caused), TMA-store
-    epilogue, shared memory within the H100 limit. The token-sparse form gathers keys with 16-byte cp.async
-    copies, each thread arriving on the part's barrier (no TMA loads of keys)."""
+    epilogue, shared memory within the H100 limit. The token-sparse and FP8 forms gather keys with 16-byte
+    cp.async copies, each thread arriving on the part's barrier (no TMA loads of keys)."""
     env = dict(os.environ, TRITON_INTERPRET="0")
     proc = subprocess.run([sys.executable, "-c", GLUON_MLA_SCRIPT, json.dumps(case)], env=env, capture_output=True,
                           text=True, timeout=600)
@@ -259,7 +265,7 @@ def test_gluon_mla_compiles_for_sm90(case):
     info = json.loads(proc.stdout.strip().splitlines()[-1])
     assert info["wgmma"] and info["tma_store"], info
     assert info["warps"] == 8, info
-    sparse = case[3]
-    assert (info["gathers"] > 0 and info["arrives"] > 0) == sparse, info
+    gather = case[3] or case[5]
+    assert (info["gathers"] > 0 and info["arrives"] > 0) == gather, info
     assert not info["serialized"], "ptxas serialised the wgmmas (insufficient registers)"
     assert info["shared"] <= 232448, f"shared memory {info['shared']} over the H100 limit"
