@@ -192,8 +192,8 @@ def _gather_rows(base, stride_page, stride_slot, page_size, gather, n, dst, OFFS
     """cp.async, 16 bytes a copy, the keys n .. n + 63 into `dst` (BLOCK_N, width): each key's row starts at
     `base + page * stride_page + slot * stride_slot + OFFSET` (in base's elements) and is read as dst's dtype.
     Keys that do not exist are zero-filled: the cache may hold NaN there, and 0 * NaN would poison the output."""
-    VEC: gl.constexpr = 128 // dst.dtype.primitive_bitwidth
-    CHUNK: gl.constexpr = 8 * VEC if dst.shape[1] >= 8 * VEC else dst.shape[1]
+    VEC: gl.constexpr = min(128 // dst.dtype.primitive_bitwidth, dst.shape[1])
+    CHUNK: gl.constexpr = min(8 * VEC, dst.shape[1])
     layout: gl.constexpr = gl.BlockedLayout([1, VEC], [32 * VEC // CHUNK, CHUNK // VEC], [4, 1], [1, 0])
     page, slot, ok = _key_rows(gather, n, page_size, gl.SliceLayout(1, layout), SPARSE)
     row = (base + page.to(gl.int64) * stride_page + slot * stride_slot + OFFSET).to(gl.pointer_type(dst.dtype))
@@ -206,18 +206,18 @@ def _gather_rows(base, stride_page, stride_slot, page_size, gather, n, dst, OFFS
 @gluon.jit
 def _dequant(k_lat, k_raw, k_scale, slot, PART: gl.constexpr):
     """FP8 (DeepSeek-V3.2 layout): turn latent half PART of the tile in ring slot `slot`, landed as e4m3 bytes
-    in the upper half of its own bf16/fp16 buffer with 4 fp32 scales per key beside it, into values in that
+    in the upper half of its own bf16/fp16 buffer with its 2 fp32 scales per key beside it, into values in that
     buffer (NVMMA layout), for the tensor cores. Every thread reads its bytes before any writes (a barrier
     between), then stores value * scale per 128-column group and fences the stores for the async proxy."""
     raw_layout: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])        # (64, 128) bytes
-    scale_layout: gl.constexpr = gl.BlockedLayout([1, 4], [32, 1], [4, 1], [1, 0])      # (64, 4) fp32
+    scale_layout: gl.constexpr = gl.BlockedLayout([1, 2], [32, 1], [4, 1], [1, 0])      # (64, 2) fp32
     raw = k_raw.index(2 * (2 * slot + PART) + 1)
     x0 = raw.slice(0, 128, dim=1).load(raw_layout)
     x1 = raw.slice(128, 128, dim=1).load(raw_layout)
-    scales = k_scale.index(slot).load(scale_layout)
-    group = gl.arange(0, 4, layout=gl.SliceLayout(0, scale_layout))[None, :]
-    s0 = gl.convert_layout(gl.sum(gl.where(group == 2 * PART, scales, 0.0), 1), gl.SliceLayout(1, raw_layout))
-    s1 = gl.convert_layout(gl.sum(gl.where(group == 2 * PART + 1, scales, 0.0), 1), gl.SliceLayout(1, raw_layout))
+    scales = k_scale.index(2 * slot + PART).load(scale_layout)
+    group = gl.arange(0, 2, layout=gl.SliceLayout(0, scale_layout))[None, :]
+    s0 = gl.convert_layout(gl.sum(gl.where(group == 0, scales, 0.0), 1), gl.SliceLayout(1, raw_layout))
+    s1 = gl.convert_layout(gl.sum(gl.where(group == 1, scales, 0.0), 1), gl.SliceLayout(1, raw_layout))
     gl.thread_barrier()
     dst = k_lat.index(2 * slot + PART)
     dst.slice(0, 128, dim=1).store((x0.to(gl.float8e4nv, bitcast=True).to(gl.float32) * s0[:, None]).to(dst.dtype))
@@ -232,8 +232,8 @@ def _load_part(k_lat_desc, k_rope_desc, bufs, table, page_size, gather, n, t, PA
     """Load one part (PART_L, PART_R or PART_ROPE) of key tile t (keys n .. n + 63 of the sequence whose
     block table row is `table`) into the tile's ring slot: one TMA copy (a bf16/fp16 paged cache), or a gather
     by the calling warpgroup's 128 threads (SPARSE or FP8), each arriving on the part's barrier when its
-    copies land. FP8 latent halves land as bytes (`_dequant` turns them into values), part L with the key's
-    scales. `bufs` = (k_lat, k_rope, k_ready, k_raw, k_scale); `gather` = (index row or block table row,
+    copies land. FP8 latent halves land as bytes (`_dequant` turns them into values), each with its own two
+    scales per key (a half may be dequantised before the other half has landed). `bufs` = (k_lat, k_rope, k_ready, k_raw, k_scale); `gather` = (index row or block table row,
     valid length, index bound, latent base, rope base, latent page / slot strides, rope page / slot strides)."""
     k_lat, k_rope, k_ready, k_raw, k_scale = bufs
     slot = t % STAGES
@@ -247,9 +247,8 @@ def _load_part(k_lat_desc, k_rope_desc, bufs, table, page_size, gather, n, t, PA
         elif FP8:
             _gather_rows(gather[3], gather[5], gather[6], page_size, gather, n,
                          k_raw.index(2 * (2 * slot + PART) + 1), PART * HALF, SPARSE)
-            if PART == PART_L:
-                _gather_rows(gather[3], gather[5], gather[6], page_size, gather, n, k_scale.index(slot),
-                             FP8_SCALE_OFF, SPARSE)
+            _gather_rows(gather[3], gather[5], gather[6], page_size, gather, n, k_scale.index(2 * slot + PART),
+                         FP8_SCALE_OFF + 8 * PART, SPARSE)
         else:
             _gather_rows(gather[3], gather[5], gather[6], page_size, gather, n, k_lat.index(2 * slot + PART),
                          PART * HALF, SPARSE)
@@ -547,9 +546,9 @@ def mla_decode_sm90_kernel(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_d
     k_lat = gl.allocate_shared_memory(dtype, [2 * STAGES, BLOCK_N, HALF], half_layout)
     k_rope = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, DT], rope_layout)
     # FP8: a latent half's e4m3 bytes land in the upper half of its own buffer (k_raw, index 2 * buffer + 1),
-    # the key's 4 scales beside the tile (k_scale).
+    # its two scales per key beside it (k_scale, one buffer per latent buffer).
     k_raw = k_lat._reinterpret(gl.uint8, [4 * STAGES, BLOCK_N, HALF], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
-    k_scale = gl.allocate_shared_memory(gl.float32, [STAGES if FP8 else 1, BLOCK_N, 4],
+    k_scale = gl.allocate_shared_memory(gl.float32, [2 * STAGES if FP8 else 1, BLOCK_N, 2],
                                         gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
     rows_smem = gl.allocate_shared_memory(gl.float32, [6, ROWS], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
