@@ -202,7 +202,7 @@ GLUON_MLA_SCRIPT = textwrap.dedent('''
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
     from fmha.kernels import mla_decode_sm90 as M
-    causal, sinks, dt, sparse, rope, fp8 = json.loads(sys.argv[1])
+    causal, sinks, dt, sparse, rope, fp8, extra = json.loads(sys.argv[1])
     el = gl.bfloat16 if dt == "bf16" else gl.float16
 
     def desc(rows, d, name=dt, e=el):
@@ -210,13 +210,17 @@ GLUON_MLA_SCRIPT = textwrap.dedent('''
         return f"tensordesc<{name}[1,{rows},{d}],{layout!r}>"
     # sparse: the token-sparse prefill form (cp.async gathers, no key descriptors, max_logits written).
     consts = dict(CAUSAL=causal, HAS_SINKS=sinks, SPARSE=sparse, FP8=fp8, HAS_MAX=sparse and not fp8, HAS_ROPE=rope,
+                  EXTRA=extra,
                   CONSUMER_REGS=M.CONSUMER_REGS)
     ptrs = dict(q_lat_desc=desc(64, 256), q_rope_desc=desc(64, 64), k_lat_desc=desc(64, 256),
                 k_rope_desc=desc(64, 64), o_desc=desc(64, 256), o_part_desc=desc(64, 256, "fp32", gl.float32),
                 LSE="*fp32", LSE_PART="*fp32", SCHED="*i32", SEQLENS="*i32", SPLIT_OFFSETS="*i32", SINKS="*fp32",
-                BLOCK_TABLE="*i32", KV_LAT=f"*{dt}", K_ROPE=f"*{dt}", VALID_LENS="*i32", MAX_LOGITS="*fp32")
-    if fp8:                                     # V3.2's packed rows, read as bytes
-        ptrs.update(KV_LAT="*u8", K_ROPE="*u8")
+                BLOCK_TABLE="*i32", KV_LAT=f"*{dt}", K_ROPE=f"*{dt}", VALID_LENS="*i32", MAX_LOGITS="*fp32",
+                X_LAT=f"*{dt}", X_ROPE=f"*{dt}", X_TABLE="*i32", X_VALID="*i32")
+    if fp8:                                     # packed FP8 rows (1: V3.2, 2: model1), read as bytes
+        ptrs.update(KV_LAT="*u8", K_ROPE="*u8", X_LAT="*u8", X_ROPE="*u8")
+    if not extra:
+        consts.update(X_LAT=None, X_ROPE=None, X_TABLE=None, X_VALID=None)
     if sparse or fp8:
         consts.update(k_lat_desc=None, k_rope_desc=None)
     if not sparse:
@@ -228,7 +232,8 @@ GLUON_MLA_SCRIPT = textwrap.dedent('''
     names = list(inspect.signature(M.mla_decode_sm90_kernel.fn).parameters)
     sig = {n: "constexpr" if n in consts else ptrs.get(n, "fp32" if n == "qk_scale_log2" else "i32") for n in names}
     # The JIT's divisibility hints for pointers and strides (sizes may be anything).
-    unaligned = {"batch", "seqlen_q", "group", "rows_per_k", "page_size", "index_bound"}
+    unaligned = {"batch", "seqlen_q", "group", "rows_per_k", "page_size", "index_bound", "main_span", "x_page_size",
+                 "x_bound"}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
              if sig[n].startswith("*") or (sig[n] == "i32" and n not in unaligned)}
     src = GluonASTSource(M.mla_decode_sm90_kernel, sig, constexprs={(names.index(k),): v for k, v in consts.items()},
@@ -248,16 +253,18 @@ GLUON_MLA_SCRIPT = textwrap.dedent('''
 
 
 @pytest.mark.cpu
-@pytest.mark.parametrize("case", [(False, False, "bf16", False, True, False), (True, True, "fp16", False, True, False),
-                                  (False, True, "bf16", True, True, False), (False, False, "bf16", True, False, False),
-                                  (False, True, "bf16", True, True, True), (True, False, "bf16", False, True, True)],
-                         ids=["mla-bf16", "mla-causal-sinks-fp16", "sparse-sinks", "sparse-d512", "sparse-fp8",
-                              "paged-fp8-causal"])
+@pytest.mark.parametrize("case", [(False, False, "bf16", False, True, 0, False), (True, True, "fp16", False, True, 0, False),
+                                  (False, True, "bf16", True, True, 0, False), (False, False, "bf16", True, False, 0, False),
+                                  (False, True, "bf16", True, True, 1, False), (True, False, "bf16", False, True, 1, False),
+                                  (False, True, "bf16", True, False, 2, True), (True, False, "bf16", False, False, 2, False)],
+                         ids=["mla-bf16", "mla-causal-sinks-fp16", "sparse-sinks", "sparse-d512", "sparse-fp8-v32",
+                              "paged-fp8-v32-causal", "sparse-fp8-model1-extra", "paged-fp8-model1"])
 def test_gluon_mla_compiles_for_sm90(case):
     """The Gluon MLA decode kernel for sm_90: two warpgroups (8 warps, so 255 registers a thread), wgmma that
     ptxas does not serialise for want of registers (its C7512 warning: what a third warpgroup caused), TMA-store
-    epilogue, shared memory within the H100 limit. The token-sparse and FP8 forms gather keys with 16-byte
-    cp.async copies, each thread arriving on the part's barrier (no TMA loads of keys)."""
+    epilogue, shared memory within the H100 limit. The token-sparse and FP8 forms (V3.2's and model1's
+    layouts, model1 with V4's second source) gather keys with cp.async copies, each thread arriving on the
+    part's barrier (no TMA loads of keys)."""
     env = dict(os.environ, TRITON_INTERPRET="0")
     proc = subprocess.run([sys.executable, "-c", GLUON_MLA_SCRIPT, json.dumps(case)], env=env, capture_output=True,
                           text=True, timeout=600)
@@ -265,7 +272,7 @@ def test_gluon_mla_compiles_for_sm90(case):
     info = json.loads(proc.stdout.strip().splitlines()[-1])
     assert info["wgmma"] and info["tma_store"], info
     assert info["warps"] == 8, info
-    gather = case[3] or case[5]
+    gather = bool(case[3] or case[5])
     assert (info["gathers"] > 0 and info["arrives"] > 0) == gather, info
     assert not info["serialized"], "ptxas serialised the wgmmas (insufficient registers)"
     assert info["shared"] <= 232448, f"shared memory {info['shared']} over the H100 limit"

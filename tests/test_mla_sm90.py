@@ -9,8 +9,8 @@ import fmha.mla as flash_mla
 from fmha.kernels import mla_decode_sm90
 from fmha.reference import mla_decode_ref
 from fmha.reference import mla_sparse_decode_ref
-from test_mla import (D_QK, D_V, _check, _paged_cache, _seqlens, test_fp8_kvcache, test_head_dim_512,
-                      test_sparse_decode, test_sparse_prefill)
+from test_mla import (D_QK, D_V, _check, _paged_cache, _seqlens, test_extra_kv_source, test_fp8_kvcache,
+                      test_head_dim_512, test_sparse_decode, test_sparse_prefill)
 
 pytestmark = pytest.mark.gpu
 
@@ -104,11 +104,21 @@ def test_gluon_sparse_decode(gluon_calls, h_q, s_q, page_size, with_sink):
     assert gluon_calls
 
 
+@pytest.mark.parametrize("layout", ["v32", "model1"])
 @pytest.mark.parametrize("sparse", [False, True], ids=["paged", "sparse"])
-def test_gluon_fp8_v32(gluon_calls, sparse):
-    """DeepSeek-V3.2's FP8 cache through the gather path: e4m3 bytes and scales land by cp.async and are
-    dequantised in shared memory (test_mla's FP8 cases: 1e4s packed in unused pages, -1 indices, trimming)."""
-    test_fp8_kvcache(("cuda", torch.bfloat16), "v32", sparse)
+def test_gluon_fp8(gluon_calls, layout, sparse):
+    """FP8 caches (DeepSeek-V3.2's and V4's layouts) through the gather path: e4m3 bytes and scales land by
+    cp.async and are dequantised in shared memory (test_mla's FP8 cases: 1e4s packed in unused pages, -1
+    indices, trimming)."""
+    test_fp8_kvcache(("cuda", torch.bfloat16), layout, sparse)
+    assert gluon_calls
+
+
+@pytest.mark.parametrize("with_sink", [False, True], ids=["", "sink"])
+@pytest.mark.parametrize("layout", [None, "model1"], ids=["bf16", "fp8-model1"])
+def test_gluon_extra_kv_source(gluon_calls, with_sink, layout):
+    """DeepSeek-V4's two sources (page 256 + a page-64 sliding window) in one launch of the Gluon kernel."""
+    test_extra_kv_source(("cuda", torch.bfloat16), with_sink, layout)
     assert gluon_calls
 
 

@@ -394,18 +394,20 @@ def mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens
     overridden = backend == "triton" or tiles is not None or use_tma is not None
     if block_table.dim() == 3 and heads_k == 1:
         block_table = block_table[:, 0]           # sparse prefill's (tokens, h_kv = 1, topk) index rows
-    if (not overridden and not interpret and fp8_layout in (None, "v32") and extra is None and block_table.dim() == 2
-            and gluon_enabled()):
-        # One KV head, bf16/fp16 (or V3.2's FP8), >= 16 packed rows on Hopper, paged or token-sparse: the Gluon
-        # kernel (no duplicated score tile). Decided before the portable kernel's tiles and descriptors.
+    if (not overridden and not interpret and block_table.dim() == 2 and gluon_enabled()
+            and (extra is None or (extra[2].dim() == 2 and extra[0].shape[2] == 1))):
+        # One KV head, >= 16 packed rows on Hopper (bf16/fp16 or FP8 caches, paged or token-sparse, with an extra
+        # source or not): the Gluon kernel (no duplicated score tile). Decided before the portable kernel's tiles
+        # and descriptors.
         from . import mla_decode_sm90
-        fp8 = fp8_layout is not None
-        views = mla_decode_sm90.supported(q_lat, q_rope, kv_lat, k_rope, out, rows_per_k, sparse=sparse, fp8=fp8)
+        views = mla_decode_sm90.supported(q_lat, q_rope, kv_lat, k_rope, out, rows_per_k, sparse=sparse,
+                                          fp8_layout=fp8_layout)
         if views is not None:
             mla_decode_sm90.mla_decode_forward_sm90(views, q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens,
                                                     metadata, split_offsets, out, lse, o_part, lse_part,
                                                     softmax_scale=softmax_scale, causal=causal, sinks=sinks,
-                                                    valid_lens=valid_lens, max_logits=max_logits, fp8=fp8)
+                                                    valid_lens=valid_lens, max_logits=max_logits,
+                                                    fp8_layout=fp8_layout, extra=extra)
             if not whole:
                 combine(out, lse, o_part, lse_part, rows_per_k=rows_per_k, group=group, split_offsets=split_offsets,
                         sinks=sinks, empty_lse=float("inf"))

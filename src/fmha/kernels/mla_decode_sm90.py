@@ -55,9 +55,12 @@ PART_L = gl.constexpr(0)
 PART_R = gl.constexpr(1)
 PART_ROPE = gl.constexpr(2)
 PARTS = gl.constexpr(3)
-# DeepSeek-V3.2's FP8 cache row (656 bytes, `_kv_fp8.py`): 512 e4m3 | 4 fp32 scales | 64 bf16 RoPE values.
-FP8_SCALE_OFF = gl.constexpr(512)
-FP8_ROPE_OFF = gl.constexpr(528)
+# FP8 cache layouts (`_kv_fp8.py`): V3.2, 656 bytes a key: 512 e4m3 | 4 fp32 scales | 64 bf16 RoPE values;
+# model1 (V4), 584 bytes: 448 e4m3 | 64 bf16 RoPE values | 7 UE8M0 scales | a padding byte.
+V32 = gl.constexpr(1)
+MODEL1 = gl.constexpr(2)
+MODEL1_NOPE = gl.constexpr(448)
+SCALE_SMEM = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
 LN2 = gl.constexpr(0.6931471805599453)
 LOG2E = gl.constexpr(1.4426950408889634)
 STAGES = gl.constexpr(2)          # key tiles in flight: 2 x 72 KB
@@ -79,15 +82,18 @@ def _piece(SEQLENS, b, blk, remaining):
 
 @gluon.jit
 def _score_part(q_lat, q_rope, bufs, t, s, PART: gl.constexpr, GATHER: gl.constexpr, FP8: gl.constexpr):
-    """Add one part of Q·Kᵀ for key tile t (async), once that part has landed (FP8: and been dequantised)."""
+    """Add one part of Q·Kᵀ for key tile t (async), once that part has landed (FP8: and been dequantised;
+    model1's half R also takes the RoPE part's values)."""
     k_lat, k_rope, k_ready, k_raw, k_scale = bufs
     slot = t % STAGES
     _landed(k_ready, t, PART, GATHER)
     if PART == PART_ROPE:
         s = warpgroup_mma(q_rope, k_rope.index(slot).permute((1, 0)), s, is_async=True)
     else:
-        if FP8:
-            _dequant(k_lat, k_raw, k_scale, slot, PART)
+        if FP8 != 0:
+            if (FP8 == MODEL1) and (PART == PART_R):
+                _landed(k_ready, t, PART_ROPE, GATHER)
+            _dequant(bufs, slot, PART, FP8)
         s = warpgroup_mma(q_lat.index(PART), k_lat.index(2 * slot + PART).permute((1, 0)), s, is_async=True)
     return s
 
@@ -116,12 +122,22 @@ def _landed(k_ready, t, PART: gl.constexpr, GATHER: gl.constexpr):
 
 
 @gluon.jit
-def _key_ok(gather, n, s_layout: gl.constexpr):
-    """SPARSE: which keys of the tile at key n exist: within the token's valid length, index >= 0 and inside
-    the cache. `gather` = (table row, valid length, index bound, ...)."""
+def _key_ok(src, n, s_layout: gl.constexpr):
+    """SPARSE: which keys of the tile at key n of source `src` exist: within the token's valid length, index
+    >= 0 and inside the cache."""
     k_pos = n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-    token = gl.load(gather[0] + k_pos, mask=k_pos < gather[1], other=-1)
-    return (token >= 0) & (token < gather[2])
+    token = gl.load(src[0] + k_pos, mask=k_pos < src[1], other=-1)
+    return (token >= 0) & (token < src[2])
+
+
+@gluon.jit
+def _tile_keys_ok(kv, n, s_layout: gl.constexpr, EXTRA: gl.constexpr):
+    """`_key_ok` of the tile at planned key n: the main source's keys, then (EXTRA) the second source's from
+    the planned row's key main_span on."""
+    if EXTRA:
+        if n >= kv[6]:
+            return _key_ok(kv[5], n - kv[6], s_layout)
+    return _key_ok(kv[4], n, s_layout)
 
 
 @gluon.jit
@@ -171,87 +187,147 @@ def _signal(bar):
 
 
 @gluon.jit
-def _key_rows(gather, n, page_size, rows_layout: gl.constexpr, SPARSE: gl.constexpr):
-    """(page, slot, exists) of the keys n .. n + 63: SPARSE from the token's index row (flat positions
-    page * page_size + slot; invalid: negative, past the cache or past the valid length), else from the
-    sequence's block table row (keys past its length do not exist)."""
+def _key_rows(src, n, rows_layout: gl.constexpr, SPARSE: gl.constexpr):
+    """(page, slot, exists) of the keys n .. n + 63 of source `src`: SPARSE from the token's index row (flat
+    positions page * page_size + slot; invalid: negative, past the cache or past the valid length), else from
+    the sequence's block table row (keys past its length do not exist)."""
     k_pos = n + gl.arange(0, BLOCK_N, layout=rows_layout)
+    page_size = src[9]
     if SPARSE:
-        token = gl.load(gather[0] + k_pos, mask=k_pos < gather[1], other=-1)
-        ok = (token >= 0) & (token < gather[2])
+        token = gl.load(src[0] + k_pos, mask=k_pos < src[1], other=-1)
+        ok = (token >= 0) & (token < src[2])
         token = gl.where(ok, token, 0)
         return token // page_size, token % page_size, ok
     else:
-        ok = k_pos < gather[1]
-        return gl.load(gather[0] + k_pos // page_size, mask=ok, other=0), k_pos % page_size, ok
+        ok = k_pos < src[1]
+        return gl.load(src[0] + k_pos // page_size, mask=ok, other=0), k_pos % page_size, ok
 
 
 @gluon.jit
-def _gather_rows(base, stride_page, stride_slot, page_size, gather, n, dst, OFFSET: gl.constexpr,
+def _gather_rows(base, stride_page, stride_slot, src, n, dst, OFFSET: gl.constexpr, WIDTH: gl.constexpr,
                  SPARSE: gl.constexpr):
-    """cp.async, 16 bytes a copy, the keys n .. n + 63 into `dst` (BLOCK_N, width): each key's row starts at
-    `base + page * stride_page + slot * stride_slot + OFFSET` (in base's elements) and is read as dst's dtype.
-    Keys that do not exist are zero-filled: the cache may hold NaN there, and 0 * NaN would poison the output."""
-    VEC: gl.constexpr = min(128 // dst.dtype.primitive_bitwidth, dst.shape[1])
-    CHUNK: gl.constexpr = min(8 * VEC, dst.shape[1])
+    """cp.async, up to 16 bytes a copy, the keys n .. n + 63 of source `src` into the first WIDTH columns of
+    `dst` (BLOCK_N, >= WIDTH): each key's row starts at `base + page * stride_page + slot * stride_slot +
+    OFFSET` (in base's elements) and is read as dst's dtype. Keys that do not exist are zero-filled: the cache
+    may hold NaN there, and 0 * NaN would poison the output."""
+    VEC: gl.constexpr = min(128 // dst.dtype.primitive_bitwidth, WIDTH)
+    CHUNK: gl.constexpr = 8 * VEC if WIDTH % (8 * VEC) == 0 else (4 * VEC if WIDTH % (4 * VEC) == 0 else WIDTH)
     layout: gl.constexpr = gl.BlockedLayout([1, VEC], [32 * VEC // CHUNK, CHUNK // VEC], [4, 1], [1, 0])
-    page, slot, ok = _key_rows(gather, n, page_size, gl.SliceLayout(1, layout), SPARSE)
+    page, slot, ok = _key_rows(src, n, gl.SliceLayout(1, layout), SPARSE)
     row = (base + page.to(gl.int64) * stride_page + slot * stride_slot + OFFSET).to(gl.pointer_type(dst.dtype))
     cols = gl.arange(0, CHUNK, layout=gl.SliceLayout(0, layout))
-    for j in gl.static_range(dst.shape[1] // CHUNK):
+    for j in gl.static_range(WIDTH // CHUNK):
         async_copy.async_copy_global_to_shared(dst.slice(CHUNK * j, CHUNK, dim=1),
                                                row[:, None] + (CHUNK * j + cols)[None, :], mask=ok[:, None])
 
 
 @gluon.jit
-def _dequant(k_lat, k_raw, k_scale, slot, PART: gl.constexpr):
-    """FP8 (DeepSeek-V3.2 layout): turn latent half PART of the tile in ring slot `slot`, landed as e4m3 bytes
-    in the upper half of its own bf16/fp16 buffer with its 2 fp32 scales per key beside it, into values in that
-    buffer (NVMMA layout), for the tensor cores. Every thread reads its bytes before any writes (a barrier
-    between), then stores value * scale per 128-column group and fences the stores for the async proxy."""
-    raw_layout: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])        # (64, 128) bytes
-    scale_layout: gl.constexpr = gl.BlockedLayout([1, 2], [32, 1], [4, 1], [1, 0])      # (64, 2) fp32
+def _gather_part(src, n, bufs, slot, PART: gl.constexpr, SPARSE: gl.constexpr, FP8: gl.constexpr):
+    """Issue the cp.async copies of one part of the tile at key n of source `src` = (index or block table
+    row, valid length, index bound, latent base, rope base, latent page / slot strides, rope page / slot
+    strides, page size). bf16/fp16: the values. FP8: a latent half's e4m3 bytes into the upper half of its
+    own buffer (`_dequant` turns them into values) with its scales; the RoPE part's bf16 values as they are."""
+    k_lat, k_rope, k_ready, k_raw, k_scale = bufs
+    if PART == PART_ROPE:
+        _gather_rows(src[4], src[7], src[8], src, n, k_rope.index(slot), _fp8_field(FP8, 2, 0), DT, SPARSE)
+    elif FP8 != 0:
+        # model1's half R: e4m3 columns 256-447 (448-511 are the RoPE values); its 3 scales and the padding byte.
+        WIDTH: gl.constexpr = MODEL1_NOPE - HALF if (FP8 == MODEL1) and (PART == PART_R) else HALF
+        _gather_rows(src[3], src[5], src[6], src, n, k_raw.index(2 * (2 * slot + PART) + 1), PART * HALF, WIDTH,
+                     SPARSE)
+        _gather_rows(src[3], src[5], src[6], src, n, k_scale.index(2 * slot + PART), _fp8_field(FP8, 1, PART),
+                     4 if FP8 == MODEL1 else 8, SPARSE)
+    else:
+        _gather_rows(src[3], src[5], src[6], src, n, k_lat.index(2 * slot + PART), PART * HALF, HALF, SPARSE)
+
+
+@gluon.jit
+def _fp8_field(FP8: gl.constexpr, FIELD: gl.constexpr, PART: gl.constexpr):
+    """Byte offset in an FP8 cache row (`_kv_fp8.py`) of FIELD 1 (half PART's scales: V3.2 two fp32, model1
+    four UE8M0 bytes) or 2 (the 64 bf16 RoPE values). 0 for bf16/fp16 caches."""
+    if FP8 == V32:
+        return 512 + 8 * PART if FIELD == 1 else 528
+    elif FP8 == MODEL1:
+        return 576 + 4 * PART if FIELD == 1 else MODEL1_NOPE
+    else:
+        return 0
+
+
+@gluon.jit
+def _dequant_chunk(x, scale, dst, J: gl.constexpr):
+    """Store e4m3 bytes x (BLOCK_N, 64) times their per-key scale into columns 64J .. 64J + 63 of dst."""
+    value = x.to(gl.float8e4nv, bitcast=True).to(gl.float32) * scale[:, None]
+    dst.slice(64 * J, 64, dim=1).store(value.to(dst.dtype))
+
+
+@gluon.jit
+def _chunk_scale(scales, J: gl.constexpr, FP8: gl.constexpr, layout: gl.constexpr):
+    """Per-key scale of 64-column chunk J of a latent half: V3.2 fp32 scale J // 2 (groups of 128), model1
+    UE8M0 byte J (2^(byte - 127), groups of 64)."""
+    col = gl.arange(0, scales.shape[1], layout=gl.SliceLayout(0, scales.type.layout))[None, :]
+    if FP8 == V32:
+        s = gl.sum(gl.where(col == J // 2, scales, 0.0), 1)
+    else:
+        s = gl.exp2(gl.sum(gl.where(col == J, scales.to(gl.float32), 0.0), 1) - 127.0)
+    return gl.convert_layout(s, gl.SliceLayout(1, layout))
+
+
+@gluon.jit
+def _dequant(bufs, slot, PART: gl.constexpr, FP8: gl.constexpr):
+    """FP8: turn latent half PART of the tile in ring slot `slot`, landed as e4m3 bytes in the upper half of its
+    own buffer with its scales beside it, into values in that buffer (NVMMA layout), for the tensor cores; for
+    model1's half R the last 64 columns are the RoPE values, landed bf16 in the tile's RoPE slot. Every thread
+    reads what it needs before any writes (a barrier between), then stores and fences for the async proxy."""
+    k_lat, k_rope, k_ready, k_raw, k_scale = bufs
+    layout: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])           # (64, 64) bytes
     raw = k_raw.index(2 * (2 * slot + PART) + 1)
-    x0 = raw.slice(0, 128, dim=1).load(raw_layout)
-    x1 = raw.slice(128, 128, dim=1).load(raw_layout)
-    scales = k_scale.index(2 * slot + PART).load(scale_layout)
-    group = gl.arange(0, 2, layout=gl.SliceLayout(0, scale_layout))[None, :]
-    s0 = gl.convert_layout(gl.sum(gl.where(group == 0, scales, 0.0), 1), gl.SliceLayout(1, raw_layout))
-    s1 = gl.convert_layout(gl.sum(gl.where(group == 1, scales, 0.0), 1), gl.SliceLayout(1, raw_layout))
+    x0 = raw.slice(0, 64, dim=1).load(layout)
+    x1 = raw.slice(64, 64, dim=1).load(layout)
+    x2 = raw.slice(128, 64, dim=1).load(layout)
+    if FP8 == V32:
+        scales = k_scale.index(2 * slot + PART)._reinterpret(gl.float32, [BLOCK_N, 2], SCALE_SMEM).load(
+            gl.BlockedLayout([1, 2], [32, 1], [4, 1], [1, 0]))
+    else:
+        scales = k_scale.index(2 * slot + PART).load(gl.BlockedLayout([1, 8], [32, 1], [4, 1], [1, 0]))
+    if (FP8 == MODEL1) and (PART == PART_R):
+        x3 = k_rope.index(slot).load(layout)                        # bf16 RoPE values, (64, 64)
+    else:
+        x3 = raw.slice(192, 64, dim=1).load(layout)
     gl.thread_barrier()
     dst = k_lat.index(2 * slot + PART)
-    dst.slice(0, 128, dim=1).store((x0.to(gl.float8e4nv, bitcast=True).to(gl.float32) * s0[:, None]).to(dst.dtype))
-    dst.slice(128, 128, dim=1).store((x1.to(gl.float8e4nv, bitcast=True).to(gl.float32) * s1[:, None]).to(dst.dtype))
+    _dequant_chunk(x0, _chunk_scale(scales, 0, FP8, layout), dst, 0)
+    _dequant_chunk(x1, _chunk_scale(scales, 1, FP8, layout), dst, 1)
+    _dequant_chunk(x2, _chunk_scale(scales, 2, FP8, layout), dst, 2)
+    if (FP8 == MODEL1) and (PART == PART_R):
+        dst.slice(192, 64, dim=1).store(x3.to(dst.dtype))
+    else:
+        _dequant_chunk(x3, _chunk_scale(scales, 3, FP8, layout), dst, 3)
     fence_async_shared()
     gl.thread_barrier()
 
 
 @gluon.jit
-def _load_part(k_lat_desc, k_rope_desc, bufs, table, page_size, gather, n, t, PART: gl.constexpr,
-               SPARSE: gl.constexpr, FP8: gl.constexpr, HAS_ROPE: gl.constexpr):
-    """Load one part (PART_L, PART_R or PART_ROPE) of key tile t (keys n .. n + 63 of the sequence whose
-    block table row is `table`) into the tile's ring slot: one TMA copy (a bf16/fp16 paged cache), or a gather
-    by the calling warpgroup's 128 threads (SPARSE or FP8), each arriving on the part's barrier when its
-    copies land. FP8 latent halves land as bytes (`_dequant` turns them into values), each with its own two
-    scales per key (a half may be dequantised before the other half has landed). `bufs` = (k_lat, k_rope, k_ready, k_raw, k_scale); `gather` = (index row or block table row,
-    valid length, index bound, latent base, rope base, latent page / slot strides, rope page / slot strides)."""
+def _load_part(kv, bufs, n, t, PART: gl.constexpr, SPARSE: gl.constexpr, FP8: gl.constexpr,
+               ROPE_PART: gl.constexpr, EXTRA: gl.constexpr):
+    """Load one part (PART_L, PART_R or PART_ROPE) of key tile t (planned keys n .. n + 63) into the tile's
+    ring slot: one TMA copy (a bf16/fp16 paged cache), or a gather by the calling warpgroup's 128 threads
+    (SPARSE or FP8), each arriving on the part's barrier when its copies land. `kv` = (latent descriptor, rope
+    descriptor, block table row, page size, main source, extra source, main_span) (`_gather_part` has the
+    sources); ROPE_PART: the tile has a RoPE part to load (none for bf16 head_dim 512)."""
+    k_lat_desc, k_rope_desc, table, page_size, main, extra, main_span = kv
     k_lat, k_rope, k_ready, k_raw, k_scale = bufs
     slot = t % STAGES
     bar = k_ready.index(PARTS * slot + PART)
-    if (PART == PART_ROPE) and (not HAS_ROPE):
-        pass                          # no RoPE columns (DeepSeek-V4's 512): the slot only carries P
-    elif SPARSE or FP8:
-        if PART == PART_ROPE:
-            _gather_rows(gather[4], gather[7], gather[8], page_size, gather, n, k_rope.index(slot),
-                         FP8_ROPE_OFF if FP8 else 0, SPARSE)
-        elif FP8:
-            _gather_rows(gather[3], gather[5], gather[6], page_size, gather, n,
-                         k_raw.index(2 * (2 * slot + PART) + 1), PART * HALF, SPARSE)
-            _gather_rows(gather[3], gather[5], gather[6], page_size, gather, n, k_scale.index(2 * slot + PART),
-                         FP8_SCALE_OFF + 8 * PART, SPARSE)
+    if (PART == PART_ROPE) and (not ROPE_PART):
+        pass                          # no RoPE columns: the slot only carries P
+    elif SPARSE or (FP8 != 0):
+        if EXTRA:
+            if n >= main_span:
+                _gather_part(extra, n - main_span, bufs, slot, PART, SPARSE, FP8)
+            else:
+                _gather_part(main, n, bufs, slot, PART, SPARSE, FP8)
         else:
-            _gather_rows(gather[3], gather[5], gather[6], page_size, gather, n, k_lat.index(2 * slot + PART),
-                         PART * HALF, SPARSE)
+            _gather_part(main, n, bufs, slot, PART, SPARSE, FP8)
         async_copy.mbarrier_arrive(bar, increment_count=False)
     else:
         page = gl.load(table + n // page_size)
@@ -266,28 +342,30 @@ def _load_part(k_lat_desc, k_rope_desc, bufs, table, page_size, gather, n, t, PA
 
 
 @gluon.jit
-def _load_parts(k_lat_desc, k_rope_desc, bufs, table, page_size, gather, n, t, FIRST: gl.constexpr,
-                SECOND: gl.constexpr, SPARSE: gl.constexpr, FP8: gl.constexpr, HAS_ROPE: gl.constexpr):
-    _load_part(k_lat_desc, k_rope_desc, bufs, table, page_size, gather, n, t, FIRST, SPARSE, FP8, HAS_ROPE)
-    _load_part(k_lat_desc, k_rope_desc, bufs, table, page_size, gather, n, t, SECOND, SPARSE, FP8, HAS_ROPE)
+def _load_parts(kv, bufs, n, t, FIRST: gl.constexpr, SECOND: gl.constexpr, SPARSE: gl.constexpr,
+                FP8: gl.constexpr, ROPE_PART: gl.constexpr, EXTRA: gl.constexpr):
+    _load_part(kv, bufs, n, t, FIRST, SPARSE, FP8, ROPE_PART, EXTRA)
+    _load_part(kv, bufs, n, t, SECOND, SPARSE, FP8, ROPE_PART, EXTRA)
 
 
 @gluon.jit
-def _load_tile(k_lat_desc, k_rope_desc, bufs, table, page_size, gather, n, t, SPARSE: gl.constexpr,
-               FP8: gl.constexpr, HAS_ROPE: gl.constexpr):
-    _load_parts(k_lat_desc, k_rope_desc, bufs, table, page_size, gather, n, t, PART_L, PART_R, SPARSE, FP8,
-                HAS_ROPE)
-    _load_part(k_lat_desc, k_rope_desc, bufs, table, page_size, gather, n, t, PART_ROPE, SPARSE, FP8, HAS_ROPE)
+def _load_tile(kv, bufs, n, t, SPARSE: gl.constexpr, FP8: gl.constexpr, ROPE_PART: gl.constexpr,
+               EXTRA: gl.constexpr):
+    _load_parts(kv, bufs, n, t, PART_L, PART_R, SPARSE, FP8, ROPE_PART, EXTRA)
+    _load_part(kv, bufs, n, t, PART_ROPE, SPARSE, FP8, ROPE_PART, EXTRA)
 
 
 @gluon.jit
 def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_desc,
               q_lat, q_rope, bufs, q_ready, q_free, handoff, rows_smem,
               LSE, LSE_PART, SCHED, SEQLENS, SPLIT_OFFSETS, SINKS, BLOCK_TABLE, KV_LAT, K_ROPE, VALID_LENS, MAX_LOGITS,
+              X_LAT, X_ROPE, X_TABLE, X_VALID,
               batch, seqlen_q, group, rows_per_k, page_size, stride_bt, qk_scale_log2, stride_lb, stride_lh,
               stride_ls, stride_lps, index_bound, stride_kp, stride_ks, stride_rp, stride_rs, stride_mb, stride_mh,
+              main_span, x_page_size, x_bound, stride_xt, stride_xp, stride_xs, stride_xrp, stride_xrs,
               WG: gl.constexpr, CAUSAL: gl.constexpr, HAS_SINKS: gl.constexpr, SPARSE: gl.constexpr,
-              FP8: gl.constexpr, GATHER: gl.constexpr, HAS_MAX: gl.constexpr, HAS_ROPE: gl.constexpr):
+              FP8: gl.constexpr, GATHER: gl.constexpr, HAS_MAX: gl.constexpr, HAS_ROPE: gl.constexpr,
+              ROPE_PART: gl.constexpr, EXTRA: gl.constexpr):
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -331,7 +409,12 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
                 valid = gl.load(VALID_LENS + b)
             if GATHER:
                 zero_from = 1 << 30
-            gather = (table, valid, index_bound, KV_LAT, K_ROPE, stride_kp, stride_ks, stride_rp, stride_rs)
+            main = (table, valid, index_bound, KV_LAT, K_ROPE, stride_kp, stride_ks, stride_rp, stride_rs, page_size)
+            extra = main
+            if EXTRA:                     # the second source's keys follow the main source's main_span keys
+                extra = (X_TABLE + b.to(gl.int64) * stride_xt, gl.load(X_VALID + b), x_bound, X_LAT, X_ROPE,
+                         stride_xp, stride_xs, stride_xrp, stride_xrs, x_page_size)
+            kv = (k_lat_desc, k_rope_desc, table, page_size, main, extra, main_span)
             if WG == 0:
                 # The piece's Q and first two tiles, once both warpgroups are done with the last piece (its Q
                 # buffer also staged their outputs).
@@ -346,10 +429,9 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
                                                 q_lat.index(0).reshape(q_lat_desc.block_type.shape))
                 tma.async_copy_global_to_shared(q_lat_desc, [b, row0, HALF], q_ready,
                                                 q_lat.index(1).reshape(q_lat_desc.block_type.shape))
-                _load_tile(k_lat_desc, k_rope_desc, bufs, table, page_size, gather, blk * BLOCK_N, c, SPARSE, FP8, HAS_ROPE)
+                _load_tile(kv, bufs, blk * BLOCK_N, c, SPARSE, FP8, ROPE_PART, EXTRA)
                 if take > 1:
-                    _load_tile(k_lat_desc, k_rope_desc, bufs, table, page_size, gather,
-                               (blk + 1) * BLOCK_N, c + 1, SPARSE, FP8, HAS_ROPE)
+                    _load_tile(kv, bufs, (blk + 1) * BLOCK_N, c + 1, SPARSE, FP8, ROPE_PART, EXTRA)
             # Causal (bottom-right): query i sees keys j <= seqlen - seqlen_q + i.
             full = seqlen
             last_visible = gl.zeros([ROWS], gl.int32, row_s) + (seqlen - 1)
@@ -374,7 +456,7 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
                 has1 = i + 1 < take
                 ph = pairs & 1
                 if WG == 0:
-                    key_ok = _key_ok(gather, n0, s_layout) if SPARSE else 0
+                    key_ok = _tile_keys_ok(kv, n0, s_layout, EXTRA) if SPARSE else 0
                     s = _mask(warpgroup_mma_wait(0, deps=(s_tok,)), n0, full, seqlen, last_visible, qk_scale_log2,
                               key_ok, s_layout, SPARSE)
                     m_new = gl.maximum(m_i, gl.max(s, 1))
@@ -398,8 +480,7 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
                     _signal(handoff.index(2))
                     acc = warpgroup_mma_wait(0, deps=(o_tok,))
                     if i + 2 < take:          # this slot's half L is free: the next pair's first tile
-                        _load_part(k_lat_desc, k_rope_desc, bufs, table, page_size, gather,
-                                   n0 + 2 * BLOCK_N, c + 2, PART_L, SPARSE, FP8, HAS_ROPE)
+                        _load_part(kv, bufs, n0 + 2 * BLOCK_N, c + 2, PART_L, SPARSE, FP8, ROPE_PART, EXTRA)
                     acc = acc * gl.convert_layout(alpha1, row_o)[:, None]
                     l_i = l_i * alpha1
                     mbarrier.wait(handoff.index(3), ph)
@@ -413,13 +494,12 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
                         o_tok = warpgroup_mma(k_rope.index(slot1), v1, acc, is_async=True)
                         acc = warpgroup_mma_wait(0, deps=(o_tok,))
                         if i + 3 < take:
-                            _load_parts(k_lat_desc, k_rope_desc, bufs, table, page_size, gather,
-                                        n1 + 2 * BLOCK_N, c + 3, PART_L, PART_ROPE, SPARSE, FP8, HAS_ROPE)
+                            _load_parts(kv, bufs, n1 + 2 * BLOCK_N, c + 3, PART_L, PART_ROPE, SPARSE, FP8, ROPE_PART, EXTRA)
                     if i + 2 < take:
                         s_tok = _scores(q_lat, q_rope, bufs, c + 2, PART_L, s_layout, GATHER, FP8, HAS_ROPE)
                 else:
                     if has1:
-                        key_ok = _key_ok(gather, n1, s_layout) if SPARSE else 0
+                        key_ok = _tile_keys_ok(kv, n1, s_layout, EXTRA) if SPARSE else 0
                         s = _mask(warpgroup_mma_wait(0, deps=(s_tok,)), n1, full, seqlen, last_visible,
                                   qk_scale_log2, key_ok, s_layout, SPARSE)
                     else:
@@ -459,12 +539,10 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
                     o_tok = warpgroup_mma(k_rope.index(c % STAGES), v0, o_tok, is_async=True)
                     if i + 3 < take:
                         warpgroup_mma_wait(1, deps=(o_tok,))        # P1·V1_R is done, P0·V0_R may not be
-                        _load_part(k_lat_desc, k_rope_desc, bufs, table, page_size, gather,
-                                   n1 + 2 * BLOCK_N, c + 3, PART_R, SPARSE, FP8, HAS_ROPE)
+                        _load_part(kv, bufs, n1 + 2 * BLOCK_N, c + 3, PART_R, SPARSE, FP8, ROPE_PART, EXTRA)
                     acc = warpgroup_mma_wait(0, deps=(o_tok,))
                     if i + 2 < take:
-                        _load_parts(k_lat_desc, k_rope_desc, bufs, table, page_size, gather,
-                                    n0 + 2 * BLOCK_N, c + 2, PART_R, PART_ROPE, SPARSE, FP8, HAS_ROPE)
+                        _load_parts(kv, bufs, n0 + 2 * BLOCK_N, c + 2, PART_R, PART_ROPE, SPARSE, FP8, ROPE_PART, EXTRA)
                     if i + 3 < take:
                         s_tok = _scores(q_lat, q_rope, bufs, c + 3, PART_R, s_layout, GATHER, FP8, HAS_ROPE)
                 c += gl.minimum(take - i, 2)
@@ -529,16 +607,20 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
 @gluon.jit
 def mla_decode_sm90_kernel(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_desc, LSE, LSE_PART,
                            SCHED, SEQLENS, SPLIT_OFFSETS, SINKS, BLOCK_TABLE, KV_LAT, K_ROPE, VALID_LENS, MAX_LOGITS,
+                           X_LAT, X_ROPE, X_TABLE, X_VALID,
                            batch, seqlen_q, group, rows_per_k, page_size, stride_bt, qk_scale_log2,
                            stride_lb, stride_lh, stride_ls, stride_lps,
                            index_bound, stride_kp, stride_ks, stride_rp, stride_rs, stride_mb, stride_mh,
+                           main_span, x_page_size, x_bound, stride_xt, stride_xp, stride_xs, stride_xrp, stride_xrs,
                            CAUSAL: gl.constexpr, HAS_SINKS: gl.constexpr, SPARSE: gl.constexpr, FP8: gl.constexpr,
-                           HAS_MAX: gl.constexpr, HAS_ROPE: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+                           HAS_MAX: gl.constexpr, HAS_ROPE: gl.constexpr, EXTRA: gl.constexpr,
+                           CONSUMER_REGS: gl.constexpr):
     """Grid (parts, query blocks of 64 packed rows); a single KV head. Two warpgroups, no producer warp: a
     third warpgroup would cap every thread at 168 registers (65536 / 384), and ptxas then serialises the
     wgmmas of a 64 x 256 fp32 accumulator kernel."""
     dtype: gl.constexpr = q_lat_desc.dtype
-    GATHER: gl.constexpr = SPARSE or FP8
+    GATHER: gl.constexpr = SPARSE or (FP8 != 0)
+    ROPE_PART: gl.constexpr = HAS_ROPE or (FP8 == MODEL1)      # model1's RoPE values land in the RoPE slot
     half_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, HALF], dtype)
     rope_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, DT], dtype)
     q_lat = gl.allocate_shared_memory(dtype, [2, ROWS, HALF], half_layout)
@@ -548,8 +630,7 @@ def mla_decode_sm90_kernel(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_d
     # FP8: a latent half's e4m3 bytes land in the upper half of its own buffer (k_raw, index 2 * buffer + 1),
     # its two scales per key beside it (k_scale, one buffer per latent buffer).
     k_raw = k_lat._reinterpret(gl.uint8, [4 * STAGES, BLOCK_N, HALF], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
-    k_scale = gl.allocate_shared_memory(gl.float32, [2 * STAGES if FP8 else 1, BLOCK_N, 2],
-                                        gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    k_scale = gl.allocate_shared_memory(gl.uint8, [2 * STAGES if FP8 != 0 else 1, BLOCK_N, 8], SCALE_SMEM)
     rows_smem = gl.allocate_shared_memory(gl.float32, [6, ROWS], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     q_ready = q_bars.index(0)
@@ -568,15 +649,19 @@ def mla_decode_sm90_kernel(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_d
         (_consumer, (q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_desc,
                      q_lat, q_rope, (k_lat, k_rope, k_ready, k_raw, k_scale), q_ready, q_free, handoff, rows_smem,
                      LSE, LSE_PART, SCHED, SEQLENS, SPLIT_OFFSETS, SINKS, BLOCK_TABLE, KV_LAT, K_ROPE, VALID_LENS,
-                     MAX_LOGITS, batch, seqlen_q, group, rows_per_k, page_size, stride_bt, qk_scale_log2, stride_lb,
-                     stride_lh, stride_ls, stride_lps, index_bound, stride_kp, stride_ks, stride_rp, stride_rs,
-                     stride_mb, stride_mh, 0, CAUSAL, HAS_SINKS, SPARSE, FP8, GATHER, HAS_MAX, HAS_ROPE)),
+                     MAX_LOGITS, X_LAT, X_ROPE, X_TABLE, X_VALID, batch, seqlen_q, group, rows_per_k, page_size,
+                     stride_bt, qk_scale_log2, stride_lb, stride_lh, stride_ls, stride_lps, index_bound, stride_kp,
+                     stride_ks, stride_rp, stride_rs, stride_mb, stride_mh, main_span, x_page_size, x_bound, stride_xt,
+                     stride_xp, stride_xs, stride_xrp, stride_xrs, 0, CAUSAL, HAS_SINKS, SPARSE, FP8, GATHER,
+                     HAS_MAX, HAS_ROPE, ROPE_PART, EXTRA)),
         (_consumer, (q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_desc,
                      q_lat, q_rope, (k_lat, k_rope, k_ready, k_raw, k_scale), q_ready, q_free, handoff, rows_smem,
                      LSE, LSE_PART, SCHED, SEQLENS, SPLIT_OFFSETS, SINKS, BLOCK_TABLE, KV_LAT, K_ROPE, VALID_LENS,
-                     MAX_LOGITS, batch, seqlen_q, group, rows_per_k, page_size, stride_bt, qk_scale_log2, stride_lb,
-                     stride_lh, stride_ls, stride_lps, index_bound, stride_kp, stride_ks, stride_rp, stride_rs,
-                     stride_mb, stride_mh, 1, CAUSAL, HAS_SINKS, SPARSE, FP8, GATHER, HAS_MAX, HAS_ROPE)),
+                     MAX_LOGITS, X_LAT, X_ROPE, X_TABLE, X_VALID, batch, seqlen_q, group, rows_per_k, page_size,
+                     stride_bt, qk_scale_log2, stride_lb, stride_lh, stride_ls, stride_lps, index_bound, stride_kp,
+                     stride_ks, stride_rp, stride_rs, stride_mb, stride_mh, main_span, x_page_size, x_bound, stride_xt,
+                     stride_xp, stride_xs, stride_xrp, stride_xrs, 1, CAUSAL, HAS_SINKS, SPARSE, FP8, GATHER,
+                     HAS_MAX, HAS_ROPE, ROPE_PART, EXTRA)),
     ], [4], [CONSUMER_REGS])
 
 
@@ -601,22 +686,24 @@ def _view3(t, rows_dims):
     return [pages, page, d], [t.stride(0), t.stride(1), 1]
 
 
-def supported(q_lat, q_rope, kv_lat, k_rope, out, rows_per_k, sparse=False, fp8=False):
-    """The TMA views (q latent, q rope, cache latent, cache rope, out) when this path can run the call (the
-    caller has ruled out extra sources and FP8 layouts other than V3.2's): Hopper, fp16/bf16 (bf16 with an
-    FP8 cache, whose RoPE values are bf16), one KV head, 512 (+ 64) columns, at least MIN_ROWS packed query
-    rows, TMA-readable strides, and for a paged bf16/fp16 cache pages of a multiple of 64 keys. Sparse and FP8
-    calls gather their keys (no cache views, any page size). Otherwise None."""
+def supported(q_lat, q_rope, kv_lat, k_rope, out, rows_per_k, sparse=False, fp8_layout=None):
+    """The TMA views (q latent, q rope, cache latent, cache rope, out) when this path can run the call:
+    Hopper, fp16/bf16 (bf16 with an FP8 cache, whose RoPE values are bf16), one KV head, 512 (+ 64 RoPE)
+    columns, at least MIN_ROWS packed query rows, TMA-readable q and out, and for a paged bf16/fp16 cache
+    pages of a multiple of 64 keys with TMA-readable strides. Sparse and FP8 calls gather their keys (no cache
+    views, any page size). Otherwise None."""
     if not q_lat.is_cuda or capability(q_lat.device.index)[0] != 9 or (q_rope is None) != (k_rope is None):
         return None
     if q_lat.dtype not in (torch.float16, torch.bfloat16) or out.dtype != q_lat.dtype:
         return None
-    if kv_lat.dtype != (torch.uint8 if fp8 else q_lat.dtype) or (fp8 and (q_lat.dtype != torch.bfloat16 or
-                                                                          q_rope is None)):
+    if fp8_layout is None:
+        if kv_lat.dtype != q_lat.dtype:
+            return None
+    elif kv_lat.dtype != torch.uint8 or q_lat.dtype != torch.bfloat16 or (q_rope is None) != (fp8_layout == "model1"):
         return None
     if q_lat.shape[-1] != 2 * HALF.value or rows_per_k < MIN_ROWS or (q_rope is not None and q_rope.shape[-1] != DT.value):
         return None
-    gather = sparse or fp8
+    gather = sparse or fp8_layout is not None
     if kv_lat.shape[2] != 1 or (not gather and kv_lat.shape[1] % BLOCK_N.value):
         return None
     rope = q_rope is not None
@@ -625,35 +712,53 @@ def supported(q_lat, q_rope, kv_lat, k_rope, out, rows_per_k, sparse=False, fp8=
     return None if None in views else views
 
 
+def _source_strides(lat, rope):
+    """(page, slot) strides of a cache's latent and rope parts (rope = lat when there is none)."""
+    rope = lat if rope is None else rope
+    return lat.stride(0), lat.stride(1), rope.stride(0), rope.stride(1)
+
+
 def mla_decode_forward_sm90(views, q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens, metadata,
                             split_offsets, out, lse, o_part, lse_part, *, softmax_scale, causal, sinks,
-                            valid_lens=None, max_logits=None, fp8=False):
+                            valid_lens=None, max_logits=None, fp8_layout=None, extra=None):
     """Launch over `metadata`'s parts; writes whole sequences to out / lse and pieces to o_part / lse_part
     (the portable kernel's layout: (pieces, rows_per_k, 512) fp32), which the caller combines. Token-sparse
     (`valid_lens` given): `block_table` holds each "batch" (query token)'s cache indices, gathered by cp.async;
     `max_logits (b, h_q)`: also write each row's largest scaled score (the plan runs every token whole).
-    `fp8`: the cache is V3.2's packed FP8 rows (kv_lat = k_rope = the uint8 tensor), gathered and dequantised."""
+    `fp8_layout` "v32" / "model1": the cache is packed FP8 rows (kv_lat = k_rope = the uint8 tensor), gathered
+    and dequantised. `extra` = (x_lat, x_rope, x_table, x_valid, main_span): a second sparse source, as
+    `mla_decode.mla_decode_forward` takes it."""
     batch, seqlen_q, heads_q, _ = q_lat.shape
     rows_per_k = seqlen_q * heads_q
     sparse = valid_lens is not None
+    gather = sparse or fp8_layout is not None
     rope = q_rope is not None
     vq, vr, vk, vkr, vo = views
     rows, half, dt = ROWS.value, HALF.value, DT.value
     part_view = ([o_part.shape[0], rows_per_k, 2 * half], [o_part.stride(0), o_part.stride(1), 1])
     page_size = kv_lat.shape[1]
-    k_rope = k_rope if rope else kv_lat          # (never read without RoPE columns)
     descs = (descriptor(q_lat, vq, [1, rows, half]), descriptor(q_rope, vr, [1, rows, dt]) if rope else None,
-             None if sparse or fp8 else descriptor(kv_lat, vk, [1, BLOCK_N.value, half]),
-             descriptor(k_rope, vkr, [1, BLOCK_N.value, dt]) if rope and not (sparse or fp8) else None,
+             None if gather else descriptor(kv_lat, vk, [1, BLOCK_N.value, half]),
+             descriptor(k_rope, vkr, [1, BLOCK_N.value, dt]) if rope and not gather else None,
              descriptor(out, vo, [1, rows, half]), descriptor(o_part, part_view, [1, rows, half]))
-    args = (*descs, lse, lse_part, metadata, cache_seqlens, split_offsets, sinks, block_table, kv_lat, k_rope,
-            valid_lens, max_logits, batch, seqlen_q, heads_q, rows_per_k, page_size, block_table.stride(0),
+    if extra is not None:
+        x_lat, x_rope, x_table, x_valid, main_span = extra
+        x_args = (x_lat, x_rope if x_rope is not None else x_lat, x_table, x_valid)
+        x_sizes = (main_span, x_lat.shape[1], x_lat.shape[0] * x_lat.shape[1], x_table.stride(0),
+                   *_source_strides(x_lat, x_rope))
+    else:
+        x_args, x_sizes = (None, None, None, None), (1 << 30, 1, 0, 0, 0, 0, 0, 0)
+    args = (*descs, lse, lse_part, metadata, cache_seqlens, split_offsets, sinks, block_table, kv_lat,
+            k_rope if rope else kv_lat, valid_lens, max_logits, *x_args,
+            batch, seqlen_q, heads_q, rows_per_k, page_size, block_table.stride(0),
             softmax_scale * LOG2E.value, lse.stride(0), lse.stride(1), lse.stride(2), lse_part.stride(0),
-            kv_lat.shape[0] * page_size, kv_lat.stride(0), kv_lat.stride(1), k_rope.stride(0), k_rope.stride(1),
-            *((max_logits.stride(0), max_logits.stride(1)) if max_logits is not None else (0, 0)))
+            kv_lat.shape[0] * page_size, *_source_strides(kv_lat, k_rope),
+            *((max_logits.stride(0), max_logits.stride(1)) if max_logits is not None else (0, 0)), *x_sizes)
     grid = (metadata.shape[0], triton.cdiv(rows_per_k, rows))
-    mla_decode_sm90_kernel[grid](*args, CAUSAL=causal, HAS_SINKS=sinks is not None, SPARSE=sparse, FP8=fp8,
-                                 HAS_MAX=max_logits is not None, HAS_ROPE=rope, CONSUMER_REGS=CONSUMER_REGS,
-                                 num_warps=4)
+    mla_decode_sm90_kernel[grid](*args, CAUSAL=causal, HAS_SINKS=sinks is not None, SPARSE=sparse,
+                                 FP8={None: 0, "v32": V32.value, "model1": MODEL1.value}[fp8_layout],
+                                 HAS_MAX=max_logits is not None, HAS_ROPE=rope, EXTRA=extra is not None,
+                                 CONSUMER_REGS=CONSUMER_REGS, num_warps=4)
+
 
 assert SCHED_BLOCK == BLOCK_N.value, "a key tile is one scheduling block"
