@@ -401,7 +401,7 @@ def mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens
         # and descriptors.
         from . import mla_decode_sm90
         views = mla_decode_sm90.supported(q_lat, q_rope, kv_lat, k_rope, out, rows_per_k, sparse=sparse,
-                                          fp8_layout=fp8_layout)
+                                          fp8_layout=fp8_layout, extra=extra)
         if views is not None:
             mla_decode_sm90.mla_decode_forward_sm90(views, q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens,
                                                     metadata, split_offsets, out, lse, o_part, lse_part,

@@ -205,16 +205,22 @@ def _key_rows(src, n, rows_layout: gl.constexpr, SPARSE: gl.constexpr):
 
 @gluon.jit
 def _gather_rows(base, stride_page, stride_slot, src, n, dst, OFFSET: gl.constexpr, WIDTH: gl.constexpr,
-                 SPARSE: gl.constexpr):
+                 SPARSE: gl.constexpr, ROW_ALIGN: gl.constexpr):
     """cp.async, up to 16 bytes a copy, the keys n .. n + 63 of source `src` into the first WIDTH columns of
     `dst` (BLOCK_N, >= WIDTH): each key's row starts at `base + page * stride_page + slot * stride_slot +
-    OFFSET` (in base's elements) and is read as dst's dtype. Keys that do not exist are zero-filled: the cache
-    may hold NaN there, and 0 * NaN would poison the output."""
+    OFFSET` (in base's elements; rows are ROW_ALIGN bytes aligned, `supported` checked) and is read as dst's
+    dtype. Keys that do not exist are zero-filled: the cache may hold NaN there, and 0 * NaN would poison the
+    output."""
+    ES: gl.constexpr = base.dtype.element_ty.primitive_bitwidth // 8
     VEC: gl.constexpr = min(128 // dst.dtype.primitive_bitwidth, WIDTH)
     CHUNK: gl.constexpr = 8 * VEC if WIDTH % (8 * VEC) == 0 else (4 * VEC if WIDTH % (4 * VEC) == 0 else WIDTH)
     layout: gl.constexpr = gl.BlockedLayout([1, VEC], [32 * VEC // CHUNK, CHUNK // VEC], [4, 1], [1, 0])
     page, slot, ok = _key_rows(src, n, gl.SliceLayout(1, layout), SPARSE)
-    row = (base + page.to(gl.int64) * stride_page + slot * stride_slot + OFFSET).to(gl.pointer_type(dst.dtype))
+    # Row starts as multiples of the alignment the compiler can see (a multiplication by a constant), so the
+    # copies vectorise: strides are multiples of ROW_ALIGN bytes.
+    A: gl.constexpr = ROW_ALIGN // ES
+    rows = page.to(gl.int64) * (stride_page // A) + slot * (stride_slot // A)
+    row = (base + (rows * A + OFFSET)).to(gl.pointer_type(dst.dtype))
     cols = gl.arange(0, CHUNK, layout=gl.SliceLayout(0, layout))
     for j in gl.static_range(WIDTH // CHUNK):
         async_copy.async_copy_global_to_shared(dst.slice(CHUNK * j, CHUNK, dim=1),
@@ -228,29 +234,23 @@ def _gather_part(src, n, bufs, slot, PART: gl.constexpr, SPARSE: gl.constexpr, F
     strides, page size). bf16/fp16: the values. FP8: a latent half's e4m3 bytes into the upper half of its
     own buffer (`_dequant` turns them into values) with its scales; the RoPE part's bf16 values as they are."""
     k_lat, k_rope, k_ready, k_raw, k_scale = bufs
+    ROW_ALIGN: gl.constexpr = 8 if FP8 == MODEL1 else 16            # model1 rows are 584 bytes
+    # Byte offsets in an FP8 row (`_kv_fp8.py`): the RoPE values; half PART's scales (V3.2 two fp32, model1
+    # four UE8M0 bytes).
+    ROPE_OFF: gl.constexpr = 528 if FP8 == V32 else (MODEL1_NOPE if FP8 == MODEL1 else 0)
+    SCALE_OFF: gl.constexpr = 512 + 8 * PART if FP8 == V32 else 576 + 4 * PART
     if PART == PART_ROPE:
-        _gather_rows(src[4], src[7], src[8], src, n, k_rope.index(slot), _fp8_field(FP8, 2, 0), DT, SPARSE)
+        _gather_rows(src[4], src[7], src[8], src, n, k_rope.index(slot), ROPE_OFF, DT, SPARSE, ROW_ALIGN)
     elif FP8 != 0:
         # model1's half R: e4m3 columns 256-447 (448-511 are the RoPE values); its 3 scales and the padding byte.
         WIDTH: gl.constexpr = MODEL1_NOPE - HALF if (FP8 == MODEL1) and (PART == PART_R) else HALF
         _gather_rows(src[3], src[5], src[6], src, n, k_raw.index(2 * (2 * slot + PART) + 1), PART * HALF, WIDTH,
-                     SPARSE)
-        _gather_rows(src[3], src[5], src[6], src, n, k_scale.index(2 * slot + PART), _fp8_field(FP8, 1, PART),
-                     4 if FP8 == MODEL1 else 8, SPARSE)
+                     SPARSE, ROW_ALIGN)
+        _gather_rows(src[3], src[5], src[6], src, n, k_scale.index(2 * slot + PART), SCALE_OFF,
+                     4 if FP8 == MODEL1 else 8, SPARSE, ROW_ALIGN)
     else:
-        _gather_rows(src[3], src[5], src[6], src, n, k_lat.index(2 * slot + PART), PART * HALF, HALF, SPARSE)
-
-
-@gluon.jit
-def _fp8_field(FP8: gl.constexpr, FIELD: gl.constexpr, PART: gl.constexpr):
-    """Byte offset in an FP8 cache row (`_kv_fp8.py`) of FIELD 1 (half PART's scales: V3.2 two fp32, model1
-    four UE8M0 bytes) or 2 (the 64 bf16 RoPE values). 0 for bf16/fp16 caches."""
-    if FP8 == V32:
-        return 512 + 8 * PART if FIELD == 1 else 528
-    elif FP8 == MODEL1:
-        return 576 + 4 * PART if FIELD == 1 else MODEL1_NOPE
-    else:
-        return 0
+        _gather_rows(src[3], src[5], src[6], src, n, k_lat.index(2 * slot + PART), PART * HALF, HALF, SPARSE,
+                     ROW_ALIGN)
 
 
 @gluon.jit
@@ -686,12 +686,12 @@ def _view3(t, rows_dims):
     return [pages, page, d], [t.stride(0), t.stride(1), 1]
 
 
-def supported(q_lat, q_rope, kv_lat, k_rope, out, rows_per_k, sparse=False, fp8_layout=None):
+def supported(q_lat, q_rope, kv_lat, k_rope, out, rows_per_k, sparse=False, fp8_layout=None, extra=None):
     """The TMA views (q latent, q rope, cache latent, cache rope, out) when this path can run the call:
     Hopper, fp16/bf16 (bf16 with an FP8 cache, whose RoPE values are bf16), one KV head, 512 (+ 64 RoPE)
     columns, at least MIN_ROWS packed query rows, TMA-readable q and out, and for a paged bf16/fp16 cache
     pages of a multiple of 64 keys with TMA-readable strides. Sparse and FP8 calls gather their keys (no cache
-    views, any page size). Otherwise None."""
+    views, any page size, rows 16-byte aligned, model1's 8; `extra` as `mla_decode_forward_sm90` takes it). Otherwise None."""
     if not q_lat.is_cuda or capability(q_lat.device.index)[0] != 9 or (q_rope is None) != (k_rope is None):
         return None
     if q_lat.dtype not in (torch.float16, torch.bfloat16) or out.dtype != q_lat.dtype:
@@ -706,10 +706,25 @@ def supported(q_lat, q_rope, kv_lat, k_rope, out, rows_per_k, sparse=False, fp8_
     gather = sparse or fp8_layout is not None
     if kv_lat.shape[2] != 1 or (not gather and kv_lat.shape[1] % BLOCK_N.value):
         return None
+    if gather and row_alignment(kv_lat, k_rope, *(extra[:2] if extra is not None else ())) < (
+            8 if fp8_layout == "model1" else 16):
+        return None                      # the kernel's gathers assume 16-byte (model1: 8-byte) aligned rows
     rope = q_rope is not None
     cache = (True, True) if gather else (_view3(kv_lat, (1,)), _view3(k_rope, (1,)) if rope else True)
     views = (_view3(q_lat, (1, 2)), _view3(q_rope, (1, 2)) if rope else True, *cache, _view3(out, (1, 2)))
     return None if None in views else views
+
+
+def row_alignment(*caches):
+    """The largest power of two up to 16 dividing every cache's base address and page / slot strides in
+    bytes: how far the gathers may vectorise (None entries are skipped)."""
+    align = 16
+    for t in caches:
+        if t is not None:
+            es = t.element_size()
+            while any(x % align for x in (t.data_ptr(), t.stride(0) * es, t.stride(1) * es)):
+                align //= 2
+    return align
 
 
 def _source_strides(lat, rope):
