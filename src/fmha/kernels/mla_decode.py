@@ -375,8 +375,9 @@ def mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens
     least the main topk) keys of the main source followed by extra_topk of the extra one.
     `fp8_layout` "v32" / "model1": kv_lat is the packed uint8 cache (k_rope the same tensor), dequantised on load.
     Writes out (b, s_q, h_q, DV) and lse (b, h_q, s_q); returns the compiled decode kernel (for tuning:
-    its register and spill counts; None when the Gluon kernel of `mla_decode_sm90` ran, which the dense case with
-    >= 16 packed rows takes on Hopper unless `backend="triton"`, `tiles` or `use_tma` is given, or FMHA_GLUON=0).
+    its register and spill counts; None when the Gluon kernel of `mla_decode_sm90` ran, which every call with one
+    KV head and >= 16 packed rows takes on Hopper where `mla_decode_sm90.supported` accepts it, unless
+    `backend="triton"`, `tiles` or `use_tma` is given, or FMHA_GLUON=0).
     `tiles` = (BLOCK_M, BLOCK_N, num_warps, num_stages, transposed) overrides the table."""
     batch, seqlen_q, heads_q, dv = q_lat.shape
     page_size, heads_k = kv_lat.shape[1], kv_lat.shape[2]

@@ -1,19 +1,23 @@
-"""Hopper (sm_90) fast path of dense MLA decode, written in Gluon.
+"""Hopper (sm_90) fast path of MLA decode and of DeepSeek's sparse attention, written in Gluon.
 
-`mla_decode.py` is the portable `triton.language` kernel (and what the CPU tests run). This one takes the dense
-bf16/fp16 case with at least 16 packed query rows (run in 64-row blocks): one KV head, DV = 512 latent + DT = 64
-RoPE columns, page sizes that are multiples of 64, strides TMA accepts. With 64 rows the `triton.language` kernel
-is compute-bound and stops at 0.45x FlashMLA (benchmarks/NOTES.md): it computes the 64 x 64 x 576 score tile
-twice, once per warpgroup.
+`mla_decode.py` is the portable `triton.language` kernel (and what the CPU tests run). This one takes every
+call with one KV head and at least 16 packed query rows (run in 64-row blocks), DV = 512 latent columns plus
+DT = 64 RoPE columns or none (DeepSeek-V4's head_dim 512):
+- bf16/fp16 paged caches with pages of a multiple of 64 keys: TMA from one page per tile;
+- token-sparse calls (index rows instead of a block table: sparse decode, `flash_mla_sparse_fwd`) and FP8
+  caches (V3.2's 656-byte and V4's 584-byte rows, paged or sparse), with or without V4's second
+  (sliding-window) source: gathered, see "Gathers" below.
+With 64 rows the `triton.language` kernel is compute-bound and stops at 0.45x FlashMLA (benchmarks/NOTES.md):
+it computes the 64 x 64 x 576 score tile twice, once per warpgroup.
 
 One program owns 64 packed query rows and one part of the key blocks (`schedule.plan_mla`, the same plan and
 partial-result layout as the portable kernel, merged by `combine.py`). Two warpgroups, each owning 256 of the
 512 output columns (a 64 x 256 fp32 accumulator); no producer warp: a third warpgroup would cap every thread at
 168 registers, and ptxas then serialises every wgmma (its C7512 warning; that version ran at 0.87x of this one).
 
-Key tiles (64 keys x 576 columns, TMA from one page) go in pairs: warpgroup 0 computes the scores of the first
-tile of a pair, warpgroup 1 those of the second, so no score is computed twice and both run their Q·Kᵀ at the
-same time. The running row max passes between them through shared memory ("seesaw"):
+Key tiles (64 keys x 576 columns) go in pairs: warpgroup 0 computes the scores of the first tile of a pair,
+warpgroup 1 those of the second, so no score is computed twice and both run their Q·Kᵀ at the same time. The
+running row max passes between them through shared memory ("seesaw"):
     WG0: S0 = Q·K0ᵀ; m0 = max(m, rowmax S0); P0 = exp2(S0 - m0); O_L = O_L·e^(m - m0) + P0·V0_L
     WG1: S1 = Q·K1ᵀ; m1 = max(m0, rowmax S1); P1 = exp2(S1 - m1); O_R = O_R·e^(m - m1) + P1·V1_R
     WG0: O_L = O_L·e^(m0 - m1) + P1·V1_L        WG1: O_R += (P0·e^(m0 - m1))·V0_R
@@ -22,13 +26,27 @@ Q·Kᵀ reads them, and that is done by then), so the plan fits the 227 KB of sh
 72 KB key tiles. Each warpgroup sums the probabilities it computed; the two row sums are added at the end.
 
 Loads: a tile's slot is three parts (latent halves L and R, RoPE), each with its own barrier. Whichever
-warpgroup uses a part last issues the TMA load of the tile two ahead into it, so half of the next pair
-(its first tile's L, its second tile's R) loads while this pair's last products run. The scores of a
-warpgroup's tile in the next pair are issued at the end of this pair. Outputs leave through the Q buffer
-(bf16 final rows or fp32 partials) by TMA store.
+warpgroup uses a part last issues the load of the tile two ahead into it, so half of the next pair (its first
+tile's L, its second tile's R) loads while this pair's last products run. The scores of a warpgroup's tile in
+the next pair are issued at the end of this pair. Outputs leave through the Q buffer (bf16 final rows or fp32
+partials) by TMA store.
 
-The cache may hold anything (NaN included) past a sequence's end; the last tile's rows there are zeroed in
-shared memory before they are used as values (0 · NaN would poison the output), each warpgroup its own half.
+Gathers (sparse, FP8, a second source). Hopper's TMA cannot gather rows, so the warpgroup that issues a load
+copies the part's 64 rows itself with cp.async (16 bytes a copy where the rows' alignment allows), each of its
+128 threads arriving on the part's barrier when its own copies land; every consumer of a gathered part waits
+on that barrier and fences (cp.async writes through the generic proxy, wgmma reads through the async one).
+Keys that do not exist (index -1 or past the cache, past a token's valid length, past a sequence's end) are
+zero-filled by the copy and masked in the scores. FP8: a latent half lands as e4m3 bytes in the upper half of
+its own 32 KB buffer, with its own scales beside the tile, and the warpgroup that scores the tile turns it into
+bf16 values in place (`_dequant`: every thread reads its bytes, a barrier, then the stores) just before its
+Q·Kᵀ on that half; the other warpgroup reads it as values after the hand-offs that follow those scores.
+model1's RoPE values (bf16, the last 64 of its 512 columns) land in the RoPE slot and are copied into half R
+by the same step. A second source: the planned row's keys from `main_span` on are the extra cache's, each
+tile wholly one source's.
+
+A paged bf16/fp16 cache may hold anything (NaN included) past a sequence's end; the last tile's rows there are
+zeroed in shared memory before they are used as values (0 · NaN would poison the output), each warpgroup its
+own half.
 """
 from __future__ import annotations
 
