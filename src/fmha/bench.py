@@ -457,6 +457,7 @@ def bench_sparse(args, record):
         meta, splits = ours_mla.get_mla_metadata(lens, sq * hq, 1, num_heads_q=hq, topk=topk)
         impls = {"ours": lambda: ours_mla.flash_mla_with_kvcache(q, cache, None, lens, 512, meta, splits,
                                                                   attn_sink=sink, **kw)}
+        impls["ours-triton"] = _without_gluon(impls["ours"])
         if peer is not None:
             def flash_mla_call(meta_p=peer.get_mla_metadata(lens, sq * hq, 1, num_heads_q=hq, topk=topk,
                                                             is_fp8_kvcache=True)):
