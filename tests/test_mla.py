@@ -10,7 +10,7 @@ import fmha.mla as flash_mla
 from fmha.kernels.mla_decode import mla_decode_forward
 from fmha._kv_fp8 import LAYOUTS
 from fmha.reference import mla_decode_ref, mla_sparse_decode_ref, mla_sparse_prefill_ref
-from fmha.schedule import SCHED_BLOCK, plan_mla
+from fmha.schedule import SCHED_BLOCK, plan_mla, uniform_plan
 from utils import TARGETS, assert_close
 
 D_QK, D_V = 576, 512
@@ -380,6 +380,19 @@ def test_plan_mla_covers_every_block_once(seed):
     assert per_part.sum() == sum(blocks)
     working = per_part[per_part > 0]
     assert (working[:-1] == per_part.max()).all()     # equal shares; only the last working part has less
+
+
+@pytest.mark.cpu
+def test_uniform_plan_is_kept():
+    """The token-sparse calls' plan (every row the same length) is plan_mla's, made once and then reused."""
+    device = torch.device("cpu")
+    lengths, meta, splits = uniform_plan(7, 300, 3, device)
+    ref_meta, ref_splits = plan_mla(torch.full((7,), 300, dtype=torch.int32), 3)
+    assert lengths.tolist() == [300] * 7
+    assert torch.equal(meta, ref_meta) and torch.equal(splits, ref_splits)
+    again = uniform_plan(7, 300, 3, device)
+    assert all(a is b for a, b in zip(again, (lengths, meta, splits)))
+    assert uniform_plan(7, 301, 3, device)[1] is not meta
 
 
 @pytest.mark.gpu

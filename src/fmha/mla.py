@@ -29,7 +29,7 @@ from . import _validate as V
 from ._ops import custom_op
 from ._kv_fp8 import dequantize_kv_cache, quantize_kv_cache
 from .kernels.mla_decode import mla_decode_forward
-from .schedule import SCHED_BLOCK, SCHED_FIELDS, mla_num_parts, num_sms, plan_mla
+from .schedule import SCHED_BLOCK, SCHED_FIELDS, mla_num_parts, num_sms, plan_mla, uniform_lengths, uniform_plan
 
 __all__ = ["get_mla_metadata", "flash_mla_with_kvcache", "flash_mla_sparse_fwd", "mla_decode", "quantize_kv_cache",
            "dequantize_kv_cache"]
@@ -109,8 +109,7 @@ def _mla_sparse_prefill_fwd(q_lat: torch.Tensor, q_rope: Optional[torch.Tensor],
     tokens, topk = q_lat.shape[0], indices.shape[-1]
     if tokens:
         # One part per query token: each is run whole, so max_logits needs no combining.
-        lengths = torch.full((tokens,), topk, dtype=torch.int32, device=q_lat.device)
-        metadata, split_offsets = plan_mla(lengths, tokens)
+        lengths, metadata, split_offsets = uniform_plan(tokens, topk, tokens, q_lat.device)
         mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, indices, lengths, metadata, split_offsets, out, lse,
                            softmax_scale=softmax_scale, causal=False, sinks=attn_sink, valid_lens=valid_lens,
                            max_logits=max_logits, interpret=q_lat.device.type == "cpu")
@@ -255,9 +254,9 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
     x_table, _, x_valid = _sparse_inputs(q_lat, "extra_indices_in_kvcache", extra_indices_in_kvcache,
                                          "extra_topk_length", extra_topk_length)
     main_span = -(-main[0].shape[1] // SCHED_BLOCK) * SCHED_BLOCK
-    lengths = torch.full_like(main[1], main_span + x_table.shape[1])
     h_k = k_lat.shape[2]
-    metadata, splits = plan_mla(lengths, mla_num_parts(h_q // h_k, h_k, num_sms(q.device)))
+    lengths, metadata, splits = uniform_plan(main[1].shape[0], main_span + x_table.shape[1],
+                                             mla_num_parts(h_q // h_k, h_k, num_sms(q.device)), q.device)
     return _sparse_decode(q_lat, q_rope, k_lat, k_rope, fp8_layout, (main[0], lengths, main[2]), metadata, splits,
                           scale, attn_sink, extra=(e_lat, e_rope, x_table, x_valid, main_span))
 
@@ -297,7 +296,7 @@ def _sparse_inputs(q_lat, indices_name, indices, length_name, topk_length):
         V.check_tensor(length_name, topk_length, ndim=1, dtypes=(torch.int32,), device=q_lat.device)
         if topk_length.shape[0] != batch:
             raise ValueError(f"{length_name}: expected shape ({batch},), got {tuple(topk_length.shape)}")
-    lengths = torch.full((tokens,), topk, dtype=torch.int32, device=q_lat.device)
+    lengths = uniform_lengths(tokens, topk, q_lat.device)
     valid = lengths if topk_length is None else topk_length.repeat_interleave(s_q).clamp(0, topk).to(torch.int32)
     return indices.reshape(tokens, topk), lengths, valid
 
