@@ -95,37 +95,36 @@ def plan_mla(cache_seqlens, num_parts: int):
 
 
 def uniform_lengths(tokens: int, length: int, device):
-    """A `(tokens,)` int32 tensor of `length`s, made once per (tokens, length, device) and kept (as
-    `uniform_plan`, which explains why)."""
+    """A `(tokens,)` int32 tensor of `length`s, made once per (tokens, length, device) and kept (see
+    `uniform_plan`)."""
     import torch
 
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        return torch.full((tokens,), length, dtype=torch.int32, device=device)
-    return _cached_lengths(tokens, length, device)
-
-
-@functools.lru_cache(maxsize=64)
-def _cached_lengths(tokens, length, device):
-    import torch
-
-    return torch.full((tokens,), length, dtype=torch.int32, device=device)
+    return _kept(("lengths", tokens, length, device),
+                 lambda: torch.full((tokens,), length, dtype=torch.int32, device=device), device)
 
 
 def uniform_plan(tokens: int, length: int, num_parts: int, device):
     """(lengths, metadata, split_offsets) for `tokens` rows of `length` keys each (token-sparse calls: every query
     token plans the same topk), `plan_mla`'s result. It depends on host integers only, so it is made once per
-    (tokens, length, parts, device) and kept: later calls launch nothing for it (a sparse decode step otherwise
-    spends ~15 small kernels here, in every layer). Not kept when made during CUDA-graph capture (capture only
-    records the kernels that would fill it)."""
+    (tokens, length, parts, device) and kept: later calls, CUDA-graph captures included, launch nothing for it (a
+    sparse decode step otherwise spends ~15 small kernels here, in every layer)."""
+    def make():
+        lengths = uniform_lengths(tokens, length, device)
+        return (lengths, *plan_mla(lengths, num_parts))
+    return _kept(("plan", tokens, length, num_parts, device), make, device)
+
+
+_KEPT: dict = {}
+
+
+def _kept(key, make, device):
+    """make()'s result, kept under `key`. Made during CUDA-graph capture it is not kept: capture only records
+    the kernels that would fill it, so it holds nothing outside the graph's replays."""
     import torch
 
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        lengths = torch.full((tokens,), length, dtype=torch.int32, device=device)
-        return (lengths, *plan_mla(lengths, num_parts))
-    return _cached_uniform_plan(tokens, length, num_parts, device)
-
-
-@functools.lru_cache(maxsize=64)
-def _cached_uniform_plan(tokens, length, num_parts, device):
-    lengths = uniform_lengths(tokens, length, device)
-    return (lengths, *plan_mla(lengths, num_parts))
+    if key in _KEPT:
+        return _KEPT[key]
+    value = make()
+    if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()) and len(_KEPT) < 256:
+        _KEPT[key] = value
+    return value
