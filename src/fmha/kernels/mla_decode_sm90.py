@@ -401,12 +401,14 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
     sm_other = rows_smem.index(2 - 2 * WG)
     sa_other = rows_smem.index(3 - 2 * WG)
 
-    row0 = gl.program_id(1) * ROWS
+    # Programs go part-major: the query blocks of one part (which read the same keys) run side by side.
+    row_blocks = gl.cdiv(rows_per_k, ROWS)
+    row0 = (gl.program_id(0) % row_blocks) * ROWS
     offs_m = row0 + gl.arange(0, ROWS, layout=row_s)
     q_pos = offs_m // group
     q_head = offs_m % group
 
-    meta = SCHED + gl.program_id(0) * SCHED_FIELDS
+    meta = SCHED + (gl.program_id(0) // row_blocks) * SCHED_FIELDS
     b = gl.load(meta)
     blk = gl.load(meta + 1)
     remaining = gl.load(meta + 2)
@@ -633,7 +635,7 @@ def mla_decode_sm90_kernel(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_d
                            CAUSAL: gl.constexpr, HAS_SINKS: gl.constexpr, SPARSE: gl.constexpr, FP8: gl.constexpr,
                            HAS_MAX: gl.constexpr, HAS_ROPE: gl.constexpr, EXTRA: gl.constexpr,
                            CONSUMER_REGS: gl.constexpr):
-    """Grid (parts, query blocks of 64 packed rows); a single KV head. Two warpgroups, no producer warp: a
+    """Grid: parts x query blocks of 64 packed rows, part-major; a single KV head. Two warpgroups, no producer warp: a
     third warpgroup would cap every thread at 168 registers (65536 / 384), and ptxas then serialises the
     wgmmas of a 64 x 256 fp32 accumulator kernel."""
     dtype: gl.constexpr = q_lat_desc.dtype
@@ -787,7 +789,7 @@ def mla_decode_forward_sm90(views, q_lat, q_rope, kv_lat, k_rope, block_table, c
             softmax_scale * LOG2E.value, lse.stride(0), lse.stride(1), lse.stride(2), lse_part.stride(0),
             kv_lat.shape[0] * page_size, *_source_strides(kv_lat, k_rope),
             *((max_logits.stride(0), max_logits.stride(1)) if max_logits is not None else (0, 0)), *x_sizes)
-    grid = (metadata.shape[0], triton.cdiv(rows_per_k, rows))
+    grid = (metadata.shape[0] * triton.cdiv(rows_per_k, rows),)
     mla_decode_sm90_kernel[grid](*args, CAUSAL=causal, HAS_SINKS=sinks is not None, SPARSE=sparse,
                                  FP8={None: 0, "v32": V32.value, "model1": MODEL1.value}[fp8_layout],
                                  HAS_MAX=max_logits is not None, HAS_ROPE=rope, EXTRA=extra is not None,
