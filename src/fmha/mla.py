@@ -15,8 +15,8 @@ the key is the whole row (576 columns) and the value is the latent part, read on
 (`_kv_fp8.py` documents them byte by byte); `is_fp8_kvcache=True` decodes from them, dequantising on load.
 
 Data path: validation → plan (`schedule.plan_mla`, on the device, no host sync) → `kernels.mla_decode`
-(split-KV decode kernel, then the combine kernel; on Hopper, with one KV head and >= 16 query rows per KV head,
-the Gluon kernel of `kernels.mla_decode_sm90` for dense, sparse and FP8 calls alike). Conventions kept from FlashMLA: `lse (b, h_q, s_q)`
+(split-KV decode kernel, then the combine kernel; on Hopper, with one KV head and >= 16 query rows per KV
+head, the Gluon kernel of `kernels.mla_decode_sm90` for dense, sparse and FP8 calls alike). Conventions kept from FlashMLA: `lse (b, h_q, s_q)`
 fp32 natural log, and a query row that sees no key gives output 0 and LSE **+inf**.
 """
 from __future__ import annotations

@@ -79,6 +79,8 @@ V32 = gl.constexpr(1)
 MODEL1 = gl.constexpr(2)
 MODEL1_NOPE = gl.constexpr(448)
 SCALE_SMEM = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+# The keys of a gathered tile: one per row of the (64, 64 bf16 or 128 byte) copy layouts' thread rows.
+KEY_ROWS = gl.constexpr(gl.SliceLayout(1, gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])))
 LN2 = gl.constexpr(0.6931471805599453)
 LOG2E = gl.constexpr(1.4426950408889634)
 STAGES = gl.constexpr(2)          # key tiles in flight: 2 x 72 KB
@@ -205,11 +207,12 @@ def _signal(bar):
 
 
 @gluon.jit
-def _key_rows(src, n, rows_layout: gl.constexpr, SPARSE: gl.constexpr):
-    """(page, slot, exists) of the keys n .. n + 63 of source `src`: SPARSE from the token's index row (flat
-    positions page * page_size + slot; invalid: negative, past the cache or past the valid length), else from
-    the sequence's block table row (keys past its length do not exist)."""
-    k_pos = n + gl.arange(0, BLOCK_N, layout=rows_layout)
+def _key_rows(src, n, SPARSE: gl.constexpr):
+    """(page, slot, exists) of the keys n .. n + 63 of source `src`, in KEY_ROWS: SPARSE from the token's index
+    row (flat positions page * page_size + slot; invalid: negative, past the cache or past the valid length),
+    else from the sequence's block table row (keys past its length do not exist). Loaded once per load point
+    and shared by its parts' gathers (each a dependent copy on this load)."""
+    k_pos = n + gl.arange(0, BLOCK_N, layout=KEY_ROWS)
     page_size = src[9]
     if SPARSE:
         token = gl.load(src[0] + k_pos, mask=k_pos < src[1], other=-1)
@@ -222,18 +225,20 @@ def _key_rows(src, n, rows_layout: gl.constexpr, SPARSE: gl.constexpr):
 
 
 @gluon.jit
-def _gather_rows(base, stride_page, stride_slot, src, n, dst, OFFSET: gl.constexpr, WIDTH: gl.constexpr,
-                 SPARSE: gl.constexpr, ROW_ALIGN: gl.constexpr):
-    """cp.async, up to 16 bytes a copy, the keys n .. n + 63 of source `src` into the first WIDTH columns of
-    `dst` (BLOCK_N, >= WIDTH): each key's row starts at `base + page * stride_page + slot * stride_slot +
-    OFFSET` (in base's elements; rows are ROW_ALIGN bytes aligned, `supported` checked) and is read as dst's
-    dtype. Keys that do not exist are zero-filled: the cache may hold NaN there, and 0 * NaN would poison the
-    output."""
+def _gather_rows(base, stride_page, stride_slot, keys, dst, OFFSET: gl.constexpr, WIDTH: gl.constexpr,
+                 ROW_ALIGN: gl.constexpr):
+    """cp.async, up to 16 bytes a copy, the keys `keys` (`_key_rows`) into the first WIDTH columns of `dst`
+    (BLOCK_N, >= WIDTH): each key's row starts at `base + page * stride_page + slot * stride_slot + OFFSET` (in
+    base's elements; rows are ROW_ALIGN bytes aligned, `supported` checked) and is read as dst's dtype. Keys
+    that do not exist are zero-filled: the cache may hold NaN there, and 0 * NaN would poison the output."""
     ES: gl.constexpr = base.dtype.element_ty.primitive_bitwidth // 8
     VEC: gl.constexpr = min(128 // dst.dtype.primitive_bitwidth, WIDTH)
     CHUNK: gl.constexpr = 8 * VEC if WIDTH % (8 * VEC) == 0 else (4 * VEC if WIDTH % (4 * VEC) == 0 else WIDTH)
     layout: gl.constexpr = gl.BlockedLayout([1, VEC], [32 * VEC // CHUNK, CHUNK // VEC], [4, 1], [1, 0])
-    page, slot, ok = _key_rows(src, n, gl.SliceLayout(1, layout), SPARSE)
+    rows_layout: gl.constexpr = gl.SliceLayout(1, layout)
+    page = gl.convert_layout(keys[0], rows_layout)
+    slot = gl.convert_layout(keys[1], rows_layout)
+    ok = gl.convert_layout(keys[2], rows_layout)
     # Row starts as multiples of the alignment the compiler can see (a multiplication by a constant), so the
     # copies vectorise: strides are multiples of ROW_ALIGN bytes.
     A: gl.constexpr = ROW_ALIGN // ES
@@ -246,10 +251,10 @@ def _gather_rows(base, stride_page, stride_slot, src, n, dst, OFFSET: gl.constex
 
 
 @gluon.jit
-def _gather_part(src, n, bufs, slot, PART: gl.constexpr, SPARSE: gl.constexpr, FP8: gl.constexpr):
-    """Issue the cp.async copies of one part of the tile at key n of source `src` = (index or block table
-    row, valid length, index bound, latent base, rope base, latent page / slot strides, rope page / slot
-    strides, page size). bf16/fp16: the values. FP8: a latent half's e4m3 bytes into the upper half of its
+def _gather_part(src, keys, bufs, slot, PART: gl.constexpr, FP8: gl.constexpr):
+    """Issue the cp.async copies of one part of a tile whose keys are `keys`, from source `src` = (index or
+    block table row, valid length, index bound, latent base, rope base, latent page / slot strides, rope page /
+    slot strides, page size). bf16/fp16: the values. FP8: a latent half's e4m3 bytes into the upper half of its
     own buffer (`_dequant` turns them into values) with its scales; the RoPE part's bf16 values as they are."""
     k_lat, k_rope, k_ready, k_raw, k_scale = bufs
     ROW_ALIGN: gl.constexpr = 8 if FP8 == MODEL1 else 16            # model1 rows are 584 bytes
@@ -258,17 +263,34 @@ def _gather_part(src, n, bufs, slot, PART: gl.constexpr, SPARSE: gl.constexpr, F
     ROPE_OFF: gl.constexpr = 528 if FP8 == V32 else (MODEL1_NOPE if FP8 == MODEL1 else 0)
     SCALE_OFF: gl.constexpr = 512 + 8 * PART if FP8 == V32 else 576 + 4 * PART
     if PART == PART_ROPE:
-        _gather_rows(src[4], src[7], src[8], src, n, k_rope.index(slot), ROPE_OFF, DT, SPARSE, ROW_ALIGN)
+        _gather_rows(src[4], src[7], src[8], keys, k_rope.index(slot), ROPE_OFF, DT, ROW_ALIGN)
     elif FP8 != 0:
         # model1's half R: e4m3 columns 256-447 (448-511 are the RoPE values); its 3 scales and the padding byte.
         WIDTH: gl.constexpr = MODEL1_NOPE - HALF if (FP8 == MODEL1) and (PART == PART_R) else HALF
-        _gather_rows(src[3], src[5], src[6], src, n, k_raw.index(2 * (2 * slot + PART) + 1), PART * HALF, WIDTH,
-                     SPARSE, ROW_ALIGN)
-        _gather_rows(src[3], src[5], src[6], src, n, k_scale.index(2 * slot + PART), SCALE_OFF,
-                     4 if FP8 == MODEL1 else 8, SPARSE, ROW_ALIGN)
-    else:
-        _gather_rows(src[3], src[5], src[6], src, n, k_lat.index(2 * slot + PART), PART * HALF, HALF, SPARSE,
+        _gather_rows(src[3], src[5], src[6], keys, k_raw.index(2 * (2 * slot + PART) + 1), PART * HALF, WIDTH,
                      ROW_ALIGN)
+        _gather_rows(src[3], src[5], src[6], keys, k_scale.index(2 * slot + PART), SCALE_OFF,
+                     4 if FP8 == MODEL1 else 8, ROW_ALIGN)
+    else:
+        _gather_rows(src[3], src[5], src[6], keys, k_lat.index(2 * slot + PART), PART * HALF, HALF, ROW_ALIGN)
+
+
+@gluon.jit
+def _gather_parts(src, n, bufs, slot, FIRST: gl.constexpr, SECOND: gl.constexpr, THIRD: gl.constexpr,
+                  SPARSE: gl.constexpr, FP8: gl.constexpr):
+    """Gather parts FIRST, SECOND, THIRD (-1: none) of the tile at key n of source `src`: its keys once, then
+    each part's copies and the arrive on that part's barrier (an arrive waits for all the thread's earlier
+    copies, so each part's follows its own)."""
+    k_lat, k_rope, k_ready, k_raw, k_scale = bufs
+    keys = _key_rows(src, n, SPARSE)
+    _gather_part(src, keys, bufs, slot, FIRST, FP8)
+    async_copy.mbarrier_arrive(k_ready.index(PARTS * slot + FIRST), increment_count=False)
+    if SECOND >= 0:
+        _gather_part(src, keys, bufs, slot, SECOND, FP8)
+        async_copy.mbarrier_arrive(k_ready.index(PARTS * slot + SECOND), increment_count=False)
+    if THIRD >= 0:
+        _gather_part(src, keys, bufs, slot, THIRD, FP8)
+        async_copy.mbarrier_arrive(k_ready.index(PARTS * slot + THIRD), increment_count=False)
 
 
 @gluon.jit
@@ -325,52 +347,50 @@ def _dequant(bufs, slot, PART: gl.constexpr, FP8: gl.constexpr):
 
 
 @gluon.jit
-def _load_part(kv, bufs, n, t, PART: gl.constexpr, SPARSE: gl.constexpr, FP8: gl.constexpr,
-               ROPE_PART: gl.constexpr, EXTRA: gl.constexpr):
-    """Load one part (PART_L, PART_R or PART_ROPE) of key tile t (planned keys n .. n + 63) into the tile's
-    ring slot: one TMA copy (a bf16/fp16 paged cache), or a gather by the calling warpgroup's 128 threads
-    (SPARSE or FP8), each arriving on the part's barrier when its copies land. `kv` = (latent descriptor, rope
-    descriptor, block table row, page size, main source, extra source, main_span) (`_gather_part` has the
-    sources); ROPE_PART: the tile has a RoPE part to load (none for bf16 head_dim 512)."""
+def _load_parts(kv, bufs, n, t, FIRST: gl.constexpr, SECOND: gl.constexpr, THIRD: gl.constexpr,
+                SPARSE: gl.constexpr, FP8: gl.constexpr, ROPE_PART: gl.constexpr, EXTRA: gl.constexpr):
+    """Load parts FIRST, SECOND, THIRD (PART_L, PART_R or PART_ROPE; -1: none) of key tile t (planned keys
+    n .. n + 63) into the tile's ring slot: TMA copies (a bf16/fp16 paged cache), or a gather by the calling
+    warpgroup's 128 threads (SPARSE or FP8), each arriving on a part's barrier when its copies land. `kv` =
+    (latent descriptor, rope descriptor, block table row, page size, main source, extra source, main_span)
+    (`_gather_part` has the sources); ROPE_PART: the tile has a RoPE part to load (none for bf16 head_dim
+    512: the RoPE slot then only carries P)."""
     k_lat_desc, k_rope_desc, table, page_size, main, extra, main_span = kv
     k_lat, k_rope, k_ready, k_raw, k_scale = bufs
     slot = t % STAGES
-    bar = k_ready.index(PARTS * slot + PART)
-    if (PART == PART_ROPE) and (not ROPE_PART):
-        pass                          # no RoPE columns: the slot only carries P
-    elif SPARSE or (FP8 != 0):
+    # A RoPE part in the list is dropped when there is none (it is never FIRST).
+    S2: gl.constexpr = SECOND if ROPE_PART or SECOND != PART_ROPE else -1
+    S3: gl.constexpr = THIRD if ROPE_PART or THIRD != PART_ROPE else -1
+    if SPARSE or (FP8 != 0):
         if EXTRA:
             if n >= main_span:
-                _gather_part(extra, n - main_span, bufs, slot, PART, SPARSE, FP8)
+                _gather_parts(extra, n - main_span, bufs, slot, FIRST, S2, S3, SPARSE, FP8)
             else:
-                _gather_part(main, n, bufs, slot, PART, SPARSE, FP8)
+                _gather_parts(main, n, bufs, slot, FIRST, S2, S3, SPARSE, FP8)
         else:
-            _gather_part(main, n, bufs, slot, PART, SPARSE, FP8)
-        async_copy.mbarrier_arrive(bar, increment_count=False)
+            _gather_parts(main, n, bufs, slot, FIRST, S2, S3, SPARSE, FP8)
     else:
         page = gl.load(table + n // page_size)
-        if PART == PART_ROPE:
-            mbarrier.expect(bar, k_rope_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(k_rope_desc, [page, n % page_size, 0], bar,
-                                            k_rope.index(slot).reshape(k_rope_desc.block_type.shape))
-        else:
-            mbarrier.expect(bar, k_lat_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(k_lat_desc, [page, n % page_size, PART * HALF], bar,
-                                            k_lat.index(2 * slot + PART).reshape(k_lat_desc.block_type.shape))
+        _tma_part(k_lat_desc, k_rope_desc, bufs, page, n % page_size, slot, FIRST)
+        if S2 >= 0:
+            _tma_part(k_lat_desc, k_rope_desc, bufs, page, n % page_size, slot, S2)
+        if S3 >= 0:
+            _tma_part(k_lat_desc, k_rope_desc, bufs, page, n % page_size, slot, S3)
 
 
 @gluon.jit
-def _load_parts(kv, bufs, n, t, FIRST: gl.constexpr, SECOND: gl.constexpr, SPARSE: gl.constexpr,
-                FP8: gl.constexpr, ROPE_PART: gl.constexpr, EXTRA: gl.constexpr):
-    _load_part(kv, bufs, n, t, FIRST, SPARSE, FP8, ROPE_PART, EXTRA)
-    _load_part(kv, bufs, n, t, SECOND, SPARSE, FP8, ROPE_PART, EXTRA)
-
-
-@gluon.jit
-def _load_tile(kv, bufs, n, t, SPARSE: gl.constexpr, FP8: gl.constexpr, ROPE_PART: gl.constexpr,
-               EXTRA: gl.constexpr):
-    _load_parts(kv, bufs, n, t, PART_L, PART_R, SPARSE, FP8, ROPE_PART, EXTRA)
-    _load_part(kv, bufs, n, t, PART_ROPE, SPARSE, FP8, ROPE_PART, EXTRA)
+def _tma_part(k_lat_desc, k_rope_desc, bufs, page, row, slot, PART: gl.constexpr):
+    """One TMA copy: part PART of the tile at row `row` of page `page`, on the part's barrier."""
+    k_lat, k_rope, k_ready, k_raw, k_scale = bufs
+    bar = k_ready.index(PARTS * slot + PART)
+    if PART == PART_ROPE:
+        mbarrier.expect(bar, k_rope_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_rope_desc, [page, row, 0], bar,
+                                        k_rope.index(slot).reshape(k_rope_desc.block_type.shape))
+    else:
+        mbarrier.expect(bar, k_lat_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_lat_desc, [page, row, PART * HALF], bar,
+                                        k_lat.index(2 * slot + PART).reshape(k_lat_desc.block_type.shape))
 
 
 @gluon.jit
@@ -449,9 +469,11 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
                                                 q_lat.index(0).reshape(q_lat_desc.block_type.shape))
                 tma.async_copy_global_to_shared(q_lat_desc, [b, row0, HALF], q_ready,
                                                 q_lat.index(1).reshape(q_lat_desc.block_type.shape))
-                _load_tile(kv, bufs, blk * BLOCK_N, c, SPARSE, FP8, ROPE_PART, EXTRA)
+                _load_parts(kv, bufs, blk * BLOCK_N, c, PART_L, PART_R, PART_ROPE, SPARSE, FP8, ROPE_PART,
+                            EXTRA)
                 if take > 1:
-                    _load_tile(kv, bufs, (blk + 1) * BLOCK_N, c + 1, SPARSE, FP8, ROPE_PART, EXTRA)
+                    _load_parts(kv, bufs, (blk + 1) * BLOCK_N, c + 1, PART_L, PART_R, PART_ROPE, SPARSE, FP8,
+                                ROPE_PART, EXTRA)
             # Causal (bottom-right): query i sees keys j <= seqlen - seqlen_q + i.
             full = seqlen
             last_visible = gl.zeros([ROWS], gl.int32, row_s) + (seqlen - 1)
@@ -500,7 +522,8 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
                     _signal(handoff.index(2))
                     acc = warpgroup_mma_wait(0, deps=(o_tok,))
                     if i + 2 < take:          # this slot's half L is free: the next pair's first tile
-                        _load_part(kv, bufs, n0 + 2 * BLOCK_N, c + 2, PART_L, SPARSE, FP8, ROPE_PART, EXTRA)
+                        _load_parts(kv, bufs, n0 + 2 * BLOCK_N, c + 2, PART_L, -1, -1, SPARSE, FP8, ROPE_PART,
+                                    EXTRA)
                     acc = acc * gl.convert_layout(alpha1, row_o)[:, None]
                     l_i = l_i * alpha1
                     mbarrier.wait(handoff.index(3), ph)
@@ -514,7 +537,8 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
                         o_tok = warpgroup_mma(k_rope.index(slot1), v1, acc, is_async=True)
                         acc = warpgroup_mma_wait(0, deps=(o_tok,))
                         if i + 3 < take:
-                            _load_parts(kv, bufs, n1 + 2 * BLOCK_N, c + 3, PART_L, PART_ROPE, SPARSE, FP8, ROPE_PART, EXTRA)
+                            _load_parts(kv, bufs, n1 + 2 * BLOCK_N, c + 3, PART_L, PART_ROPE, -1, SPARSE, FP8,
+                                        ROPE_PART, EXTRA)
                     if i + 2 < take:
                         s_tok = _scores(q_lat, q_rope, bufs, c + 2, PART_L, s_layout, GATHER, FP8, HAS_ROPE)
                 else:
@@ -559,10 +583,12 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
                     o_tok = warpgroup_mma(k_rope.index(c % STAGES), v0, o_tok, is_async=True)
                     if i + 3 < take:
                         warpgroup_mma_wait(1, deps=(o_tok,))        # P1·V1_R is done, P0·V0_R may not be
-                        _load_part(kv, bufs, n1 + 2 * BLOCK_N, c + 3, PART_R, SPARSE, FP8, ROPE_PART, EXTRA)
+                        _load_parts(kv, bufs, n1 + 2 * BLOCK_N, c + 3, PART_R, -1, -1, SPARSE, FP8, ROPE_PART,
+                                    EXTRA)
                     acc = warpgroup_mma_wait(0, deps=(o_tok,))
                     if i + 2 < take:
-                        _load_parts(kv, bufs, n0 + 2 * BLOCK_N, c + 2, PART_R, PART_ROPE, SPARSE, FP8, ROPE_PART, EXTRA)
+                        _load_parts(kv, bufs, n0 + 2 * BLOCK_N, c + 2, PART_R, PART_ROPE, -1, SPARSE, FP8,
+                                    ROPE_PART, EXTRA)
                     if i + 3 < take:
                         s_tok = _scores(q_lat, q_rope, bufs, c + 3, PART_R, s_layout, GATHER, FP8, HAS_ROPE)
                 c += gl.minimum(take - i, 2)
@@ -711,7 +737,8 @@ def supported(q_lat, q_rope, kv_lat, k_rope, out, rows_per_k, sparse=False, fp8_
     Hopper, fp16/bf16 (bf16 with an FP8 cache, whose RoPE values are bf16), one KV head, 512 (+ 64 RoPE)
     columns, at least MIN_ROWS packed query rows, TMA-readable q and out, and for a paged bf16/fp16 cache
     pages of a multiple of 64 keys with TMA-readable strides. Sparse and FP8 calls gather their keys (no cache
-    views, any page size, rows 16-byte aligned, model1's 8; `extra` as `mla_decode_forward_sm90` takes it). Otherwise None."""
+    views, any page size, rows 16-byte aligned, model1's 8; `extra` as `mla_decode_forward_sm90` takes it).
+    Otherwise None."""
     if not q_lat.is_cuda or capability(q_lat.device.index)[0] != 9 or (q_rope is None) != (k_rope is None):
         return None
     if q_lat.dtype not in (torch.float16, torch.bfloat16) or out.dtype != q_lat.dtype:
@@ -721,7 +748,9 @@ def supported(q_lat, q_rope, kv_lat, k_rope, out, rows_per_k, sparse=False, fp8_
             return None
     elif kv_lat.dtype != torch.uint8 or q_lat.dtype != torch.bfloat16 or (q_rope is None) != (fp8_layout == "model1"):
         return None
-    if q_lat.shape[-1] != 2 * HALF.value or rows_per_k < MIN_ROWS or (q_rope is not None and q_rope.shape[-1] != DT.value):
+    if q_lat.shape[-1] != 2 * HALF.value or rows_per_k < MIN_ROWS:
+        return None
+    if q_rope is not None and q_rope.shape[-1] != DT.value:
         return None
     gather = sparse or fp8_layout is not None
     if kv_lat.shape[2] != 1 or (not gather and kv_lat.shape[1] % BLOCK_N.value):
