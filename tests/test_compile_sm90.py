@@ -253,10 +253,15 @@ GLUON_MLA_SCRIPT = textwrap.dedent('''
 
 
 @pytest.mark.cpu
-@pytest.mark.parametrize("case", [(False, False, "bf16", False, True, 0, False), (True, True, "fp16", False, True, 0, False),
-                                  (False, True, "bf16", True, True, 0, False), (False, False, "bf16", True, False, 0, False),
-                                  (False, True, "bf16", True, True, 1, False), (True, False, "bf16", False, True, 1, False),
-                                  (False, True, "bf16", True, False, 2, True), (True, False, "bf16", False, False, 2, False)],
+# (causal, sinks, dtype, sparse, RoPE part, FP8 layout (1 V3.2, 2 model1), second source)
+@pytest.mark.parametrize("case", [(False, False, "bf16", False, True, 0, False),
+                                  (True, True, "fp16", False, True, 0, False),
+                                  (False, True, "bf16", True, True, 0, False),
+                                  (False, False, "bf16", True, False, 0, False),
+                                  (False, True, "bf16", True, True, 1, False),
+                                  (True, False, "bf16", False, True, 1, False),
+                                  (False, True, "bf16", True, False, 2, True),
+                                  (True, False, "bf16", False, False, 2, False)],
                          ids=["mla-bf16", "mla-causal-sinks-fp16", "sparse-sinks", "sparse-d512", "sparse-fp8-v32",
                               "paged-fp8-v32-causal", "sparse-fp8-model1-extra", "paged-fp8-model1"])
 def test_gluon_mla_compiles_for_sm90(case):

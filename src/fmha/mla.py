@@ -16,8 +16,9 @@ the key is the whole row (576 columns) and the value is the latent part, read on
 
 Data path: validation → plan (`schedule.plan_mla`, on the device, no host sync) → `kernels.mla_decode`
 (split-KV decode kernel, then the combine kernel; on Hopper, with one KV head and >= 16 query rows per KV
-head, the Gluon kernel of `kernels.mla_decode_sm90` for dense, sparse and FP8 calls alike). Conventions kept from FlashMLA: `lse (b, h_q, s_q)`
-fp32 natural log, and a query row that sees no key gives output 0 and LSE **+inf**.
+head, the Gluon kernel of `kernels.mla_decode_sm90` for dense, sparse and FP8 calls alike). Conventions kept
+from FlashMLA: `lse (b, h_q, s_q)` fp32 natural log, and a query row that sees no key gives output 0 and LSE
+**+inf**.
 """
 from __future__ import annotations
 
