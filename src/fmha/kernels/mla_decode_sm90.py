@@ -324,11 +324,12 @@ def _dequant(bufs, slot, PART: gl.constexpr, FP8: gl.constexpr):
     x0 = raw.slice(0, 64, dim=1).load(layout)
     x1 = raw.slice(64, 64, dim=1).load(layout)
     x2 = raw.slice(128, 64, dim=1).load(layout)
+    # Scales in a layout whose rows sit in the same threads as the bytes' (the per-row scale needs no shuffle).
     if FP8 == V32:
         scales = k_scale.index(2 * slot + PART)._reinterpret(gl.float32, [BLOCK_N, 2], SCALE_SMEM).load(
-            gl.BlockedLayout([1, 2], [32, 1], [4, 1], [1, 0]))
+            gl.BlockedLayout([1, 2], [8, 4], [4, 1], [1, 0]))
     else:
-        scales = k_scale.index(2 * slot + PART).load(gl.BlockedLayout([1, 8], [32, 1], [4, 1], [1, 0]))
+        scales = k_scale.index(2 * slot + PART).load(gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0]))
     if (FP8 == MODEL1) and (PART == PART_R):
         x3 = k_rope.index(slot).load(layout)                        # bf16 RoPE values, (64, 64)
     else:
