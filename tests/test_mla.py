@@ -510,3 +510,17 @@ def test_gluon_views():
     assert _view3(cache[..., 512:], (1,)) == ([5, 64, 64], [64 * 576, 576, 1])
     assert _view3(torch.zeros(5, 64, 2, 576, dtype=torch.float16), (1,)) is None   # two KV heads
     assert _view3(torch.zeros(5, 64, 1, 577, dtype=torch.float16)[..., :576], (1,)) is None   # 1154-byte rows
+
+
+@pytest.mark.cpu
+def test_gather_row_alignment():
+    """The Gluon gathers vectorise on the rows' alignment the host finds: V3.2's 656-byte FP8 rows are 16-byte
+    aligned, model1's 584-byte ones 8, a sliced bf16 view of 576-column rows 16, and an odd row stride less."""
+    from fmha.kernels.mla_decode_sm90 import row_alignment
+    v32 = torch.zeros(4, 64, 1, 656, dtype=torch.uint8)
+    model1 = torch.zeros(4, 64, 1, 584, dtype=torch.uint8)
+    bf16 = torch.zeros(4, 64, 1, 576, dtype=torch.bfloat16)
+    odd = torch.zeros(4, 64, 1, 579, dtype=torch.bfloat16)[..., :512]
+    assert row_alignment(v32) == 16 and row_alignment(model1) == 8
+    assert row_alignment(bf16[..., :512], bf16[..., 512:]) == 16
+    assert row_alignment(v32, model1) == 8 and row_alignment(odd) == 2
