@@ -56,10 +56,12 @@ def attention_ref(q, k, v, *, causal=False, window=(-1, -1), softmax_scale=None,
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     scale = softmax_scale if softmax_scale is not None else dqk ** -0.5
     group = hq // hk
-    qf = q.to(acc).transpose(1, 2)                                      # (b, hq, sq, d)
-    kf = k.to(acc).transpose(1, 2).repeat_interleave(group, dim=1)      # (b, hq, sk, d)
-    vf = v.to(acc).transpose(1, 2).repeat_interleave(group, dim=1)
-    s = torch.matmul(qf, kf.transpose(-1, -2)) * scale
+    # Query head h reads KV head h // group. The group's query rows are stacked on the rows of one product per KV
+    # head, so K and V are never copied per query head (at h_q = 128 that copy was 128 times the cache).
+    qf = q.to(acc).view(b, sq, hk, group, dqk).permute(0, 2, 3, 1, 4).reshape(b, hk, group * sq, dqk)
+    kf = k.to(acc).transpose(1, 2)                                      # (b, hk, sk, d)
+    vf = v.to(acc).transpose(1, 2)
+    s = (torch.matmul(qf, kf.transpose(-1, -2)) * scale).view(b, hq, sq, sk)
     if softcap > 0:
         s = softcap * torch.tanh(s / softcap)
     i = torch.arange(sq, device=q.device)[:, None]
@@ -71,7 +73,7 @@ def attention_ref(q, k, v, *, causal=False, window=(-1, -1), softmax_scale=None,
     s = s.masked_fill(~mask, -math.inf)
     lse = torch.logsumexp(s, dim=-1)                                    # -inf where no key is visible
     p = torch.exp(s - torch.where(torch.isinf(lse), 0.0, lse)[..., None])
-    out = torch.matmul(p, vf)                                           # (b, hq, sq, dv)
+    out = torch.matmul(p.view(b, hk, group * sq, sk), vf).view(b, hq, sq, -1)   # (b, hq, sq, dv)
     if sinks is not None:
         # o = o_nosink * e^lse / (e^lse + e^sink) = o_nosink * sigmoid(lse - sink)
         w = torch.sigmoid(lse - sinks.to(acc).view(1, hq, 1))
