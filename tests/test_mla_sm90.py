@@ -7,10 +7,9 @@ import torch
 
 import fmha.mla as flash_mla
 from fmha.kernels import mla_decode_sm90
-from fmha.reference import mla_decode_ref
-from fmha.reference import mla_sparse_decode_ref
-from test_mla import (D_QK, D_V, _check, _paged_cache, _seqlens, test_extra_kv_source, test_fp8_kvcache,
-                      test_head_dim_512, test_sparse_decode, test_sparse_prefill)
+import test_mla              # as a module: its test functions, imported by name, would be collected here again
+from fmha.reference import mla_decode_ref, mla_sparse_decode_ref
+from test_mla import D_QK, D_V, _check, _paged_cache, _seqlens
 
 pytestmark = pytest.mark.gpu
 
@@ -85,14 +84,14 @@ def test_gluon_sparse_prefill(gluon_calls, h_q, d_qk, with_sink):
     """flash_mla_sparse_fwd through the Gluon kernel's gather path (one KV head; 576 columns, or V4's 512 with
     no separate RoPE part): invalid and past-the-end indices, trimmed rows, a token with nothing valid, NaN in
     every row no valid index names; max_logits too. The cases are test_mla's."""
-    test_sparse_prefill(("cuda", torch.bfloat16), h_q, 1, d_qk, with_sink)
+    test_mla.test_sparse_prefill(("cuda", torch.bfloat16), h_q, 1, d_qk, with_sink)
     assert gluon_calls
 
 
 @pytest.mark.parametrize("h_q", [64, 128])
 def test_gluon_head_dim_512(gluon_calls, h_q):
     """Dense paged decode with V4's head_dim 512 (no RoPE part: Q·Kᵀ over the two latent halves only)."""
-    test_head_dim_512(("cuda", torch.bfloat16), h_q)
+    test_mla.test_head_dim_512(("cuda", torch.bfloat16), h_q)
     assert gluon_calls
 
 
@@ -100,7 +99,7 @@ def test_gluon_head_dim_512(gluon_calls, h_q):
 @pytest.mark.parametrize("with_sink", [False, True], ids=["", "sink"])
 def test_gluon_sparse_decode(gluon_calls, h_q, s_q, page_size, with_sink):
     """bf16 token-sparse decode through the gather path: split tokens (partials + combine), odd page sizes."""
-    test_sparse_decode(("cuda", torch.bfloat16), h_q, s_q, page_size, with_sink)
+    test_mla.test_sparse_decode(("cuda", torch.bfloat16), h_q, s_q, page_size, with_sink)
     assert gluon_calls
 
 
@@ -110,7 +109,7 @@ def test_gluon_fp8(gluon_calls, layout, sparse):
     """FP8 caches (DeepSeek-V3.2's and V4's layouts) through the gather path: e4m3 bytes and scales land by
     cp.async and are dequantised in shared memory (test_mla's FP8 cases: 1e4s packed in unused pages, -1
     indices, trimming)."""
-    test_fp8_kvcache(("cuda", torch.bfloat16), layout, sparse)
+    test_mla.test_fp8_kvcache(("cuda", torch.bfloat16), layout, sparse)
     assert gluon_calls
 
 
@@ -118,7 +117,7 @@ def test_gluon_fp8(gluon_calls, layout, sparse):
 @pytest.mark.parametrize("layout", [None, "model1"], ids=["bf16", "fp8-model1"])
 def test_gluon_extra_kv_source(gluon_calls, with_sink, layout):
     """DeepSeek-V4's two sources (page 256 + a page-64 sliding window) in one launch of the Gluon kernel."""
-    test_extra_kv_source(("cuda", torch.bfloat16), with_sink, layout)
+    test_mla.test_extra_kv_source(("cuda", torch.bfloat16), with_sink, layout)
     assert gluon_calls
 
 
