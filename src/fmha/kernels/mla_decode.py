@@ -395,11 +395,10 @@ def mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens
     overridden = backend == "triton" or tiles is not None or use_tma is not None
     if block_table.dim() == 3 and heads_k == 1:
         block_table = block_table[:, 0]           # sparse prefill's (tokens, h_kv = 1, topk) index rows
-    if (not overridden and not interpret and block_table.dim() == 2 and gluon_enabled()
-            and (extra is None or (extra[2].dim() == 2 and extra[0].shape[2] == 1))):
+    if not overridden and not interpret and gluon_enabled():
         # One KV head, >= 16 packed rows on Hopper (bf16/fp16 or FP8 caches, paged or token-sparse, with an extra
-        # source or not): the Gluon kernel (no duplicated score tile). Decided before the portable kernel's tiles
-        # and descriptors.
+        # source or not; `supported` decides): the Gluon kernel (no duplicated score tile). Decided before the
+        # portable kernel's tiles and descriptors.
         from . import mla_decode_sm90
         views = mla_decode_sm90.supported(q_lat, q_rope, kv_lat, k_rope, out, rows_per_k, sparse=sparse,
                                           fp8_layout=fp8_layout, extra=extra)

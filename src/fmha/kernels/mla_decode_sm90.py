@@ -143,11 +143,10 @@ def _landed(k_ready, t, PART: gl.constexpr, GATHER: gl.constexpr):
 
 @gluon.jit
 def _key_ok(src, n, s_layout: gl.constexpr):
-    """SPARSE: which keys of the tile at key n of source `src` exist: within the token's valid length, index
-    >= 0 and inside the cache."""
-    k_pos = n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-    token = gl.load(src[0] + k_pos, mask=k_pos < src[1], other=-1)
-    return (token >= 0) & (token < src[2])
+    """SPARSE: which keys of the tile at key n of source `src` exist (`_key_rows`' rule, the one the gathers
+    zero-fill by), along the score tile's columns."""
+    page, slot, ok = _key_rows(src, n, gl.SliceLayout(0, s_layout), True)
+    return ok
 
 
 @gluon.jit
@@ -207,12 +206,12 @@ def _signal(bar):
 
 
 @gluon.jit
-def _key_rows(src, n, SPARSE: gl.constexpr):
-    """(page, slot, exists) of the keys n .. n + 63 of source `src`, in KEY_ROWS: SPARSE from the token's index
+def _key_rows(src, n, layout: gl.constexpr, SPARSE: gl.constexpr):
+    """(page, slot, exists) of the keys n .. n + 63 of source `src`, in `layout`: SPARSE from the token's index
     row (flat positions page * page_size + slot; invalid: negative, past the cache or past the valid length),
     else from the sequence's block table row (keys past its length do not exist). Loaded once per load point
     and shared by its parts' gathers (each a dependent copy on this load)."""
-    k_pos = n + gl.arange(0, BLOCK_N, layout=KEY_ROWS)
+    k_pos = n + gl.arange(0, BLOCK_N, layout=layout)
     page_size = src[9]
     if SPARSE:
         token = gl.load(src[0] + k_pos, mask=k_pos < src[1], other=-1)
@@ -282,7 +281,7 @@ def _gather_parts(src, n, bufs, slot, FIRST: gl.constexpr, SECOND: gl.constexpr,
     each part's copies and the arrive on that part's barrier (an arrive waits for all the thread's earlier
     copies, so each part's follows its own)."""
     k_lat, k_rope, k_ready, k_raw, k_scale = bufs
-    keys = _key_rows(src, n, SPARSE)
+    keys = _key_rows(src, n, KEY_ROWS, SPARSE)
     _gather_part(src, keys, bufs, slot, FIRST, FP8)
     async_copy.mbarrier_arrive(k_ready.index(PARTS * slot + FIRST), increment_count=False)
     if SECOND >= 0:
@@ -357,7 +356,6 @@ def _load_parts(kv, bufs, n, t, FIRST: gl.constexpr, SECOND: gl.constexpr, THIRD
     (`_gather_part` has the sources); ROPE_PART: the tile has a RoPE part to load (none for bf16 head_dim
     512: the RoPE slot then only carries P)."""
     k_lat_desc, k_rope_desc, table, page_size, main, extra, main_span = kv
-    k_lat, k_rope, k_ready, k_raw, k_scale = bufs
     slot = t % STAGES
     # A RoPE part in the list is dropped when there is none (it is never FIRST).
     S2: gl.constexpr = SECOND if ROPE_PART or SECOND != PART_ROPE else -1
@@ -692,6 +690,8 @@ def mla_decode_sm90_kernel(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_d
     for i in gl.static_range(7):
         mbarrier.init(handoff.index(i), count=1)
 
+    # Two argument lists that differ only in WG: built once as a tuple, Gluon lost its constexpr None entries
+    # (the descriptors a call does not use) and the kernel no longer compiled.
     gl.warp_specialize([
         (_consumer, (q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_desc,
                      q_lat, q_rope, (k_lat, k_rope, k_ready, k_raw, k_scale), q_ready, q_free, handoff, rows_smem,
@@ -754,7 +754,9 @@ def supported(q_lat, q_rope, kv_lat, k_rope, out, rows_per_k, sparse=False, fp8_
     if q_rope is not None and q_rope.shape[-1] != DT.value:
         return None
     gather = sparse or fp8_layout is not None
-    if kv_lat.shape[2] != 1 or (not gather and kv_lat.shape[1] % BLOCK_N.value):
+    if kv_lat.shape[2] != 1 or (extra is not None and extra[0].shape[2] != 1):
+        return None                      # one KV head (the second source's too)
+    if not gather and kv_lat.shape[1] % BLOCK_N.value:
         return None
     if gather and row_alignment(kv_lat, k_rope, *(extra[:2] if extra is not None else ())) < (
             8 if fp8_layout == "model1" else 16):
