@@ -22,10 +22,8 @@ from fmha.kernels import forward
 
 CASES = [(64, 32, 8, 4096, 16), (64, 32, 8, 4096, 64), (64, 32, 8, 4096, None), (4, 32, 8, 131072, 64),
          (1, 32, 8, 131072, 64), (32, 32, 32, 8192, 64)]
-# (BLOCK_M, BLOCK_N, num_warps, num_stages, paged TMA): the last says whether a paged tile inside one page
-# is loaded as a TMA box (forward._PAGED_TMA) or by pointer loads.
-VARIANTS = [(64, 64, 4, 5, 0), (64, 64, 4, 2, 1), (64, 64, 4, 3, 1), (64, 64, 4, 4, 1), (64, 64, 4, 6, 1),
-            (64, 16, 4, 4, 1), (64, 16, 4, 8, 1), (64, 16, 4, 12, 1), (64, 32, 4, 6, 1)]
+VARIANTS = [(64, 64, 4, 2), (64, 64, 4, 5), (64, 32, 4, 3), (64, 32, 4, 5), (64, 32, 4, 7), (64, 128, 4, 3),
+            (64, 128, 8, 3), (64, 64, 8, 5)]
 PLACEMENT_CASES = [(64, 32, 8, 4096, 16), (64, 32, 8, 4096, 64)]
 PLACEMENTS = ("in-order", "2MB-runs", "shuffled")
 D = 128
@@ -102,23 +100,20 @@ def main():
         return
     tables = (forward._GPU_DECODE_TILES, forward._GPU_PAGED_DECODE_TILES)
     defaults = [t[D] for t in tables]
-    paged_tma = forward._PAGED_TMA
     for b, hq, hk, sk, page in CASES:
         q, k, v, lens, nbytes, cudnn, ref, row = _case(b, hq, hk, sk, page)
         k_cache, v_cache, table = (k, v, None) if page is None else paged_copy(page, k, v)
         for r in range(args.rounds):
-            for variant in VARIANTS:
-                tiles, forward._PAGED_TMA = variant[:4], bool(variant[4])
+            for tiles in VARIANTS:
                 for table_ in tables:
                     table_[D] = tiles
                 call = lambda: fmha.attention_with_kvcache(q, k_cache, v_cache, lens, block_table=table)
-                key = "x".join(map(str, variant))
+                key = "x".join(map(str, tiles))
                 if r == 0:
                     row[f"{key}_maxdiff"] = (call().float() - ref).abs().max().item()
                 row.setdefault(f"{key}_gbps", []).append(nbytes / bench_gpu_graph(call) / 1e9)
         for table_, tiles in zip(tables, defaults):
             table_[D] = tiles
-        forward._PAGED_TMA = paged_tma
         row["cudnn_gbps"].append(nbytes / bench_gpu_graph(cudnn) / 1e9)
         rows.append(row)
         cudnn_best = max(row["cudnn_gbps"])

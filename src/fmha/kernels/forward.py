@@ -81,18 +81,6 @@ def _load_kv_tile(k_base, v_base, k_desc, v_desc, n, b, kv_head, offs_n, offs_d,
         k = k4.reshape(k4.shape[1], k4.shape[3])
         v = v4.reshape(v4.shape[1], v4.shape[3])
         k_t = k
-    elif TMA == 3:
-        # Host descriptor over the paged cache (pages, page_size, heads_k, d); the tile lies in one page
-        # (PAGE_TILE == BLOCK_N). Rows past k_len are inside the page, so not zero-filled: a masked tile
-        # zeroes V there (its scores are -inf, but 0 * NaN would still reach the output).
-        page = tl.load(bt_row + n // page_size)
-        k4 = k_desc.load([page, n % page_size, kv_head, 0])
-        v4 = v_desc.load([page, n % page_size, kv_head, 0])
-        k = k4.reshape(k4.shape[1], k4.shape[3])
-        v = v4.reshape(v4.shape[1], v4.shape[3])
-        if BOUNDS:
-            v = tl.where((n + offs_n < k_len)[:, None], v, 0.0)
-        k_t = k
     else:
         rows = n + offs_n
         page, slot = _key_slots(n, offs_n, bt_row, k_len, page_size, PAGED, PAGE_TILE)
@@ -222,7 +210,7 @@ def attn_fwd_kernel(
         v_base += k_start.to(tl.int64) * stride_vs
     k_desc = k_base
     v_desc = v_base
-    if TMA >= 2:
+    if TMA == 2:
         k_desc = K_DESC
         v_desc = V_DESC
     if TMA == 1:
@@ -343,9 +331,6 @@ _GPU_PAGED_DECODE_TILES = {16: (64, 64, 4, 5), 32: (64, 64, 4, 5), 64: (64, 64, 
                            256: (64, 64, 4, 2)}
 
 
-_PAGED_TMA = True          # paged caches whose key tile lies in one page load it as one TMA box
-
-
 def _tile_config(dqk, dv, interpret, rows=None, paged=False):
     """Tiles for a call whose programs hold `rows` packed query rows (None: prefill-sized) on a paged KV cache
     or not."""
@@ -454,21 +439,13 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
     heads_eff = heads_q // gp
     block_d, block_dt = _split_head_dim(dqk)
     block_dv = _next_pow2(dv)
-    page_tile = _page_tile(k.shape[1], block_n) if paged else 0
     if use_tma is None:
         # TMA descriptors cannot describe an empty tensor (seqlen_k = 0), a page gather, or a length that
-        # stops inside the tensor (cache_seqlens): pointer loads then. A paged cache whose tiles lie inside
-        # one page is one box per tile.
-        use_tma = (not interpret and block_dt == 0 and k.numel() > 0
-                   and (cache_seqlens is None or (_PAGED_TMA and page_tile == block_n))
+        # stops inside the tensor (cache_seqlens): pointer loads then.
+        use_tma = (not interpret and cache_seqlens is None and block_dt == 0 and k.numel() > 0
                    and _tma_ok(k, dqk, block_d) and _tma_ok(v, dv, block_dv))
     tma, k_desc, v_desc = 0, None, None
-    if use_tma and paged:
-        from triton.tools.tensor_descriptor import TensorDescriptor
-        tma = 3
-        k_desc = TensorDescriptor(k, list(k.shape), list(k.stride()), [1, block_n, 1, block_d])
-        v_desc = TensorDescriptor(v, list(v.shape), list(v.stride()), [1, block_n, 1, block_dv])
-    elif use_tma and varlen:
+    if use_tma and varlen:
         tma = 1                       # per-sequence descriptors built in the kernel
         _ensure_allocator(q.device)
     elif use_tma:
@@ -503,7 +480,7 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
         HAS_SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None, HAS_SINKS=sinks is not None,
         REVERSE_M=right >= 0, TMA=tma,
         HAS_SEQLENS_K=cache_seqlens is not None, PAGED=paged, SPLIT=num_splits > 1,
-        LEFT_PER_BATCH=window_lefts is not None, PAGE_TILE=page_tile,
+        LEFT_PER_BATCH=window_lefts is not None, PAGE_TILE=_page_tile(k.shape[1], block_n) if paged else 0,
         num_warps=num_warps, num_stages=num_stages,
     )
     if num_splits > 1:
