@@ -383,6 +383,30 @@ def test_plan_mla_covers_every_block_once(seed):
 
 
 @pytest.mark.cpu
+@pytest.mark.parametrize("n, parts, whole", [(128, 66, True), (256, 66, True), (120, 132, False), (100, 66, False),
+                                             (66, 66, True)])
+def test_plan_mla_whole_sequences(n, parts, whole):
+    """Equal lengths, at least as many sequences as parts, and at most 10% over an equal share: whole
+    sequences per part (one piece each, nothing to merge). Otherwise equal shares cut sequences; unequal
+    lengths never go whole."""
+    lens = torch.full((n,), 2048, dtype=torch.int32)
+    meta, offsets = plan_mla(lens, parts)
+    blocks = 2048 // SCHED_BLOCK
+    pieces = offsets[1:] - offsets[:-1]
+    assert int(meta[:, 2].sum()) == n * blocks
+    if whole:
+        assert (pieces == 1).all()
+        assert int(meta[:, 2].max()) == -(-n // parts) * blocks
+        working = meta[meta[:, 2] > 0]
+        assert (working[:, 1] == 0).all() and (working[:, 3] == 0).all()   # each starts a sequence, split 0
+    else:
+        assert (pieces > 1).any()
+    lens[0] -= SCHED_BLOCK                      # one shorter sequence: equal shares again
+    meta, offsets = plan_mla(lens, parts)
+    assert int(meta[:, 2].max()) == -(-(n * blocks - 1) // parts)
+
+
+@pytest.mark.cpu
 def test_uniform_plan_is_kept():
     """The token-sparse calls' plan (every row the same length) is plan_mla's, made once and then reused."""
     device = torch.device("cpu")
