@@ -89,9 +89,6 @@ STAGES = gl.constexpr(2)          # key tiles in flight: 2 x 72 KB
 # and this kernel still read 4-6% faster than the portable transposed one (h_q=16, s_q=1, b=128, s_k 4k-16k).
 MIN_ROWS = 16
 CONSUMER_REGS = 240               # the worker warpgroup's setmaxnreg (8 warps: 255 registers anyway)
-# L2 prefetches: 0 none; 1 a token-sparse piece's index rows at its start; 2 also each tile's rows a pair ahead
-# of their gather (or TMA load).
-PREFETCH = 2
 
 
 @gluon.jit
@@ -296,45 +293,6 @@ def _gather_parts(src, n, bufs, slot, FIRST: gl.constexpr, SECOND: gl.constexpr,
 
 
 @gluon.jit
-def _prefetch_rows(src, n, SPARSE: gl.constexpr, FP8: gl.constexpr):
-    """Ask L2 for the rows of the keys n .. n + 63 of source `src` (`_gather_part`'s tuple), one bulk prefetch a
-    row: latent values (bf16/fp16), or the whole packed FP8 row (V3.2 656 bytes; model1's 584 from the
-    16-byte boundary nearest its start). A key that does not exist asks for row 0 (`_key_rows`' rule)."""
-    layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-    page, slot, ok = _key_rows(src, n, layout, SPARSE)
-    row = src[3] + (page.to(gl.int64) * src[5] + slot.to(gl.int64) * src[6])
-    if FP8 == V32:
-        BYTES: gl.constexpr = 656
-        SHIFT: gl.constexpr = 0
-    elif FP8 == MODEL1:
-        BYTES: gl.constexpr = 576
-        SHIFT: gl.constexpr = 8
-    else:
-        BYTES: gl.constexpr = 2 * HALF
-        SHIFT: gl.constexpr = 0
-    gl.inline_asm_elementwise(
-        f"{{ .reg .b64 a; add.s64 a, $1, {SHIFT}; and.b64 a, a, -16; "
-        f"cp.async.bulk.prefetch.L2.global [a], {BYTES}; mov.u32 $0, 0; }}",
-        "=r,l", [row], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _prefetch_index_row(row, count):
-    """Ask L2 for `count` int32 entries from `row` (a token's index row) with one bulk prefetch by one thread,
-    so that the gathers' index loads along the row hit L2."""
-    layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-    lane = gl.arange(0, 128, layout=layout)
-    ptrs = row + gl.zeros([128], gl.int32, layout)
-    counts = gl.zeros([128], gl.int32, layout) + count
-    gl.inline_asm_elementwise(
-        "{ .reg .b64 a, e; .reg .b32 s; .reg .pred p; "
-        "and.b64 a, $1, -16; mad.wide.u32 e, $2, 4, $1; add.s64 e, e, 15; and.b64 e, e, -16; sub.s64 e, e, a; "
-        "cvt.u32.u64 s, e; setp.ne.u32 p, s, 0; setp.eq.and.u32 p, $3, 0, p; "
-        "@p cp.async.bulk.prefetch.L2.global [a], s; mov.u32 $0, 0; }",
-        "=r,l,r,r", [ptrs, counts, lane], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
 def _dequant_chunk(x, scale, dst, J: gl.constexpr):
     """Store e4m3 bytes x (BLOCK_N, 64) times their per-key scale into columns 64J .. 64J + 63 of dst."""
     value = x.to(gl.float8e4nv, bitcast=True).to(gl.float32) * scale[:, None]
@@ -390,8 +348,7 @@ def _dequant(bufs, slot, PART: gl.constexpr, FP8: gl.constexpr):
 
 @gluon.jit
 def _load_parts(kv, bufs, n, t, FIRST: gl.constexpr, SECOND: gl.constexpr, THIRD: gl.constexpr,
-                SPARSE: gl.constexpr, FP8: gl.constexpr, ROPE_PART: gl.constexpr, EXTRA: gl.constexpr,
-                PREFETCH: gl.constexpr):
+                SPARSE: gl.constexpr, FP8: gl.constexpr, ROPE_PART: gl.constexpr, EXTRA: gl.constexpr):
     """Load parts FIRST, SECOND, THIRD (PART_L, PART_R or PART_ROPE; -1: none) of key tile t (planned keys
     n .. n + 63) into the tile's ring slot: TMA copies (a bf16/fp16 paged cache), or a gather by the calling
     warpgroup's 128 threads (SPARSE or FP8), each arriving on a part's barrier when its copies land. `kv` =
@@ -411,17 +368,7 @@ def _load_parts(kv, bufs, n, t, FIRST: gl.constexpr, SECOND: gl.constexpr, THIRD
                 _gather_parts(main, n, bufs, slot, FIRST, S2, S3, SPARSE, FP8)
         else:
             _gather_parts(main, n, bufs, slot, FIRST, S2, S3, SPARSE, FP8)
-    if (PREFETCH >= 2) and (FIRST == PART_L):
-        # The rows this slot loads next (two tiles on) are asked of L2 now, a pair ahead of their gather.
-        ahead = n + 2 * BLOCK_N
-        if EXTRA:
-            if ahead >= main_span:
-                _prefetch_rows(extra, ahead - main_span, SPARSE, FP8)
-            else:
-                _prefetch_rows(main, ahead, SPARSE, FP8)
-        else:
-            _prefetch_rows(main, ahead, SPARSE, FP8)
-    if not (SPARSE or (FP8 != 0)):
+    else:
         page = gl.load(table + n // page_size)
         _tma_part(k_lat_desc, k_rope_desc, bufs, page, n % page_size, slot, FIRST)
         if S2 >= 0:
@@ -455,7 +402,7 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
               main_span, x_page_size, x_bound, stride_xt, stride_xp, stride_xs, stride_xrp, stride_xrs,
               WG: gl.constexpr, CAUSAL: gl.constexpr, HAS_SINKS: gl.constexpr, SPARSE: gl.constexpr,
               FP8: gl.constexpr, GATHER: gl.constexpr, HAS_MAX: gl.constexpr, HAS_ROPE: gl.constexpr,
-              ROPE_PART: gl.constexpr, EXTRA: gl.constexpr, PREFETCH: gl.constexpr):
+              ROPE_PART: gl.constexpr, EXTRA: gl.constexpr):
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -508,11 +455,6 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
                          stride_xp, stride_xs, stride_xrp, stride_xrs, x_page_size)
             kv = (k_lat_desc, k_rope_desc, table, page_size, main, extra, main_span)
             if WG == 0:
-                if SPARSE and (PREFETCH >= 1):
-                    # The piece's index rows into L2 at once: every tile's gather starts with a load from them.
-                    _prefetch_index_row(table + blk * BLOCK_N, gl.minimum(valid - blk * BLOCK_N, take * BLOCK_N))
-                    if EXTRA:
-                        _prefetch_index_row(extra[0], extra[1])
                 # The piece's Q and first two tiles, once both warpgroups are done with the last piece (its Q
                 # buffer also staged their outputs).
                 mbarrier.wait(q_free, (w & 1) ^ 1)
@@ -527,10 +469,10 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
                 tma.async_copy_global_to_shared(q_lat_desc, [b, row0, HALF], q_ready,
                                                 q_lat.index(1).reshape(q_lat_desc.block_type.shape))
                 _load_parts(kv, bufs, blk * BLOCK_N, c, PART_L, PART_R, PART_ROPE, SPARSE, FP8, ROPE_PART,
-                            EXTRA, PREFETCH)
+                            EXTRA)
                 if take > 1:
                     _load_parts(kv, bufs, (blk + 1) * BLOCK_N, c + 1, PART_L, PART_R, PART_ROPE, SPARSE, FP8,
-                                ROPE_PART, EXTRA, PREFETCH)
+                                ROPE_PART, EXTRA)
             # Causal (bottom-right): query i sees keys j <= seqlen - seqlen_q + i.
             full = seqlen
             last_visible = gl.zeros([ROWS], gl.int32, row_s) + (seqlen - 1)
@@ -580,7 +522,7 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
                     acc = warpgroup_mma_wait(0, deps=(o_tok,))
                     if i + 2 < take:          # this slot's half L is free: the next pair's first tile
                         _load_parts(kv, bufs, n0 + 2 * BLOCK_N, c + 2, PART_L, -1, -1, SPARSE, FP8, ROPE_PART,
-                                    EXTRA, PREFETCH)
+                                    EXTRA)
                     acc = acc * gl.convert_layout(alpha1, row_o)[:, None]
                     l_i = l_i * alpha1
                     mbarrier.wait(handoff.index(3), ph)
@@ -595,7 +537,7 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
                         acc = warpgroup_mma_wait(0, deps=(o_tok,))
                         if i + 3 < take:
                             _load_parts(kv, bufs, n1 + 2 * BLOCK_N, c + 3, PART_L, PART_ROPE, -1, SPARSE, FP8,
-                                        ROPE_PART, EXTRA, PREFETCH)
+                                        ROPE_PART, EXTRA)
                     if i + 2 < take:
                         s_tok = _scores(q_lat, q_rope, bufs, c + 2, PART_L, s_layout, GATHER, FP8, HAS_ROPE)
                 else:
@@ -641,11 +583,11 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
                     if i + 3 < take:
                         warpgroup_mma_wait(1, deps=(o_tok,))        # P1·V1_R is done, P0·V0_R may not be
                         _load_parts(kv, bufs, n1 + 2 * BLOCK_N, c + 3, PART_R, -1, -1, SPARSE, FP8, ROPE_PART,
-                                    EXTRA, PREFETCH)
+                                    EXTRA)
                     acc = warpgroup_mma_wait(0, deps=(o_tok,))
                     if i + 2 < take:
                         _load_parts(kv, bufs, n0 + 2 * BLOCK_N, c + 2, PART_R, PART_ROPE, -1, SPARSE, FP8,
-                                    ROPE_PART, EXTRA, PREFETCH)
+                                    ROPE_PART, EXTRA)
                     if i + 3 < take:
                         s_tok = _scores(q_lat, q_rope, bufs, c + 3, PART_R, s_layout, GATHER, FP8, HAS_ROPE)
                 c += gl.minimum(take - i, 2)
@@ -717,7 +659,7 @@ def mla_decode_sm90_kernel(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_d
                            main_span, x_page_size, x_bound, stride_xt, stride_xp, stride_xs, stride_xrp, stride_xrs,
                            CAUSAL: gl.constexpr, HAS_SINKS: gl.constexpr, SPARSE: gl.constexpr, FP8: gl.constexpr,
                            HAS_MAX: gl.constexpr, HAS_ROPE: gl.constexpr, EXTRA: gl.constexpr,
-                           CONSUMER_REGS: gl.constexpr, PREFETCH: gl.constexpr):
+                           CONSUMER_REGS: gl.constexpr):
     """Grid: parts x query blocks of 64 packed rows, part-major; a single KV head. Two warpgroups, no producer warp: a
     third warpgroup would cap every thread at 168 registers (65536 / 384), and ptxas then serialises the
     wgmmas of a 64 x 256 fp32 accumulator kernel."""
@@ -758,7 +700,7 @@ def mla_decode_sm90_kernel(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_d
                      stride_bt, qk_scale_log2, stride_lb, stride_lh, stride_ls, stride_lps, index_bound, stride_kp,
                      stride_ks, stride_rp, stride_rs, stride_mb, stride_mh, main_span, x_page_size, x_bound, stride_xt,
                      stride_xp, stride_xs, stride_xrp, stride_xrs, 0, CAUSAL, HAS_SINKS, SPARSE, FP8, GATHER,
-                     HAS_MAX, HAS_ROPE, ROPE_PART, EXTRA, PREFETCH)),
+                     HAS_MAX, HAS_ROPE, ROPE_PART, EXTRA)),
         (_consumer, (q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_desc,
                      q_lat, q_rope, (k_lat, k_rope, k_ready, k_raw, k_scale), q_ready, q_free, handoff, rows_smem,
                      LSE, LSE_PART, SCHED, SEQLENS, SPLIT_OFFSETS, SINKS, BLOCK_TABLE, KV_LAT, K_ROPE, VALID_LENS,
@@ -766,7 +708,7 @@ def mla_decode_sm90_kernel(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_d
                      stride_bt, qk_scale_log2, stride_lb, stride_lh, stride_ls, stride_lps, index_bound, stride_kp,
                      stride_ks, stride_rp, stride_rs, stride_mb, stride_mh, main_span, x_page_size, x_bound, stride_xt,
                      stride_xp, stride_xs, stride_xrp, stride_xrs, 1, CAUSAL, HAS_SINKS, SPARSE, FP8, GATHER,
-                     HAS_MAX, HAS_ROPE, ROPE_PART, EXTRA, PREFETCH)),
+                     HAS_MAX, HAS_ROPE, ROPE_PART, EXTRA)),
     ], [4], [CONSUMER_REGS])
 
 
@@ -883,7 +825,7 @@ def mla_decode_forward_sm90(views, q_lat, q_rope, kv_lat, k_rope, block_table, c
     mla_decode_sm90_kernel[grid](*args, CAUSAL=causal, HAS_SINKS=sinks is not None, SPARSE=sparse,
                                  FP8={None: 0, "v32": V32.value, "model1": MODEL1.value}[fp8_layout],
                                  HAS_MAX=max_logits is not None, HAS_ROPE=rope, EXTRA=extra is not None,
-                                 CONSUMER_REGS=CONSUMER_REGS, PREFETCH=PREFETCH, num_warps=4)
+                                 CONSUMER_REGS=CONSUMER_REGS, num_warps=4)
 
 
 assert SCHED_BLOCK == BLOCK_N.value, "a key tile is one scheduling block"
