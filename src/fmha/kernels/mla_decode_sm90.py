@@ -89,8 +89,6 @@ STAGES = gl.constexpr(2)          # key tiles in flight: 2 x 72 KB
 # and this kernel still read 4-6% faster than the portable transposed one (h_q=16, s_q=1, b=128, s_k 4k-16k).
 MIN_ROWS = 16
 CONSUMER_REGS = 240               # the worker warpgroup's setmaxnreg (8 warps: 255 registers anyway)
-# Issue the next pair's first score part (and, FP8, dequantise it) before waiting for this pair's last P·V.
-EARLY_SCORES = True
 
 
 @gluon.jit
@@ -127,13 +125,6 @@ def _scores(q_lat, q_rope, bufs, t, FIRST: gl.constexpr, s_layout: gl.constexpr,
     half, then RoPE."""
     s = warpgroup_mma_init(gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout))
     s = _score_part(q_lat, q_rope, bufs, t, s, FIRST, GATHER, FP8)
-    return _scores_rest(q_lat, q_rope, bufs, t, s, FIRST, GATHER, FP8, HAS_ROPE)
-
-
-@gluon.jit
-def _scores_rest(q_lat, q_rope, bufs, t, s, FIRST: gl.constexpr, GATHER: gl.constexpr, FP8: gl.constexpr,
-                 HAS_ROPE: gl.constexpr):
-    """`_scores` after its first part: the other latent half, then RoPE."""
     s = _score_part(q_lat, q_rope, bufs, t, s, 1 - FIRST, GATHER, FP8)
     if HAS_ROPE:
         s = _score_part(q_lat, q_rope, bufs, t, s, PART_ROPE, GATHER, FP8)
@@ -411,7 +402,7 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
               main_span, x_page_size, x_bound, stride_xt, stride_xp, stride_xs, stride_xrp, stride_xrs,
               WG: gl.constexpr, CAUSAL: gl.constexpr, HAS_SINKS: gl.constexpr, SPARSE: gl.constexpr,
               FP8: gl.constexpr, GATHER: gl.constexpr, HAS_MAX: gl.constexpr, HAS_ROPE: gl.constexpr,
-              ROPE_PART: gl.constexpr, EXTRA: gl.constexpr, EARLY: gl.constexpr):
+              ROPE_PART: gl.constexpr, EXTRA: gl.constexpr):
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -543,21 +534,12 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
                         if n1 + BLOCK_N > zero_from:
                             _zero_tail(v1, seqlen - n1)
                         o_tok = warpgroup_mma(k_rope.index(slot1), v1, acc, is_async=True)
-                        if EARLY and (i + 2 < take):
-                            # The next pair's first score part (FP8: its dequantisation) while P1·V1 runs.
-                            s_tok = _score_part(q_lat, q_rope, bufs, c + 2, warpgroup_mma_init(zero_s), PART_L,
-                                                GATHER, FP8)
-                            acc = warpgroup_mma_wait(1, deps=(o_tok,))
-                        else:
-                            acc = warpgroup_mma_wait(0, deps=(o_tok,))
+                        acc = warpgroup_mma_wait(0, deps=(o_tok,))
                         if i + 3 < take:
                             _load_parts(kv, bufs, n1 + 2 * BLOCK_N, c + 3, PART_L, PART_ROPE, -1, SPARSE, FP8,
                                         ROPE_PART, EXTRA)
                     if i + 2 < take:
-                        if EARLY:                 # (i + 2 < take: has1 held, so the first part is issued)
-                            s_tok = _scores_rest(q_lat, q_rope, bufs, c + 2, s_tok, PART_L, GATHER, FP8, HAS_ROPE)
-                        else:
-                            s_tok = _scores(q_lat, q_rope, bufs, c + 2, PART_L, s_layout, GATHER, FP8, HAS_ROPE)
+                        s_tok = _scores(q_lat, q_rope, bufs, c + 2, PART_L, s_layout, GATHER, FP8, HAS_ROPE)
                 else:
                     if has1:
                         key_ok = _tile_keys_ok(kv, n1, s_layout, EXTRA) if SPARSE else 0
@@ -602,24 +584,12 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
                         warpgroup_mma_wait(1, deps=(o_tok,))        # P1·V1_R is done, P0·V0_R may not be
                         _load_parts(kv, bufs, n1 + 2 * BLOCK_N, c + 3, PART_R, -1, -1, SPARSE, FP8, ROPE_PART,
                                     EXTRA)
-                        if EARLY:
-                            # The next pair's first score part, on the half warpgroup 0 loaded (FP8: its
-                            # dequantisation), while P0·V0_R runs.
-                            s_tok = _score_part(q_lat, q_rope, bufs, c + 3, warpgroup_mma_init(zero_s), PART_L,
-                                                GATHER, FP8)
-                            acc = warpgroup_mma_wait(1, deps=(o_tok,))
-                        else:
-                            acc = warpgroup_mma_wait(0, deps=(o_tok,))
-                    else:
-                        acc = warpgroup_mma_wait(0, deps=(o_tok,))
+                    acc = warpgroup_mma_wait(0, deps=(o_tok,))
                     if i + 2 < take:
                         _load_parts(kv, bufs, n0 + 2 * BLOCK_N, c + 2, PART_R, PART_ROPE, -1, SPARSE, FP8,
                                     ROPE_PART, EXTRA)
                     if i + 3 < take:
-                        if EARLY:
-                            s_tok = _scores_rest(q_lat, q_rope, bufs, c + 3, s_tok, PART_L, GATHER, FP8, HAS_ROPE)
-                        else:
-                            s_tok = _scores(q_lat, q_rope, bufs, c + 3, PART_R, s_layout, GATHER, FP8, HAS_ROPE)
+                        s_tok = _scores(q_lat, q_rope, bufs, c + 3, PART_R, s_layout, GATHER, FP8, HAS_ROPE)
                 c += gl.minimum(take - i, 2)
                 pairs += 1
 
@@ -689,7 +659,7 @@ def mla_decode_sm90_kernel(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_d
                            main_span, x_page_size, x_bound, stride_xt, stride_xp, stride_xs, stride_xrp, stride_xrs,
                            CAUSAL: gl.constexpr, HAS_SINKS: gl.constexpr, SPARSE: gl.constexpr, FP8: gl.constexpr,
                            HAS_MAX: gl.constexpr, HAS_ROPE: gl.constexpr, EXTRA: gl.constexpr,
-                           CONSUMER_REGS: gl.constexpr, EARLY: gl.constexpr):
+                           CONSUMER_REGS: gl.constexpr):
     """Grid: parts x query blocks of 64 packed rows, part-major; a single KV head. Two warpgroups, no producer warp: a
     third warpgroup would cap every thread at 168 registers (65536 / 384), and ptxas then serialises the
     wgmmas of a 64 x 256 fp32 accumulator kernel."""
@@ -730,7 +700,7 @@ def mla_decode_sm90_kernel(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_d
                      stride_bt, qk_scale_log2, stride_lb, stride_lh, stride_ls, stride_lps, index_bound, stride_kp,
                      stride_ks, stride_rp, stride_rs, stride_mb, stride_mh, main_span, x_page_size, x_bound, stride_xt,
                      stride_xp, stride_xs, stride_xrp, stride_xrs, 0, CAUSAL, HAS_SINKS, SPARSE, FP8, GATHER,
-                     HAS_MAX, HAS_ROPE, ROPE_PART, EXTRA, EARLY)),
+                     HAS_MAX, HAS_ROPE, ROPE_PART, EXTRA)),
         (_consumer, (q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_desc,
                      q_lat, q_rope, (k_lat, k_rope, k_ready, k_raw, k_scale), q_ready, q_free, handoff, rows_smem,
                      LSE, LSE_PART, SCHED, SEQLENS, SPLIT_OFFSETS, SINKS, BLOCK_TABLE, KV_LAT, K_ROPE, VALID_LENS,
@@ -738,7 +708,7 @@ def mla_decode_sm90_kernel(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_d
                      stride_bt, qk_scale_log2, stride_lb, stride_lh, stride_ls, stride_lps, index_bound, stride_kp,
                      stride_ks, stride_rp, stride_rs, stride_mb, stride_mh, main_span, x_page_size, x_bound, stride_xt,
                      stride_xp, stride_xs, stride_xrp, stride_xrs, 1, CAUSAL, HAS_SINKS, SPARSE, FP8, GATHER,
-                     HAS_MAX, HAS_ROPE, ROPE_PART, EXTRA, EARLY)),
+                     HAS_MAX, HAS_ROPE, ROPE_PART, EXTRA)),
     ], [4], [CONSUMER_REGS])
 
 
@@ -855,7 +825,7 @@ def mla_decode_forward_sm90(views, q_lat, q_rope, kv_lat, k_rope, block_table, c
     mla_decode_sm90_kernel[grid](*args, CAUSAL=causal, HAS_SINKS=sinks is not None, SPARSE=sparse,
                                  FP8={None: 0, "v32": V32.value, "model1": MODEL1.value}[fp8_layout],
                                  HAS_MAX=max_logits is not None, HAS_ROPE=rope, EXTRA=extra is not None,
-                                 CONSUMER_REGS=CONSUMER_REGS, EARLY=EARLY_SCORES, num_warps=4)
+                                 CONSUMER_REGS=CONSUMER_REGS, num_warps=4)
 
 
 assert SCHED_BLOCK == BLOCK_N.value, "a key tile is one scheduling block"
