@@ -320,23 +320,23 @@ def _dequant(bufs, slot, PART: gl.constexpr, FP8: gl.constexpr):
     k_lat, k_rope, k_ready, k_raw, k_scale = bufs
     layout: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])           # (64, 64) bytes
     raw = k_raw.index(2 * (2 * slot + PART) + 1)
-    x0 = raw.slice(0, 64, dim=1).load(layout)
-    x1 = raw.slice(64, 64, dim=1).load(layout)
-    x2 = raw.slice(128, 64, dim=1).load(layout)
+    dst = k_lat.index(2 * slot + PART)
     # Scales in a layout whose rows sit in the same threads as the bytes' (the per-row scale needs no shuffle).
     if FP8 == V32:
         scales = k_scale.index(2 * slot + PART)._reinterpret(gl.float32, [BLOCK_N, 2], SCALE_SMEM).load(
             gl.BlockedLayout([1, 2], [8, 4], [4, 1], [1, 0]))
     else:
         scales = k_scale.index(2 * slot + PART).load(gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0]))
+    # Value chunks 0 and 1 fill the lower half of the buffer, clear of the bytes: written before the barrier, so
+    # only half the bytes are held at a time. Chunks 2 and 3 overwrite the bytes: every thread reads first.
+    _dequant_chunk(raw.slice(0, 64, dim=1).load(layout), _chunk_scale(scales, 0, FP8, layout), dst, 0)
+    _dequant_chunk(raw.slice(64, 64, dim=1).load(layout), _chunk_scale(scales, 1, FP8, layout), dst, 1)
+    x2 = raw.slice(128, 64, dim=1).load(layout)
     if (FP8 == MODEL1) and (PART == PART_R):
         x3 = k_rope.index(slot).load(layout)                        # bf16 RoPE values, (64, 64)
     else:
         x3 = raw.slice(192, 64, dim=1).load(layout)
     gl.thread_barrier()
-    dst = k_lat.index(2 * slot + PART)
-    _dequant_chunk(x0, _chunk_scale(scales, 0, FP8, layout), dst, 0)
-    _dequant_chunk(x1, _chunk_scale(scales, 1, FP8, layout), dst, 1)
     _dequant_chunk(x2, _chunk_scale(scales, 2, FP8, layout), dst, 2)
     if (FP8 == MODEL1) and (PART == PART_R):
         dst.slice(192, 64, dim=1).store(x3.to(dst.dtype))
