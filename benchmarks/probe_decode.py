@@ -90,8 +90,15 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--rounds", type=int, default=2, help="passes over the variants per case")
     p.add_argument("--placement", action="store_true", help="vary where the pages lie instead of the tiles")
+    p.add_argument("--batches", type=int, nargs="*", default=None,
+                   help="instead: the table's own tiles on b=64's shape at these batch sizes (pages 16, 64 and a "
+                        "contiguous cache), to see the cost of a partly filled last wave of programs")
     p.add_argument("--out", default=None, help="also write the rows as JSON (GPU, date, commit recorded)")
     args = p.parse_args()
+    global CASES, VARIANTS
+    if args.batches:
+        CASES = [(b, 32, 8, 4096, page) for b in args.batches for page in (16, 64, None)]
+        VARIANTS = [None]             # each table's own tiles
     rows = []
     if args.placement:
         probe_placement(args, rows)
@@ -105,10 +112,10 @@ def main():
         k_cache, v_cache, table = (k, v, None) if page is None else paged_copy(page, k, v)
         for r in range(args.rounds):
             for tiles in VARIANTS:
-                for table_ in tables:
-                    table_[D] = tiles
+                for table_, own in zip(tables, defaults):
+                    table_[D] = tiles or own
                 call = lambda: fmha.attention_with_kvcache(q, k_cache, v_cache, lens, block_table=table)
-                key = "x".join(map(str, tiles))
+                key = "x".join(map(str, tiles)) if tiles else "default"
                 if r == 0:
                     row[f"{key}_maxdiff"] = (call().float() - ref).abs().max().item()
                 row.setdefault(f"{key}_gbps", []).append(nbytes / bench_gpu_graph(call) / 1e9)
@@ -117,7 +124,7 @@ def main():
         row["cudnn_gbps"].append(nbytes / bench_gpu_graph(cudnn) / 1e9)
         rows.append(row)
         cudnn_best = max(row["cudnn_gbps"])
-        cells = "  ".join(f"{k} {max(row[f'{k}_gbps']) / cudnn_best:.3f}" for k in ("x".join(map(str, t)) for t in VARIANTS))
+        cells = "  ".join(f"{k} {max(row[f'{k}_gbps']) / cudnn_best:.3f}" for k in ("x".join(map(str, t)) if t else "default" for t in VARIANTS))
         print(f"b={b:<3} hq={hq} hk={hk} sk={sk:<6} page={page or '-':<3} | cuDNN "
               f"{'/'.join(f'{x:.0f}' for x in row['cudnn_gbps'])} GB/s | best of rounds / best cuDNN: {cells}",
               flush=True)
