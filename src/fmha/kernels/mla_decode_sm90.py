@@ -104,7 +104,7 @@ def _piece(SEQLENS, b, blk, remaining):
 def _score_part(q_lat, q_rope, bufs, t, s, PART: gl.constexpr, GATHER: gl.constexpr, FP8: gl.constexpr):
     """Add one part of Q·Kᵀ for key tile t (async), once that part has landed (FP8: and been dequantised;
     model1's half R also takes the RoPE part's values)."""
-    k_lat, k_rope, k_ready, k_raw, k_scale, k_idx = bufs
+    k_lat, k_rope, k_ready, k_raw, k_scale = bufs
     slot = t % STAGES
     _landed(k_ready, t, PART, GATHER)
     if PART == PART_ROPE:
@@ -142,24 +142,21 @@ def _landed(k_ready, t, PART: gl.constexpr, GATHER: gl.constexpr):
 
 
 @gluon.jit
-def _key_ok(src, n, token):
-    """SPARSE: which keys of the tile at key n of source `src` exist, from their index entries `token`:
-    `_key_rows`' rule, the one the gathers zero-fill by."""
-    k_pos = n + gl.arange(0, BLOCK_N, layout=token.type.layout)
-    return (k_pos < src[1]) & (token >= 0) & (token < src[2])
+def _key_ok(src, n, s_layout: gl.constexpr):
+    """SPARSE: which keys of the tile at key n of source `src` exist (`_key_rows`' rule, the one the gathers
+    zero-fill by), along the score tile's columns."""
+    page, slot, ok = _key_rows(src, n, gl.SliceLayout(0, s_layout), True)
+    return ok
 
 
 @gluon.jit
-def _tile_keys_ok(kv, bufs, t, n, s_layout: gl.constexpr, EXTRA: gl.constexpr):
-    """`_key_ok` of key tile t (planned keys n ..): the main source's keys, then (EXTRA) the second source's
-    from the planned row's key main_span on. The index entries come from shared memory, where the tile's
-    gather copied them (with its first part, so they have landed once its scores have)."""
-    k_idx = bufs[5]
-    token = k_idx.index(t % STAGES).load(gl.SliceLayout(0, s_layout))
+def _tile_keys_ok(kv, n, s_layout: gl.constexpr, EXTRA: gl.constexpr):
+    """`_key_ok` of the tile at planned key n: the main source's keys, then (EXTRA) the second source's from
+    the planned row's key main_span on."""
     if EXTRA:
         if n >= kv[6]:
-            return _key_ok(kv[5], n - kv[6], token)
-    return _key_ok(kv[4], n, token)
+            return _key_ok(kv[5], n - kv[6], s_layout)
+    return _key_ok(kv[4], n, s_layout)
 
 
 @gluon.jit
@@ -258,7 +255,7 @@ def _gather_part(src, keys, bufs, slot, PART: gl.constexpr, FP8: gl.constexpr):
     block table row, valid length, index bound, latent base, rope base, latent page / slot strides, rope page /
     slot strides, page size). bf16/fp16: the values. FP8: a latent half's e4m3 bytes into the upper half of its
     own buffer (`_dequant` turns them into values) with its scales; the RoPE part's bf16 values as they are."""
-    k_lat, k_rope, k_ready, k_raw, k_scale, k_idx = bufs
+    k_lat, k_rope, k_ready, k_raw, k_scale = bufs
     ROW_ALIGN: gl.constexpr = 8 if FP8 == MODEL1 else 16            # model1 rows are 584 bytes
     # Byte offsets in an FP8 row (`_kv_fp8.py`): the RoPE values; half PART's scales (V3.2 two fp32, model1
     # four UE8M0 bytes).
@@ -283,14 +280,8 @@ def _gather_parts(src, n, bufs, slot, FIRST: gl.constexpr, SECOND: gl.constexpr,
     """Gather parts FIRST, SECOND, THIRD (-1: none) of the tile at key n of source `src`: its keys once, then
     each part's copies and the arrive on that part's barrier (an arrive waits for all the thread's earlier
     copies, so each part's follows its own)."""
-    k_lat, k_rope, k_ready, k_raw, k_scale, k_idx = bufs
+    k_lat, k_rope, k_ready, k_raw, k_scale = bufs
     keys = _key_rows(src, n, KEY_ROWS, SPARSE)
-    if SPARSE and (FIRST == PART_L):
-        # The tile's index entries too, for the scoring warpgroup's mask (`_tile_keys_ok`): a copy from memory
-        # the gather has just read, instead of a load on the scores' critical path.
-        layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-        k_pos = n + gl.arange(0, BLOCK_N, layout=layout)
-        async_copy.async_copy_global_to_shared(k_idx.index(slot), src[0] + k_pos, mask=k_pos < src[1])
     _gather_part(src, keys, bufs, slot, FIRST, FP8)
     async_copy.mbarrier_arrive(k_ready.index(PARTS * slot + FIRST), increment_count=False)
     if SECOND >= 0:
@@ -326,7 +317,7 @@ def _dequant(bufs, slot, PART: gl.constexpr, FP8: gl.constexpr):
     own buffer with its scales beside it, into values in that buffer (NVMMA layout), for the tensor cores; for
     model1's half R the last 64 columns are the RoPE values, landed bf16 in the tile's RoPE slot. Every thread
     reads what it needs before any writes (a barrier between), then stores and fences for the async proxy."""
-    k_lat, k_rope, k_ready, k_raw, k_scale, k_idx = bufs
+    k_lat, k_rope, k_ready, k_raw, k_scale = bufs
     layout: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])           # (64, 64) bytes
     raw = k_raw.index(2 * (2 * slot + PART) + 1)
     dst = k_lat.index(2 * slot + PART)
@@ -389,7 +380,7 @@ def _load_parts(kv, bufs, n, t, FIRST: gl.constexpr, SECOND: gl.constexpr, THIRD
 @gluon.jit
 def _tma_part(k_lat_desc, k_rope_desc, bufs, page, row, slot, PART: gl.constexpr):
     """One TMA copy: part PART of the tile at row `row` of page `page`, on the part's barrier."""
-    k_lat, k_rope, k_ready, k_raw, k_scale, k_idx = bufs
+    k_lat, k_rope, k_ready, k_raw, k_scale = bufs
     bar = k_ready.index(PARTS * slot + PART)
     if PART == PART_ROPE:
         mbarrier.expect(bar, k_rope_desc.block_type.nbytes)
@@ -420,7 +411,7 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     dtype: gl.constexpr = q_lat.dtype
-    k_lat, k_rope, k_ready, k_raw, k_scale, k_idx = bufs
+    k_lat, k_rope, k_ready, k_raw, k_scale = bufs
     f32_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, ROWS, HALF], gl.float32)
     # handoff barriers: 0 scale0, 1 scale1, 2 P0, 3 P1, 4 + WG row sums, 6 partial staged; rows_smem: m0, a0,
     # m1, a1, l0, l1
@@ -506,7 +497,7 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
                 has1 = i + 1 < take
                 ph = pairs & 1
                 if WG == 0:
-                    key_ok = _tile_keys_ok(kv, bufs, c, n0, s_layout, EXTRA) if SPARSE else 0
+                    key_ok = _tile_keys_ok(kv, n0, s_layout, EXTRA) if SPARSE else 0
                     s = _mask(warpgroup_mma_wait(0, deps=(s_tok,)), n0, full, seqlen, last_visible, qk_scale_log2,
                               key_ok, s_layout, SPARSE)
                     m_new = gl.maximum(m_i, gl.max(s, 1))
@@ -551,7 +542,7 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
                         s_tok = _scores(q_lat, q_rope, bufs, c + 2, PART_L, s_layout, GATHER, FP8, HAS_ROPE)
                 else:
                     if has1:
-                        key_ok = _tile_keys_ok(kv, bufs, c + 1, n1, s_layout, EXTRA) if SPARSE else 0
+                        key_ok = _tile_keys_ok(kv, n1, s_layout, EXTRA) if SPARSE else 0
                         s = _mask(warpgroup_mma_wait(0, deps=(s_tok,)), n1, full, seqlen, last_visible,
                                   qk_scale_log2, key_ok, s_layout, SPARSE)
                     else:
@@ -685,8 +676,6 @@ def mla_decode_sm90_kernel(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_d
     # its two scales per key beside it (k_scale, one buffer per latent buffer).
     k_raw = k_lat._reinterpret(gl.uint8, [4 * STAGES, BLOCK_N, HALF], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
     k_scale = gl.allocate_shared_memory(gl.uint8, [2 * STAGES if FP8 != 0 else 1, BLOCK_N, 8], SCALE_SMEM)
-    # SPARSE: each tile's index entries, copied with its gather, for the score mask.
-    k_idx = gl.allocate_shared_memory(gl.int32, [STAGES if SPARSE else 1, BLOCK_N], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     rows_smem = gl.allocate_shared_memory(gl.float32, [6, ROWS], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     q_ready = q_bars.index(0)
@@ -705,7 +694,7 @@ def mla_decode_sm90_kernel(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_d
     # (the descriptors a call does not use) and the kernel no longer compiled.
     gl.warp_specialize([
         (_consumer, (q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_desc,
-                     q_lat, q_rope, (k_lat, k_rope, k_ready, k_raw, k_scale, k_idx), q_ready, q_free, handoff, rows_smem,
+                     q_lat, q_rope, (k_lat, k_rope, k_ready, k_raw, k_scale), q_ready, q_free, handoff, rows_smem,
                      LSE, LSE_PART, SCHED, SEQLENS, SPLIT_OFFSETS, SINKS, BLOCK_TABLE, KV_LAT, K_ROPE, VALID_LENS,
                      MAX_LOGITS, X_LAT, X_ROPE, X_TABLE, X_VALID, batch, seqlen_q, group, rows_per_k, page_size,
                      stride_bt, qk_scale_log2, stride_lb, stride_lh, stride_ls, stride_lps, index_bound, stride_kp,
@@ -713,7 +702,7 @@ def mla_decode_sm90_kernel(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_d
                      stride_xp, stride_xs, stride_xrp, stride_xrs, 0, CAUSAL, HAS_SINKS, SPARSE, FP8, GATHER,
                      HAS_MAX, HAS_ROPE, ROPE_PART, EXTRA)),
         (_consumer, (q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_desc,
-                     q_lat, q_rope, (k_lat, k_rope, k_ready, k_raw, k_scale, k_idx), q_ready, q_free, handoff, rows_smem,
+                     q_lat, q_rope, (k_lat, k_rope, k_ready, k_raw, k_scale), q_ready, q_free, handoff, rows_smem,
                      LSE, LSE_PART, SCHED, SEQLENS, SPLIT_OFFSETS, SINKS, BLOCK_TABLE, KV_LAT, K_ROPE, VALID_LENS,
                      MAX_LOGITS, X_LAT, X_ROPE, X_TABLE, X_VALID, batch, seqlen_q, group, rows_per_k, page_size,
                      stride_bt, qk_scale_log2, stride_lb, stride_lh, stride_ls, stride_lps, index_bound, stride_kp,
