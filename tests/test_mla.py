@@ -383,11 +383,11 @@ def test_plan_mla_covers_every_block_once(seed):
 
 
 @pytest.mark.cpu
-@pytest.mark.parametrize("n, parts, whole", [(128, 66, True), (256, 66, True), (120, 132, False), (100, 66, False),
-                                             (66, 66, True)])
+@pytest.mark.parametrize("n, parts, whole", [(128, 66, True), (256, 66, True), (128, 132, True), (119, 132, False),
+                                             (100, 66, False), (66, 66, True)])
 def test_plan_mla_whole_sequences(n, parts, whole):
-    """Equal lengths, at least as many sequences as parts, and at most 10% over an equal share: whole
-    sequences per part (one piece each, nothing to merge). Otherwise equal shares cut sequences; unequal
+    """Equal lengths and at most 10% over an equal share: whole sequences per part (one piece each, nothing to
+    merge; with fewer sequences than parts, some parts idle). Otherwise equal shares cut sequences; unequal
     lengths never go whole."""
     lens = torch.full((n,), 2048, dtype=torch.int32)
     meta, offsets = plan_mla(lens, parts)

@@ -56,16 +56,16 @@ def mla_num_parts(rows_per_head_k: int, heads_k: int, sms: int) -> int:
 
 # A batch whose sequences all have the same length is planned in whole sequences when that costs at most this
 # much balance (the longest part against an equal share): 128 sequences on 66 parts run 2 a part (1.03x the
-# share) and write no partial result, where equal shares would cut most sequences in two (fp32 partials and
-# their merge, about a fifth of a sparse FP8 decode step's memory traffic, and a second pipeline fill each).
+# share), 128 on 132 parts one each (4 parts idle), and write no partial result, where equal shares would cut
+# most sequences in two (fp32 partials and their merge, and a second pipeline fill for each piece).
 WHOLE_SEQUENCE_SLACK = 1.1
 
 
 def plan_mla(cache_seqlens, num_parts: int):
     """Give every part the same number of key blocks: the batch's blocks are laid end to end and cut into
     `num_parts` equal runs, so a long sequence spans several parts and a part may finish one sequence and
-    start the next. When every sequence has the same length and there are at least as many as parts, parts
-    take whole sequences instead if the longest part stays within WHOLE_SEQUENCE_SLACK of an equal share
+    start the next. When every sequence has the same length, parts take whole sequences instead if the
+    longest part stays within WHOLE_SEQUENCE_SLACK of an equal share (parts may then stay idle)
     (token-sparse calls always plan equal lengths; decided on the device). Pure torch on `cache_seqlens`'
     device: no host synchronisation, CUDA-graph safe.
 
@@ -86,7 +86,7 @@ def plan_mla(cache_seqlens, num_parts: int):
     per_part = torch.clamp((total + num_parts - 1) // num_parts, min=1)
     n = blocks.shape[0]
     whole = -(-n // num_parts)                     # sequences a part takes when they go whole
-    if n >= num_parts and whole * num_parts <= WHOLE_SEQUENCE_SLACK * n:
+    if whole * num_parts <= WHOLE_SEQUENCE_SLACK * n:
         longest = blocks.max()
         per_part = torch.where((blocks.min() == longest) & (longest > 0), whole * longest, per_part)
     parts = torch.arange(num_parts, dtype=torch.int64, device=device)
