@@ -10,7 +10,7 @@ import fmha.mla as flash_mla
 from fmha.kernels.mla_decode import mla_decode_forward
 from fmha._kv_fp8 import LAYOUTS
 from fmha.reference import mla_decode_ref, mla_sparse_decode_ref, mla_sparse_prefill_ref
-from fmha.schedule import SCHED_BLOCK, plan_mla, uniform_plan
+from fmha.schedule import SCHED_BLOCK, SCHED_FIELDS, plan_mla, uniform_plan
 from utils import TARGETS, assert_close
 
 D_QK, D_V = 576, 512
@@ -404,6 +404,12 @@ def test_plan_mla_whole_sequences(n, parts, whole):
     lens[0] -= SCHED_BLOCK                      # one shorter sequence: equal shares again
     meta, offsets = plan_mla(lens, parts)
     assert int(meta[:, 2].max()) == -(-(n * blocks - 1) // parts)
+
+
+@pytest.mark.cpu
+def test_plan_mla_empty_batch():
+    meta, offsets = plan_mla(torch.zeros(0, dtype=torch.int32), 8)
+    assert meta.shape == (8, SCHED_FIELDS) and int(meta[:, 2].sum()) == 0 and offsets.tolist() == [0]
 
 
 @pytest.mark.cpu

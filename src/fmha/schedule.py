@@ -64,10 +64,10 @@ WHOLE_SEQUENCE_SLACK = 1.1
 def plan_mla(cache_seqlens, num_parts: int):
     """Give every part the same number of key blocks: the batch's blocks are laid end to end and cut into
     `num_parts` equal runs, so a long sequence spans several parts and a part may finish one sequence and
-    start the next. When every sequence has the same length, parts take whole sequences instead if the
-    longest part stays within WHOLE_SEQUENCE_SLACK of an equal share (parts may then stay idle)
-    (token-sparse calls always plan equal lengths; decided on the device). Pure torch on `cache_seqlens`'
-    device: no host synchronisation, CUDA-graph safe.
+    start the next. When every sequence has the same length (as in every token-sparse call), parts take
+    whole sequences instead if the longest part stays within WHOLE_SEQUENCE_SLACK of an equal share; some parts
+    may then have nothing to do. That is decided on the device too. Pure torch on `cache_seqlens`' device: no
+    host synchronisation, CUDA-graph safe.
 
     Returns:
         metadata `(num_parts, SCHED_FIELDS)` int32, per part: [first batch, first block within it, number of
@@ -86,7 +86,7 @@ def plan_mla(cache_seqlens, num_parts: int):
     per_part = torch.clamp((total + num_parts - 1) // num_parts, min=1)
     n = blocks.shape[0]
     whole = -(-n // num_parts)                     # sequences a part takes when they go whole
-    if whole * num_parts <= WHOLE_SEQUENCE_SLACK * n:
+    if n and whole * num_parts <= WHOLE_SEQUENCE_SLACK * n:
         longest = blocks.max()
         per_part = torch.where((blocks.min() == longest) & (longest > 0), whole * longest, per_part)
     parts = torch.arange(num_parts, dtype=torch.int64, device=device)
