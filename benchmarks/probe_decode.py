@@ -86,6 +86,11 @@ def probe_placement(args, rows):
         torch.cuda.empty_cache()
 
 
+def _label(tiles):
+    """A variant's key in the rows: its tiles joined by x, or "default" for each table's own."""
+    return "x".join(map(str, tiles)) if tiles else "default"
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--rounds", type=int, default=2, help="passes over the variants per case")
@@ -95,10 +100,10 @@ def main():
                         "contiguous cache), to see the cost of a partly filled last wave of programs")
     p.add_argument("--out", default=None, help="also write the rows as JSON (GPU, date, commit recorded)")
     args = p.parse_args()
-    global CASES, VARIANTS
+    cases, variants = CASES, VARIANTS
     if args.batches:
-        CASES = [(b, 32, 8, 4096, page) for b in args.batches for page in (16, 64, None)]
-        VARIANTS = [None]             # each table's own tiles
+        cases = [(b, 32, 8, 4096, page) for b in args.batches for page in (16, 64, None)]
+        variants = [None]             # each table's own tiles
     rows = []
     if args.placement:
         probe_placement(args, rows)
@@ -107,15 +112,15 @@ def main():
         return
     tables = (forward._GPU_DECODE_TILES, forward._GPU_PAGED_DECODE_TILES)
     defaults = [t[D] for t in tables]
-    for b, hq, hk, sk, page in CASES:
+    for b, hq, hk, sk, page in cases:
         q, k, v, lens, nbytes, cudnn, ref, row = _case(b, hq, hk, sk, page)
         k_cache, v_cache, table = (k, v, None) if page is None else paged_copy(page, k, v)
         for r in range(args.rounds):
-            for tiles in VARIANTS:
+            for tiles in variants:
                 for table_, own in zip(tables, defaults):
                     table_[D] = tiles or own
                 call = lambda: fmha.attention_with_kvcache(q, k_cache, v_cache, lens, block_table=table)
-                key = "x".join(map(str, tiles)) if tiles else "default"
+                key = _label(tiles)
                 if r == 0:
                     row[f"{key}_maxdiff"] = (call().float() - ref).abs().max().item()
                 row.setdefault(f"{key}_gbps", []).append(nbytes / bench_gpu_graph(call) / 1e9)
@@ -124,7 +129,7 @@ def main():
         row["cudnn_gbps"].append(nbytes / bench_gpu_graph(cudnn) / 1e9)
         rows.append(row)
         cudnn_best = max(row["cudnn_gbps"])
-        cells = "  ".join(f"{k} {max(row[f'{k}_gbps']) / cudnn_best:.3f}" for k in ("x".join(map(str, t)) if t else "default" for t in VARIANTS))
+        cells = "  ".join(f"{k} {max(row[f'{k}_gbps']) / cudnn_best:.3f}" for k in map(_label, variants))
         print(f"b={b:<3} hq={hq} hk={hk} sk={sk:<6} page={page or '-':<3} | cuDNN "
               f"{'/'.join(f'{x:.0f}' for x in row['cudnn_gbps'])} GB/s | best of rounds / best cuDNN: {cells}",
               flush=True)

@@ -1,11 +1,12 @@
-"""How much of a sparse FP8 decode call is the dequantisation, and what a setting of the Gluon MLA kernel
-(a module constant of `mla_decode_sm90` given by --knob, e.g. EARLY_SCORES) gives: the b=64 rows of `fmha bench sparse` timed on their FP8 caches and on bf16
-caches holding the same keys at the same indices (the same kernel with plain gathers), and two dense rows of
-`fmha bench mla`, at each value of the setting in one process; CUDA-graph timing, FLOPs over the selected tokens.
-Run once on the kernel as it is and once with the dequantisation step patched out (timing only, results
-wrong) to split the FP8 overhead into the step itself and the rest. For tuning; `fmha bench` is the record.
+"""How much of a sparse FP8 decode call is the dequantisation, and what a setting of the Gluon MLA kernel (a
+module constant of `mla_decode_sm90` named by --knob) gives: the b=64 rows of `fmha bench sparse` timed on their
+FP8 caches and on bf16 caches holding the same keys at the same indices (the same kernel with plain gathers),
+and two dense rows of `fmha bench mla`, at each value of the setting in one process; CUDA-graph timing, FLOPs
+over the selected tokens. Run once on the kernel as it is and once with the dequantisation step patched out
+(timing only, results wrong) to split the FP8 overhead into the step itself and the rest. For tuning;
+`fmha bench` is the record.
 
-    PYTHONPATH=src python3 benchmarks/probe_fp8.py [--label base] [--knob EARLY_SCORES --values 0 1] [--out probe.json]
+    PYTHONPATH=src python3 benchmarks/probe_fp8.py [--label base] [--knob NAME --values 0 1] [--out probe.json]
 """
 import argparse
 
