@@ -1,13 +1,12 @@
 """Sweep a prefill kernel's tile configs on the GPU, beside cuDNN SDPA in the same run.
 
     PYTHONPATH=src python3 benchmarks/tune_prefill.py [--kernel triton|gluon] [--out tune.json]
-        [--dims 64 128 256] [--seqs 4096 16384] [--all-configs] [--poly 0 1 2] [--pingpong on|off]
+        [--dims 64 128 256] [--seqs 4096 16384] [--all-configs]
 
 Prints one line per (case, variant): TFLOP/s and the ratio to cuDNN; each variant's output is checked against
 cuDNN's before it is timed. `--kernel triton` sweeps `forward.py` (tiles × TMA on/off; fills `_GPU_TILES`),
 `--kernel gluon` the Hopper kernel of `forward_sm90.py` (tiles × ping-pong on/off; fills `_TILES`; without
-`--all-configs` only the table's own tiles; `--poly` also sweeps how many of every 8 exp2 the Gluon kernel computes
-on the FMA pipe, `forward_sm90._EXP2_POLY`; `--pingpong` keeps one setting of it).
+`--all-configs` only the table's own tiles).
 """
 import argparse
 import itertools
@@ -32,7 +31,7 @@ GLUON_CONFIGS = {64: [(128, 3, 2, 232), (128, 2, 2, 232), (64, 4, 2, 232)],
                  256: [(64, 2, 1, 232), (32, 4, 1, 232)]}
 
 
-def variants(kernel, d, all_configs, polys=(None,), pingpongs=(True, False)):
+def variants(kernel, d, all_configs):
     """(label, launcher) pairs; a launcher takes (q, k, v, out, lse, causal)."""
     if kernel == "triton":
         for tiles, tma in itertools.product(TRITON_CONFIGS[d], (True, False)):
@@ -44,15 +43,11 @@ def variants(kernel, d, all_configs, polys=(None,), pingpongs=(True, False)):
             yield dict(tiles=tiles, tma=tma), run
         return
     from fmha.kernels.forward_sm90 import _TILES, attention_forward_sm90
-    for tiles, pingpong, poly in itertools.product(GLUON_CONFIGS[d] if all_configs else [_TILES[d]], pingpongs,
-                                                   polys):
-        def run(q, k, v, out, lse, causal, tiles=tiles, pingpong=pingpong, poly=poly):
+    for tiles, pingpong in itertools.product(GLUON_CONFIGS[d] if all_configs else [_TILES[d]], (True, False)):
+        def run(q, k, v, out, lse, causal, tiles=tiles, pingpong=pingpong):
             attention_forward_sm90(q, k, v, out, lse, causal=causal, softmax_scale=d ** -0.5, pingpong=pingpong,
-                                   tiles=tiles, poly=poly)
-        label = dict(tiles=tiles, pingpong=pingpong)
-        if poly is not None:
-            label.update(poly=poly)
-        yield label, run
+                                   tiles=tiles)
+        yield dict(tiles=tiles, pingpong=pingpong), run
 
 
 def main():
@@ -62,10 +57,7 @@ def main():
     p.add_argument("--dims", type=int, nargs="*", default=[64, 128, 256])
     p.add_argument("--seqs", type=int, nargs="*", default=[4096, 16384])
     p.add_argument("--all-configs", action="store_true")
-    p.add_argument("--poly", type=int, nargs="*", default=[None])
-    p.add_argument("--pingpong", choices=("on", "off"), default=None)
     args = p.parse_args()
-    pingpongs = (True, False) if args.pingpong is None else (args.pingpong == "on",)
     rows = []
     for d, s, causal in itertools.product(args.dims, args.seqs, (False, True)):
         b, h = 16384 // s, 2048 // d
@@ -80,7 +72,7 @@ def main():
         ref = cudnn().transpose(1, 2).float()
         out = torch.empty_like(q)
         lse = torch.empty(b, h, s, device="cuda")
-        for label, run in variants(args.kernel, d, args.all_configs, args.poly, pingpongs):
+        for label, run in variants(args.kernel, d, args.all_configs):
             case = f"d={d:<3} s={s:<5} {'causal' if causal else 'full  '} {label}"
             try:
                 out.fill_(float("nan"))

@@ -23,8 +23,6 @@ never stored). The output is written with masked pointer stores, one row per que
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 from triton.experimental import gluon
@@ -43,43 +41,6 @@ PRODUCER_REGS = gl.constexpr(40)     # the producer warp's register budget (its 
 
 # head_dim -> (BLOCK_N, STAGES, Q_BUFS, consumer register budget)
 _TILES = {64: (128, 3, 2, 232), 128: (128, 2, 2, 232), 256: (64, 2, 1, 232)}
-
-# head_dim -> how many of every _EXP2_PACK probabilities a polynomial on the FMA pipe computes instead of the SFU
-# (`exp2_ptx`). At d = 64 the SFU is as busy as the tensor cores: per 64 x 128 tile a thread issues 64 exp2, 8
-# cycles each on its sub-partition's SFU (512 cycles), while the tile's Q·Kᵀ and P·V (2 x 64 x 128 x 64 MACs per
-# warpgroup, two warpgroups sharing the tensor cores) take about 1024 cycles for the pair.
-_EXP2_POLY = {64: 0, 128: 0, 256: 0}
-_EXP2_PACK = 8
-EXP2_PACK = gl.constexpr(_EXP2_PACK)
-EXP2_CONSTRAINTS = gl.constexpr(",".join(["=r"] * _EXP2_PACK + ["r"] * _EXP2_PACK))
-# 2^f ~ 1 + f (c1 + f (c2 + f c3)) on [0, 1): relative error 1.3e-4 (a bf16 probability rounds at 3.9e-3), 1 at
-# f = 0 exactly, so the exponent arithmetic below never borrows from the sign bit.
-_EXP2_COEFFS = (0x3F31EFC2, 0x3E69831A, 0x3D9CF4E6)
-
-
-def exp2_ptx(poly, pack=_EXP2_PACK):
-    """PTX for `gl.inline_asm_elementwise(..., pack=pack)`: exp2 of `pack` fp32 values (x <= 0, -inf included),
-    the last `poly` of them as floor/fraction, a cubic in the fraction and an integer add of floor(x) into the
-    exponent field (FlashAttention-4's way of taking load off the SFU), the others with `ex2.approx`. x is
-    clamped at -127 first, which gives exactly 0 for every x <= -127 (-inf included)."""
-    c1, c2, c3 = _EXP2_COEFFS
-    lines = ["{", ".reg .b32 x, t, j, f, p, e;"]
-    for i in range(pack):
-        out, inp = f"${i}", f"${pack + i}"
-        if i < pack - poly:
-            lines.append(f"ex2.approx.ftz.f32 {out}, {inp};")
-            continue
-        lines += [f"max.f32 x, {inp}, 0fC2FE0000;",        # -127
-                  "add.rm.f32 t, x, 0f4B400000;",            # 1.5 * 2^23 + floor(x): floor(x) in the low bits
-                  "sub.f32 j, t, 0f4B400000;",
-                  "sub.f32 f, x, j;",
-                  f"fma.rn.f32 p, f, 0f{c3:08X}, 0f{c2:08X};",
-                  f"fma.rn.f32 p, p, f, 0f{c1:08X};",
-                  "fma.rn.f32 p, p, f, 0f3F800000;",
-                  "shl.b32 e, t, 23;",                       # floor(x) << 23, the rest shifted out
-                  f"add.s32 {out}, p, e;"]
-    lines.append("}")
-    return "\n".join(lines)
 
 
 @gluon.jit
@@ -193,7 +154,7 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, items, q_ready, q_
 
 @gluon.jit
 def _softmax_tile(s, i, m_i, l_i, q_pos, diag, seqlen_k, qk_scale_log2, mask_from,
-                  BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, s_layout: gl.constexpr, EXP2: gl.constexpr):
+                  BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, s_layout: gl.constexpr):
     """Fold the raw scores of key tile `i` into (m_i, l_i); returns the probabilities and the rescale factor."""
     if i >= mask_from:            # a tile that crosses the sequence end or the causal diagonal
         k_pos = i * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
@@ -204,12 +165,7 @@ def _softmax_tile(s, i, m_i, l_i, q_pos, diag, seqlen_k, qk_scale_log2, mask_fro
     m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale_log2)
     # A row that has seen no key yet keeps m = -inf; shift it by 0 so exp2 gives 0, not NaN.
     m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)
-    x = s * qk_scale_log2 - m_shift[:, None]
-    if EXP2 == "":
-        p = gl.exp2(x)
-    else:                         # part of it on the FMA pipe (`exp2_ptx`)
-        p = gl.inline_asm_elementwise(EXP2, EXP2_CONSTRAINTS, [x], dtype=gl.float32, is_pure=True,
-                                      pack=EXP2_PACK)
+    p = gl.exp2(s * qk_scale_log2 - m_shift[:, None])
     alpha = gl.exp2(m_i - m_shift)
     l_i = l_i * alpha + gl.sum(p, 1)
     return p, m_new, l_i, alpha
@@ -236,7 +192,7 @@ def _consumer(q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty,
               n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, qk_scale_log2,
               stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls,
               turn, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.constexpr, STAGES: gl.constexpr,
-              Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, EXP2: gl.constexpr):
+              Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr):
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -276,7 +232,7 @@ def _consumer(q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty,
             s = warpgroup_mma_wait(0, deps=(s_tok,))
             mbarrier.arrive(k_empty.index(slot), count=1)
             p, m_i, l_i, alpha = _softmax_tile(s, 0, m_i, l_i, q_pos, diag, seqlen_k, qk_scale_log2, mask_from,
-                                               BLOCK_N, CAUSAL, s_layout, EXP2)
+                                               BLOCK_N, CAUSAL, s_layout)
             for i in range(1, n_tiles):
                 # Issue S_i = Q·K_iᵀ and O += P_{i-1}·V_{i-1}; the softmax of S_i runs while P·V is on the
                 # tensor cores.
@@ -295,7 +251,7 @@ def _consumer(q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty,
                 s = warpgroup_mma_wait(1, deps=(s_tok,))
                 mbarrier.arrive(k_empty.index(slot), count=1)
                 p, m_i, l_i, alpha = _softmax_tile(s, i, m_i, l_i, q_pos, diag, seqlen_k, qk_scale_log2,
-                                                   mask_from, BLOCK_N, CAUSAL, s_layout, EXP2)
+                                                   mask_from, BLOCK_N, CAUSAL, s_layout)
                 acc = warpgroup_mma_wait(0, deps=(o_tok,))
                 mbarrier.arrive(v_empty.index(prev), count=1)
             c = kv + n_tiles - 1
@@ -335,7 +291,7 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, seqlen_q, seql
                          stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls, qk_scale_log2,
                          BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, HEAD_DV: gl.constexpr,
                          STAGES: gl.constexpr, Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr,
-                         PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr, EXP2: gl.constexpr):
+                         PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr):
     """Persistent: each program runs work items until none is left (`_next_item`); COUNTER is a zeroed int32."""
     n_m = gl.cdiv(seqlen_q, 2 * ROWS)
     dtype: gl.constexpr = q_desc.dtype
@@ -368,21 +324,15 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, seqlen_q, seql
         (_consumer, (q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, O, LSE,
                      n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, qk_scale_log2,
                      stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls,
-                     turn, 0, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, EXP2)),
+                     turn, 0, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG)),
         (_consumer, (q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, O, LSE,
                      n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, qk_scale_log2,
                      stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls,
-                     turn, 1, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, EXP2)),
+                     turn, 1, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG)),
         (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty,
                      v_ready, v_empty, COUNTER, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k,
                      stride_qh, stride_kh, stride_vh, BLOCK_N, STAGES, Q_BUFS, CAUSAL)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
-
-
-@functools.lru_cache(maxsize=None)
-def _exp2_code(poly):
-    """The kernel's EXP2 meta-parameter: "" for `gl.exp2` everywhere, else `exp2_ptx(poly)`."""
-    return exp2_ptx(poly) if poly else ""
 
 
 def _view3(t):
@@ -411,17 +361,16 @@ def supported(q, k, v):
     return None if None in views else views
 
 
-def attention_forward_sm90(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None, tiles=None,
-                           poly=None):
+def attention_forward_sm90(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None, tiles=None):
     """Launch the Gluon kernel. q (b, sq, hq, d), k/v (b, sk, hk, d); out (b, sq, hq, d); lse (b, hq, sq).
-    `views` are `supported`'s result when the caller has it; `pingpong`, `tiles` and `poly` (`_EXP2_POLY`)
-    override the automatic choices (tuning)."""
+    `views` are `supported`'s result when the caller has it; `pingpong` and `tiles` override the automatic
+    choices (tuning)."""
     grid, args, meta = launch_args(q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale, views=views,
-                                   pingpong=pingpong, tiles=tiles, poly=poly)
+                                   pingpong=pingpong, tiles=tiles)
     attn_fwd_sm90_kernel[grid](*args, **meta)
 
 
-def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None, tiles=None, poly=None):
+def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None, tiles=None):
     """(grid, arguments, meta-parameters) of one launch; `benchmarks/profile_host.py` times the launch alone."""
     batch, seqlen_q, heads_q, d = q.shape
     seqlen_k, heads_k = k.shape[1], k.shape[2]
@@ -446,6 +395,5 @@ def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpon
             seqlen_k, heads_q, heads_q // heads_k, batch * heads_q, chunk, q.stride(2), k.stride(2), v.stride(2),
             out.stride(0), out.stride(1), out.stride(2), *lse.stride(), softmax_scale * LOG2E)
     meta = dict(BLOCK_N=block_n, HEAD_D=d, HEAD_DV=d, STAGES=stages, Q_BUFS=q_bufs, CAUSAL=causal,
-                PINGPONG=pingpong, CONSUMER_REGS=regs, EXP2=_exp2_code(_EXP2_POLY[d] if poly is None else poly),
-                num_warps=4)
+                PINGPONG=pingpong, CONSUMER_REGS=regs, num_warps=4)
     return grid, args, meta
