@@ -1,12 +1,13 @@
 """Sweep a prefill kernel's tile configs on the GPU, beside cuDNN SDPA in the same run.
 
     PYTHONPATH=src python3 benchmarks/tune_prefill.py [--kernel triton|gluon] [--out tune.json]
-        [--dims 64 128 256] [--seqs 4096 16384] [--all-configs]
+        [--dims 64 128 256] [--seqs 4096 16384] [--all-configs] [--pingpong on|off]
 
 Prints one line per (case, variant): TFLOP/s and the ratio to cuDNN; each variant's output is checked against
 cuDNN's before it is timed. `--kernel triton` sweeps `forward.py` (tiles × TMA on/off; fills `_GPU_TILES`),
 `--kernel gluon` the Hopper kernel of `forward_sm90.py` (tiles × ping-pong on/off; fills `_TILES`; without
-`--all-configs` only the table's own tiles).
+`--all-configs` only the table's own tiles; `--pingpong` keeps one setting of it, which three consumer warpgroups
+ignore).
 """
 import argparse
 import itertools
@@ -25,13 +26,14 @@ TRITON_CONFIGS = {
           (64, 128, 4, 3), (128, 256, 8, 2)],
     256: [(128, 64, 8, 2), (64, 64, 4, 2), (128, 32, 8, 3), (64, 128, 8, 2), (128, 64, 8, 3)],
 }
-# head_dim -> [(BLOCK_N, STAGES, Q_BUFS, consumer registers)]
-GLUON_CONFIGS = {64: [(128, 3, 2, 232), (128, 2, 2, 232), (64, 4, 2, 232)],
-                 128: [(128, 2, 2, 232), (128, 2, 1, 232), (64, 4, 2, 232), (64, 3, 2, 232)],
-                 256: [(64, 2, 1, 232), (32, 4, 1, 232)]}
+# head_dim -> [(BLOCK_N, STAGES, Q_BUFS, consumer registers, consumer warpgroups)]
+GLUON_CONFIGS = {64: [(128, 3, 2, 232, 2), (128, 2, 2, 232, 2), (64, 4, 2, 232, 2), (128, 3, 2, 160, 3),
+                      (128, 3, 2, 152, 3), (128, 2, 2, 160, 3), (64, 4, 2, 160, 3)],
+                 128: [(128, 2, 2, 232, 2), (128, 2, 1, 232, 2), (64, 4, 2, 232, 2), (64, 3, 2, 232, 2)],
+                 256: [(64, 2, 1, 232, 2), (32, 4, 1, 232, 2)]}
 
 
-def variants(kernel, d, all_configs):
+def variants(kernel, d, all_configs, pingpongs=(True, False)):
     """(label, launcher) pairs; a launcher takes (q, k, v, out, lse, causal)."""
     if kernel == "triton":
         for tiles, tma in itertools.product(TRITON_CONFIGS[d], (True, False)):
@@ -43,7 +45,7 @@ def variants(kernel, d, all_configs):
             yield dict(tiles=tiles, tma=tma), run
         return
     from fmha.kernels.forward_sm90 import _TILES, attention_forward_sm90
-    for tiles, pingpong in itertools.product(GLUON_CONFIGS[d] if all_configs else [_TILES[d]], (True, False)):
+    for tiles, pingpong in itertools.product(GLUON_CONFIGS[d] if all_configs else [_TILES[d]], pingpongs):
         def run(q, k, v, out, lse, causal, tiles=tiles, pingpong=pingpong):
             attention_forward_sm90(q, k, v, out, lse, causal=causal, softmax_scale=d ** -0.5, pingpong=pingpong,
                                    tiles=tiles)
@@ -57,7 +59,9 @@ def main():
     p.add_argument("--dims", type=int, nargs="*", default=[64, 128, 256])
     p.add_argument("--seqs", type=int, nargs="*", default=[4096, 16384])
     p.add_argument("--all-configs", action="store_true")
+    p.add_argument("--pingpong", choices=("on", "off"), default=None)
     args = p.parse_args()
+    pingpongs = (True, False) if args.pingpong is None else (args.pingpong == "on",)
     rows = []
     for d, s, causal in itertools.product(args.dims, args.seqs, (False, True)):
         b, h = 16384 // s, 2048 // d
@@ -72,7 +76,7 @@ def main():
         ref = cudnn().transpose(1, 2).float()
         out = torch.empty_like(q)
         lse = torch.empty(b, h, s, device="cuda")
-        for label, run in variants(args.kernel, d, args.all_configs):
+        for label, run in variants(args.kernel, d, args.all_configs, pingpongs):
             case = f"d={d:<3} s={s:<5} {'causal' if causal else 'full  '} {label}"
             try:
                 out.fill_(float("nan"))

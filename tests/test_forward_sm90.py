@@ -80,3 +80,22 @@ def test_gluon_out_view():
     got, lse = fmha.attention(q, k, v, causal=True, return_lse=True, out=out)
     assert_matches(got, lse, attention_ref(q, k, v, causal=True), torch.bfloat16)
     assert wide[:, :, :, d:].isnan().all() and wide[:, sq:].isnan().all()
+
+
+@pytest.mark.parametrize("tiles", [(128, 3, 2, 160, 3), (64, 4, 2, 160, 3)], ids=["3wg-n128", "3wg-n64"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", [(2, 700, 900, 8, 1, 64), (1, 1000, 400, 4, 2, 64), (1, 2048, 2048, 4, 4, 64)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_gluon_three_consumer_warpgroups(shape, causal, tiles, monkeypatch):
+    """The 192-row variant (three consumer warpgroups, `_TILES`' last field), whichever the table picks."""
+    from fmha.kernels import forward_sm90
+    torch.manual_seed(sum(shape))
+    b, sq, sk, hq, hk, d = shape
+    q = poisoned((b, sq, hq, d), sq, torch.bfloat16, "cuda")
+    k = poisoned((b, sk, hk, d), sk, torch.bfloat16, "cuda")
+    v = poisoned((b, sk, hk, d), sk, torch.bfloat16, "cuda")
+    if not _gluon_ok(q, k, v):
+        pytest.skip("not an sm_90 GPU")
+    monkeypatch.setitem(forward_sm90._TILES, d, tiles)
+    got, lse = fmha.attention(q, k, v, causal=causal, return_lse=True)
+    assert_matches(got, lse, attention_ref(q, k, v, causal=causal), torch.bfloat16)

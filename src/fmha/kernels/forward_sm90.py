@@ -37,15 +37,17 @@ ROWS = gl.constexpr(_ROWS)        # the same, for the kernels
 LOG2E = 1.4426950408889634
 L2_BUDGET = 24 << 20              # bytes of K/V that causal work items share at a time (H100 L2: 50 MB)
 LN2 = gl.constexpr(0.6931471805599453)
-PRODUCER_REGS = gl.constexpr(40)     # the producer warp's register budget (its warpgroup's, with 3 idle warps)
+# The producer warp's register budget (its warpgroup's, with 3 idle warps) beside 2 or 3 consumer warpgroups: with
+# 3 the four warpgroups share 64K registers, 24 x 128 + 3 x 160 x 128 of them.
+_PRODUCER_REGS = {2: 40, 3: 24}
 
-# head_dim -> (BLOCK_N, STAGES, Q_BUFS, consumer register budget)
-_TILES = {64: (128, 3, 2, 232), 128: (128, 2, 2, 232), 256: (64, 2, 1, 232)}
+# head_dim -> (BLOCK_N, STAGES, Q_BUFS, consumer register budget, consumer warpgroups)
+_TILES = {64: (128, 3, 2, 232, 2), 128: (128, 2, 2, 232, 2), 256: (64, 2, 1, 232, 2)}
 
 
 @gluon.jit
 def _work_item(t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, BLOCK_N: gl.constexpr,
-               CAUSAL: gl.constexpr):
+               CAUSAL: gl.constexpr, WGS: gl.constexpr):
     """Work item t → (batch, head, kv head, first query row, key tiles). Items go out in order of t (see
     `_next_item`). Without a mask, all row blocks of one head are next to each other, sharing its K/V in L2.
     Causal: heads are taken `head_chunk` at a time (as many as keep their K/V in L2), and inside a chunk the
@@ -61,10 +63,10 @@ def _work_item(t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, BLO
         bh = t // n_m
         m_idx = t % n_m
     h = bh % heads_q
-    m_start = m_idx * (2 * ROWS)
+    m_start = m_idx * (WGS * ROWS)
     hi = seqlen_k
     if CAUSAL:
-        hi = gl.maximum(gl.minimum(hi, m_start + 2 * ROWS + seqlen_k - seqlen_q), 0)
+        hi = gl.maximum(gl.minimum(hi, m_start + WGS * ROWS + seqlen_k - seqlen_q), 0)
     return bh // heads_q, h, h // group, m_start, gl.cdiv(hi, BLOCK_N)
 
 
@@ -109,10 +111,10 @@ def _load_kv_tile(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_e
 
 
 @gluon.jit
-def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready,
-              v_empty, COUNTER, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, stride_qh, stride_kh,
-              stride_vh,
-              BLOCK_N: gl.constexpr, STAGES: gl.constexpr, Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr):
+def _producer(args, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr,
+              WGS: gl.constexpr):
+    (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
+     COUNTER, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, stride_qh, stride_kh, stride_vh) = args
     # The descriptors are 3-D, (batch, seqlen, columns) with boxes (1, rows, head_dim); each box lands in a
     # 2-D slot seen through a (1, rows, head_dim) view.
     q_box: gl.constexpr = q_desc.block_type.shape
@@ -121,7 +123,7 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, items, q_ready, q_
     t = gl.program_id(0)
     while t < n_m * n_bh:
         b, h, hk, m_start, n_tiles = _work_item(t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k,
-                                                BLOCK_N, CAUSAL)
+                                                BLOCK_N, CAUSAL, WGS)
         qb = w % Q_BUFS
         # With one Q buffer (d = 256) the item's first key tiles go out before its Q: their ring slots free up
         # while the consumers are still on the previous item, whereas the Q buffer frees only at its end, and
@@ -132,14 +134,13 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, items, q_ready, q_
         for i in range(head):
             kv = _load_kv_tile(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv, b, i, hk,
                                stride_kh, stride_vh, BLOCK_N, STAGES)
-        # A buffer is free once both consumers released it; the first pass over a ring waits on nothing.
+        # A buffer is free once every consumer released it; the first pass over a ring waits on nothing.
         mbarrier.wait(q_empty.index(qb), ((w // Q_BUFS) & 1) ^ 1)
         _post_item(items.index(qb), t, 1)
-        mbarrier.expect(q_ready.index(qb), 2 * q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [b, m_start, h * stride_qh], q_ready.index(qb),
-                                        q_smem.index(2 * qb).reshape(q_box))
-        tma.async_copy_global_to_shared(q_desc, [b, m_start + ROWS, h * stride_qh], q_ready.index(qb),
-                                        q_smem.index(2 * qb + 1).reshape(q_box))
+        mbarrier.expect(q_ready.index(qb), WGS * q_desc.block_type.nbytes)
+        for g in gl.static_range(WGS):
+            tma.async_copy_global_to_shared(q_desc, [b, m_start + g * ROWS, h * stride_qh], q_ready.index(qb),
+                                            q_smem.index(WGS * qb + g).reshape(q_box))
         for i in range(head, n_tiles):
             kv = _load_kv_tile(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv, b, i, hk,
                                stride_kh, stride_vh, BLOCK_N, STAGES)
@@ -188,11 +189,13 @@ def _give_turn(turn, WG: gl.constexpr, PINGPONG: gl.constexpr):
 
 
 @gluon.jit
-def _consumer(q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, O, LSE,
-              n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, qk_scale_log2,
-              stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls,
-              turn, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.constexpr, STAGES: gl.constexpr,
-              Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr):
+def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.constexpr, STAGES: gl.constexpr,
+              Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, WGS: gl.constexpr):
+    """Consumer warpgroup WG of WGS; `shared` holds the arguments common to all of them (one tuple, so that the
+    kernel writes them once for two or three partitions)."""
+    (q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, O, LSE, n_m, n_bh,
+     head_chunk, heads_q, group, seqlen_q, seqlen_k, qk_scale_log2, stride_ob, stride_os, stride_oh, stride_lb,
+     stride_lh, stride_ls, turn) = shared
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -212,7 +215,7 @@ def _consumer(q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty,
     t = _read_item(items.index(0), 4)
     while t < n_m * n_bh:
         b, h, hk, m_start, n_tiles = _work_item(t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k,
-                                                BLOCK_N, CAUSAL)
+                                                BLOCK_N, CAUSAL, WGS)
         m0 = m_start + WG * ROWS
         q_pos = m0 + gl.arange(0, ROWS, layout=row_s)
         # First key tile that needs a mask for some row of this warpgroup.
@@ -222,7 +225,7 @@ def _consumer(q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty,
         acc = gl.zeros([ROWS, HEAD_DV], gl.float32, o_layout)
         m_i = gl.full([ROWS], float("-inf"), gl.float32, row_s)
         l_i = gl.zeros([ROWS], gl.float32, row_s)
-        q = q_smem.index(2 * qb + WG)
+        q = q_smem.index(WGS * qb + WG)
         if n_tiles > 0:
             slot = kv % STAGES
             mbarrier.wait(k_ready.index(slot), (kv // STAGES) & 1)
@@ -291,14 +294,15 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, seqlen_q, seql
                          stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls, qk_scale_log2,
                          BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, HEAD_DV: gl.constexpr,
                          STAGES: gl.constexpr, Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr,
-                         PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+                         PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr, WGS: gl.constexpr,
+                         PRODUCER_REGS: gl.constexpr):
     """Persistent: each program runs work items until none is left (`_next_item`); COUNTER is a zeroed int32."""
-    n_m = gl.cdiv(seqlen_q, 2 * ROWS)
+    n_m = gl.cdiv(seqlen_q, WGS * ROWS)
     dtype: gl.constexpr = q_desc.dtype
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, HEAD_D], dtype)
     k_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_D], dtype)
     v_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DV], dtype)
-    q_smem = gl.allocate_shared_memory(dtype, [2 * Q_BUFS, ROWS, HEAD_D], q_layout)
+    q_smem = gl.allocate_shared_memory(dtype, [WGS * Q_BUFS, ROWS, HEAD_D], q_layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], k_layout)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DV], v_layout)
     q_ready = gl.allocate_shared_memory(gl.int64, [Q_BUFS, 1], mbarrier.MBarrierLayout())
@@ -313,26 +317,33 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, seqlen_q, seql
     mbarrier.init(turn.index(1), count=1)
     for i in gl.static_range(Q_BUFS):
         mbarrier.init(q_ready.index(i), count=1)
-        mbarrier.init(q_empty.index(i), count=2)        # both consumer warpgroups release a buffer
+        mbarrier.init(q_empty.index(i), count=WGS)      # every consumer warpgroup releases a buffer
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
-        mbarrier.init(k_empty.index(i), count=2)
+        mbarrier.init(k_empty.index(i), count=WGS)
         mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(v_empty.index(i), count=2)
+        mbarrier.init(v_empty.index(i), count=WGS)
 
-    gl.warp_specialize([
-        (_consumer, (q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, O, LSE,
-                     n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, qk_scale_log2,
-                     stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls,
-                     turn, 0, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG)),
-        (_consumer, (q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, O, LSE,
-                     n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, qk_scale_log2,
-                     stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls,
-                     turn, 1, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG)),
-        (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty,
-                     v_ready, v_empty, COUNTER, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k,
-                     stride_qh, stride_kh, stride_vh, BLOCK_N, STAGES, Q_BUFS, CAUSAL)),
-    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    shared = (q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, O, LSE, n_m, n_bh,
+              head_chunk, heads_q, group, seqlen_q, seqlen_k, qk_scale_log2, stride_ob, stride_os, stride_oh,
+              stride_lb, stride_lh, stride_ls, turn)
+    producer = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready,
+                v_empty, COUNTER, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, stride_qh, stride_kh,
+                stride_vh)
+    # The tuples above hold no constexpr (a tuple in a variable does not keep them); those go in literally.
+    if WGS == 2:
+        gl.warp_specialize([
+            (_consumer, (shared, 0, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS)),
+            (_consumer, (shared, 1, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS)),
+            (_producer, (producer, BLOCK_N, STAGES, Q_BUFS, CAUSAL, WGS)),
+        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    else:
+        gl.warp_specialize([
+            (_consumer, (shared, 0, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS)),
+            (_consumer, (shared, 1, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS)),
+            (_consumer, (shared, 2, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS)),
+            (_producer, (producer, BLOCK_N, STAGES, Q_BUFS, CAUSAL, WGS)),
+        ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
 
 
 def _view3(t):
@@ -374,18 +385,19 @@ def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpon
     """(grid, arguments, meta-parameters) of one launch; `benchmarks/profile_host.py` times the launch alone."""
     batch, seqlen_q, heads_q, d = q.shape
     seqlen_k, heads_k = k.shape[1], k.shape[2]
-    block_n, stages, q_bufs, regs = tiles or _TILES[d]
+    block_n, stages, q_bufs, regs, wgs = tiles or _TILES[d]
     if pingpong is None:
         # tune_prefill_sm90_h100.json: +0.5-7% at d >= 128, mostly a loss at d = 64. Five later runs at d = 128
         # (history/tune_prefill_tmastore_h100_*.json, the pointer-store rows) had it 4-7% behind at 16k without
         # a mask and level with it at 4k: on for d = 256 and causal d = 128 only.
         pingpong = d == 256 or (d == 128 and causal)
+    pingpong = pingpong and wgs == 2              # the hand-off is between two warpgroups
 
     def desc(t, view, rows):
         return descriptor(t, view, [1, rows, d])
 
     vq, vk, vv = views or (_view3(q), _view3(k), _view3(v))
-    n_m = triton.cdiv(seqlen_q, 2 * _ROWS)
+    n_m = triton.cdiv(seqlen_q, wgs * _ROWS)
     grid = (min(batch * heads_q * n_m, num_sms(q.device)),)
     counter = torch.zeros(1, dtype=torch.int32, device=q.device)      # items handed out past the first grid
     chunk = 1
@@ -395,5 +407,5 @@ def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpon
             seqlen_k, heads_q, heads_q // heads_k, batch * heads_q, chunk, q.stride(2), k.stride(2), v.stride(2),
             out.stride(0), out.stride(1), out.stride(2), *lse.stride(), softmax_scale * LOG2E)
     meta = dict(BLOCK_N=block_n, HEAD_D=d, HEAD_DV=d, STAGES=stages, Q_BUFS=q_bufs, CAUSAL=causal,
-                PINGPONG=pingpong, CONSUMER_REGS=regs, num_warps=4)
+                PINGPONG=pingpong, CONSUMER_REGS=regs, WGS=wgs, PRODUCER_REGS=_PRODUCER_REGS[wgs], num_warps=4)
     return grid, args, meta
