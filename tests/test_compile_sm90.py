@@ -157,7 +157,7 @@ GLUON_SCRIPT = textwrap.dedent('''
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
-    from fmha.kernels.forward_sm90 import attn_fwd_sm90_kernel, _TILES, _ROWS, _PRODUCER_REGS
+    from fmha.kernels.forward_sm90 import attn_fwd_sm90_kernel, _TILES, _ROWS
     d, causal, dt, wgs = json.loads(sys.argv[1])
     bn, stages, q_bufs, regs, _ = _TILES[d]
     if wgs == 3:
@@ -168,7 +168,7 @@ GLUON_SCRIPT = textwrap.dedent('''
         layout = gl.NVMMASharedLayout.get_default_for([1, rows, d], el)
         return f"tensordesc<{dt}[1,{rows},{d}],{layout!r}>"
     consts = dict(BLOCK_N=bn, HEAD_D=d, HEAD_DV=d, STAGES=stages, Q_BUFS=q_bufs, CAUSAL=causal,
-                  PINGPONG=not causal and wgs == 2, CONSUMER_REGS=regs, WGS=wgs, PRODUCER_REGS=_PRODUCER_REGS[wgs])
+                  PINGPONG=not causal and wgs == 2, CONSUMER_REGS=regs, WGS=wgs)
     ptrs = dict(q_desc=desc(_ROWS), k_desc=desc(bn), v_desc=desc(bn), O=f"*{dt}", LSE="*fp32", COUNTER="*i32")
     names = list(inspect.signature(attn_fwd_sm90_kernel.fn).parameters)
     sig = {n: ptrs.get(n, "constexpr" if n in consts else ("fp32" if n == "qk_scale_log2" else "i32")) for n in names}

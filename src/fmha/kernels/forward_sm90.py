@@ -37,9 +37,9 @@ ROWS = gl.constexpr(_ROWS)        # the same, for the kernels
 LOG2E = 1.4426950408889634
 L2_BUDGET = 24 << 20              # bytes of K/V that causal work items share at a time (H100 L2: 50 MB)
 LN2 = gl.constexpr(0.6931471805599453)
-# The producer warp's register budget (its warpgroup's, with 3 idle warps) beside 2 or 3 consumer warpgroups: with
-# 3 the four warpgroups share 64K registers, 24 x 128 + 3 x 160 x 128 of them.
-_PRODUCER_REGS = {2: 40, 3: 24}
+# The producer warp's register budget (its warpgroup's, with 3 idle warps) beside 2 consumer warpgroups; beside 3 it
+# is the default partition and gets what the consumers leave.
+PRODUCER_REGS = gl.constexpr(40)
 
 # head_dim -> (BLOCK_N, STAGES, Q_BUFS, consumer register budget, consumer warpgroups)
 _TILES = {64: (128, 3, 2, 232, 2), 128: (128, 2, 2, 232, 2), 256: (64, 2, 1, 232, 2)}
@@ -136,7 +136,7 @@ def _producer(args, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, Q_BUFS: gl.cons
                                stride_kh, stride_vh, BLOCK_N, STAGES)
         # A buffer is free once every consumer released it; the first pass over a ring waits on nothing.
         mbarrier.wait(q_empty.index(qb), ((w // Q_BUFS) & 1) ^ 1)
-        _post_item(items.index(qb), t, 1)
+        _post_item(items.index(qb), t, gl.num_warps())
         mbarrier.expect(q_ready.index(qb), WGS * q_desc.block_type.nbytes)
         for g in gl.static_range(WGS):
             tma.async_copy_global_to_shared(q_desc, [b, m_start + g * ROWS, h * stride_qh], q_ready.index(qb),
@@ -149,7 +149,7 @@ def _producer(args, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, Q_BUFS: gl.cons
     # The end: an index past the last item tells the consumers to stop.
     qb = w % Q_BUFS
     mbarrier.wait(q_empty.index(qb), ((w // Q_BUFS) & 1) ^ 1)
-    _post_item(items.index(qb), t, 1)
+    _post_item(items.index(qb), t, gl.num_warps())
     mbarrier.arrive(q_ready.index(qb), count=1)
 
 
@@ -294,8 +294,7 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, seqlen_q, seql
                          stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls, qk_scale_log2,
                          BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, HEAD_DV: gl.constexpr,
                          STAGES: gl.constexpr, Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr,
-                         PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr, WGS: gl.constexpr,
-                         PRODUCER_REGS: gl.constexpr):
+                         PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr, WGS: gl.constexpr):
     """Persistent: each program runs work items until none is left (`_next_item`); COUNTER is a zeroed int32."""
     n_m = gl.cdiv(seqlen_q, WGS * ROWS)
     dtype: gl.constexpr = q_desc.dtype
@@ -338,12 +337,15 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, seqlen_q, seql
             (_producer, (producer, BLOCK_N, STAGES, Q_BUFS, CAUSAL, WGS)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
+        # Three consumers run as workers, each at CONSUMER_REGS; the producer is the default partition (4 warps,
+        # one issuing) with what is left. As the default partition a consumer was compiled into far more spills
+        # than the workers (54 against 9 local loads per key tile at 168 and 160 registers).
         gl.warp_specialize([
+            (_producer, (producer, BLOCK_N, STAGES, Q_BUFS, CAUSAL, WGS)),
             (_consumer, (shared, 0, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS)),
             (_consumer, (shared, 1, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS)),
             (_consumer, (shared, 2, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS)),
-            (_producer, (producer, BLOCK_N, STAGES, Q_BUFS, CAUSAL, WGS)),
-        ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
+        ], [4, 4, 4], [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS])
 
 
 def _view3(t):
@@ -407,5 +409,5 @@ def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpon
             seqlen_k, heads_q, heads_q // heads_k, batch * heads_q, chunk, q.stride(2), k.stride(2), v.stride(2),
             out.stride(0), out.stride(1), out.stride(2), *lse.stride(), softmax_scale * LOG2E)
     meta = dict(BLOCK_N=block_n, HEAD_D=d, HEAD_DV=d, STAGES=stages, Q_BUFS=q_bufs, CAUSAL=causal,
-                PINGPONG=pingpong, CONSUMER_REGS=regs, WGS=wgs, PRODUCER_REGS=_PRODUCER_REGS[wgs], num_warps=4)
+                PINGPONG=pingpong, CONSUMER_REGS=regs, WGS=wgs, num_warps=4)
     return grid, args, meta
