@@ -87,7 +87,8 @@ def test_gluon_out_view():
 @pytest.mark.parametrize("shape", [(2, 700, 900, 8, 1, 64), (1, 1000, 400, 4, 2, 64), (1, 2048, 2048, 4, 4, 64)],
                          ids=lambda s: "x".join(map(str, s)))
 def test_gluon_three_consumer_warpgroups(shape, causal, tiles, monkeypatch):
-    """The 192-row variant (three consumer warpgroups, `_TILES`' last field), whichever the table picks."""
+    """The 192-row variant (three consumer warpgroups, the tiles' last field) on masked and unmasked calls,
+    whichever the tables pick."""
     from fmha.kernels import forward_sm90
     torch.manual_seed(sum(shape))
     b, sq, sk, hq, hk, d = shape
@@ -97,5 +98,6 @@ def test_gluon_three_consumer_warpgroups(shape, causal, tiles, monkeypatch):
     if not _gluon_ok(q, k, v):
         pytest.skip("not an sm_90 GPU")
     monkeypatch.setitem(forward_sm90._TILES, d, tiles)
+    monkeypatch.setitem(forward_sm90._WIDE_TILES, d, tiles)
     got, lse = fmha.attention(q, k, v, causal=causal, return_lse=True)
     assert_matches(got, lse, attention_ref(q, k, v, causal=causal), torch.bfloat16)

@@ -5,13 +5,14 @@ is what `attention_forward` dispatches to on an H100/H200 for the plain dense ca
 or left window, `head_dim_qk == head_dim_v` in {64, 128, 256}, q/k/v strides that TMA accepts (16-byte
 aligned). The schedule is FlashAttention-3's:
 
-* persistent: one program per SM runs work items (128 query rows of one head) until none is left:
+* persistent: one program per SM runs work items (128 or 192 query rows of one head) until none is left:
   a program takes the next untaken item when it starts one (an atomic counter); causal items go out in
   L2-sized chunks of heads, longest first inside a chunk (`_work_item`, `_next_item`);
 * a one-warp producer partition: Q (double-buffered, so the next item's Q lands during this one) and K and
   V tiles through `STAGES`-deep rings of shared-memory slots, each completing on its own mbarrier; K and V
   slots are released separately (K after Q·Kᵀ, V after P·V), so loads run a full tile ahead;
-* two consumer warpgroups, each owning 64 of the 128 query rows and reading the same K/V slots. Within one
+* two consumer warpgroups (three at d = 64 without a mask, `_WIDE_TILES`, where the producer becomes the
+  default partition), each owning 64 of the item's query rows and reading the same K/V slots. Within one
   warpgroup, tile j's softmax runs while the tensor cores do tile j-1's P·V (intra-warpgroup overlap):
   issue S_j = Q·K_jᵀ, issue O += P_{j-1}·V_{j-1}, wait for S_j, softmax, wait for O, release the slots.
   With PINGPONG the two warpgroups take turns issuing (mbarrier hand-off), so one's softmax overlaps the
@@ -32,7 +33,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 from ..schedule import num_sms
 from .sm90 import capability, descriptor
 
-_ROWS = 64                        # query rows per consumer warpgroup; a CTA has two
+_ROWS = 64                        # query rows per consumer warpgroup; a CTA has two or three
 ROWS = gl.constexpr(_ROWS)        # the same, for the kernels
 LOG2E = 1.4426950408889634
 L2_BUDGET = 24 << 20              # bytes of K/V that causal work items share at a time (H100 L2: 50 MB)
@@ -43,6 +44,12 @@ PRODUCER_REGS = gl.constexpr(40)
 
 # head_dim -> (BLOCK_N, STAGES, Q_BUFS, consumer register budget, consumer warpgroups)
 _TILES = {64: (128, 3, 2, 232, 2), 128: (128, 2, 2, 232, 2), 256: (64, 2, 1, 232, 2)}
+# head_dim -> the same, for calls without a mask and at least WIDE_MIN_ROWS query rows: 192-row work items over
+# three consumer warpgroups, FlashAttention-3's d = 64 shape (`history/tune_prefill_wgs_d64_h100_049400d.json`, ratio
+# to 2 warpgroups in one run: +11% at 16k, +5% at 4k, -4% at 1k, where a third of the last row block is padding;
+# causal -3..-31%, so causal calls keep two).
+_WIDE_TILES = {64: (128, 3, 2, 160, 3)}
+WIDE_MIN_ROWS = 2048
 
 
 @gluon.jit
@@ -383,11 +390,17 @@ def attention_forward_sm90(q, k, v, out, lse, *, causal, softmax_scale, views=No
     attn_fwd_sm90_kernel[grid](*args, **meta)
 
 
+def choose_tiles(d, causal, seqlen_q):
+    """`_TILES[d]`, or `_WIDE_TILES[d]` for a long call without a mask."""
+    wide = not causal and seqlen_q >= WIDE_MIN_ROWS and d in _WIDE_TILES
+    return _WIDE_TILES[d] if wide else _TILES[d]
+
+
 def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None, tiles=None):
     """(grid, arguments, meta-parameters) of one launch; `benchmarks/profile_host.py` times the launch alone."""
     batch, seqlen_q, heads_q, d = q.shape
     seqlen_k, heads_k = k.shape[1], k.shape[2]
-    block_n, stages, q_bufs, regs, wgs = tiles or _TILES[d]
+    block_n, stages, q_bufs, regs, wgs = tiles or choose_tiles(d, causal, seqlen_q)
     if pingpong is None:
         # tune_prefill_sm90_h100.json: +0.5-7% at d >= 128, mostly a loss at d = 64. Five later runs at d = 128
         # (history/tune_prefill_tmastore_h100_*.json, the pointer-store rows) had it 4-7% behind at 16k without
