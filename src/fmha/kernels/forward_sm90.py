@@ -196,6 +196,18 @@ def _give_turn(turn, WG: gl.constexpr, PINGPONG: gl.constexpr):
 
 
 @gluon.jit
+def _skip_tiles(k_ready, k_empty, v_ready, v_empty, start, stop, STAGES: gl.constexpr):
+    """Release ring positions start..stop-1 unread. Each waits for its tile to land first: an early release
+    would count towards the slot's previous round and let the producer overwrite a tile still being read."""
+    for c in range(start, stop):
+        slot = c % STAGES
+        mbarrier.wait(k_ready.index(slot), (c // STAGES) & 1)
+        mbarrier.arrive(k_empty.index(slot), count=1)
+        mbarrier.wait(v_ready.index(slot), (c // STAGES) & 1)
+        mbarrier.arrive(v_empty.index(slot), count=1)
+
+
+@gluon.jit
 def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.constexpr, STAGES: gl.constexpr,
               Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, WGS: gl.constexpr):
     """Consumer warpgroup WG of WGS; `shared` holds the arguments common to all of them (one tuple, so that the
@@ -225,6 +237,16 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
                                                 BLOCK_N, CAUSAL, WGS)
         m0 = m_start + WG * ROWS
         q_pos = m0 + gl.arange(0, ROWS, layout=row_s)
+        # The key tiles this warpgroup's rows need: none past the causal horizon of its last row, none when all
+        # its rows lie past the sequence's end (the last row block of an item wider than what is left). The
+        # item's other tiles are only released (`_skip_tiles`). Ping-pong needs both warpgroups to take the same
+        # number of turns, so there each runs all of the item's tiles.
+        n_mine = n_tiles
+        if not PINGPONG:
+            if m0 >= seqlen_q:
+                n_mine = 0
+            if CAUSAL:
+                n_mine = gl.minimum(n_mine, gl.cdiv(gl.maximum(m0 + ROWS + diag, 0), BLOCK_N))
         # First key tile that needs a mask for some row of this warpgroup.
         mask_from = seqlen_k // BLOCK_N
         if CAUSAL:
@@ -233,7 +255,7 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
         m_i = gl.full([ROWS], float("-inf"), gl.float32, row_s)
         l_i = gl.zeros([ROWS], gl.float32, row_s)
         q = q_smem.index(WGS * qb + WG)
-        if n_tiles > 0:
+        if n_mine > 0:
             slot = kv % STAGES
             mbarrier.wait(k_ready.index(slot), (kv // STAGES) & 1)
             turns = _take_turn(turn, turns, WG, PINGPONG)
@@ -243,7 +265,7 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
             mbarrier.arrive(k_empty.index(slot), count=1)
             p, m_i, l_i, alpha = _softmax_tile(s, 0, m_i, l_i, q_pos, diag, seqlen_k, qk_scale_log2, mask_from,
                                                BLOCK_N, CAUSAL, s_layout)
-            for i in range(1, n_tiles):
+            for i in range(1, n_mine):
                 # Issue S_i = Q·K_iᵀ and O += P_{i-1}·V_{i-1}; the softmax of S_i runs while P·V is on the
                 # tensor cores.
                 c = kv + i
@@ -264,7 +286,7 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
                                                    mask_from, BLOCK_N, CAUSAL, s_layout)
                 acc = warpgroup_mma_wait(0, deps=(o_tok,))
                 mbarrier.arrive(v_empty.index(prev), count=1)
-            c = kv + n_tiles - 1
+            c = kv + n_mine - 1
             last = c % STAGES
             acc = acc * gl.convert_layout(alpha, row_o)[:, None]
             p_op = gl.convert_layout(p.to(dtype), p_layout)
@@ -274,6 +296,7 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
             _give_turn(turn, WG, PINGPONG)
             acc = warpgroup_mma_wait(0, deps=(o_tok,))
             mbarrier.arrive(v_empty.index(last), count=1)
+        _skip_tiles(k_ready, k_empty, v_ready, v_empty, kv + n_mine, kv + n_tiles, STAGES)
         mbarrier.arrive(q_empty.index(qb), count=1)
         kv += n_tiles
         w += 1
