@@ -45,9 +45,9 @@ PRODUCER_REGS = gl.constexpr(40)
 # head_dim -> (BLOCK_N, STAGES, Q_BUFS, consumer register budget, consumer warpgroups)
 _TILES = {64: (128, 3, 2, 232, 2), 128: (128, 2, 2, 232, 2), 256: (64, 2, 1, 232, 2)}
 # head_dim -> the same, for calls without a mask and at least WIDE_MIN_ROWS query rows: 192-row work items over
-# three consumer warpgroups, FlashAttention-3's d = 64 shape (`history/tune_prefill_wgs_d64_h100_049400d.json`, ratio
-# to 2 warpgroups in one run: +11% at 16k, +5% at 4k, -4% at 1k, where a third of the last row block is padding;
-# causal -3..-31%, so causal calls keep two).
+# three consumer warpgroups, FlashAttention-3's d = 64 shape. Against two warpgroups in one run
+# (`history/tune_prefill_trim_d64_h100_71da030.json`): +10% at 16k, +7% at 4k, -2% at 1k; causal -4..-20%, so
+# causal calls keep two.
 _WIDE_TILES = {64: (128, 3, 2, 160, 3)}
 WIDE_MIN_ROWS = 2048
 
