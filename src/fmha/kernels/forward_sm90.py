@@ -240,9 +240,10 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
         # With three warpgroups, the key tiles this one's rows need: none past the causal horizon of its last
         # row, none when all its rows lie past the sequence's end (the last 192-row block of a sequence whose
         # length is not a multiple of 192); the item's other tiles are only released (`_skip_tiles`). With two
-        # (128 rows, key tiles of 128 or 64) that is rarely a whole tile, the extra code cost the unmasked d=128
-        # rows 1-2% in `prefill_h100.json` at 1b59d54, and ping-pong needs both warpgroups to take the same
-        # number of turns: there each runs all of the item's tiles.
+        # (128 rows, key tiles of 128 or 64) that is rarely a whole tile (the one full run with it there,
+        # `history/prefill_h100_1b59d54.json`, had the unmasked d=128 rows 1.5-2.5% below the runs before and
+        # after, within noise but not a gain), and ping-pong needs both warpgroups to take the same number of
+        # turns: there each runs all of the item's tiles.
         n_mine = n_tiles
         if WGS > 2:
             if m0 >= seqlen_q:
