@@ -165,11 +165,12 @@ def _softmax_tile(s, i, m_i, l_i, q_pos, diag, seqlen_k, qk_scale_log2, mask_fro
                   BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, s_layout: gl.constexpr):
     """Fold the raw scores of key tile `i` into (m_i, l_i); returns the probabilities and the rescale factor."""
     if i >= mask_from:            # a tile that crosses the sequence end or the causal diagonal
-        k_pos = i * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-        ok = k_pos[None, :] < seqlen_k
+        # One comparison per score: the column against the row's last visible column of this tile.
+        cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        last = gl.full([ROWS], seqlen_k - 1 - i * BLOCK_N, gl.int32, gl.SliceLayout(1, s_layout))
         if CAUSAL:
-            ok = ok & (k_pos[None, :] <= (q_pos + diag)[:, None])
-        s = gl.where(ok, s, float("-inf"))
+            last = gl.minimum(last, q_pos + diag - i * BLOCK_N)
+        s = gl.where(cols[None, :] <= last[:, None], s, float("-inf"))
     m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale_log2)
     # A row that has seen no key yet keeps m = -inf; shift it by 0 so exp2 gives 0, not NaN.
     m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)
