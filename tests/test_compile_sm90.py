@@ -198,11 +198,12 @@ def test_gluon_prefill_compiles_for_sm90(case):
 
 @pytest.mark.cpu
 def test_gluon_prefill_tile_choice():
-    """Three consumer warpgroups only where they were measured faster: d = 64, no mask, long enough."""
-    from fmha.kernels.forward_sm90 import WIDE_MIN_ROWS, choose_tiles
+    """Three consumer warpgroups only where they were measured faster: d = 64, long enough (longer with a mask)."""
+    from fmha.kernels.forward_sm90 import WIDE_MIN_ROWS, WIDE_MIN_ROWS_CAUSAL, choose_tiles
     assert choose_tiles(64, False, WIDE_MIN_ROWS)[4] == 3
     assert choose_tiles(64, False, WIDE_MIN_ROWS - 1)[4] == 2
-    assert choose_tiles(64, True, 16384)[4] == 2
+    assert choose_tiles(64, True, WIDE_MIN_ROWS_CAUSAL)[4] == 3
+    assert choose_tiles(64, True, WIDE_MIN_ROWS_CAUSAL - 1)[4] == 2
     assert all(choose_tiles(d, causal, 16384)[4] == 2 for d in (128, 256) for causal in (False, True))
 
 

@@ -11,7 +11,7 @@ aligned). The schedule is FlashAttention-3's:
 * a one-warp producer partition: Q (double-buffered, so the next item's Q lands during this one) and K and
   V tiles through `STAGES`-deep rings of shared-memory slots, each completing on its own mbarrier; K and V
   slots are released separately (K after Q·Kᵀ, V after P·V), so loads run a full tile ahead;
-* two consumer warpgroups (three at d = 64 without a mask, `_WIDE_TILES`, where the producer becomes the
+* two consumer warpgroups (three for long d = 64 calls, `_WIDE_TILES`, where the producer becomes the
   default partition), each owning 64 of the item's query rows and reading the same K/V slots. Within one
   warpgroup, tile j's softmax runs while the tensor cores do tile j-1's P·V (intra-warpgroup overlap):
   issue S_j = Q·K_jᵀ, issue O += P_{j-1}·V_{j-1}, wait for S_j, softmax, wait for O, release the slots.
@@ -44,12 +44,13 @@ PRODUCER_REGS = gl.constexpr(40)
 
 # head_dim -> (BLOCK_N, STAGES, Q_BUFS, consumer register budget, consumer warpgroups)
 _TILES = {64: (128, 3, 2, 232, 2), 128: (128, 2, 2, 232, 2), 256: (64, 2, 1, 232, 2)}
-# head_dim -> the same, for calls without a mask and at least WIDE_MIN_ROWS query rows: 192-row work items over
-# three consumer warpgroups, FlashAttention-3's d = 64 shape. Against two warpgroups in one run
-# (`history/tune_prefill_trim_d64_h100_71da030.json`): +10% at 16k, +7% at 4k, -2% at 1k; causal -4..-20%, so
-# causal calls keep two.
+# head_dim -> the same, for long calls: 192-row work items over three consumer warpgroups, FlashAttention-3's d = 64
+# shape, from WIDE_MIN_ROWS query rows without a mask and WIDE_MIN_ROWS_CAUSAL with one. Against two warpgroups in
+# one run (`history/tune_prefill_mask_d64_h100_9a27bd9.json`, `..._mask_long_d64_h100_9a27bd9_{a,b}.json`):
+# unmasked +8..+11% at 8k-16k, +6% at 4k, -2% at 1k; causal +3..+5% at 8k-16k, level at 4k, -19% at 1k.
 _WIDE_TILES = {64: (128, 3, 2, 160, 3)}
 WIDE_MIN_ROWS = 2048
+WIDE_MIN_ROWS_CAUSAL = 8192
 
 
 @gluon.jit
@@ -418,8 +419,8 @@ def attention_forward_sm90(q, k, v, out, lse, *, causal, softmax_scale, views=No
 
 
 def choose_tiles(d, causal, seqlen_q):
-    """`_TILES[d]`, or `_WIDE_TILES[d]` for a long call without a mask."""
-    wide = not causal and seqlen_q >= WIDE_MIN_ROWS and d in _WIDE_TILES
+    """`_TILES[d]`, or `_WIDE_TILES[d]` for a long call."""
+    wide = d in _WIDE_TILES and seqlen_q >= (WIDE_MIN_ROWS_CAUSAL if causal else WIDE_MIN_ROWS)
     return _WIDE_TILES[d] if wide else _TILES[d]
 
 
