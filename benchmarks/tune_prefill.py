@@ -5,9 +5,9 @@
 
 Prints one line per (case, variant): TFLOP/s and the ratio to cuDNN; each variant's output is checked against
 cuDNN's before it is timed. `--kernel triton` sweeps `forward.py` (tiles × TMA on/off; fills `_GPU_TILES`),
-`--kernel gluon` the Hopper kernel of `forward_sm90.py` (tiles × ping-pong on/off; fills `_TILES`; without
-`--all-configs` only the table's own tiles; `--pingpong` keeps one setting of it, which three consumer warpgroups
-ignore).
+`--kernel gluon` the Hopper kernel of `forward_sm90.py` (tiles × ping-pong on/off; fills `_TILES` and
+`_WIDE_TILES`; without `--all-configs` only those tables' own tiles; `--pingpong` keeps one setting of it, which
+three consumer warpgroups ignore).
 """
 import argparse
 import itertools
@@ -44,8 +44,9 @@ def variants(kernel, d, all_configs, pingpongs=(True, False)):
                                   softcap=0.0, alibi_slopes=None, sinks=None, use_tma=tma, tiles=tiles)
             yield dict(tiles=tiles, tma=tma), run
         return
-    from fmha.kernels.forward_sm90 import _TILES, attention_forward_sm90
-    for tiles, pingpong in itertools.product(GLUON_CONFIGS[d] if all_configs else [_TILES[d]], pingpongs):
+    from fmha.kernels.forward_sm90 import _TILES, _WIDE_TILES, attention_forward_sm90
+    own = [_TILES[d]] + ([_WIDE_TILES[d]] if d in _WIDE_TILES else [])
+    for tiles, pingpong in itertools.product(GLUON_CONFIGS[d] if all_configs else own, pingpongs):
         def run(q, k, v, out, lse, causal, tiles=tiles, pingpong=pingpong):
             attention_forward_sm90(q, k, v, out, lse, causal=causal, softmax_scale=d ** -0.5, pingpong=pingpong,
                                    tiles=tiles)
