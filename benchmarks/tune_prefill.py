@@ -1,16 +1,20 @@
 """Sweep a prefill kernel's tile configs on the GPU, beside cuDNN SDPA in the same run.
 
     PYTHONPATH=src python3 benchmarks/tune_prefill.py [--kernel triton|gluon] [--out tune.json]
-        [--dims 64 128 256] [--seqs 4096 16384] [--all-configs] [--pingpong on|off]
+        [--dims 64 128 256] [--seqs 4096 16384] [--all-configs] [--pingpong on|off] [--versions A.py B.py]
 
 Prints one line per (case, variant): TFLOP/s and the ratio to cuDNN; each variant's output is checked against
 cuDNN's before it is timed. `--kernel triton` sweeps `forward.py` (tiles × TMA on/off; fills `_GPU_TILES`),
 `--kernel gluon` the Hopper kernel of `forward_sm90.py` (tiles × ping-pong on/off; fills `_TILES` and
 `_WIDE_TILES`; without `--all-configs` only those tables' own tiles; `--pingpong` keeps one setting of it, which
-three consumer warpgroups ignore).
+three consumer warpgroups ignore). `--versions` times other copies of `forward_sm90.py` (e.g. one taken from an
+earlier commit with `git show REV:src/fmha/kernels/forward_sm90.py > /tmp/base.py`) beside the package's own, each
+with its own tables, in the same process. Each row also carries SDPA's FlashAttention-2 backend (`vs_fa2`).
 """
 import argparse
+import importlib.util
 import itertools
+import os
 
 import torch
 import torch.nn.functional as F
@@ -33,8 +37,18 @@ GLUON_CONFIGS = {64: [(128, 3, 2, 232, 2), (128, 2, 2, 232, 2), (64, 4, 2, 232, 
                  256: [(64, 2, 1, 232, 2), (32, 4, 1, 232, 2)]}
 
 
-def variants(kernel, d, all_configs, pingpongs=(True, False)):
-    """(label, launcher) pairs; a launcher takes (q, k, v, out, lse, causal)."""
+def load_version(path):
+    """A copy of `forward_sm90.py` at `path`, imported as a module of `fmha.kernels` (its relative imports work)."""
+    name = "fmha.kernels._version_" + os.path.splitext(os.path.basename(path))[0]
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def variants(kernel, d, all_configs, pingpongs=(True, False), module=None):
+    """(label, launcher) pairs; a launcher takes (q, k, v, out, lse, causal). `module`: the Gluon kernel's module
+    (default: the package's `forward_sm90`)."""
     if kernel == "triton":
         for tiles, tma in itertools.product(TRITON_CONFIGS[d], (True, False)):
             def run(q, k, v, out, lse, causal, tiles=tiles, tma=tma):
@@ -44,12 +58,13 @@ def variants(kernel, d, all_configs, pingpongs=(True, False)):
                                   softcap=0.0, alibi_slopes=None, sinks=None, use_tma=tma, tiles=tiles)
             yield dict(tiles=tiles, tma=tma), run
         return
-    from fmha.kernels.forward_sm90 import _TILES, _WIDE_TILES, attention_forward_sm90
-    own = [_TILES[d]] + ([_WIDE_TILES[d]] if d in _WIDE_TILES else [])
+    if module is None:
+        from fmha.kernels import forward_sm90 as module
+    own = [module._TILES[d]] + ([module._WIDE_TILES[d]] if d in module._WIDE_TILES else [])
     for tiles, pingpong in itertools.product(GLUON_CONFIGS[d] if all_configs else own, pingpongs):
         def run(q, k, v, out, lse, causal, tiles=tiles, pingpong=pingpong):
-            attention_forward_sm90(q, k, v, out, lse, causal=causal, softmax_scale=d ** -0.5, pingpong=pingpong,
-                                   tiles=tiles)
+            module.attention_forward_sm90(q, k, v, out, lse, causal=causal, softmax_scale=d ** -0.5,
+                                          pingpong=pingpong, tiles=tiles)
         yield dict(tiles=tiles, pingpong=pingpong), run
 
 
@@ -61,7 +76,9 @@ def main():
     p.add_argument("--seqs", type=int, nargs="*", default=[4096, 16384])
     p.add_argument("--all-configs", action="store_true")
     p.add_argument("--pingpong", choices=("on", "off"), default=None)
+    p.add_argument("--versions", nargs="*", default=[], help="other copies of forward_sm90.py to time (gluon)")
     args = p.parse_args()
+    versions = [("package", None)] + [(os.path.basename(v), load_version(v)) for v in args.versions]
     pingpongs = (True, False) if args.pingpong is None else (args.pingpong == "on",)
     rows = []
     for d, s, causal in itertools.product(args.dims, args.seqs, (False, True)):
@@ -73,11 +90,18 @@ def main():
         def cudnn():
             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                 return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+        def fa2():
+            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
         t_ref = bench_gpu(cudnn)
+        t_fa2 = bench_gpu(fa2)
         ref = cudnn().transpose(1, 2).float()
         out = torch.empty_like(q)
         lse = torch.empty(b, h, s, device="cuda")
-        for label, run in variants(args.kernel, d, args.all_configs, pingpongs):
+        for (version, module), (label, run) in ((v, x) for v in versions
+                                                 for x in variants(args.kernel, d, args.all_configs, pingpongs, v[1])):
+            if len(versions) > 1:
+                label = dict(version=version, **label)
             case = f"d={d:<3} s={s:<5} {'causal' if causal else 'full  '} {label}"
             try:
                 out.fill_(float("nan"))
@@ -91,10 +115,11 @@ def main():
                       flush=True)
                 continue
             row = dict(kernel=args.kernel, d=d, s=s, causal=causal, **label, tflops=flops / t / 1e12,
-                       cudnn_tflops=flops / t_ref / 1e12, vs_cudnn=t_ref / t, max_err=err)
+                       cudnn_tflops=flops / t_ref / 1e12, vs_cudnn=t_ref / t, fa2_tflops=flops / t_fa2 / 1e12,
+                       vs_fa2=t_fa2 / t, max_err=err)
             rows.append(row)
             print(f"{case}: {row['tflops']:6.1f} TFLOP/s  cudnn {row['cudnn_tflops']:6.1f}  "
-                  f"x{row['vs_cudnn']:.3f}  err {err:.1e}", flush=True)
+                  f"x{row['vs_cudnn']:.3f}  fa2 x{row['vs_fa2']:.3f}  err {err:.1e}", flush=True)
     if args.out:
         save_sweep(args.out, rows)
 
