@@ -182,23 +182,19 @@ def _softmax_tile(s, i, m_i, l_i, q_pos, diag, seqlen_k, qk_scale_log2, mask_fro
 
 
 @gluon.jit
-def _take_turn(turn, r, active, WG: gl.constexpr, PINGPONG: gl.constexpr):
+def _take_turn(turn, r, WG: gl.constexpr, PINGPONG: gl.constexpr):
     """Ping-pong: the two consumer warpgroups issue their wgmma rounds alternately (warpgroup 0 first), so
     one's softmax runs while the other's matrix products occupy the tensor cores. Round r of warpgroup 1
-    waits for round r of warpgroup 0 and vice versa for round r + 1; returns the next round. A round that is
-    not `active` (an item with no key tile, the same for both warpgroups) is not a turn."""
+    waits for round r of warpgroup 0 and vice versa for round r + 1; returns r + 1."""
     if PINGPONG:
-        if active:
-            mbarrier.wait(turn.index(WG), (r & 1) ^ (1 - WG))
-            r += 1
-    return r
+        mbarrier.wait(turn.index(WG), (r & 1) ^ (1 - WG))
+    return r + 1
 
 
 @gluon.jit
-def _give_turn(turn, active, WG: gl.constexpr, PINGPONG: gl.constexpr):
+def _give_turn(turn, WG: gl.constexpr, PINGPONG: gl.constexpr):
     if PINGPONG:
-        if active:
-            mbarrier.arrive(turn.index(1 - WG), count=1)
+        mbarrier.arrive(turn.index(1 - WG), count=1)
 
 
 @gluon.jit
@@ -211,44 +207,6 @@ def _skip_tiles(k_ready, k_empty, v_ready, v_empty, start, stop, STAGES: gl.cons
         mbarrier.arrive(k_empty.index(slot), count=1)
         mbarrier.wait(v_ready.index(slot), (c // STAGES) & 1)
         mbarrier.arrive(v_empty.index(slot), count=1)
-
-
-@gluon.jit
-def _my_tiles(t, n_items, WG: gl.constexpr, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k,
-              BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, WGS: gl.constexpr):
-    """Key tiles of item t that warpgroup WG computes (0 past the last item). With three warpgroups, none past
-    the causal horizon of its last row, and none when all its rows lie past the sequence's end (the last
-    192-row block of a sequence whose length is not a multiple of 192); the item's other tiles are only
-    released (`_skip_tiles`). With two (128 rows, key tiles of 128 or 64) that is rarely a whole tile (the one
-    full run with it there, `history/prefill_h100_1b59d54.json`, had the unmasked d=128 rows 1.5-2.5% below the
-    runs before and after, within noise but not a gain), and ping-pong needs both warpgroups to take the same
-    number of turns: there each runs all of the item's tiles."""
-    _, _, _, m_start, n_mine = _work_item(t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, BLOCK_N,
-                                          CAUSAL, WGS)
-    m0 = m_start + WG * ROWS
-    if WGS > 2:
-        if m0 >= seqlen_q:
-            n_mine = 0
-        if CAUSAL:
-            n_mine = gl.minimum(n_mine, gl.cdiv(gl.maximum(m0 + ROWS + seqlen_k - seqlen_q, 0), BLOCK_N))
-    if t >= n_items:
-        n_mine = 0
-    return n_mine
-
-
-@gluon.jit
-def _first_scores(q, k_smem, k_ready, kv, n_tiles, zero_s, turn, turns, WG: gl.constexpr, STAGES: gl.constexpr,
-                  PINGPONG: gl.constexpr):
-    """Issue S = Q·K_0ᵀ of an item whose first key tile is ring position kv; returns (pending S, turns). With no
-    tile (n_tiles = 0) it is issued all the same, on whatever the slot holds, and its result is never read
-    (see `_consumer`)."""
-    slot = kv % STAGES
-    if n_tiles > 0:
-        mbarrier.wait(k_ready.index(slot), (kv // STAGES) & 1)
-    turns = _take_turn(turn, turns, n_tiles > 0, WG, PINGPONG)
-    s = warpgroup_mma(q, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-    _give_turn(turn, n_tiles > 0, WG, PINGPONG)
-    return s, turns
 
 
 @gluon.jit
@@ -268,31 +226,32 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     store_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     dtype: gl.constexpr = q_smem.dtype
-    # At d = 128 the last P·V and the next item's first Q·Kᵀ in flight together over the epilogue are more than
-    # ptxas' wgmma pipeline accepts in the function's 168 registers (C7512: every wgmma serialised); there the
-    # last P·V is waited for at once and the next first Q·Kᵀ issued after the epilogue, as before.
-    OVERLAP_PV: gl.constexpr = HEAD_DV != 128
     zero_s = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
     diag = seqlen_k - seqlen_q
-    n_items = n_m * n_bh
     kv = 0                        # the producer's counters, kept in step
     w = 0
     turns = 0                     # wgmma issue rounds so far (PINGPONG)
     qb = 0
     mbarrier.wait(q_ready.index(0), 0)
     t = _read_item(items.index(0), 4)
-    # s0: S = Q·K_0ᵀ of the item about to start, issued before the previous item's epilogue (see below).
-    n_mine = _my_tiles(t, n_items, WG, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, BLOCK_N, CAUSAL,
-                       WGS)
-    s0, turns = _first_scores(q_smem.index(WG), k_smem, k_ready, kv, n_mine, zero_s, turn, turns, WG, STAGES,
-                              PINGPONG)
-    while t < n_items:
+    while t < n_m * n_bh:
         b, h, hk, m_start, n_tiles = _work_item(t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k,
                                                 BLOCK_N, CAUSAL, WGS)
         m0 = m_start + WG * ROWS
         q_pos = m0 + gl.arange(0, ROWS, layout=row_s)
-        n_mine = _my_tiles(t, n_items, WG, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, BLOCK_N,
-                           CAUSAL, WGS)
+        # With three warpgroups, the key tiles this one's rows need: none past the causal horizon of its last
+        # row, none when all its rows lie past the sequence's end (the last 192-row block of a sequence whose
+        # length is not a multiple of 192); the item's other tiles are only released (`_skip_tiles`). With two
+        # (128 rows, key tiles of 128 or 64) that is rarely a whole tile (the one full run with it there,
+        # `history/prefill_h100_1b59d54.json`, had the unmasked d=128 rows 1.5-2.5% below the runs before and
+        # after, within noise but not a gain), and ping-pong needs both warpgroups to take the same number of
+        # turns: there each runs all of the item's tiles.
+        n_mine = n_tiles
+        if WGS > 2:
+            if m0 >= seqlen_q:
+                n_mine = 0
+            if CAUSAL:
+                n_mine = gl.minimum(n_mine, gl.cdiv(gl.maximum(m0 + ROWS + diag, 0), BLOCK_N))
         # First key tile that needs a mask for some row of this warpgroup.
         mask_from = seqlen_k // BLOCK_N
         if CAUSAL:
@@ -300,12 +259,15 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
         acc = gl.zeros([ROWS, HEAD_DV], gl.float32, o_layout)
         m_i = gl.full([ROWS], float("-inf"), gl.float32, row_s)
         l_i = gl.zeros([ROWS], gl.float32, row_s)
-        p = zero_s
-        alpha = gl.full([ROWS], 1.0, gl.float32, row_s)
         q = q_smem.index(WGS * qb + WG)
-        s = warpgroup_mma_wait(0, deps=(s0,))
         if n_mine > 0:
-            mbarrier.arrive(k_empty.index(kv % STAGES), count=1)
+            slot = kv % STAGES
+            mbarrier.wait(k_ready.index(slot), (kv // STAGES) & 1)
+            turns = _take_turn(turn, turns, WG, PINGPONG)
+            s_tok = warpgroup_mma(q, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            _give_turn(turn, WG, PINGPONG)
+            s = warpgroup_mma_wait(0, deps=(s_tok,))
+            mbarrier.arrive(k_empty.index(slot), count=1)
             p, m_i, l_i, alpha = _softmax_tile(s, 0, m_i, l_i, q_pos, diag, seqlen_k, qk_scale_log2, mask_from,
                                                BLOCK_N, CAUSAL, s_layout)
             for i in range(1, n_mine):
@@ -318,65 +280,46 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
                 p_op = gl.convert_layout(p.to(dtype), p_layout)
                 mbarrier.wait(k_ready.index(slot), (c // STAGES) & 1)
                 mbarrier.wait(v_ready.index(prev), ((c - 1) // STAGES) & 1)
-                turns = _take_turn(turn, turns, True, WG, PINGPONG)
+                turns = _take_turn(turn, turns, WG, PINGPONG)
                 s_tok = warpgroup_mma(q, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False,
                                       is_async=True)
                 o_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
-                _give_turn(turn, True, WG, PINGPONG)
+                _give_turn(turn, WG, PINGPONG)
                 s = warpgroup_mma_wait(1, deps=(s_tok,))
                 mbarrier.arrive(k_empty.index(slot), count=1)
                 p, m_i, l_i, alpha = _softmax_tile(s, i, m_i, l_i, q_pos, diag, seqlen_k, qk_scale_log2,
                                                    mask_from, BLOCK_N, CAUSAL, s_layout)
                 acc = warpgroup_mma_wait(0, deps=(o_tok,))
                 mbarrier.arrive(v_empty.index(prev), count=1)
-        # The last P·V, then the next item's first Q·Kᵀ, both to the tensor cores before this item's epilogue,
-        # which runs while they compute (OVERLAP_PV; an item's first softmax has nothing of its own to overlap).
-        # Every matrix product from here to the waits is issued unconditionally: one issued on one branch only (a
-        # phi of in-flight accumulators) makes ptxas serialise every wgmma of the kernel (C7511). A warpgroup
-        # with no tile of its own issues them on whatever the slots hold, with P = 0, and discards the results
-        # (`empty` below: its rows have l = 0).
-        c = kv + gl.maximum(n_mine, 1) - 1
-        acc = acc * gl.convert_layout(alpha, row_o)[:, None]
-        p_op = gl.convert_layout(p.to(dtype), p_layout)
-        if n_mine > 0:
-            mbarrier.wait(v_ready.index(c % STAGES), (c // STAGES) & 1)
-        turns = _take_turn(turn, turns, n_mine > 0, WG, PINGPONG)
-        o_tok = warpgroup_mma(p_op, v_smem.index(c % STAGES), acc, is_async=True)
-        _give_turn(turn, n_mine > 0, WG, PINGPONG)
-        if not OVERLAP_PV:
+            c = kv + n_mine - 1
+            last = c % STAGES
+            acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+            p_op = gl.convert_layout(p.to(dtype), p_layout)
+            mbarrier.wait(v_ready.index(last), (c // STAGES) & 1)
+            turns = _take_turn(turn, turns, WG, PINGPONG)
+            o_tok = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
+            _give_turn(turn, WG, PINGPONG)
             acc = warpgroup_mma_wait(0, deps=(o_tok,))
+            mbarrier.arrive(v_empty.index(last), count=1)
         _skip_tiles(k_ready, k_empty, v_ready, v_empty, kv + n_mine, kv + n_tiles, STAGES)
         mbarrier.arrive(q_empty.index(qb), count=1)
         kv += n_tiles
         w += 1
-        qb = w % Q_BUFS
-        mbarrier.wait(q_ready.index(qb), (w // Q_BUFS) & 1)
-        t_next = _read_item(items.index(qb), 4)
-        n_next = _my_tiles(t_next, n_items, WG, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k,
-                           BLOCK_N, CAUSAL, WGS)
-        if OVERLAP_PV:
-            s0, turns = _first_scores(q_smem.index(WGS * qb + WG), k_smem, k_ready, kv, n_next, zero_s, turn, turns,
-                                      WG, STAGES, PINGPONG)
-            acc = warpgroup_mma_wait(1, deps=(o_tok,))
-        if n_mine > 0:
-            mbarrier.arrive(v_empty.index(c % STAGES), count=1)
 
-        # Epilogue: normalise and write the rows that exist; a row with no visible key gives 0 and LSE -inf.
+        # Epilogue (overlapping the other warpgroup's tiles and the producer's next loads): normalise and
+        # write the rows that exist; a row with no visible key gives 0 and LSE -inf.
         empty = l_i == 0.0
         lse = gl.where(empty, float("-inf"), (m_i + gl.log2(gl.where(empty, 1.0, l_i))) * LN2)
-        out = acc * gl.convert_layout(1.0 / gl.where(empty, 1.0, l_i), row_o)[:, None]
-        out = gl.where(gl.convert_layout(empty, row_o)[:, None], 0.0, out)
-        out = gl.convert_layout(out.to(O.dtype.element_ty), store_layout)
+        inv_l = gl.convert_layout(1.0 / gl.where(empty, 1.0, l_i), row_o)
+        out = gl.convert_layout((acc * inv_l[:, None]).to(O.dtype.element_ty), store_layout)
         rows = m0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, store_layout))
         cols = gl.arange(0, HEAD_DV, layout=gl.SliceLayout(0, store_layout))
         o_ptrs = O + b * stride_ob + h * stride_oh + rows[:, None] * stride_os + cols[None, :]
         gl.store(o_ptrs, out, mask=(rows < seqlen_q)[:, None])
         gl.store(LSE + b * stride_lb + h * stride_lh + q_pos * stride_ls, lse, mask=q_pos < seqlen_q)
-        if not OVERLAP_PV:
-            s0, turns = _first_scores(q_smem.index(WGS * qb + WG), k_smem, k_ready, kv, n_next, zero_s, turn, turns,
-                                      WG, STAGES, PINGPONG)
-        t = t_next
-    warpgroup_mma_wait(0, deps=(s0,))
+        qb = w % Q_BUFS
+        mbarrier.wait(q_ready.index(qb), (w // Q_BUFS) & 1)
+        t = _read_item(items.index(qb), 4)
 
 
 @gluon.jit
