@@ -172,35 +172,13 @@ def _softmax_tile(s, i, m_i, l_i, q_pos, diag, seqlen_k, qk_scale_log2, mask_fro
         if CAUSAL:
             last = gl.minimum(last, q_pos + diag - i * BLOCK_N)
         s = gl.where(cols[None, :] <= last[:, None], s, float("-inf"))
-    row: gl.constexpr = gl.SliceLayout(1, s_layout)
-    m_new = gl.maximum(m_i, gl.convert_layout(_row_reduce(s, True), row) * qk_scale_log2)
+    m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale_log2)
     # A row that has seen no key yet keeps m = -inf; shift it by 0 so exp2 gives 0, not NaN.
     m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)
     p = gl.exp2(s * qk_scale_log2 - m_shift[:, None])
     alpha = gl.exp2(m_i - m_shift)
-    l_i = l_i * alpha + gl.convert_layout(_row_reduce(p, False), row)
+    l_i = l_i * alpha + gl.sum(p, 1)
     return p, m_new, l_i, alpha
-
-
-@gluon.jit
-def _halves(x):
-    """The left and right column halves of a [rows, n] tile. A thread of the wgmma layout holds columns c and
-    c + n / 2 alike, so this moves no data."""
-    return gl.split(gl.permute(gl.reshape(x, [x.shape[0], 2, x.shape[1] // 2]), [0, 2, 1]))
-
-
-@gluon.jit
-def _row_reduce(x, MAX: gl.constexpr):
-    """Row max (MAX) or sum of a score tile, as a tree: the quarters of the row are combined element by element
-    first, so each thread's serial chain is a quarter as long (gl.max / gl.sum fold a thread's 32 values of a
-    row one after the other, 32 dependent instructions)."""
-    a, b = _halves(x)
-    a0, a1 = _halves(a)
-    b0, b1 = _halves(b)
-    if MAX:
-        return gl.max(gl.maximum(gl.maximum(a0, a1), gl.maximum(b0, b1)), 1)
-    else:
-        return gl.sum((a0 + a1) + (b0 + b1), 1)
 
 
 @gluon.jit
