@@ -1,7 +1,8 @@
 """Sweep a prefill kernel's tile configs on the GPU, beside cuDNN SDPA in the same run.
 
     PYTHONPATH=src python3 benchmarks/tune_prefill.py [--kernel triton|gluon] [--out tune.json]
-        [--dims 64 128 256] [--seqs 4096 16384] [--all-configs] [--pingpong on|off] [--versions A.py B.py]
+        [--dims 64 128 256] [--seqs 4096 16384] [--all-configs [--tiles 128,4,2,232,2 ...]] [--pingpong on|off]
+        [--versions A.py B.py]
 
 Prints one line per (case, variant): TFLOP/s and the ratio to cuDNN; each variant's output is checked against
 cuDNN's before it is timed. `--kernel triton` sweeps `forward.py` (tiles × TMA on/off; fills `_GPU_TILES`),
@@ -31,8 +32,8 @@ TRITON_CONFIGS = {
     256: [(128, 64, 8, 2), (64, 64, 4, 2), (128, 32, 8, 3), (64, 128, 8, 2), (128, 64, 8, 3)],
 }
 # head_dim -> [(BLOCK_N, STAGES, Q_BUFS, consumer registers, consumer warpgroups)]
-GLUON_CONFIGS = {64: [(128, 3, 2, 232, 2), (128, 2, 2, 232, 2), (64, 4, 2, 232, 2), (128, 3, 2, 160, 3),
-                      (128, 2, 2, 160, 3)],
+GLUON_CONFIGS = {64: [(128, 3, 2, 232, 2), (128, 4, 2, 232, 2), (128, 2, 2, 232, 2), (64, 4, 2, 232, 2),
+                      (128, 3, 2, 160, 3), (128, 2, 2, 160, 3)],
                  128: [(128, 2, 2, 232, 2), (128, 2, 1, 232, 2), (64, 4, 2, 232, 2), (64, 3, 2, 232, 2)],
                  256: [(64, 2, 1, 232, 2), (32, 4, 1, 232, 2)]}
 
@@ -77,7 +78,12 @@ def main():
     p.add_argument("--all-configs", action="store_true")
     p.add_argument("--pingpong", choices=("on", "off"), default=None)
     p.add_argument("--versions", nargs="*", default=[], help="other copies of forward_sm90.py to time (gluon)")
+    p.add_argument("--tiles", nargs="*", default=None, help="gluon: only these configs, e.g. 128,4,2,232,2")
     args = p.parse_args()
+    if args.tiles is not None:
+        keep = {tuple(int(x) for x in t.split(",")) for t in args.tiles}
+        for d in GLUON_CONFIGS:
+            GLUON_CONFIGS[d] = [c for c in GLUON_CONFIGS[d] if c in keep]
     versions = [("package", None)] + [(os.path.basename(v), load_version(v)) for v in args.versions]
     pingpongs = (True, False) if args.pingpong is None else (args.pingpong == "on",)
     rows = []
