@@ -41,10 +41,6 @@ LN2 = gl.constexpr(0.6931471805599453)
 # The producer warp's register budget (its warpgroup's, with 3 idle warps) beside 2 consumer warpgroups; beside 3 it
 # is the default partition and gets what the consumers leave.
 PRODUCER_REGS = gl.constexpr(40)
-# From this many ring stages up, K and V of a slot are released together, after P·V: one mbarrier arrive per key
-# tile instead of two (Gluon puts a warpgroup bar.sync before each). With fewer, K is released right after Q·Kᵀ so
-# that its next load has a whole tile to land.
-ONE_RELEASE_STAGES = gl.constexpr(3)
 
 # head_dim -> (BLOCK_N, STAGES, Q_BUFS, consumer register budget, consumer warpgroups)
 _TILES = {64: (128, 3, 2, 232, 2), 128: (128, 2, 2, 232, 2), 256: (64, 2, 1, 232, 2)}
@@ -208,8 +204,7 @@ def _skip_tiles(k_ready, k_empty, v_ready, v_empty, start, stop, STAGES: gl.cons
     for c in range(start, stop):
         slot = c % STAGES
         mbarrier.wait(k_ready.index(slot), (c // STAGES) & 1)
-        if STAGES < ONE_RELEASE_STAGES:
-            mbarrier.arrive(k_empty.index(slot), count=1)
+        mbarrier.arrive(k_empty.index(slot), count=1)
         mbarrier.wait(v_ready.index(slot), (c // STAGES) & 1)
         mbarrier.arrive(v_empty.index(slot), count=1)
 
@@ -272,8 +267,7 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
             s_tok = warpgroup_mma(q, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
             _give_turn(turn, WG, PINGPONG)
             s = warpgroup_mma_wait(0, deps=(s_tok,))
-            if STAGES < ONE_RELEASE_STAGES:
-                mbarrier.arrive(k_empty.index(slot), count=1)
+            mbarrier.arrive(k_empty.index(slot), count=1)
             p, m_i, l_i, alpha = _softmax_tile(s, 0, m_i, l_i, q_pos, diag, seqlen_k, qk_scale_log2, mask_from,
                                                BLOCK_N, CAUSAL, s_layout)
             for i in range(1, n_mine):
@@ -292,8 +286,7 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
                 o_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
                 _give_turn(turn, WG, PINGPONG)
                 s = warpgroup_mma_wait(1, deps=(s_tok,))
-                if STAGES < ONE_RELEASE_STAGES:
-                    mbarrier.arrive(k_empty.index(slot), count=1)
+                mbarrier.arrive(k_empty.index(slot), count=1)
                 p, m_i, l_i, alpha = _softmax_tile(s, i, m_i, l_i, q_pos, diag, seqlen_k, qk_scale_log2,
                                                    mask_from, BLOCK_N, CAUSAL, s_layout)
                 acc = warpgroup_mma_wait(0, deps=(o_tok,))
@@ -349,11 +342,9 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, seqlen_q, seql
     q_ready = gl.allocate_shared_memory(gl.int64, [Q_BUFS, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [Q_BUFS, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    k_empty = v_empty
-    if STAGES < ONE_RELEASE_STAGES:
-        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     items = gl.allocate_shared_memory(gl.int32, [Q_BUFS, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     mbarrier.init(turn.index(0), count=1)
@@ -363,8 +354,7 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, seqlen_q, seql
         mbarrier.init(q_empty.index(i), count=WGS)      # every consumer warpgroup releases a buffer
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
-        if STAGES < ONE_RELEASE_STAGES:
-            mbarrier.init(k_empty.index(i), count=WGS)
+        mbarrier.init(k_empty.index(i), count=WGS)
         mbarrier.init(v_ready.index(i), count=1)
         mbarrier.init(v_empty.index(i), count=WGS)
 
