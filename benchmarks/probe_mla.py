@@ -2,6 +2,11 @@
 against the portable `triton.language` one. For tuning; `fmha bench mla` is the record.
 
     PYTHONPATH=src python3 benchmarks/probe_mla.py [N] [--out probe.json]     # the first N cases
+    PYTHONPATH=src python3 benchmarks/probe_mla.py --varlen --overheads 0 2 5   # planner A/B, Gluon only
+
+`--varlen` draws each sequence's length around the case's (a normal with a quarter of it as deviation, as FlashMLA's
+test does); `--overheads` times the Gluon kernel once per `schedule.plan_mla` piece overhead instead of against the
+portable kernel.
 """
 import argparse
 
@@ -9,6 +14,7 @@ import torch
 
 import fmha.mla as ours_mla
 from fmha.bench import _portable_mla, attention_flops, bench_gpu_graph, paged_copy, save_sweep
+from fmha.schedule import mla_num_parts, num_sms, plan_mla
 
 CASES = [(128, 8192, 128, 1), (128, 8192, 32, 1), (128, 8192, 16, 2), (128, 8192, 16, 1)]
 
@@ -17,6 +23,8 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("n", nargs="?", type=int, default=len(CASES))
     p.add_argument("--out", default=None, help="also write the rows as JSON (GPU, date, commit recorded)")
+    p.add_argument("--varlen", action="store_true", help="lengths drawn around each case's")
+    p.add_argument("--overheads", type=int, nargs="*", default=None, help="plan_mla piece overheads to compare")
     args = p.parse_args()
     rows = []
     for b, sk, hq, sq in CASES[: args.n]:
@@ -25,6 +33,25 @@ def main():
         kv = torch.randn(b, sk, 1, 576, device="cuda", dtype=torch.bfloat16)
         cache, table = paged_copy(64, kv)
         lens = torch.full((b,), sk, dtype=torch.int32, device="cuda")
+        if args.varlen:
+            lens = (torch.randn(b, device="cuda") * sk / 4 + sk).clamp(1, sk).to(torch.int32)
+        if args.overheads is not None:
+            flops = attention_flops(b, sq, 1, hq, 576, 512) * int(lens.sum()) / b
+            parts = mla_num_parts(sq * hq, 1, num_sms(q.device))
+            ref = None
+            for overhead in args.overheads:
+                meta, splits = plan_mla(lens, parts, piece_overhead=overhead)
+                run = lambda: ours_mla.flash_mla_with_kvcache(q, cache, table, lens, 512, meta, splits, causal=sq > 1)
+                got = run()[0].float()
+                ref = got if ref is None else ref
+                t = bench_gpu_graph(run)
+                rows.append(dict(b=b, sk=sk, hq=hq, sq=sq, varlen=args.varlen, piece_overhead=overhead,
+                                 pieces=int(splits[-1]), gluon_tflops=flops / t / 1e12,
+                                 max_diff=(got - ref).abs().max().item()))
+                print(f"b={b} sk={sk} hq={hq} sq={sq} varlen={args.varlen} overhead {overhead}: {int(splits[-1])} "
+                      f"pieces, {flops / t / 1e12:6.1f} TFLOP/s, max diff {rows[-1]['max_diff']:.1e}", flush=True)
+            del q, kv, cache
+            continue
         meta, splits = ours_mla.get_mla_metadata(lens, sq * hq, 1)
         gluon = lambda: ours_mla.flash_mla_with_kvcache(q, cache, table, lens, 512, meta, splits, causal=sq > 1)
         triton_ = _portable_mla(q, cache, table, lens, meta, splits, causal=sq > 1)

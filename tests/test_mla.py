@@ -10,7 +10,7 @@ import fmha.mla as flash_mla
 from fmha.kernels.mla_decode import mla_decode_forward
 from fmha._kv_fp8 import LAYOUTS
 from fmha.reference import mla_decode_ref, mla_sparse_decode_ref, mla_sparse_prefill_ref
-from fmha.schedule import SCHED_BLOCK, SCHED_FIELDS, plan_mla, uniform_plan
+from fmha.schedule import PIECE_OVERHEAD, SCHED_BLOCK, SCHED_FIELDS, plan_mla, uniform_plan
 from utils import TARGETS, assert_close
 
 D_QK, D_V = 576, 512
@@ -346,21 +346,26 @@ def test_mla_decode_split_tensors(target, squeeze):
     _check(out, lse, ref_out, ref_lse, target[1])
 
 
+@pytest.mark.parametrize("overhead", [0, PIECE_OVERHEAD])
 @pytest.mark.parametrize("seed", range(6))
-def test_plan_mla_covers_every_block_once(seed):
-    """Every key block of every sequence belongs to exactly one part; parts differ by at most their share;
-    split slots are exactly the pieces each sequence is cut into."""
+def test_plan_mla_covers_every_block_once(seed, overhead):
+    """Every key block of every sequence belongs to exactly one part; split slots are exactly the pieces each
+    sequence is cut into; parts carry equal work: with no per-sequence overhead equal shares of blocks (only the
+    last working part has less), with one each part's blocks plus the overhead of the sequences it starts
+    within one overhead of an equal share of the total."""
     g = torch.Generator().manual_seed(seed)
     b = int(torch.randint(1, 40, (1,), generator=g))
     lens = torch.randint(0, 3000, (b,), generator=g).to(torch.int32)
     lens[torch.rand(b, generator=g) < 0.2] = 0
     parts = int(torch.randint(1, 140, (1,), generator=g))
-    meta, offsets = plan_mla(lens, parts)
+    meta, offsets = plan_mla(lens, parts, piece_overhead=overhead)
     blocks = ((lens + SCHED_BLOCK - 1) // SCHED_BLOCK).tolist()
     seen = [[0] * n for n in blocks]
     pieces = [[] for _ in blocks]
+    cost = [0] * parts
     for p, (batch, blk, count, split) in enumerate(meta[:, :4].tolist()):
         first = True
+        cost[p] = count
         while count > 0:
             assert batch < b
             take = min(blocks[batch] - blk, count)
@@ -368,6 +373,7 @@ def test_plan_mla_covers_every_block_once(seed):
                 for i in range(blk, blk + take):
                     seen[batch][i] += 1
                 pieces[batch].append((p, split if first else 0))
+                cost[p] += overhead if blk == 0 else 0
                 first = False
                 count -= take
             batch, blk = batch + 1, 0
@@ -378,8 +384,11 @@ def test_plan_mla_covers_every_block_once(seed):
         assert sorted(s for _, s in found) == list(range(n))
     per_part = meta[:, 2]
     assert per_part.sum() == sum(blocks)
-    working = per_part[per_part > 0]
-    assert (working[:-1] == per_part.max()).all()     # equal shares; only the last working part has less
+    if overhead == 0:
+        working = per_part[per_part > 0]
+        assert (working[:-1] == per_part.max()).all()
+    share = -(-sum(n + overhead * (n > 0) for n in blocks) // parts)
+    assert max(cost) <= share + overhead, (cost, share)
 
 
 @pytest.mark.cpu
@@ -402,8 +411,11 @@ def test_plan_mla_whole_sequences(n, parts, whole):
     else:
         assert (pieces > 1).any()
     lens[0] -= SCHED_BLOCK                      # one shorter sequence: equal shares again
-    meta, offsets = plan_mla(lens, parts)
+    meta, offsets = plan_mla(lens, parts, piece_overhead=0)
     assert int(meta[:, 2].max()) == -(-(n * blocks - 1) // parts)
+    meta, offsets = plan_mla(lens, parts)        # with the per-sequence overhead: no part left with one block
+    pieces = meta[:, 2][meta[:, 2] > 0]
+    assert int(pieces.sum()) == n * blocks - 1 and int(pieces.min()) > 1
 
 
 @pytest.mark.cpu

@@ -61,13 +61,22 @@ def mla_num_parts(rows_per_head_k: int, heads_k: int, sms: int) -> int:
 WHOLE_SEQUENCE_SLACK = 1.1
 
 
-def plan_mla(cache_seqlens, num_parts: int):
-    """Give every part the same number of key blocks: the batch's blocks are laid end to end and cut into
-    `num_parts` equal runs, so a long sequence spans several parts and a part may finish one sequence and
-    start the next. When every sequence has the same length (as in every token-sparse call), parts take
-    whole sequences instead if the longest part stays within WHOLE_SEQUENCE_SLACK of an equal share; some parts
-    may then have nothing to do. That is decided on the device too. Pure torch on `cache_seqlens`' device: no
-    host synchronisation, CUDA-graph safe.
+# What starting a sequence costs a part, in key blocks of work (loading the piece's Q, the pipeline's fill and
+# drain, writing its output or partial): parts are cut to equal shares of blocks plus this per sequence, as
+# FlashMLA's scheduler does with the same 5 blocks. `benchmarks/probe_mla.py --varlen --overheads 0 2 5`
+# (`history/probe_plan_varlen_h100_6d73bbb.json`, b=128, lengths around 8192): +0.7..+1.1% at 5 against 0 on all four
+# cases (h_q 128 / 32 / 16, s_q 1 and 2), +0.2..+0.6% at 2. Equal-length batches mostly go whole (below).
+PIECE_OVERHEAD = 5
+
+
+def plan_mla(cache_seqlens, num_parts: int, piece_overhead: int = PIECE_OVERHEAD):
+    """Give every part the same work: the batch's key blocks are laid end to end, each sequence preceded by
+    `piece_overhead` blocks' worth of cost, and cut into `num_parts` equal runs of that cost, so a long sequence
+    spans several parts and a part may finish one sequence and start the next (a cut inside a sequence's
+    overhead starts the part at that sequence). When every sequence has the same length (as in every
+    token-sparse call), parts take whole sequences instead if the longest part stays within
+    WHOLE_SEQUENCE_SLACK of an equal share; some parts may then have nothing to do. That is decided on the
+    device too. Pure torch on `cache_seqlens`' device: no host synchronisation, CUDA-graph safe.
 
     Returns:
         metadata `(num_parts, SCHED_FIELDS)` int32, per part: [first batch, first block within it, number of
@@ -79,24 +88,34 @@ def plan_mla(cache_seqlens, num_parts: int):
     import torch
 
     device = cache_seqlens.device
+    n = cache_seqlens.shape[0]
     blocks = (cache_seqlens.to(torch.int64) + SCHED_BLOCK - 1) // SCHED_BLOCK
-    cum = torch.zeros(blocks.shape[0] + 1, dtype=torch.int64, device=device)
+    cum = torch.zeros(n + 1, dtype=torch.int64, device=device)
     cum[1:] = torch.cumsum(blocks, 0)
     total = cum[-1]
-    per_part = torch.clamp((total + num_parts - 1) // num_parts, min=1)
-    n = blocks.shape[0]
+    # Cost: each non-empty sequence's blocks after its overhead; part p's cut at cost p * share.
+    cost = torch.zeros(n + 1, dtype=torch.int64, device=device)
+    cost[1:] = torch.cumsum(blocks + piece_overhead * (blocks > 0), 0)
+    share = torch.clamp((cost[-1] + num_parts - 1) // num_parts, min=1)
     whole = -(-n // num_parts)                     # sequences a part takes when they go whole
+    parts = torch.arange(num_parts + 1, dtype=torch.int64, device=device)
+    at = torch.minimum(parts * share, cost[-1])
+    seq = torch.searchsorted(cost[1:], at, right=True).clamp(max=max(n - 1, 0))
+    cuts = torch.minimum(cum[seq] + torch.clamp(at - cost[seq] - piece_overhead, min=0), cum[seq + 1]) if n else at
     if n and whole * num_parts <= WHOLE_SEQUENCE_SLACK * n:
         longest = blocks.max()
-        per_part = torch.where((blocks.min() == longest) & (longest > 0), whole * longest, per_part)
-    parts = torch.arange(num_parts, dtype=torch.int64, device=device)
-    start = torch.minimum(parts * per_part, total)
-    end = torch.minimum(start + per_part, total)
+        go_whole = (blocks.min() == longest) & (longest > 0)
+        cuts = torch.where(go_whole, torch.minimum(parts * whole * longest, total), cuts)
+    cuts[-1] = total
+    start, end = cuts[:-1], cuts[1:]
     # The batch holding flat block `start`: the first b with cum[b + 1] > start (skips empty batches).
-    batch = torch.searchsorted(cum[1:], start, right=True).clamp(max=max(blocks.shape[0] - 1, 0))
+    batch = torch.searchsorted(cum[1:], start, right=True).clamp(max=max(n - 1, 0))
     first_block = start - cum[batch]
-    first_part = cum[:-1] // per_part                 # the part holding each batch's first block
-    last_part = (cum[1:] - 1) // per_part
+    # The part holding a block: the last one starting at or before it (parts before it may be empty).
+    def part_of(block):
+        return torch.searchsorted(start, block, right=True) - 1
+    first_part = part_of(cum[:-1])
+    last_part = part_of(cum[1:] - 1)
     splits = torch.where(blocks > 0, last_part - first_part + 1, 0)
     split_offsets = torch.zeros_like(cum)
     split_offsets[1:] = torch.cumsum(splits, 0)
@@ -104,8 +123,8 @@ def plan_mla(cache_seqlens, num_parts: int):
     meta[:, 0] = batch
     meta[:, 1] = first_block
     meta[:, 2] = end - start
-    if blocks.shape[0]:
-        meta[:, 3] = torch.where(end > start, parts - first_part[batch], 0)
+    if n:
+        meta[:, 3] = torch.where(end > start, parts[:-1] - first_part[batch], 0)
     return meta.to(torch.int32), split_offsets.to(torch.int32)
 
 
