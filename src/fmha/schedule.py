@@ -65,7 +65,7 @@ WHOLE_SEQUENCE_SLACK = 1.1
 # drain, writing its output or partial): parts are cut to equal shares of blocks plus this per sequence, as
 # FlashMLA's scheduler does with the same 5 blocks. `benchmarks/probe_mla.py --varlen --overheads 0 2 5`
 # (`history/probe_plan_varlen_h100_6d73bbb.json`, b=128, lengths around 8192): +0.7..+1.1% at 5 against 0 on all four
-# cases (h_q 128 / 32 / 16, s_q 1 and 2), +0.2..+0.6% at 2. Equal-length batches mostly go whole (below).
+# cases (h_q 128 / 32 / 16, s_q 1 and 2), +0.2..+0.6% at 2. Equal-length batches mostly go whole (above).
 PIECE_OVERHEAD = 5
 
 
