@@ -35,8 +35,8 @@ def main():
         lens = torch.full((b,), sk, dtype=torch.int32, device="cuda")
         if args.varlen:
             lens = (torch.randn(b, device="cuda") * sk / 4 + sk).clamp(1, sk).to(torch.int32)
+        flops = sum(attention_flops(1, sq, n, hq, 576, 512, causal=sq > 1) for n in lens.tolist())
         if args.overheads is not None:
-            flops = attention_flops(b, sq, 1, hq, 576, 512) * int(lens.sum()) / b
             parts = mla_num_parts(sq * hq, 1, num_sms(q.device))
             ref = None
             for overhead in args.overheads:
@@ -56,7 +56,6 @@ def main():
         gluon = lambda: ours_mla.flash_mla_with_kvcache(q, cache, table, lens, 512, meta, splits, causal=sq > 1)
         triton_ = _portable_mla(q, cache, table, lens, meta, splits, causal=sq > 1)
         err = (gluon()[0].float() - triton_().float()).abs().max().item()
-        flops = attention_flops(b, sq, sk, hq, 576, 512, causal=sq > 1)
         tg, tt = bench_gpu_graph(gluon), bench_gpu_graph(triton_)
         rows.append(dict(b=b, sk=sk, hq=hq, sq=sq, gluon_tflops=flops / tg / 1e12, triton_tflops=flops / tt / 1e12,
                          max_diff=err))

@@ -1,14 +1,14 @@
 """Sweep a prefill kernel's tile configs on the GPU, beside cuDNN SDPA in the same run.
 
     PYTHONPATH=src python3 benchmarks/tune_prefill.py [--kernel triton|gluon] [--out tune.json]
-        [--dims 64 128 256] [--seqs 4096 16384] [--all-configs [--tiles 128,4,2,232,2 ...]] [--pingpong on|off]
+        [--dims 64 128 256] [--seqs 4096 16384] [--all-configs] [--tiles 128,4,2,232,2 ...] [--pingpong on|off]
         [--versions A.py B.py]
 
 Prints one line per (case, variant): TFLOP/s and the ratio to cuDNN; each variant's output is checked against
 cuDNN's before it is timed. `--kernel triton` sweeps `forward.py` (tiles × TMA on/off; fills `_GPU_TILES`),
 `--kernel gluon` the Hopper kernel of `forward_sm90.py` (tiles × ping-pong on/off; fills `_TILES` and
 `_WIDE_TILES`; without `--all-configs` only those tables' own tiles; `--pingpong` keeps one setting of it, which
-three consumer warpgroups ignore). `--versions` times other copies of `forward_sm90.py` (e.g. one taken from an
+three consumer warpgroups ignore; `--tiles` keeps only the named configs). `--versions` times other copies of `forward_sm90.py` (e.g. one taken from an
 earlier commit with `git show REV:src/fmha/kernels/forward_sm90.py > /tmp/base.py`) beside the package's own, each
 with its own tables, in the same process. Each row also carries SDPA's FlashAttention-2 backend (`vs_fa2`).
 """
@@ -47,9 +47,9 @@ def load_version(path):
     return module
 
 
-def variants(kernel, d, all_configs, pingpongs=(True, False), module=None):
+def variants(kernel, d, all_configs, pingpongs=(True, False), module=None, keep=None):
     """(label, launcher) pairs; a launcher takes (q, k, v, out, lse, causal). `module`: the Gluon kernel's module
-    (default: the package's `forward_sm90`)."""
+    (default: the package's `forward_sm90`); `keep`: if given, only these Gluon tile configs."""
     if kernel == "triton":
         for tiles, tma in itertools.product(TRITON_CONFIGS[d], (True, False)):
             def run(q, k, v, out, lse, causal, tiles=tiles, tma=tma):
@@ -61,8 +61,10 @@ def variants(kernel, d, all_configs, pingpongs=(True, False), module=None):
         return
     if module is None:
         from fmha.kernels import forward_sm90 as module
-    own = [module._TILES[d]] + ([module._WIDE_TILES[d]] if d in module._WIDE_TILES else [])
-    for tiles, pingpong in itertools.product(GLUON_CONFIGS[d] if all_configs else own, pingpongs):
+    configs = GLUON_CONFIGS[d] if all_configs else [module._TILES[d]] + (
+        [module._WIDE_TILES[d]] if d in module._WIDE_TILES else [])
+    configs = [c for c in configs if keep is None or c in keep]
+    for tiles, pingpong in itertools.product(configs, pingpongs):
         def run(q, k, v, out, lse, causal, tiles=tiles, pingpong=pingpong):
             module.attention_forward_sm90(q, k, v, out, lse, causal=causal, softmax_scale=d ** -0.5,
                                           pingpong=pingpong, tiles=tiles)
@@ -80,10 +82,7 @@ def main():
     p.add_argument("--versions", nargs="*", default=[], help="other copies of forward_sm90.py to time (gluon)")
     p.add_argument("--tiles", nargs="*", default=None, help="gluon: only these configs, e.g. 128,4,2,232,2")
     args = p.parse_args()
-    if args.tiles is not None:
-        keep = {tuple(int(x) for x in t.split(",")) for t in args.tiles}
-        for d in GLUON_CONFIGS:
-            GLUON_CONFIGS[d] = [c for c in GLUON_CONFIGS[d] if c in keep]
+    keep = None if args.tiles is None else {tuple(int(x) for x in t.split(",")) for t in args.tiles}
     versions = [("package", None)] + [(os.path.basename(v), load_version(v)) for v in args.versions]
     pingpongs = (True, False) if args.pingpong is None else (args.pingpong == "on",)
     rows = []
@@ -93,19 +92,17 @@ def main():
         flops = attention_flops(b, s, s, h, d, d, causal=causal)
         qt, kt, vt = (t.transpose(1, 2).contiguous() for t in (q, k, v))
 
-        def cudnn():
-            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        def sdpa(backend):
+            with sdpa_kernel(backend):
                 return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
-        def fa2():
-            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-                return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
-        t_ref = bench_gpu(cudnn)
-        t_fa2 = bench_gpu(fa2)
-        ref = cudnn().transpose(1, 2).float()
+        t_ref = bench_gpu(lambda: sdpa(SDPBackend.CUDNN_ATTENTION))
+        t_fa2 = bench_gpu(lambda: sdpa(SDPBackend.FLASH_ATTENTION))
+        ref = sdpa(SDPBackend.CUDNN_ATTENTION).transpose(1, 2).float()
         out = torch.empty_like(q)
         lse = torch.empty(b, h, s, device="cuda")
-        for (version, module), (label, run) in ((v, x) for v in versions
-                                                 for x in variants(args.kernel, d, args.all_configs, pingpongs, v[1])):
+        runs = [(version, label, run) for version, module in versions
+                for label, run in variants(args.kernel, d, args.all_configs, pingpongs, module, keep)]
+        for version, label, run in runs:
             if len(versions) > 1:
                 label = dict(version=version, **label)
             case = f"d={d:<3} s={s:<5} {'causal' if causal else 'full  '} {label}"

@@ -106,8 +106,7 @@ def plan_mla(cache_seqlens, num_parts: int, piece_overhead: int = PIECE_OVERHEAD
         longest = blocks.max()
         go_whole = (blocks.min() == longest) & (longest > 0)
         cuts = torch.where(go_whole, torch.minimum(parts * whole * longest, total), cuts)
-    cuts[-1] = total
-    start, end = cuts[:-1], cuts[1:]
+    start, end = cuts[:-1], cuts[1:]              # the last cut is `total` either way
     # The batch holding flat block `start`: the first b with cum[b + 1] > start (skips empty batches).
     batch = torch.searchsorted(cum[1:], start, right=True).clamp(max=max(n - 1, 0))
     first_block = start - cum[batch]
