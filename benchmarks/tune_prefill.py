@@ -8,9 +8,10 @@ Prints one line per (case, variant): TFLOP/s and the ratio to cuDNN; each varian
 cuDNN's before it is timed. `--kernel triton` sweeps `forward.py` (tiles × TMA on/off; fills `_GPU_TILES`),
 `--kernel gluon` the Hopper kernel of `forward_sm90.py` (tiles × ping-pong on/off; fills `_TILES` and
 `_WIDE_TILES`; without `--all-configs` only those tables' own tiles; `--pingpong` keeps one setting of it, which
-three consumer warpgroups ignore; `--tiles` keeps only the named configs). `--versions` times other copies of `forward_sm90.py` (e.g. one taken from an
-earlier commit with `git show REV:src/fmha/kernels/forward_sm90.py > /tmp/base.py`) beside the package's own, each
-with its own tables, in the same process. Each row also carries SDPA's FlashAttention-2 backend (`vs_fa2`).
+three consumer warpgroups ignore; `--tiles` keeps only the named configs). `--versions` times other copies of
+`forward_sm90.py` (e.g. one taken from an earlier commit with `git show REV:src/fmha/kernels/forward_sm90.py >
+/tmp/base.py`) beside the package's own, each with its own tables, in the same process. Each row also carries
+SDPA's FlashAttention-2 backend (`vs_fa2`).
 """
 import argparse
 import importlib.util
