@@ -2,7 +2,7 @@
 
     PYTHONPATH=src python3 benchmarks/tune_prefill.py [--kernel triton|gluon] [--out tune.json]
         [--dims 64 128 256] [--seqs 4096 16384] [--all-configs] [--tiles 128,4,2,232,2 ...] [--pingpong on|off]
-        [--versions A.py B.py] [--lags 0 2]
+        [--versions A.py B.py]
 
 Prints one line per (case, variant): TFLOP/s and the ratio to cuDNN; each variant's output is checked against
 cuDNN's before it is timed. `--kernel triton` sweeps `forward.py` (tiles × TMA on/off; fills `_GPU_TILES`),
@@ -48,7 +48,7 @@ def load_version(path):
     return module
 
 
-def variants(kernel, d, all_configs, pingpongs=(True, False), module=None, keep=None, lags=(None,)):
+def variants(kernel, d, all_configs, pingpongs=(True, False), module=None, keep=None):
     """(label, launcher) pairs; a launcher takes (q, k, v, out, lse, causal). `module`: the Gluon kernel's module
     (default: the package's `forward_sm90`); `keep`: if given, only these Gluon tile configs."""
     if kernel == "triton":
@@ -65,12 +65,11 @@ def variants(kernel, d, all_configs, pingpongs=(True, False), module=None, keep=
     configs = GLUON_CONFIGS[d] if all_configs else [module._TILES[d]] + (
         [module._WIDE_TILES[d]] if d in module._WIDE_TILES else [])
     configs = [c for c in configs if keep is None or c in keep]
-    for tiles, pingpong, lag in itertools.product(configs, pingpongs, lags):
-        def run(q, k, v, out, lse, causal, tiles=tiles, pingpong=pingpong, lag=lag):
-            extra = {} if lag is None else dict(lag=lag)
+    for tiles, pingpong in itertools.product(configs, pingpongs):
+        def run(q, k, v, out, lse, causal, tiles=tiles, pingpong=pingpong):
             module.attention_forward_sm90(q, k, v, out, lse, causal=causal, softmax_scale=d ** -0.5,
-                                          pingpong=pingpong, tiles=tiles, **extra)
-        yield dict(tiles=tiles, pingpong=pingpong, **({} if lag is None else dict(lag=lag))), run
+                                          pingpong=pingpong, tiles=tiles)
+        yield dict(tiles=tiles, pingpong=pingpong), run
 
 
 def main():
@@ -83,7 +82,6 @@ def main():
     p.add_argument("--pingpong", choices=("on", "off"), default=None)
     p.add_argument("--versions", nargs="*", default=[], help="other copies of forward_sm90.py to time (gluon)")
     p.add_argument("--tiles", nargs="*", default=None, help="gluon: only these configs, e.g. 128,4,2,232,2")
-    p.add_argument("--lags", type=int, nargs="*", default=None, help="gluon: warpgroup 1's start lag in key tiles")
     args = p.parse_args()
     keep = None if args.tiles is None else {tuple(int(x) for x in t.split(",")) for t in args.tiles}
     versions = [("package", None)] + [(os.path.basename(v), load_version(v)) for v in args.versions]
@@ -104,8 +102,7 @@ def main():
         out = torch.empty_like(q)
         lse = torch.empty(b, h, s, device="cuda")
         runs = [(version, label, run) for version, module in versions
-                for label, run in variants(args.kernel, d, args.all_configs, pingpongs, module, keep,
-                                           tuple(args.lags) if args.lags else (None,))]
+                for label, run in variants(args.kernel, d, args.all_configs, pingpongs, module, keep)]
         for version, label, run in runs:
             if len(versions) > 1:
                 label = dict(version=version, **label)

@@ -211,13 +211,12 @@ def _skip_tiles(k_ready, k_empty, v_ready, v_empty, start, stop, STAGES: gl.cons
 
 @gluon.jit
 def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.constexpr, STAGES: gl.constexpr,
-              Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, WGS: gl.constexpr,
-              LAG: gl.constexpr):
+              Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, WGS: gl.constexpr):
     """Consumer warpgroup WG of WGS; `shared` holds the arguments common to all of them (one tuple, so that the
     kernel writes them once for two or three partitions)."""
     (q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, O, LSE, n_m, n_bh,
      head_chunk, heads_q, group, seqlen_q, seqlen_k, qk_scale_log2, stride_ob, stride_os, stride_oh, stride_lb,
-     stride_lh, stride_ls, turn, lag) = shared
+     stride_lh, stride_ls, turn) = shared
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -233,14 +232,6 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
     w = 0
     turns = 0                     # wgmma issue rounds so far (PINGPONG)
     qb = 0
-    # LAG: warpgroup 1 starts once warpgroup 0 has scored key tile LAG of its first item (or finished it), so
-    # that the two run LAG tiles apart from then on and one's item boundary (first Q·Kᵀ, last P·V, epilogue)
-    # falls in the other's steady state instead of both idling the tensor cores at once.
-    lag_due = gl.program_id(0) < 0            # a runtime False: WG 0 sets it until it has arrived
-    if LAG > 0 and WG == 0:
-        lag_due = gl.program_id(0) >= 0
-    if LAG > 0 and WG == 1:
-        mbarrier.wait(lag, 0)
     mbarrier.wait(q_ready.index(0), 0)
     t = _read_item(items.index(0), 4)
     while t < n_m * n_bh:
@@ -296,10 +287,6 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
                 _give_turn(turn, WG, PINGPONG)
                 s = warpgroup_mma_wait(1, deps=(s_tok,))
                 mbarrier.arrive(k_empty.index(slot), count=1)
-                if LAG > 0:
-                    if lag_due and i == LAG:
-                        mbarrier.arrive(lag, count=1)
-                        lag_due = gl.program_id(0) < 0
                 p, m_i, l_i, alpha = _softmax_tile(s, i, m_i, l_i, q_pos, diag, seqlen_k, qk_scale_log2,
                                                    mask_from, BLOCK_N, CAUSAL, s_layout)
                 acc = warpgroup_mma_wait(0, deps=(o_tok,))
@@ -316,10 +303,6 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
             mbarrier.arrive(v_empty.index(last), count=1)
         _skip_tiles(k_ready, k_empty, v_ready, v_empty, kv + n_mine, kv + n_tiles, STAGES)
         mbarrier.arrive(q_empty.index(qb), count=1)
-        if LAG > 0:
-            if lag_due:
-                mbarrier.arrive(lag, count=1)
-                lag_due = gl.program_id(0) < 0
         kv += n_tiles
         w += 1
 
@@ -337,9 +320,6 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
         qb = w % Q_BUFS
         mbarrier.wait(q_ready.index(qb), (w // Q_BUFS) & 1)
         t = _read_item(items.index(qb), 4)
-    if LAG > 0:
-        if lag_due:               # no item at all: let warpgroup 1 through to the end marker
-            mbarrier.arrive(lag, count=1)
 
 
 @gluon.jit
@@ -349,8 +329,7 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, seqlen_q, seql
                          stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls, qk_scale_log2,
                          BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, HEAD_DV: gl.constexpr,
                          STAGES: gl.constexpr, Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr,
-                         PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr, WGS: gl.constexpr,
-                         LAG: gl.constexpr):
+                         PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr, WGS: gl.constexpr):
     """Persistent: each program runs work items until none is left (`_next_item`); COUNTER is a zeroed int32."""
     n_m = gl.cdiv(seqlen_q, WGS * ROWS)
     dtype: gl.constexpr = q_desc.dtype
@@ -368,10 +347,8 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, seqlen_q, seql
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     items = gl.allocate_shared_memory(gl.int32, [Q_BUFS, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    lag = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     mbarrier.init(turn.index(0), count=1)
     mbarrier.init(turn.index(1), count=1)
-    mbarrier.init(lag, count=1)
     for i in gl.static_range(Q_BUFS):
         mbarrier.init(q_ready.index(i), count=1)
         mbarrier.init(q_empty.index(i), count=WGS)      # every consumer warpgroup releases a buffer
@@ -383,15 +360,15 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, seqlen_q, seql
 
     shared = (q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, O, LSE, n_m, n_bh,
               head_chunk, heads_q, group, seqlen_q, seqlen_k, qk_scale_log2, stride_ob, stride_os, stride_oh,
-              stride_lb, stride_lh, stride_ls, turn, lag)
+              stride_lb, stride_lh, stride_ls, turn)
     producer = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready,
                 v_empty, COUNTER, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, stride_qh, stride_kh,
                 stride_vh)
     # The tuples above hold no constexpr (a tuple in a variable does not keep them); those go in literally.
     if WGS == 2:
         gl.warp_specialize([
-            (_consumer, (shared, 0, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, LAG)),
-            (_consumer, (shared, 1, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, LAG)),
+            (_consumer, (shared, 0, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS)),
+            (_consumer, (shared, 1, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS)),
             (_producer, (producer, BLOCK_N, STAGES, Q_BUFS, CAUSAL, WGS)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
@@ -400,9 +377,9 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, seqlen_q, seql
         # than the workers (54 against 9 local loads per key tile at 168 and 160 registers).
         gl.warp_specialize([
             (_producer, (producer, BLOCK_N, STAGES, Q_BUFS, CAUSAL, WGS)),
-            (_consumer, (shared, 0, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, LAG)),
-            (_consumer, (shared, 1, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, LAG)),
-            (_consumer, (shared, 2, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, LAG)),
+            (_consumer, (shared, 0, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS)),
+            (_consumer, (shared, 1, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS)),
+            (_consumer, (shared, 2, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS)),
         ], [4, 4, 4], [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS])
 
 
@@ -432,13 +409,12 @@ def supported(q, k, v):
     return None if None in views else views
 
 
-def attention_forward_sm90(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None, tiles=None,
-                           lag=None):
+def attention_forward_sm90(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None, tiles=None):
     """Launch the Gluon kernel. q (b, sq, hq, d), k/v (b, sk, hk, d); out (b, sq, hq, d); lse (b, hq, sq).
     `views` are `supported`'s result when the caller has it; `pingpong` and `tiles` override the automatic
     choices (tuning)."""
     grid, args, meta = launch_args(q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale, views=views,
-                                   pingpong=pingpong, tiles=tiles, lag=lag)
+                                   pingpong=pingpong, tiles=tiles)
     attn_fwd_sm90_kernel[grid](*args, **meta)
 
 
@@ -448,7 +424,7 @@ def choose_tiles(d, causal, seqlen_q):
     return _WIDE_TILES[d] if wide else _TILES[d]
 
 
-def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None, tiles=None, lag=None):
+def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None, tiles=None):
     """(grid, arguments, meta-parameters) of one launch; `benchmarks/profile_host.py` times the launch alone."""
     batch, seqlen_q, heads_q, d = q.shape
     seqlen_k, heads_k = k.shape[1], k.shape[2]
@@ -459,7 +435,6 @@ def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpon
         # a mask and level with it at 4k: on for d = 256 and causal d = 128 only.
         pingpong = d == 256 or (d == 128 and causal)
     pingpong = pingpong and wgs == 2              # the hand-off is between two warpgroups
-    lag = 0 if lag is None or pingpong or wgs != 2 else min(lag, stages - 1)
 
     def desc(t, view, rows):
         return descriptor(t, view, [1, rows, d])
@@ -475,5 +450,5 @@ def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpon
             seqlen_k, heads_q, heads_q // heads_k, batch * heads_q, chunk, q.stride(2), k.stride(2), v.stride(2),
             out.stride(0), out.stride(1), out.stride(2), *lse.stride(), softmax_scale * LOG2E)
     meta = dict(BLOCK_N=block_n, HEAD_D=d, HEAD_DV=d, STAGES=stages, Q_BUFS=q_bufs, CAUSAL=causal,
-                PINGPONG=pingpong, CONSUMER_REGS=regs, WGS=wgs, LAG=lag, num_warps=4)
+                PINGPONG=pingpong, CONSUMER_REGS=regs, WGS=wgs, num_warps=4)
     return grid, args, meta
