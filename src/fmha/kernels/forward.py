@@ -329,6 +329,13 @@ _GPU_DECODE_TILES = {16: (64, 64, 4, 2), 32: (64, 64, 4, 2), 64: (64, 64, 4, 2),
 # and page 64 / b=4 by 0.3-1.1%; on contiguous caches it lost 3.5%, so they keep the table above.
 _GPU_PAGED_DECODE_TILES = {16: (64, 64, 4, 5), 32: (64, 64, 4, 5), 64: (64, 64, 4, 5), 128: (64, 64, 4, 5),
                            256: (64, 64, 4, 2)}
+# Paged calls with at most NARROW_ROWS packed rows (one query token, GQA groups up to 16): 16-row tiles (mma.sync;
+# wgmma cannot go below 64 rows, 60 of them padding for a group of 4) and 128-key tiles. In two processes
+# (benchmarks/results/history/probe_decode_m16*_h100_3e7c534.json, ratio to cuDNN on a contiguous cache) they
+# beat the 64-row tiles above by 0.6% at page 16 (0.975 / 0.969 in both) and 0.9-1.0% at page 64 (0.986 / 0.976,
+# 0.984 / 0.975), and were level or ahead on the long-context and MHA cases; only d=128 was measured.
+_GPU_PAGED_NARROW_TILES = {128: (16, 128, 4, 3)}
+NARROW_ROWS = 16
 
 
 def _tile_config(dqk, dv, interpret, rows=None, paged=False):
@@ -338,6 +345,8 @@ def _tile_config(dqk, dv, interpret, rows=None, paged=False):
         return _INTERPRET_TILES
     key = max(16, _next_pow2(dqk), _next_pow2(dv))
     decode = _GPU_PAGED_DECODE_TILES if paged else _GPU_DECODE_TILES
+    if paged and rows is not None and rows <= NARROW_ROWS and key in _GPU_PAGED_NARROW_TILES:
+        return _GPU_PAGED_NARROW_TILES[key]
     if rows is not None and rows <= 64 and key in decode:
         return decode[key]
     return _GPU_TILES[key]
