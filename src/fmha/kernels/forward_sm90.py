@@ -182,46 +182,6 @@ def _softmax_tile(s, i, m_i, l_i, q_pos, diag, seqlen_k, qk_scale_log2, mask_fro
 
 
 @gluon.jit
-def _mask_cols(s, i, col0, q_pos, diag, seqlen_k, mask_from, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
-               s_layout: gl.constexpr):
-    """`_softmax_tile`'s mask for the columns col0 .. col0 + width of key tile i."""
-    if i >= mask_from:
-        cols = col0 + gl.arange(0, s.shape[1], layout=gl.SliceLayout(0, s_layout))
-        last = gl.full([ROWS], seqlen_k - 1 - i * BLOCK_N, gl.int32, gl.SliceLayout(1, s_layout))
-        if CAUSAL:
-            last = gl.minimum(last, q_pos + diag - i * BLOCK_N)
-        s = gl.where(cols[None, :] <= last[:, None], s, float("-inf"))
-    return s
-
-
-@gluon.jit
-def _softmax_first_half(sa, i, m_i, q_pos, diag, seqlen_k, qk_scale_log2, mask_from, BLOCK_N: gl.constexpr,
-                        CAUSAL: gl.constexpr, s_layout: gl.constexpr):
-    """SPLIT_S: the first 64 keys of tile i, while the other 64 are still on the tensor cores: exponentials
-    relative to the max so far (`_softmax_second_half` corrects them)."""
-    sa = _mask_cols(sa, i, 0, q_pos, diag, seqlen_k, mask_from, BLOCK_N, CAUSAL, s_layout)
-    m_a = gl.maximum(m_i, gl.max(sa, 1) * qk_scale_log2)
-    pa = gl.exp2(sa * qk_scale_log2 - gl.where(m_a == float("-inf"), 0.0, m_a)[:, None])
-    return pa, m_a
-
-
-@gluon.jit
-def _softmax_second_half(sb, pa, m_a, i, m_i, l_i, q_pos, diag, seqlen_k, qk_scale_log2, mask_from,
-                         BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, s_layout: gl.constexpr):
-    """SPLIT_S: the other 64 keys; the first half's probabilities rescaled to the tile's max. Returns both halves'
-    probabilities, the new (m_i, l_i) and the accumulator's rescale factor."""
-    sb = _mask_cols(sb, i, BLOCK_N // 2, q_pos, diag, seqlen_k, mask_from, BLOCK_N, CAUSAL, s_layout)
-    m_new = gl.maximum(m_a, gl.max(sb, 1) * qk_scale_log2)
-    m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)
-    pb = gl.exp2(sb * qk_scale_log2 - m_shift[:, None])
-    corr = gl.exp2(gl.where(m_a == float("-inf"), m_shift, m_a) - m_shift)      # 1 where half A saw no key
-    pa = pa * corr[:, None]
-    alpha = gl.exp2(m_i - m_shift)
-    l_i = l_i * alpha + gl.sum(pa, 1) + gl.sum(pb, 1)
-    return pa, pb, m_new, l_i, alpha
-
-
-@gluon.jit
 def _take_turn(turn, r, WG: gl.constexpr, PINGPONG: gl.constexpr):
     """Ping-pong: the two consumer warpgroups issue their wgmma rounds alternately (warpgroup 0 first), so
     one's softmax runs while the other's matrix products occupy the tensor cores. Round r of warpgroup 1
@@ -251,18 +211,14 @@ def _skip_tiles(k_ready, k_empty, v_ready, v_empty, start, stop, STAGES: gl.cons
 
 @gluon.jit
 def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.constexpr, STAGES: gl.constexpr,
-              Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, WGS: gl.constexpr,
-              SPLIT_S: gl.constexpr):
+              Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, WGS: gl.constexpr):
     """Consumer warpgroup WG of WGS; `shared` holds the arguments common to all of them (one tuple, so that the
     kernel writes them once for two or three partitions)."""
     (q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, O, LSE, n_m, n_bh,
      head_chunk, heads_q, group, seqlen_q, seqlen_k, qk_scale_log2, stride_ob, stride_os, stride_oh, stride_lb,
      stride_lh, stride_ls, turn) = shared
-    # SPLIT_S: each key tile's scores as two products of BLOCK_N / 2 keys, the first half's softmax running
-    # while the second is on the tensor cores.
-    S_COLS: gl.constexpr = BLOCK_N // 2 if SPLIT_S else BLOCK_N
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, S_COLS, 16])
+                                                       instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, HEAD_DV, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
@@ -270,8 +226,7 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     store_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     dtype: gl.constexpr = q_smem.dtype
-    zero_s = gl.zeros([ROWS, S_COLS], gl.float32, s_layout)
-    HALF_N: gl.constexpr = BLOCK_N // 2
+    zero_s = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
     diag = seqlen_k - seqlen_q
     kv = 0                        # the producer's counters, kept in step
     w = 0
@@ -309,29 +264,12 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
             slot = kv % STAGES
             mbarrier.wait(k_ready.index(slot), (kv // STAGES) & 1)
             turns = _take_turn(turn, turns, WG, PINGPONG)
-            if SPLIT_S:
-                k_tile = k_smem.index(slot)
-                sa_tok = warpgroup_mma(q, k_tile.slice(0, HALF_N).permute((1, 0)), zero_s, use_acc=False,
-                                       is_async=True)
-                sb_tok = warpgroup_mma(q, k_tile.slice(HALF_N, HALF_N).permute((1, 0)), zero_s, use_acc=False,
-                                       is_async=True)
-                _give_turn(turn, WG, PINGPONG)
-                sa = warpgroup_mma_wait(1, deps=(sa_tok,))
-                pa, m_a = _softmax_first_half(sa, 0, m_i, q_pos, diag, seqlen_k, qk_scale_log2, mask_from, BLOCK_N,
-                                              CAUSAL, s_layout)
-                sb, pa = warpgroup_mma_wait(0, deps=(sb_tok, pa))
-                mbarrier.arrive(k_empty.index(slot), count=1)
-                pa, pb, m_i, l_i, alpha = _softmax_second_half(sb, pa, m_a, 0, m_i, l_i, q_pos, diag, seqlen_k,
-                                                               qk_scale_log2, mask_from, BLOCK_N, CAUSAL, s_layout)
-                p = pa
-            else:
-                s_tok = warpgroup_mma(q, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-                _give_turn(turn, WG, PINGPONG)
-                s = warpgroup_mma_wait(0, deps=(s_tok,))
-                mbarrier.arrive(k_empty.index(slot), count=1)
-                p, m_i, l_i, alpha = _softmax_tile(s, 0, m_i, l_i, q_pos, diag, seqlen_k, qk_scale_log2,
-                                                   mask_from, BLOCK_N, CAUSAL, s_layout)
-                pb = p
+            s_tok = warpgroup_mma(q, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            _give_turn(turn, WG, PINGPONG)
+            s = warpgroup_mma_wait(0, deps=(s_tok,))
+            mbarrier.arrive(k_empty.index(slot), count=1)
+            p, m_i, l_i, alpha = _softmax_tile(s, 0, m_i, l_i, q_pos, diag, seqlen_k, qk_scale_log2, mask_from,
+                                               BLOCK_N, CAUSAL, s_layout)
             for i in range(1, n_mine):
                 # Issue S_i = Q·K_iᵀ and O += P_{i-1}·V_{i-1}; the softmax of S_i runs while P·V is on the
                 # tensor cores.
@@ -340,40 +278,17 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
                 prev = (c - 1) % STAGES
                 acc = acc * gl.convert_layout(alpha, row_o)[:, None]
                 p_op = gl.convert_layout(p.to(dtype), p_layout)
-                if SPLIT_S:
-                    pb_op = gl.convert_layout(pb.to(dtype), p_layout)
                 mbarrier.wait(k_ready.index(slot), (c // STAGES) & 1)
                 mbarrier.wait(v_ready.index(prev), ((c - 1) // STAGES) & 1)
                 turns = _take_turn(turn, turns, WG, PINGPONG)
-                if SPLIT_S:
-                    k_tile = k_smem.index(slot)
-                    v_tile = v_smem.index(prev)
-                    sa_tok = warpgroup_mma(q, k_tile.slice(0, HALF_N).permute((1, 0)), zero_s, use_acc=False,
-                                           is_async=True)
-                    sb_tok = warpgroup_mma(q, k_tile.slice(HALF_N, HALF_N).permute((1, 0)), zero_s,
-                                           use_acc=False, is_async=True)
-                    o_tok = warpgroup_mma(p_op, v_tile.slice(0, HALF_N), acc, is_async=True)
-                    o_tok = warpgroup_mma(pb_op, v_tile.slice(HALF_N, HALF_N), o_tok, is_async=True)
-                    _give_turn(turn, WG, PINGPONG)
-                    sa = warpgroup_mma_wait(3, deps=(sa_tok,))
-                    pa, m_a = _softmax_first_half(sa, i, m_i, q_pos, diag, seqlen_k, qk_scale_log2, mask_from,
-                                                  BLOCK_N, CAUSAL, s_layout)
-                    # pa passes through the wait so that its exponentials are issued before it (else they sink
-                    # below it and nothing overlaps the second product).
-                    sb, pa = warpgroup_mma_wait(2, deps=(sb_tok, pa))
-                    mbarrier.arrive(k_empty.index(slot), count=1)
-                    p, pb, m_i, l_i, alpha = _softmax_second_half(sb, pa, m_a, i, m_i, l_i, q_pos, diag, seqlen_k,
-                                                                  qk_scale_log2, mask_from, BLOCK_N, CAUSAL,
-                                                                  s_layout)
-                else:
-                    s_tok = warpgroup_mma(q, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False,
-                                          is_async=True)
-                    o_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
-                    _give_turn(turn, WG, PINGPONG)
-                    s = warpgroup_mma_wait(1, deps=(s_tok,))
-                    mbarrier.arrive(k_empty.index(slot), count=1)
-                    p, m_i, l_i, alpha = _softmax_tile(s, i, m_i, l_i, q_pos, diag, seqlen_k, qk_scale_log2,
-                                                       mask_from, BLOCK_N, CAUSAL, s_layout)
+                s_tok = warpgroup_mma(q, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False,
+                                      is_async=True)
+                o_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+                _give_turn(turn, WG, PINGPONG)
+                s = warpgroup_mma_wait(1, deps=(s_tok,))
+                mbarrier.arrive(k_empty.index(slot), count=1)
+                p, m_i, l_i, alpha = _softmax_tile(s, i, m_i, l_i, q_pos, diag, seqlen_k, qk_scale_log2,
+                                                   mask_from, BLOCK_N, CAUSAL, s_layout)
                 acc = warpgroup_mma_wait(0, deps=(o_tok,))
                 mbarrier.arrive(v_empty.index(prev), count=1)
             c = kv + n_mine - 1
@@ -382,12 +297,7 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
             p_op = gl.convert_layout(p.to(dtype), p_layout)
             mbarrier.wait(v_ready.index(last), (c // STAGES) & 1)
             turns = _take_turn(turn, turns, WG, PINGPONG)
-            if SPLIT_S:
-                o_tok = warpgroup_mma(p_op, v_smem.index(last).slice(0, HALF_N), acc, is_async=True)
-                o_tok = warpgroup_mma(gl.convert_layout(pb.to(dtype), p_layout),
-                                      v_smem.index(last).slice(HALF_N, HALF_N), o_tok, is_async=True)
-            else:
-                o_tok = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
+            o_tok = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
             _give_turn(turn, WG, PINGPONG)
             acc = warpgroup_mma_wait(0, deps=(o_tok,))
             mbarrier.arrive(v_empty.index(last), count=1)
@@ -419,8 +329,7 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, seqlen_q, seql
                          stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls, qk_scale_log2,
                          BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, HEAD_DV: gl.constexpr,
                          STAGES: gl.constexpr, Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr,
-                         PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr, WGS: gl.constexpr,
-                         SPLIT_S: gl.constexpr):
+                         PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr, WGS: gl.constexpr):
     """Persistent: each program runs work items until none is left (`_next_item`); COUNTER is a zeroed int32."""
     n_m = gl.cdiv(seqlen_q, WGS * ROWS)
     dtype: gl.constexpr = q_desc.dtype
@@ -458,8 +367,8 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, seqlen_q, seql
     # The tuples above hold no constexpr (a tuple in a variable does not keep them); those go in literally.
     if WGS == 2:
         gl.warp_specialize([
-            (_consumer, (shared, 0, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, SPLIT_S)),
-            (_consumer, (shared, 1, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, SPLIT_S)),
+            (_consumer, (shared, 0, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS)),
+            (_consumer, (shared, 1, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS)),
             (_producer, (producer, BLOCK_N, STAGES, Q_BUFS, CAUSAL, WGS)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
@@ -468,9 +377,9 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, seqlen_q, seql
         # than the workers (54 against 9 local loads per key tile at 168 and 160 registers).
         gl.warp_specialize([
             (_producer, (producer, BLOCK_N, STAGES, Q_BUFS, CAUSAL, WGS)),
-            (_consumer, (shared, 0, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, SPLIT_S)),
-            (_consumer, (shared, 1, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, SPLIT_S)),
-            (_consumer, (shared, 2, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, SPLIT_S)),
+            (_consumer, (shared, 0, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS)),
+            (_consumer, (shared, 1, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS)),
+            (_consumer, (shared, 2, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS)),
         ], [4, 4, 4], [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS])
 
 
@@ -500,13 +409,12 @@ def supported(q, k, v):
     return None if None in views else views
 
 
-def attention_forward_sm90(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None, tiles=None,
-                           split_s=None):
+def attention_forward_sm90(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None, tiles=None):
     """Launch the Gluon kernel. q (b, sq, hq, d), k/v (b, sk, hk, d); out (b, sq, hq, d); lse (b, hq, sq).
     `views` are `supported`'s result when the caller has it; `pingpong` and `tiles` override the automatic
     choices (tuning)."""
     grid, args, meta = launch_args(q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale, views=views,
-                                   pingpong=pingpong, tiles=tiles, split_s=split_s)
+                                   pingpong=pingpong, tiles=tiles)
     attn_fwd_sm90_kernel[grid](*args, **meta)
 
 
@@ -516,8 +424,7 @@ def choose_tiles(d, causal, seqlen_q):
     return _WIDE_TILES[d] if wide else _TILES[d]
 
 
-def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None, tiles=None,
-                split_s=None):
+def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None, tiles=None):
     """(grid, arguments, meta-parameters) of one launch; `benchmarks/profile_host.py` times the launch alone."""
     batch, seqlen_q, heads_q, d = q.shape
     seqlen_k, heads_k = k.shape[1], k.shape[2]
@@ -528,9 +435,6 @@ def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpon
         # a mask and level with it at 4k: on for d = 256 and causal d = 128 only.
         pingpong = d == 256 or (d == 128 and causal)
     pingpong = pingpong and wgs == 2              # the hand-off is between two warpgroups
-    # SPLIT_S (experiment, unmeasured): on by default in this commit so that a copy of this file A/Bs against the
-    # package's kernel (`tune_prefill.py --versions`).
-    split_s = (True if split_s is None else split_s) and block_n == 128
 
     def desc(t, view, rows):
         return descriptor(t, view, [1, rows, d])
@@ -546,5 +450,5 @@ def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpon
             seqlen_k, heads_q, heads_q // heads_k, batch * heads_q, chunk, q.stride(2), k.stride(2), v.stride(2),
             out.stride(0), out.stride(1), out.stride(2), *lse.stride(), softmax_scale * LOG2E)
     meta = dict(BLOCK_N=block_n, HEAD_D=d, HEAD_DV=d, STAGES=stages, Q_BUFS=q_bufs, CAUSAL=causal,
-                PINGPONG=pingpong, CONSUMER_REGS=regs, WGS=wgs, SPLIT_S=split_s, num_warps=4)
+                PINGPONG=pingpong, CONSUMER_REGS=regs, WGS=wgs, num_warps=4)
     return grid, args, meta
