@@ -207,3 +207,24 @@ def test_edge_lengths(target):
     assert torch.isneginf(ref_lse).any()
     assert_close("out", out, ref, dtype)
     assert_lse_close(lse, ref_lse)
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("dims", [(64, 64), (128, 128), (256, 256), (512, 512), (576, 512)],
+                         ids=lambda d: f"{d[0]}-{d[1]}")
+@pytest.mark.parametrize("mask", [dict(causal=True), dict(window=(37, 5))], ids=["causal", "window37-5"])
+def test_varlen_gpu_tile_shapes(dims, mask, monkeypatch):
+    """The interpreter runs its own small tiles; this runs the portable kernel's GPU prefill tiles for each head
+    dim (`_GPU_TILES`: 128 x 128 down to 64 x 16) on varlen sequences shorter and longer than a tile, one empty."""
+    from fmha.kernels import forward
+    dqk, dv = dims
+    monkeypatch.setattr(forward, "_INTERPRET_TILES", forward._GPU_TILES[forward._next_pow2(max(dqk, dv))])
+    torch.manual_seed(5)
+    len_q, len_k = [150, 0, 37], [200, 5, 130]
+    cu_q = torch.tensor([0, 150, 150, 187], dtype=torch.int32)
+    cu_k = torch.tensor([0, 200, 205, 335], dtype=torch.int32)
+    q = poisoned((187, 4, dqk), 187, torch.float16, "cpu", dim=0)
+    k = poisoned((335, 2, dqk), 335, torch.float16, "cpu", dim=0)
+    v = poisoned((335, 2, dv), 335, torch.float16, "cpu", dim=0)
+    got, lse = fmha.attention_varlen(q, k, v, cu_q, cu_k, max(len_q), max(len_k), return_lse=True, **mask)
+    assert_matches(got, lse, attention_varlen_ref(q, k, v, cu_q, cu_k, **mask), torch.float16)
