@@ -566,3 +566,21 @@ def test_gather_row_alignment():
     assert row_alignment(v32) == 16 and row_alignment(model1) == 8
     assert row_alignment(bf16[..., :512], bf16[..., 512:]) == 16
     assert row_alignment(v32, model1) == 8 and row_alignment(odd) == 2
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("h_q,s_q", [(16, 1), (16, 2), (64, 1)], ids=["transposed16", "transposed32", "rows64"])
+@pytest.mark.parametrize("page_size", [61, 64])
+def test_gpu_tile_shapes(h_q, s_q, page_size, monkeypatch):
+    """The interpreter runs its own small tiles; this runs the portable MLA kernel's GPU tiles (64-key tiles, one
+    scheduling block each; the transposed forms at 16 and 32 rows, the 64-row form) through the launcher."""
+    from fmha.kernels import mla_decode
+    monkeypatch.setattr(mla_decode, "_INTERPRET_TILES", mla_decode._GPU_TILES)
+    monkeypatch.setattr(mla_decode, "_INTERPRET_TRANSPOSED_TILES", mla_decode._GPU_TRANSPOSED_TILES)
+    q, cache, table, seqlens = _case(("cpu", torch.float16), h_q, s_q, page_size, seed=3 * h_q + s_q)
+    meta, splits = flash_mla.get_mla_metadata(seqlens, s_q * h_q, 1)
+    out = q.new_empty(*q.shape[:3], D_V)
+    lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], dtype=torch.float32)
+    mla_decode_forward(q[..., :D_V], q[..., D_V:], cache[..., :D_V], cache[..., D_V:], table, seqlens, meta, splits,
+                       out, lse, softmax_scale=D_QK ** -0.5, causal=s_q > 1, interpret=True)
+    _check(out, lse, *mla_decode_ref(q, cache, table, seqlens, D_V, causal=s_q > 1), torch.float16)
