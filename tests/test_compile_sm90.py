@@ -153,8 +153,22 @@ def test_mla_compiles_for_sm90(tma, causal, rows, sparse, fp8):
     assert info["shared"] <= 232448, f"shared memory {info['shared']} over the H100 limit"
 
 
+# Appended to the Gluon compile scripts: ptxas on the kernel's PTX, and what it said about serialising wgmma
+# ("wgmma.mma_async instructions are serialized due to ...", its C751x warnings: a wait after every wgmma).
+SERIALIZED = textwrap.dedent('''
+    def serialized(ptx):
+        import os, re, subprocess, tempfile
+        ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+        with tempfile.TemporaryDirectory() as tmp:
+            open(os.path.join(tmp, "k.ptx"), "w").write(ptx)
+            log = subprocess.run([ptxas, "-arch=sm_90a", "-v", os.path.join(tmp, "k.ptx"), "-o",
+                                  os.path.join(tmp, "k.o")], capture_output=True, text=True).stderr
+        return sorted(set(re.findall(r"instructions are serialized due to ([^']*)'", log)))
+''')
+
+
 GLUON_SCRIPT = textwrap.dedent('''
-    import inspect, json, os, re, subprocess, sys, tempfile
+    import inspect, json, sys
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon import language as gl
@@ -175,14 +189,9 @@ GLUON_SCRIPT = textwrap.dedent('''
     src = GluonASTSource(attn_fwd_sm90_kernel, sig, constexprs={(names.index(k),): v for k, v in consts.items()})
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
     ptx = k.asm["ptx"]
-    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-    with tempfile.TemporaryDirectory() as tmp:
-        open(os.path.join(tmp, "k.ptx"), "w").write(ptx)
-        log = subprocess.run([ptxas, "-arch=sm_90a", "-v", os.path.join(tmp, "k.ptx"), "-o", os.path.join(tmp, "k.o")],
-                             capture_output=True, text=True).stderr
     print(json.dumps(dict(shared=k.metadata.shared, warps=k.metadata.num_warps, wgmma="wgmma.mma_async" in ptx,
                           tma="cp.async.bulk.tensor.3d" in ptx, setmaxnreg="setmaxnreg" in ptx,
-                          serialized=sorted(set(re.findall(r"instructions are serialized due to ([^']*)'", log))))))
+                          serialized=serialized(ptx))))
 ''')
 
 
@@ -195,15 +204,14 @@ def test_gluon_prefill_compiles_for_sm90(case):
     memory over the limit, and checks the warp-specialised shape: wgmma, 3-D TMA loads, per-partition
     register budgets (setmaxnreg), two or three consumer warpgroups and one with the producer warp."""
     env = dict(os.environ, TRITON_INTERPRET="0")
-    proc = subprocess.run([sys.executable, "-c", GLUON_SCRIPT, json.dumps(case)], env=env, capture_output=True,
-                          text=True, timeout=600)
+    proc = subprocess.run([sys.executable, "-c", SERIALIZED + GLUON_SCRIPT, json.dumps(case)], env=env,
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     info = json.loads(proc.stdout.strip().splitlines()[-1])
     assert info["wgmma"] and info["tma"] and info["setmaxnreg"], info
     assert info["warps"] == (16 if case[3] else 12), info
-    # ptxas' "wgmma.mma_async instructions are serialized due to ..." (C751x): a wait after every wgmma of the
-    # kernel (an accumulator in flight across a branch, too few registers, ...), which costs far more than any
-    # change that causes it could gain.
+    # A wait after every wgmma (an accumulator in flight across a branch, too few registers, ...) costs far more
+    # than any change that causes it could gain.
     assert not info["serialized"], f"ptxas serialised the wgmmas: {info['serialized']}"
     assert info["shared"] <= 232448, f"shared memory {info['shared']} over the H100 limit"
 
@@ -220,7 +228,7 @@ def test_gluon_prefill_tile_choice():
 
 
 GLUON_MLA_SCRIPT = textwrap.dedent('''
-    import inspect, json, os, re, subprocess, sys, tempfile
+    import inspect, json, sys
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon import language as gl
@@ -264,14 +272,9 @@ GLUON_MLA_SCRIPT = textwrap.dedent('''
                          attrs=attrs)
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
     ptx = k.asm["ptx"]
-    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-    with tempfile.TemporaryDirectory() as d:
-        open(os.path.join(d, "k.ptx"), "w").write(ptx)
-        log = subprocess.run([ptxas, "-arch=sm_90a", "-v", os.path.join(d, "k.ptx"), "-o", os.path.join(d, "k.o")],
-                             capture_output=True, text=True).stderr
     print(json.dumps(dict(shared=k.metadata.shared, warps=k.metadata.num_warps, wgmma="wgmma.mma_async" in ptx,
                           tma_store="cp.async.bulk.tensor.3d.global.shared" in ptx,
-                          serialized=sorted(set(re.findall(r"instructions are serialized due to ([^']*)'", log))),
+                          serialized=serialized(ptx),
                           gathers=ptx.count("cp.async.cg.shared.global"),
                           arrives=ptx.count("cp.async.mbarrier.arrive.noinc"))))
 ''')
@@ -296,8 +299,8 @@ def test_gluon_mla_compiles_for_sm90(case):
     layouts, model1 with V4's second source) gather keys with cp.async copies, each thread arriving on the
     part's barrier (no TMA loads of keys)."""
     env = dict(os.environ, TRITON_INTERPRET="0")
-    proc = subprocess.run([sys.executable, "-c", GLUON_MLA_SCRIPT, json.dumps(case)], env=env, capture_output=True,
-                          text=True, timeout=600)
+    proc = subprocess.run([sys.executable, "-c", SERIALIZED + GLUON_MLA_SCRIPT, json.dumps(case)], env=env,
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     info = json.loads(proc.stdout.strip().splitlines()[-1])
     assert info["wgmma"] and info["tma_store"], info
