@@ -114,7 +114,7 @@ def main():
         if args.out:
             save_sweep(args.out, rows)
         return
-    tables = (forward._GPU_DECODE_TILES, forward._GPU_PAGED_DECODE_TILES, forward._GPU_PAGED_NARROW_TILES)
+    tables = forward._GPU_DECODE_TABLES
     defaults = [t[D] for t in tables]
     for b, hq, hk, sk, page in cases:
         q, k, v, lens, nbytes, cudnn, ref, row = _case(b, hq, hk, sk, page)

@@ -23,7 +23,7 @@ def main():
     p.add_argument("--stages", type=int, default=None, help="num_stages of the decode tiles (default: the table's)")
     args = p.parse_args()
     if args.stages is not None:
-        for table in (forward._GPU_DECODE_TILES, forward._GPU_PAGED_DECODE_TILES, forward._GPU_PAGED_NARROW_TILES):
+        for table in forward._GPU_DECODE_TABLES:
             table[D] = (*table[D][:3], args.stages)
     torch.manual_seed(0)
     b, hq, hk, sk = 64, 32, 8, 4096

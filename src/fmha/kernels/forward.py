@@ -336,6 +336,8 @@ _GPU_PAGED_DECODE_TILES = {16: (64, 64, 4, 5), 32: (64, 64, 4, 5), 64: (64, 64, 
 # 0.984 / 0.975), and were level or ahead on the long-context and MHA cases; only d=128 was measured.
 _GPU_PAGED_NARROW_TILES = {128: (16, 128, 4, 3)}
 NARROW_ROWS = 16
+# Every decode tile table, for the benchmark scripts that substitute tiles in all of them.
+_GPU_DECODE_TABLES = (_GPU_DECODE_TILES, _GPU_PAGED_DECODE_TILES, _GPU_PAGED_NARROW_TILES)
 
 
 def _tile_config(dqk, dv, interpret, rows=None, paged=False):
