@@ -6,6 +6,8 @@ same caches as `fmha bench decode`'s b=64, hk=8, sk=4096, d=128 rows (1 GiB of K
   as the decode kernel does; the 8 programs of a sequence read neighbouring slices of the same rows;
 - whole-row: one program per (sequence, eighth of its keys) reads whole 2 KB key rows (all heads): the
   same 512 programs of 2 MB each, but every DRAM page a program opens is read through by that program.
+Per-head reads also run with other warp counts, step sizes and programs per head (READ_VARIANTS): how many bytes
+a program keeps in flight is what moves a paged read.
 Each on a contiguous cache and on paged caches (pages 16 and 64, shuffled as `fmha bench decode` shuffles them),
 beside cuDNN SDPA on the contiguous cache and our decode kernel, all in one process, CUDA-graph timing.
 
@@ -29,18 +31,19 @@ def _xor(a, b):
 @triton.jit
 def _read_kernel(K, V, OUT, TABLE, keys, page, table_stride,
                  HEADS: tl.constexpr, ROW: tl.constexpr, COLS: tl.constexpr, BN: tl.constexpr,
-                 PAGED: tl.constexpr, WHOLE_ROW: tl.constexpr):
+                 PAGED: tl.constexpr, WHOLE_ROW: tl.constexpr, SPLITS: tl.constexpr):
     # K, V viewed as int32: a key row is ROW words (heads * d bf16), a head's slice COLS words.
     pid = tl.program_id(0)
-    b = pid // HEADS
+    b = pid // (HEADS * SPLITS)
     if WHOLE_ROW:
         chunk = keys // HEADS
         k_lo = (pid % HEADS) * chunk
         col0 = 0
     else:
-        chunk = keys
-        k_lo = 0
-        col0 = (pid % HEADS) * COLS
+        # programs (sequence, head, split): a head's keys in SPLITS consecutive chunks
+        chunk = keys // SPLITS
+        k_lo = (pid % SPLITS) * chunk
+        col0 = (pid // SPLITS % HEADS) * COLS
     offs_n = tl.arange(0, BN)
     offs_c = tl.arange(0, COLS)
     acc = tl.zeros([BN, COLS], dtype=tl.int32)
@@ -56,25 +59,32 @@ def _read_kernel(K, V, OUT, TABLE, keys, page, table_stride,
     tl.store(OUT + pid, tl.reduce(tl.reduce(acc, 1, _xor), 0, _xor))
 
 
-def read_call(k_cache, v_cache, table, b, keys, hk, d, whole_row, warps, stages):
-    """A pure read of every key of every sequence, in one of the two orders."""
+def read_call(k_cache, v_cache, table, b, keys, hk, d, whole_row, warps, stages, bn=None, splits=1):
+    """A pure read of every key of every sequence, in one of the two orders (`bn` keys a step; per-head reads
+    may cut each head's keys into `splits` programs)."""
     ki, vi = k_cache.view(torch.int32), v_cache.view(torch.int32)
     row, cols = hk * d // 2, d // 2
-    out = torch.empty(b * hk, dtype=torch.int32, device=k_cache.device)
     page = k_cache.shape[1] if table is not None else 1
     if whole_row:
-        bn, cols = 16, row                       # 16 rows x 2 KB = 32 KB a tensor per step
+        bn, cols, splits = bn or 16, row, 1      # 16 rows x 2 KB = 32 KB a tensor per step
     else:
-        bn = 128                                 # 128 rows x 256 B = 32 KB a tensor per step
-    grid = (b * hk,)
+        bn = bn or 128                           # 128 rows x 256 B = 32 KB a tensor per step
+    out = torch.empty(b * hk * splits, dtype=torch.int32, device=k_cache.device)
+    grid = (b * hk * splits,)
 
     def call():
         _read_kernel[grid](ki, vi, out, table if table is not None else out, keys, page,
                            table.stride(0) if table is not None else 0,
                            HEADS=hk, ROW=row, COLS=cols, BN=bn, PAGED=table is not None, WHOLE_ROW=whole_row,
+                           SPLITS=splits,
                            num_warps=warps, num_stages=stages)
         return out
     return call
+
+
+# per-head reads: (warps, keys a step, programs per head)
+READ_VARIANTS = [(8, 128, 1), (16, 128, 1), (16, 256, 1), (8, 64, 1), (8, 128, 2), (8, 128, 4), (16, 128, 2),
+                 (4, 64, 2)]
 
 
 def _fold(t):
@@ -104,10 +114,10 @@ def main():
     for name, (kc, vc, table) in caches.items():
         calls[f"ours_{name}"] = (lambda kc=kc, vc=vc, table=table:
                                  fmha.attention_with_kvcache(q, kc, vc, lens, block_table=table))
-        for whole in (False, True):
-            for warps, stages in ((4, 1), (8, 1), (4, 3)):
-                label = f"read_{'row' if whole else 'head'}_{name}_w{warps}s{stages}"
-                calls[label] = read_call(kc, vc, table, b, sk, hk, d, whole, warps, stages)
+        calls[f"read_row_{name}_w4"] = read_call(kc, vc, table, b, sk, hk, d, True, 4, 1)
+        for warps, bn, splits in READ_VARIANTS:
+            label = f"read_head_{name}_w{warps}n{bn}x{splits}"
+            calls[label] = read_call(kc, vc, table, b, sk, hk, d, False, warps, 1, bn, splits)
     # Every read variant sees every word of K and V once: the XOR of its programs' outputs is the same number.
     want = _fold(k) ^ _fold(v)
     for label, c in calls.items():
