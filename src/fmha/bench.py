@@ -302,12 +302,35 @@ def bench_decode(args, record):
         ref = impls["ours"]().float()
         row = dict(workload="decode", d=d, b=b, hq=hq, hk=hk, sk=sk, page=page or 0)
         _measure(row, impls, ref, flops, nbytes, ratio_of="gbps", graph=True, to_nhd=lambda o: o.transpose(1, 2))
+        _read_yardstick(row, k_cache, v_cache, table, sk, nbytes)
         record(row)
-        cells = "  ".join(f"{n} {row[f'{n}_gbps']:7.1f}" if f"{n}_gbps" in row else f"{n} n/a" for n in impls)
+        cells = "  ".join(f"{n} {row[f'{n}_gbps']:7.1f}" for n in (*impls, "read") if f"{n}_gbps" in row)
         print(f"b={b:<3} hq={hq:<2} hk={hk:<2} sk={sk:<6} page={page or '-':<3} | GB/s {cells} | "
+              f"ours/read {row.get('ours_vs_read', float('nan')):.3f} | "
               f"copy-bw frac {row.get('ours_frac_copy_bw', float('nan')):.2f}", flush=True)
         del q, k, v, k_cache, v_cache
         torch.cuda.empty_cache()
+
+
+def _read_yardstick(row, k_cache, v_cache, table, keys, nbytes):
+    """Time a pure read of the very cache ours read (same layout, same page order; `kernels.kv_read`, checked to
+    have read every word) and put ours / read in the row: what no decode kernel on this cache can beat by much.
+    Each KV head's keys are cut so the read fills about two programs per SM. The check folds the whole cache: every
+    page of it must be in the table, as in `paged_copy`'s caches."""
+    from .kernels.kv_read import kv_read, xor_fold
+    from .schedule import num_sms
+
+    heads = k_cache.shape[2]
+    batch = table.shape[0] if table is not None else k_cache.shape[0]
+    splits = 1
+    while batch * heads * splits * 2 <= 2 * num_sms(k_cache.device) and keys % (256 * splits) == 0:
+        splits *= 2
+    call = kv_read(k_cache, v_cache, table, keys, splits=splits)
+    if xor_fold(call()) != xor_fold(k_cache) ^ xor_fold(v_cache):
+        row["read_error"] = "the read's fold differs from the cache's"
+        return
+    row["read_gbps"] = nbytes / bench_gpu_graph(call) / 1e9
+    row["ours_vs_read"] = row["ours_gbps"] / row["read_gbps"] if "ours_gbps" in row else float("nan")
 
 
 # -------------------------------------------------------------------------------------------------- mla
