@@ -88,3 +88,58 @@ def test_merge_bad_input():
         fmha.merge_attention_states(o, lse.half(), o, lse)
     with pytest.raises(ValueError, match=r"o\[1\]: expected shape"):
         fmha.merge_attention_states(o, lse, o[:1], lse[:1])
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("dv,parts,variable", [(128, 5, False), (128, 33, False), (512, 40, True), (64, 1, True)])
+def test_combine_kernel(target, dv, parts, variable):
+    """The split-KV combine (`kernels.combine`) against a float64 merge: uniform parts per batch, or a variable
+    number per batch (the MLA scheduler's numbering, where more parts than one tile holds are merged in chunks);
+    parts with LSE -inf (no key) weigh nothing; a row of only such parts gives 0 and the empty LSE; sinks."""
+    from fmha.kernels.combine import combine
+
+    device, dtype = target
+    torch.manual_seed(parts)
+    batch, s_q, h_q, group = 3, 2, 4, 2
+    rows_per_k = s_q * group
+    rows = (h_q // group) * rows_per_k
+    if variable:
+        counts = [parts, max(1, parts // 3), 2 if parts > 1 else 1]
+        offsets = torch.tensor([0] + list(torch.tensor(counts).cumsum(0)), dtype=torch.int32, device=device)
+        o_part = torch.randn(sum(counts), rows, dv, device=device)
+        lse_part = torch.randn(sum(counts), rows, device=device) * 4
+        slots = [list(range(int(offsets[b]), int(offsets[b + 1]))) for b in range(batch)]
+        kw = dict(split_offsets=offsets)
+        get = lambda t, b, s: t[s]
+    else:
+        o_part = torch.randn(parts, batch, rows, dv, device=device)
+        lse_part = torch.randn(parts, batch, rows, device=device) * 4
+        slots = [list(range(parts))] * batch
+        kw = dict(num_splits=parts)
+        get = lambda t, b, s: t[s, b]
+    # Some parts saw no key; all of row 0 of batch 0's parts did not.
+    for b in range(batch):
+        for s in slots[b][::3]:
+            get(lse_part, b, s)[1] = float("-inf")
+        for s in slots[b]:
+            if b == 0:
+                get(lse_part, b, s)[0] = float("-inf")
+    sinks = torch.randn(h_q, device=device)
+    out = torch.full((batch, s_q, h_q, dv), float("nan"), dtype=dtype, device=device)
+    lse = torch.full((batch, h_q, s_q), float("nan"), device=device)
+    combine(out, lse, o_part, lse_part, rows_per_k=rows_per_k, group=group, sinks=sinks, **kw)
+    for b in range(batch):
+        if len(slots[b]) == 1 and variable:
+            continue                          # one part: the split kernel wrote it as final output
+        o = torch.stack([get(o_part, b, s) for s in slots[b]]).double().cpu()
+        l = torch.stack([get(lse_part, b, s) for s in slots[b]]).double().cpu()
+        lse_ref = torch.logsumexp(l, 0)
+        w = torch.where(torch.isinf(lse_ref), 0.0, torch.exp(l - lse_ref))
+        o_ref = (w[..., None] * o).sum(0)
+        for r in range(rows):
+            kv_head, q_pos, q_head = r // rows_per_k, (r % rows_per_k) // group, (r // rows_per_k) * group + r % group
+            keep = 1.0 if torch.isinf(lse_ref[r]) else 1.0 / (1.0 + math.exp(float(sinks[q_head]) - float(lse_ref[r])))
+            tol = 3e-2 if dtype == torch.bfloat16 else 5e-3
+            torch.testing.assert_close(out[b, q_pos, q_head].double().cpu(), o_ref[r] * keep, atol=tol, rtol=tol)
+            got = float(lse[b, q_head, q_pos])
+            assert got == float(lse_ref[r]) if torch.isinf(lse_ref[r]) else abs(got - float(lse_ref[r])) < 1e-4
