@@ -17,16 +17,17 @@ from .common import LOG2E, sink_keep
 
 @triton.jit
 def combine_kernel(O, LSE, O_PART, LSE_PART, SPLIT_OFFSETS, SINKS,
-                   num_splits, group, rows_per_k, empty_lse,
+                   num_splits, group, rows_per_k, total_rows, empty_lse,
                    stride_ob, stride_os, stride_oh, stride_lseb, stride_lseh, stride_lses,
                    stride_ps, stride_pb, stride_pr, stride_lps, stride_lpb,
-                   DV: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_S: tl.constexpr,
+                   DV: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr,
                    VARIABLE_SPLITS: tl.constexpr, HAS_SINKS: tl.constexpr):
-    # One program per (batch, packed row). The parts are read BLOCK_S at a time as one tile, not one after
-    # another: a merge of 32 parts over 4 programs, each waiting on 2 x 32 dependent loads, took ~10% of a
-    # b=1 long-context decode call.
+    # A program merges BLOCK_R packed rows of one batch. Parts go BLOCK_S at a time through an unrolled loop, so
+    # their loads are all in flight together: a plain loop waited on one part's load after another, and a b=1
+    # long-context decode call (32 parts over 4 programs) spent ~6% of its time there.
     b = tl.program_id(0)
-    row = tl.program_id(1)
+    rows = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_ok = rows < total_rows
     if VARIABLE_SPLITS:
         first = tl.load(SPLIT_OFFSETS + b)
         n = tl.load(SPLIT_OFFSETS + b + 1) - first
@@ -34,43 +35,51 @@ def combine_kernel(O, LSE, O_PART, LSE_PART, SPLIT_OFFSETS, SINKS,
         first = 0
         n = num_splits
     if n != 1:
-        offs_s = tl.arange(0, BLOCK_S)
         offs_d = tl.arange(0, BLOCK_DV)
-        o_part = O_PART + b.to(tl.int64) * stride_pb + row.to(tl.int64) * stride_pr + offs_d[None, :]
-        lse_part = LSE_PART + b.to(tl.int64) * stride_lpb + row
-        # Online over chunks of parts (one chunk unless a batch has more than BLOCK_S parts).
-        m = float("-inf")
-        den = 0.0
-        acc = tl.zeros([BLOCK_DV], dtype=tl.float32)
+        o_mask = row_ok[:, None] & (offs_d < DV)[None, :]
+        o_part = O_PART + b.to(tl.int64) * stride_pb + rows.to(tl.int64)[:, None] * stride_pr + offs_d[None, :]
+        lse_part = LSE_PART + b.to(tl.int64) * stride_lpb + rows
+        # Online over the groups of parts (one group unless a batch has more than BLOCK_S parts).
+        m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
+        den = tl.zeros([BLOCK_R], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_R, BLOCK_DV], dtype=tl.float32)
         for s0 in range(0, n, BLOCK_S):
-            slot = (first + s0 + offs_s).to(tl.int64)
-            s_ok = s0 + offs_s < n
-            lse_c = tl.load(lse_part + slot * stride_lps, mask=s_ok, other=float("-inf"))
-            m_new = tl.maximum(m, tl.max(lse_c, 0))
+            m_new = m
+            for j in tl.static_range(BLOCK_S):
+                slot = (first + s0 + j).to(tl.int64)
+                lse_j = tl.load(lse_part + slot * stride_lps, mask=row_ok & (s0 + j < n), other=float("-inf"))
+                m_new = tl.maximum(m_new, lse_j)
             m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)     # no part seen yet: weights 0, not NaN
             alpha = tl.exp2((m - m_shift) * LOG2E)
-            w = tl.exp2((lse_c - m_shift) * LOG2E)
-            o_c = tl.load(o_part + slot[:, None] * stride_ps, mask=s_ok[:, None] & (offs_d < DV)[None, :], other=0.0)
-            acc = acc * alpha + tl.sum(w[:, None] * o_c, 0)
-            den = den * alpha + tl.sum(w, 0)
+            acc = acc * alpha[:, None]
+            den = den * alpha
+            for j in tl.static_range(BLOCK_S):
+                slot = (first + s0 + j).to(tl.int64)
+                ok = s0 + j < n
+                lse_j = tl.load(lse_part + slot * stride_lps, mask=row_ok & ok, other=float("-inf"))
+                w = tl.exp2((lse_j - m_shift) * LOG2E)
+                acc += w[:, None] * tl.load(o_part + slot * stride_ps, mask=o_mask & ok, other=0.0)
+                den += w
             m = m_new
         m_shift = tl.where(m == float("-inf"), 0.0, m)
         empty = den == 0.0
-        out = acc / tl.where(empty, 1.0, den)
+        out = acc / tl.where(empty, 1.0, den)[:, None]
         lse = tl.where(empty, empty_lse, m_shift + tl.log(tl.where(empty, 1.0, den)))
-        kv_head = row // rows_per_k
-        r = row % rows_per_k
+        kv_head = rows // rows_per_k
+        r = rows % rows_per_k
         q_pos = r // group
         q_head = kv_head * group + r % group
         if HAS_SINKS:
-            out = out * sink_keep(lse, empty, tl.load(SINKS + q_head))
+            out = out * sink_keep(lse, empty, tl.load(SINKS + q_head, mask=row_ok, other=0.0))[:, None]
         o_row = O + b.to(tl.int64) * stride_ob + q_pos * stride_os + q_head * stride_oh
-        tl.store(o_row + offs_d, out.to(O.dtype.element_ty), mask=offs_d < DV)
-        tl.store(LSE + b.to(tl.int64) * stride_lseb + q_head * stride_lseh + q_pos * stride_lses, lse)
+        tl.store(o_row[:, None] + offs_d[None, :], out.to(O.dtype.element_ty), mask=o_mask)
+        tl.store(LSE + b.to(tl.int64) * stride_lseb + q_head * stride_lseh + q_pos * stride_lses, lse, mask=row_ok)
 
 
-# Parts x value columns held in one tile (fp32): 64 parts at dv = 128, 16 at dv = 512.
-_TILE_ELEMENTS = 8192
+# fp32 values of the parts' tiles a program has in flight at once (BLOCK_R x BLOCK_S x BLOCK_DV); at most 16 parts
+# unrolled.
+_IN_FLIGHT = 8192
+_MAX_GROUP = 16
 
 
 def combine(out, lse, o_part, lse_part, *, rows_per_k, group, split_offsets=None, num_splits=0, sinks=None,
@@ -81,18 +90,24 @@ def combine(out, lse, o_part, lse_part, *, rows_per_k, group, split_offsets=None
     splits (`num_splits` slots per batch), without it when `split_offsets (b + 1,)` numbers each batch's slots.
     A row's packed index is `kv_head * rows_per_k + q_pos * group + (q_head % group)`.
     """
+    from ..schedule import num_sms
+
     batch, dv = out.shape[0], out.shape[-1]
     total_rows = o_part.shape[-2]
     per_batch = split_offsets is None
     block_dv = triton.next_power_of_2(dv)
-    most = num_splits if per_batch else o_part.shape[0]        # parts one batch can have
-    block_s = max(2, min(triton.next_power_of_2(max(most, 1)), _TILE_ELEMENTS // block_dv))
-    combine_kernel[(batch, total_rows)](
+    # Parts per batch: exact for uniform splits, the average for the scheduler's (a batch with more loops).
+    parts = num_splits if per_batch else -(-o_part.shape[0] // max(batch, 1))
+    block_s = min(_MAX_GROUP, triton.next_power_of_2(max(parts, 2)))
+    # Rows per program: as many as the in-flight budget allows while the grid still covers every SM twice.
+    block_r = max(1, min(_IN_FLIGHT // (block_s * block_dv), batch * total_rows // (2 * num_sms(out.device)), 8))
+    block_r = 1 << (block_r.bit_length() - 1)
+    combine_kernel[(batch, triton.cdiv(total_rows, block_r))](
         out, lse, o_part, lse_part, split_offsets, sinks,
-        num_splits, group, rows_per_k, empty_lse,
+        num_splits, group, rows_per_k, total_rows, empty_lse,
         out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1), lse.stride(2),
         o_part.stride(0), o_part.stride(1) if per_batch else 0, o_part.stride(-2),
         lse_part.stride(0), lse_part.stride(1) if per_batch else 0,
-        DV=dv, BLOCK_DV=block_dv, BLOCK_S=block_s,
+        DV=dv, BLOCK_DV=block_dv, BLOCK_R=block_r, BLOCK_S=block_s,
         VARIABLE_SPLITS=not per_batch, HAS_SINKS=sinks is not None, num_warps=4,
     )
