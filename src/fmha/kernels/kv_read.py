@@ -51,7 +51,7 @@ def kv_read_kernel(K, V, OUT, TABLE, keys, page, table_stride,
 def kv_read(k_cache, v_cache, block_table, keys, *, whole_row=False, warps=8, block_n=None, splits=1):
     """A callable that reads the first `keys` keys of every sequence of a full cache once: k/v contiguous
     `(batch, keys, heads, d)` or paged `(pages, page_size, heads, d)` with `block_table`. `keys` must be a
-    multiple of block_n * splits (whole rows: of heads * block_n). Returns the programs' XOR folds."""
+    multiple of block_n * splits (whole rows: of heads * block_n). The callable returns the programs' XOR folds."""
     heads, d = k_cache.shape[2], k_cache.shape[3]
     batch = block_table.shape[0] if block_table is not None else k_cache.shape[0]
     ki, vi = k_cache.view(torch.int32), v_cache.view(torch.int32)
