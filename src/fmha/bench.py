@@ -320,11 +320,10 @@ def _read_yardstick(row, k_cache, v_cache, table, keys, nbytes):
     from .kernels.kv_read import kv_read, xor_fold
     from .schedule import num_sms
 
-    heads = k_cache.shape[2]
-    batch = table.shape[0] if table is not None else k_cache.shape[0]
+    programs = k_cache.shape[2] * (table.shape[0] if table is not None else k_cache.shape[0])
     splits = 1
-    while batch * heads * splits * 2 <= 2 * num_sms(k_cache.device) and keys % (256 * splits) == 0:
-        splits *= 2
+    while programs * splits <= num_sms(k_cache.device) and keys % (256 * splits) == 0:
+        splits *= 2            # doubling keeps the grid within two programs per SM and whole 128-key steps
     call = kv_read(k_cache, v_cache, table, keys, splits=splits)
     if xor_fold(call()) != xor_fold(k_cache) ^ xor_fold(v_cache):
         row["read_error"] = "the read's fold differs from the cache's"
