@@ -3,20 +3,79 @@ against the portable `triton.language` one. For tuning; `fmha bench mla` is the 
 
     PYTHONPATH=src python3 benchmarks/probe_mla.py [N] [--out probe.json]     # the first N cases
     PYTHONPATH=src python3 benchmarks/probe_mla.py --varlen --overheads 0 2 5   # planner A/B, Gluon only
+    PYTHONPATH=src python3 benchmarks/probe_mla.py --versions /tmp/base.py    # kernel A/B, Gluon only
+
+`--versions` times other copies of `kernels/mla_decode_sm90.py` (e.g. `git show REV:src/fmha/kernels/mla_decode_sm90.py
+> /tmp/base.py`) beside the package's own, in the same process and interleaved, each checked against the package's
+output first.
 
 `--varlen` draws each sequence's length around the case's (a normal with a quarter of it as deviation, as FlashMLA's
 test does); `--overheads` times the Gluon kernel once per `schedule.plan_mla` piece overhead instead of against the
 portable kernel.
 """
 import argparse
+import importlib.util
+import os
 
 import torch
+
+import fmha.kernels.mla_decode_sm90
 
 import fmha.mla as ours_mla
 from fmha.bench import _portable_mla, attention_flops, bench_gpu_graph, paged_copy, save_sweep
 from fmha.schedule import mla_num_parts, num_sms, plan_mla
 
 CASES = [(128, 8192, 128, 1), (128, 8192, 32, 1), (128, 8192, 16, 2), (128, 8192, 16, 1)]
+VERSION_CASES = [(128, 8192, 128, 1), (128, 4096, 128, 1), (128, 8192, 128, 2), (128, 8192, 64, 1),
+                 (128, 8192, 16, 1), (128, 4096, 32, 1)]
+
+
+def load_version(path):
+    """A copy of `mla_decode_sm90.py` at `path`, imported as a module of `fmha.kernels` (relative imports work)."""
+    name = "fmha.kernels._version_" + os.path.splitext(os.path.basename(path))[0]
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_versions(paths, out):
+    """Each case: the package's Gluon kernel and every copy, output checked against the package's, then timed
+    three times round-robin (median of each); the rows carry TFLOP/s and GB/s per version."""
+    own = fmha.kernels.mla_decode_sm90
+    versions = [("package", own)] + [(os.path.basename(p), load_version(p)) for p in paths]
+    rows = []
+    for b, sk, hq, sq in VERSION_CASES:
+        torch.manual_seed(0)
+        q = torch.randn(b, sq, hq, 576, device="cuda", dtype=torch.bfloat16)
+        kv = torch.randn(b, sk, 1, 576, device="cuda", dtype=torch.bfloat16)
+        cache, table = paged_copy(64, kv)
+        lens = torch.full((b,), sk, dtype=torch.int32, device="cuda")
+        flops = attention_flops(b, sq, sk, hq, 576, 512, causal=sq > 1)
+        nbytes = b * sk * 576 * 2 + q.numel() * 2 + b * sq * hq * 512 * 2
+        meta, splits = ours_mla.get_mla_metadata(lens, sq * hq, 1)
+        run = lambda: ours_mla.flash_mla_with_kvcache(q, cache, table, lens, 512, meta, splits, causal=sq > 1)
+        times = {name: [] for name, _ in versions}
+        ref = run()[0].float()
+        for name, module in versions:
+            fmha.kernels.mla_decode_sm90 = module
+            err = (run()[0].float() - ref).abs().max().item()
+            assert err < 2e-2, f"{name}: max diff {err} against the package's kernel"
+        for _ in range(3):
+            for name, module in versions:
+                fmha.kernels.mla_decode_sm90 = module
+                times[name].append(bench_gpu_graph(run))
+        fmha.kernels.mla_decode_sm90 = own
+        row = dict(b=b, sk=sk, hq=hq, sq=sq)
+        for name, ts in times.items():
+            t = sorted(ts)[1]
+            row[f"{name}_tflops"], row[f"{name}_gbps"] = flops / t / 1e12, nbytes / t / 1e9
+        rows.append(row)
+        print(f"b={b} sk={sk} hq={hq} sq={sq}: " + ", ".join(
+            f"{name} {row[f'{name}_tflops']:6.1f} TFLOP/s {row[f'{name}_gbps']:6.0f} GB/s" for name in times), flush=True)
+        del q, kv, cache
+    if out:
+        save_sweep(out, rows)
 
 
 def main():
@@ -25,7 +84,10 @@ def main():
     p.add_argument("--out", default=None, help="also write the rows as JSON (GPU, date, commit recorded)")
     p.add_argument("--varlen", action="store_true", help="lengths drawn around each case's")
     p.add_argument("--overheads", type=int, nargs="*", default=None, help="plan_mla piece overheads to compare")
+    p.add_argument("--versions", nargs="*", default=None, help="other copies of mla_decode_sm90.py to time")
     args = p.parse_args()
+    if args.versions is not None:
+        return run_versions(args.versions, args.out)
     rows = []
     for b, sk, hq, sq in CASES[: args.n]:
         torch.manual_seed(0)

@@ -244,7 +244,7 @@ GLUON_MLA_SCRIPT = textwrap.dedent('''
     consts = dict(CAUSAL=causal, HAS_SINKS=sinks, SPARSE=sparse, FP8=fp8, HAS_MAX=sparse and not fp8, HAS_ROPE=rope,
                   EXTRA=extra,
                   CONSUMER_REGS=M.CONSUMER_REGS)
-    ptrs = dict(q_lat_desc=desc(64, 256), q_rope_desc=desc(64, 64), k_lat_desc=desc(64, M.CHUNK.value),
+    ptrs = dict(q_lat_desc=desc(64, 256), q_rope_desc=desc(64, 64), k_lat_desc=desc(64, 256),
                 k_rope_desc=desc(64, 64), o_desc=desc(64, 256), o_part_desc=desc(64, 256, "fp32", gl.float32),
                 LSE="*fp32", LSE_PART="*fp32", SCHED="*i32", SEQLENS="*i32", SPLIT_OFFSETS="*i32", SINKS="*fp32",
                 BLOCK_TABLE="*i32", KV_LAT=f"*{dt}", K_ROPE=f"*{dt}", VALID_LENS="*i32", MAX_LOGITS="*fp32",

@@ -72,12 +72,7 @@ SCHED_FIELDS = gl.constexpr(_SCHED_FIELDS)
 PART_L = gl.constexpr(0)
 PART_R = gl.constexpr(1)
 PART_ROPE = gl.constexpr(2)
-# A TMA-loaded latent half lands as four 64-column chunks, each on its own barrier, so its Q·Kᵀ starts on the
-# first chunk while the others are still in flight (FlashMLA's fine-grained TMA / wgmma pipelining); a
-# gathered part arrives whole, on its first chunk's barrier. Barriers per ring slot: L0-L3, R0-R3, RoPE.
-CHUNK = gl.constexpr(64)
-CHUNKS = gl.constexpr(4)          # HALF // CHUNK
-BARS = gl.constexpr(9)            # 2 * CHUNKS + 1
+PARTS = gl.constexpr(3)
 # FP8 cache layouts (`_kv_fp8.py`): V3.2, 656 bytes a key: 512 e4m3 | 4 fp32 scales | 64 bf16 RoPE values;
 # model1 (V4), 584 bytes: 448 e4m3 | 64 bf16 RoPE values | 7 UE8M0 scales | a padding byte.
 V32 = gl.constexpr(1)
@@ -111,22 +106,15 @@ def _score_part(q_lat, q_rope, bufs, t, s, PART: gl.constexpr, GATHER: gl.conste
     model1's half R also takes the RoPE part's values)."""
     k_lat, k_rope, k_ready, k_raw, k_scale = bufs
     slot = t % STAGES
+    _landed(k_ready, t, PART, GATHER)
     if PART == PART_ROPE:
-        _landed(k_ready, t, PART, GATHER)
         s = warpgroup_mma(q_rope, k_rope.index(slot).permute((1, 0)), s, is_async=True)
-    elif GATHER:
-        _landed(k_ready, t, PART, GATHER)
+    else:
         if FP8 != 0:
             if (FP8 == MODEL1) and (PART == PART_R):
                 _landed(k_ready, t, PART_ROPE, GATHER)
             _dequant(bufs, slot, PART, FP8)
         s = warpgroup_mma(q_lat.index(PART), k_lat.index(2 * slot + PART).permute((1, 0)), s, is_async=True)
-    else:
-        for j in gl.static_range(CHUNKS):
-            _landed(k_ready, t, PART, GATHER, j)
-            s = warpgroup_mma(q_lat.index(PART).slice(CHUNK * j, CHUNK, dim=1),
-                              k_lat.index(2 * slot + PART).slice(CHUNK * j, CHUNK, dim=1).permute((1, 0)), s,
-                              is_async=True)
     return s
 
 
@@ -144,29 +132,11 @@ def _scores(q_lat, q_rope, bufs, t, FIRST: gl.constexpr, s_layout: gl.constexpr,
 
 
 @gluon.jit
-def _bar(k_ready, slot, PART: gl.constexpr, J: gl.constexpr):
-    """Ring slot `slot`'s ready barrier of part PART (chunk J of a TMA-loaded latent half). Each (part, chunk)
-    has its own allocation: Triton puts a warpgroup barrier between two waits on one allocation, and a score
-    tile waits on up to nine."""
-    return k_ready[CHUNKS * PART + J].index(slot)
-
-
-@gluon.jit
-def _ready_bars(count: gl.constexpr):
-    """One (part, chunk)'s ready barriers, one per ring slot."""
-    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(bars.index(i), count=count)
-    return bars
-
-
-@gluon.jit
-def _landed(k_ready, t, PART: gl.constexpr, GATHER: gl.constexpr, J: gl.constexpr = 0):
-    """Wait until part PART of key tile t (a TMA-loaded latent half: its chunk J) is in shared memory. A
-    gathered part was written by cp.async, through the generic proxy: fence it before the tensor cores (the
-    async proxy) read it. Each warpgroup waits for every gathered part it reads itself (the wait on a completed
-    phase returns at once)."""
-    mbarrier.wait(_bar(k_ready, t % STAGES, PART, J), (t // STAGES) & 1)
+def _landed(k_ready, t, PART: gl.constexpr, GATHER: gl.constexpr):
+    """Wait until part PART of key tile t is in shared memory. A gathered part was written by cp.async, through
+    the generic proxy: fence it before the tensor cores (the async proxy) read it. Each warpgroup waits for
+    every gathered part it reads itself (the wait on a completed phase returns at once)."""
+    mbarrier.wait(k_ready.index(PARTS * (t % STAGES) + PART), (t // STAGES) & 1)
     if GATHER:
         fence_async_shared()
 
@@ -313,13 +283,13 @@ def _gather_parts(src, n, bufs, slot, FIRST: gl.constexpr, SECOND: gl.constexpr,
     k_lat, k_rope, k_ready, k_raw, k_scale = bufs
     keys = _key_rows(src, n, KEY_ROWS, SPARSE)
     _gather_part(src, keys, bufs, slot, FIRST, FP8)
-    async_copy.mbarrier_arrive(_bar(k_ready, slot, FIRST, 0), increment_count=False)
+    async_copy.mbarrier_arrive(k_ready.index(PARTS * slot + FIRST), increment_count=False)
     if SECOND >= 0:
         _gather_part(src, keys, bufs, slot, SECOND, FP8)
-        async_copy.mbarrier_arrive(_bar(k_ready, slot, SECOND, 0), increment_count=False)
+        async_copy.mbarrier_arrive(k_ready.index(PARTS * slot + SECOND), increment_count=False)
     if THIRD >= 0:
         _gather_part(src, keys, bufs, slot, THIRD, FP8)
-        async_copy.mbarrier_arrive(_bar(k_ready, slot, THIRD, 0), increment_count=False)
+        async_copy.mbarrier_arrive(k_ready.index(PARTS * slot + THIRD), increment_count=False)
 
 
 @gluon.jit
@@ -409,21 +379,17 @@ def _load_parts(kv, bufs, n, t, FIRST: gl.constexpr, SECOND: gl.constexpr, THIRD
 
 @gluon.jit
 def _tma_part(k_lat_desc, k_rope_desc, bufs, page, row, slot, PART: gl.constexpr):
-    """Part PART of the tile at row `row` of page `page` by TMA: a latent half as four 64-column copies, each
-    on its chunk's barrier; the RoPE columns as one."""
+    """One TMA copy: part PART of the tile at row `row` of page `page`, on the part's barrier."""
     k_lat, k_rope, k_ready, k_raw, k_scale = bufs
+    bar = k_ready.index(PARTS * slot + PART)
     if PART == PART_ROPE:
-        bar = _bar(k_ready, slot, PART, 0)
         mbarrier.expect(bar, k_rope_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(k_rope_desc, [page, row, 0], bar,
                                         k_rope.index(slot).reshape(k_rope_desc.block_type.shape))
     else:
-        for j in gl.static_range(CHUNKS):
-            bar = _bar(k_ready, slot, PART, j)
-            mbarrier.expect(bar, k_lat_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(k_lat_desc, [page, row, PART * HALF + CHUNK * j], bar,
-                                            k_lat.index(2 * slot + PART).reshape([1, BLOCK_N, HALF]).slice(
-                                                CHUNK * j, CHUNK, dim=2))
+        mbarrier.expect(bar, k_lat_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_lat_desc, [page, row, PART * HALF], bar,
+                                        k_lat.index(2 * slot + PART).reshape(k_lat_desc.block_type.shape))
 
 
 @gluon.jit
@@ -714,13 +680,13 @@ def mla_decode_sm90_kernel(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_d
     q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     q_ready = q_bars.index(0)
     q_free = q_bars.index(1)
-    # A TMA load arrives once (with its byte count); a gather once per thread of the loading warpgroup.
-    CNT: gl.constexpr = 128 if GATHER else 1
-    k_ready = (_ready_bars(CNT), _ready_bars(CNT), _ready_bars(CNT), _ready_bars(CNT), _ready_bars(CNT),
-               _ready_bars(CNT), _ready_bars(CNT), _ready_bars(CNT), _ready_bars(CNT))
+    k_ready = gl.allocate_shared_memory(gl.int64, [PARTS * STAGES, 1], mbarrier.MBarrierLayout())
     handoff = gl.allocate_shared_memory(gl.int64, [7, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_ready, count=1)
     mbarrier.init(q_free, count=2)
+    for i in gl.static_range(PARTS * STAGES):
+        # A TMA load arrives once (with its byte count); a gather once per thread of the loading warpgroup.
+        mbarrier.init(k_ready.index(i), count=128 if GATHER else 1)
     for i in gl.static_range(7):
         mbarrier.init(handoff.index(i), count=1)
 
@@ -839,7 +805,7 @@ def mla_decode_forward_sm90(views, q_lat, q_rope, kv_lat, k_rope, block_table, c
     part_view = ([o_part.shape[0], rows_per_k, 2 * half], [o_part.stride(0), o_part.stride(1), 1])
     page_size = kv_lat.shape[1]
     descs = (descriptor(q_lat, vq, [1, rows, half]), descriptor(q_rope, vr, [1, rows, dt]) if rope else None,
-             None if gather else descriptor(kv_lat, vk, [1, BLOCK_N.value, CHUNK.value]),
+             None if gather else descriptor(kv_lat, vk, [1, BLOCK_N.value, half]),
              descriptor(k_rope, vkr, [1, BLOCK_N.value, dt]) if rope and not gather else None,
              descriptor(out, vo, [1, rows, half]), descriptor(o_part, part_view, [1, rows, half]))
     if extra is not None:
