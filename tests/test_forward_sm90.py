@@ -21,6 +21,8 @@ SHAPES = [
     (3, 700, 300, 4, 1, 64),        # Sq > Sk at d = 64 / 256: causal items with no key tile at all
     (2, 300, 100, 4, 2, 256),
     (1, 4096, 4096, 4, 4, 64),
+    (1, 1000, 1064, 4, 2, 64),      # causal diagonal 64 keys off the tiles: warpgroup 0's last tile at half width
+    (1, 1064, 1000, 4, 2, 64),      # (or not), on every item
     (2, 513, 1027, 4, 4, 256),
     (1, 100, 2000, 2, 1, 256),
 ]
@@ -103,3 +105,22 @@ def test_gluon_three_consumer_warpgroups(shape, causal, tiles, monkeypatch):
     monkeypatch.setitem(forward_sm90._WIDE_TILES, d, tiles)
     got, lse = fmha.attention(q, k, v, causal=causal, return_lse=True)
     assert_matches(got, lse, attention_ref(q, k, v, causal=causal), torch.bfloat16)
+
+
+@pytest.mark.parametrize("shape", [(2, 1000, 1500, 16, 4, 128), (3, 700, 300, 4, 1, 128), (1, 1000, 1064, 4, 2, 128)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_gluon_causal_half_tiles_d128(shape):
+    """Causal d = 128 without ping-pong (the launcher's choice is with it): warpgroup 0 runs its diagonal tile at
+    half width there too."""
+    from fmha.kernels import forward_sm90
+    torch.manual_seed(sum(shape))
+    b, sq, sk, hq, hk, d = shape
+    q = poisoned((b, sq, hq, d), sq, torch.bfloat16, "cuda")
+    k = poisoned((b, sk, hk, d), sk, torch.bfloat16, "cuda")
+    v = poisoned((b, sk, hk, d), sk, torch.bfloat16, "cuda")
+    if not _gluon_ok(q, k, v):
+        pytest.skip("not an sm_90 GPU")
+    out = torch.full((b, sq, hq, d), float("nan"), dtype=torch.bfloat16, device="cuda")
+    lse = torch.full((b, hq, sq), float("nan"), device="cuda")
+    forward_sm90.attention_forward_sm90(q, k, v, out, lse, causal=True, softmax_scale=d ** -0.5, pingpong=False)
+    assert_matches(out, lse, attention_ref(q, k, v, causal=True), torch.bfloat16)

@@ -16,7 +16,8 @@ aligned). The schedule is FlashAttention-3's:
   warpgroup, tile j's softmax runs while the tensor cores do tile j-1's P·V (intra-warpgroup overlap):
   issue S_j = Q·K_jᵀ, issue O += P_{j-1}·V_{j-1}, wait for S_j, softmax, wait for O, release the slots.
   With PINGPONG the two warpgroups take turns issuing (mbarrier hand-off), so one's softmax overlaps the
-  other's matrix products.
+  other's matrix products. Causal, two warpgroups, no ping-pong, 128-key tiles (d = 64): warpgroup 0's rows
+  see only the first 64 keys of the diagonal tile, which it then runs at half width (`_half_tile`).
 
 Each tensor is seen by TMA as (batch, seqlen, columns), head h starting at column h * head_stride, so a tile
 that runs past a sequence's end gets TMA's zero fill (keys there are masked to -inf; query rows there are
@@ -164,10 +165,11 @@ def _producer(args, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, Q_BUFS: gl.cons
 @gluon.jit
 def _softmax_tile(s, i, m_i, l_i, q_pos, diag, seqlen_k, qk_scale_log2, mask_from,
                   BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, s_layout: gl.constexpr):
-    """Fold the raw scores of key tile `i` into (m_i, l_i); returns the probabilities and the rescale factor."""
+    """Fold the raw scores of key tile `i` (of BLOCK_N keys; `s` may hold only its first columns) into (m_i, l_i);
+    returns the probabilities and the rescale factor."""
     if i >= mask_from:            # a tile that crosses the sequence end or the causal diagonal
         # One comparison per score: the column against the row's last visible column of this tile.
-        cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        cols = gl.arange(0, s.shape[1], layout=gl.SliceLayout(0, s_layout))
         last = gl.full([ROWS], seqlen_k - 1 - i * BLOCK_N, gl.int32, gl.SliceLayout(1, s_layout))
         if CAUSAL:
             last = gl.minimum(last, q_pos + diag - i * BLOCK_N)
@@ -210,6 +212,48 @@ def _skip_tiles(k_ready, k_empty, v_ready, v_empty, start, stop, STAGES: gl.cons
 
 
 @gluon.jit
+def _half_tile(q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, c, acc, m_i, l_i, p_op, HAS_PREV: gl.constexpr,
+               q_pos, diag, seqlen_k, qk_scale_log2, i, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+               CAUSAL: gl.constexpr):
+    """The last key tile of a causal item for warpgroup 0 when its rows see only the tile's first ROWS keys
+    (the diagonal tile of a 128-row item over 128-key tiles): S and P·V over those keys alone, half the tile's
+    work. Ring position c; with HAS_PREV the previous tile's P·V (`p_op` against position c - 1) is issued
+    beside S, as in the main loop. Returns (acc, m_i, l_i) with this tile's P·V done."""
+    h_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, ROWS, 16])
+    p_layout: gl.constexpr = p_op.type.layout
+    slot = c % STAGES
+    mbarrier.wait(k_ready.index(slot), (c // STAGES) & 1)
+    s_tok = warpgroup_mma(q, k_smem.index(slot).slice(0, ROWS, dim=0).permute((1, 0)),
+                          gl.zeros([ROWS, ROWS], gl.float32, h_layout), use_acc=False, is_async=True)
+    if HAS_PREV:
+        prev = (c - 1) % STAGES
+        o_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+        s = warpgroup_mma_wait(1, deps=(s_tok,))
+    else:
+        s = warpgroup_mma_wait(0, deps=(s_tok,))
+    mbarrier.arrive(k_empty.index(slot), count=1)
+    # The row vectors' layout follows the score tile's; the rows sit in the same threads either way.
+    row_h: gl.constexpr = gl.SliceLayout(1, h_layout)
+    row_s: gl.constexpr = m_i.type.layout
+    p, m_h, l_h, alpha = _softmax_tile(s, i, gl.convert_layout(m_i, row_h), gl.convert_layout(l_i, row_h),
+                                       gl.convert_layout(q_pos, row_h), diag, seqlen_k, qk_scale_log2, i, BLOCK_N,
+                                       CAUSAL, h_layout)
+    m_i = gl.convert_layout(m_h, row_s)
+    l_i = gl.convert_layout(l_h, row_s)
+    if HAS_PREV:
+        acc = warpgroup_mma_wait(0, deps=(o_tok,))
+        mbarrier.arrive(v_empty.index(prev), count=1)
+    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None]
+    p_half = gl.convert_layout(p.to(q.dtype), p_layout)
+    mbarrier.wait(v_ready.index(slot), (c // STAGES) & 1)
+    o_tok = warpgroup_mma(p_half, v_smem.index(slot).slice(0, ROWS, dim=0), acc, is_async=True)
+    acc = warpgroup_mma_wait(0, deps=(o_tok,))
+    mbarrier.arrive(v_empty.index(slot), count=1)
+    return acc, m_i, l_i
+
+
+@gluon.jit
 def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.constexpr, STAGES: gl.constexpr,
               Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, WGS: gl.constexpr):
     """Consumer warpgroup WG of WGS; `shared` holds the arguments common to all of them (one tuple, so that the
@@ -228,6 +272,7 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
     dtype: gl.constexpr = q_smem.dtype
     zero_s = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
     diag = seqlen_k - seqlen_q
+    HALF_DIAG: gl.constexpr = CAUSAL and (WGS == 2) and (not PINGPONG) and (BLOCK_N == 2 * ROWS) and (WG == 0)
     kv = 0                        # the producer's counters, kept in step
     w = 0
     turns = 0                     # wgmma issue rounds so far (PINGPONG)
@@ -252,6 +297,14 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
                 n_mine = 0
             if CAUSAL:
                 n_mine = gl.minimum(n_mine, gl.cdiv(gl.maximum(m0 + ROWS + diag, 0), BLOCK_N))
+        # Warpgroup 0 of a causal 128-row item over 128-key tiles: when its rows see only the first ROWS keys
+        # of its last tile (the diagonal tile), that tile runs at half width (`_half_tile`). Not with ping-pong
+        # (both warpgroups must take the same turns) or three warpgroups (whole tiles are trimmed there).
+        n_full = n_mine
+        half_last = False
+        if HALF_DIAG:
+            half_last = (n_mine > 0) & (m0 + ROWS + diag <= (n_mine - 1) * BLOCK_N + ROWS)
+            n_full = n_mine - half_last.to(gl.int32)
         # First key tile that needs a mask for some row of this warpgroup.
         mask_from = seqlen_k // BLOCK_N
         if CAUSAL:
@@ -260,7 +313,7 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
         m_i = gl.full([ROWS], float("-inf"), gl.float32, row_s)
         l_i = gl.zeros([ROWS], gl.float32, row_s)
         q = q_smem.index(WGS * qb + WG)
-        if n_mine > 0:
+        if n_full > 0:
             slot = kv % STAGES
             mbarrier.wait(k_ready.index(slot), (kv // STAGES) & 1)
             turns = _take_turn(turn, turns, WG, PINGPONG)
@@ -270,7 +323,7 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
             mbarrier.arrive(k_empty.index(slot), count=1)
             p, m_i, l_i, alpha = _softmax_tile(s, 0, m_i, l_i, q_pos, diag, seqlen_k, qk_scale_log2, mask_from,
                                                BLOCK_N, CAUSAL, s_layout)
-            for i in range(1, n_mine):
+            for i in range(1, n_full):
                 # Issue S_i = Q·K_iᵀ and O += P_{i-1}·V_{i-1}; the softmax of S_i runs while P·V is on the
                 # tensor cores.
                 c = kv + i
@@ -291,16 +344,25 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
                                                    mask_from, BLOCK_N, CAUSAL, s_layout)
                 acc = warpgroup_mma_wait(0, deps=(o_tok,))
                 mbarrier.arrive(v_empty.index(prev), count=1)
-            c = kv + n_mine - 1
+            c = kv + n_full - 1
             last = c % STAGES
             acc = acc * gl.convert_layout(alpha, row_o)[:, None]
             p_op = gl.convert_layout(p.to(dtype), p_layout)
             mbarrier.wait(v_ready.index(last), (c // STAGES) & 1)
-            turns = _take_turn(turn, turns, WG, PINGPONG)
-            o_tok = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
-            _give_turn(turn, WG, PINGPONG)
-            acc = warpgroup_mma_wait(0, deps=(o_tok,))
-            mbarrier.arrive(v_empty.index(last), count=1)
+            if half_last:
+                acc, m_i, l_i = _half_tile(q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, c + 1, acc, m_i,
+                                           l_i, p_op, True, q_pos, diag, seqlen_k, qk_scale_log2, n_full, BLOCK_N,
+                                           STAGES, CAUSAL)
+            else:
+                turns = _take_turn(turn, turns, WG, PINGPONG)
+                o_tok = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
+                _give_turn(turn, WG, PINGPONG)
+                acc = warpgroup_mma_wait(0, deps=(o_tok,))
+                mbarrier.arrive(v_empty.index(last), count=1)
+        elif half_last:           # the item's only tile, at half width
+            acc, m_i, l_i = _half_tile(q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv, acc, m_i, l_i,
+                                       gl.zeros([ROWS, ROWS], dtype, p_layout), False, q_pos, diag, seqlen_k,
+                                       qk_scale_log2, 0, BLOCK_N, STAGES, CAUSAL)
         _skip_tiles(k_ready, k_empty, v_ready, v_empty, kv + n_mine, kv + n_tiles, STAGES)
         mbarrier.arrive(q_empty.index(qb), count=1)
         kv += n_tiles
