@@ -268,6 +268,7 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    store_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     dtype: gl.constexpr = q_smem.dtype
     zero_s = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
     diag = seqlen_k - seqlen_q
@@ -372,9 +373,9 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
         empty = l_i == 0.0
         lse = gl.where(empty, float("-inf"), (m_i + gl.log2(gl.where(empty, 1.0, l_i))) * LN2)
         inv_l = gl.convert_layout(1.0 / gl.where(empty, 1.0, l_i), row_o)
-        out = (acc * inv_l[:, None]).to(O.dtype.element_ty)
-        rows = m0 + gl.arange(0, ROWS, layout=row_o)
-        cols = gl.arange(0, HEAD_DV, layout=gl.SliceLayout(0, o_layout))
+        out = gl.convert_layout((acc * inv_l[:, None]).to(O.dtype.element_ty), store_layout)
+        rows = m0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, store_layout))
+        cols = gl.arange(0, HEAD_DV, layout=gl.SliceLayout(0, store_layout))
         o_ptrs = O + b * stride_ob + h * stride_oh + rows[:, None] * stride_os + cols[None, :]
         gl.store(o_ptrs, out, mask=(rows < seqlen_q)[:, None])
         gl.store(LSE + b * stride_lb + h * stride_lh + q_pos * stride_ls, lse, mask=q_pos < seqlen_q)
