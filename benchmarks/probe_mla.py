@@ -14,7 +14,6 @@ test does); `--overheads` times the Gluon kernel once per `schedule.plan_mla` pi
 portable kernel.
 """
 import argparse
-import importlib.util
 import os
 
 import torch
@@ -22,7 +21,7 @@ import torch
 import fmha.kernels.mla_decode_sm90
 
 import fmha.mla as ours_mla
-from fmha.bench import _portable_mla, attention_flops, bench_gpu_graph, paged_copy, save_sweep
+from fmha.bench import _portable_mla, attention_flops, bench_gpu_graph, load_module_copy, paged_copy, save_sweep
 from fmha.schedule import mla_num_parts, num_sms, plan_mla
 
 CASES = [(128, 8192, 128, 1), (128, 8192, 32, 1), (128, 8192, 16, 2), (128, 8192, 16, 1)]
@@ -30,20 +29,11 @@ VERSION_CASES = [(128, 8192, 128, 1), (128, 4096, 128, 1), (128, 8192, 128, 2), 
                  (128, 8192, 16, 1), (128, 4096, 32, 1)]
 
 
-def load_version(path):
-    """A copy of `mla_decode_sm90.py` at `path`, imported as a module of `fmha.kernels` (relative imports work)."""
-    name = "fmha.kernels._version_" + os.path.splitext(os.path.basename(path))[0]
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def run_versions(paths, out):
     """Each case: the package's Gluon kernel and every copy, output checked against the package's, then timed
     three times round-robin (median of each); the rows carry TFLOP/s and GB/s per version."""
     own = fmha.kernels.mla_decode_sm90
-    versions = [("package", own)] + [(os.path.basename(p), load_version(p)) for p in paths]
+    versions = [("package", own)] + [(os.path.basename(p), load_module_copy(p)) for p in paths]
     rows = []
     for b, sk, hq, sq in VERSION_CASES:
         torch.manual_seed(0)

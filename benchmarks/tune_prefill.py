@@ -14,7 +14,6 @@ three consumer warpgroups ignore; `--tiles` keeps only the named configs). `--ve
 SDPA's FlashAttention-2 backend (`vs_fa2`).
 """
 import argparse
-import importlib.util
 import itertools
 import os
 
@@ -22,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from fmha.bench import attention_flops, bench_gpu, save_sweep
+from fmha.bench import attention_flops, bench_gpu, load_module_copy, save_sweep
 from fmha.kernels.forward import attention_forward
 
 # head_dim -> [(BLOCK_M, BLOCK_N, num_warps, num_stages)]
@@ -37,15 +36,6 @@ GLUON_CONFIGS = {64: [(128, 3, 2, 232, 2), (128, 4, 2, 232, 2), (128, 2, 2, 232,
                       (128, 3, 2, 160, 3), (128, 2, 2, 160, 3)],
                  128: [(128, 2, 2, 232, 2), (128, 2, 1, 232, 2), (64, 4, 2, 232, 2), (64, 3, 2, 232, 2)],
                  256: [(64, 2, 1, 232, 2), (32, 4, 1, 232, 2)]}
-
-
-def load_version(path):
-    """A copy of `forward_sm90.py` at `path`, imported as a module of `fmha.kernels` (its relative imports work)."""
-    name = "fmha.kernels._version_" + os.path.splitext(os.path.basename(path))[0]
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def variants(kernel, d, all_configs, pingpongs=(True, False), module=None, keep=None):
@@ -84,7 +74,7 @@ def main():
     p.add_argument("--tiles", nargs="*", default=None, help="gluon: only these configs, e.g. 128,4,2,232,2")
     args = p.parse_args()
     keep = None if args.tiles is None else {tuple(int(x) for x in t.split(",")) for t in args.tiles}
-    versions = [("package", None)] + [(os.path.basename(v), load_version(v)) for v in args.versions]
+    versions = [("package", None)] + [(os.path.basename(v), load_module_copy(v)) for v in args.versions]
     pingpongs = (True, False) if args.pingpong is None else (args.pingpong == "on",)
     rows = []
     for d, s, causal in itertools.product(args.dims, args.seqs, (False, True)):

@@ -33,18 +33,25 @@ def _gluon_ok(q, k, v):
     return torch.cuda.get_device_capability()[0] == 9 and forward_sm90.supported(q, k, v)
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_gluon_prefill(shape, causal, dtype):
+def _inputs(shape, dtype=torch.bfloat16):
+    """q, k, v of `shape` (seeded by it), with batch and sequence strides padded with NaN rows and columns the
+    kernel must not read; skips unless the Gluon path takes them."""
     torch.manual_seed(sum(shape))
     b, sq, sk, hq, hk, d = shape
-    # Batch and sequence strides padded with NaN rows and columns the kernel must not read.
     q = poisoned((b, sq, hq, d), sq, dtype, "cuda")
     k = poisoned((b, sk, hk, d), sk, dtype, "cuda")
     v = poisoned((b, sk, hk, d), sk, dtype, "cuda")
     if not _gluon_ok(q, k, v):
         pytest.skip("not an sm_90 GPU")
+    return q, k, v
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_gluon_prefill(shape, causal, dtype):
+    b, sq, sk, hq, hk, d = shape
+    q, k, v = _inputs(shape, dtype)
     out = torch.full((b, sq, hq, d), float("nan"), dtype=dtype, device="cuda")
     got, lse = fmha.attention(q, k, v, causal=causal, return_lse=True, out=out)
     assert_matches(got, lse, attention_ref(q, k, v, causal=causal), dtype)
@@ -94,13 +101,8 @@ def test_gluon_three_consumer_warpgroups(shape, causal, tiles, monkeypatch):
     """The 192-row variant (three consumer warpgroups, the tiles' last field) on masked and unmasked calls,
     whichever the tables pick."""
     from fmha.kernels import forward_sm90
-    torch.manual_seed(sum(shape))
     b, sq, sk, hq, hk, d = shape
-    q = poisoned((b, sq, hq, d), sq, torch.bfloat16, "cuda")
-    k = poisoned((b, sk, hk, d), sk, torch.bfloat16, "cuda")
-    v = poisoned((b, sk, hk, d), sk, torch.bfloat16, "cuda")
-    if not _gluon_ok(q, k, v):
-        pytest.skip("not an sm_90 GPU")
+    q, k, v = _inputs(shape)
     monkeypatch.setitem(forward_sm90._TILES, d, tiles)
     monkeypatch.setitem(forward_sm90._WIDE_TILES, d, tiles)
     got, lse = fmha.attention(q, k, v, causal=causal, return_lse=True)
@@ -113,13 +115,8 @@ def test_gluon_causal_half_tiles_d128(shape):
     """Causal d = 128 without ping-pong (the launcher's choice is with it): warpgroup 0 runs its diagonal tile at
     half width there too."""
     from fmha.kernels import forward_sm90
-    torch.manual_seed(sum(shape))
     b, sq, sk, hq, hk, d = shape
-    q = poisoned((b, sq, hq, d), sq, torch.bfloat16, "cuda")
-    k = poisoned((b, sk, hk, d), sk, torch.bfloat16, "cuda")
-    v = poisoned((b, sk, hk, d), sk, torch.bfloat16, "cuda")
-    if not _gluon_ok(q, k, v):
-        pytest.skip("not an sm_90 GPU")
+    q, k, v = _inputs(shape)
     out = torch.full((b, sq, hq, d), float("nan"), dtype=torch.bfloat16, device="cuda")
     lse = torch.full((b, hq, sq), float("nan"), device="cuda")
     forward_sm90.attention_forward_sm90(q, k, v, out, lse, causal=True, softmax_scale=d ** -0.5, pingpong=False)

@@ -557,6 +557,18 @@ def _commit(explicit):
         return "unknown"
 
 
+def load_module_copy(path, package="fmha.kernels"):
+    """A copy of one of `package`'s modules at `path` (e.g. a kernel file from an earlier commit), imported as a
+    module of that package so that its relative imports work: the tuning scripts' A/B of two kernel versions."""
+    import importlib.util
+
+    name = f"{package}._version_" + os.path.splitext(os.path.basename(path))[0]
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def save_sweep(path, rows):
     """A tuning sweep's rows as JSON, with the GPU, date and commit (FMHA_COMMIT or git) recorded."""
     with open(path, "w") as f:
