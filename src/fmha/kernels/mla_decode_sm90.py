@@ -72,7 +72,6 @@ SCHED_FIELDS = gl.constexpr(_SCHED_FIELDS)
 PART_L = gl.constexpr(0)
 PART_R = gl.constexpr(1)
 PART_ROPE = gl.constexpr(2)
-PARTS = gl.constexpr(3)
 # FP8 cache layouts (`_kv_fp8.py`): V3.2, 656 bytes a key: 512 e4m3 | 4 fp32 scales | 64 bf16 RoPE values;
 # model1 (V4), 584 bytes: 448 e4m3 | 64 bf16 RoPE values | 7 UE8M0 scales | a padding byte.
 V32 = gl.constexpr(1)
@@ -132,11 +131,20 @@ def _scores(q_lat, q_rope, bufs, t, FIRST: gl.constexpr, s_layout: gl.constexpr,
 
 
 @gluon.jit
+def _bars(n: gl.constexpr, count: gl.constexpr):
+    """n mbarriers in an allocation of their own, each expecting `count` arrivals."""
+    bars = gl.allocate_shared_memory(gl.int64, [n, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(n):
+        mbarrier.init(bars.index(i), count=count)
+    return bars
+
+
+@gluon.jit
 def _landed(k_ready, t, PART: gl.constexpr, GATHER: gl.constexpr):
     """Wait until part PART of key tile t is in shared memory. A gathered part was written by cp.async, through
     the generic proxy: fence it before the tensor cores (the async proxy) read it. Each warpgroup waits for
     every gathered part it reads itself (the wait on a completed phase returns at once)."""
-    mbarrier.wait(k_ready.index(PARTS * (t % STAGES) + PART), (t // STAGES) & 1)
+    mbarrier.wait(k_ready[PART].index(t % STAGES), (t // STAGES) & 1)
     if GATHER:
         fence_async_shared()
 
@@ -283,13 +291,13 @@ def _gather_parts(src, n, bufs, slot, FIRST: gl.constexpr, SECOND: gl.constexpr,
     k_lat, k_rope, k_ready, k_raw, k_scale = bufs
     keys = _key_rows(src, n, KEY_ROWS, SPARSE)
     _gather_part(src, keys, bufs, slot, FIRST, FP8)
-    async_copy.mbarrier_arrive(k_ready.index(PARTS * slot + FIRST), increment_count=False)
+    async_copy.mbarrier_arrive(k_ready[FIRST].index(slot), increment_count=False)
     if SECOND >= 0:
         _gather_part(src, keys, bufs, slot, SECOND, FP8)
-        async_copy.mbarrier_arrive(k_ready.index(PARTS * slot + SECOND), increment_count=False)
+        async_copy.mbarrier_arrive(k_ready[SECOND].index(slot), increment_count=False)
     if THIRD >= 0:
         _gather_part(src, keys, bufs, slot, THIRD, FP8)
-        async_copy.mbarrier_arrive(k_ready.index(PARTS * slot + THIRD), increment_count=False)
+        async_copy.mbarrier_arrive(k_ready[THIRD].index(slot), increment_count=False)
 
 
 @gluon.jit
@@ -381,7 +389,7 @@ def _load_parts(kv, bufs, n, t, FIRST: gl.constexpr, SECOND: gl.constexpr, THIRD
 def _tma_part(k_lat_desc, k_rope_desc, bufs, page, row, slot, PART: gl.constexpr):
     """One TMA copy: part PART of the tile at row `row` of page `page`, on the part's barrier."""
     k_lat, k_rope, k_ready, k_raw, k_scale = bufs
-    bar = k_ready.index(PARTS * slot + PART)
+    bar = k_ready[PART].index(slot)
     if PART == PART_ROPE:
         mbarrier.expect(bar, k_rope_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(k_rope_desc, [page, row, 0], bar,
@@ -505,7 +513,7 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
                     p = gl.exp2(s - _shift(m_new)[:, None])
                     _put_rows(sm_mine, m_new)
                     _put_rows(sa_mine, alpha)
-                    _signal(handoff.index(0))
+                    _signal(handoff[0].index(0))
                     l_i = l_i * alpha + gl.sum(p, 1)
                     acc = acc * gl.convert_layout(alpha, row_o)[:, None]
                     v0 = k_lat.index(2 * (c % STAGES))
@@ -513,19 +521,19 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
                         _zero_tail(v0, seqlen - n0)
                     o_tok = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v0, acc, is_async=True)
                     # WG1's max: rescale P0 to it and hand P0 over in this tile's RoPE slot.
-                    mbarrier.wait(handoff.index(1), ph)
+                    mbarrier.wait(handoff[1].index(0), ph)
                     alpha1 = sa_other.load(row_s)
                     m_i = sm_other.load(row_s)
                     k_rope.index(c % STAGES).store((p * alpha1[:, None]).to(dtype))
                     fence_async_shared()
-                    _signal(handoff.index(2))
+                    _signal(handoff[2].index(0))
                     acc = warpgroup_mma_wait(0, deps=(o_tok,))
                     if i + 2 < take:          # this slot's half L is free: the next pair's first tile
                         _load_parts(kv, bufs, n0 + 2 * BLOCK_N, c + 2, PART_L, -1, -1, SPARSE, FP8, ROPE_PART,
                                     EXTRA)
                     acc = acc * gl.convert_layout(alpha1, row_o)[:, None]
                     l_i = l_i * alpha1
-                    mbarrier.wait(handoff.index(3), ph)
+                    mbarrier.wait(handoff[3].index(0), ph)
                     if has1:
                         slot1 = (c + 1) % STAGES
                         v1 = k_lat.index(2 * slot1)
@@ -547,14 +555,14 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
                                   qk_scale_log2, key_ok, s_layout, SPARSE)
                     else:
                         s = gl.full([ROWS, BLOCK_N], float("-inf"), gl.float32, s_layout)
-                    mbarrier.wait(handoff.index(0), ph)
+                    mbarrier.wait(handoff[0].index(0), ph)
                     m0 = sm_other.load(row_s)
                     alpha0 = sa_other.load(row_s)
                     m_new = gl.maximum(m0, gl.max(s, 1))
                     alpha1 = gl.exp2(m0 - _shift(m_new))
                     _put_rows(sm_mine, m_new)
                     _put_rows(sa_mine, alpha1)
-                    _signal(handoff.index(1))
+                    _signal(handoff[1].index(0))
                     m_i = m_new
                     scale = alpha0 * alpha1
                     acc = acc * gl.convert_layout(scale, row_o)[:, None]
@@ -566,14 +574,14 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
                         l_i = l_i + gl.sum(p, 1)
                         k_rope.index(slot1).store(p.to(dtype))
                         fence_async_shared()
-                        _signal(handoff.index(3))
+                        _signal(handoff[3].index(0))
                         v1 = k_lat.index(2 * slot1 + 1)
                         if n1 + BLOCK_N > zero_from:
                             _zero_tail(v1, seqlen - n1)
                         o_tok = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v1, o_tok, is_async=True)
                     else:
-                        _signal(handoff.index(3))
-                    mbarrier.wait(handoff.index(2), ph)
+                        _signal(handoff[3].index(0))
+                    mbarrier.wait(handoff[2].index(0), ph)
                     v0 = k_lat.index(2 * (c % STAGES) + 1)
                     if GATHER:                    # scored by warpgroup 0: wait for its gather here too
                         _landed(k_ready, c, PART_R, GATHER)
@@ -595,8 +603,8 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
 
             # Row sums: each warpgroup has the part over the tiles whose scores it computed.
             _put_rows(rows_smem.index(4 + WG), l_i)
-            _signal(handoff.index(4 + WG))
-            mbarrier.wait(handoff.index(5 - WG), w & 1)
+            _signal(handoff[4 + WG].index(0))
+            mbarrier.wait(handoff[5 - WG].index(0), w & 1)
             l_i = l_i + rows_smem.index(5 - WG).load(row_s)
             empty = l_i == 0.0
             inv = gl.convert_layout(gl.where(empty, 0.0, 1.0 / gl.where(empty, 1.0, l_i)), row_o)
@@ -629,7 +637,7 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
                 lse = gl.where(empty, float("-inf"), lse2 * LN2)
                 slot = gl.load(SPLIT_OFFSETS + b) + split
                 if WG == 1:
-                    mbarrier.wait(handoff.index(6), staged & 1)
+                    mbarrier.wait(handoff[6].index(0), staged & 1)
                 f32_stage = q_lat._reinterpret(gl.float32, [1, ROWS, HALF], f32_layout)
                 f32_stage.reshape([ROWS, HALF]).store(out)
                 fence_async_shared()
@@ -639,7 +647,7 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
                     gl.store(LSE_PART + slot.to(gl.int64) * stride_lps + offs_m, lse, mask=offs_m < rows_per_k)
                 tma.store_wait(0)
                 if WG == 0:
-                    _signal(handoff.index(6))
+                    _signal(handoff[6].index(0))
                 staged += 1
             _signal(q_free)
             w += 1
@@ -680,15 +688,14 @@ def mla_decode_sm90_kernel(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_d
     q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     q_ready = q_bars.index(0)
     q_free = q_bars.index(1)
-    k_ready = gl.allocate_shared_memory(gl.int64, [PARTS * STAGES, 1], mbarrier.MBarrierLayout())
-    handoff = gl.allocate_shared_memory(gl.int64, [7, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_ready, count=1)
     mbarrier.init(q_free, count=2)
-    for i in gl.static_range(PARTS * STAGES):
-        # A TMA load arrives once (with its byte count); a gather once per thread of the loading warpgroup.
-        mbarrier.init(k_ready.index(i), count=128 if GATHER else 1)
-    for i in gl.static_range(7):
-        mbarrier.init(handoff.index(i), count=1)
+    # Each part's ready barriers (one per ring slot) and each hand-off barrier in an allocation of its own: Triton
+    # puts a warpgroup barrier between two waits on barriers of one allocation, and a tile pair has a dozen waits.
+    # A TMA load arrives once (with its byte count); a gather once per thread of the loading warpgroup.
+    k_ready = (_bars(STAGES, 128 if GATHER else 1), _bars(STAGES, 128 if GATHER else 1),
+               _bars(STAGES, 128 if GATHER else 1))
+    handoff = (_bars(1, 1), _bars(1, 1), _bars(1, 1), _bars(1, 1), _bars(1, 1), _bars(1, 1), _bars(1, 1))
 
     # Two argument lists that differ only in WG: built once as a tuple, Gluon lost its constexpr None entries
     # (the descriptors a call does not use) and the kernel no longer compiled.
