@@ -214,14 +214,14 @@ def _skip_tiles(k_ready, k_empty, v_ready, v_empty, start, stop, STAGES: gl.cons
 @gluon.jit
 def _half_tile(q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, c, acc, m_i, l_i, p_op, HAS_PREV: gl.constexpr,
                q_pos, diag, seqlen_k, qk_scale_log2, i, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-               CAUSAL: gl.constexpr):
+               CAUSAL: gl.constexpr, p_layout: gl.constexpr):
     """The last key tile of a causal item for warpgroup 0 when its rows see only the tile's first ROWS keys
     (the diagonal tile of a 128-row item over 128-key tiles): S and P·V over those keys alone, half the tile's
     work. Ring position c; with HAS_PREV the previous tile's P·V (`p_op` against position c - 1) is issued
-    beside S, as in the main loop. Returns (acc, m_i, l_i) with this tile's P·V done."""
+    beside S, as in the main loop (without it `p_op` is None). `p_layout`: P's operand layout for P·V. Returns
+    (acc, m_i, l_i) with this tile's P·V done."""
     h_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, ROWS, 16])
-    p_layout: gl.constexpr = p_op.type.layout
     slot = c % STAGES
     mbarrier.wait(k_ready.index(slot), (c // STAGES) & 1)
     s_tok = warpgroup_mma(q, k_smem.index(slot).slice(0, ROWS, dim=0).permute((1, 0)),
@@ -352,7 +352,7 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
             if half_last:
                 acc, m_i, l_i = _half_tile(q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, c + 1, acc, m_i,
                                            l_i, p_op, True, q_pos, diag, seqlen_k, qk_scale_log2, n_full, BLOCK_N,
-                                           STAGES, CAUSAL)
+                                           STAGES, CAUSAL, p_layout)
             else:
                 turns = _take_turn(turn, turns, WG, PINGPONG)
                 o_tok = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
@@ -361,8 +361,8 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
                 mbarrier.arrive(v_empty.index(last), count=1)
         elif half_last:           # the item's only tile, at half width
             acc, m_i, l_i = _half_tile(q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv, acc, m_i, l_i,
-                                       gl.zeros([ROWS, ROWS], dtype, p_layout), False, q_pos, diag, seqlen_k,
-                                       qk_scale_log2, 0, BLOCK_N, STAGES, CAUSAL)
+                                       None, False, q_pos, diag, seqlen_k, qk_scale_log2, 0, BLOCK_N, STAGES, CAUSAL,
+                                       p_layout)
         _skip_tiles(k_ready, k_empty, v_ready, v_empty, kv + n_mine, kv + n_tiles, STAGES)
         mbarrier.arrive(q_empty.index(qb), count=1)
         kv += n_tiles

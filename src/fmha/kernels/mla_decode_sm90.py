@@ -140,6 +140,12 @@ def _bars(n: gl.constexpr, count: gl.constexpr):
 
 
 @gluon.jit
+def _bar(count: gl.constexpr):
+    """One mbarrier in an allocation of its own."""
+    return _bars(1, count).index(0)
+
+
+@gluon.jit
 def _landed(k_ready, t, PART: gl.constexpr, GATHER: gl.constexpr):
     """Wait until part PART of key tile t is in shared memory. A gathered part was written by cp.async, through
     the generic proxy: fence it before the tensor cores (the async proxy) read it. Each warpgroup waits for
@@ -513,7 +519,7 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
                     p = gl.exp2(s - _shift(m_new)[:, None])
                     _put_rows(sm_mine, m_new)
                     _put_rows(sa_mine, alpha)
-                    _signal(handoff[0].index(0))
+                    _signal(handoff[0])
                     l_i = l_i * alpha + gl.sum(p, 1)
                     acc = acc * gl.convert_layout(alpha, row_o)[:, None]
                     v0 = k_lat.index(2 * (c % STAGES))
@@ -521,19 +527,19 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
                         _zero_tail(v0, seqlen - n0)
                     o_tok = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v0, acc, is_async=True)
                     # WG1's max: rescale P0 to it and hand P0 over in this tile's RoPE slot.
-                    mbarrier.wait(handoff[1].index(0), ph)
+                    mbarrier.wait(handoff[1], ph)
                     alpha1 = sa_other.load(row_s)
                     m_i = sm_other.load(row_s)
                     k_rope.index(c % STAGES).store((p * alpha1[:, None]).to(dtype))
                     fence_async_shared()
-                    _signal(handoff[2].index(0))
+                    _signal(handoff[2])
                     acc = warpgroup_mma_wait(0, deps=(o_tok,))
                     if i + 2 < take:          # this slot's half L is free: the next pair's first tile
                         _load_parts(kv, bufs, n0 + 2 * BLOCK_N, c + 2, PART_L, -1, -1, SPARSE, FP8, ROPE_PART,
                                     EXTRA)
                     acc = acc * gl.convert_layout(alpha1, row_o)[:, None]
                     l_i = l_i * alpha1
-                    mbarrier.wait(handoff[3].index(0), ph)
+                    mbarrier.wait(handoff[3], ph)
                     if has1:
                         slot1 = (c + 1) % STAGES
                         v1 = k_lat.index(2 * slot1)
@@ -555,14 +561,14 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
                                   qk_scale_log2, key_ok, s_layout, SPARSE)
                     else:
                         s = gl.full([ROWS, BLOCK_N], float("-inf"), gl.float32, s_layout)
-                    mbarrier.wait(handoff[0].index(0), ph)
+                    mbarrier.wait(handoff[0], ph)
                     m0 = sm_other.load(row_s)
                     alpha0 = sa_other.load(row_s)
                     m_new = gl.maximum(m0, gl.max(s, 1))
                     alpha1 = gl.exp2(m0 - _shift(m_new))
                     _put_rows(sm_mine, m_new)
                     _put_rows(sa_mine, alpha1)
-                    _signal(handoff[1].index(0))
+                    _signal(handoff[1])
                     m_i = m_new
                     scale = alpha0 * alpha1
                     acc = acc * gl.convert_layout(scale, row_o)[:, None]
@@ -574,14 +580,14 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
                         l_i = l_i + gl.sum(p, 1)
                         k_rope.index(slot1).store(p.to(dtype))
                         fence_async_shared()
-                        _signal(handoff[3].index(0))
+                        _signal(handoff[3])
                         v1 = k_lat.index(2 * slot1 + 1)
                         if n1 + BLOCK_N > zero_from:
                             _zero_tail(v1, seqlen - n1)
                         o_tok = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v1, o_tok, is_async=True)
                     else:
-                        _signal(handoff[3].index(0))
-                    mbarrier.wait(handoff[2].index(0), ph)
+                        _signal(handoff[3])
+                    mbarrier.wait(handoff[2], ph)
                     v0 = k_lat.index(2 * (c % STAGES) + 1)
                     if GATHER:                    # scored by warpgroup 0: wait for its gather here too
                         _landed(k_ready, c, PART_R, GATHER)
@@ -603,8 +609,8 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
 
             # Row sums: each warpgroup has the part over the tiles whose scores it computed.
             _put_rows(rows_smem.index(4 + WG), l_i)
-            _signal(handoff[4 + WG].index(0))
-            mbarrier.wait(handoff[5 - WG].index(0), w & 1)
+            _signal(handoff[4 + WG])
+            mbarrier.wait(handoff[5 - WG], w & 1)
             l_i = l_i + rows_smem.index(5 - WG).load(row_s)
             empty = l_i == 0.0
             inv = gl.convert_layout(gl.where(empty, 0.0, 1.0 / gl.where(empty, 1.0, l_i)), row_o)
@@ -637,7 +643,7 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
                 lse = gl.where(empty, float("-inf"), lse2 * LN2)
                 slot = gl.load(SPLIT_OFFSETS + b) + split
                 if WG == 1:
-                    mbarrier.wait(handoff[6].index(0), staged & 1)
+                    mbarrier.wait(handoff[6], staged & 1)
                 f32_stage = q_lat._reinterpret(gl.float32, [1, ROWS, HALF], f32_layout)
                 f32_stage.reshape([ROWS, HALF]).store(out)
                 fence_async_shared()
@@ -647,7 +653,7 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
                     gl.store(LSE_PART + slot.to(gl.int64) * stride_lps + offs_m, lse, mask=offs_m < rows_per_k)
                 tma.store_wait(0)
                 if WG == 0:
-                    _signal(handoff[6].index(0))
+                    _signal(handoff[6])
                 staged += 1
             _signal(q_free)
             w += 1
@@ -695,7 +701,7 @@ def mla_decode_sm90_kernel(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_d
     # A TMA load arrives once (with its byte count); a gather once per thread of the loading warpgroup.
     k_ready = (_bars(STAGES, 128 if GATHER else 1), _bars(STAGES, 128 if GATHER else 1),
                _bars(STAGES, 128 if GATHER else 1))
-    handoff = (_bars(1, 1), _bars(1, 1), _bars(1, 1), _bars(1, 1), _bars(1, 1), _bars(1, 1), _bars(1, 1))
+    handoff = (_bar(1), _bar(1), _bar(1), _bar(1), _bar(1), _bar(1), _bar(1))
 
     # Two argument lists that differ only in WG: built once as a tuple, Gluon lost its constexpr None entries
     # (the descriptors a call does not use) and the kernel no longer compiled.
