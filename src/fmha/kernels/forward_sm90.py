@@ -6,9 +6,8 @@ or left window, `head_dim_qk == head_dim_v` in {64, 128, 256}, q/k/v strides tha
 aligned). The schedule is FlashAttention-3's:
 
 * persistent: one program per SM runs work items (128 or 192 query rows of one head) until none is left:
-  a program takes the next untaken item (an atomic counter; with two-slot rings before the current item ends,
-  so that the atomic does not stall the ring); causal items go out in L2-sized chunks of heads, longest first
-  inside a chunk (`_work_item`, `_next_item`);
+  a program takes the next untaken item when it starts one (an atomic counter); causal items go out in
+  L2-sized chunks of heads, longest first inside a chunk (`_work_item`, `_next_item`);
 * a one-warp producer partition: Q (double-buffered, so the next item's Q lands during this one) and K and
   V tiles through `STAGES`-deep rings of shared-memory slots, each completing on its own mbarrier; K and V
   slots are released separately (K after Q·Kᵀ, V after P·V), so loads run a full tile ahead;
@@ -138,14 +137,12 @@ def _producer(args, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, Q_BUFS: gl.cons
     q_box: gl.constexpr = q_desc.block_type.shape
     kv = 0                        # K/V tiles loaded so far: position in the ring and its phase
     w = 0                         # work items so far: the Q buffer and its phase
-    # When the next item is taken (one atomic, an L2 round trip). With a two-slot ring (d = 128 / 256), taken at the
-    # end of an item the atomic stalled the ring at every item boundary; it now overlaps loads of the current item:
-    # unmasked, the next item is taken when this one starts (`history/tune_prefill_lookahead_h100_*.json`: 4k
-    # +5..+10%, 1k -1..+3.5%); causal, whose items differ in length and whose balance an early take upset (-1..-5%
-    # in those runs), AHEAD key tiles before this one's end (`history/tune_prefill_takeahead_h100_*.json`: 4k
-    # +1..+8%, 1k -1.6..0%). d = 64's three-slot ring gained nothing from either and takes it at the end.
+    # Unmasked with a two-slot ring (d = 128 / 256): the next item is taken when this one starts and used at its
+    # end, so the atomic's round trip to L2 overlaps this item's loads instead of stalling the ring at the item
+    # boundary (`history/tune_prefill_lookahead_h100_*.json`: 4k +5..+10%, 1k -1..+3.5%). Causal items keep
+    # taking it at the end: there the early take cost 1-5% (the balance of unequal items; d = 64's three-slot
+    # ring gained nothing either way).
     EARLY: gl.constexpr = (not CAUSAL) and (STAGES == 2)
-    AHEAD: gl.constexpr = 2 if (CAUSAL and STAGES == 2) else 0
     t = gl.program_id(0)
     t_next = t
     while t < n_m * n_bh:
@@ -170,19 +167,11 @@ def _producer(args, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, Q_BUFS: gl.cons
         for g in gl.static_range(WGS):
             tma.async_copy_global_to_shared(q_desc, [b, m_start + g * ROWS, h * stride_qh], q_ready.index(qb),
                                             q_smem.index(WGS * qb + g).reshape(q_box))
-        split = n_tiles
-        if AHEAD > 0:
-            split = gl.maximum(n_tiles - AHEAD, head)
-        for i in range(head, split):
+        for i in range(head, n_tiles):
             kv = _load_kv_tile(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv, b, i, hk,
                                stride_kh, stride_vh, BLOCK_N, STAGES)
-        if AHEAD > 0:
-            t_next = _next_item(COUNTER)
-            for i in range(split, n_tiles):
-                kv = _load_kv_tile(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv, b, i, hk,
-                                   stride_kh, stride_vh, BLOCK_N, STAGES)
         w += 1
-        if (not EARLY) and (AHEAD == 0):
+        if not EARLY:
             t_next = _next_item(COUNTER)
         t = t_next
     # The end: an index past the last item tells the consumers to stop.
