@@ -137,17 +137,8 @@ def _producer(args, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, Q_BUFS: gl.cons
     q_box: gl.constexpr = q_desc.block_type.shape
     kv = 0                        # K/V tiles loaded so far: position in the ring and its phase
     w = 0                         # work items so far: the Q buffer and its phase
-    # Unmasked with a two-slot ring (d = 128 / 256): the next item is taken when this one starts and used at its
-    # end, so the atomic's round trip to L2 overlaps this item's loads instead of stalling the ring at the item
-    # boundary (`history/tune_prefill_lookahead_h100_*.json`: 4k +5..+10%, 1k -1..+3.5%). Causal items keep
-    # taking it at the end: there the early take cost 1-5% (the balance of unequal items; d = 64's three-slot
-    # ring gained nothing either way).
-    EARLY: gl.constexpr = (not CAUSAL) and (STAGES == 2)
     t = gl.program_id(0)
-    t_next = t
     while t < n_m * n_bh:
-        if EARLY:
-            t_next = _next_item(COUNTER)
         b, h, hk, m_start, n_tiles = _work_item(t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k,
                                                 BLOCK_N, CAUSAL, WGS)
         qb = w % Q_BUFS
@@ -171,9 +162,7 @@ def _producer(args, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, Q_BUFS: gl.cons
             kv = _load_kv_tile(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv, b, i, hk,
                                stride_kh, stride_vh, BLOCK_N, STAGES)
         w += 1
-        if not EARLY:
-            t_next = _next_item(COUNTER)
-        t = t_next
+        t = _next_item(COUNTER)
     # The end: an index past the last item tells the consumers to stop.
     qb = w % Q_BUFS
     mbarrier.wait(q_empty.index(qb), ((w // Q_BUFS) & 1) ^ 1)
