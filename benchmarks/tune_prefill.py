@@ -2,7 +2,7 @@
 
     PYTHONPATH=src python3 benchmarks/tune_prefill.py [--kernel triton|gluon] [--out tune.json]
         [--dims 64 128 256] [--seqs 4096 16384] [--all-configs] [--tiles 128,4,2,232,2 ...] [--pingpong on|off]
-        [--versions A.py B.py]
+        [--versions A.py B.py] [--reverse]
 
 Prints one line per (case, variant): TFLOP/s and the ratio to cuDNN; each variant's output is checked against
 cuDNN's before it is timed. `--kernel triton` sweeps `forward.py` (tiles × TMA on/off; fills `_GPU_TILES`),
@@ -72,6 +72,8 @@ def main():
     p.add_argument("--pingpong", choices=("on", "off"), default=None)
     p.add_argument("--versions", nargs="*", default=[], help="other copies of forward_sm90.py to time (gluon)")
     p.add_argument("--tiles", nargs="*", default=None, help="gluon: only these configs, e.g. 128,4,2,232,2")
+    p.add_argument("--reverse", action="store_true",
+                   help="time the versions in reverse order, the package's last (to separate order from version)")
     args = p.parse_args()
     keep = None if args.tiles is None else {tuple(int(x) for x in t.split(",")) for t in args.tiles}
     versions = [("package", None)] + [(os.path.basename(v), load_module_copy(v)) for v in args.versions]
@@ -91,7 +93,7 @@ def main():
         ref = sdpa(SDPBackend.CUDNN_ATTENTION).transpose(1, 2).float()
         out = torch.empty_like(q)
         lse = torch.empty(b, h, s, device="cuda")
-        runs = [(version, label, run) for version, module in versions
+        runs = [(version, label, run) for version, module in (versions[::-1] if args.reverse else versions)
                 for label, run in variants(args.kernel, d, args.all_configs, pingpongs, module, keep)]
         for version, label, run in runs:
             if len(versions) > 1:
