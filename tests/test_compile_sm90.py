@@ -182,7 +182,7 @@ GLUON_SCRIPT = textwrap.dedent('''
         layout = gl.NVMMASharedLayout.get_default_for([1, rows, d], el)
         return f"tensordesc<{dt}[1,{rows},{d}],{layout!r}>"
     consts = dict(BLOCK_N=bn, HEAD_D=d, HEAD_DV=d, STAGES=stages, Q_BUFS=q_bufs, CAUSAL=causal,
-                  PINGPONG=not causal and wgs == 2, CONSUMER_REGS=regs, WGS=wgs, SUM_MMA=d == 64 and wgs == 2)
+                  PINGPONG=not causal and wgs == 2, CONSUMER_REGS=regs, WGS=wgs)
     ptrs = dict(q_desc=desc(_ROWS), k_desc=desc(bn), v_desc=desc(bn), O=f"*{dt}", LSE="*fp32", COUNTER="*i32")
     names = list(inspect.signature(attn_fwd_sm90_kernel.fn).parameters)
     sig = {n: ptrs.get(n, "constexpr" if n in consts else ("fp32" if n == "qk_scale_log2" else "i32")) for n in names}

@@ -121,21 +121,3 @@ def test_gluon_causal_half_tiles_d128(shape):
     lse = torch.full((b, hq, sq), float("nan"), device="cuda")
     forward_sm90.attention_forward_sm90(q, k, v, out, lse, causal=True, softmax_scale=d ** -0.5, pingpong=False)
     assert_matches(out, lse, attention_ref(q, k, v, causal=True), torch.bfloat16)
-
-
-@pytest.mark.parametrize("sum_mma", [False, True], ids=["adds", "mma"])
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("shape", [(2, 700, 900, 8, 1, 64), (1, 1000, 1064, 4, 2, 64), (3, 700, 300, 4, 1, 64),
-                                   (2, 1000, 1500, 16, 4, 128), (2, 300, 100, 4, 2, 256)],
-                         ids=lambda s: "x".join(map(str, s)))
-def test_gluon_row_sums(shape, causal, sum_mma):
-    """The softmax's row sums from per-score adds or from the tensor cores (P times ones, the launcher's choice
-    for d = 64 from SUM_MMA_MIN_KEYS keys), forced either way on shorter calls and other head dims, half-width
-    diagonal tiles (1000 x 1064) and rows that see no key (Sq > Sk) included."""
-    from fmha.kernels import forward_sm90
-    b, sq, sk, hq, hk, d = shape
-    q, k, v = _inputs(shape)
-    out = torch.full((b, sq, hq, d), float("nan"), dtype=torch.bfloat16, device="cuda")
-    lse = torch.full((b, hq, sq), float("nan"), device="cuda")
-    forward_sm90.attention_forward_sm90(q, k, v, out, lse, causal=causal, softmax_scale=d ** -0.5, sum_mma=sum_mma)
-    assert_matches(out, lse, attention_ref(q, k, v, causal=causal), torch.bfloat16)

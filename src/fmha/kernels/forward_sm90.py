@@ -18,8 +18,6 @@ aligned). The schedule is FlashAttention-3's:
   With PINGPONG the two warpgroups take turns issuing (mbarrier hand-off), so one's softmax overlaps the
   other's matrix products. Causal, two warpgroups, no ping-pong, 128-key tiles (d = 64): warpgroup 0's rows
   see only the first 64 keys of the diagonal tile, which it then runs at half width (`_half_tile`).
-  d = 64 with two warpgroups over long key ranges: the row sums of P come from the tensor cores (P times a column
-  of ones, beside P·V) instead of one add per score (`SUM_MMA`).
 
 Each tensor is seen by TMA as (batch, seqlen, columns), head h starting at column h * head_stride, so a tile
 that runs past a sequence's end gets TMA's zero fill (keys there are masked to -inf; query rows there are
@@ -31,8 +29,7 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
-                                                              warpgroup_mma_wait)
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 from ..schedule import num_sms
 from .sm90 import capability, descriptor
@@ -55,11 +52,6 @@ _TILES = {64: (128, 3, 2, 232, 2), 128: (128, 2, 2, 232, 2), 256: (64, 2, 1, 232
 _WIDE_TILES = {64: (128, 3, 2, 160, 3)}
 WIDE_MIN_ROWS = 2048
 WIDE_MIN_ROWS_CAUSAL = 8192
-# Row sums of P on the tensor cores (`_issue_pv`), for d = 64 with two warpgroups from this many keys. In one process
-# against the per-score adds (`history/tune_prefill_summma_d64_h100_*.json`, three runs): 4k causal +1.4..+3.9%,
-# 4k unmasked +4.4..+4.6%; 1k unmasked -1.2..+1.6%, 1k causal -2.2..0%; d = 128 3-7% slower (its tensor cores are
-# the busier unit), three warpgroups at d = 64 level.
-SUM_MMA_MIN_KEYS = 4096
 
 
 @gluon.jit
@@ -172,10 +164,9 @@ def _producer(args, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, Q_BUFS: gl.cons
 
 @gluon.jit
 def _softmax_tile(s, i, m_i, l_i, q_pos, diag, seqlen_k, qk_scale_log2, mask_from,
-                  BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, s_layout: gl.constexpr, SUM_MMA: gl.constexpr):
+                  BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, s_layout: gl.constexpr):
     """Fold the raw scores of key tile `i` (of BLOCK_N keys; `s` may hold only its first columns) into (m_i, l_i);
-    returns the probabilities and the rescale factor. With SUM_MMA the row sums are left to the tensor cores
-    (P times a column of ones, `_issue_pv`) and l_i is returned as it came."""
+    returns the probabilities and the rescale factor."""
     if i >= mask_from:            # a tile that crosses the sequence end or the causal diagonal
         # One comparison per score: the column against the row's last visible column of this tile.
         cols = gl.arange(0, s.shape[1], layout=gl.SliceLayout(0, s_layout))
@@ -188,40 +179,8 @@ def _softmax_tile(s, i, m_i, l_i, q_pos, diag, seqlen_k, qk_scale_log2, mask_fro
     m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)
     p = gl.exp2(s * qk_scale_log2 - m_shift[:, None])
     alpha = gl.exp2(m_i - m_shift)
-    if not SUM_MMA:
-        l_i = l_i * alpha + gl.sum(p, 1)
+    l_i = l_i * alpha + gl.sum(p, 1)
     return p, m_new, l_i, alpha
-
-
-@gluon.jit
-def _rescale(acc, l_i, alpha, SUM_MMA: gl.constexpr):
-    """O, and with SUM_MMA the row-sum accumulator, times the rows' rescale factor."""
-    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None]
-    if SUM_MMA:
-        l_i = l_i * gl.convert_layout(alpha, gl.SliceLayout(1, l_i.type.layout))[:, None]
-    return acc, l_i
-
-
-@gluon.jit
-def _issue_pv(p_op, v, acc, l_i, ones, K: gl.constexpr, SUM_MMA: gl.constexpr):
-    """Issue O += P·V over K keys and, with SUM_MMA, L += P·1 (the row sums, in each of L's 8 columns, from the
-    same bf16/fp16 P as the output's weights); returns the two tokens (without SUM_MMA the second is l_i)."""
-    o_tok = warpgroup_mma(p_op, v, acc, is_async=True)
-    l_tok = l_i
-    if SUM_MMA:
-        l_tok = warpgroup_mma(p_op, ones.slice(0, K, dim=1).permute((1, 0)), l_i, is_async=True)
-    return o_tok, l_tok
-
-
-@gluon.jit
-def _wait_pv(o_tok, l_tok, l_i, SUM_MMA: gl.constexpr):
-    """Wait for `_issue_pv`'s products; returns (O, row sums). Without SUM_MMA the sums are l_i as the softmax left
-    them (the second token is then the value before it)."""
-    if SUM_MMA:
-        acc, l_i = warpgroup_mma_wait(0, deps=(o_tok, l_tok))
-    else:
-        acc = warpgroup_mma_wait(0, deps=(o_tok,))
-    return acc, l_i
 
 
 @gluon.jit
@@ -253,17 +212,9 @@ def _skip_tiles(k_ready, k_empty, v_ready, v_empty, start, stop, STAGES: gl.cons
 
 
 @gluon.jit
-def _row_vec(l_i, layout: gl.constexpr, SUM_MMA: gl.constexpr):
-    """l_i in `layout` when it is a row vector (with SUM_MMA it is the row-sum accumulator and stays as it is)."""
-    if not SUM_MMA:
-        l_i = gl.convert_layout(l_i, layout)
-    return l_i
-
-
-@gluon.jit
 def _half_tile(q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, c, acc, m_i, l_i, p_op, HAS_PREV: gl.constexpr,
-               q_pos, diag, seqlen_k, qk_scale_log2, i, ones, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-               CAUSAL: gl.constexpr, p_layout: gl.constexpr, SUM_MMA: gl.constexpr):
+               q_pos, diag, seqlen_k, qk_scale_log2, i, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+               CAUSAL: gl.constexpr, p_layout: gl.constexpr):
     """The last key tile of a causal item for warpgroup 0 when its rows see only the tile's first ROWS keys
     (the diagonal tile of a 128-row item over 128-key tiles): S and P·V over those keys alone, half the tile's
     work. Ring position c; with HAS_PREV the previous tile's P·V (`p_op` against position c - 1) is issued
@@ -277,46 +228,44 @@ def _half_tile(q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, c, acc, m_
                           gl.zeros([ROWS, ROWS], gl.float32, h_layout), use_acc=False, is_async=True)
     if HAS_PREV:
         prev = (c - 1) % STAGES
-        o_tok, l_tok = _issue_pv(p_op, v_smem.index(prev), acc, l_i, ones, BLOCK_N, SUM_MMA)
-        s = warpgroup_mma_wait(1 + SUM_MMA, deps=(s_tok,))
+        o_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+        s = warpgroup_mma_wait(1, deps=(s_tok,))
     else:
         s = warpgroup_mma_wait(0, deps=(s_tok,))
     mbarrier.arrive(k_empty.index(slot), count=1)
     # The row vectors' layout follows the score tile's; the rows sit in the same threads either way.
     row_h: gl.constexpr = gl.SliceLayout(1, h_layout)
     row_s: gl.constexpr = m_i.type.layout
-    p, m_h, l_h, alpha = _softmax_tile(s, i, gl.convert_layout(m_i, row_h), _row_vec(l_i, row_h, SUM_MMA),
+    p, m_h, l_h, alpha = _softmax_tile(s, i, gl.convert_layout(m_i, row_h), gl.convert_layout(l_i, row_h),
                                        gl.convert_layout(q_pos, row_h), diag, seqlen_k, qk_scale_log2, i, BLOCK_N,
-                                       CAUSAL, h_layout, SUM_MMA)
+                                       CAUSAL, h_layout)
     m_i = gl.convert_layout(m_h, row_s)
-    l_i = _row_vec(l_h, row_s, SUM_MMA)
+    l_i = gl.convert_layout(l_h, row_s)
     if HAS_PREV:
-        acc, l_i = _wait_pv(o_tok, l_tok, l_i, SUM_MMA)
+        acc = warpgroup_mma_wait(0, deps=(o_tok,))
         mbarrier.arrive(v_empty.index(prev), count=1)
-    acc, l_i = _rescale(acc, l_i, alpha, SUM_MMA)
+    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None]
     p_half = gl.convert_layout(p.to(q.dtype), p_layout)
     mbarrier.wait(v_ready.index(slot), (c // STAGES) & 1)
-    o_tok, l_tok = _issue_pv(p_half, v_smem.index(slot).slice(0, ROWS, dim=0), acc, l_i, ones, ROWS, SUM_MMA)
-    acc, l_i = _wait_pv(o_tok, l_tok, l_i, SUM_MMA)
+    o_tok = warpgroup_mma(p_half, v_smem.index(slot).slice(0, ROWS, dim=0), acc, is_async=True)
+    acc = warpgroup_mma_wait(0, deps=(o_tok,))
     mbarrier.arrive(v_empty.index(slot), count=1)
     return acc, m_i, l_i
 
 
 @gluon.jit
 def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.constexpr, STAGES: gl.constexpr,
-              Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, WGS: gl.constexpr,
-              SUM_MMA: gl.constexpr):
+              Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, WGS: gl.constexpr):
     """Consumer warpgroup WG of WGS; `shared` holds the arguments common to all of them (one tuple, so that the
     kernel writes them once for two or three partitions)."""
     (q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, O, LSE, n_m, n_bh,
      head_chunk, heads_q, group, seqlen_q, seqlen_k, qk_scale_log2, stride_ob, stride_os, stride_oh, stride_lb,
-     stride_lh, stride_ls, turn, ones) = shared
+     stride_lh, stride_ls, turn) = shared
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, HEAD_DV, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    l_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 8, 16])
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     store_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
@@ -362,10 +311,7 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
             mask_from = gl.minimum(mask_from, gl.maximum(m0 + diag + 1, 0) // BLOCK_N)
         acc = gl.zeros([ROWS, HEAD_DV], gl.float32, o_layout)
         m_i = gl.full([ROWS], float("-inf"), gl.float32, row_s)
-        if SUM_MMA:
-            l_i = gl.zeros([ROWS, 8], gl.float32, l_layout)
-        else:
-            l_i = gl.zeros([ROWS], gl.float32, row_s)
+        l_i = gl.zeros([ROWS], gl.float32, row_s)
         q = q_smem.index(WGS * qb + WG)
         if n_full > 0:
             slot = kv % STAGES
@@ -376,47 +322,47 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
             s = warpgroup_mma_wait(0, deps=(s_tok,))
             mbarrier.arrive(k_empty.index(slot), count=1)
             p, m_i, l_i, alpha = _softmax_tile(s, 0, m_i, l_i, q_pos, diag, seqlen_k, qk_scale_log2, mask_from,
-                                               BLOCK_N, CAUSAL, s_layout, SUM_MMA)
+                                               BLOCK_N, CAUSAL, s_layout)
             for i in range(1, n_full):
                 # Issue S_i = Q·K_iᵀ and O += P_{i-1}·V_{i-1}; the softmax of S_i runs while P·V is on the
                 # tensor cores.
                 c = kv + i
                 slot = c % STAGES
                 prev = (c - 1) % STAGES
-                acc, l_i = _rescale(acc, l_i, alpha, SUM_MMA)
+                acc = acc * gl.convert_layout(alpha, row_o)[:, None]
                 p_op = gl.convert_layout(p.to(dtype), p_layout)
                 mbarrier.wait(k_ready.index(slot), (c // STAGES) & 1)
                 mbarrier.wait(v_ready.index(prev), ((c - 1) // STAGES) & 1)
                 turns = _take_turn(turn, turns, WG, PINGPONG)
                 s_tok = warpgroup_mma(q, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False,
                                       is_async=True)
-                o_tok, l_tok = _issue_pv(p_op, v_smem.index(prev), acc, l_i, ones, BLOCK_N, SUM_MMA)
+                o_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
                 _give_turn(turn, WG, PINGPONG)
-                s = warpgroup_mma_wait(1 + SUM_MMA, deps=(s_tok,))
+                s = warpgroup_mma_wait(1, deps=(s_tok,))
                 mbarrier.arrive(k_empty.index(slot), count=1)
                 p, m_i, l_i, alpha = _softmax_tile(s, i, m_i, l_i, q_pos, diag, seqlen_k, qk_scale_log2,
-                                                   mask_from, BLOCK_N, CAUSAL, s_layout, SUM_MMA)
-                acc, l_i = _wait_pv(o_tok, l_tok, l_i, SUM_MMA)
+                                                   mask_from, BLOCK_N, CAUSAL, s_layout)
+                acc = warpgroup_mma_wait(0, deps=(o_tok,))
                 mbarrier.arrive(v_empty.index(prev), count=1)
             c = kv + n_full - 1
             last = c % STAGES
-            acc, l_i = _rescale(acc, l_i, alpha, SUM_MMA)
+            acc = acc * gl.convert_layout(alpha, row_o)[:, None]
             p_op = gl.convert_layout(p.to(dtype), p_layout)
             mbarrier.wait(v_ready.index(last), (c // STAGES) & 1)
             if half_last:
                 acc, m_i, l_i = _half_tile(q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, c + 1, acc, m_i,
-                                           l_i, p_op, True, q_pos, diag, seqlen_k, qk_scale_log2, n_full, ones,
-                                           BLOCK_N, STAGES, CAUSAL, p_layout, SUM_MMA)
+                                           l_i, p_op, True, q_pos, diag, seqlen_k, qk_scale_log2, n_full, BLOCK_N,
+                                           STAGES, CAUSAL, p_layout)
             else:
                 turns = _take_turn(turn, turns, WG, PINGPONG)
-                o_tok, l_tok = _issue_pv(p_op, v_smem.index(last), acc, l_i, ones, BLOCK_N, SUM_MMA)
+                o_tok = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
                 _give_turn(turn, WG, PINGPONG)
-                acc, l_i = _wait_pv(o_tok, l_tok, l_i, SUM_MMA)
+                acc = warpgroup_mma_wait(0, deps=(o_tok,))
                 mbarrier.arrive(v_empty.index(last), count=1)
         elif half_last:           # the item's only tile, at half width
             acc, m_i, l_i = _half_tile(q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv, acc, m_i, l_i,
-                                       None, False, q_pos, diag, seqlen_k, qk_scale_log2, 0, ones, BLOCK_N, STAGES,
-                                       CAUSAL, p_layout, SUM_MMA)
+                                       None, False, q_pos, diag, seqlen_k, qk_scale_log2, 0, BLOCK_N, STAGES, CAUSAL,
+                                       p_layout)
         _skip_tiles(k_ready, k_empty, v_ready, v_empty, kv + n_mine, kv + n_tiles, STAGES)
         mbarrier.arrive(q_empty.index(qb), count=1)
         kv += n_tiles
@@ -424,8 +370,6 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
 
         # Epilogue (overlapping the other warpgroup's tiles and the producer's next loads): normalise and
         # write the rows that exist; a row with no visible key gives 0 and LSE -inf.
-        if SUM_MMA:                   # every column of the accumulator holds the row's sum
-            l_i = gl.convert_layout(gl.max(l_i, 1), row_s)
         empty = l_i == 0.0
         lse = gl.where(empty, float("-inf"), (m_i + gl.log2(gl.where(empty, 1.0, l_i))) * LN2)
         inv_l = gl.convert_layout(1.0 / gl.where(empty, 1.0, l_i), row_o)
@@ -447,8 +391,7 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, seqlen_q, seql
                          stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls, qk_scale_log2,
                          BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, HEAD_DV: gl.constexpr,
                          STAGES: gl.constexpr, Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr,
-                         PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr, WGS: gl.constexpr,
-                         SUM_MMA: gl.constexpr):
+                         PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr, WGS: gl.constexpr):
     """Persistent: each program runs work items until none is left (`_next_item`); COUNTER is a zeroed int32."""
     n_m = gl.cdiv(seqlen_q, WGS * ROWS)
     dtype: gl.constexpr = q_desc.dtype
@@ -466,12 +409,6 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, seqlen_q, seql
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     items = gl.allocate_shared_memory(gl.int32, [Q_BUFS, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    if SUM_MMA:                   # the B operand of L += P·1: eight rows of ones, K-major as K is
-        ones = gl.allocate_shared_memory(dtype, [8, BLOCK_N], gl.NVMMASharedLayout.get_default_for([8, BLOCK_N], dtype),
-                                         gl.full([8, BLOCK_N], 1.0, dtype, gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])))
-        fence_async_shared()
-    else:
-        ones = turn               # a placeholder, never read
     mbarrier.init(turn.index(0), count=1)
     mbarrier.init(turn.index(1), count=1)
     for i in gl.static_range(Q_BUFS):
@@ -485,15 +422,15 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, seqlen_q, seql
 
     shared = (q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, O, LSE, n_m, n_bh,
               head_chunk, heads_q, group, seqlen_q, seqlen_k, qk_scale_log2, stride_ob, stride_os, stride_oh,
-              stride_lb, stride_lh, stride_ls, turn, ones)
+              stride_lb, stride_lh, stride_ls, turn)
     producer = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready,
                 v_empty, COUNTER, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, stride_qh, stride_kh,
                 stride_vh)
     # The tuples above hold no constexpr (a tuple in a variable does not keep them); those go in literally.
     if WGS == 2:
         gl.warp_specialize([
-            (_consumer, (shared, 0, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, SUM_MMA)),
-            (_consumer, (shared, 1, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, SUM_MMA)),
+            (_consumer, (shared, 0, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS)),
+            (_consumer, (shared, 1, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS)),
             (_producer, (producer, BLOCK_N, STAGES, Q_BUFS, CAUSAL, WGS)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
@@ -502,9 +439,9 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, seqlen_q, seql
         # than the workers (54 against 9 local loads per key tile at 168 and 160 registers).
         gl.warp_specialize([
             (_producer, (producer, BLOCK_N, STAGES, Q_BUFS, CAUSAL, WGS)),
-            (_consumer, (shared, 0, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, SUM_MMA)),
-            (_consumer, (shared, 1, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, SUM_MMA)),
-            (_consumer, (shared, 2, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, SUM_MMA)),
+            (_consumer, (shared, 0, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS)),
+            (_consumer, (shared, 1, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS)),
+            (_consumer, (shared, 2, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS)),
         ], [4, 4, 4], [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS])
 
 
@@ -534,13 +471,12 @@ def supported(q, k, v):
     return None if None in views else views
 
 
-def attention_forward_sm90(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None, tiles=None,
-                           sum_mma=None):
+def attention_forward_sm90(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None, tiles=None):
     """Launch the Gluon kernel. q (b, sq, hq, d), k/v (b, sk, hk, d); out (b, sq, hq, d); lse (b, hq, sq).
-    `views` are `supported`'s result when the caller has it; `pingpong`, `tiles` and `sum_mma` override the
-    automatic choices (tuning, tests)."""
+    `views` are `supported`'s result when the caller has it; `pingpong` and `tiles` override the automatic
+    choices (tuning)."""
     grid, args, meta = launch_args(q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale, views=views,
-                                   pingpong=pingpong, tiles=tiles, sum_mma=sum_mma)
+                                   pingpong=pingpong, tiles=tiles)
     attn_fwd_sm90_kernel[grid](*args, **meta)
 
 
@@ -550,7 +486,7 @@ def choose_tiles(d, causal, seqlen_q):
     return _WIDE_TILES[d] if wide else _TILES[d]
 
 
-def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None, tiles=None, sum_mma=None):
+def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None, tiles=None):
     """(grid, arguments, meta-parameters) of one launch; `benchmarks/profile_host.py` times the launch alone."""
     batch, seqlen_q, heads_q, d = q.shape
     seqlen_k, heads_k = k.shape[1], k.shape[2]
@@ -561,9 +497,6 @@ def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpon
         # a mask and level with it at 4k: on for d = 256 and causal d = 128 only.
         pingpong = d == 256 or (d == 128 and causal)
     pingpong = pingpong and wgs == 2              # the hand-off is between two warpgroups
-    if sum_mma is None:
-        sum_mma = d == 64 and seqlen_k >= SUM_MMA_MIN_KEYS
-    sum_mma = sum_mma and wgs == 2
 
     def desc(t, view, rows):
         return descriptor(t, view, [1, rows, d])
@@ -579,5 +512,5 @@ def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpon
             seqlen_k, heads_q, heads_q // heads_k, batch * heads_q, chunk, q.stride(2), k.stride(2), v.stride(2),
             out.stride(0), out.stride(1), out.stride(2), *lse.stride(), softmax_scale * LOG2E)
     meta = dict(BLOCK_N=block_n, HEAD_D=d, HEAD_DV=d, STAGES=stages, Q_BUFS=q_bufs, CAUSAL=causal,
-                PINGPONG=pingpong, CONSUMER_REGS=regs, WGS=wgs, SUM_MMA=sum_mma, num_warps=4)
+                PINGPONG=pingpong, CONSUMER_REGS=regs, WGS=wgs, num_warps=4)
     return grid, args, meta
