@@ -10,8 +10,9 @@ cuDNN's before it is timed. `--kernel triton` sweeps `forward.py` (tiles × TMA 
 `_WIDE_TILES`; without `--all-configs` only those tables' own tiles; `--pingpong` keeps one setting of it, which
 three consumer warpgroups ignore; `--tiles` keeps only the named configs). `--versions` times other copies of
 `forward_sm90.py` (e.g. one taken from an earlier commit with `git show REV:src/fmha/kernels/forward_sm90.py >
-/tmp/base.py`) beside the package's own, each with its own tables, in the same process. Each row also carries
-SDPA's FlashAttention-2 backend (`vs_fa2`).
+/tmp/base.py`) beside the package's own, each with its own tables, in the same process, each variant timed twice
+(A B .. B A) and averaged; `--reverse` starts with the last version. Each row also carries SDPA's FlashAttention-2
+backend (`vs_fa2`).
 """
 import argparse
 import itertools
@@ -95,6 +96,7 @@ def main():
         lse = torch.empty(b, h, s, device="cuda")
         runs = [(version, label, run) for version, module in (versions[::-1] if args.reverse else versions)
                 for label, run in variants(args.kernel, d, args.all_configs, pingpongs, module, keep)]
+        checked = []              # (case, label, run, max error) of the variants that compile and agree
         for version, label, run in runs:
             if len(versions) > 1:
                 label = dict(version=version, **label)
@@ -105,16 +107,26 @@ def main():
                 err = (out.float() - ref).abs().max().item()
                 if not err < 0.05:
                     raise RuntimeError(f"disagrees with cuDNN (max abs diff {err})")
-                t = bench_gpu(lambda: run(q, k, v, out, lse, causal))
             except Exception as e:
                 print(f"{case}: FAILED {type(e).__name__} {str(e).splitlines()[0][:100] if str(e) else ''}",
                       flush=True)
                 continue
+            checked.append((case, label, run, err))
+        # With several versions each variant is timed twice, in the order A B .. B A, and the two are averaged: of
+        # two back-to-back timings the second can read several percent low, whichever kernel it is (A/A runs in
+        # benchmarks/NOTES.md, fourteenth session).
+        order = checked + checked[::-1] if len(versions) > 1 else checked
+        times = {}
+        for case, label, run, err in order:
+            times.setdefault(case, []).append(bench_gpu(lambda: run(q, k, v, out, lse, causal)))
+        for case, label, run, err in checked:
+            t = sum(times[case]) / len(times[case])
             row = dict(kernel=args.kernel, d=d, s=s, causal=causal, **label, tflops=flops / t / 1e12,
                        cudnn_tflops=flops / t_ref / 1e12, vs_cudnn=t_ref / t, fa2_tflops=flops / t_fa2 / 1e12,
-                       vs_fa2=t_fa2 / t, max_err=err)
+                       vs_fa2=t_fa2 / t, max_err=err, tflops_each=[flops / x / 1e12 for x in times[case]])
             rows.append(row)
-            print(f"{case}: {row['tflops']:6.1f} TFLOP/s  cudnn {row['cudnn_tflops']:6.1f}  "
+            each = "  (" + " / ".join(f"{x:.1f}" for x in row["tflops_each"]) + ")" if len(times[case]) > 1 else ""
+            print(f"{case}: {row['tflops']:6.1f} TFLOP/s{each}  cudnn {row['cudnn_tflops']:6.1f}  "
                   f"x{row['vs_cudnn']:.3f}  fa2 x{row['vs_fa2']:.3f}  err {err:.1e}", flush=True)
     if args.out:
         save_sweep(args.out, rows)
