@@ -21,7 +21,7 @@ import torch
 import fmha.kernels.mla_decode_sm90
 
 import fmha.mla as ours_mla
-from fmha.bench import _portable_mla, attention_flops, bench_gpu_graph, load_module_copy, paged_copy, save_sweep
+from fmha.bench import _heat, _portable_mla, attention_flops, bench_gpu_graph, load_module_copy, paged_copy, save_sweep
 from fmha.schedule import mla_num_parts, num_sms, plan_mla
 
 CASES = [(128, 8192, 128, 1), (128, 8192, 32, 1), (128, 8192, 16, 2), (128, 8192, 16, 1)]
@@ -30,8 +30,10 @@ VERSION_CASES = [(128, 8192, 128, 1), (128, 4096, 128, 1), (128, 8192, 128, 2), 
 
 
 def run_versions(paths, out):
-    """Each case: the package's Gluon kernel and every copy, output checked against the package's, then timed
-    three times round-robin (median of each); the rows carry TFLOP/s and GB/s per version."""
+    """Each case: the package's Gluon kernel and every copy, output checked against the package's, run for a second
+    untimed (`fmha.bench._heat`), then timed three times round-robin, each round starting one version further on
+    (median of each: a timing's place in a burst moves it by a few percent, NOTES.md fourteenth session); the rows
+    carry TFLOP/s and GB/s per version."""
     own = fmha.kernels.mla_decode_sm90
     versions = [("package", own)] + [(os.path.basename(p), load_module_copy(p)) for p in paths]
     rows = []
@@ -51,8 +53,9 @@ def run_versions(paths, out):
             fmha.kernels.mla_decode_sm90 = module
             err = (run()[0].float() - ref).abs().max().item()
             assert err < 2e-2, f"{name}: max diff {err} against the package's kernel"
-        for _ in range(3):
-            for name, module in versions:
+        _heat([run])
+        for r in range(3):
+            for name, module in versions[r % len(versions):] + versions[:r % len(versions)]:
                 fmha.kernels.mla_decode_sm90 = module
                 times[name].append(bench_gpu_graph(run))
         fmha.kernels.mla_decode_sm90 = own
