@@ -202,6 +202,11 @@ def _portable_prefill(q, k, v, causal):
     return call
 
 
+def _error_text(e):
+    """One line for a row: the exception's type and the first line of its message."""
+    return f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
+
+
 HEAT_S = 1.0                      # seconds of the row's own calls before its first timing (`_heat`)
 
 
@@ -236,7 +241,7 @@ def _measure(row, impls, ref, flops, nbytes, *, ratio_of, graph, to_nhd):
                     raise RuntimeError(f"disagrees with ours (max abs diff {err:.3f})")
             ok[name] = fn
         except Exception as e:
-            row[f"{name}_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
+            row[f"{name}_error"] = _error_text(e)
     _heat(list(ok.values()))
     for name, fn in ok.items():
         try:
@@ -253,7 +258,7 @@ def _measure(row, impls, ref, flops, nbytes, *, ratio_of, graph, to_nhd):
             row[f"{name}_tflops"] = flops / t / 1e12
             row[f"{name}_gbps"] = nbytes / t / 1e9
         except Exception as e:
-            row[f"{name}_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
+            row[f"{name}_error"] = _error_text(e)
     for name in impls:
         if name != "ours" and f"{name}_{ratio_of}" in row and f"ours_{ratio_of}" in row:
             row[f"ours_vs_{name}"] = row[f"ours_{ratio_of}"] / row[f"{name}_{ratio_of}"]
