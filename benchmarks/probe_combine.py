@@ -6,24 +6,16 @@ planner cuts sequences into parts there). CUDA-graph timing; each output is chec
     PYTHONPATH=src python3 benchmarks/probe_combine.py OLD.py [--out probe.json]
 """
 import argparse
-import importlib.util
 
 import torch
 
 import fmha
 import fmha.mla as mla
-from fmha.bench import bench_gpu_graph, paged_copy, save_sweep
+from fmha.bench import bench_gpu_graph, load_module_copy, paged_copy, save_sweep
 from fmha.kernels import forward, mla_decode
 
 DECODE = [(1, 32, 8, 131072), (4, 32, 8, 131072)]
 MLA = [(128, 8192, 128, 1), (128, 8192, 32, 1), (128, 8192, 16, 1), (32, 8192, 16, 1)]
-
-
-def _load(path):
-    spec = importlib.util.spec_from_file_location("fmha.kernels._combine_ab", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.combine
 
 
 def _cases():
@@ -52,7 +44,7 @@ def main():
     p.add_argument("other")
     p.add_argument("--out", default=None)
     args = p.parse_args()
-    versions = {"package": forward.combine, "other": _load(args.other)}
+    versions = {"package": forward.combine, "other": load_module_copy(args.other).combine}
     rows = []
     for row, nbytes, call in _cases():
         ref = call().float()
