@@ -1,0 +1,143 @@
+"""Random cases against the fp32 oracles: shapes and options drawn together from a seeded generator, so that
+combinations the hand-written tests do not list (a head_dim with a GQA ratio, a window with Sq > Sk, a page size
+with splits and a short sequence, ...) are exercised too. Every input carries NaN where the kernel must not read.
+Each case is one seed; a failure names its seed and prints the case, so it can be replayed alone."""
+import math
+import random
+
+import pytest
+import torch
+
+import fmha
+import fmha.mla as flash_mla
+from fmha.reference import attention_ref, attention_varlen_ref, mla_decode_ref
+from test_kvcache import _cache, _oracle
+from test_mla import D_QK, D_V, _check, _paged_cache
+from utils import TARGETS, assert_matches, poisoned
+
+# Seeds per test and target: the GPU runs real sizes, the interpreter a few small cases.
+GPU_CASES, CPU_CASES = 24, 6
+
+
+def _seeds(n_gpu, n_cpu):
+    return [pytest.param(t.values[0], s, marks=t.marks, id=f"{t.id}-{s}") for t in TARGETS
+            for s in range(n_cpu if t.values[0][0] == "cpu" else n_gpu)]
+
+
+def _head_dims(r, device):
+    """(d_qk, d_v): mostly the fast-path sizes, sometimes any multiple of 8, 512, or DeepSeek's unequal pairs."""
+    if device == "cpu":
+        return r.choice([(16, 16), (32, 32), (40, 24), (64, 64)])
+    return r.choice([(64, 64), (128, 128), (256, 256), (8 * r.randint(1, 32),) * 2, (192, 128), (512, 512)])
+
+
+def _options(r, hq, device, causal_ok=True):
+    """A random mix of the options SPEC.md defines (window, softcap, ALiBi, sinks, scale)."""
+    opts = {}
+    if causal_ok and r.random() < 0.5:
+        opts["causal"] = True
+    elif r.random() < 0.3:
+        opts["window"] = (r.choice([-1, 0, 5, 100]), r.choice([-1, 0, 3, 64]))
+    if r.random() < 0.2:
+        opts["softcap"] = r.choice([5.0, 30.0])
+    if r.random() < 0.2:
+        opts["alibi_slopes"] = torch.rand(hq, device=device) * 0.2
+    if r.random() < 0.25:
+        sinks = torch.randn(hq, device=device) * 2
+        sinks[0] = r.choice([math.inf, -math.inf, 0.0])
+        opts["sinks"] = sinks
+    if r.random() < 0.2:
+        opts["softmax_scale"] = r.choice([0.05, 0.3])
+    return opts
+
+
+@pytest.mark.parametrize("target,seed", _seeds(GPU_CASES, CPU_CASES))
+def test_fuzz_attention(target, seed):
+    device, dtype = target
+    r = random.Random(1000 + seed)
+    d, dv = _head_dims(r, device)
+    hk = r.choice([1, 2, 4])
+    hq = hk * r.choice([1, 2, 4, 8] if device == "cuda" else [1, 2])
+    big = 2100 if device == "cuda" else 90
+    b = r.randint(1, 3)
+    sq = r.choice([1, r.randint(1, 64), r.randint(1, big)])
+    sk = r.choice([sq, r.randint(1, big)])
+    opts = _options(r, hq, device)
+    case = dict(b=b, sq=sq, sk=sk, hq=hq, hk=hk, d=d, dv=dv, **{n: o for n, o in opts.items()
+                                                                if not isinstance(o, torch.Tensor)})
+    print(case)
+    torch.manual_seed(seed)
+    q = poisoned((b, sq, hq, d), sq, dtype, device)
+    k = poisoned((b, sk, hk, d), sk, dtype, device)
+    v = poisoned((b, sk, hk, dv), sk, dtype, device)
+    out = torch.full((b, sq, hq, dv), float("nan"), dtype=dtype, device=device)
+    got, lse = fmha.attention(q, k, v, return_lse=True, out=out, **opts)
+    assert_matches(got, lse, attention_ref(q, k, v, **opts), dtype)
+
+
+@pytest.mark.parametrize("target,seed", _seeds(GPU_CASES // 2, CPU_CASES))
+def test_fuzz_attention_varlen(target, seed):
+    device, dtype = target
+    r = random.Random(2000 + seed)
+    d, dv = _head_dims(r, device)
+    hk = r.choice([1, 2])
+    hq = hk * r.choice([1, 2, 4])
+    big = 1500 if device == "cuda" else 60
+    lens_q = [r.choice([0, 1, r.randint(1, big)]) for _ in range(r.randint(1, 5))]
+    lens_k = [r.choice([n, r.randint(0, big)]) for n in lens_q]
+    opts = _options(r, hq, device)
+    print(dict(lens_q=lens_q, lens_k=lens_k, hq=hq, hk=hk, d=d, dv=dv,
+               **{n: o for n, o in opts.items() if not isinstance(o, torch.Tensor)}))
+    cu_q = torch.tensor([0] + lens_q, device=device).cumsum(0).to(torch.int32)
+    cu_k = torch.tensor([0] + lens_k, device=device).cumsum(0).to(torch.int32)
+    torch.manual_seed(seed)
+    q = poisoned((sum(lens_q), hq, d), sum(lens_q), dtype, device, dim=0)
+    k = poisoned((sum(lens_k), hk, d), sum(lens_k), dtype, device, dim=0)
+    v = poisoned((sum(lens_k), hk, dv), sum(lens_k), dtype, device, dim=0)
+    got, lse = fmha.attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), return_lse=True, **opts)
+    assert_matches(got, lse, attention_varlen_ref(q, k, v, cu_q, cu_k, **opts), dtype)
+
+
+@pytest.mark.parametrize("target,seed", _seeds(GPU_CASES, CPU_CASES))
+def test_fuzz_kvcache(target, seed):
+    device, dtype = target
+    r = random.Random(3000 + seed)
+    d, dv = _head_dims(r, device) if r.random() < 0.3 else ((128, 128) if device == "cuda" else (64, 64))
+    hk = r.choice([1, 2, 8])
+    hq = hk * r.choice([1, 4, 8] if device == "cuda" else [1, 2])
+    page = r.choice([None, 16, 32, 64, 128, 256] if device == "cuda" else [None, 16, 32])
+    capacity = (page or 16) * r.randint(1, 4096 // (page or 16) if device == "cuda" else 4)
+    b = r.randint(1, 6)
+    seqlens = [r.choice([0, capacity, r.randint(0, capacity)]) for _ in range(b)]
+    sq = r.choice([1, 1, 2, r.randint(1, 40)])
+    splits = r.choice([0, 0, 1, 2, 5])
+    opts = _options(r, hq, device)
+    print(dict(seqlens=seqlens, capacity=capacity, page=page, sq=sq, splits=splits, hq=hq, hk=hk, d=d, dv=dv,
+               **{n: o for n, o in opts.items() if not isinstance(o, torch.Tensor)}))
+    k_cache, v_cache, table, k, v = _cache(seqlens, capacity, hk, d, dv, dtype, device, page, seed=seed)
+    torch.manual_seed(seed)
+    q = torch.randn(b, sq, hq, d, device=device, dtype=dtype)
+    lens = torch.tensor(seqlens, dtype=torch.int32, device=device)
+    got, lse = fmha.attention_with_kvcache(q, k_cache, v_cache, lens, block_table=table, num_splits=splits,
+                                           return_lse=True, **opts)
+    assert_matches(got, lse, _oracle(q, k, v, seqlens, **opts), dtype)
+
+
+@pytest.mark.parametrize("target,seed", _seeds(GPU_CASES // 2, CPU_CASES))
+def test_fuzz_mla(target, seed):
+    device, dtype = target
+    r = random.Random(4000 + seed)
+    h_q = r.choice([16, 32, 64, 128] if device == "cuda" else [16, 32])
+    s_q = r.randint(1, 4)
+    page = r.choice([64, 64, 16, 32, 48, 128])
+    b = r.randint(1, 40 if device == "cuda" else 3)
+    top = 6000 if device == "cuda" else 200
+    seqlens = [r.choice([0, r.randint(1, 64), r.randint(0, top)]) for _ in range(b)]
+    causal = s_q > 1 and r.random() < 0.7
+    print(dict(h_q=h_q, s_q=s_q, page=page, seqlens=seqlens, causal=causal))
+    cache, table = _paged_cache(seqlens, page, 1, D_QK, dtype, device, seed)
+    lens = torch.tensor(seqlens, dtype=torch.int32, device=device)
+    q = torch.randn(b, s_q, h_q, D_QK, generator=torch.Generator().manual_seed(seed)).to(dtype).to(device)
+    meta, splits = flash_mla.get_mla_metadata(lens, s_q * h_q, 1)
+    out, lse = flash_mla.flash_mla_with_kvcache(q, cache, table, lens, D_V, meta, splits, causal=causal)
+    _check(out, lse, *mla_decode_ref(q, cache, table, lens, D_V, causal=causal), dtype)
