@@ -10,9 +10,10 @@ import torch
 
 import fmha
 import fmha.mla as flash_mla
-from fmha.reference import attention_ref, attention_varlen_ref, mla_decode_ref
+from fmha._kv_fp8 import LAYOUTS
+from fmha.reference import attention_ref, attention_varlen_ref, mla_decode_ref, mla_sparse_decode_ref
 from test_kvcache import _cache, _oracle
-from test_mla import D_QK, D_V, _check, _paged_cache
+from test_mla import D_QK, D_V, _check, _paged_cache, _sparse_source
 from utils import TARGETS, assert_matches, poisoned
 
 # Seeds per test and target: the GPU runs real sizes, the interpreter a few small cases.
@@ -141,3 +142,59 @@ def test_fuzz_mla(target, seed):
     meta, splits = flash_mla.get_mla_metadata(lens, s_q * h_q, 1)
     out, lse = flash_mla.flash_mla_with_kvcache(q, cache, table, lens, D_V, meta, splits, causal=causal)
     _check(out, lse, *mla_decode_ref(q, cache, table, lens, D_V, causal=causal), dtype)
+
+
+@pytest.mark.parametrize("target,seed", _seeds(GPU_CASES // 2, CPU_CASES))
+def test_fuzz_sparse_decode(target, seed):
+    """Token-sparse decode with a random cache type (bf16 576 / 512, V3.2 or V4 FP8), page sizes, topk, -1
+    entries, trimmed lengths, an optional second source and sink: the oracle attends to the union of both
+    sources' selected tokens, dequantised in fp32."""
+    device, dtype = target
+    r = random.Random(5000 + seed)
+    layout = r.choice([None, None, "v32", "model1"])
+    d = LAYOUTS[layout][0] if layout else r.choice([D_QK, 512])
+    h_q = (r.choice([64, 128]) if d == 512 else r.choice([16, 32, 64, 128])) if device == "cuda" else 16
+    s_q = r.randint(1, 3)
+    b = r.randint(1, 20 if device == "cuda" else 3)
+    topk = r.choice([64, 128, 200, 512, 2048]) if device == "cuda" else r.choice([40, 64])
+    page = r.choice([64, 256, 61, 2])
+    extra = r.random() < 0.5
+    extra_topk, extra_page = r.choice([64, 128, 512]), r.choice([64, 16, 33])
+    sink = (torch.randn(h_q) * 2).to(device) if r.random() < 0.5 else None
+    print(dict(layout=layout, d=d, h_q=h_q, s_q=s_q, b=b, topk=topk, page=page, extra=extra and (extra_topk,
+                                                                                           extra_page), sink=sink is not None))
+    g = torch.Generator().manual_seed(seed)
+    tokens = 4000 if device == "cuda" else 300
+    sources = [_sparse_source(b, s_q, topk, tokens, page, d, dtype, device, g)]
+    if extra:
+        sources.append(_sparse_source(b, s_q, extra_topk, tokens // 2, extra_page, d, dtype, device, g))
+    caches, refs = [], []
+    for cache, _, _ in sources:
+        if layout:
+            cache = flash_mla.quantize_kv_cache(torch.nan_to_num(cache.bfloat16(), nan=1e4), layout)
+            refs.append(flash_mla.dequantize_kv_cache(cache, layout, torch.float32))
+        else:
+            refs.append(cache)
+        caches.append(cache)
+    q = torch.randn(b, s_q, h_q, d, generator=g).to(dtype).to(device)
+    lens = torch.zeros(b, dtype=torch.int32, device=device)
+    meta, splits = flash_mla.get_mla_metadata(lens, s_q * h_q, 1, num_heads_q=h_q, topk=topk,
+                                              is_fp8_kvcache=layout is not None)
+    more = {}
+    if extra:
+        more = dict(extra_k_cache=caches[1], extra_indices_in_kvcache=sources[1][1], extra_topk_length=sources[1][2])
+    out, lse = flash_mla.flash_mla_with_kvcache(q, caches[0], None, lens, D_V, meta, splits, indices=sources[0][1],
+                                                topk_length=sources[0][2], attn_sink=sink,
+                                                is_fp8_kvcache=layout is not None, **more)
+    # Oracle: one cache holding every source, each source's indices shifted past the caches before it.
+    both = torch.cat([c.flatten(0, 1) for c in refs]).unsqueeze(1)
+    rows, shift = [[] for _ in range(b)], 0
+    for (cache, indices, length), ref in zip(sources, refs):
+        for i in range(b):
+            sel = indices[i, :, :length[i]]
+            rows[i].append(torch.where(sel >= 0, sel + shift, -1))
+        shift += ref.shape[0] * ref.shape[1]
+    rows = [torch.cat(parts, -1) for parts in rows]
+    width = max(1, max(x.shape[-1] for x in rows))
+    joined = torch.stack([torch.nn.functional.pad(x, (0, width - x.shape[-1]), value=-1) for x in rows])
+    _check(out, lse, *mla_sparse_decode_ref(q, both, joined, D_V, attn_sink=sink), dtype)
