@@ -1,6 +1,7 @@
 """Random cases against the fp32 oracles: shapes and options drawn together from a seeded generator, so that
 combinations the hand-written tests do not list (a head_dim with a GQA ratio, a window with Sq > Sk, a page size
-with splits and a short sequence, ...) are exercised too. Every input carries NaN where the kernel must not read.
+with splits and a short sequence, ...) are exercised too. Inputs and caches carry NaN wherever the kernel must not
+read.
 Each case is one seed; a failure names its seed and prints the case, so it can be replayed alone."""
 import math
 import random
@@ -32,10 +33,10 @@ def _head_dims(r, device):
     return r.choice([(64, 64), (128, 128), (256, 256), (8 * r.randint(1, 32),) * 2, (192, 128), (512, 512)])
 
 
-def _options(r, hq, device, causal_ok=True):
+def _options(r, hq, device):
     """A random mix of the options SPEC.md defines (window, softcap, ALiBi, sinks, scale)."""
     opts = {}
-    if causal_ok and r.random() < 0.5:
+    if r.random() < 0.5:
         opts["causal"] = True
     elif r.random() < 0.3:
         opts["window"] = (r.choice([-1, 0, 5, 100]), r.choice([-1, 0, 3, 64]))
@@ -52,6 +53,11 @@ def _options(r, hq, device, causal_ok=True):
     return opts
 
 
+def _show(opts=None, **case):
+    """Print the drawn case (pytest shows it when the test fails), the options' tensors left out."""
+    print(dict(case, **{n: o for n, o in (opts or {}).items() if not isinstance(o, torch.Tensor)}))
+
+
 @pytest.mark.parametrize("target,seed", _seeds(GPU_CASES, CPU_CASES))
 def test_fuzz_attention(target, seed):
     device, dtype = target
@@ -64,9 +70,7 @@ def test_fuzz_attention(target, seed):
     sq = r.choice([1, r.randint(1, 64), r.randint(1, big)])
     sk = r.choice([sq, r.randint(1, big)])
     opts = _options(r, hq, device)
-    case = dict(b=b, sq=sq, sk=sk, hq=hq, hk=hk, d=d, dv=dv, **{n: o for n, o in opts.items()
-                                                                if not isinstance(o, torch.Tensor)})
-    print(case)
+    _show(opts, b=b, sq=sq, sk=sk, hq=hq, hk=hk, d=d, dv=dv)
     torch.manual_seed(seed)
     q = poisoned((b, sq, hq, d), sq, dtype, device)
     k = poisoned((b, sk, hk, d), sk, dtype, device)
@@ -87,8 +91,7 @@ def test_fuzz_attention_varlen(target, seed):
     lens_q = [r.choice([0, 1, r.randint(1, big)]) for _ in range(r.randint(1, 5))]
     lens_k = [r.choice([n, r.randint(0, big)]) for n in lens_q]
     opts = _options(r, hq, device)
-    print(dict(lens_q=lens_q, lens_k=lens_k, hq=hq, hk=hk, d=d, dv=dv,
-               **{n: o for n, o in opts.items() if not isinstance(o, torch.Tensor)}))
+    _show(opts, lens_q=lens_q, lens_k=lens_k, hq=hq, hk=hk, d=d, dv=dv)
     cu_q = torch.tensor([0] + lens_q, device=device).cumsum(0).to(torch.int32)
     cu_k = torch.tensor([0] + lens_k, device=device).cumsum(0).to(torch.int32)
     torch.manual_seed(seed)
@@ -113,8 +116,7 @@ def test_fuzz_kvcache(target, seed):
     sq = r.choice([1, 1, 2, r.randint(1, 40)])
     splits = r.choice([0, 0, 1, 2, 5])
     opts = _options(r, hq, device)
-    print(dict(seqlens=seqlens, capacity=capacity, page=page, sq=sq, splits=splits, hq=hq, hk=hk, d=d, dv=dv,
-               **{n: o for n, o in opts.items() if not isinstance(o, torch.Tensor)}))
+    _show(opts, seqlens=seqlens, capacity=capacity, page=page, sq=sq, splits=splits, hq=hq, hk=hk, d=d, dv=dv)
     k_cache, v_cache, table, k, v = _cache(seqlens, capacity, hk, d, dv, dtype, device, page, seed=seed)
     torch.manual_seed(seed)
     q = torch.randn(b, sq, hq, d, device=device, dtype=dtype)
@@ -135,7 +137,7 @@ def test_fuzz_mla(target, seed):
     top = 6000 if device == "cuda" else 200
     seqlens = [r.choice([0, r.randint(1, 64), r.randint(0, top)]) for _ in range(b)]
     causal = s_q > 1 and r.random() < 0.7
-    print(dict(h_q=h_q, s_q=s_q, page=page, seqlens=seqlens, causal=causal))
+    _show(h_q=h_q, s_q=s_q, page=page, seqlens=seqlens, causal=causal)
     cache, table = _paged_cache(seqlens, page, 1, D_QK, dtype, device, seed)
     lens = torch.tensor(seqlens, dtype=torch.int32, device=device)
     q = torch.randn(b, s_q, h_q, D_QK, generator=torch.Generator().manual_seed(seed)).to(dtype).to(device)
@@ -161,8 +163,8 @@ def test_fuzz_sparse_decode(target, seed):
     extra = r.random() < 0.5
     extra_topk, extra_page = r.choice([64, 128, 512]), r.choice([64, 16, 33])
     sink = (torch.randn(h_q) * 2).to(device) if r.random() < 0.5 else None
-    print(dict(layout=layout, d=d, h_q=h_q, s_q=s_q, b=b, topk=topk, page=page, extra=extra and (extra_topk,
-                                                                                           extra_page), sink=sink is not None))
+    _show(layout=layout, d=d, h_q=h_q, s_q=s_q, b=b, topk=topk, page=page, extra=extra and (extra_topk, extra_page),
+          sink=sink is not None)
     g = torch.Generator().manual_seed(seed)
     tokens = 4000 if device == "cuda" else 300
     sources = [_sparse_source(b, s_q, topk, tokens, page, d, dtype, device, g)]
