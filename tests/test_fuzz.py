@@ -14,7 +14,7 @@ import fmha.mla as flash_mla
 from fmha._kv_fp8 import LAYOUTS
 from fmha.reference import attention_ref, attention_varlen_ref, mla_decode_ref, mla_sparse_decode_ref
 from test_kvcache import _cache, _oracle
-from test_mla import D_QK, D_V, _check, _paged_cache, _sparse_source
+from test_mla import D_QK, D_V, _check, _paged_cache, _sparse_source, _union_of_sources
 from utils import TARGETS, assert_matches, poisoned
 
 # Seeds per test and target: the GPU runs real sizes, the interpreter a few small cases.
@@ -188,15 +188,5 @@ def test_fuzz_sparse_decode(target, seed):
     out, lse = flash_mla.flash_mla_with_kvcache(q, caches[0], None, lens, D_V, meta, splits, indices=sources[0][1],
                                                 topk_length=sources[0][2], attn_sink=sink,
                                                 is_fp8_kvcache=layout is not None, **more)
-    # Oracle: one cache holding every source, each source's indices shifted past the caches before it.
-    both = torch.cat([c.flatten(0, 1) for c in refs]).unsqueeze(1)
-    rows, shift = [[] for _ in range(b)], 0
-    for (cache, indices, length), ref in zip(sources, refs):
-        for i in range(b):
-            sel = indices[i, :, :length[i]]
-            rows[i].append(torch.where(sel >= 0, sel + shift, -1))
-        shift += ref.shape[0] * ref.shape[1]
-    rows = [torch.cat(parts, -1) for parts in rows]
-    width = max(1, max(x.shape[-1] for x in rows))
-    joined = torch.stack([torch.nn.functional.pad(x, (0, width - x.shape[-1]), value=-1) for x in rows])
+    both, joined = _union_of_sources(refs, [(indices, length) for _, indices, length in sources])
     _check(out, lse, *mla_sparse_decode_ref(q, both, joined, D_V, attn_sink=sink), dtype)

@@ -209,6 +209,23 @@ def _sparse_source(b, s_q, topk, num_tokens, page_size, d, dtype, device, g):
     return cache.to(device), indices.to(device), length.to(device)
 
 
+def _union_of_sources(caches, selections):
+    """The oracle's view of several sparse sources: one cache holding them all (`caches`, paged, in order) and
+    each batch's selected indices (`selections`: (indices, topk_length) per source) joined into one row, each
+    source's indices shifted past the caches before it, -1 kept, padded with -1."""
+    both = torch.cat([c.flatten(0, 1) for c in caches]).unsqueeze(1)
+    b = selections[0][0].shape[0]
+    rows, shift = [[] for _ in range(b)], 0
+    for cache, (indices, length) in zip(caches, selections):
+        for i in range(b):
+            sel = indices[i, :, :length[i]]
+            rows[i].append(torch.where(sel >= 0, sel + shift, -1))
+        shift += cache.shape[0] * cache.shape[1]
+    rows = [torch.cat(parts, -1) for parts in rows]
+    width = max(1, max(r.shape[-1] for r in rows))
+    return both, torch.stack([torch.nn.functional.pad(r, (0, width - r.shape[-1]), value=-1) for r in rows])
+
+
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("with_sink", [False, True], ids=["", "sink"])
 @pytest.mark.parametrize("layout", [None, "model1"], ids=["bf16", "fp8-model1"])
@@ -237,16 +254,7 @@ def test_extra_kv_source(target, with_sink, layout):
                                                 topk_length=length, attn_sink=sink, extra_k_cache=extra,
                                                 extra_indices_in_kvcache=extra_indices, extra_topk_length=extra_length,
                                                 is_fp8_kvcache=layout is not None)
-    # Oracle: one cache holding both sources, the extra indices shifted past the first cache's tokens.
-    both = torch.cat([ref_cache.flatten(0, 1), ref_extra.flatten(0, 1)]).unsqueeze(1)
-    shift = cache.shape[0] * cache.shape[1]
-    rows = []
-    for i in range(b):
-        a = indices[i, :, :length[i]]
-        e = extra_indices[i, :, :extra_length[i]]
-        rows.append(torch.cat([a, torch.where(e >= 0, e + shift, -1)], -1))
-    width = max(r.shape[-1] for r in rows)
-    joined = torch.stack([torch.nn.functional.pad(r, (0, width - r.shape[-1]), value=-1) for r in rows])
+    both, joined = _union_of_sources([ref_cache, ref_extra], [(indices, length), (extra_indices, extra_length)])
     ref = mla_sparse_decode_ref(q, both, joined, D_V, attn_sink=sink)
     _check(out, lse, *ref, dtype)
     assert (out[0] == 0).all() and torch.isposinf(lse[0]).all()
