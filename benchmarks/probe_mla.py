@@ -29,7 +29,7 @@ VERSION_CASES = [(128, 8192, 128, 1), (128, 4096, 128, 1), (128, 8192, 128, 2), 
                  (128, 8192, 16, 1), (128, 4096, 32, 1)]
 
 
-def run_versions(paths, out):
+def run_versions(paths, out, unchecked=False):
     """Each case: the package's Gluon kernel and every copy, output checked against the package's, run for a second
     untimed (`fmha.bench._heat`), then timed three times round-robin, each round starting one version further on
     (median of each: a timing's place in a burst moves it by a few percent, NOTES.md fourteenth session); the rows
@@ -52,7 +52,10 @@ def run_versions(paths, out):
         for name, module in versions:
             fmha.kernels.mla_decode_sm90 = module
             err = (run()[0].float() - ref).abs().max().item()
-            assert err < 2e-2, f"{name}: max diff {err} against the package's kernel"
+            if unchecked:
+                print(f"{name}: max diff {err} against the package's kernel (unchecked)")
+            else:
+                assert err < 2e-2, f"{name}: max diff {err} against the package's kernel"
         _heat([run])
         for r in range(3):
             for name, module in versions[r % len(versions):] + versions[:r % len(versions)]:
@@ -78,9 +81,11 @@ def main():
     p.add_argument("--varlen", action="store_true", help="lengths drawn around each case's")
     p.add_argument("--overheads", type=int, nargs="*", default=None, help="plan_mla piece overheads to compare")
     p.add_argument("--versions", nargs="*", default=None, help="other copies of mla_decode_sm90.py to time")
+    p.add_argument("--unchecked", action="store_true",
+                   help="print the versions' differences instead of asserting (timing probes with wrong results)")
     args = p.parse_args()
     if args.versions is not None:
-        return run_versions(args.versions, args.out)
+        return run_versions(args.versions, args.out, args.unchecked)
     rows = []
     for b, sk, hq, sq in CASES[: args.n]:
         torch.manual_seed(0)
