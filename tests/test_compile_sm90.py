@@ -234,7 +234,7 @@ GLUON_MLA_SCRIPT = textwrap.dedent('''
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
     from fmha.kernels import mla_decode_sm90 as M
-    causal, sinks, dt, sparse, rope, fp8, extra, cluster = json.loads(sys.argv[1])
+    causal, sinks, dt, sparse, rope, fp8, extra = json.loads(sys.argv[1])
     el = gl.bfloat16 if dt == "bf16" else gl.float16
 
     def desc(rows, d, name=dt, e=el):
@@ -243,17 +243,14 @@ GLUON_MLA_SCRIPT = textwrap.dedent('''
     # sparse: the token-sparse prefill form (cp.async gathers, no key descriptors, max_logits written).
     consts = dict(CAUSAL=causal, HAS_SINKS=sinks, SPARSE=sparse, FP8=fp8, HAS_MAX=sparse and not fp8, HAS_ROPE=rope,
                   EXTRA=extra,
-                  CONSUMER_REGS=M.CONSUMER_REGS, CLUSTER=cluster,
-                  SMEM=(0,) * 8 if cluster else None)
-    ptrs = dict(kh_desc=desc(32, 64), q_lat_desc=desc(64, 256), q_rope_desc=desc(64, 64), k_lat_desc=desc(64, 256),
+                  CONSUMER_REGS=M.CONSUMER_REGS)
+    ptrs = dict(q_lat_desc=desc(64, 256), q_rope_desc=desc(64, 64), k_lat_desc=desc(64, 256),
                 k_rope_desc=desc(64, 64), o_desc=desc(64, 256), o_part_desc=desc(64, 256, "fp32", gl.float32),
                 LSE="*fp32", LSE_PART="*fp32", SCHED="*i32", SEQLENS="*i32", SPLIT_OFFSETS="*i32", SINKS="*fp32",
                 BLOCK_TABLE="*i32", KV_LAT=f"*{dt}", K_ROPE=f"*{dt}", VALID_LENS="*i32", MAX_LOGITS="*fp32",
                 X_LAT=f"*{dt}", X_ROPE=f"*{dt}", X_TABLE="*i32", X_VALID="*i32")
     if fp8:                                     # packed FP8 rows (1: V3.2, 2: model1), read as bytes
         ptrs.update(KV_LAT="*u8", K_ROPE="*u8", X_LAT="*u8", X_ROPE="*u8")
-    if not cluster:
-        consts.update(kh_desc=None)
     if not extra:
         consts.update(X_LAT=None, X_ROPE=None, X_TABLE=None, X_VALID=None)
     if sparse or fp8:
@@ -284,18 +281,17 @@ GLUON_MLA_SCRIPT = textwrap.dedent('''
 
 
 @pytest.mark.cpu
-# (causal, sinks, dtype, sparse, RoPE part, FP8 layout (1 V3.2, 2 model1), second source, 2-CTA cluster)
-@pytest.mark.parametrize("case", [(False, False, "bf16", False, True, 0, False, False),
-                                  (True, True, "fp16", False, True, 0, False, False),
-                                  (False, True, "bf16", True, True, 0, False, False),
-                                  (False, False, "bf16", True, False, 0, False, False),
-                                  (False, True, "bf16", True, True, 1, False, False),
-                                  (True, False, "bf16", False, True, 1, False, False),
-                                  (False, True, "bf16", True, False, 2, True, False),
-                                  (True, False, "bf16", False, False, 2, False, False),
-                                  (True, False, "bf16", False, True, 0, False, True)],
+# (causal, sinks, dtype, sparse, RoPE part, FP8 layout (1 V3.2, 2 model1), second source)
+@pytest.mark.parametrize("case", [(False, False, "bf16", False, True, 0, False),
+                                  (True, True, "fp16", False, True, 0, False),
+                                  (False, True, "bf16", True, True, 0, False),
+                                  (False, False, "bf16", True, False, 0, False),
+                                  (False, True, "bf16", True, True, 1, False),
+                                  (True, False, "bf16", False, True, 1, False),
+                                  (False, True, "bf16", True, False, 2, True),
+                                  (True, False, "bf16", False, False, 2, False)],
                          ids=["mla-bf16", "mla-causal-sinks-fp16", "sparse-sinks", "sparse-d512", "sparse-fp8-v32",
-                              "paged-fp8-v32-causal", "sparse-fp8-model1-extra", "paged-fp8-model1", "mla-cluster"])
+                              "paged-fp8-v32-causal", "sparse-fp8-model1-extra", "paged-fp8-model1"])
 def test_gluon_mla_compiles_for_sm90(case):
     """The Gluon MLA decode kernel for sm_90: two warpgroups (8 warps, so 255 registers a thread), wgmma that
     ptxas does not serialise (C7512 for want of registers was what a third warpgroup caused; any C751x), TMA-store

@@ -50,8 +50,6 @@ own half.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 from triton.experimental import gluon
@@ -364,8 +362,7 @@ def _dequant(bufs, slot, PART: gl.constexpr, FP8: gl.constexpr):
 
 @gluon.jit
 def _load_parts(kv, bufs, n, t, FIRST: gl.constexpr, SECOND: gl.constexpr, THIRD: gl.constexpr,
-                SPARSE: gl.constexpr, FP8: gl.constexpr, ROPE_PART: gl.constexpr, EXTRA: gl.constexpr,
-                CLUSTER: gl.constexpr, SMEM: gl.constexpr):
+                SPARSE: gl.constexpr, FP8: gl.constexpr, ROPE_PART: gl.constexpr, EXTRA: gl.constexpr):
     """Load parts FIRST, SECOND, THIRD (PART_L, PART_R or PART_ROPE; -1: none) of key tile t (planned keys
     n .. n + 63) into the tile's ring slot: TMA copies (a bf16/fp16 paged cache), or a gather by the calling
     warpgroup's 128 threads (SPARSE or FP8), each arriving on a part's barrier when its copies land. `kv` =
@@ -387,116 +384,11 @@ def _load_parts(kv, bufs, n, t, FIRST: gl.constexpr, SECOND: gl.constexpr, THIRD
             _gather_parts(main, n, bufs, slot, FIRST, S2, S3, SPARSE, FP8)
     else:
         page = gl.load(table + n // page_size)
-        if CLUSTER:
-            _multicast_part(SMEM, bufs, page, n % page_size, t, FIRST)
-            if S2 >= 0:
-                _multicast_part(SMEM, bufs, page, n % page_size, t, S2)
-            if S3 >= 0:
-                _multicast_part(SMEM, bufs, page, n % page_size, t, S3)
-        else:
-            _tma_part(k_lat_desc, k_rope_desc, bufs, page, n % page_size, slot, FIRST)
-            if S2 >= 0:
-                _tma_part(k_lat_desc, k_rope_desc, bufs, page, n % page_size, slot, S2)
-            if S3 >= 0:
-                _tma_part(k_lat_desc, k_rope_desc, bufs, page, n % page_size, slot, S3)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Clusters (CLUSTER): the two 64-row programs of a part (both read the same key tiles) run as a 2-CTA cluster,
-# and each loads half of every tile's rows by TMA multicast into both CTAs' shared memory, so a tile crosses
-# L2 -> SM once instead of twice. Gluon 3.6 has no multicast copy, cluster barrier or remote arrive, so these
-# are inline PTX: shared-memory addresses are `global_smem` (Triton's base symbol) plus the allocations'
-# offsets, which the host reads from a compile (`cluster_offsets`) and passes in as constexprs; the tensor map is
-# the kernel's first parameter (a (1, 32, 64) box over the whole 576-column cache rows).
-# A slot's part is overwritten in both CTAs by either CTA's copy, so before loading into it each CTA waits for
-# the other's last user of the part to have arrived on its `free` barrier (remote arrive, `_release`).
-# The remote arrive must be .release.cluster: with the default (.cta) scope 5-7 of the GPU MLA tests failed (NaN
-# or wrong rows); that release costs about a quarter of the kernel's speed (benchmarks/NOTES.md, 16th session).
-KERNEL_NAME = "mla_decode_sm90_kernel"
-_MC_LOAD = gl.constexpr(
-    "{ .reg .pred p; .reg .b32 d, b; .reg .b64 m; .reg .b16 k;\n"
-    "setp.ne.u32 p, $1, 0;\n"
-    "mov.u32 d, global_smem;\n"
-    "add.u32 b, d, $3;\n"
-    "add.u32 d, d, $2;\n"
-    f"mov.b64 m, {KERNEL_NAME}_param_0;\n"
-    "cvta.param.u64 m, m;\n"
-    "cvt.u16.u32 k, $7;\n"
-    "@p cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
-    " [d], [m, {$4, $5, $6}], [b], k;\n"
-    "mov.u32 $0, 0; }")
-_MC_RELEASE = gl.constexpr(
-    "{ .reg .pred p; .reg .b32 a;\n"
-    "setp.ne.u32 p, $1, 0;\n"
-    "mov.u32 a, global_smem;\n"
-    "add.u32 a, a, $2;\n"
-    "mapa.shared::cluster.u32 a, a, $3;\n"
-    "@p mbarrier.arrive.release.cluster.shared::cluster.b64 _, [a];\n"
-    "mov.u32 $0, 0; }")
-_MC_WAIT = gl.constexpr(
-    "{ .reg .pred p; .reg .b32 a;\n"
-    "mov.u32 a, global_smem;\n"
-    "add.u32 a, a, $1;\n"
-    "waitLoop:\n"
-    "mbarrier.try_wait.parity.shared::cta.b64 p, [a], $2;\n"
-    "@!p bra.uni waitLoop;\n"
-    "mov.u32 $0, 0; }")
-_MC_SYNC = gl.constexpr(
-    "{ fence.mbarrier_init.release.cluster;\n"
-    "barrier.cluster.arrive.release.aligned;\n"
-    "barrier.cluster.wait.acquire.aligned;\n"
-    "mov.u32 $0, $1; }")
-THREADS = gl.constexpr(gl.BlockedLayout([1], [32], [4], [0]))       # one element per thread of a warpgroup
-
-
-@gluon.jit
-def _cluster_sync():
-    """Every thread of both CTAs of the cluster: barrier inits made visible, then a cluster-wide barrier (at the
-    start, before any copy can land in the other CTA; at the end, before either CTA may exit)."""
-    tid = gl.arange(0, 128, layout=THREADS)
-    gl.inline_asm_elementwise(_MC_SYNC, "=r,r", [tid], gl.int32, False, 1)
-
-
-@gluon.jit
-def _multicast_part(SMEM: gl.constexpr, bufs, page, row, t, PART: gl.constexpr):
-    """CLUSTER: this CTA's half (rows 32 rank .. 32 rank + 31) of part PART of key tile t, at row `row` of page
-    `page`, multicast into the tile's slot in both CTAs, completing on each one's ready barrier (which expects
-    the whole part: both halves). Waits first until the other CTA is done with the slot."""
-    k_lat, k_rope, k_ready, k_raw, k_scale = bufs
-    slot = t % STAGES
-    rank = gl.program_id(0) % 2
-    tid = gl.arange(0, 128, layout=THREADS)
-    gl.inline_asm_elementwise(_MC_WAIT, "=r,r,r", [SMEM[5 + PART] + slot * 8 + tid * 0,
-                                                   (((t // STAGES) & 1) ^ 1) + tid * 0], gl.int32, False, 1)
-    ES: gl.constexpr = k_lat.dtype.primitive_bitwidth // 8
-    warp = tid // 32
-    if PART == PART_ROPE:
-        mbarrier.expect(k_ready[PART].index(slot), BLOCK_N * DT * ES)
-        issue = tid == 0
-        col = tid * 0 + 2 * HALF
-        dst = SMEM[1] + slot * (BLOCK_N * DT * ES) + rank * (BLOCK_N // 2 * 64 * ES) + tid * 0
-    else:
-        # A (64, 256) slot is four 64-column chunks of 64 rows (8 KB each at 2 bytes): warp w copies chunk w.
-        mbarrier.expect(k_ready[PART].index(slot), BLOCK_N * HALF * ES)
-        issue = tid % 32 == 0
-        col = PART * HALF + warp * 64
-        dst = SMEM[0] + (2 * slot + PART) * (BLOCK_N * HALF * ES) + warp * (BLOCK_N * 64 * ES) + \
-            rank * (BLOCK_N // 2 * 64 * ES)
-    bar = SMEM[2 + PART] + slot * 8 + tid * 0
-    gl.inline_asm_elementwise(_MC_LOAD, "=r,r,r,r,r,r,r,r",
-                              [issue.to(gl.int32), dst, bar, col, row + rank * (BLOCK_N // 2) + tid * 0,
-                               page + tid * 0, tid * 0 + 3], gl.int32, False, 1)
-
-
-@gluon.jit
-def _release(SMEM: gl.constexpr, t, PART: gl.constexpr, CLUSTER: gl.constexpr):
-    """CLUSTER: this warpgroup was the last user of part PART of key tile t in this CTA (its products on it are
-    done): tell the other CTA, whose next copy into the slot overwrites ours too."""
-    if CLUSTER:
-        tid = gl.arange(0, 128, layout=THREADS)
-        gl.inline_asm_elementwise(_MC_RELEASE, "=r,r,r,r",
-                                  [(tid == 0).to(gl.int32), SMEM[5 + PART] + (t % STAGES) * 8 + tid * 0,
-                                   1 - gl.program_id(0) % 2 + tid * 0], gl.int32, False, 1)
+        _tma_part(k_lat_desc, k_rope_desc, bufs, page, n % page_size, slot, FIRST)
+        if S2 >= 0:
+            _tma_part(k_lat_desc, k_rope_desc, bufs, page, n % page_size, slot, S2)
+        if S3 >= 0:
+            _tma_part(k_lat_desc, k_rope_desc, bufs, page, n % page_size, slot, S3)
 
 
 @gluon.jit
@@ -524,8 +416,7 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
               main_span, x_page_size, x_bound, stride_xt, stride_xp, stride_xs, stride_xrp, stride_xrs,
               WG: gl.constexpr, CAUSAL: gl.constexpr, HAS_SINKS: gl.constexpr, SPARSE: gl.constexpr,
               FP8: gl.constexpr, GATHER: gl.constexpr, HAS_MAX: gl.constexpr, HAS_ROPE: gl.constexpr,
-              ROPE_PART: gl.constexpr, EXTRA: gl.constexpr, CLUSTER: gl.constexpr,
-              SMEM: gl.constexpr):
+              ROPE_PART: gl.constexpr, EXTRA: gl.constexpr):
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -555,8 +446,6 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
     blk = gl.load(meta + 1)
     remaining = gl.load(meta + 2)
     split = gl.load(meta + 3)
-    if CLUSTER:
-        _cluster_sync()
     c = 0                         # key tiles so far (ring slot and barrier phase)
     pairs = 0                     # tile pairs so far: the hand-off barriers' phase
     w = 0                         # sequence pieces so far
@@ -594,10 +483,10 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
                 tma.async_copy_global_to_shared(q_lat_desc, [b, row0, HALF], q_ready,
                                                 q_lat.index(1).reshape(q_lat_desc.block_type.shape))
                 _load_parts(kv, bufs, blk * BLOCK_N, c, PART_L, PART_R, PART_ROPE, SPARSE, FP8, ROPE_PART,
-                            EXTRA, CLUSTER, SMEM)
+                            EXTRA)
                 if take > 1:
                     _load_parts(kv, bufs, (blk + 1) * BLOCK_N, c + 1, PART_L, PART_R, PART_ROPE, SPARSE, FP8,
-                                ROPE_PART, EXTRA, CLUSTER, SMEM)
+                                ROPE_PART, EXTRA)
             # Causal (bottom-right): query i sees keys j <= seqlen - seqlen_q + i.
             full = seqlen
             last_visible = gl.zeros([ROWS], gl.int32, row_s) + (seqlen - 1)
@@ -645,10 +534,9 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
                     fence_async_shared()
                     _signal(handoff[2])
                     acc = warpgroup_mma_wait(0, deps=(o_tok,))
-                    _release(SMEM, c, PART_L, CLUSTER)
                     if i + 2 < take:          # this slot's half L is free: the next pair's first tile
                         _load_parts(kv, bufs, n0 + 2 * BLOCK_N, c + 2, PART_L, -1, -1, SPARSE, FP8, ROPE_PART,
-                                    EXTRA, CLUSTER, SMEM)
+                                    EXTRA)
                     acc = acc * gl.convert_layout(alpha1, row_o)[:, None]
                     l_i = l_i * alpha1
                     mbarrier.wait(handoff[3], ph)
@@ -661,11 +549,9 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
                             _zero_tail(v1, seqlen - n1)
                         o_tok = warpgroup_mma(k_rope.index(slot1), v1, acc, is_async=True)
                         acc = warpgroup_mma_wait(0, deps=(o_tok,))
-                        _release(SMEM, c + 1, PART_L, CLUSTER)
-                        _release(SMEM, c + 1, PART_ROPE, CLUSTER)
                         if i + 3 < take:
                             _load_parts(kv, bufs, n1 + 2 * BLOCK_N, c + 3, PART_L, PART_ROPE, -1, SPARSE, FP8,
-                                        ROPE_PART, EXTRA, CLUSTER, SMEM)
+                                        ROPE_PART, EXTRA)
                     if i + 2 < take:
                         s_tok = _scores(q_lat, q_rope, bufs, c + 2, PART_L, s_layout, GATHER, FP8, HAS_ROPE)
                 else:
@@ -710,18 +596,12 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
                     o_tok = warpgroup_mma(k_rope.index(c % STAGES), v0, o_tok, is_async=True)
                     if i + 3 < take:
                         warpgroup_mma_wait(1, deps=(o_tok,))        # P1·V1_R is done, P0·V0_R may not be
-                        _release(SMEM, c + 1, PART_R, CLUSTER)
                         _load_parts(kv, bufs, n1 + 2 * BLOCK_N, c + 3, PART_R, -1, -1, SPARSE, FP8, ROPE_PART,
-                                    EXTRA, CLUSTER, SMEM)
+                                    EXTRA)
                     acc = warpgroup_mma_wait(0, deps=(o_tok,))
-                    if CLUSTER:
-                        if has1 & (i + 3 >= take):
-                            _release(SMEM, c + 1, PART_R, CLUSTER)
-                        _release(SMEM, c, PART_R, CLUSTER)
-                        _release(SMEM, c, PART_ROPE, CLUSTER)
                     if i + 2 < take:
                         _load_parts(kv, bufs, n0 + 2 * BLOCK_N, c + 2, PART_R, PART_ROPE, -1, SPARSE, FP8,
-                                    ROPE_PART, EXTRA, CLUSTER, SMEM)
+                                    ROPE_PART, EXTRA)
                     if i + 3 < take:
                         s_tok = _scores(q_lat, q_rope, bufs, c + 3, PART_R, s_layout, GATHER, FP8, HAS_ROPE)
                 c += gl.minimum(take - i, 2)
@@ -781,12 +661,10 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
         b += 1
         blk = 0
         split = 0
-    if CLUSTER:
-        _cluster_sync()
 
 
 @gluon.jit
-def mla_decode_sm90_kernel(kh_desc, q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_desc, LSE, LSE_PART,
+def mla_decode_sm90_kernel(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_desc, LSE, LSE_PART,
                            SCHED, SEQLENS, SPLIT_OFFSETS, SINKS, BLOCK_TABLE, KV_LAT, K_ROPE, VALID_LENS, MAX_LOGITS,
                            X_LAT, X_ROPE, X_TABLE, X_VALID,
                            batch, seqlen_q, group, rows_per_k, page_size, stride_bt, qk_scale_log2,
@@ -795,8 +673,7 @@ def mla_decode_sm90_kernel(kh_desc, q_lat_desc, q_rope_desc, k_lat_desc, k_rope_
                            main_span, x_page_size, x_bound, stride_xt, stride_xp, stride_xs, stride_xrp, stride_xrs,
                            CAUSAL: gl.constexpr, HAS_SINKS: gl.constexpr, SPARSE: gl.constexpr, FP8: gl.constexpr,
                            HAS_MAX: gl.constexpr, HAS_ROPE: gl.constexpr, EXTRA: gl.constexpr,
-                           CONSUMER_REGS: gl.constexpr, CLUSTER: gl.constexpr,
-                           SMEM: gl.constexpr):
+                           CONSUMER_REGS: gl.constexpr):
     """Grid: parts x query blocks of 64 packed rows, part-major; a single KV head. Two warpgroups, no producer warp: a
     third warpgroup would cap every thread at 168 registers (65536 / 384), and ptxas then serialises the
     wgmmas of a 64 x 256 fp32 accumulator kernel."""
@@ -824,9 +701,6 @@ def mla_decode_sm90_kernel(kh_desc, q_lat_desc, q_rope_desc, k_lat_desc, k_rope_
     # A TMA load arrives once (with its byte count); a gather once per thread of the loading warpgroup.
     k_ready = (_bars(STAGES, 128 if GATHER else 1), _bars(STAGES, 128 if GATHER else 1),
                _bars(STAGES, 128 if GATHER else 1))
-    # CLUSTER: each part's free barriers (the other CTA's last user of a slot arrives on them); the offsets of
-    # these and of k_lat, k_rope and k_ready come from `cluster_offsets`.
-    k_free = (_bars(STAGES, 1), _bars(STAGES, 1), _bars(STAGES, 1))
     handoff = (_bar(1), _bar(1), _bar(1), _bar(1), _bar(1), _bar(1), _bar(1))
 
     # Two argument lists that differ only in WG: built once as a tuple, Gluon lost its constexpr None entries
@@ -839,7 +713,7 @@ def mla_decode_sm90_kernel(kh_desc, q_lat_desc, q_rope_desc, k_lat_desc, k_rope_
                      stride_bt, qk_scale_log2, stride_lb, stride_lh, stride_ls, stride_lps, index_bound, stride_kp,
                      stride_ks, stride_rp, stride_rs, stride_mb, stride_mh, main_span, x_page_size, x_bound, stride_xt,
                      stride_xp, stride_xs, stride_xrp, stride_xrs, 0, CAUSAL, HAS_SINKS, SPARSE, FP8, GATHER,
-                     HAS_MAX, HAS_ROPE, ROPE_PART, EXTRA, CLUSTER, SMEM)),
+                     HAS_MAX, HAS_ROPE, ROPE_PART, EXTRA)),
         (_consumer, (q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_desc,
                      q_lat, q_rope, (k_lat, k_rope, k_ready, k_raw, k_scale), q_ready, q_free, handoff, rows_smem,
                      LSE, LSE_PART, SCHED, SEQLENS, SPLIT_OFFSETS, SINKS, BLOCK_TABLE, KV_LAT, K_ROPE, VALID_LENS,
@@ -847,7 +721,7 @@ def mla_decode_sm90_kernel(kh_desc, q_lat_desc, q_rope_desc, k_lat_desc, k_rope_
                      stride_bt, qk_scale_log2, stride_lb, stride_lh, stride_ls, stride_lps, index_bound, stride_kp,
                      stride_ks, stride_rp, stride_rs, stride_mb, stride_mh, main_span, x_page_size, x_bound, stride_xt,
                      stride_xp, stride_xs, stride_xrp, stride_xrs, 1, CAUSAL, HAS_SINKS, SPARSE, FP8, GATHER,
-                     HAS_MAX, HAS_ROPE, ROPE_PART, EXTRA, CLUSTER, SMEM)),
+                     HAS_MAX, HAS_ROPE, ROPE_PART, EXTRA)),
     ], [4], [CONSUMER_REGS])
 
 
@@ -960,86 +834,11 @@ def mla_decode_forward_sm90(views, q_lat, q_rope, kv_lat, k_rope, block_table, c
             softmax_scale * LOG2E.value, lse.stride(0), lse.stride(1), lse.stride(2), lse_part.stride(0),
             kv_lat.shape[0] * page_size, *_source_strides(kv_lat, k_rope),
             *((max_logits.stride(0), max_logits.stride(1)) if max_logits is not None else (0, 0)), *x_sizes)
-    row_blocks = triton.cdiv(rows_per_k, rows)
-    grid = (metadata.shape[0] * row_blocks,)
-    whole = _whole_rows(kv_lat, k_rope) if not gather and rope and row_blocks % 2 == 0 and clusters_enabled() \
-        else None
-    kh = descriptor(whole, _view3(whole, (1,)), [1, BLOCK_N.value // 2, 64]) if whole is not None else None
-    kw = dict(CAUSAL=causal, HAS_SINKS=sinks is not None, SPARSE=sparse,
-              FP8={None: 0, "v32": V32.value, "model1": MODEL1.value}[fp8_layout], HAS_MAX=max_logits is not None,
-              HAS_ROPE=rope, EXTRA=extra is not None, CONSUMER_REGS=CONSUMER_REGS, CLUSTER=kh is not None,
-              num_warps=4)
-    if kh is None:
-        mla_decode_sm90_kernel[grid](None, *args, SMEM=None, **kw)
-    else:
-        _launch_cluster(grid, (kh, *args), kw)
+    grid = (metadata.shape[0] * triton.cdiv(rows_per_k, rows),)
+    mla_decode_sm90_kernel[grid](*args, CAUSAL=causal, HAS_SINKS=sinks is not None, SPARSE=sparse,
+                                 FP8={None: 0, "v32": V32.value, "model1": MODEL1.value}[fp8_layout],
+                                 HAS_MAX=max_logits is not None, HAS_ROPE=rope, EXTRA=extra is not None,
+                                 CONSUMER_REGS=CONSUMER_REGS, num_warps=4)
 
-
-def clusters_enabled() -> bool:
-    """2-CTA clusters with multicast key tiles for the dense path, unless FMHA_MLA_CLUSTER=0."""
-    return os.environ.get("FMHA_MLA_CLUSTER", "1") != "0"
-
-
-def _whole_rows(kv_lat, k_rope):
-    """The cache's whole 576-column rows as one (pages, page_size, 1, 576) tensor when the latent and RoPE views
-    are its column slices (FlashMLA's k_cache), TMA-readable; else None."""
-    if k_rope.data_ptr() != kv_lat.data_ptr() + kv_lat.shape[-1] * kv_lat.element_size() or \
-            k_rope.stride() != kv_lat.stride() or kv_lat.stride(-2) < kv_lat.shape[-1] + k_rope.shape[-1]:
-        return None
-    whole = kv_lat.as_strided((*kv_lat.shape[:-1], kv_lat.shape[-1] + k_rope.shape[-1]), kv_lat.stride())
-    return whole if _view3(whole, (1,)) is not None else None
-
-
-_CLUSTER_OFFSETS = {}             # the launch's constexprs -> the kernel's shared-memory offsets
-
-
-def cluster_offsets(ttgir, capability=90, ptx_version=86):
-    """The shared-memory offsets the CLUSTER code addresses by hand (the kernel's SMEM order): k_lat, k_rope,
-    the three ready and the three free barrier allocations. Triton assigns them when it lowers the kernel;
-    this runs the same passes up to that point on the compiled kernel's TTGIR and reads them."""
-    import re
-    import tempfile
-    from triton._C.libtriton import ir, nvidia, passes
-    names = re.findall(r"(%[\w.]+) = ttg.local_alloc", ttgir)
-    ctx = ir.context()
-    ir.load_dialects(ctx)
-    nvidia.load_dialects(ctx)
-    with tempfile.NamedTemporaryFile("w", suffix=".ttgir") as f:
-        f.write(ttgir)
-        f.flush()
-        mod = ir.parse_mlir_module(f.name, ctx)
-    mod.context = ctx
-    pm = ir.pass_manager(ctx)
-    passes.ttgpuir.add_combine_tensor_select_and_if(pm)
-    passes.ttgpuir.add_allocate_warp_groups(pm)
-    passes.convert.add_scf_to_cf(pm)
-    passes.gluon.add_inliner(pm)
-    nvidia.passes.ttgpuir.add_allocate_shared_memory_nv(pm, capability, ptx_version)
-    pm.run(mod, "cluster_offsets")
-    offsets = dict(re.findall(r"(%[\w.]+) = ttg.local_alloc \{allocation.offset = (\d+) : i32\}", str(mod)))
-    # Program order: ..., q_bars, the three ready allocations, the three free ones, the hand-off barriers.
-    bars = [n for n in names[names.index("%q_bars") + 1:] if n.startswith("%bars")][:6]
-    return [int(offsets[n]) for n in ["%k_lat", "%k_rope", *bars]]
-
-
-def _launch_cluster(grid, args, kw):
-    """Launch the CLUSTER kernel as clusters of two CTAs (the two query blocks of a part are CTAs 2k and 2k + 1:
-    the grid is part-major). The shared-memory offsets are constexprs (the PTX addresses them as constants), read
-    from a compile with placeholder offsets: the inline PTX allocates nothing, so both compiles lay shared memory
-    out alike (checked once). Triton launches clusters only for kernels compiled with num_ctas > 1, which Gluon
-    layouts would then have to describe; the kernel is compiled for one CTA and its launch metadata told to
-    launch pairs (the launcher multiplies the grid by num_ctas)."""
-    key = (args[1].base.dtype, tuple(sorted(kw.items())))
-    offsets = _CLUSTER_OFFSETS.get(key)
-    if offsets is None:
-        draft = mla_decode_sm90_kernel.warmup(*args, SMEM=(0,) * 8, grid=grid, **kw)
-        offsets = tuple(cluster_offsets(draft.asm["ttgir"]))
-    kernel = mla_decode_sm90_kernel.warmup(*args, SMEM=offsets, grid=grid, **kw)
-    if kernel.packed_metadata[1] != 2:
-        assert tuple(cluster_offsets(kernel.asm["ttgir"])) == offsets, "shared memory moved between the compiles"
-        warps, _, shared = kernel.packed_metadata           # what the launcher reads: (warps, CTAs, shared)
-        kernel.packed_metadata = (warps, 2, shared)
-        _CLUSTER_OFFSETS[key] = offsets
-    mla_decode_sm90_kernel[(grid[0] // 2,)](*args, SMEM=offsets, **kw)
 
 assert SCHED_BLOCK == BLOCK_N.value, "a key tile is one scheduling block"
