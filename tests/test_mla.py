@@ -339,6 +339,35 @@ def test_fp8_kvcache(target, layout, sparse):
 
 
 @pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("shift", [-60, 100])
+def test_fp8_model1_scale_range(target, shift):
+    """model1 caches whose UE8M0 scales are far from 1 (bytes near 60 and 220): the Gluon kernel turns e4m3
+    bytes into bf16 by bits and applies the scale as two power-of-two multiplies, the second one only taken
+    past 2^127. Keys and values are the usual ones times 2^shift and q times 2^-shift, so the scores are
+    unchanged; the output, times 2^-shift, is checked against the oracle on the same cache. bf16 only: 2^100 is
+    past fp16's range (and the bit route is the bf16 Gluon kernel's)."""
+    device, dtype = target
+    if dtype != torch.bfloat16:
+        pytest.skip("values of 2^100 need bf16")
+    d = LAYOUTS["model1"][0]
+    h_q, s_q = 64, 2
+    seqlens = _seqlens(16, 1024, seed=3)
+    bf16_cache, table = _paged_cache(seqlens, 64, 1, d, torch.bfloat16, device, seed=3)
+    bf16_cache = torch.nan_to_num(bf16_cache, nan=1e4) * 2.0 ** shift
+    packed = flash_mla.quantize_kv_cache(bf16_cache, "model1")
+    scale_bytes = packed[..., 576:583][packed[..., 576:583] > 0]
+    assert abs(scale_bytes.float().median().item() - (127 + shift)) < 16, "the scales are not where the test needs"
+    ref_cache = flash_mla.dequantize_kv_cache(packed, "model1", torch.float32)
+    q = (torch.randn(len(seqlens), s_q, h_q, d, device=device) * 2.0 ** -shift).to(dtype)
+    lens = torch.tensor(seqlens, dtype=torch.int32, device=device)
+    meta, splits = flash_mla.get_mla_metadata(lens, s_q * h_q, 1, is_fp8_kvcache=True)
+    out, lse = flash_mla.flash_mla_with_kvcache(q, packed, table, lens, 512, meta, splits, causal=True,
+                                                is_fp8_kvcache=True)
+    ref_out, ref_lse = mla_decode_ref(q, ref_cache, table, lens, 512, causal=True)
+    _check(out * 2.0 ** -shift, lse, ref_out * 2.0 ** -shift, ref_lse, dtype)
+
+
+@pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("squeeze", [False, True], ids=["4d", "3d"])
 def test_mla_decode_split_tensors(target, squeeze):
     """vLLM's form (latent and rope in separate tensors) gives flash_mla_with_kvcache's answer."""
