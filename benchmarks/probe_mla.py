@@ -4,6 +4,7 @@ against the portable `triton.language` one. For tuning; `fmha bench mla` is the 
     PYTHONPATH=src python3 benchmarks/probe_mla.py [N] [--out probe.json]     # the first N cases
     PYTHONPATH=src python3 benchmarks/probe_mla.py --varlen --overheads 0 2 5   # planner A/B, Gluon only
     PYTHONPATH=src python3 benchmarks/probe_mla.py --versions /tmp/base.py    # kernel A/B, Gluon only
+    PYTHONPATH=src python3 benchmarks/probe_mla.py --versions /tmp/base.py --sparse   # on `fmha bench sparse` rows
 
 `--versions` times other copies of `kernels/mla_decode_sm90.py` (e.g. `git show REV:src/fmha/kernels/mla_decode_sm90.py
 > /tmp/base.py`) beside the package's own, in the same process and interleaved, each checked against the package's
@@ -21,7 +22,8 @@ import torch
 import fmha.kernels.mla_decode_sm90
 
 import fmha.mla as ours_mla
-from fmha.bench import _heat, _portable_mla, attention_flops, bench_gpu_graph, load_module_copy, paged_copy, save_sweep
+from fmha.bench import (SPARSE_DECODE_CASES, SPARSE_PREFILL_CASES, _heat, _portable_mla, attention_flops, bench_gpu,
+                         bench_gpu_graph, load_module_copy, paged_copy, save_sweep, sparse_decode_inputs)
 from fmha.schedule import mla_num_parts, num_sms, plan_mla
 
 CASES = [(128, 8192, 128, 1), (128, 8192, 32, 1), (128, 8192, 16, 2), (128, 8192, 16, 1)]
@@ -29,24 +31,53 @@ VERSION_CASES = [(128, 8192, 128, 1), (128, 4096, 128, 1), (128, 8192, 128, 2), 
                  (128, 8192, 16, 1), (128, 4096, 32, 1)]
 
 
-def run_versions(paths, out, unchecked=False):
+def _dense_case(b, sk, hq, sq):
+    """(row, call, flops, bytes, timer) of a dense MLA decode case (page 64)."""
+    torch.manual_seed(0)
+    q = torch.randn(b, sq, hq, 576, device="cuda", dtype=torch.bfloat16)
+    kv = torch.randn(b, sk, 1, 576, device="cuda", dtype=torch.bfloat16)
+    cache, table = paged_copy(64, kv)
+    lens = torch.full((b,), sk, dtype=torch.int32, device="cuda")
+    meta, splits = ours_mla.get_mla_metadata(lens, sq * hq, 1)
+    run = lambda: ours_mla.flash_mla_with_kvcache(q, cache, table, lens, 512, meta, splits, causal=sq > 1)
+    return (dict(b=b, sk=sk, hq=hq, sq=sq), run, attention_flops(b, sq, sk, hq, 576, 512, causal=sq > 1),
+            b * sk * 576 * 2 + q.numel() * 2 + b * sq * hq * 512 * 2, bench_gpu_graph)
+
+
+def _sparse_cases():
+    """`fmha bench sparse`'s b=64 decode rows and its first two prefill rows, as `_dense_case` returns them (the
+    same inputs and FLOP / byte counts as the benchmark)."""
+    for case in SPARSE_DECODE_CASES[::2]:
+        name, b, hq, sq, d, layout, topk, page, extra_topk, extra_page = case
+        q, cache, lens, sink, kw = sparse_decode_inputs(case, torch.Generator(device="cuda").manual_seed(0))
+        meta, splits = ours_mla.get_mla_metadata(lens, sq * hq, 1, num_heads_q=hq, topk=topk, is_fp8_kvcache=True)
+        run = lambda: ours_mla.flash_mla_with_kvcache(q, cache, None, lens, 512, meta, splits,  # noqa: E731
+                                                      attn_sink=sink, **kw)
+        selected = topk + extra_topk
+        yield (dict(case=name, b=b, hq=hq, sq=sq, d=d), run, 2 * b * sq * hq * selected * (d + 512),
+               b * sq * selected * cache.shape[-1] + (q.numel() + b * sq * hq * 512) * 2, bench_gpu_graph)
+    for name, sq, skv, hq, d, topk in SPARSE_PREFILL_CASES[:2]:
+        g = torch.Generator(device="cuda").manual_seed(0)
+        q = torch.randn(sq, hq, d, device="cuda", dtype=torch.bfloat16, generator=g)
+        kv = torch.randn(skv, 1, d, device="cuda", dtype=torch.bfloat16, generator=g)
+        base = torch.arange(sq, device="cuda") + (skv - sq)
+        indices = (torch.rand(sq, 1, topk, device="cuda", generator=g) * (base + 1).view(sq, 1, 1)).to(torch.int32)
+        run = lambda: ours_mla.flash_mla_sparse_fwd(q, kv, indices, d ** -0.5, 512)  # noqa: E731
+        yield (dict(case=name, sq=sq, hq=hq, d=d), run, 2 * sq * hq * topk * (d + 512),
+               (sq * topk * d + q.numel() + sq * hq * 512) * 2, bench_gpu)
+
+
+def run_versions(paths, out, unchecked=False, sparse=False):
     """Each case: the package's Gluon kernel and every copy, output checked against the package's, run for a second
     untimed (`fmha.bench._heat`), then timed three times round-robin, each round starting one version further on
     (median of each: a timing's place in a burst moves it by a few percent, NOTES.md fourteenth session); the rows
-    carry TFLOP/s and GB/s per version."""
+    carry TFLOP/s and GB/s per version. `sparse`: `fmha bench sparse`'s rows (`_sparse_cases`) instead of the
+    dense ones."""
     own = fmha.kernels.mla_decode_sm90
     versions = [("package", own)] + [(os.path.basename(p), load_module_copy(p)) for p in paths]
     rows = []
-    for b, sk, hq, sq in VERSION_CASES:
-        torch.manual_seed(0)
-        q = torch.randn(b, sq, hq, 576, device="cuda", dtype=torch.bfloat16)
-        kv = torch.randn(b, sk, 1, 576, device="cuda", dtype=torch.bfloat16)
-        cache, table = paged_copy(64, kv)
-        lens = torch.full((b,), sk, dtype=torch.int32, device="cuda")
-        flops = attention_flops(b, sq, sk, hq, 576, 512, causal=sq > 1)
-        nbytes = b * sk * 576 * 2 + q.numel() * 2 + b * sq * hq * 512 * 2
-        meta, splits = ours_mla.get_mla_metadata(lens, sq * hq, 1)
-        run = lambda: ours_mla.flash_mla_with_kvcache(q, cache, table, lens, 512, meta, splits, causal=sq > 1)
+    cases = _sparse_cases() if sparse else (_dense_case(*c) for c in VERSION_CASES)
+    for row, run, flops, nbytes, timer in cases:
         times = {name: [] for name, _ in versions}
         ref = run()[0].float()
         for name, module in versions:
@@ -60,16 +91,17 @@ def run_versions(paths, out, unchecked=False):
         for r in range(3):
             for name, module in versions[r % len(versions):] + versions[:r % len(versions)]:
                 fmha.kernels.mla_decode_sm90 = module
-                times[name].append(bench_gpu_graph(run))
+                times[name].append(timer(run))
         fmha.kernels.mla_decode_sm90 = own
-        row = dict(b=b, sk=sk, hq=hq, sq=sq)
         for name, ts in times.items():
             t = sorted(ts)[1]
             row[f"{name}_tflops"], row[f"{name}_gbps"] = flops / t / 1e12, nbytes / t / 1e9
         rows.append(row)
-        print(f"b={b} sk={sk} hq={hq} sq={sq}: " + ", ".join(
-            f"{name} {row[f'{name}_tflops']:6.1f} TFLOP/s {row[f'{name}_gbps']:6.0f} GB/s" for name in times), flush=True)
-        del q, kv, cache
+        label = " ".join(f"{k}={v}" for k, v in row.items() if not k.endswith(("_tflops", "_gbps")))
+        print(label + ": " + ", ".join(f"{name} {row[f'{name}_tflops']:6.1f} TFLOP/s {row[f'{name}_gbps']:6.0f} GB/s"
+                                      for name in times), flush=True)
+        del run
+        torch.cuda.empty_cache()
     if out:
         save_sweep(out, rows)
 
@@ -81,11 +113,12 @@ def main():
     p.add_argument("--varlen", action="store_true", help="lengths drawn around each case's")
     p.add_argument("--overheads", type=int, nargs="*", default=None, help="plan_mla piece overheads to compare")
     p.add_argument("--versions", nargs="*", default=None, help="other copies of mla_decode_sm90.py to time")
+    p.add_argument("--sparse", action="store_true", help="--versions on `fmha bench sparse`'s rows")
     p.add_argument("--unchecked", action="store_true",
                    help="print the versions' differences instead of asserting (timing probes with wrong results)")
     args = p.parse_args()
     if args.versions is not None:
-        return run_versions(args.versions, args.out, args.unchecked)
+        return run_versions(args.versions, args.out, args.unchecked, args.sparse)
     rows = []
     for b, sk, hq, sq in CASES[: args.n]:
         torch.manual_seed(0)

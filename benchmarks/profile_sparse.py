@@ -1,24 +1,40 @@
-"""Where the time of one sparse decode call goes: the torch profiler's CUDA kernel table for one `fmha bench
-sparse` row (default: the V4 row h_q=64, topk 128 + extra 512, b=64). Usage:
-    PYTHONPATH=src python3 benchmarks/profile_sparse.py [row index in bench.SPARSE_DECODE_CASES]"""
+"""Where the time of one sparse decode call goes, for one `fmha bench sparse` row (default: the V4 row h_q=64,
+topk 128 + extra 512, b=64). Usage:
+    PYTHONPATH=src python3 benchmarks/profile_sparse.py [row index in bench.SPARSE_DECODE_CASES] [--plain]
+    PYTHONPATH=src python3 benchmarks/profile_sparse.py --prefill [row index in bench.SPARSE_PREFILL_CASES] [--plain]
+prints the torch profiler's CUDA kernel table; with --plain it only makes three calls (the first compiles), for
+    ncu --kernel-name regex:mla_decode_sm90 --launch-skip 2 --launch-count 1 --clock-control none ...
+and `benchmarks/ncu_source.py` summarises a report's per-instruction stall samples."""
 import sys
 
 import torch
 
 import fmha.mla as mla
-from fmha.bench import SPARSE_DECODE_CASES, sparse_decode_inputs
+from fmha.bench import SPARSE_DECODE_CASES, SPARSE_PREFILL_CASES, sparse_decode_inputs
 
-case = SPARSE_DECODE_CASES[int(sys.argv[1]) if len(sys.argv) > 1 else 2]
-name, b, hq, sq, d, layout, topk, page, extra_topk, extra_page = case
-q, cache, lens, sink, kw = sparse_decode_inputs(case, torch.Generator(device="cuda").manual_seed(0))
-meta, splits = mla.get_mla_metadata(lens, sq * hq, 1, num_heads_q=hq, topk=topk)
-call = lambda: mla.flash_mla_with_kvcache(q, cache, None, lens, 512, meta, splits, attn_sink=sink, **kw)  # noqa
+args = [a for a in sys.argv[1:] if not a.startswith("--")]
+g = torch.Generator(device="cuda").manual_seed(0)
+if "--prefill" in sys.argv:
+    name, sq, skv, hq, d, topk = SPARSE_PREFILL_CASES[int(args[0]) if args else 1]
+    b, extra_topk = 1, 0
+    q = torch.randn(sq, hq, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    kv = torch.randn(skv, 1, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    base = torch.arange(sq, device="cuda") + (skv - sq)          # as `fmha bench sparse` picks them
+    indices = (torch.rand(sq, 1, topk, device="cuda", generator=g) * (base + 1).view(sq, 1, 1)).to(torch.int32)
+    call = lambda: mla.flash_mla_sparse_fwd(q, kv, indices, d ** -0.5, 512)  # noqa
+else:
+    case = SPARSE_DECODE_CASES[int(args[0]) if args else 2]
+    name, b, hq, sq, d, layout, topk, page, extra_topk, extra_page = case
+    q, cache, lens, sink, kw = sparse_decode_inputs(case, g)
+    meta, splits = mla.get_mla_metadata(lens, sq * hq, 1, num_heads_q=hq, topk=topk)
+    call = lambda: mla.flash_mla_with_kvcache(q, cache, None, lens, 512, meta, splits, attn_sink=sink, **kw)  # noqa
 for _ in range(3):
     call()
 torch.cuda.synchronize()
-with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-    for _ in range(10):
-        call()
-    torch.cuda.synchronize()
-print(name, b, hq, topk, extra_topk)
-print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=15))
+if "--plain" not in sys.argv:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(10):
+            call()
+        torch.cuda.synchronize()
+    print(name, b, hq, topk, extra_topk)
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=15))

@@ -42,7 +42,9 @@ bf16 values in place (`_dequant`: every thread reads its bytes, a barrier, then 
 Q·Kᵀ on that half; the other warpgroup reads it as values after the hand-offs that follow those scores.
 model1's RoPE values (bf16, the last 64 of its 512 columns) land in the RoPE slot and are copied into half R
 by the same step. A second source: the planned row's keys from `main_span` on are the extra cache's, each
-tile wholly one source's.
+tile wholly one source's (`_source` picks its fields without a branch, so the gather code exists once). The
+index row (or block-table entries) a gather reads is staged in shared memory a tile pair ahead by cp.async
+(`_stage_keys`), so its load's latency hides behind that pair instead of stalling the issuing warpgroup.
 
 A paged bf16/fp16 cache may hold anything (NaN included) past a sequence's end; the last tile's rows there are
 zeroed in shared memory before they are used as values (0 · NaN would poison the output), each warpgroup its
@@ -156,21 +158,31 @@ def _landed(k_ready, t, PART: gl.constexpr, GATHER: gl.constexpr):
 
 
 @gluon.jit
-def _key_ok(src, n, s_layout: gl.constexpr):
-    """SPARSE: which keys of the tile at key n of source `src` exist (`_key_rows`' rule, the one the gathers
-    zero-fill by), along the score tile's columns."""
-    page, slot, ok = _key_rows(src, n, gl.SliceLayout(0, s_layout), True)
+def _tile_keys_ok(kv, n, staged, s_layout: gl.constexpr, EXTRA: gl.constexpr):
+    """SPARSE: which keys of the tile at planned key n exist (`_key_rows`' rule, the one the gathers zero-fill
+    by), along the score tile's columns, from its index row `staged` (a `kidx` slot in shared memory,
+    `_stage_keys`)."""
+    layout: gl.constexpr = gl.SliceLayout(0, s_layout)
+    src, m = _source(kv, n, EXTRA)
+    page, slot, ok = _key_rows(src, m, staged.load(layout), layout, True)
     return ok
 
 
 @gluon.jit
-def _tile_keys_ok(kv, n, s_layout: gl.constexpr, EXTRA: gl.constexpr):
-    """`_key_ok` of the tile at planned key n: the main source's keys, then (EXTRA) the second source's from
-    the planned row's key main_span on."""
+def _source(kv, n, EXTRA: gl.constexpr):
+    """(source, key position in it) of planned key n: the main source's keys, then (EXTRA) the second
+    source's from the planned row's key main_span on. Picked field by field (no branch), so the code that
+    reads a source exists once."""
+    main = kv[4]
     if EXTRA:
-        if n >= kv[6]:
-            return _key_ok(kv[5], n - kv[6], s_layout)
-    return _key_ok(kv[4], n, s_layout)
+        x = n >= kv[6]
+        extra = kv[5]
+        src = (gl.where(x, extra[0], main[0]), gl.where(x, extra[1], main[1]), gl.where(x, extra[2], main[2]),
+               gl.where(x, extra[3], main[3]), gl.where(x, extra[4], main[4]), gl.where(x, extra[5], main[5]),
+               gl.where(x, extra[6], main[6]), gl.where(x, extra[7], main[7]), gl.where(x, extra[8], main[8]),
+               gl.where(x, extra[9], main[9]))
+        return src, gl.where(x, n - kv[6], n)
+    return main, n
 
 
 @gluon.jit
@@ -220,21 +232,52 @@ def _signal(bar):
 
 
 @gluon.jit
-def _key_rows(src, n, layout: gl.constexpr, SPARSE: gl.constexpr):
-    """(page, slot, exists) of the keys n .. n + 63 of source `src`, in `layout`: SPARSE from the token's index
-    row (flat positions page * page_size + slot; invalid: negative, past the cache or past the valid length),
-    else from the sequence's block table row (keys past its length do not exist). Loaded once per load point
-    and shared by its parts' gathers (each a dependent copy on this load)."""
+def _key_addresses(src, n, layout: gl.constexpr, SPARSE: gl.constexpr):
+    """(addresses, exists) of what `_key_rows` reads for the keys n .. n + 63 of source `src`, in `layout`:
+    SPARSE the token's index row, else the sequence's block-table entries; keys past the valid length (the
+    sequence's) are not read."""
+    k_pos = n + gl.arange(0, BLOCK_N, layout=layout)
+    if SPARSE:
+        return src[0] + k_pos, k_pos < src[1]
+    else:
+        return src[0] + k_pos // src[9], k_pos < src[1]
+
+
+@gluon.jit
+def _fetch(kv, n, SPARSE: gl.constexpr, EXTRA: gl.constexpr):
+    """What `_key_rows` reads for the tile at planned key n, loaded into registers (KEY_ROWS): the first two
+    tiles of a piece, whose gathers cannot wait for `_stage_keys`."""
+    src, m = _source(kv, n, EXTRA)
+    addr, ok = _key_addresses(src, m, KEY_ROWS, SPARSE)
+    return gl.load(addr, mask=ok, other=0)
+
+
+@gluon.jit
+def _stage_keys(kv, n, dst, SPARSE: gl.constexpr, EXTRA: gl.constexpr):
+    """cp.async what `_key_rows` reads for the tile at planned key n into `dst` (BLOCK_N int32 in shared memory;
+    0 for keys past the valid length). Issued before a gather's copies, it lands with them: every consumer of
+    those parts may read it once it has waited on any of their barriers. The gathers stage each tile's row a
+    tile pair before they use it, so its load's latency hides behind that pair's work instead of stalling the
+    warpgroup that issues the copies; the score masks read the same rows."""
+    src, m = _source(kv, n, EXTRA)
+    addr, ok = _key_addresses(src, m, gl.BlockedLayout([1], [32], [4], [0]), SPARSE)
+    async_copy.async_copy_global_to_shared(dst, addr, mask=ok)
+
+
+@gluon.jit
+def _key_rows(src, n, raw, layout: gl.constexpr, SPARSE: gl.constexpr):
+    """(page, slot, exists) of the keys n .. n + 63 of source `src` from `raw` (what `_key_addresses` points at,
+    0 past the valid length), in `layout`: SPARSE flat positions page * page_size + slot (invalid: negative,
+    past the cache or past the valid length), else block-table pages (keys past the sequence's length do not
+    exist)."""
     k_pos = n + gl.arange(0, BLOCK_N, layout=layout)
     page_size = src[9]
     if SPARSE:
-        token = gl.load(src[0] + k_pos, mask=k_pos < src[1], other=-1)
-        ok = (token >= 0) & (token < src[2])
-        token = gl.where(ok, token, 0)
+        ok = (k_pos < src[1]) & (raw >= 0) & (raw < src[2])
+        token = gl.where(ok, raw, 0)
         return token // page_size, token % page_size, ok
     else:
-        ok = k_pos < src[1]
-        return gl.load(src[0] + k_pos // page_size, mask=ok, other=0), k_pos % page_size, ok
+        return raw, k_pos % page_size, k_pos < src[1]
 
 
 @gluon.jit
@@ -289,13 +332,13 @@ def _gather_part(src, keys, bufs, slot, PART: gl.constexpr, FP8: gl.constexpr):
 
 
 @gluon.jit
-def _gather_parts(src, n, bufs, slot, FIRST: gl.constexpr, SECOND: gl.constexpr, THIRD: gl.constexpr,
+def _gather_parts(src, n, raw, bufs, slot, FIRST: gl.constexpr, SECOND: gl.constexpr, THIRD: gl.constexpr,
                   SPARSE: gl.constexpr, FP8: gl.constexpr):
-    """Gather parts FIRST, SECOND, THIRD (-1: none) of the tile at key n of source `src`: its keys once, then
-    each part's copies and the arrive on that part's barrier (an arrive waits for all the thread's earlier
-    copies, so each part's follows its own)."""
+    """Gather parts FIRST, SECOND, THIRD (-1: none) of the tile at key n of source `src` (`raw`: what
+    `_key_rows` reads for it): its keys once, then each part's copies and the arrive on that part's barrier (an arrive
+    waits for all the thread's earlier copies, so each part's follows its own)."""
     k_lat, k_rope, k_ready, k_raw, k_scale = bufs
-    keys = _key_rows(src, n, KEY_ROWS, SPARSE)
+    keys = _key_rows(src, n, raw, KEY_ROWS, SPARSE)
     _gather_part(src, keys, bufs, slot, FIRST, FP8)
     async_copy.mbarrier_arrive(k_ready[FIRST].index(slot), increment_count=False)
     if SECOND >= 0:
@@ -393,27 +436,22 @@ def _dequant(bufs, slot, PART: gl.constexpr, FP8: gl.constexpr):
 
 
 @gluon.jit
-def _load_parts(kv, bufs, n, t, FIRST: gl.constexpr, SECOND: gl.constexpr, THIRD: gl.constexpr,
+def _load_parts(kv, bufs, n, t, raw, FIRST: gl.constexpr, SECOND: gl.constexpr, THIRD: gl.constexpr,
                 SPARSE: gl.constexpr, FP8: gl.constexpr, ROPE_PART: gl.constexpr, EXTRA: gl.constexpr):
     """Load parts FIRST, SECOND, THIRD (PART_L, PART_R or PART_ROPE; -1: none) of key tile t (planned keys
     n .. n + 63) into the tile's ring slot: TMA copies (a bf16/fp16 paged cache), or a gather by the calling
-    warpgroup's 128 threads (SPARSE or FP8), each arriving on a part's barrier when its copies land. `kv` =
-    (latent descriptor, rope descriptor, block table row, page size, main source, extra source, main_span)
-    (`_gather_part` has the sources); ROPE_PART: the tile has a RoPE part to load (none for bf16 head_dim
-    512: the RoPE slot then only carries P)."""
+    warpgroup's 128 threads (SPARSE or FP8; `raw`: what `_key_rows` reads for the tile), each arriving on a
+    part's barrier when its copies land. `kv` = (latent descriptor, rope descriptor, block table row, page size,
+    main source, extra source, main_span) (`_gather_part` has the sources); ROPE_PART: the tile has a RoPE part to load
+    (none for bf16 head_dim 512: the RoPE slot then only carries P)."""
     k_lat_desc, k_rope_desc, table, page_size, main, extra, main_span = kv
     slot = t % STAGES
     # A RoPE part in the list is dropped when there is none (it is never FIRST).
     S2: gl.constexpr = SECOND if ROPE_PART or SECOND != PART_ROPE else -1
     S3: gl.constexpr = THIRD if ROPE_PART or THIRD != PART_ROPE else -1
     if SPARSE or (FP8 != 0):
-        if EXTRA:
-            if n >= main_span:
-                _gather_parts(extra, n - main_span, bufs, slot, FIRST, S2, S3, SPARSE, FP8)
-            else:
-                _gather_parts(main, n, bufs, slot, FIRST, S2, S3, SPARSE, FP8)
-        else:
-            _gather_parts(main, n, bufs, slot, FIRST, S2, S3, SPARSE, FP8)
+        src, m = _source(kv, n, EXTRA)
+        _gather_parts(src, m, raw, bufs, slot, FIRST, S2, S3, SPARSE, FP8)
     else:
         page = gl.load(table + n // page_size)
         _tma_part(k_lat_desc, k_rope_desc, bufs, page, n % page_size, slot, FIRST)
@@ -440,7 +478,7 @@ def _tma_part(k_lat_desc, k_rope_desc, bufs, page, row, slot, PART: gl.constexpr
 
 @gluon.jit
 def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_desc,
-              q_lat, q_rope, bufs, q_ready, q_free, handoff, rows_smem,
+              q_lat, q_rope, bufs, q_ready, q_free, handoff, rows_smem, kidx,
               LSE, LSE_PART, SCHED, SEQLENS, SPLIT_OFFSETS, SINKS, BLOCK_TABLE, KV_LAT, K_ROPE, VALID_LENS, MAX_LOGITS,
               X_LAT, X_ROPE, X_TABLE, X_VALID,
               batch, seqlen_q, group, rows_per_k, page_size, stride_bt, qk_scale_log2, stride_lb, stride_lh,
@@ -514,11 +552,20 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
                                                 q_lat.index(0).reshape(q_lat_desc.block_type.shape))
                 tma.async_copy_global_to_shared(q_lat_desc, [b, row0, HALF], q_ready,
                                                 q_lat.index(1).reshape(q_lat_desc.block_type.shape))
-                _load_parts(kv, bufs, blk * BLOCK_N, c, PART_L, PART_R, PART_ROPE, SPARSE, FP8, ROPE_PART,
-                            EXTRA)
+                # Gathers: the index rows (or block-table entries) of the first pair's tiles, for the masks, and
+                # of the second pair's, for its loads (`kidx`), land with these tiles.
+                if GATHER:
+                    _stage_keys(kv, (blk + 2) * BLOCK_N, kidx.index(0), SPARSE, EXTRA)
+                    _stage_keys(kv, blk * BLOCK_N, kidx.index(1), SPARSE, EXTRA)
+                _load_parts(kv, bufs, blk * BLOCK_N, c, _fetch(kv, blk * BLOCK_N, SPARSE, EXTRA) if GATHER else 0,
+                            PART_L, PART_R, PART_ROPE, SPARSE, FP8, ROPE_PART, EXTRA)
                 if take > 1:
-                    _load_parts(kv, bufs, (blk + 1) * BLOCK_N, c + 1, PART_L, PART_R, PART_ROPE, SPARSE, FP8,
-                                ROPE_PART, EXTRA)
+                    if GATHER:
+                        _stage_keys(kv, (blk + 3) * BLOCK_N, kidx.index(2), SPARSE, EXTRA)
+                        _stage_keys(kv, (blk + 1) * BLOCK_N, kidx.index(3), SPARSE, EXTRA)
+                    _load_parts(kv, bufs, (blk + 1) * BLOCK_N, c + 1,
+                                _fetch(kv, (blk + 1) * BLOCK_N, SPARSE, EXTRA) if GATHER else 0,
+                                PART_L, PART_R, PART_ROPE, SPARSE, FP8, ROPE_PART, EXTRA)
             # Causal (bottom-right): query i sees keys j <= seqlen - seqlen_q + i.
             full = seqlen
             last_visible = gl.zeros([ROWS], gl.int32, row_s) + (seqlen - 1)
@@ -542,8 +589,9 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
                 n1 = n0 + BLOCK_N
                 has1 = i + 1 < take
                 ph = pairs & 1
+                jp = (i // 2) & 1         # `kidx` slots: this pair's in jp, the last pair's in 1 - jp
                 if WG == 0:
-                    key_ok = _tile_keys_ok(kv, n0, s_layout, EXTRA) if SPARSE else 0
+                    key_ok = _tile_keys_ok(kv, n0, kidx.index(1 - jp), s_layout, EXTRA) if SPARSE else 0
                     s = _mask(warpgroup_mma_wait(0, deps=(s_tok,)), n0, full, seqlen, last_visible, qk_scale_log2,
                               key_ok, s_layout, SPARSE)
                     m_new = gl.maximum(m_i, gl.max(s, 1))
@@ -567,8 +615,8 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
                     _signal(handoff[2])
                     acc = warpgroup_mma_wait(0, deps=(o_tok,))
                     if i + 2 < take:          # this slot's half L is free: the next pair's first tile
-                        _load_parts(kv, bufs, n0 + 2 * BLOCK_N, c + 2, PART_L, -1, -1, SPARSE, FP8, ROPE_PART,
-                                    EXTRA)
+                        _load_parts(kv, bufs, n0 + 2 * BLOCK_N, c + 2, kidx.index(jp).load(KEY_ROWS) if GATHER else 0,
+                                    PART_L, -1, -1, SPARSE, FP8, ROPE_PART, EXTRA)
                     acc = acc * gl.convert_layout(alpha1, row_o)[:, None]
                     l_i = l_i * alpha1
                     mbarrier.wait(handoff[3], ph)
@@ -582,13 +630,16 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
                         o_tok = warpgroup_mma(k_rope.index(slot1), v1, acc, is_async=True)
                         acc = warpgroup_mma_wait(0, deps=(o_tok,))
                         if i + 3 < take:
-                            _load_parts(kv, bufs, n1 + 2 * BLOCK_N, c + 3, PART_L, PART_ROPE, -1, SPARSE, FP8,
-                                        ROPE_PART, EXTRA)
+                            if GATHER:            # the tile of this site in the next pair
+                                _stage_keys(kv, n1 + 4 * BLOCK_N, kidx.index(3 - jp), SPARSE, EXTRA)
+                            _load_parts(kv, bufs, n1 + 2 * BLOCK_N, c + 3,
+                                        kidx.index(2 + jp).load(KEY_ROWS) if GATHER else 0, PART_L, PART_ROPE, -1,
+                                        SPARSE, FP8, ROPE_PART, EXTRA)
                     if i + 2 < take:
                         s_tok = _scores(q_lat, q_rope, bufs, c + 2, PART_L, s_layout, GATHER, FP8, HAS_ROPE)
                 else:
                     if has1:
-                        key_ok = _tile_keys_ok(kv, n1, s_layout, EXTRA) if SPARSE else 0
+                        key_ok = _tile_keys_ok(kv, n1, kidx.index(3 - jp), s_layout, EXTRA) if SPARSE else 0
                         s = _mask(warpgroup_mma_wait(0, deps=(s_tok,)), n1, full, seqlen, last_visible,
                                   qk_scale_log2, key_ok, s_layout, SPARSE)
                     else:
@@ -628,12 +679,16 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
                     o_tok = warpgroup_mma(k_rope.index(c % STAGES), v0, o_tok, is_async=True)
                     if i + 3 < take:
                         warpgroup_mma_wait(1, deps=(o_tok,))        # P1·V1_R is done, P0·V0_R may not be
-                        _load_parts(kv, bufs, n1 + 2 * BLOCK_N, c + 3, PART_R, -1, -1, SPARSE, FP8, ROPE_PART,
-                                    EXTRA)
+                        _load_parts(kv, bufs, n1 + 2 * BLOCK_N, c + 3,
+                                    kidx.index(2 + jp).load(KEY_ROWS) if GATHER else 0, PART_R, -1, -1, SPARSE, FP8,
+                                    ROPE_PART, EXTRA)
                     acc = warpgroup_mma_wait(0, deps=(o_tok,))
                     if i + 2 < take:
-                        _load_parts(kv, bufs, n0 + 2 * BLOCK_N, c + 2, PART_R, PART_ROPE, -1, SPARSE, FP8,
-                                    ROPE_PART, EXTRA)
+                        if GATHER:                # the tile of this site in the next pair
+                            _stage_keys(kv, n0 + 4 * BLOCK_N, kidx.index(1 - jp), SPARSE, EXTRA)
+                        _load_parts(kv, bufs, n0 + 2 * BLOCK_N, c + 2,
+                                    kidx.index(jp).load(KEY_ROWS) if GATHER else 0, PART_R, PART_ROPE, -1, SPARSE,
+                                    FP8, ROPE_PART, EXTRA)
                     if i + 3 < take:
                         s_tok = _scores(q_lat, q_rope, bufs, c + 3, PART_R, s_layout, GATHER, FP8, HAS_ROPE)
                 c += gl.minimum(take - i, 2)
@@ -723,6 +778,8 @@ def mla_decode_sm90_kernel(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_d
     k_raw = k_lat._reinterpret(gl.uint8, [4 * STAGES, BLOCK_N, HALF], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
     k_scale = gl.allocate_shared_memory(gl.uint8, [2 * STAGES if FP8 != 0 else 1, BLOCK_N, 8], SCALE_SMEM)
     rows_smem = gl.allocate_shared_memory(gl.float32, [6, ROWS], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    # Gathers: staged index rows (or block-table entries), two tiles a pair, two pairs (`_stage_keys`).
+    kidx = gl.allocate_shared_memory(gl.int32, [4, BLOCK_N], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     q_ready = q_bars.index(0)
     q_free = q_bars.index(1)
@@ -740,7 +797,7 @@ def mla_decode_sm90_kernel(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_d
     gl.warp_specialize([
         (_consumer, (q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_desc,
                      q_lat, q_rope, (k_lat, k_rope, k_ready, k_raw, k_scale), q_ready, q_free, handoff, rows_smem,
-                     LSE, LSE_PART, SCHED, SEQLENS, SPLIT_OFFSETS, SINKS, BLOCK_TABLE, KV_LAT, K_ROPE, VALID_LENS,
+                     kidx, LSE, LSE_PART, SCHED, SEQLENS, SPLIT_OFFSETS, SINKS, BLOCK_TABLE, KV_LAT, K_ROPE, VALID_LENS,
                      MAX_LOGITS, X_LAT, X_ROPE, X_TABLE, X_VALID, batch, seqlen_q, group, rows_per_k, page_size,
                      stride_bt, qk_scale_log2, stride_lb, stride_lh, stride_ls, stride_lps, index_bound, stride_kp,
                      stride_ks, stride_rp, stride_rs, stride_mb, stride_mh, main_span, x_page_size, x_bound, stride_xt,
@@ -748,7 +805,7 @@ def mla_decode_sm90_kernel(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_d
                      HAS_MAX, HAS_ROPE, ROPE_PART, EXTRA)),
         (_consumer, (q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_desc,
                      q_lat, q_rope, (k_lat, k_rope, k_ready, k_raw, k_scale), q_ready, q_free, handoff, rows_smem,
-                     LSE, LSE_PART, SCHED, SEQLENS, SPLIT_OFFSETS, SINKS, BLOCK_TABLE, KV_LAT, K_ROPE, VALID_LENS,
+                     kidx, LSE, LSE_PART, SCHED, SEQLENS, SPLIT_OFFSETS, SINKS, BLOCK_TABLE, KV_LAT, K_ROPE, VALID_LENS,
                      MAX_LOGITS, X_LAT, X_ROPE, X_TABLE, X_VALID, batch, seqlen_q, group, rows_per_k, page_size,
                      stride_bt, qk_scale_log2, stride_lb, stride_lh, stride_ls, stride_lps, index_bound, stride_kp,
                      stride_ks, stride_rp, stride_rs, stride_mb, stride_mh, main_span, x_page_size, x_bound, stride_xt,
