@@ -52,14 +52,24 @@ def test_v32_bytes():
 
 
 def test_model1_bytes():
+    """FlashMLA's per-block layout: each page is page_size 576-byte rows (448 e4m3 values, 64 bf16 RoPE values),
+    then 8 bytes per token (7 UE8M0 scales and a zero), the block padded to a multiple of 576 bytes."""
     kv = _kv("model1", seed=2)
+    blocks, page = kv.shape[:2]
     packed = flash_mla.quantize_kv_cache(kv, "model1")
-    assert torch.equal(packed[..., 448:576].contiguous().view(torch.bfloat16), kv[..., 448:])
-    scale = torch.exp2(packed[..., 576:583].float() - 127)
-    amax = kv[..., :448].float().reshape(*kv.shape[:-1], 7, 64).abs().amax(-1)
+    assert packed.stride() == (-(-page * 584 // 576) * 576, 584, 584, 1)
+    flat = packed.as_strided((blocks, packed.stride(0)), (packed.stride(0), 1))
+    rows = flat[:, :page * 576].reshape(blocks, page, 576)
+    tail = flat[:, page * 576:page * 584].reshape(blocks, page, 8)
+    assert torch.equal(rows[..., 448:].contiguous().view(torch.bfloat16), kv[:, :, 0, 448:])
+    scale = torch.exp2(tail[..., :7].float() - 127)
+    amax = kv[:, :, 0, :448].float().reshape(blocks, page, 7, 64).abs().amax(-1)
     nonzero = amax > 0
     assert (scale[nonzero] * 448 >= amax[nonzero]).all() and (scale[nonzero] * 224 < amax[nonzero]).all()
-    assert (packed[..., 576:583][~nonzero] == 0).all() and (packed[..., 583] == 0).all()
+    assert (tail[..., :7][~nonzero] == 0).all() and (tail[..., 7] == 0).all()
+    values = rows[..., :448].contiguous().view(torch.float8_e4m3fn).float().reshape(blocks, page, 7, 64)
+    torch.testing.assert_close((values * scale[..., None]).reshape(blocks, page, 448),
+                               flash_mla.dequantize_kv_cache(packed, "model1", torch.float32)[:, :, 0, :448])
 
 
 def test_bad_input():
@@ -73,3 +83,7 @@ def test_bad_input():
         flash_mla.dequantize_kv_cache(torch.zeros(2, 656), "v32")
     with pytest.raises(ValueError, match="packed: expected a last dim of 584"):
         flash_mla.dequantize_kv_cache(torch.zeros(2, 656, dtype=torch.uint8), "model1")
+    with pytest.raises(ValueError, match="kv: expected a .num_blocks, page_size, 1, 512. paged cache"):
+        flash_mla.quantize_kv_cache(_kv("model1")[:, :, 0], "model1")
+    with pytest.raises(ValueError, match="packed: a model1 FP8 cache is"):       # per-token rows: not the layout
+        flash_mla.dequantize_kv_cache(torch.zeros(4, 16, 1, 584, dtype=torch.uint8)[:, ::2], "model1")

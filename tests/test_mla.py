@@ -8,7 +8,7 @@ import torch
 
 import fmha.mla as flash_mla
 from fmha.kernels.mla_decode import mla_decode_forward
-from fmha._kv_fp8 import LAYOUTS
+from fmha._kv_fp8 import LAYOUTS, model1_parts
 from fmha.reference import mla_decode_ref, mla_sparse_decode_ref, mla_sparse_prefill_ref
 from fmha.schedule import PIECE_OVERHEAD, SCHED_BLOCK, SCHED_FIELDS, plan_mla, uniform_plan
 from utils import TARGETS, assert_close
@@ -355,7 +355,8 @@ def test_fp8_model1_scale_range(target, shift):
     bf16_cache, table = _paged_cache(seqlens, 64, 1, d, torch.bfloat16, device, seed=3)
     bf16_cache = torch.nan_to_num(bf16_cache, nan=1e4) * 2.0 ** shift
     packed = flash_mla.quantize_kv_cache(bf16_cache, "model1")
-    scale_bytes = packed[..., 576:583][packed[..., 576:583] > 0]
+    scale_bytes = model1_parts(packed)[1][..., :7]
+    scale_bytes = scale_bytes[scale_bytes > 0]
     assert abs(scale_bytes.float().median().item() - (127 + shift)) < 16, "the scales are not where the test needs"
     ref_cache = flash_mla.dequantize_kv_cache(packed, "model1", torch.float32)
     q = (torch.randn(len(seqlens), s_q, h_q, d, device=device) * 2.0 ** -shift).to(dtype)

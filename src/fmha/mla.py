@@ -28,7 +28,7 @@ import torch
 
 from . import _validate as V
 from ._ops import custom_op
-from ._kv_fp8 import dequantize_kv_cache, quantize_kv_cache
+from ._kv_fp8 import check_model1_cache, dequantize_kv_cache, quantize_kv_cache
 from .kernels.mla_decode import mla_decode_forward
 from .schedule import SCHED_BLOCK, SCHED_FIELDS, mla_num_parts, num_sms, plan_mla, uniform_lengths, uniform_plan
 
@@ -197,8 +197,9 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
             causal mask; plan with `get_mla_metadata(..., num_heads_q=h_q, topk=topk)`.
         topk_length: `(batch,)` int32, with indices: only the first topk_length[b] indices of batch b count.
         is_fp8_kvcache: k_cache holds packed FP8 rows (uint8 or float8_e4m3fn), `(num_blocks, page, 1, 656)` for
-            DeepSeek-V3.2 (head_dim 576) or `(..., 584)` for V4 "model1" (head_dim 512); see
-            `quantize_kv_cache`. Dequantised on load; the math is in q's dtype.
+            DeepSeek-V3.2 (head_dim 576) or `(..., 584)` for V4 "model1" (head_dim 512, FlashMLA's per-block
+            layout: stride(1) 584, blocks stride(0) bytes apart); see `quantize_kv_cache`. Dequantised on load;
+            the math is in q's dtype.
         extra_k_cache, extra_indices_in_kvcache, extra_topk_length: a second KV source with its own page size
             (DeepSeek-V4's sliding-window branch), sparse like the first: `extra_indices_in_kvcache (batch, s_q,
             extra_topk)` index `extra_k_cache` (same row format as k_cache). Both sources are attended in one
@@ -276,6 +277,8 @@ def _cache_parts(name, cache, q, head_dim_v, is_fp8):
                              f"(..., 584) with head_dim 512 (model1), head_dim_v 512; got {name} "
                              f"{tuple(cache.shape)}, head_dim {dqk}, head_dim_v {head_dim_v}")
         V.check_last_dim_contiguous(name, cache)
+        if layout == "model1":
+            check_model1_cache(name, cache)
         return cache, (cache if dqk > head_dim_v else None), layout
     V.check_tensor(name, cache, ndim=4, dtypes=(q.dtype,), device=q.device)
     V.check_last_dim_contiguous(name, cache)

@@ -25,20 +25,18 @@ from .sm90 import gluon_enabled
 
 
 @triton.jit
-def _fp8_cols(row, START: tl.constexpr, WIDTH: tl.constexpr, ok, FP8: tl.constexpr, DTYPE: tl.constexpr):
-    """Columns START .. START + WIDTH - 1 of the key rows at byte pointers `row` in an FP8 cache (`_kv_fp8.py` has
-    the byte layouts), dequantised to DTYPE: NoPE columns are e4m3 times their group's scale, RoPE columns are
-    stored bf16. Values are loaded as (rows, groups, GROUP) and scales as (rows, groups), one scale per group and
-    row: compact tiles that the pipeliner can stage."""
+def _fp8_cols(row, srow, START: tl.constexpr, WIDTH: tl.constexpr, ok, FP8: tl.constexpr, DTYPE: tl.constexpr):
+    """Columns START .. START + WIDTH - 1 of the keys whose value rows start at byte pointers `row` and scales at
+    `srow` in an FP8 cache (`_kv_fp8.py` has the byte layouts), dequantised to DTYPE: NoPE columns are e4m3 times
+    their group's scale, RoPE columns are stored bf16. Values are loaded as (rows, groups, GROUP) and scales as
+    (rows, groups), one scale per group and row: compact tiles that the pipeliner can stage."""
     if FP8 == 1:         # v32: 512 e4m3 | 4 fp32 scales (groups of 128) | 64 bf16 rope
         NOPE: tl.constexpr = 512
         GROUP: tl.constexpr = 128
-        SCALE_OFF: tl.constexpr = 512
         ROPE_OFF: tl.constexpr = 528
-    else:                # model1: 448 e4m3 | 64 bf16 rope | 7 UE8M0 scales (groups of 64) | pad
+    else:                # model1: 448 e4m3 | 64 bf16 rope; 7 UE8M0 scales (groups of 64) elsewhere in the page
         NOPE: tl.constexpr = 448
         GROUP: tl.constexpr = 64
-        SCALE_OFF: tl.constexpr = 576
         ROPE_OFF: tl.constexpr = 448
     if START >= NOPE:
         # All RoPE (v32's last 64 columns).
@@ -54,10 +52,10 @@ def _fp8_cols(row, START: tl.constexpr, WIDTH: tl.constexpr, ok, FP8: tl.constex
         x = tl.load(row.to(tl.pointer_type(tl.float8e4nv))[:, None, None] + cols[None, :, :],
                     mask=ok[:, None, None] & (cols < NOPE)[None, :, :], other=0.0)
         if FP8 == 1:
-            scale = tl.load((row + SCALE_OFF).to(tl.pointer_type(tl.float32))[:, None] + g[None, :],
+            scale = tl.load(srow.to(tl.pointer_type(tl.float32))[:, None] + g[None, :],
                             mask=ok[:, None] & g_nope, other=0.0)
         else:
-            e = tl.load(row[:, None] + SCALE_OFF + g[None, :], mask=ok[:, None] & g_nope, other=127)
+            e = tl.load(srow[:, None] + g[None, :], mask=ok[:, None] & g_nope, other=127)
             scale = tl.exp2(e.to(tl.float32) - 127.0)
         value = x.to(tl.float32) * scale[:, :, None]
         if START + WIDTH > NOPE:
@@ -118,11 +116,17 @@ def _load_k(kv_lat, k_rope, lat_desc, rope_desc, bt_row, n, seqlen, kv_head, pag
         lat = kv_lat + page * stride_lp + slot * stride_ls + kv_head * stride_lh
         rope = lat
         if FP8 != 0:
-            k0 = _fp8_cols(lat, 0, HALF, ok, FP8, DTYPE)
-            k1 = _fp8_cols(lat, HALF, HALF, ok, FP8, DTYPE)
+            if FP8 == 1:
+                srow = lat + 512                     # v32: the scales follow the row's values
+            else:
+                # model1 (one KV head): a page holds page_size 576-byte value rows, then 8 scale bytes per token.
+                lat = kv_lat + page * stride_lp + slot * 576
+                srow = kv_lat + page * stride_lp + page_size * 576 + slot * 8
+            k0 = _fp8_cols(lat, srow, 0, HALF, ok, FP8, DTYPE)
+            k1 = _fp8_cols(lat, srow, HALF, HALF, ok, FP8, DTYPE)
             kt = k0
             if HAS_ROPE:
-                kt = _fp8_cols(lat, 2 * HALF, DT, ok, FP8, DTYPE)
+                kt = _fp8_cols(lat, srow, 2 * HALF, DT, ok, FP8, DTYPE)
         else:
             if HAS_ROPE:
                 rope = k_rope + page * stride_rp + slot * stride_rs + kv_head * stride_rh

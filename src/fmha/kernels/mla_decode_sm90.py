@@ -5,8 +5,8 @@ call with one KV head and at least 16 packed query rows (run in 64-row blocks), 
 DT = 64 RoPE columns or none (DeepSeek-V4's head_dim 512):
 - bf16/fp16 paged caches with pages of a multiple of 64 keys: TMA from one page per tile;
 - token-sparse calls (index rows instead of a block table: sparse decode, `flash_mla_sparse_fwd`) and FP8
-  caches (V3.2's 656-byte and V4's 584-byte rows, paged or sparse), with or without V4's second
-  (sliding-window) source: gathered, see "Gathers" below.
+  caches (V3.2's 656-byte rows, V4's per-page layout of 584 bytes a key; paged or sparse), with or without V4's
+  second (sliding-window) source: gathered, see "Gathers" below.
 With 64 rows the `triton.language` kernel is compute-bound and stops at 0.45x FlashMLA (benchmarks/NOTES.md):
 it computes the 64 x 64 x 576 score tile twice, once per warpgroup.
 
@@ -60,6 +60,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_init, warpgroup_mma_wait)
 
+from .._kv_fp8 import model1_parts
 from ..schedule import SCHED_BLOCK, SCHED_FIELDS as _SCHED_FIELDS
 from .sm90 import capability, descriptor
 
@@ -75,7 +76,7 @@ PART_L = gl.constexpr(0)
 PART_R = gl.constexpr(1)
 PART_ROPE = gl.constexpr(2)
 # FP8 cache layouts (`_kv_fp8.py`): V3.2, 656 bytes a key: 512 e4m3 | 4 fp32 scales | 64 bf16 RoPE values;
-# model1 (V4), 584 bytes: 448 e4m3 | 64 bf16 RoPE values | 7 UE8M0 scales | a padding byte.
+# model1 (V4), per page: 576-byte rows of 448 e4m3 | 64 bf16 RoPE values, then 8 bytes a key: 7 UE8M0 scales | pad.
 V32 = gl.constexpr(1)
 MODEL1 = gl.constexpr(2)
 MODEL1_NOPE = gl.constexpr(448)
@@ -313,22 +314,21 @@ def _gather_part(src, keys, bufs, slot, PART: gl.constexpr, FP8: gl.constexpr):
     slot strides, page size). bf16/fp16: the values. FP8: a latent half's e4m3 bytes into the upper half of its
     own buffer (`_dequant` turns them into values) with its scales; the RoPE part's bf16 values as they are."""
     k_lat, k_rope, k_ready, k_raw, k_scale = bufs
-    ROW_ALIGN: gl.constexpr = 8 if FP8 == MODEL1 else 16            # model1 rows are 584 bytes
-    # Byte offsets in an FP8 row (`_kv_fp8.py`): the RoPE values; half PART's scales (V3.2 two fp32, model1
-    # four UE8M0 bytes).
-    ROPE_OFF: gl.constexpr = 528 if FP8 == V32 else (MODEL1_NOPE if FP8 == MODEL1 else 0)
-    SCALE_OFF: gl.constexpr = 512 + 8 * PART if FP8 == V32 else 576 + 4 * PART
     if PART == PART_ROPE:
-        _gather_rows(src[4], src[7], src[8], keys, k_rope.index(slot), ROPE_OFF, DT, ROW_ALIGN)
+        if FP8 == MODEL1:             # the RoPE values close the 576-byte value row
+            _gather_rows(src[3], src[5], src[6], keys, k_rope.index(slot), MODEL1_NOPE, DT, 16)
+        else:                         # V3.2: bytes 528..655 of the row (src[4] is the cache itself); bf16: k_rope
+            _gather_rows(src[4], src[7], src[8], keys, k_rope.index(slot), 528 if FP8 == V32 else 0, DT, 16)
     elif FP8 != 0:
         # model1's half R: e4m3 columns 256-447 (448-511 are the RoPE values); its 3 scales and the padding byte.
         WIDTH: gl.constexpr = MODEL1_NOPE - HALF if (FP8 == MODEL1) and (PART == PART_R) else HALF
-        _gather_rows(src[3], src[5], src[6], keys, k_raw.index(2 * (2 * slot + PART) + 1), PART * HALF, WIDTH,
-                     ROW_ALIGN)
-        _gather_rows(src[3], src[5], src[6], keys, k_scale.index(2 * slot + PART), SCALE_OFF,
-                     4 if FP8 == MODEL1 else 8, ROW_ALIGN)
+        _gather_rows(src[3], src[5], src[6], keys, k_raw.index(2 * (2 * slot + PART) + 1), PART * HALF, WIDTH, 16)
+        if FP8 == MODEL1:             # four UE8M0 bytes from the page's scale rows (src[4], 8 bytes a token)
+            _gather_rows(src[4], src[7], src[8], keys, k_scale.index(2 * slot + PART), 4 * PART, 4, 8)
+        else:                         # two fp32 scales from bytes 512..527 of the row
+            _gather_rows(src[3], src[5], src[6], keys, k_scale.index(2 * slot + PART), 512 + 8 * PART, 8, 16)
     else:
-        _gather_rows(src[3], src[5], src[6], keys, k_lat.index(2 * slot + PART), PART * HALF, HALF, ROW_ALIGN)
+        _gather_rows(src[3], src[5], src[6], keys, k_lat.index(2 * slot + PART), PART * HALF, HALF, 16)
 
 
 @gluon.jit
@@ -860,31 +860,36 @@ def supported(q_lat, q_rope, kv_lat, k_rope, out, rows_per_k, sparse=False, fp8_
         return None                      # one KV head (the second source's too)
     if not gather and kv_lat.shape[1] % BLOCK_N.value:
         return None
-    if gather and row_alignment(kv_lat, k_rope, *(extra[:2] if extra is not None else ())) < (
-            8 if fp8_layout == "model1" else 16):
-        return None                      # the kernel's gathers assume 16-byte (model1: 8-byte) aligned rows
+    if gather and row_alignment(*(kv_lat, k_rope, *(extra[:2] if extra is not None else ())),
+                                model1=fp8_layout == "model1") < 16:
+        return None                      # the kernel's gathers assume 16-byte aligned rows
     rope = q_rope is not None
     cache = (True, True) if gather else (_view3(kv_lat, (1,)), _view3(k_rope, (1,)) if rope else True)
     views = (_view3(q_lat, (1, 2)), _view3(q_rope, (1, 2)) if rope else True, *cache, _view3(out, (1, 2)))
     return None if None in views else views
 
 
-def row_alignment(*caches):
+def row_alignment(*caches, model1=False):
     """The largest power of two up to 16 dividing every cache's base address and page / slot strides in
-    bytes: how far the gathers may vectorise (None entries are skipped)."""
+    bytes: how far the gathers may vectorise (None entries are skipped). model1: its value rows are 576 bytes
+    apart, whatever the view's slot stride (584) says."""
     align = 16
     for t in caches:
         if t is not None:
             es = t.element_size()
-            while any(x % align for x in (t.data_ptr(), t.stride(0) * es, t.stride(1) * es)):
+            while any(x % align for x in (t.data_ptr(), t.stride(0) * es, 576 if model1 else t.stride(1) * es)):
                 align //= 2
     return align
 
 
-def _source_strides(lat, rope):
-    """(page, slot) strides of a cache's latent and rope parts (rope = lat when there is none)."""
+def _gather_bases(lat, rope, fp8_layout):
+    """(latent base, second base, (latent page, latent slot, second page, second slot) strides in elements) of a
+    cache as the gathers read it: the second base is the RoPE part (bf16/fp16; V3.2: the cache itself), or for
+    model1 the page's scale rows (`_kv_fp8.model1_parts`), its value rows 576 bytes apart."""
+    if fp8_layout == "model1":
+        return lat, model1_parts(lat)[1], (lat.stride(0), 576, lat.stride(0), 8)
     rope = lat if rope is None else rope
-    return lat.stride(0), lat.stride(1), rope.stride(0), rope.stride(1)
+    return lat, rope, (lat.stride(0), lat.stride(1), rope.stride(0), rope.stride(1))
 
 
 def mla_decode_forward_sm90(views, q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens, metadata,
@@ -910,18 +915,19 @@ def mla_decode_forward_sm90(views, q_lat, q_rope, kv_lat, k_rope, block_table, c
              None if gather else descriptor(kv_lat, vk, [1, BLOCK_N.value, half]),
              descriptor(k_rope, vkr, [1, BLOCK_N.value, dt]) if rope and not gather else None,
              descriptor(out, vo, [1, rows, half]), descriptor(o_part, part_view, [1, rows, half]))
+    lat_base, second_base, strides = _gather_bases(kv_lat, k_rope, fp8_layout)
     if extra is not None:
         x_lat, x_rope, x_table, x_valid, main_span = extra
-        x_args = (x_lat, x_rope if x_rope is not None else x_lat, x_table, x_valid)
-        x_sizes = (main_span, x_lat.shape[1], x_lat.shape[0] * x_lat.shape[1], x_table.stride(0),
-                   *_source_strides(x_lat, x_rope))
+        x_lat, x_second, x_strides = _gather_bases(x_lat, x_rope, fp8_layout)
+        x_args = (x_lat, x_second, x_table, x_valid)
+        x_sizes = (main_span, x_lat.shape[1], x_lat.shape[0] * x_lat.shape[1], x_table.stride(0), *x_strides)
     else:
         x_args, x_sizes = (None, None, None, None), (1 << 30, 1, 0, 0, 0, 0, 0, 0)
-    args = (*descs, lse, lse_part, metadata, cache_seqlens, split_offsets, sinks, block_table, kv_lat,
-            k_rope if rope else kv_lat, valid_lens, max_logits, *x_args,
+    args = (*descs, lse, lse_part, metadata, cache_seqlens, split_offsets, sinks, block_table, lat_base,
+            second_base, valid_lens, max_logits, *x_args,
             batch, seqlen_q, heads_q, rows_per_k, page_size, block_table.stride(0),
             softmax_scale * LOG2E.value, lse.stride(0), lse.stride(1), lse.stride(2), lse_part.stride(0),
-            kv_lat.shape[0] * page_size, *_source_strides(kv_lat, k_rope),
+            kv_lat.shape[0] * page_size, *strides,
             *((max_logits.stride(0), max_logits.stride(1)) if max_logits is not None else (0, 0)), *x_sizes)
     grid = (metadata.shape[0] * triton.cdiv(rows_per_k, rows),)
     mla_decode_sm90_kernel[grid](*args, CAUSAL=causal, HAS_SINKS=sinks is not None, SPARSE=sparse,
