@@ -11,8 +11,9 @@ The math is absorbed multi-head latent attention: each token's cache row is [lat
 the key is the whole row (576 columns) and the value is the latent part, read once for both.
 `mla_decode` is the same operation with the latent and rope parts in separate tensors (vLLM's form).
 `flash_mla_sparse_fwd` is DeepSeek-V3.2's token-sparse prefill on the same kernel (one part per query token).
-`quantize_kv_cache` / `dequantize_kv_cache` pack and unpack the FP8 cache layouts of DeepSeek-V3.2 and V4
-(`_kv_fp8.py` documents them byte by byte); `is_fp8_kvcache=True` decodes from them, dequantising on load.
+`quantize_kv_cache` / `dequantize_kv_cache` pack and unpack the FP8 cache layouts of DeepSeek-V3.2 and V4,
+byte for byte FlashMLA's (`_kv_fp8.py` documents them; V4's is laid out per page, not per token);
+`is_fp8_kvcache=True` decodes from them, dequantising on load.
 
 Data path: validation → plan (`schedule.plan_mla`, on the device, no host sync) → `kernels.mla_decode`
 (split-KV decode kernel, then the combine kernel; on Hopper, with one KV head and >= 16 query rows per KV
