@@ -310,8 +310,9 @@ def _gather_rows(base, stride_page, stride_slot, keys, dst, OFFSET: gl.constexpr
 @gluon.jit
 def _gather_part(src, keys, bufs, slot, PART: gl.constexpr, FP8: gl.constexpr):
     """Issue the cp.async copies of one part of a tile whose keys are `keys`, from source `src` = (index or
-    block table row, valid length, index bound, latent base, rope base, latent page / slot strides, rope page /
-    slot strides, page size). bf16/fp16: the values. FP8: a latent half's e4m3 bytes into the upper half of its
+    block table row, valid length, index bound, latent base, second base, latent page / slot strides, second
+    page / slot strides, page size; the second base is the RoPE part's, or model1's scale rows: `_gather_bases`).
+    bf16/fp16: the values. FP8: a latent half's e4m3 bytes into the upper half of its
     own buffer (`_dequant` turns them into values) with its scales; the RoPE part's bf16 values as they are."""
     k_lat, k_rope, k_ready, k_raw, k_scale = bufs
     if PART == PART_ROPE:
