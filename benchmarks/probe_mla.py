@@ -23,7 +23,8 @@ import fmha.kernels.mla_decode_sm90
 
 import fmha.mla as ours_mla
 from fmha.bench import (SPARSE_DECODE_CASES, SPARSE_PREFILL_CASES, _heat, _portable_mla, attention_flops, bench_gpu,
-                         bench_gpu_graph, load_module_copy, paged_copy, save_sweep, sparse_decode_inputs)
+                         bench_gpu_graph, load_module_copy, paged_copy, save_sweep, sparse_decode_inputs,
+                         sparse_prefill_inputs)
 from fmha.schedule import mla_num_parts, num_sms, plan_mla
 
 CASES = [(128, 8192, 128, 1), (128, 8192, 32, 1), (128, 8192, 16, 2), (128, 8192, 16, 1)]
@@ -56,12 +57,9 @@ def _sparse_cases():
         selected = topk + extra_topk
         yield (dict(case=name, b=b, hq=hq, sq=sq, d=d), run, 2 * b * sq * hq * selected * (d + 512),
                b * sq * selected * cache.shape[-1] + (q.numel() + b * sq * hq * 512) * 2, bench_gpu_graph)
-    for name, sq, skv, hq, d, topk in SPARSE_PREFILL_CASES[:2]:
-        g = torch.Generator(device="cuda").manual_seed(0)
-        q = torch.randn(sq, hq, d, device="cuda", dtype=torch.bfloat16, generator=g)
-        kv = torch.randn(skv, 1, d, device="cuda", dtype=torch.bfloat16, generator=g)
-        base = torch.arange(sq, device="cuda") + (skv - sq)
-        indices = (torch.rand(sq, 1, topk, device="cuda", generator=g) * (base + 1).view(sq, 1, 1)).to(torch.int32)
+    for case in SPARSE_PREFILL_CASES[:2]:
+        name, sq, skv, hq, d, topk = case
+        q, kv, indices = sparse_prefill_inputs(case, torch.Generator(device="cuda").manual_seed(0))
         run = lambda: ours_mla.flash_mla_sparse_fwd(q, kv, indices, d ** -0.5, 512)  # noqa: E731
         yield (dict(case=name, sq=sq, hq=hq, d=d), run, 2 * sq * hq * topk * (d + 512),
                (sq * topk * d + q.numel() + sq * hq * 512) * 2, bench_gpu)

@@ -10,17 +10,15 @@ import sys
 import torch
 
 import fmha.mla as mla
-from fmha.bench import SPARSE_DECODE_CASES, SPARSE_PREFILL_CASES, sparse_decode_inputs
+from fmha.bench import SPARSE_DECODE_CASES, SPARSE_PREFILL_CASES, sparse_decode_inputs, sparse_prefill_inputs
 
 args = [a for a in sys.argv[1:] if not a.startswith("--")]
 g = torch.Generator(device="cuda").manual_seed(0)
 if "--prefill" in sys.argv:
-    name, sq, skv, hq, d, topk = SPARSE_PREFILL_CASES[int(args[0]) if args else 1]
+    case = SPARSE_PREFILL_CASES[int(args[0]) if args else 1]
+    name, sq, skv, hq, d, topk = case
     b, extra_topk = 1, 0
-    q = torch.randn(sq, hq, d, device="cuda", dtype=torch.bfloat16, generator=g)
-    kv = torch.randn(skv, 1, d, device="cuda", dtype=torch.bfloat16, generator=g)
-    base = torch.arange(sq, device="cuda") + (skv - sq)          # as `fmha bench sparse` picks them
-    indices = (torch.rand(sq, 1, topk, device="cuda", generator=g) * (base + 1).view(sq, 1, 1)).to(torch.int32)
+    q, kv, indices = sparse_prefill_inputs(case, g)
     call = lambda: mla.flash_mla_sparse_fwd(q, kv, indices, d ** -0.5, 512)  # noqa
 else:
     case = SPARSE_DECODE_CASES[int(args[0]) if args else 2]

@@ -473,6 +473,17 @@ def _pick(positions, s_q, topk, g):
     return torch.gather(positions.unsqueeze(1).expand(b, s_q, n), 2, order).to(torch.int32)
 
 
+def sparse_prefill_inputs(case, g):
+    """One SPARSE_PREFILL_CASES row's inputs (q, kv, indices): causal-style selection as in DSA prefill, token i
+    picking topk of the keys before it (with repeats)."""
+    name, sq, skv, hq, d, topk = case
+    q = torch.randn(sq, hq, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    kv = torch.randn(skv, 1, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    base = torch.arange(sq, device="cuda") + (skv - sq)
+    indices = (torch.rand(sq, 1, topk, device="cuda", generator=g) * (base + 1).view(sq, 1, 1)).long()
+    return q, kv, indices.to(torch.int32)
+
+
 def sparse_decode_inputs(case, g):
     """One SPARSE_DECODE_CASES row's inputs: (q, cache, cache_seqlens, attn_sink, the sparse keyword arguments of
     flash_mla_with_kvcache). The extra source is each sequence's last extra_topk tokens, in their own cache."""
@@ -524,13 +535,9 @@ def bench_sparse(args, record):
         _sparse_row(row, impls, flops, nbytes, graph=True, key=(name, b, hq, d), record=record)
         del cache, q, kw
         torch.cuda.empty_cache()
-    for name, sq, skv, hq, d, topk in SPARSE_PREFILL_CASES:
-        q = torch.randn(sq, hq, d, device="cuda", dtype=torch.bfloat16, generator=g)
-        kv = torch.randn(skv, 1, d, device="cuda", dtype=torch.bfloat16, generator=g)
-        # Causal-style selection as in DSA prefill: token i picks topk of the keys before it (all of them when fewer).
-        base = torch.arange(sq, device="cuda") + (skv - sq)
-        indices = (torch.rand(sq, 1, topk, device="cuda", generator=g) * (base + 1).view(sq, 1, 1)).long()
-        indices = indices.to(torch.int32)
+    for case in SPARSE_PREFILL_CASES:
+        name, sq, skv, hq, d, topk = case
+        q, kv, indices = sparse_prefill_inputs(case, g)
         impls = {"ours": lambda: ours_mla.flash_mla_sparse_fwd(q, kv, indices, d ** -0.5, 512)}
         impls["ours-triton"] = _without_gluon(impls["ours"])
         if peer is not None and hasattr(peer, "flash_mla_sparse_fwd"):

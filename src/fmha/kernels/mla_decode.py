@@ -113,14 +113,13 @@ def _load_k(kv_lat, k_rope, lat_desc, rope_desc, bt_row, n, seqlen, kv_head, pag
         else:
             page = tl.load(bt_row + offs_n // page_size).to(tl.int64)
             slot = offs_n % page_size
-        lat = kv_lat + page * stride_lp + slot * stride_ls + kv_head * stride_lh
+        # model1 (one KV head): a page holds page_size 576-byte value rows, then 8 scale bytes per token.
+        lat = kv_lat + page * stride_lp + slot * (576 if FP8 == 2 else stride_ls) + kv_head * stride_lh
         rope = lat
         if FP8 != 0:
             if FP8 == 1:
                 srow = lat + 512                     # v32: the scales follow the row's values
             else:
-                # model1 (one KV head): a page holds page_size 576-byte value rows, then 8 scale bytes per token.
-                lat = kv_lat + page * stride_lp + slot * 576
                 srow = kv_lat + page * stride_lp + page_size * 576 + slot * 8
             k0 = _fp8_cols(lat, srow, 0, HALF, ok, FP8, DTYPE)
             k1 = _fp8_cols(lat, srow, HALF, HALF, ok, FP8, DTYPE)
