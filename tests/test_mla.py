@@ -340,25 +340,30 @@ def test_fp8_kvcache(target, layout, sparse):
 
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("shift", [-60, 100])
-def test_fp8_model1_scale_range(target, shift):
-    """model1 caches whose UE8M0 scales are far from 1 (bytes near 60 and 220): the Gluon kernel turns e4m3
-    bytes into bf16 by bits and applies the scale as two power-of-two multiplies, the second one only taken
-    past 2^127. Keys and values are the usual ones times 2^shift and q times 2^-shift, so the scores are
-    unchanged; the output, times 2^-shift, is checked against the oracle on the same cache. bf16 only: 2^100 is
-    past fp16's range (and the bit route is the bf16 Gluon kernel's)."""
+@pytest.mark.parametrize("layout", ["v32", "model1"])
+def test_fp8_scale_range(target, layout, shift):
+    """FP8 caches whose scales are far from 1 (about 2^shift): the Gluon kernel turns e4m3 bytes into bf16 by
+    bits (the value times 2^-120) and applies the scale as two multiplies, each by a normal bf16 (model1: powers
+    of two, the second one only taken past 2^127; V3.2: the scale's mantissa times 2^120, then its power of
+    two). Keys and values are the usual ones times 2^shift and q times 2^-shift, so the scores are unchanged; the
+    output, times 2^-shift, is checked against the oracle on the same cache. bf16 only: 2^100 is past fp16's
+    range (and the bit route is the bf16 Gluon kernel's)."""
     device, dtype = target
     if dtype != torch.bfloat16:
         pytest.skip("values of 2^100 need bf16")
-    d = LAYOUTS["model1"][0]
+    d = LAYOUTS[layout][0]
     h_q, s_q = 64, 2
     seqlens = _seqlens(16, 1024, seed=3)
     bf16_cache, table = _paged_cache(seqlens, 64, 1, d, torch.bfloat16, device, seed=3)
     bf16_cache = torch.nan_to_num(bf16_cache, nan=1e4) * 2.0 ** shift
-    packed = flash_mla.quantize_kv_cache(bf16_cache, "model1")
-    scale_bytes = model1_parts(packed)[1][..., :7]
-    scale_bytes = scale_bytes[scale_bytes > 0]
-    assert abs(scale_bytes.float().median().item() - (127 + shift)) < 16, "the scales are not where the test needs"
-    ref_cache = flash_mla.dequantize_kv_cache(packed, "model1", torch.float32)
+    packed = flash_mla.quantize_kv_cache(bf16_cache, layout)
+    if layout == "model1":
+        log2_scales = model1_parts(packed)[1][..., :7].float() - 127
+        log2_scales = log2_scales[log2_scales > -127]
+    else:
+        log2_scales = packed[..., 512:528].contiguous().view(torch.float32).log2()
+    assert abs(log2_scales.median().item() - shift) < 16, "the scales are not where the test needs"
+    ref_cache = flash_mla.dequantize_kv_cache(packed, layout, torch.float32)
     q = (torch.randn(len(seqlens), s_q, h_q, d, device=device) * 2.0 ** -shift).to(dtype)
     lens = torch.tensor(seqlens, dtype=torch.int32, device=device)
     meta, splits = flash_mla.get_mla_metadata(lens, s_q * h_q, 1, is_fp8_kvcache=True)

@@ -27,9 +27,9 @@ Q·Kᵀ reads them, and that is done by then), so the plan fits the 227 KB of sh
 
 Loads: a tile's slot is three parts (latent halves L and R, RoPE), each with its own barrier. Whichever
 warpgroup uses a part last issues the load of the tile two ahead into it, so half of the next pair (its first
-tile's L, its second tile's R) loads while this pair's last products run. The scores of a warpgroup's tile in
-the next pair are issued at the end of this pair. Outputs leave through the Q buffer (bf16 final rows or fp32
-partials) by TMA store.
+tile's L, its second tile's R) loads while this pair's last products run. Each warpgroup issues the scores of
+its tile at the top of a pair, right after the previous pair's loads (one copy of that code, FP8's dequantisation
+included). Outputs leave through the Q buffer (bf16 final rows or fp32 partials) by TMA store.
 
 Gathers (sparse, FP8, a second source). Hopper's TMA cannot gather rows, so the warpgroup that issues a load
 copies the part's 64 rows itself with cp.async (16 bytes a copy where the rows' alignment allows), each of its
@@ -350,11 +350,11 @@ def _gather_parts(src, n, raw, bufs, slot, FIRST: gl.constexpr, SECOND: gl.const
         async_copy.mbarrier_arrive(k_ready[THIRD].index(slot), increment_count=False)
 
 
-# model1's power-of-two scales let an e4m3 byte become bf16 by bits: the byte sign-extended into the top of a 16-bit
-# lane (prmt), shifted left 4 and masked keeps its sign at bit 15 and its 7 exponent/mantissa bits at bits 10-4,
-# which is bf16's encoding of the same value times 2^-120 (subnormals included: bf16 has them too). Two exact
-# power-of-two multiplies (mul.rn.bf16x2; split so each factor is a normal bf16) then give value x 2^(byte - 127),
-# the same bf16 as the fp32 route. 2.5 instructions a value against 3 (convert, scale, pack).
+# An e4m3 byte becomes bf16 by bits: the byte sign-extended into the top of a 16-bit lane (prmt), shifted left 4
+# and masked keeps its sign at bit 15 and its 7 exponent/mantissa bits at bits 10-4, which is bf16's encoding of
+# the same value times 2^-120 (subnormals included: bf16 has them too). Two bf16x2 multiplies by the key's scale
+# (`_chunk_scale`; model1 both exact powers of two, V3.2 the first rounding once) then give the value; each factor
+# is a normal bf16. 2.5 instructions a value against 3 for convert, scale and pack through fp32.
 _E4M3_TO_BF16 = gl.constexpr(
     "{ .reg .b32 a, b;\n"
     "prmt.b32 a, $2, 0, 0x9180;\n"
@@ -370,35 +370,37 @@ _E4M3_TO_BF16 = gl.constexpr(
 
 
 @gluon.jit
-def _dequant_chunk(x, scale, dst, J: gl.constexpr, FP8: gl.constexpr):
-    """Store e4m3 bytes x (BLOCK_N, 64) times their per-key scale into columns 64J .. 64J + 63 of dst: V3.2 an
-    fp32 scale, model1 the pair of bf16x2 multipliers `_chunk_scale` makes (`_E4M3_TO_BF16`)."""
-    if FP8 == MODEL1:
-        m1, m2 = scale
-        value = gl.inline_asm_elementwise(_E4M3_TO_BF16, "=r,=r,r,r,r,r,r,r,r,r,r",
-                                          [x, m1[:, None] + gl.zeros_like(x).to(gl.int32),
-                                           m2[:, None] + gl.zeros_like(x).to(gl.int32)], gl.bfloat16, True, 4)
-        dst.slice(64 * J, 64, dim=1).store(value)
-    else:
-        value = x.to(gl.float8e4nv, bitcast=True).to(gl.float32) * scale[:, None]
-        dst.slice(64 * J, 64, dim=1).store(value.to(dst.dtype))
+def _dequant_chunk(x, scale, dst):
+    """Store e4m3 bytes x (BLOCK_N, 64) times their per-key scale, the pair of bf16x2 multipliers `_chunk_scale`
+    makes, into dst (a 64-column slice of a value tile) as bf16 (`_E4M3_TO_BF16`)."""
+    m1, m2 = scale
+    value = gl.inline_asm_elementwise(_E4M3_TO_BF16, "=r,=r,r,r,r,r,r,r,r,r,r",
+                                      [x, m1[:, None] + gl.zeros_like(x).to(gl.int32),
+                                       m2[:, None] + gl.zeros_like(x).to(gl.int32)], gl.bfloat16, True, 4)
+    dst.store(value)
 
 
 @gluon.jit
 def _chunk_scale(scales, J: gl.constexpr, FP8: gl.constexpr, layout: gl.constexpr):
-    """Per-key scale of 64-column chunk J of a latent half: V3.2 fp32 scale J // 2 (groups of 128); model1 UE8M0
-    byte J (2^(byte - 127), groups of 64) as two bf16x2 multipliers 2^(k - k2), 2^k2 with k = byte - 7 (the
-    bit route's values are 2^-120 too small) and k2 = max(k - 127, 0), each a normal bf16."""
+    """Per-key scale of 64-column chunk J of a latent half as two bf16x2 multipliers (m1, m2) of the bit route's
+    values (the e4m3 value times 2^-120), each a normal bf16 in both halves of a word:
+    - model1: UE8M0 byte J (2^(byte - 127), groups of 64): 2^(k - k2) and 2^k2, k = byte - 7, k2 = max(k - 127, 0);
+      both products exact.
+    - V3.2: fp32 scale J // 2 (groups of 128) rounded to bf16 (FlashMLA's numerics), M x 2^E: M x 2^120 and 2^E.
+      The first product, the e4m3 value times M, rounds once; the second is exact. (A scale below bf16's normal
+      range, under 1e-38, gives 0.)"""
     col = gl.arange(0, scales.shape[1], layout=gl.SliceLayout(0, scales.type.layout))[None, :]
     if FP8 == V32:
         s = gl.sum(gl.where(col == J // 2, scales, 0.0), 1)
-        return gl.convert_layout(s, gl.SliceLayout(1, layout))
+        bits = s.to(gl.bfloat16).to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF
+        m1 = ((bits & 0x807F) | (247 << 7)) * 65537      # sign and mantissa of the scale, exponent 120
+        m2 = (bits & 0x7F80) * 65537                      # 2^E
     else:
         k = gl.sum(gl.where(col == J, scales.to(gl.int32), 0), 1) - 7
         k2 = gl.maximum(k - 127, 0)
         m1 = ((k - k2 + 127) << 7) * 65537               # bf16 2^(k - k2) in both halves of a word
         m2 = ((k2 + 127) << 7) * 65537
-        return gl.convert_layout(m1, gl.SliceLayout(1, layout)), gl.convert_layout(m2, gl.SliceLayout(1, layout))
+    return gl.convert_layout(m1, gl.SliceLayout(1, layout)), gl.convert_layout(m2, gl.SliceLayout(1, layout))
 
 
 @gluon.jit
@@ -419,19 +421,21 @@ def _dequant(bufs, slot, PART: gl.constexpr, FP8: gl.constexpr):
         scales = k_scale.index(2 * slot + PART).load(gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0]))
     # Value chunks 0 and 1 fill the lower half of the buffer, clear of the bytes: written before the barrier, so
     # only half the bytes are held at a time. Chunks 2 and 3 overwrite the bytes: every thread reads first.
-    _dequant_chunk(raw.slice(0, 64, dim=1).load(layout), _chunk_scale(scales, 0, FP8, layout), dst, 0, FP8)
-    _dequant_chunk(raw.slice(64, 64, dim=1).load(layout), _chunk_scale(scales, 1, FP8, layout), dst, 1, FP8)
+    _dequant_chunk(raw.slice(0, 64, dim=1).load(layout), _chunk_scale(scales, 0, FP8, layout),
+                   dst.slice(0, 64, dim=1))
+    _dequant_chunk(raw.slice(64, 64, dim=1).load(layout), _chunk_scale(scales, 1, FP8, layout),
+                   dst.slice(64, 64, dim=1))
     x2 = raw.slice(128, 64, dim=1).load(layout)
     if (FP8 == MODEL1) and (PART == PART_R):
         x3 = k_rope.index(slot).load(layout)                        # bf16 RoPE values, (64, 64)
     else:
         x3 = raw.slice(192, 64, dim=1).load(layout)
     gl.thread_barrier()
-    _dequant_chunk(x2, _chunk_scale(scales, 2, FP8, layout), dst, 2, FP8)
+    _dequant_chunk(x2, _chunk_scale(scales, 2, FP8, layout), dst.slice(128, 64, dim=1))
     if (FP8 == MODEL1) and (PART == PART_R):
         dst.slice(192, 64, dim=1).store(x3.to(dst.dtype))
     else:
-        _dequant_chunk(x3, _chunk_scale(scales, 3, FP8, layout), dst, 3, FP8)
+        _dequant_chunk(x3, _chunk_scale(scales, 3, FP8, layout), dst.slice(192, 64, dim=1))
     fence_async_shared()
     gl.thread_barrier()
 
@@ -576,22 +580,17 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
             acc = gl.zeros([ROWS, HALF], gl.float32, o_layout)
             l_i = gl.zeros([ROWS], gl.float32, row_s)
             m_i = gl.full([ROWS], float("-inf"), gl.float32, row_s)
-            zero_s = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
             mbarrier.wait(q_ready, w & 1)
-            # The scores of a warpgroup's tile in the next pair are issued at the end of this one; the first
-            # pair's here.
-            s_tok = warpgroup_mma_init(zero_s)
-            if WG == 0:
-                s_tok = _scores(q_lat, q_rope, bufs, c, PART_L, s_layout, GATHER, FP8, HAS_ROPE)
-            elif take > 1:
-                s_tok = _scores(q_lat, q_rope, bufs, c + 1, PART_R, s_layout, GATHER, FP8, HAS_ROPE)
             for i in range(0, take, 2):
                 n0 = (blk + i) * BLOCK_N
                 n1 = n0 + BLOCK_N
                 has1 = i + 1 < take
                 ph = pairs & 1
                 jp = (i // 2) & 1         # `kidx` slots: this pair's in jp, the last pair's in 1 - jp
+                # Each warpgroup's scores of its tile (FP8: dequantised first), written once: issued at the top
+                # of the pair, they follow the previous pair's last loads as they would at its end.
                 if WG == 0:
+                    s_tok = _scores(q_lat, q_rope, bufs, c, PART_L, s_layout, GATHER, FP8, HAS_ROPE)
                     key_ok = _tile_keys_ok(kv, n0, kidx.index(1 - jp), s_layout, EXTRA) if SPARSE else 0
                     s = _mask(warpgroup_mma_wait(0, deps=(s_tok,)), n0, full, seqlen, last_visible, qk_scale_log2,
                               key_ok, s_layout, SPARSE)
@@ -636,10 +635,9 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
                             _load_parts(kv, bufs, n1 + 2 * BLOCK_N, c + 3,
                                         kidx.index(2 + jp).load(KEY_ROWS) if GATHER else 0, PART_L, PART_ROPE, -1,
                                         SPARSE, FP8, ROPE_PART, EXTRA)
-                    if i + 2 < take:
-                        s_tok = _scores(q_lat, q_rope, bufs, c + 2, PART_L, s_layout, GATHER, FP8, HAS_ROPE)
                 else:
                     if has1:
+                        s_tok = _scores(q_lat, q_rope, bufs, c + 1, PART_R, s_layout, GATHER, FP8, HAS_ROPE)
                         key_ok = _tile_keys_ok(kv, n1, kidx.index(3 - jp), s_layout, EXTRA) if SPARSE else 0
                         s = _mask(warpgroup_mma_wait(0, deps=(s_tok,)), n1, full, seqlen, last_visible,
                                   qk_scale_log2, key_ok, s_layout, SPARSE)
@@ -690,8 +688,6 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
                         _load_parts(kv, bufs, n0 + 2 * BLOCK_N, c + 2,
                                     kidx.index(jp).load(KEY_ROWS) if GATHER else 0, PART_R, PART_ROPE, -1, SPARSE,
                                     FP8, ROPE_PART, EXTRA)
-                    if i + 3 < take:
-                        s_tok = _scores(q_lat, q_rope, bufs, c + 3, PART_R, s_layout, GATHER, FP8, HAS_ROPE)
                 c += gl.minimum(take - i, 2)
                 pairs += 1
 
