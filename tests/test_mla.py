@@ -342,12 +342,12 @@ def test_fp8_kvcache(target, layout, sparse):
 @pytest.mark.parametrize("shift", [-60, 100])
 @pytest.mark.parametrize("layout", ["v32", "model1"])
 def test_fp8_scale_range(target, layout, shift):
-    """FP8 caches whose scales are far from 1 (about 2^shift): the Gluon kernel turns e4m3 bytes into bf16 by
-    bits (the value times 2^-120) and applies the scale as two multiplies, each by a normal bf16 (model1: powers
-    of two, the second one only taken past 2^127; V3.2: the scale's mantissa times 2^120, then its power of
-    two). Keys and values are the usual ones times 2^shift and q times 2^-shift, so the scores are unchanged; the
-    output, times 2^-shift, is checked against the oracle on the same cache. bf16 only: 2^100 is past fp16's
-    range (and the bit route is the bf16 Gluon kernel's)."""
+    """FP8 caches whose scales are far from 1 (about 2^shift): the Gluon kernel turns model1's e4m3 bytes into
+    bf16 by bits (the value times 2^-120) and applies the UE8M0 scale as two power-of-two multiplies, the second
+    one only taken past 2^127; V3.2's fp32 scales multiply in fp32. Keys and values are the usual ones times
+    2^shift and q times 2^-shift, so the scores are unchanged; the output, times 2^-shift, is checked against the
+    oracle on the same cache. bf16 only: 2^100 is past fp16's range (and the bit route is the bf16 Gluon
+    kernel's)."""
     device, dtype = target
     if dtype != torch.bfloat16:
         pytest.skip("values of 2^100 need bf16")

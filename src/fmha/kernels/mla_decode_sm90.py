@@ -350,11 +350,13 @@ def _gather_parts(src, n, raw, bufs, slot, FIRST: gl.constexpr, SECOND: gl.const
         async_copy.mbarrier_arrive(k_ready[THIRD].index(slot), increment_count=False)
 
 
-# An e4m3 byte becomes bf16 by bits: the byte sign-extended into the top of a 16-bit lane (prmt), shifted left 4
-# and masked keeps its sign at bit 15 and its 7 exponent/mantissa bits at bits 10-4, which is bf16's encoding of
-# the same value times 2^-120 (subnormals included: bf16 has them too). Two bf16x2 multiplies by the key's scale
-# (`_chunk_scale`; model1 both exact powers of two, V3.2 the first rounding once) then give the value; each factor
-# is a normal bf16. 2.5 instructions a value against 3 for convert, scale and pack through fp32.
+# model1's power-of-two scales let an e4m3 byte become bf16 by bits: the byte sign-extended into the top of a 16-bit
+# lane (prmt), shifted left 4 and masked keeps its sign at bit 15 and its 7 exponent/mantissa bits at bits 10-4,
+# which is bf16's encoding of the same value times 2^-120 (subnormals included: bf16 has them too). Two exact
+# power-of-two multiplies (mul.rn.bf16x2; split so each factor is a normal bf16) then give value x 2^(byte - 127),
+# the same bf16 as the fp32 route. 2.5 instructions a value against 3 (convert, scale, pack). V3.2's fp32 scales
+# stay on the fp32 route: rounding them to bf16 first (FlashMLA's numerics) moved the LSE by up to 2.3e-3 against
+# the fp32 oracle (NOTES.md, eighteenth session).
 _E4M3_TO_BF16 = gl.constexpr(
     "{ .reg .b32 a, b;\n"
     "prmt.b32 a, $2, 0, 0x9180;\n"
@@ -370,37 +372,35 @@ _E4M3_TO_BF16 = gl.constexpr(
 
 
 @gluon.jit
-def _dequant_chunk(x, scale, dst):
-    """Store e4m3 bytes x (BLOCK_N, 64) times their per-key scale, the pair of bf16x2 multipliers `_chunk_scale`
-    makes, into dst (a 64-column slice of a value tile) as bf16 (`_E4M3_TO_BF16`)."""
-    m1, m2 = scale
-    value = gl.inline_asm_elementwise(_E4M3_TO_BF16, "=r,=r,r,r,r,r,r,r,r,r,r",
-                                      [x, m1[:, None] + gl.zeros_like(x).to(gl.int32),
-                                       m2[:, None] + gl.zeros_like(x).to(gl.int32)], gl.bfloat16, True, 4)
-    dst.store(value)
+def _dequant_chunk(x, scale, dst, FP8: gl.constexpr):
+    """Store e4m3 bytes x (BLOCK_N, 64) times their per-key scale into dst (a 64-column slice of a value tile):
+    V3.2 an fp32 scale, model1 the pair of bf16x2 multipliers `_chunk_scale` makes (`_E4M3_TO_BF16`)."""
+    if FP8 == MODEL1:
+        m1, m2 = scale
+        value = gl.inline_asm_elementwise(_E4M3_TO_BF16, "=r,=r,r,r,r,r,r,r,r,r,r",
+                                          [x, m1[:, None] + gl.zeros_like(x).to(gl.int32),
+                                           m2[:, None] + gl.zeros_like(x).to(gl.int32)], gl.bfloat16, True, 4)
+        dst.store(value)
+    else:
+        value = x.to(gl.float8e4nv, bitcast=True).to(gl.float32) * scale[:, None]
+        dst.store(value.to(dst.dtype))
 
 
 @gluon.jit
 def _chunk_scale(scales, J: gl.constexpr, FP8: gl.constexpr, layout: gl.constexpr):
-    """Per-key scale of 64-column chunk J of a latent half as two bf16x2 multipliers (m1, m2) of the bit route's
-    values (the e4m3 value times 2^-120), each a normal bf16 in both halves of a word:
-    - model1: UE8M0 byte J (2^(byte - 127), groups of 64): 2^(k - k2) and 2^k2, k = byte - 7, k2 = max(k - 127, 0);
-      both products exact.
-    - V3.2: fp32 scale J // 2 (groups of 128) rounded to bf16 (FlashMLA's numerics), M x 2^E: M x 2^120 and 2^E.
-      The first product, the e4m3 value times M, rounds once; the second is exact. (A scale below bf16's normal
-      range, under 1e-38, gives 0.)"""
+    """Per-key scale of 64-column chunk J of a latent half: V3.2 fp32 scale J // 2 (groups of 128); model1 UE8M0
+    byte J (2^(byte - 127), groups of 64) as two bf16x2 multipliers 2^(k - k2), 2^k2 with k = byte - 7 (the
+    bit route's values are 2^-120 too small) and k2 = max(k - 127, 0), each a normal bf16."""
     col = gl.arange(0, scales.shape[1], layout=gl.SliceLayout(0, scales.type.layout))[None, :]
     if FP8 == V32:
         s = gl.sum(gl.where(col == J // 2, scales, 0.0), 1)
-        bits = s.to(gl.bfloat16).to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF
-        m1 = ((bits & 0x807F) | (247 << 7)) * 65537      # sign and mantissa of the scale, exponent 120
-        m2 = (bits & 0x7F80) * 65537                      # 2^E
+        return gl.convert_layout(s, gl.SliceLayout(1, layout))
     else:
         k = gl.sum(gl.where(col == J, scales.to(gl.int32), 0), 1) - 7
         k2 = gl.maximum(k - 127, 0)
         m1 = ((k - k2 + 127) << 7) * 65537               # bf16 2^(k - k2) in both halves of a word
         m2 = ((k2 + 127) << 7) * 65537
-    return gl.convert_layout(m1, gl.SliceLayout(1, layout)), gl.convert_layout(m2, gl.SliceLayout(1, layout))
+        return gl.convert_layout(m1, gl.SliceLayout(1, layout)), gl.convert_layout(m2, gl.SliceLayout(1, layout))
 
 
 @gluon.jit
@@ -422,20 +422,20 @@ def _dequant(bufs, slot, PART: gl.constexpr, FP8: gl.constexpr):
     # Value chunks 0 and 1 fill the lower half of the buffer, clear of the bytes: written before the barrier, so
     # only half the bytes are held at a time. Chunks 2 and 3 overwrite the bytes: every thread reads first.
     _dequant_chunk(raw.slice(0, 64, dim=1).load(layout), _chunk_scale(scales, 0, FP8, layout),
-                   dst.slice(0, 64, dim=1))
+                   dst.slice(0, 64, dim=1), FP8)
     _dequant_chunk(raw.slice(64, 64, dim=1).load(layout), _chunk_scale(scales, 1, FP8, layout),
-                   dst.slice(64, 64, dim=1))
+                   dst.slice(64, 64, dim=1), FP8)
     x2 = raw.slice(128, 64, dim=1).load(layout)
     if (FP8 == MODEL1) and (PART == PART_R):
         x3 = k_rope.index(slot).load(layout)                        # bf16 RoPE values, (64, 64)
     else:
         x3 = raw.slice(192, 64, dim=1).load(layout)
     gl.thread_barrier()
-    _dequant_chunk(x2, _chunk_scale(scales, 2, FP8, layout), dst.slice(128, 64, dim=1))
+    _dequant_chunk(x2, _chunk_scale(scales, 2, FP8, layout), dst.slice(128, 64, dim=1), FP8)
     if (FP8 == MODEL1) and (PART == PART_R):
         dst.slice(192, 64, dim=1).store(x3.to(dst.dtype))
     else:
-        _dequant_chunk(x3, _chunk_scale(scales, 3, FP8, layout), dst.slice(192, 64, dim=1))
+        _dequant_chunk(x3, _chunk_scale(scales, 3, FP8, layout), dst.slice(192, 64, dim=1), FP8)
     fence_async_shared()
     gl.thread_barrier()
 
