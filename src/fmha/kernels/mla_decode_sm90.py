@@ -241,7 +241,7 @@ def _key_addresses(src, n, layout: gl.constexpr, SPARSE: gl.constexpr):
     if SPARSE:
         return src[0] + k_pos, k_pos < src[1]
     else:
-        return src[0] + k_pos // src[9], k_pos < src[1]
+        return src[0] + (k_pos.to(gl.uint32) // src[9].to(gl.uint32)).to(gl.int32), k_pos < src[1]
 
 
 @gluon.jit
@@ -276,9 +276,11 @@ def _key_rows(src, n, raw, layout: gl.constexpr, SPARSE: gl.constexpr):
     if SPARSE:
         ok = (k_pos < src[1]) & (raw >= 0) & (raw < src[2])
         token = gl.where(ok, raw, 0)
-        return token // page_size, token % page_size, ok
+        # Unsigned (token >= 0 here): no sign fix-ups in the division.
+        page = (token.to(gl.uint32) // page_size.to(gl.uint32)).to(gl.int32)
+        return page, token - page * page_size, ok
     else:
-        return raw, k_pos % page_size, k_pos < src[1]
+        return raw, (k_pos.to(gl.uint32) % page_size.to(gl.uint32)).to(gl.int32), k_pos < src[1]
 
 
 @gluon.jit
@@ -467,6 +469,19 @@ def _load_parts(kv, bufs, n, t, raw, FIRST: gl.constexpr, SECOND: gl.constexpr, 
 
 
 @gluon.jit
+def _first_loads(kv, bufs, kidx, blk, c, j, raw, SPARSE: gl.constexpr, FP8: gl.constexpr, GATHER: gl.constexpr,
+                 ROPE_PART: gl.constexpr, EXTRA: gl.constexpr):
+    """Tile j (0 or 1) of a piece's first pair (its first key block `blk`, ring position c): gathers stage the
+    index rows of this tile (for its score mask) and of the tile two ahead (for that tile's loads) in `kidx`,
+    then every part of the tile is loaded (`raw`: what `_key_rows` reads for it)."""
+    n = (blk + j) * BLOCK_N
+    if GATHER:
+        _stage_keys(kv, n + 2 * BLOCK_N, kidx.index(2 * j), SPARSE, EXTRA)
+        _stage_keys(kv, n, kidx.index(2 * j + 1), SPARSE, EXTRA)
+    _load_parts(kv, bufs, n, c + j, raw, PART_L, PART_R, PART_ROPE, SPARSE, FP8, ROPE_PART, EXTRA)
+
+
+@gluon.jit
 def _tma_part(k_lat_desc, k_rope_desc, bufs, page, row, slot, PART: gl.constexpr):
     """One TMA copy: part PART of the tile at row `row` of page `page`, on the part's barrier."""
     k_lat, k_rope, k_ready, k_raw, k_scale = bufs
@@ -557,20 +572,22 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
                                                 q_lat.index(0).reshape(q_lat_desc.block_type.shape))
                 tma.async_copy_global_to_shared(q_lat_desc, [b, row0, HALF], q_ready,
                                                 q_lat.index(1).reshape(q_lat_desc.block_type.shape))
-                # Gathers: the index rows (or block-table entries) of the first pair's tiles, for the masks, and
-                # of the second pair's, for its loads (`kidx`), land with these tiles.
-                if GATHER:
-                    _stage_keys(kv, (blk + 2) * BLOCK_N, kidx.index(0), SPARSE, EXTRA)
-                    _stage_keys(kv, blk * BLOCK_N, kidx.index(1), SPARSE, EXTRA)
-                _load_parts(kv, bufs, blk * BLOCK_N, c, _fetch(kv, blk * BLOCK_N, SPARSE, EXTRA) if GATHER else 0,
-                            PART_L, PART_R, PART_ROPE, SPARSE, FP8, ROPE_PART, EXTRA)
-                if take > 1:
-                    if GATHER:
-                        _stage_keys(kv, (blk + 3) * BLOCK_N, kidx.index(2), SPARSE, EXTRA)
-                        _stage_keys(kv, (blk + 1) * BLOCK_N, kidx.index(3), SPARSE, EXTRA)
-                    _load_parts(kv, bufs, (blk + 1) * BLOCK_N, c + 1,
-                                _fetch(kv, (blk + 1) * BLOCK_N, SPARSE, EXTRA) if GATHER else 0,
-                                PART_L, PART_R, PART_ROPE, SPARSE, FP8, ROPE_PART, EXTRA)
+                # The first pair's tiles. The gathers' index rows (or block-table entries) of both are read
+                # first, so the two loads are in flight together. Decode runs one or two pieces a program: its
+                # loads then sit in a runtime loop, written once (unrolled they cost the sparse decode rows
+                # 2-4%, the instruction cache); the sparse prefill (the only caller with HAS_MAX) starts a piece
+                # every 16 tile pairs and keeps them unrolled (looped it lost 1-3%).
+                raw0 = _fetch(kv, blk * BLOCK_N, SPARSE, EXTRA) if GATHER else 0
+                raw1 = _fetch(kv, (blk + 1) * BLOCK_N, SPARSE, EXTRA) if GATHER else 0
+                if HAS_MAX:
+                    for j in gl.static_range(2):
+                        if j < take:
+                            _first_loads(kv, bufs, kidx, blk, c, j, raw0 if j == 0 else raw1, SPARSE, FP8,
+                                         GATHER, ROPE_PART, EXTRA)
+                else:
+                    for j in range(0, gl.minimum(take, 2)):
+                        _first_loads(kv, bufs, kidx, blk, c, j, gl.where(j == 0, raw0, raw1) if GATHER else 0,
+                                     SPARSE, FP8, GATHER, ROPE_PART, EXTRA)
             # Causal (bottom-right): query i sees keys j <= seqlen - seqlen_q + i.
             full = seqlen
             last_visible = gl.zeros([ROWS], gl.int32, row_s) + (seqlen - 1)
