@@ -286,27 +286,40 @@ def _key_rows(src, n, raw, layout: gl.constexpr, SPARSE: gl.constexpr):
 @gluon.jit
 def _gather_rows(base, stride_page, stride_slot, keys, dst, OFFSET: gl.constexpr, WIDTH: gl.constexpr,
                  ROW_ALIGN: gl.constexpr):
-    """cp.async, up to 16 bytes a copy, the keys `keys` (`_key_rows`) into the first WIDTH columns of `dst`
-    (BLOCK_N, >= WIDTH): each key's row starts at `base + page * stride_page + slot * stride_slot + OFFSET` (in
-    base's elements; rows are ROW_ALIGN bytes aligned, `supported` checked) and is read as dst's dtype. Keys
+    """cp.async, up to 16 bytes a copy, the keys `keys` (`_key_rows`, in KEY_ROWS) into the first WIDTH columns of
+    `dst` (BLOCK_N, >= WIDTH): each key's row starts at `base + page * stride_page + slot * stride_slot + OFFSET`
+    (in base's elements; rows are ROW_ALIGN bytes aligned, `supported` checked) and is read as dst's dtype. Keys
     that do not exist are zero-filled: the cache may hold NaN there, and 0 * NaN would poison the output."""
     ES: gl.constexpr = base.dtype.element_ty.primitive_bitwidth // 8
-    VEC: gl.constexpr = min(128 // dst.dtype.primitive_bitwidth, WIDTH)
-    CHUNK: gl.constexpr = 8 * VEC if WIDTH % (8 * VEC) == 0 else (4 * VEC if WIDTH % (4 * VEC) == 0 else WIDTH)
-    layout: gl.constexpr = gl.BlockedLayout([1, VEC], [32 * VEC // CHUNK, CHUNK // VEC], [4, 1], [1, 0])
-    rows_layout: gl.constexpr = gl.SliceLayout(1, layout)
-    page = gl.convert_layout(keys[0], rows_layout)
-    slot = gl.convert_layout(keys[1], rows_layout)
-    ok = gl.convert_layout(keys[2], rows_layout)
     # Row starts as multiples of the alignment the compiler can see (a multiplication by a constant), so the
     # copies vectorise: strides are multiples of ROW_ALIGN bytes.
     A: gl.constexpr = ROW_ALIGN // ES
-    rows = page.to(gl.int64) * (stride_page // A) + slot * (stride_slot // A)
+    rows = keys[0].to(gl.int64) * (stride_page // A) + keys[1] * (stride_slot // A)
     row = (base + (rows * A + OFFSET)).to(gl.pointer_type(dst.dtype))
-    cols = gl.arange(0, CHUNK, layout=gl.SliceLayout(0, layout))
-    for j in gl.static_range(WIDTH // CHUNK):
-        async_copy.async_copy_global_to_shared(dst.slice(CHUNK * j, CHUNK, dim=1),
-                                               row[:, None] + (CHUNK * j + cols)[None, :], mask=ok[:, None])
+    # Column pieces of 8 x 16 bytes, then the rest, each copied with the key rows' thread mapping (8 threads a
+    # row), so the row pointers need no layout conversion (a mapping of other rows to threads goes through
+    # shared memory and a warpgroup barrier, three times a piece). A rest under 8 x 4 bytes is copied whole by
+    # each of its row's threads (the layout repeats it; the copies are the same bytes).
+    VEC: gl.constexpr = 128 // dst.dtype.primitive_bitwidth
+    FULL: gl.constexpr = WIDTH // (8 * VEC)
+    for j in gl.static_range(FULL):
+        _copy_columns(row, keys[2], dst, 8 * VEC * j, VEC, 8 * VEC)
+    REST: gl.constexpr = WIDTH - FULL * 8 * VEC
+    if REST > 0:
+        SPLIT: gl.constexpr = (REST % 8 == 0) and (REST // 8 * dst.dtype.primitive_bitwidth >= 32)
+        _copy_columns(row, keys[2], dst, 8 * VEC * FULL, REST // 8 if SPLIT else REST, REST)
+
+
+@gluon.jit
+def _copy_columns(row, ok, dst, COL: gl.constexpr, V: gl.constexpr, W: gl.constexpr):
+    """cp.async columns COL .. COL + W - 1 of the rows `row` (pointers in KEY_ROWS) where `ok` into dst, V
+    elements a thread with the key rows' thread mapping."""
+    layout: gl.constexpr = gl.BlockedLayout([1, V], [4, 8], [4, 1], [1, 0])
+    rows_layout: gl.constexpr = gl.SliceLayout(1, layout)
+    cols = gl.arange(0, W, layout=gl.SliceLayout(0, layout))
+    async_copy.async_copy_global_to_shared(dst.slice(COL, W, dim=1),
+                                           gl.convert_layout(row, rows_layout)[:, None] + (COL + cols)[None, :],
+                                           mask=gl.convert_layout(ok, rows_layout)[:, None])
 
 
 @gluon.jit
