@@ -298,8 +298,8 @@ def _gather_rows(base, stride_page, stride_slot, keys, dst, OFFSET: gl.constexpr
     row = (base + (rows * A + OFFSET)).to(gl.pointer_type(dst.dtype))
     # Column pieces of 8 x 16 bytes, then the rest, each copied with the key rows' thread mapping (8 threads a
     # row), so the row pointers need no layout conversion (a mapping of other rows to threads goes through
-    # shared memory and a warpgroup barrier, three times a piece). A rest under 8 x 4 bytes is copied whole by
-    # each of its row's threads (the layout repeats it; the copies are the same bytes).
+    # shared memory and a warpgroup barrier, three times a piece). A rest under 8 x 4 bytes is copied whole by one
+    # thread of its row (the layout repeats it over the row's 8 threads; Triton predicates the repeats off).
     VEC: gl.constexpr = 128 // dst.dtype.primitive_bitwidth
     FULL: gl.constexpr = WIDTH // (8 * VEC)
     for j in gl.static_range(FULL):
