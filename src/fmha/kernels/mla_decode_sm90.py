@@ -81,7 +81,8 @@ V32 = gl.constexpr(1)
 MODEL1 = gl.constexpr(2)
 MODEL1_NOPE = gl.constexpr(448)
 SCALE_SMEM = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
-# The keys of a gathered tile: one per row of the (64, 64 bf16 or 128 byte) copy layouts' thread rows.
+# The keys of a gathered tile, 4 rows a warp and 8 threads a row: every gather copy (`_copy_columns`) maps rows to
+# threads this way, so the keys reach the copies without a layout conversion.
 KEY_ROWS = gl.constexpr(gl.SliceLayout(1, gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])))
 LN2 = gl.constexpr(0.6931471805599453)
 LOG2E = gl.constexpr(1.4426950408889634)
