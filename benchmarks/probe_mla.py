@@ -65,9 +65,9 @@ def _sparse_cases():
                (sq * topk * d + q.numel() + sq * hq * 512) * 2, bench_gpu)
 
 
-def run_versions(paths, out, unchecked=False, sparse=False):
+def run_versions(paths, out, unchecked=False, sparse=False, rounds=3):
     """Each case: the package's Gluon kernel and every copy, output checked against the package's, run for a second
-    untimed (`fmha.bench._heat`), then timed three times round-robin, each round starting one version further on
+    untimed (`fmha.bench._heat`), then timed `rounds` times round-robin, each round starting one version further on
     (median of each: a timing's place in a burst moves it by a few percent, NOTES.md fourteenth session); the rows
     carry TFLOP/s and GB/s per version. `sparse`: `fmha bench sparse`'s rows (`_sparse_cases`) instead of the
     dense ones."""
@@ -86,13 +86,13 @@ def run_versions(paths, out, unchecked=False, sparse=False):
             else:
                 assert err < 2e-2, f"{name}: max diff {err} against the package's kernel"
         _heat([run])
-        for r in range(3):
+        for r in range(rounds):
             for name, module in versions[r % len(versions):] + versions[:r % len(versions)]:
                 fmha.kernels.mla_decode_sm90 = module
                 times[name].append(timer(run))
         fmha.kernels.mla_decode_sm90 = own
         for name, ts in times.items():
-            t = sorted(ts)[1]
+            t = sorted(ts)[len(ts) // 2]
             row[f"{name}_tflops"], row[f"{name}_gbps"] = flops / t / 1e12, nbytes / t / 1e9
         rows.append(row)
         label = " ".join(f"{k}={v}" for k, v in row.items() if not k.endswith(("_tflops", "_gbps")))
@@ -114,9 +114,10 @@ def main():
     p.add_argument("--sparse", action="store_true", help="--versions on `fmha bench sparse`'s rows")
     p.add_argument("--unchecked", action="store_true",
                    help="print the versions' differences instead of asserting (timing probes with wrong results)")
+    p.add_argument("--rounds", type=int, default=3, help="--versions: timings of each version (median)")
     args = p.parse_args()
     if args.versions is not None:
-        return run_versions(args.versions, args.out, args.unchecked, args.sparse)
+        return run_versions(args.versions, args.out, args.unchecked, args.sparse, args.rounds)
     rows = []
     for b, sk, hq, sq in CASES[: args.n]:
         torch.manual_seed(0)

@@ -29,8 +29,14 @@ def gluon_calls(monkeypatch):
     return calls
 
 
-def _run(seqlens, h_q, s_q, page_size, dtype, *, seed=0, sinks=False, scale=None):
+def _run(seqlens, h_q, s_q, page_size, dtype, *, seed=0, sinks=False, scale=None, ramp=None):
+    """`ramp(positions)`: a factor per key position that each sequence's keys are multiplied by (NaN stays NaN)."""
     cache, table = _paged_cache(seqlens, page_size, 1, D_QK, dtype, "cuda", seed)
+    if ramp is not None:
+        pos = torch.arange(table.shape[1] * page_size, device="cuda")
+        rows = (table.long()[:, pos // page_size] * page_size + pos % page_size).flatten()
+        flat = cache.view(-1, D_QK)
+        flat[rows] = (flat[rows].float() * ramp(pos.float()).repeat(len(seqlens))[:, None]).to(dtype)
     q = torch.randn(len(seqlens), s_q, h_q, D_QK, generator=torch.Generator().manual_seed(seed + 1)).to(dtype).cuda()
     lens = torch.tensor(seqlens, dtype=torch.int32, device="cuda")
     sink = torch.randn(h_q, device="cuda") * 2 if sinks else None
@@ -69,6 +75,17 @@ def test_gluon_mla_lengths(gluon_calls, seqlens, h_q):
 @pytest.mark.parametrize("s_q", [1, 2])
 def test_gluon_mla_sinks(gluon_calls, s_q):
     _run(_seqlens(20, 2000, seed=5), 64, s_q, 64, torch.bfloat16, seed=9, sinks=True)
+    assert gluon_calls
+
+
+@pytest.mark.parametrize("ramp", [lambda j: 1 + j / 150, lambda j: 2.0 ** (j // 256), lambda j: 8 - j / 150],
+                         ids=["rising", "steps", "falling"])
+@pytest.mark.parametrize("h_q,s_q", [(128, 1), (64, 2)])
+def test_gluon_mla_moving_max(gluon_calls, ramp, h_q, s_q):
+    """Scores whose row max climbs a little every tile, by large steps, or falls: the running max moves by less
+    and by more than the lazy rescale's threshold (`LAZY_BY`, 8 log2 units at this scale), so the stale-max path
+    and the rescales after it both run."""
+    _run([1000, 700, 1100, 64, 0], h_q, s_q, 64, torch.bfloat16, seed=11, scale=0.15, ramp=ramp)
     assert gluon_calls
 
 

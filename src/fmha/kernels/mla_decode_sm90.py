@@ -24,6 +24,8 @@ running row max passes between them through shared memory ("seesaw"):
 Each warpgroup hands its P to the other through shared memory, written over its tile's RoPE columns (only
 Q·Kᵀ reads them, and that is done by then), so the plan fits the 227 KB of shared memory: Q 72 KB and two
 72 KB key tiles. Each warpgroup sums the probabilities it computed; the two row sums are added at the end.
+On the TMA (dense) forms the running max is raised lazily, only where a tile's scores pass it by more than
+LAZY_BY, and warpgroup 0 skips its two accumulator rescales of a pair while no row's max moved.
 
 Loads: a tile's slot is three parts (latent halves L and R, RoPE), each with its own barrier. Whichever
 warpgroup uses a part last issues the load of the tile two ahead into it, so half of the next pair (its first
@@ -85,6 +87,8 @@ SCALE_SMEM = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
 # threads this way, so the keys reach the copies without a layout conversion.
 KEY_ROWS = gl.constexpr(gl.SliceLayout(1, gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])))
 LN2 = gl.constexpr(0.6931471805599453)
+# The running max is only raised when a tile's scores exceed it by more than this (log2 units; `_raise_max`).
+LAZY_BY = gl.constexpr(8.0)
 LOG2E = gl.constexpr(1.4426950408889634)
 STAGES = gl.constexpr(2)          # key tiles in flight: 2 x 72 KB
 # Fewer packed rows than this run the portable kernel. A block here is always 64 rows (TMA fills the missing
@@ -202,22 +206,50 @@ def _mask(s, n, full, seqlen, last_visible, qk_scale_log2, key_ok, s_layout: gl.
 
 
 @gluon.jit
+def _raise_max(m, s, LAZY: gl.constexpr):
+    """The running row max after scores s: max(m, row max of s), except that LAZY keeps m on rows where the
+    tile's max exceeds it by at most LAZY_BY (log2 units). The probabilities are then taken against a stale max
+    and reach 2^LAZY_BY at most; the output and LSE are unchanged (both are relative to the same max), and the
+    accumulator's rescale is skipped whenever no row's max moved (`_rescale`)."""
+    mx = gl.maximum(m, gl.max(s, 1))
+    if LAZY:
+        mx = gl.where(mx > m + LAZY_BY, mx, m)
+    return mx
+
+
+@gluon.jit
+def _rescale(acc, factor, moved, row_o: gl.constexpr, LAZY: gl.constexpr):
+    """acc times a per-row factor (in a row layout of the score tile). LAZY: skipped when no row's max `moved`
+    (every factor is then 1, or 0 on a row that has no visible key yet, whose accumulator is all zeros)."""
+    if LAZY:
+        if gl.max(moved.to(gl.int32), 0) > 0:
+            acc = acc * gl.convert_layout(factor, row_o)[:, None]
+    else:
+        acc = acc * gl.convert_layout(factor, row_o)[:, None]
+    return acc
+
+
+@gluon.jit
 def _shift(m):
     """A row with no visible key yet has max -inf; exponents are taken relative to 0 there (no inf - inf)."""
     return gl.where(m == float("-inf"), 0.0, m)
 
 
 @gluon.jit
-def _zero_tail(v, valid):
-    """Zero rows >= valid of a (BLOCK_N, HALF) value tile in shared memory (keys past the sequence's end), 64
-    columns at a time, and make the stores visible to the tensor cores."""
-    layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-    keep = (gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, layout)) < valid)[:, None]
-    for j in gl.static_range(HALF // 64):
-        part = v.slice(64 * j, 64, dim=1)
-        part.store(gl.where(keep, part.load(layout), 0.0).to(v.dtype))
-    fence_async_shared()
-    gl.thread_barrier()
+def _zero_tail(v, n, seqlen, PAGED: gl.constexpr):
+    """PAGED (a TMA-loaded tile, which may hold anything past the sequence's end): zero the rows of the
+    (BLOCK_N, HALF) value tile at key n that lie at or past `seqlen`, 64 columns at a time, and make the stores
+    visible to the tensor cores. Gathered tiles arrive with those rows zero-filled: no code at all for them (a
+    runtime test that never passes still left 1,200 SASS instructions in the gather forms)."""
+    if PAGED:
+        if n + BLOCK_N > seqlen:
+            layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+            keep = (gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, layout)) < seqlen - n)[:, None]
+            for j in gl.static_range(HALF // 64):
+                part = v.slice(64 * j, 64, dim=1)
+                part.store(gl.where(keep, part.load(layout), 0.0).to(v.dtype))
+            fence_async_shared()
+            gl.thread_barrier()
 
 
 @gluon.jit
@@ -529,6 +561,9 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     dtype: gl.constexpr = q_lat.dtype
+    # Warpgroup 0 skips its accumulator's rescales while no row's max moves (`_raise_max`, `_rescale`): on the
+    # TMA forms only; in the gather forms the branch raised the spills and measured slower.
+    LAZY: gl.constexpr = not GATHER
     k_lat, k_rope, k_ready, k_raw, k_scale = bufs
     f32_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, ROWS, HALF], gl.float32)
     # handoff barriers: 0 scale0, 1 scale1, 2 P0, 3 P1, 4 + WG row sums, 6 partial staged; rows_smem: m0, a0,
@@ -559,13 +594,10 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
         if take > 0:
             table = BLOCK_TABLE + b.to(gl.int64) * stride_bt
             # SPARSE: `table` is the token's index row, of which the first `valid` count. Gathered tiles arrive
-            # with missing keys zero-filled; a paged tile's keys from `zero_from` on are zeroed before use.
+            # with missing keys zero-filled; a paged tile's keys past the sequence are zeroed before use.
             valid = seqlen
-            zero_from = seqlen
             if SPARSE:
                 valid = gl.load(VALID_LENS + b)
-            if GATHER:
-                zero_from = 1 << 30
             main = (table, valid, index_bound, KV_LAT, K_ROPE, stride_kp, stride_ks, stride_rp, stride_rs, page_size)
             extra = main
             if EXTRA:                     # the second source's keys follow the main source's main_span keys
@@ -625,22 +657,22 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
                     key_ok = _tile_keys_ok(kv, n0, kidx.index(1 - jp), s_layout, EXTRA) if SPARSE else 0
                     s = _mask(warpgroup_mma_wait(0, deps=(s_tok,)), n0, full, seqlen, last_visible, qk_scale_log2,
                               key_ok, s_layout, SPARSE)
-                    m_new = gl.maximum(m_i, gl.max(s, 1))
+                    m_new = _raise_max(m_i, s, LAZY)
                     alpha = gl.exp2(m_i - _shift(m_new))
                     p = gl.exp2(s - _shift(m_new)[:, None])
                     _put_rows(sm_mine, m_new)
                     _put_rows(sa_mine, alpha)
                     _signal(handoff[0])
                     l_i = l_i * alpha + gl.sum(p, 1)
-                    acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+                    acc = _rescale(acc, alpha, m_new != m_i, row_o, LAZY)
                     v0 = k_lat.index(2 * (c % STAGES))
-                    if n1 > zero_from:
-                        _zero_tail(v0, seqlen - n0)
+                    _zero_tail(v0, n0, seqlen, not GATHER)
                     o_tok = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v0, acc, is_async=True)
                     # WG1's max: rescale P0 to it and hand P0 over in this tile's RoPE slot.
                     mbarrier.wait(handoff[1], ph)
                     alpha1 = sa_other.load(row_s)
                     m_i = sm_other.load(row_s)
+                    moved1 = m_i != m_new
                     k_rope.index(c % STAGES).store((p * alpha1[:, None]).to(dtype))
                     fence_async_shared()
                     _signal(handoff[2])
@@ -648,7 +680,7 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
                     if i + 2 < take:          # this slot's half L is free: the next pair's first tile
                         _load_parts(kv, bufs, n0 + 2 * BLOCK_N, c + 2, kidx.index(jp).load(KEY_ROWS) if GATHER else 0,
                                     PART_L, -1, -1, SPARSE, FP8, ROPE_PART, EXTRA)
-                    acc = acc * gl.convert_layout(alpha1, row_o)[:, None]
+                    acc = _rescale(acc, alpha1, moved1, row_o, LAZY)
                     l_i = l_i * alpha1
                     mbarrier.wait(handoff[3], ph)
                     if has1:
@@ -656,8 +688,7 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
                         v1 = k_lat.index(2 * slot1)
                         if GATHER:                # scored by warpgroup 1: wait for its gather here too
                             _landed(k_ready, c + 1, PART_L, GATHER)
-                        if n1 + BLOCK_N > zero_from:
-                            _zero_tail(v1, seqlen - n1)
+                        _zero_tail(v1, n1, seqlen, not GATHER)
                         o_tok = warpgroup_mma(k_rope.index(slot1), v1, acc, is_async=True)
                         acc = warpgroup_mma_wait(0, deps=(o_tok,))
                         if i + 3 < take:
@@ -677,35 +708,33 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
                     mbarrier.wait(handoff[0], ph)
                     m0 = sm_other.load(row_s)
                     alpha0 = sa_other.load(row_s)
-                    m_new = gl.maximum(m0, gl.max(s, 1))
+                    m_new = _raise_max(m0, s, LAZY)
                     alpha1 = gl.exp2(m0 - _shift(m_new))
                     _put_rows(sm_mine, m_new)
                     _put_rows(sa_mine, alpha1)
                     _signal(handoff[1])
-                    m_i = m_new
-                    scale = alpha0 * alpha1
-                    acc = acc * gl.convert_layout(scale, row_o)[:, None]
-                    l_i = l_i * scale
-                    o_tok = warpgroup_mma_init(acc)
+                    # P1 goes to warpgroup 0 before this warpgroup rescales its accumulator, which would delay
+                    # warpgroup 0's P1·V1_L by 128 multiplies a thread.
+                    p = gl.exp2(s - _shift(m_new)[:, None])           # zeros without a second tile
+                    slot1 = (c + 1) % STAGES
                     if has1:
-                        slot1 = (c + 1) % STAGES
-                        p = gl.exp2(s - _shift(m_new)[:, None])
-                        l_i = l_i + gl.sum(p, 1)
                         k_rope.index(slot1).store(p.to(dtype))
                         fence_async_shared()
-                        _signal(handoff[3])
+                    _signal(handoff[3])
+                    scale = alpha0 * alpha1
+                    l_i = l_i * scale + gl.sum(p, 1)
+                    # Not skipped when no max moved (LAZY): that doubled the spills here.
+                    o_tok = warpgroup_mma_init(acc * gl.convert_layout(scale, row_o)[:, None])
+                    m_i = m_new
+                    if has1:
                         v1 = k_lat.index(2 * slot1 + 1)
-                        if n1 + BLOCK_N > zero_from:
-                            _zero_tail(v1, seqlen - n1)
+                        _zero_tail(v1, n1, seqlen, not GATHER)
                         o_tok = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v1, o_tok, is_async=True)
-                    else:
-                        _signal(handoff[3])
                     mbarrier.wait(handoff[2], ph)
                     v0 = k_lat.index(2 * (c % STAGES) + 1)
                     if GATHER:                    # scored by warpgroup 0: wait for its gather here too
                         _landed(k_ready, c, PART_R, GATHER)
-                    if n1 > zero_from:
-                        _zero_tail(v0, seqlen - n0)
+                    _zero_tail(v0, n0, seqlen, not GATHER)
                     o_tok = warpgroup_mma(k_rope.index(c % STAGES), v0, o_tok, is_async=True)
                     if i + 3 < take:
                         warpgroup_mma_wait(1, deps=(o_tok,))        # P1·V1_R is done, P0·V0_R may not be
