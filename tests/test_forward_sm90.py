@@ -57,6 +57,20 @@ def test_gluon_prefill(shape, causal, dtype):
     assert_matches(got, lse, attention_ref(q, k, v, causal=causal), dtype)
 
 
+@pytest.mark.parametrize("ramp", [lambda j: 1 + j / 300, lambda j: 2.0 ** (j // 512), lambda j: 8 - j / 400],
+                         ids=["rising", "steps", "falling"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", [(1, 2048, 2048, 4, 2, 64), (2, 1000, 1500, 4, 2, 128), (1, 3000, 3000, 2, 2, 64)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_gluon_prefill_moving_max(shape, causal, ramp):
+    """Keys scaled up along the sequence, by a little every tile or in steps, or down: the running max moves by
+    small and large amounts over many tiles (two and three consumer warpgroups at d = 64)."""
+    q, k, v = _inputs(shape)
+    k.mul_(ramp(torch.arange(shape[2], device="cuda", dtype=torch.float32))[None, :, None, None].to(k.dtype))
+    got, lse = fmha.attention(q, k, v, causal=causal, return_lse=True)
+    assert_matches(got, lse, attention_ref(q, k, v, causal=causal), torch.bfloat16)
+
+
 def test_gluon_packed_qkv():
     """q, k, v as slices of one packed (b, s, 3, h, d) projection output: head stride d, token stride 3hd."""
     torch.manual_seed(0)
