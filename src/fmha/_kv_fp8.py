@@ -30,6 +30,9 @@ E4M3_MAX = 448.0
 
 # layout → (d, nope, rope, group, bytes per token)
 LAYOUTS = {"v32": (576, 512, 64, 128, 656), "model1": (512, 448, 64, 64, 584)}
+# model1's per-block geometry: a token's value row (448 e4m3 + 64 bf16), then its scale bytes (7 UE8M0 + pad).
+MODEL1_ROW = 576
+MODEL1_TAIL = 8
 
 
 def _layout(layout):
@@ -71,7 +74,7 @@ def quantize_kv_cache(kv: torch.Tensor, layout: str) -> torch.Tensor:
         out[..., nope + scale_bytes.shape[-1]:] = rope_bytes
         return out
     blocks, page = kv.shape[:2]
-    row = nope + 2 * rope                                              # 576 bytes of values per token
+    row = MODEL1_ROW                                                   # nope + 2 * rope bytes of values
     padded = -(-page * nbytes // row) * row
     buf = torch.zeros(blocks, padded, dtype=torch.uint8, device=kv.device)
     rows = buf[:, :page * row].view(blocks, page, row)
@@ -87,8 +90,9 @@ def model1_parts(packed: torch.Tensor):
     cache `(num_blocks, page_size, 1, 584)` (stride(1) = 584, last dim contiguous): strided views of its blocks."""
     blocks, page = packed.shape[:2]
     base = packed.storage_offset()
-    values = packed.as_strided((blocks, page, 576), (packed.stride(0), 576, 1), base)
-    scales = packed.as_strided((blocks, page, 8), (packed.stride(0), 8, 1), base + page * 576)
+    values = packed.as_strided((blocks, page, MODEL1_ROW), (packed.stride(0), MODEL1_ROW, 1), base)
+    scales = packed.as_strided((blocks, page, MODEL1_TAIL), (packed.stride(0), MODEL1_TAIL, 1),
+                               base + page * MODEL1_ROW)
     return values, scales
 
 
@@ -128,8 +132,9 @@ def dequantize_kv_cache(packed: torch.Tensor, layout: str, dtype: torch.dtype = 
 def check_model1_cache(name: str, packed: torch.Tensor):
     """A model1 cache must be a `(num_blocks, page_size, 1, 584)` view of whole blocks in per-block layout:
     stride(1) = 584 bytes and the last dim contiguous, each block's page_size * 584 bytes before the next."""
-    if packed.dim() != 4 or packed.shape[2] != 1 or packed.stride(3) != 1 or packed.stride(1) != 584 or (
-            packed.shape[0] > 1 and packed.stride(0) < packed.shape[1] * 584):
+    nbytes = MODEL1_ROW + MODEL1_TAIL
+    if packed.dim() != 4 or packed.shape[2] != 1 or packed.stride(3) != 1 or packed.stride(1) != nbytes or (
+            packed.shape[0] > 1 and packed.stride(0) < packed.shape[1] * nbytes):
         raise ValueError(f"{name}: a model1 FP8 cache is a (num_blocks, page_size, 1, 584) view of per-block rows "
                          f"(stride(1) 584, blocks page_size * 584 bytes or more apart; see quantize_kv_cache), got "
                          f"shape {tuple(packed.shape)} strides {tuple(packed.stride())}")

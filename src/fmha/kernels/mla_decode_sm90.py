@@ -62,7 +62,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_init, warpgroup_mma_wait)
 
-from .._kv_fp8 import model1_parts
+from .._kv_fp8 import MODEL1_ROW, MODEL1_TAIL, model1_parts
 from ..schedule import SCHED_BLOCK, SCHED_FIELDS as _SCHED_FIELDS
 from .sm90 import capability, descriptor
 
@@ -934,7 +934,7 @@ def row_alignment(*caches, model1=False):
     for t in caches:
         if t is not None:
             es = t.element_size()
-            while any(x % align for x in (t.data_ptr(), t.stride(0) * es, 576 if model1 else t.stride(1) * es)):
+            while any(x % align for x in (t.data_ptr(), t.stride(0) * es, MODEL1_ROW if model1 else t.stride(1) * es)):
                 align //= 2
     return align
 
@@ -944,7 +944,7 @@ def _gather_bases(lat, rope, fp8_layout):
     cache as the gathers read it: the second base is the RoPE part (bf16/fp16; V3.2: the cache itself), or for
     model1 the page's scale rows (`_kv_fp8.model1_parts`), its value rows 576 bytes apart."""
     if fp8_layout == "model1":
-        return lat, model1_parts(lat)[1], (lat.stride(0), 576, lat.stride(0), 8)
+        return lat, model1_parts(lat)[1], (lat.stride(0), MODEL1_ROW, lat.stride(0), MODEL1_TAIL)
     rope = lat if rope is None else rope
     return lat, rope, (lat.stride(0), lat.stride(1), rope.stride(0), rope.stride(1))
 
