@@ -31,7 +31,8 @@ from . import _validate as V
 from ._ops import custom_op
 from ._kv_fp8 import check_model1_cache, dequantize_kv_cache, quantize_kv_cache
 from .kernels.mla_decode import mla_decode_forward
-from .schedule import SCHED_BLOCK, SCHED_FIELDS, mla_num_parts, num_sms, plan_mla, uniform_lengths, uniform_plan
+from .schedule import (SCHED_BLOCK, SCHED_FIELDS, mla_num_parts, num_sms, plan_mla, runs_whole, uniform_lengths,
+                       uniform_plan)
 
 __all__ = ["get_mla_metadata", "flash_mla_with_kvcache", "flash_mla_sparse_fwd", "mla_decode", "quantize_kv_cache",
            "dequantize_kv_cache"]
@@ -86,18 +87,19 @@ def _mla_decode_fwd(q_lat: torch.Tensor, q_rope: Optional[torch.Tensor], kv_lat:
                     valid_lens: Optional[torch.Tensor], fp8_layout: Optional[str],
                     x_lat: Optional[torch.Tensor] = None, x_rope: Optional[torch.Tensor] = None,
                     x_table: Optional[torch.Tensor] = None, x_valid: Optional[torch.Tensor] = None,
-                    main_span: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+                    main_span: int = 0, whole: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     out, lse = _empty_outputs(q_lat)
     extra = None if x_lat is None else (x_lat, x_rope, x_table, x_valid, main_span)
     mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens, metadata, split_offsets, out, lse,
                        softmax_scale=softmax_scale, causal=causal, sinks=attn_sink, valid_lens=valid_lens,
-                       fp8_layout=fp8_layout, extra=extra, interpret=q_lat.device.type == "cpu")
+                       fp8_layout=fp8_layout, extra=extra, whole=whole, interpret=q_lat.device.type == "cpu")
     return out, lse
 
 
 @_mla_decode_fwd.register_fake
 def _(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens, metadata, split_offsets, softmax_scale, causal,
-      attn_sink, valid_lens, fp8_layout, x_lat=None, x_rope=None, x_table=None, x_valid=None, main_span=0):
+      attn_sink, valid_lens, fp8_layout, x_lat=None, x_rope=None, x_table=None, x_valid=None, main_span=0,
+      whole=False):
     return _empty_outputs(q_lat)
 
 
@@ -242,12 +244,10 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
     main = _sparse_inputs(q_lat, "indices", indices, "topk_length", topk_length)
     _check_plan(main[0].shape[0], main[1], main[0], tile_scheduler_metadata, num_splits, q.device)
     if extra_k_cache is None:
-        return _sparse_decode(q_lat, q_rope, k_lat, k_rope, fp8_layout, main, tile_scheduler_metadata, num_splits,
-                              scale, attn_sink)
+        return _sparse_decode(q_lat, q_rope, k_lat, k_rope, fp8_layout, main, main[0].shape[1], scale, attn_sink)
     # Two sources (DeepSeek-V4: compressed KV + sliding window) in one launch: each query token's planned row is
     # the main source's topk keys (rounded up to a whole scheduling block) followed by the extra source's, one
-    # online softmax runs over both, and the sink comes last. The plan covers both, so it is made here (device ops,
-    # no host sync); the one passed in, checked above, is for the main source alone.
+    # online softmax runs over both, and the sink comes last.
     e_lat, e_rope, _ = _cache_parts("extra_k_cache", extra_k_cache, q, head_dim_v, is_fp8_kvcache)
     if extra_indices_in_kvcache is None:
         raise ValueError("extra_indices_in_kvcache: required with extra_k_cache")
@@ -257,11 +257,8 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
     x_table, _, x_valid = _sparse_inputs(q_lat, "extra_indices_in_kvcache", extra_indices_in_kvcache,
                                          "extra_topk_length", extra_topk_length)
     main_span = -(-main[0].shape[1] // SCHED_BLOCK) * SCHED_BLOCK
-    h_k = k_lat.shape[2]
-    lengths, metadata, splits = uniform_plan(main[1].shape[0], main_span + x_table.shape[1],
-                                             mla_num_parts(h_q // h_k, h_k, num_sms(q.device)), q.device)
-    return _sparse_decode(q_lat, q_rope, k_lat, k_rope, fp8_layout, (main[0], lengths, main[2]), metadata, splits,
-                          scale, attn_sink, extra=(e_lat, e_rope, x_table, x_valid, main_span))
+    return _sparse_decode(q_lat, q_rope, k_lat, k_rope, fp8_layout, main, main_span + x_table.shape[1], scale,
+                          attn_sink, extra=(e_lat, e_rope, x_table, x_valid, main_span))
 
 
 def _cache_parts(name, cache, q, head_dim_v, is_fp8):
@@ -306,16 +303,23 @@ def _sparse_inputs(q_lat, indices_name, indices, length_name, topk_length):
     return indices.reshape(tokens, topk), lengths, valid
 
 
-def _sparse_decode(q_lat, q_rope, k_lat, k_rope, fp8_layout, inputs, metadata, num_splits, scale, attn_sink,
-                   extra=None):
-    """Token-sparse decode (`inputs` from `_sparse_inputs`; `extra` a second source, as `mla_decode_forward`
-    takes it). Returns (out (b, s_q, h_q, dv), lse (b, h_q, s_q))."""
+def _sparse_decode(q_lat, q_rope, k_lat, k_rope, fp8_layout, inputs, length, scale, attn_sink, extra=None):
+    """Token-sparse decode (`inputs` from `_sparse_inputs`; every query token's planned row `length` keys; `extra`
+    a second source, as `mla_decode_forward` takes it). Returns (out (b, s_q, h_q, dv), lse (b, h_q, s_q)).
+    The plan is `uniform_plan`'s, the one `get_mla_metadata(..., topk=...)` makes for the main source alone
+    (`flash_mla_with_kvcache` checks the one passed in but runs this one; it is kept per shape, so a call makes
+    none): every row has the same length, so the host knows whether the plan runs every token whole
+    (`runs_whole`) and then launches no combine (a no-op one cost the V4 rows 2-4%)."""
     batch, s_q, h_q, dv = q_lat.shape
-    table, lengths, valid = inputs
+    table, _, valid = inputs
     tokens = table.shape[0]
+    h_k = k_lat.shape[2]
+    parts = mla_num_parts(h_q // h_k, h_k, num_sms(q_lat.device))
+    lengths, metadata, num_splits = uniform_plan(tokens, length, parts, q_lat.device)
     flat = lambda t: None if t is None else t.reshape(tokens, 1, *t.shape[2:])      # noqa: E731
+    x = extra or (None, None, None, None, 0)
     out, lse = _mla_decode_fwd(flat(q_lat), flat(q_rope), k_lat, k_rope, table, lengths, metadata, num_splits,
-                               scale, False, attn_sink, valid, fp8_layout, *(extra or ()))
+                               scale, False, attn_sink, valid, fp8_layout, *x, runs_whole(tokens, parts))
     return out.view(batch, s_q, h_q, dv), lse.view(batch, s_q, h_q).transpose(1, 2).contiguous()
 
 

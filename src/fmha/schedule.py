@@ -61,6 +61,12 @@ def mla_num_parts(rows_per_head_k: int, heads_k: int, sms: int) -> int:
 WHOLE_SEQUENCE_SLACK = 1.1
 
 
+def runs_whole(sequences: int, num_parts: int) -> bool:
+    """Whether `plan_mla` gives `sequences` of one common, non-zero length to `num_parts` parts whole (a host
+    decision: the callers that know every length is the same, the token-sparse ones, then skip the combine)."""
+    return sequences > 0 and -(-sequences // num_parts) * num_parts <= WHOLE_SEQUENCE_SLACK * sequences
+
+
 # What starting a sequence costs a part, in key blocks of work (loading the piece's Q, the pipeline's fill and
 # drain, writing its output or partial): parts are cut to equal shares of blocks plus this per sequence, as
 # FlashMLA's scheduler does with the same 5 blocks. `benchmarks/probe_mla.py --varlen --overheads 0 2 5`
@@ -102,7 +108,7 @@ def plan_mla(cache_seqlens, num_parts: int, piece_overhead: int = PIECE_OVERHEAD
     at = torch.minimum(parts * share, cost[-1])
     seq = torch.searchsorted(cost[1:], at, right=True).clamp(max=max(n - 1, 0))
     cuts = torch.minimum(cum[seq] + torch.clamp(at - cost[seq] - piece_overhead, min=0), cum[seq + 1]) if n else at
-    if n and whole * num_parts <= WHOLE_SEQUENCE_SLACK * n:
+    if runs_whole(n, num_parts):
         longest = blocks.max()
         go_whole = (blocks.min() == longest) & (longest > 0)
         cuts = torch.where(go_whole, torch.minimum(parts * whole * longest, total), cuts)

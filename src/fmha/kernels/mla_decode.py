@@ -365,14 +365,16 @@ def _tma_ok(t, heads_k):
 
 def mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens, metadata, split_offsets,
                        out, lse, *, softmax_scale, causal, sinks=None, valid_lens=None, fp8_layout=None,
-                       max_logits=None, extra=None, tiles=None, use_tma=None, backend=None, interpret=False):
+                       max_logits=None, extra=None, whole=False, tiles=None, use_tma=None, backend=None,
+                       interpret=False):
     """q_lat (b, s_q, h_q, DV), q_rope (b, s_q, h_q, DT) or None, kv_lat (pages, page_size, h_k, DV),
     k_rope (pages, page_size, h_k, DT) or None, metadata / split_offsets from `schedule.plan_mla`, sinks (h_q,)
     fp32 or None (an attention sink per query head). Token-sparse: `valid_lens (b,)` int32 given, each "batch"
     is one query token, `block_table (b, [h_k,] topk)` holds its token indices (negative or past the cache = none;
     with the h_k axis, one row per KV head) and `cache_seqlens` is topk.
     `max_logits (b, h_q)` fp32 (s_q = 1): also write each row's largest scaled score; the plan must run every
-    sequence whole (one part each), so there is nothing to combine and no split buffer is made.
+    sequence whole (one part each), so there is nothing to combine and no split buffer is made. `whole`: the
+    caller knows that the plan runs every sequence whole (`schedule.runs_whole`): no combine, no split buffer.
     `extra = (x_lat, x_rope, x_table (b, extra_topk), x_valid (b,), main_span)`: a second sparse source (its own
     cache, page size and indices) in the same launch: the plan's rows are main_span (a multiple of SCHED_BLOCK, at
     least the main topk) keys of the main source followed by extra_topk of the extra one.
@@ -391,7 +393,7 @@ def mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens
     sparse = valid_lens is not None
     num_parts = metadata.shape[0]
     # Split buffers: every part boundary adds at most one piece to one batch.
-    whole = max_logits is not None
+    whole = whole or max_logits is not None
     parts_rows = 0 if whole else batch + num_parts
     o_part = torch.empty((max(parts_rows, 1), heads_k * rows_per_k, dv), dtype=torch.float32, device=q_lat.device)
     lse_part = torch.empty((max(parts_rows, 1), heads_k * rows_per_k), dtype=torch.float32, device=q_lat.device)
@@ -455,10 +457,10 @@ def mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens
         kv_lat.stride(0), kv_lat.stride(1), kv_lat.stride(2), *rope_strides,
         out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1), lse.stride(2),
         o_part.stride(0), o_part.stride(1), lse_part.stride(0),
-        *((max_logits.stride(0), max_logits.stride(1)) if whole else (0, 0)),
+        *((max_logits.stride(0), max_logits.stride(1)) if max_logits is not None else (0, 0)),
         BLOCK_M=block_m, BLOCK_N=block_n, HALF=half, DT=dt, HAS_ROPE=has_rope, CAUSAL=causal,
         TMA=bool(use_tma), TRANSPOSED=transposed, HAS_SINKS=sinks is not None, SPARSE=sparse,
-        FP8={None: 0, "v32": 1, "model1": 2}[fp8_layout], HAS_MAX=whole, EXTRA=extra is not None,
+        FP8={None: 0, "v32": 1, "model1": 2}[fp8_layout], HAS_MAX=max_logits is not None, EXTRA=extra is not None,
         SCHED_BLOCK=SCHED_BLOCK, SCHED_FIELDS=SCHED_FIELDS,
         num_warps=num_warps, num_stages=num_stages,
     )
