@@ -5,6 +5,7 @@ against the portable `triton.language` one. For tuning; `fmha bench mla` is the 
     PYTHONPATH=src python3 benchmarks/probe_mla.py --varlen --overheads 0 2 5   # planner A/B, Gluon only
     PYTHONPATH=src python3 benchmarks/probe_mla.py --versions /tmp/base.py    # kernel A/B, Gluon only
     PYTHONPATH=src python3 benchmarks/probe_mla.py --versions /tmp/base.py --sparse   # on `fmha bench sparse` rows
+    PYTHONPATH=src python3 benchmarks/probe_mla.py --combine    # sparse decode: whole plans without the combine
 
 `--versions` times other copies of `kernels/mla_decode_sm90.py` (e.g. `git show REV:src/fmha/kernels/mla_decode_sm90.py
 > /tmp/base.py`) beside the package's own, in the same process and interleaved, each checked against the package's
@@ -104,6 +105,47 @@ def run_versions(paths, out, unchecked=False, sparse=False, rounds=3):
         save_sweep(out, rows)
 
 
+def run_combine(out, rounds=4):
+    """`fmha bench sparse`'s decode rows as the package runs them (a plan that runs every token whole launches no
+    combine, `schedule.runs_whole`) against the same calls with `runs_whole` forced False (split buffers made and
+    the combine launched, a no-op on whole plans): outputs compared bit for bit, then timed in alternating order."""
+    real = ours_mla.runs_whole
+    rows = []
+    for case in SPARSE_DECODE_CASES:
+        name, b, hq, sq, d, layout, topk, page, extra_topk, extra_page = case
+        q, cache, lens, sink, kw = sparse_decode_inputs(case, torch.Generator(device="cuda").manual_seed(0))
+        meta, splits = ours_mla.get_mla_metadata(lens, sq * hq, 1, num_heads_q=hq, topk=topk)
+        run = lambda: ours_mla.flash_mla_with_kvcache(q, cache, None, lens, 512, meta, splits,  # noqa: E731
+                                                      attn_sink=sink, **kw)
+        variants = {"whole": real, "combine": lambda *a: False}
+        outs = {}
+        for v, fn in variants.items():
+            ours_mla.runs_whole = fn
+            outs[v] = run()
+        assert all(torch.equal(x, y) for x, y in zip(outs["whole"], outs["combine"]))
+        times = {v: [] for v in variants}
+        for r in range(rounds):
+            for v in (list(variants) if r % 2 == 0 else list(variants)[::-1]):
+                ours_mla.runs_whole = variants[v]
+                _heat([run], 1.0)
+                times[v].append(bench_gpu_graph(run))
+        ours_mla.runs_whole = real
+        flops = 2 * b * sq * hq * (topk + extra_topk) * (d + 512)
+        row = dict(case=name, b=b, hq=hq, sq=sq, d=d, topk=topk, extra_topk=extra_topk,
+                   whole=real(b * sq, mla_num_parts(hq, 1, num_sms(q.device))))
+        for v, ts in times.items():
+            row[f"{v}_tflops"] = flops / sorted(ts)[len(ts) // 2] / 1e12
+            row[f"{v}_tflops_each"] = [flops / t / 1e12 for t in ts]
+        row["whole_vs_combine"] = row["whole_tflops"] / row["combine_tflops"]
+        rows.append(row)
+        print(f"{name} b={b} hq={hq}: whole {row['whole_tflops']:.1f}, combine {row['combine_tflops']:.1f} TFLOP/s "
+              f"({row['whole_vs_combine']:.3f}x)", flush=True)
+        del run, cache, q, kw
+        torch.cuda.empty_cache()
+    if out:
+        save_sweep(out, rows)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("n", nargs="?", type=int, default=len(CASES))
@@ -115,7 +157,10 @@ def main():
     p.add_argument("--unchecked", action="store_true",
                    help="print the versions' differences instead of asserting (timing probes with wrong results)")
     p.add_argument("--rounds", type=int, default=3, help="--versions: timings of each version (median)")
+    p.add_argument("--combine", action="store_true", help="sparse decode: whole plans without / with the combine")
     args = p.parse_args()
+    if args.combine:
+        return run_combine(args.out)
     if args.versions is not None:
         return run_versions(args.versions, args.out, args.unchecked, args.sparse, args.rounds)
     rows = []
