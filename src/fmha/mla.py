@@ -309,7 +309,7 @@ def _sparse_decode(q_lat, q_rope, k_lat, k_rope, fp8_layout, inputs, length, sca
     The plan is `uniform_plan`'s, the one `get_mla_metadata(..., topk=...)` makes for the main source alone
     (`flash_mla_with_kvcache` checks the one passed in but runs this one; it is kept per shape, so a call makes
     none): every row has the same length, so the host knows whether the plan runs every token whole
-    (`runs_whole`) and then launches no combine (a no-op one cost the V4 rows 2-4%)."""
+    (`runs_whole`) and then launches no combine (a no-op one cost the sparse rows 2-10%, NOTES.md)."""
     batch, s_q, h_q, dv = q_lat.shape
     table, _, valid = inputs
     tokens = table.shape[0]
