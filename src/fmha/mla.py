@@ -16,7 +16,8 @@ byte for byte FlashMLA's (`_kv_fp8.py` documents them; V4's is laid out per page
 `is_fp8_kvcache=True` decodes from them, dequantising on load.
 
 Data path: validation → plan (`schedule.plan_mla`, on the device, no host sync) → `kernels.mla_decode`
-(split-KV decode kernel, then the combine kernel; on Hopper, with one KV head and >= 16 query rows per KV
+(split-KV decode kernel, then the combine kernel, which token-sparse calls skip when their plan runs every
+token whole, `schedule.runs_whole`; on Hopper, with one KV head and >= 16 query rows per KV
 head, the Gluon kernel of `kernels.mla_decode_sm90` for dense, sparse and FP8 calls alike). Conventions kept
 from FlashMLA: `lse (b, h_q, s_q)` fp32 natural log, and a query row that sees no key gives output 0 and LSE
 **+inf**.
@@ -75,8 +76,8 @@ def get_mla_metadata(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_he
     if num_q_tokens_per_head_k % heads_per_k:
         raise ValueError(f"num_q_tokens_per_head_k: expected s_q * {heads_per_k}, got {num_q_tokens_per_head_k}")
     tokens = cache_seqlens.shape[0] * (num_q_tokens_per_head_k // heads_per_k)
-    lengths = torch.full((tokens,), topk, dtype=torch.int32, device=cache_seqlens.device)
-    return plan_mla(lengths, mla_num_parts(heads_per_k, num_heads_k, sms))
+    # The plan `_sparse_decode` runs (`uniform_plan`), made fresh here: the caller owns the tensors returned.
+    return plan_mla(uniform_lengths(tokens, topk, cache_seqlens.device), mla_num_parts(heads_per_k, num_heads_k, sms))
 
 
 @custom_op("fmha::mla_decode_fwd", mutates_args=())
