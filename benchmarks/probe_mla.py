@@ -6,6 +6,8 @@ against the portable `triton.language` one. For tuning; `fmha bench mla` is the 
     PYTHONPATH=src python3 benchmarks/probe_mla.py --versions /tmp/base.py    # kernel A/B, Gluon only
     PYTHONPATH=src python3 benchmarks/probe_mla.py --versions /tmp/base.py --sparse   # on `fmha bench sparse` rows
     PYTHONPATH=src python3 benchmarks/probe_mla.py --combine    # sparse decode: whole plans without the combine
+    PYTHONPATH=src python3 benchmarks/probe_mla.py --lse-copy   # sparse decode: LSE in place vs copied after
+    PYTHONPATH=src python3 benchmarks/probe_mla.py --pdl        # dense decode: combine with / without PDL
 
 `--versions` times other copies of `kernels/mla_decode_sm90.py` (e.g. `git show REV:src/fmha/kernels/mla_decode_sm90.py
 > /tmp/base.py`) beside the package's own, in the same process and interleaved, each checked against the package's
@@ -20,6 +22,7 @@ import os
 
 import torch
 
+import fmha.kernels.mla_decode
 import fmha.kernels.mla_decode_sm90
 
 import fmha.mla as ours_mla
@@ -46,10 +49,10 @@ def _dense_case(b, sk, hq, sq):
             b * sk * 576 * 2 + q.numel() * 2 + b * sq * hq * 512 * 2, bench_gpu_graph)
 
 
-def _sparse_cases():
-    """`fmha bench sparse`'s b=64 decode rows and its first two prefill rows, as `_dense_case` returns them (the
-    same inputs and FLOP / byte counts as the benchmark)."""
-    for case in SPARSE_DECODE_CASES[::2]:
+def _sparse_cases(decode_rows=slice(None, None, 2), prefill=True):
+    """`fmha bench sparse`'s decode rows (`decode_rows` of them: the b=64 ones by default) and its first two prefill
+    rows, as `_dense_case` returns them (the same inputs and FLOP / byte counts as the benchmark)."""
+    for case in SPARSE_DECODE_CASES[decode_rows]:
         name, b, hq, sq, d, layout, topk, page, extra_topk, extra_page = case
         q, cache, lens, sink, kw = sparse_decode_inputs(case, torch.Generator(device="cuda").manual_seed(0))
         meta, splits = ours_mla.get_mla_metadata(lens, sq * hq, 1, num_heads_q=hq, topk=topk, is_fp8_kvcache=True)
@@ -58,7 +61,7 @@ def _sparse_cases():
         selected = topk + extra_topk
         yield (dict(case=name, b=b, hq=hq, sq=sq, d=d), run, 2 * b * sq * hq * selected * (d + 512),
                b * sq * selected * cache.shape[-1] + (q.numel() + b * sq * hq * 512) * 2, bench_gpu_graph)
-    for case in SPARSE_PREFILL_CASES[:2]:
+    for case in SPARSE_PREFILL_CASES[:2] if prefill else ():
         name, sq, skv, hq, d, topk = case
         q, kv, indices = sparse_prefill_inputs(case, torch.Generator(device="cuda").manual_seed(0))
         run = lambda: ours_mla.flash_mla_sparse_fwd(q, kv, indices, d ** -0.5, 512)  # noqa: E731
@@ -105,42 +108,57 @@ def run_versions(paths, out, unchecked=False, sparse=False, rounds=3):
         save_sweep(out, rows)
 
 
-def run_combine(out, rounds=4):
-    """`fmha bench sparse`'s decode rows as the package runs them (a plan that runs every token whole launches no
-    combine, `schedule.runs_whole`) against the same calls with `runs_whole` forced False (split buffers made and
-    the combine launched, a no-op on whole plans): outputs compared bit for bit, then timed in alternating order."""
-    real = ours_mla.runs_whole
+def _old_lse_copy(real):
+    """`_mla_decode_fwd` as sparse decode ran it before the LSE was written in place: per-token LSE rows
+    (lse_tokens = 1), then copied into (b, h_q, s_q) by one more kernel."""
+    def call(*args):
+        s_q = args[-1]
+        out, lse = real(*args[:-1], 1)
+        return out, lse.view(-1, s_q, lse.shape[1]).transpose(1, 2).contiguous()
+    return call
+
+
+def _combine_without_pdl(real):
+    """The split-KV combine launched as an ordinary kernel (after the split kernel has finished)."""
+    return lambda *args, **kw: real(*args, **{**kw, "pdl": False})
+
+
+def run_patched(out, variants, cases, rounds=4):
+    """Each case (as `_dense_case` returns them) once per variant (name -> {(module, attribute): replacement};
+    the first variant is the package as it is): outputs compared bit for bit with the first, then timed in
+    alternating order (medians of `rounds`)."""
+    names = list(variants)
+    real = {key: getattr(*key) for patch in variants.values() for key in patch}
     rows = []
-    for case in SPARSE_DECODE_CASES:
-        name, b, hq, sq, d, layout, topk, page, extra_topk, extra_page = case
-        q, cache, lens, sink, kw = sparse_decode_inputs(case, torch.Generator(device="cuda").manual_seed(0))
-        meta, splits = ours_mla.get_mla_metadata(lens, sq * hq, 1, num_heads_q=hq, topk=topk)
-        run = lambda: ours_mla.flash_mla_with_kvcache(q, cache, None, lens, 512, meta, splits,  # noqa: E731
-                                                      attn_sink=sink, **kw)
-        variants = {"whole": real, "combine": lambda *a: False}
+
+    def use(name):
+        for (module, attr), value in real.items():
+            setattr(module, attr, variants[name].get((module, attr), value))
+
+    for row, run, flops, nbytes, timer in cases:
         outs = {}
-        for v, fn in variants.items():
-            ours_mla.runs_whole = fn
+        for v in names:
+            use(v)
             outs[v] = run()
-        assert all(torch.equal(x, y) for x, y in zip(outs["whole"], outs["combine"]))
-        times = {v: [] for v in variants}
+        assert all(torch.equal(x, y) for v in names[1:] for x, y in zip(outs[names[0]], outs[v]))
+        times = {v: [] for v in names}
         for r in range(rounds):
-            for v in (list(variants) if r % 2 == 0 else list(variants)[::-1]):
-                ours_mla.runs_whole = variants[v]
+            for v in (names if r % 2 == 0 else names[::-1]):
+                use(v)
                 _heat([run], 1.0)
-                times[v].append(bench_gpu_graph(run))
-        ours_mla.runs_whole = real
-        flops = 2 * b * sq * hq * (topk + extra_topk) * (d + 512)
-        row = dict(case=name, b=b, hq=hq, sq=sq, d=d, topk=topk, extra_topk=extra_topk,
-                   whole=real(b * sq, mla_num_parts(hq, 1, num_sms(q.device))))
+                times[v].append(timer(run))
+        use(names[0])
         for v, ts in times.items():
-            row[f"{v}_tflops"] = flops / sorted(ts)[len(ts) // 2] / 1e12
+            t = sorted(ts)[len(ts) // 2]
+            row[f"{v}_tflops"], row[f"{v}_gbps"] = flops / t / 1e12, nbytes / t / 1e9
             row[f"{v}_tflops_each"] = [flops / t / 1e12 for t in ts]
-        row["whole_vs_combine"] = row["whole_tflops"] / row["combine_tflops"]
+        for v in names[1:]:
+            row[f"{names[0]}_vs_{v}"] = row[f"{names[0]}_tflops"] / row[f"{v}_tflops"]
         rows.append(row)
-        print(f"{name} b={b} hq={hq}: whole {row['whole_tflops']:.1f}, combine {row['combine_tflops']:.1f} TFLOP/s "
-              f"({row['whole_vs_combine']:.3f}x)", flush=True)
-        del run, cache, q, kw
+        label = " ".join(f"{k}={v}" for k, v in row.items() if k in ("case", "b", "sk", "hq", "sq"))
+        print(f"{label}: " + ", ".join(f"{v} {row[f'{v}_tflops']:.1f}" for v in names) + " TFLOP/s ("
+              + ", ".join(f"{row[f'{names[0]}_vs_{v}']:.3f}x {v}" for v in names[1:]) + ")", flush=True)
+        del run, outs
         torch.cuda.empty_cache()
     if out:
         save_sweep(out, rows)
@@ -158,9 +176,23 @@ def main():
                    help="print the versions' differences instead of asserting (timing probes with wrong results)")
     p.add_argument("--rounds", type=int, default=3, help="--versions: timings of each version (median)")
     p.add_argument("--combine", action="store_true", help="sparse decode: whole plans without / with the combine")
+    p.add_argument("--lse-copy", action="store_true",
+                   help="sparse decode: the LSE written in place against per-token rows and a copy kernel")
+    p.add_argument("--pdl", action="store_true",
+                   help="dense decode: the combine launched as a programmatic dependent of the split kernel or not")
     args = p.parse_args()
+    sparse_decode = _sparse_cases(slice(None), prefill=False)
     if args.combine:
-        return run_combine(args.out)
+        # A no-op combine forced on by `runs_whole` returning False: split buffers made, the combine launched.
+        return run_patched(args.out, {"whole": {}, "combine": {(ours_mla, "runs_whole"): lambda *a: False}},
+                           sparse_decode)
+    if args.lse_copy:
+        old = _old_lse_copy(ours_mla._mla_decode_fwd)
+        return run_patched(args.out, {"in_place": {}, "copy": {(ours_mla, "_mla_decode_fwd"): old}}, sparse_decode)
+    if args.pdl:
+        old = _combine_without_pdl(fmha.kernels.mla_decode.combine)
+        return run_patched(args.out, {"pdl": {}, "plain": {(fmha.kernels.mla_decode, "combine"): old}},
+                           (_dense_case(*c) for c in VERSION_CASES), args.rounds)
     if args.versions is not None:
         return run_versions(args.versions, args.out, args.unchecked, args.sparse, args.rounds)
     rows = []

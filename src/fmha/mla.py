@@ -88,8 +88,9 @@ def _mla_decode_fwd(q_lat: torch.Tensor, q_rope: Optional[torch.Tensor], kv_lat:
                     valid_lens: Optional[torch.Tensor], fp8_layout: Optional[str],
                     x_lat: Optional[torch.Tensor] = None, x_rope: Optional[torch.Tensor] = None,
                     x_table: Optional[torch.Tensor] = None, x_valid: Optional[torch.Tensor] = None,
-                    main_span: int = 0, whole: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    out, lse = _empty_outputs(q_lat)
+                    main_span: int = 0, whole: bool = False, lse_tokens: int = 1
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    out, lse = _empty_outputs(q_lat, lse_tokens)
     extra = None if x_lat is None else (x_lat, x_rope, x_table, x_valid, main_span)
     mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens, metadata, split_offsets, out, lse,
                        softmax_scale=softmax_scale, causal=causal, sinks=attn_sink, valid_lens=valid_lens,
@@ -100,8 +101,8 @@ def _mla_decode_fwd(q_lat: torch.Tensor, q_rope: Optional[torch.Tensor], kv_lat:
 @_mla_decode_fwd.register_fake
 def _(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens, metadata, split_offsets, softmax_scale, causal,
       attn_sink, valid_lens, fp8_layout, x_lat=None, x_rope=None, x_table=None, x_valid=None, main_span=0,
-      whole=False):
-    return _empty_outputs(q_lat)
+      whole=False, lse_tokens=1):
+    return _empty_outputs(q_lat, lse_tokens)
 
 
 @custom_op("fmha::mla_sparse_prefill_fwd", mutates_args=())
@@ -127,10 +128,12 @@ def _(q_lat, q_rope, kv_lat, k_rope, indices, valid_lens, softmax_scale, attn_si
     return out.squeeze(1), lse.new_empty(lse.shape[:2]), lse.squeeze(2)
 
 
-def _empty_outputs(q_lat):
+def _empty_outputs(q_lat, lse_tokens=1):
+    """out like q_lat's latent part, lse `(b, h_q, s_q)` fp32; with `lse_tokens` = t > 1 (q_lat's b batches the
+    query tokens of a flattened call, s_q = 1) lse is `(b // t, h_q, t)`, the call's own shape."""
     b, s_q, h_q, dv = q_lat.shape
     out = q_lat.new_empty((b, s_q, h_q, dv))
-    lse = q_lat.new_empty((b, h_q, s_q), dtype=torch.float32)
+    lse = q_lat.new_empty((b // lse_tokens, h_q, s_q * lse_tokens), dtype=torch.float32)
     return out, lse
 
 
@@ -319,9 +322,10 @@ def _sparse_decode(q_lat, q_rope, k_lat, k_rope, fp8_layout, inputs, length, sca
     lengths, metadata, num_splits = uniform_plan(tokens, length, parts, q_lat.device)
     flat = lambda t: None if t is None else t.reshape(tokens, 1, *t.shape[2:])      # noqa: E731
     x = extra or (None, None, None, None, 0)
+    # The kernels write the LSE in place as (batch, h_q, s_q) (lse_tokens = s_q): no copy kernel after the call.
     out, lse = _mla_decode_fwd(flat(q_lat), flat(q_rope), k_lat, k_rope, table, lengths, metadata, num_splits,
-                               scale, False, attn_sink, valid, fp8_layout, *x, runs_whole(tokens, parts))
-    return out.view(batch, s_q, h_q, dv), lse.view(batch, s_q, h_q).transpose(1, 2).contiguous()
+                               scale, False, attn_sink, valid, fp8_layout, *x, runs_whole(tokens, parts), s_q)
+    return out.view(batch, s_q, h_q, dv), lse
 
 
 def flash_mla_sparse_fwd(q, kv, indices, sm_scale=None, d_v=512, attn_sink=None, topk_length=None):

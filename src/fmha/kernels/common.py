@@ -58,3 +58,11 @@ def sink_keep(lse, empty, sink):
     """The factor e^lse / (e^lse + e^sink) that a sink puts on a row's output (the LSE itself stays sink-free);
     1 for a row with no key, whose output is already 0 (and where sink - lse could be inf - inf)."""
     return tl.where(empty, 1.0, 1.0 / (1.0 + tl.exp2((sink - tl.where(empty, 0.0, lse)) * LOG2E)))
+
+
+@triton.jit
+def lse_ptrs(LSE, b, q_head, q_pos, stride_b, stride_h, stride_s, lse_tokens):
+    """Where batch b's LSE rows go in a `(batch, h_q, s_q)` tensor. `lse_tokens` > 1: the kernel's batches are
+    the query tokens of a flattened `(batch // lse_tokens, lse_tokens)` call (its own s_q is 1), and token b's
+    LSE is written in place at `[b // lse_tokens, :, b % lse_tokens]` (no copy kernel after the call)."""
+    return LSE + (b // lse_tokens).to(tl.int64) * stride_b + q_head * stride_h + (b % lse_tokens + q_pos) * stride_s

@@ -20,7 +20,7 @@ import triton.language as tl
 
 from ..schedule import SCHED_BLOCK, SCHED_FIELDS
 from .combine import combine
-from .common import LN2, sink_keep
+from .common import LN2, lse_ptrs, sink_keep
 from .sm90 import gluon_enabled
 
 
@@ -209,7 +209,7 @@ def mla_decode_kernel(
     batch, seqlen_q, group, rows_per_k, num_m_blocks, page_size, index_bound, stride_bt, stride_bth, qk_scale_log2,
     stride_qlb, stride_qls, stride_qlh, stride_qrb, stride_qrs, stride_qrh,
     stride_lp, stride_ls, stride_lh, stride_rp, stride_rs, stride_rh,
-    stride_ob, stride_os, stride_oh, stride_lseb, stride_lseh, stride_lses,
+    stride_ob, stride_os, stride_oh, stride_lseb, stride_lseh, stride_lses, lse_tokens,
     stride_ps, stride_pr, stride_lps, stride_mb, stride_mh,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HALF: tl.constexpr, DT: tl.constexpr,
     HAS_ROPE: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr, TRANSPOSED: tl.constexpr,
@@ -308,7 +308,7 @@ def mla_decode_kernel(
                 o_row = O + b.to(tl.int64) * stride_ob + q_pos * stride_os + q_head * stride_oh
                 tl.store(o_row[:, None] + offs_h[None, :], o0.to(O.dtype.element_ty), mask=row_ok[:, None])
                 tl.store(o_row[:, None] + (HALF + offs_h)[None, :], o1.to(O.dtype.element_ty), mask=row_ok[:, None])
-                tl.store(LSE + b.to(tl.int64) * stride_lseb + q_head * stride_lseh + q_pos * stride_lses, lse,
+                tl.store(lse_ptrs(LSE, b, q_head, q_pos, stride_lseb, stride_lseh, stride_lses, lse_tokens), lse,
                          mask=row_ok)
                 if HAS_MAX:
                     # The largest scaled score of each row (natural units; -inf with no key): sparse prefill's
@@ -414,8 +414,9 @@ def mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens
                                                     valid_lens=valid_lens, max_logits=max_logits,
                                                     fp8_layout=fp8_layout, extra=extra)
             if not whole:
+                # Launched while the split kernel runs (it signals its dependents as it starts).
                 combine(out, lse, o_part, lse_part, rows_per_k=rows_per_k, group=group, split_offsets=split_offsets,
-                        sinks=sinks, empty_lse=float("inf"))
+                        sinks=sinks, empty_lse=float("inf"), pdl=True)
             return None
     block_m, block_n, num_warps, num_stages, transposed = tiles or _tile_config(rows_per_k, interpret)
     has_rope = q_rope is not None
@@ -456,7 +457,7 @@ def mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens
         q_lat.stride(0), q_lat.stride(1), q_lat.stride(2), *q_rope_strides,
         kv_lat.stride(0), kv_lat.stride(1), kv_lat.stride(2), *rope_strides,
         out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1), lse.stride(2),
-        o_part.stride(0), o_part.stride(1), lse_part.stride(0),
+        batch // lse.shape[0], o_part.stride(0), o_part.stride(1), lse_part.stride(0),
         *((max_logits.stride(0), max_logits.stride(1)) if max_logits is not None else (0, 0)),
         BLOCK_M=block_m, BLOCK_N=block_n, HALF=half, DT=dt, HAS_ROPE=has_rope, CAUSAL=causal,
         TMA=bool(use_tma), TRANSPOSED=transposed, HAS_SINKS=sinks is not None, SPARSE=sparse,
