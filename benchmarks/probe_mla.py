@@ -7,7 +7,7 @@ against the portable `triton.language` one. For tuning; `fmha bench mla` is the 
     PYTHONPATH=src python3 benchmarks/probe_mla.py --versions /tmp/base.py --sparse   # on `fmha bench sparse` rows
     PYTHONPATH=src python3 benchmarks/probe_mla.py --combine    # sparse decode: whole plans without the combine
     PYTHONPATH=src python3 benchmarks/probe_mla.py --lse-copy   # sparse decode: LSE in place vs copied after
-    PYTHONPATH=src python3 benchmarks/probe_mla.py --pdl        # dense decode: combine with / without PDL
+    PYTHONPATH=src python3 benchmarks/probe_mla.py --lengths    # sparse decode: topk_length read in the kernel
 
 `--versions` times other copies of `kernels/mla_decode_sm90.py` (e.g. `git show REV:src/fmha/kernels/mla_decode_sm90.py
 > /tmp/base.py`) beside the package's own, in the same process and interleaved, each checked against the package's
@@ -22,7 +22,6 @@ import os
 
 import torch
 
-import fmha.kernels.mla_decode
 import fmha.kernels.mla_decode_sm90
 
 import fmha.mla as ours_mla
@@ -49,12 +48,17 @@ def _dense_case(b, sk, hq, sq):
             b * sk * 576 * 2 + q.numel() * 2 + b * sq * hq * 512 * 2, bench_gpu_graph)
 
 
-def _sparse_cases(decode_rows=slice(None, None, 2), prefill=True):
+def _sparse_cases(decode_rows=slice(None, None, 2), prefill=True, lengths=False):
     """`fmha bench sparse`'s decode rows (`decode_rows` of them: the b=64 ones by default) and its first two prefill
-    rows, as `_dense_case` returns them (the same inputs and FLOP / byte counts as the benchmark)."""
+    rows, as `_dense_case` returns them (the same inputs and FLOP / byte counts as the benchmark). `lengths`: the
+    decode calls also pass topk_length (and extra_topk_length), each the full topk."""
     for case in SPARSE_DECODE_CASES[decode_rows]:
         name, b, hq, sq, d, layout, topk, page, extra_topk, extra_page = case
         q, cache, lens, sink, kw = sparse_decode_inputs(case, torch.Generator(device="cuda").manual_seed(0))
+        if lengths:
+            kw["topk_length"] = torch.full((b,), topk, dtype=torch.int32, device="cuda")
+            if extra_topk:
+                kw["extra_topk_length"] = torch.full((b,), extra_topk, dtype=torch.int32, device="cuda")
         meta, splits = ours_mla.get_mla_metadata(lens, sq * hq, 1, num_heads_q=hq, topk=topk, is_fp8_kvcache=True)
         run = lambda: ours_mla.flash_mla_with_kvcache(q, cache, None, lens, 512, meta, splits,  # noqa: E731
                                                       attn_sink=sink, **kw)
@@ -110,7 +114,7 @@ def run_versions(paths, out, unchecked=False, sparse=False, rounds=3):
 
 def _old_lse_copy(real):
     """`_mla_decode_fwd` as sparse decode ran it before the LSE was written in place: per-token LSE rows
-    (lse_tokens = 1), then copied into (b, h_q, s_q) by one more kernel."""
+    (seq_tokens = 1), then copied into (b, h_q, s_q) by one more kernel."""
     def call(*args):
         s_q = args[-1]
         out, lse = real(*args[:-1], 1)
@@ -118,9 +122,14 @@ def _old_lse_copy(real):
     return call
 
 
-def _combine_without_pdl(real):
-    """The split-KV combine launched as an ordinary kernel (after the split kernel has finished)."""
-    return lambda *args, **kw: real(*args, **{**kw, "pdl": False})
+def _old_length_ops(real):
+    """`_sparse_inputs` plus the two kernels per source that the host ran before the kernels read topk_length
+    per sequence and clamped it themselves (repeat_interleave over s_q, clamp to topk; results dropped)."""
+    def call(q_lat, indices_name, indices, length_name, topk_length):
+        if topk_length is not None:
+            topk_length.repeat_interleave(q_lat.shape[1]).clamp(0, indices.shape[2])
+        return real(q_lat, indices_name, indices, length_name, topk_length)
+    return call
 
 
 def run_patched(out, variants, cases, rounds=4):
@@ -178,21 +187,21 @@ def main():
     p.add_argument("--combine", action="store_true", help="sparse decode: whole plans without / with the combine")
     p.add_argument("--lse-copy", action="store_true",
                    help="sparse decode: the LSE written in place against per-token rows and a copy kernel")
-    p.add_argument("--pdl", action="store_true",
-                   help="dense decode: the combine launched as a programmatic dependent of the split kernel or not")
+    p.add_argument("--lengths", action="store_true",
+                   help="sparse decode with topk_length: read in the kernel against the host's former ops")
     args = p.parse_args()
     sparse_decode = _sparse_cases(slice(None), prefill=False)
     if args.combine:
         # A no-op combine forced on by `runs_whole` returning False: split buffers made, the combine launched.
         return run_patched(args.out, {"whole": {}, "combine": {(ours_mla, "runs_whole"): lambda *a: False}},
                            sparse_decode)
+    if args.lengths:
+        old = _old_length_ops(ours_mla._sparse_inputs)
+        return run_patched(args.out, {"in_kernel": {}, "host_ops": {(ours_mla, "_sparse_inputs"): old}},
+                           _sparse_cases(slice(None), prefill=False, lengths=True))
     if args.lse_copy:
         old = _old_lse_copy(ours_mla._mla_decode_fwd)
         return run_patched(args.out, {"in_place": {}, "copy": {(ours_mla, "_mla_decode_fwd"): old}}, sparse_decode)
-    if args.pdl:
-        old = _combine_without_pdl(fmha.kernels.mla_decode.combine)
-        return run_patched(args.out, {"pdl": {}, "plain": {(fmha.kernels.mla_decode, "combine"): old}},
-                           (_dense_case(*c) for c in VERSION_CASES), args.rounds)
     if args.versions is not None:
         return run_versions(args.versions, args.out, args.unchecked, args.sparse, args.rounds)
     rows = []

@@ -175,6 +175,7 @@ def test_sparse_decode(target, h_q, s_q, page_size, with_sink):
     indices[0, -1] = -1                                               # a token that sees nothing
     topk_length = torch.randint(topk // 2, topk + 1, (b,), generator=g, dtype=torch.int32)
     topk_length[-1] = 0
+    topk_length[1] = topk + 7                                        # counts as topk
     used = torch.zeros(num_blocks * page_size, dtype=torch.bool)
     for i in range(b):
         row = indices[i, :, :topk_length[i]].flatten()
@@ -194,16 +195,19 @@ def test_sparse_decode(target, h_q, s_q, page_size, with_sink):
     assert (out[-1] == 0).all() and torch.isposinf(lse[-1]).all()
 
 
-def _sparse_source(b, s_q, topk, num_tokens, page_size, d, dtype, device, g):
-    """A cache of `num_tokens` tokens in pages, indices into it (20% -1), NaN in every slot not indexed."""
+def _sparse_source(b, s_q, topk, num_tokens, page_size, d, dtype, device, g, edge=None):
+    """A cache of `num_tokens` tokens in pages, indices into it (20% -1), NaN in every slot not indexed; `edge`:
+    batch 1's length (one past either end of [0, topk], which counts as the end)."""
     num_blocks = -(-num_tokens // page_size)
     cache = torch.randn(num_blocks, page_size, 1, d, generator=g).to(dtype)
     indices = torch.randint(0, num_tokens, (b, s_q, topk), generator=g, dtype=torch.int32)
     indices[torch.rand(b, s_q, topk, generator=g) < 0.2] = -1
     length = torch.randint(0, topk + 1, (b,), generator=g, dtype=torch.int32)
+    if edge is not None and b > 1:
+        length[1] = edge
     used = torch.zeros(num_blocks * page_size, dtype=torch.bool)
     for i in range(b):
-        row = indices[i, :, :length[i]].flatten()
+        row = indices[i, :, :max(int(length[i]), 0)].flatten()
         used[row[row >= 0].long()] = True
     cache.view(-1, d)[~used] = math.nan
     return cache.to(device), indices.to(device), length.to(device)
@@ -218,7 +222,7 @@ def _union_of_sources(caches, selections):
     rows, shift = [[] for _ in range(b)], 0
     for cache, (indices, length) in zip(caches, selections):
         for i in range(b):
-            sel = indices[i, :, :length[i]]
+            sel = indices[i, :, :max(int(length[i]), 0)]
             rows[i].append(torch.where(sel >= 0, sel + shift, -1))
         shift += cache.shape[0] * cache.shape[1]
     rows = [torch.cat(parts, -1) for parts in rows]
@@ -238,8 +242,9 @@ def test_extra_kv_source(target, with_sink, layout):
                                                                                               (256, 64))
     d = D_QK if layout is None else LAYOUTS[layout][0]
     g = torch.Generator().manual_seed(21)
-    cache, indices, length = _sparse_source(b, s_q, topk, 500, pages[0], d, dtype, device, g)
-    extra, extra_indices, extra_length = _sparse_source(b, s_q, extra_topk, 300, pages[1], d, dtype, device, g)
+    cache, indices, length = _sparse_source(b, s_q, topk, 500, pages[0], d, dtype, device, g, edge=-3)
+    extra, extra_indices, extra_length = _sparse_source(b, s_q, extra_topk, 300, pages[1], d, dtype, device, g,
+                                                        edge=extra_topk + 5)
     ref_cache, ref_extra = cache, extra
     if layout is not None:
         cache, extra = (flash_mla.quantize_kv_cache(torch.nan_to_num(c.bfloat16(), nan=1e4), layout)
@@ -278,10 +283,11 @@ def test_sparse_prefill(target, h_q, h_kv, d_qk, with_sink):
     indices[1] = -1                                                        # a token that sees nothing
     topk_length = torch.randint(topk // 2, topk + 1, (s_q,), generator=g, dtype=torch.int32)
     topk_length[-1] = 0
+    topk_length[0], topk_length[1] = topk + 3, -2                   # count as topk / 0
     used = torch.zeros(s_kv, h_kv, dtype=torch.bool)
     for i in range(s_q):
         for h in range(h_kv):
-            row = indices[i, h, :topk_length[i]]
+            row = indices[i, h, :max(int(topk_length[i]), 0)]
             used[row[(row >= 0) & (row < s_kv)].long(), h] = True
     kv[~used] = math.nan                                                  # never read: poisoned
     q = torch.randn(s_q, h_q, d_qk, generator=g).to(dtype)

@@ -88,9 +88,9 @@ def _mla_decode_fwd(q_lat: torch.Tensor, q_rope: Optional[torch.Tensor], kv_lat:
                     valid_lens: Optional[torch.Tensor], fp8_layout: Optional[str],
                     x_lat: Optional[torch.Tensor] = None, x_rope: Optional[torch.Tensor] = None,
                     x_table: Optional[torch.Tensor] = None, x_valid: Optional[torch.Tensor] = None,
-                    main_span: int = 0, whole: bool = False, lse_tokens: int = 1
+                    main_span: int = 0, whole: bool = False, seq_tokens: int = 1
                     ) -> tuple[torch.Tensor, torch.Tensor]:
-    out, lse = _empty_outputs(q_lat, lse_tokens)
+    out, lse = _empty_outputs(q_lat, seq_tokens)
     extra = None if x_lat is None else (x_lat, x_rope, x_table, x_valid, main_span)
     mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens, metadata, split_offsets, out, lse,
                        softmax_scale=softmax_scale, causal=causal, sinks=attn_sink, valid_lens=valid_lens,
@@ -101,8 +101,8 @@ def _mla_decode_fwd(q_lat: torch.Tensor, q_rope: Optional[torch.Tensor], kv_lat:
 @_mla_decode_fwd.register_fake
 def _(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens, metadata, split_offsets, softmax_scale, causal,
       attn_sink, valid_lens, fp8_layout, x_lat=None, x_rope=None, x_table=None, x_valid=None, main_span=0,
-      whole=False, lse_tokens=1):
-    return _empty_outputs(q_lat, lse_tokens)
+      whole=False, seq_tokens=1):
+    return _empty_outputs(q_lat, seq_tokens)
 
 
 @custom_op("fmha::mla_sparse_prefill_fwd", mutates_args=())
@@ -128,12 +128,12 @@ def _(q_lat, q_rope, kv_lat, k_rope, indices, valid_lens, softmax_scale, attn_si
     return out.squeeze(1), lse.new_empty(lse.shape[:2]), lse.squeeze(2)
 
 
-def _empty_outputs(q_lat, lse_tokens=1):
-    """out like q_lat's latent part, lse `(b, h_q, s_q)` fp32; with `lse_tokens` = t > 1 (q_lat's b batches the
+def _empty_outputs(q_lat, seq_tokens=1):
+    """out like q_lat's latent part, lse `(b, h_q, s_q)` fp32; with `seq_tokens` = t > 1 (q_lat's b batches the
     query tokens of a flattened call, s_q = 1) lse is `(b // t, h_q, t)`, the call's own shape."""
     b, s_q, h_q, dv = q_lat.shape
     out = q_lat.new_empty((b, s_q, h_q, dv))
-    lse = q_lat.new_empty((b // lse_tokens, h_q, s_q * lse_tokens), dtype=torch.float32)
+    lse = q_lat.new_empty((b // seq_tokens, h_q, s_q * seq_tokens), dtype=torch.float32)
     return out, lse
 
 
@@ -289,8 +289,9 @@ def _cache_parts(name, cache, q, head_dim_v, is_fp8):
 
 
 def _sparse_inputs(q_lat, indices_name, indices, length_name, topk_length):
-    """Check one source's token indices; return (index table (b * s_q, topk), planned lengths (topk each),
-    valid lengths (b * s_q,)): each query token is its own "sequence" of topk keys, its index row the table."""
+    """Check one source's token indices; return (index table (b * s_q, topk), planned lengths (b * s_q,), topk
+    each, valid lengths (b,)): each query token is its own "sequence" of topk keys, its index row the table; the
+    kernels read a sequence's valid length for each of its s_q tokens and count a length past topk as topk."""
     batch, s_q = q_lat.shape[:2]
     V.check_tensor(indices_name, indices, ndim=3, dtypes=(torch.int32,), device=q_lat.device)
     if indices.shape[:2] != (batch, s_q) or indices.shape[2] == 0 or indices.stride(-1) != 1:
@@ -302,9 +303,8 @@ def _sparse_inputs(q_lat, indices_name, indices, length_name, topk_length):
         V.check_tensor(length_name, topk_length, ndim=1, dtypes=(torch.int32,), device=q_lat.device)
         if topk_length.shape[0] != batch:
             raise ValueError(f"{length_name}: expected shape ({batch},), got {tuple(topk_length.shape)}")
-    lengths = uniform_lengths(tokens, topk, q_lat.device)
-    valid = lengths if topk_length is None else topk_length.repeat_interleave(s_q).clamp(0, topk).to(torch.int32)
-    return indices.reshape(tokens, topk), lengths, valid
+    valid = uniform_lengths(batch, topk, q_lat.device) if topk_length is None else topk_length.contiguous()
+    return indices.reshape(tokens, topk), uniform_lengths(tokens, topk, q_lat.device), valid
 
 
 def _sparse_decode(q_lat, q_rope, k_lat, k_rope, fp8_layout, inputs, length, scale, attn_sink, extra=None):
@@ -322,7 +322,7 @@ def _sparse_decode(q_lat, q_rope, k_lat, k_rope, fp8_layout, inputs, length, sca
     lengths, metadata, num_splits = uniform_plan(tokens, length, parts, q_lat.device)
     flat = lambda t: None if t is None else t.reshape(tokens, 1, *t.shape[2:])      # noqa: E731
     x = extra or (None, None, None, None, 0)
-    # The kernels write the LSE in place as (batch, h_q, s_q) (lse_tokens = s_q): no copy kernel after the call.
+    # The kernels write the LSE in place as (batch, h_q, s_q) (seq_tokens = s_q): no copy kernel after the call.
     out, lse = _mla_decode_fwd(flat(q_lat), flat(q_rope), k_lat, k_rope, table, lengths, metadata, num_splits,
                                scale, False, attn_sink, valid, fp8_layout, *x, runs_whole(tokens, parts), s_q)
     return out.view(batch, s_q, h_q, dv), lse
@@ -369,12 +369,12 @@ def flash_mla_sparse_fwd(q, kv, indices, sm_scale=None, d_v=512, attn_sink=None,
     V.check_per_head("attn_sink", attn_sink, h_q, q.device)
     topk = indices.shape[2]
     if topk_length is None:
-        valid = torch.full((s_q,), topk, dtype=torch.int32, device=q.device)
+        valid = uniform_lengths(s_q, topk, q.device)
     else:
         V.check_tensor("topk_length", topk_length, ndim=1, dtypes=(torch.int32,), device=q.device)
         if topk_length.shape[0] != s_q:
             raise ValueError(f"topk_length: expected shape ({s_q},), got {tuple(topk_length.shape)}")
-        valid = topk_length.clamp(0, topk).to(torch.int32)
+        valid = topk_length.contiguous()           # the kernels count a length past topk as topk
     # The kernel's view: s_q "sequences" of one query token each, kv as a cache of pages holding one row.
     q1 = q.unsqueeze(1)
     cache = kv.unsqueeze(1)

@@ -133,15 +133,16 @@ def mla_decode_ref(q, k_cache, block_table, cache_seqlens, head_dim_v, *, causal
 
 def mla_sparse_decode_ref(q, k_cache, indices, head_dim_v, *, topk_length=None, softmax_scale=None, attn_sink=None):
     """Token-sparse flash_mla_with_kvcache in fp32: query token (b, s) attends to the cache tokens at the flat
-    positions `indices[b, s, :topk_length[b]]` that are not -1 (positions `block * page_size + offset`).
-    Returns `(out (b, s_q, h_q, dv), lse (b, h_q, s_q))`; a token with no valid index gets 0 and LSE +inf."""
+    positions `indices[b, s, :topk_length[b]]` that are not -1 (positions `block * page_size + offset`; a length
+    below 0 counts as 0, one past topk as topk). Returns `(out (b, s_q, h_q, dv), lse (b, h_q, s_q))`; a token with
+    no valid index gets 0 and LSE +inf."""
     b, s_q, h_q, _ = q.shape
     scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
     tokens = k_cache.flatten(0, 1)
     out = torch.zeros(b, s_q, h_q, head_dim_v, dtype=torch.float32, device=q.device)
     lse = torch.full((b, h_q, s_q), math.inf, dtype=torch.float32, device=q.device)
     for i in range(b):
-        n = indices.shape[2] if topk_length is None else int(topk_length[i])
+        n = indices.shape[2] if topk_length is None else max(int(topk_length[i]), 0)
         for s in range(s_q):
             row = indices[i, s, :n]
             k = tokens[row[row >= 0].long()].unsqueeze(0)

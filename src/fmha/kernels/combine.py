@@ -11,7 +11,6 @@ One launch for the whole merge: the torch-op merge it replaces cost about ten la
 """
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_wait
 
 from .common import LOG2E, lse_ptrs, sink_keep
 
@@ -19,16 +18,13 @@ from .common import LOG2E, lse_ptrs, sink_keep
 @triton.jit
 def combine_kernel(O, LSE, O_PART, LSE_PART, SPLIT_OFFSETS, SINKS,
                    num_splits, group, rows_per_k, total_rows, empty_lse,
-                   stride_ob, stride_os, stride_oh, stride_lseb, stride_lseh, stride_lses, lse_tokens,
+                   stride_ob, stride_os, stride_oh, stride_lseb, stride_lseh, stride_lses, seq_tokens,
                    stride_ps, stride_pb, stride_pr, stride_lps, stride_lpb,
                    DV: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr,
-                   VARIABLE_SPLITS: tl.constexpr, HAS_SINKS: tl.constexpr, PDL: tl.constexpr):
+                   VARIABLE_SPLITS: tl.constexpr, HAS_SINKS: tl.constexpr):
     # A program merges BLOCK_R packed rows of one batch. Parts go BLOCK_S at a time through an unrolled loop, so
     # their loads are all in flight together: a plain loop waited on one part's load after another, and a b=1
     # long-context decode call (32 parts over 4 programs) spent ~6% of its time there.
-    if PDL:
-        # Launched before the split kernel has finished (programmatic dependent launch): wait for its writes.
-        gdc_wait()
     b = tl.program_id(0)
     rows = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
     row_ok = rows < total_rows
@@ -77,7 +73,7 @@ def combine_kernel(O, LSE, O_PART, LSE_PART, SPLIT_OFFSETS, SINKS,
             out = out * sink_keep(lse, empty, tl.load(SINKS + q_head, mask=row_ok, other=0.0))[:, None]
         o_row = O + b.to(tl.int64) * stride_ob + q_pos * stride_os + q_head * stride_oh
         tl.store(o_row[:, None] + offs_d[None, :], out.to(O.dtype.element_ty), mask=o_mask)
-        tl.store(lse_ptrs(LSE, b, q_head, q_pos, stride_lseb, stride_lseh, stride_lses, lse_tokens), lse, mask=row_ok)
+        tl.store(lse_ptrs(LSE, b, q_head, q_pos, stride_lseb, stride_lseh, stride_lses, seq_tokens), lse, mask=row_ok)
 
 
 # fp32 values of the parts' tiles a program has in flight at once (BLOCK_R x BLOCK_S x BLOCK_DV); at most 16 parts
@@ -87,15 +83,13 @@ _MAX_GROUP = 16
 
 
 def combine(out, lse, o_part, lse_part, *, rows_per_k, group, split_offsets=None, num_splits=0, sinks=None,
-            empty_lse=float("-inf"), pdl=False):
+            empty_lse=float("-inf")):
     """Merge partials into `out (b, s_q, h_q, dv)` and `lse (b, h_q, s_q)`, or `lse (b // t, h_q, t)` when the b
     batches are the t query tokens each of a flattened call (s_q = 1; `common.lse_ptrs`).
 
     o_part: `(slots, [b,] rows, dv)` fp32, lse_part: `(slots, [b,] rows)` fp32 — with the batch axis for uniform
     splits (`num_splits` slots per batch), without it when `split_offsets (b + 1,)` numbers each batch's slots.
     A row's packed index is `kv_head * rows_per_k + q_pos * group + (q_head % group)`.
-    `pdl`: launch as a programmatic dependent of the split kernel before it (which signals
-    `griddepcontrol.launch_dependents`), so that this launch overlaps its tail; CUDA only.
     """
     from ..schedule import num_sms
 
@@ -116,6 +110,5 @@ def combine(out, lse, o_part, lse_part, *, rows_per_k, group, split_offsets=None
         batch // max(lse.shape[0], 1), o_part.stride(0), o_part.stride(1) if per_batch else 0, o_part.stride(-2),
         lse_part.stride(0), lse_part.stride(1) if per_batch else 0,
         DV=dv, BLOCK_DV=block_dv, BLOCK_R=block_r, BLOCK_S=block_s,
-        VARIABLE_SPLITS=not per_batch, HAS_SINKS=sinks is not None, PDL=pdl, num_warps=4,
-        **({"launch_pdl": True} if pdl else {}),
+        VARIABLE_SPLITS=not per_batch, HAS_SINKS=sinks is not None, num_warps=4,
     )

@@ -61,8 +61,8 @@ def sink_keep(lse, empty, sink):
 
 
 @triton.jit
-def lse_ptrs(LSE, b, q_head, q_pos, stride_b, stride_h, stride_s, lse_tokens):
-    """Where batch b's LSE rows go in a `(batch, h_q, s_q)` tensor. `lse_tokens` > 1: the kernel's batches are
-    the query tokens of a flattened `(batch // lse_tokens, lse_tokens)` call (its own s_q is 1), and token b's
-    LSE is written in place at `[b // lse_tokens, :, b % lse_tokens]` (no copy kernel after the call)."""
-    return LSE + (b // lse_tokens).to(tl.int64) * stride_b + q_head * stride_h + (b % lse_tokens + q_pos) * stride_s
+def lse_ptrs(LSE, b, q_head, q_pos, stride_b, stride_h, stride_s, seq_tokens):
+    """Where batch b's LSE rows go in a `(batch, h_q, s_q)` tensor. `seq_tokens` > 1: the kernel's batches are
+    the query tokens of a flattened `(batch // seq_tokens, seq_tokens)` call (its own s_q is 1), and token b's
+    LSE is written in place at `[b // seq_tokens, :, b % seq_tokens]` (no copy kernel after the call)."""
+    return LSE + (b // seq_tokens).to(tl.int64) * stride_b + q_head * stride_h + (b % seq_tokens + q_pos) * stride_s

@@ -204,12 +204,12 @@ def _mla_run(acc0, acc1, l_i, m_i, q0, q1, qt, kv_lat, k_rope, lat_desc, rope_de
 def mla_decode_kernel(
     Q_LAT, Q_ROPE, KV_LAT, K_ROPE, LAT_DESC, ROPE_DESC, O, LSE, O_PART, LSE_PART, MAX_LOGITS,
     BLOCK_TABLE, SEQLENS, VALID_LENS, SCHED, SPLIT_OFFSETS, SINKS,
-    X_LAT, X_ROPE, X_TABLE, X_VALID, main_span, x_page_size, x_index_bound, stride_xbt,
+    X_LAT, X_ROPE, X_TABLE, X_VALID, main_span, main_topk, x_page_size, x_index_bound, stride_xbt,
     stride_xlp, stride_xls, stride_xlh, stride_xrp, stride_xrs, stride_xrh,
     batch, seqlen_q, group, rows_per_k, num_m_blocks, page_size, index_bound, stride_bt, stride_bth, qk_scale_log2,
     stride_qlb, stride_qls, stride_qlh, stride_qrb, stride_qrs, stride_qrh,
     stride_lp, stride_ls, stride_lh, stride_rp, stride_rs, stride_rh,
-    stride_ob, stride_os, stride_oh, stride_lseb, stride_lseh, stride_lses, lse_tokens,
+    stride_ob, stride_os, stride_oh, stride_lseb, stride_lseh, stride_lses, seq_tokens,
     stride_ps, stride_pr, stride_lps, stride_mb, stride_mh,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HALF: tl.constexpr, DT: tl.constexpr,
     HAS_ROPE: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr, TRANSPOSED: tl.constexpr,
@@ -247,9 +247,11 @@ def mla_decode_kernel(
             mid = tl.maximum(lo, lo + (tl.minimum(hi, full) - lo) // BLOCK_N * BLOCK_N)
             key_len = seqlen
             if SPARSE:
-                # Any index may be -1 and the row stops at its valid length: every tile is masked.
+                # Any index may be -1 and the row stops at its valid length: every tile is masked. One valid length
+                # per sequence of the call (seq_tokens query tokens each); one past the index row (main_topk wide;
+                # a tile may reach past it) counts as the row's end.
                 mid = lo
-                key_len = tl.load(VALID_LENS + b)
+                key_len = tl.minimum(tl.load(VALID_LENS + b // seq_tokens), main_topk)
 
             q_lat = Q_LAT + b.to(tl.int64) * stride_qlb + q_pos * stride_qls + q_head * stride_qlh
             q0 = tl.load(q_lat[:, None] + offs_h[None, :], mask=row_ok[:, None], other=0.0)
@@ -283,13 +285,13 @@ def mla_decode_kernel(
                                             stride_rp, stride_rs, stride_rh, BLOCK_N, HALF, DT, HAS_ROPE, True, TMA,
                                             TRANSPOSED, SPARSE, FP8)
             if EXTRA:
+                x_len = tl.minimum(tl.load(X_VALID + b // seq_tokens), seqlen - main_span)   # its row's width
                 acc0, acc1, l_i, m_i = _mla_run(acc0, acc1, l_i, m_i, q0, q1, qt, X_LAT, X_ROPE, LAT_DESC, ROPE_DESC,
                                                 X_TABLE + b.to(tl.int64) * stride_xbt,
-                                                tl.maximum(lo, main_span) - main_span, hi - main_span,
-                                                tl.load(X_VALID + b), last_visible, kv_head, x_page_size,
-                                                x_index_bound, qk_scale_log2, stride_xlp, stride_xls, stride_xlh,
-                                                stride_xrp, stride_xrs, stride_xrh, BLOCK_N, HALF, DT, HAS_ROPE,
-                                                True, False, TRANSPOSED, SPARSE, FP8)
+                                                tl.maximum(lo, main_span) - main_span, hi - main_span, x_len,
+                                                last_visible, kv_head, x_page_size, x_index_bound, qk_scale_log2,
+                                                stride_xlp, stride_xls, stride_xlh, stride_xrp, stride_xrs, stride_xrh,
+                                                BLOCK_N, HALF, DT, HAS_ROPE, True, False, TRANSPOSED, SPARSE, FP8)
 
             if TRANSPOSED:
                 acc0 = tl.trans(acc0)
@@ -308,7 +310,7 @@ def mla_decode_kernel(
                 o_row = O + b.to(tl.int64) * stride_ob + q_pos * stride_os + q_head * stride_oh
                 tl.store(o_row[:, None] + offs_h[None, :], o0.to(O.dtype.element_ty), mask=row_ok[:, None])
                 tl.store(o_row[:, None] + (HALF + offs_h)[None, :], o1.to(O.dtype.element_ty), mask=row_ok[:, None])
-                tl.store(lse_ptrs(LSE, b, q_head, q_pos, stride_lseb, stride_lseh, stride_lses, lse_tokens), lse,
+                tl.store(lse_ptrs(LSE, b, q_head, q_pos, stride_lseb, stride_lseh, stride_lses, seq_tokens), lse,
                          mask=row_ok)
                 if HAS_MAX:
                     # The largest scaled score of each row (natural units; -inf with no key): sparse prefill's
@@ -371,7 +373,9 @@ def mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens
     k_rope (pages, page_size, h_k, DT) or None, metadata / split_offsets from `schedule.plan_mla`, sinks (h_q,)
     fp32 or None (an attention sink per query head). Token-sparse: `valid_lens (b,)` int32 given, each "batch"
     is one query token, `block_table (b, [h_k,] topk)` holds its token indices (negative or past the cache = none;
-    with the h_k axis, one row per KV head) and `cache_seqlens` is topk.
+    with the h_k axis, one row per KV head) and `cache_seqlens` is topk. `lse` may be `(b // t, h_q, t)` when
+    s_q = 1: the b tokens are t query tokens each of b // t sequences (`common.lse_ptrs`), and `valid_lens`
+    (and x_valid) then hold one length per sequence, `(b // t,)`; lengths past topk count as topk.
     `max_logits (b, h_q)` fp32 (s_q = 1): also write each row's largest scaled score; the plan must run every
     sequence whole (one part each), so there is nothing to combine and no split buffer is made. `whole`: the
     caller knows that the plan runs every sequence whole (`schedule.runs_whole`): no combine, no split buffer.
@@ -414,9 +418,8 @@ def mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens
                                                     valid_lens=valid_lens, max_logits=max_logits,
                                                     fp8_layout=fp8_layout, extra=extra)
             if not whole:
-                # Launched while the split kernel runs (it signals its dependents as it starts).
                 combine(out, lse, o_part, lse_part, rows_per_k=rows_per_k, group=group, split_offsets=split_offsets,
-                        sinks=sinks, empty_lse=float("inf"), pdl=True)
+                        sinks=sinks, empty_lse=float("inf"))
             return None
     block_m, block_n, num_warps, num_stages, transposed = tiles or _tile_config(rows_per_k, interpret)
     has_rope = q_rope is not None
@@ -444,10 +447,11 @@ def mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens
     if extra is not None:
         x_lat, x_rope, x_table, x_valid, main_span = extra
         x_rope_strides = (x_rope.stride(0), x_rope.stride(1), x_rope.stride(2)) if has_rope else (0, 0, 0)
-        x_args = (x_lat, x_rope, x_table, x_valid, main_span, x_lat.shape[1], x_lat.shape[0] * x_lat.shape[1],
-                  x_table.stride(0), x_lat.stride(0), x_lat.stride(1), x_lat.stride(2), *x_rope_strides)
+        x_args = (x_lat, x_rope, x_table, x_valid, main_span, block_table.shape[-1], x_lat.shape[1],
+                  x_lat.shape[0] * x_lat.shape[1], x_table.stride(0), x_lat.stride(0), x_lat.stride(1), x_lat.stride(2),
+                  *x_rope_strides)
     else:
-        x_args = (None, None, None, None, 1 << 30, 1, 0, 0, 0, 0, 0, 0, 0, 0)
+        x_args = (None, None, None, None, 1 << 30, block_table.shape[-1], 1, 0, 0, 0, 0, 0, 0, 0, 0)
     kernel = mla_decode_kernel[(num_parts, heads_k * num_m_blocks)](
         q_lat, q_rope, kv_lat, k_rope, lat_desc, rope_desc, out, lse, o_part, lse_part, max_logits,
         block_table, cache_seqlens, valid_lens, metadata, split_offsets, sinks, *x_args,

@@ -548,9 +548,9 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
               LSE, LSE_PART, SCHED, SEQLENS, SPLIT_OFFSETS, SINKS, BLOCK_TABLE, KV_LAT, K_ROPE, VALID_LENS, MAX_LOGITS,
               X_LAT, X_ROPE, X_TABLE, X_VALID,
               batch, seqlen_q, group, rows_per_k, page_size, stride_bt, qk_scale_log2, stride_lb, stride_lh,
-              stride_ls, lse_tokens, stride_lps, index_bound, stride_kp, stride_ks, stride_rp, stride_rs, stride_mb,
-              stride_mh, main_span, x_page_size, x_bound, stride_xt, stride_xp, stride_xs, stride_xrp, stride_xrs,
-              WG: gl.constexpr, CAUSAL: gl.constexpr, HAS_SINKS: gl.constexpr, SPARSE: gl.constexpr,
+              stride_ls, seq_tokens, stride_lps, index_bound, stride_kp, stride_ks, stride_rp, stride_rs, stride_mb,
+              stride_mh, main_span, main_topk, x_page_size, x_bound, stride_xt, stride_xp, stride_xs, stride_xrp,
+              stride_xrs, WG: gl.constexpr, CAUSAL: gl.constexpr, HAS_SINKS: gl.constexpr, SPARSE: gl.constexpr,
               FP8: gl.constexpr, GATHER: gl.constexpr, HAS_MAX: gl.constexpr, HAS_ROPE: gl.constexpr,
               ROPE_PART: gl.constexpr, EXTRA: gl.constexpr):
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -597,12 +597,15 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
             # with missing keys zero-filled; a paged tile's keys past the sequence are zeroed before use.
             valid = seqlen
             if SPARSE:
-                valid = gl.load(VALID_LENS + b)
+                # One valid length per sequence of the call (seq_tokens query tokens each); one past the index row
+                # (main_topk wide; a tile may reach past it) counts as the row's end.
+                valid = gl.minimum(gl.load(VALID_LENS + b // seq_tokens), main_topk)
             main = (table, valid, index_bound, KV_LAT, K_ROPE, stride_kp, stride_ks, stride_rp, stride_rs, page_size)
             extra = main
             if EXTRA:                     # the second source's keys follow the main source's main_span keys
-                extra = (X_TABLE + b.to(gl.int64) * stride_xt, gl.load(X_VALID + b), x_bound, X_LAT, X_ROPE,
-                         stride_xp, stride_xs, stride_xrp, stride_xrs, x_page_size)
+                x_valid = gl.minimum(gl.load(X_VALID + b // seq_tokens), seqlen - main_span)   # its row's width
+                extra = (X_TABLE + b.to(gl.int64) * stride_xt, x_valid, x_bound, X_LAT, X_ROPE, stride_xp, stride_xs,
+                         stride_xrp, stride_xrs, x_page_size)
             kv = (k_lat_desc, k_rope_desc, table, page_size, main, extra, main_span)
             if WG == 0:
                 # The piece's Q and first two tiles, once both warpgroups are done with the last piece (its Q
@@ -775,9 +778,9 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
                 tma.async_copy_shared_to_global(o_desc, [b, row0, WG * HALF],
                                                 q_lat.index(WG).reshape(o_desc.block_type.shape))
                 if WG == 0:
-                    # lse_tokens > 1: b is a query token of a flattened (batch, s_q) call (its s_q = 1)
-                    gl.store(LSE + (b // lse_tokens).to(gl.int64) * stride_lb + q_head * stride_lh
-                             + (b % lse_tokens + q_pos) * stride_ls, lse, mask=offs_m < rows_per_k)
+                    # seq_tokens > 1: b is a query token of a flattened (batch, s_q) call (its s_q = 1)
+                    gl.store(LSE + (b // seq_tokens).to(gl.int64) * stride_lb + q_head * stride_lh
+                             + (b % seq_tokens + q_pos) * stride_ls, lse, mask=offs_m < rows_per_k)
                     if HAS_MAX:               # the largest scaled score (-inf with no key); s_q = 1 here
                         gl.store(MAX_LOGITS + b.to(gl.int64) * stride_mb + q_head * stride_mh, m_i * LN2,
                                  mask=offs_m < rows_per_k)
@@ -813,19 +816,15 @@ def mla_decode_sm90_kernel(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_d
                            SCHED, SEQLENS, SPLIT_OFFSETS, SINKS, BLOCK_TABLE, KV_LAT, K_ROPE, VALID_LENS, MAX_LOGITS,
                            X_LAT, X_ROPE, X_TABLE, X_VALID,
                            batch, seqlen_q, group, rows_per_k, page_size, stride_bt, qk_scale_log2,
-                           stride_lb, stride_lh, stride_ls, lse_tokens, stride_lps,
+                           stride_lb, stride_lh, stride_ls, seq_tokens, stride_lps,
                            index_bound, stride_kp, stride_ks, stride_rp, stride_rs, stride_mb, stride_mh,
-                           main_span, x_page_size, x_bound, stride_xt, stride_xp, stride_xs, stride_xrp, stride_xrs,
-                           CAUSAL: gl.constexpr, HAS_SINKS: gl.constexpr, SPARSE: gl.constexpr, FP8: gl.constexpr,
-                           HAS_MAX: gl.constexpr, HAS_ROPE: gl.constexpr, EXTRA: gl.constexpr,
+                           main_span, main_topk, x_page_size, x_bound, stride_xt, stride_xp, stride_xs, stride_xrp,
+                           stride_xrs, CAUSAL: gl.constexpr, HAS_SINKS: gl.constexpr, SPARSE: gl.constexpr,
+                           FP8: gl.constexpr, HAS_MAX: gl.constexpr, HAS_ROPE: gl.constexpr, EXTRA: gl.constexpr,
                            CONSUMER_REGS: gl.constexpr):
     """Grid: parts x query blocks of 64 packed rows, part-major; a single KV head. Two warpgroups, no producer warp: a
     third warpgroup would cap every thread at 168 registers (65536 / 384), and ptxas then serialises the
     wgmmas of a 64 x 256 fp32 accumulator kernel."""
-    # Programmatic dependent launch: the combine launched after this kernel may be scheduled from now on (it
-    # waits for this grid's writes with griddepcontrol.wait; without the launch attribute this is a no-op).
-    gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False,
-                              pack=1)
     dtype: gl.constexpr = q_lat_desc.dtype
     GATHER: gl.constexpr = SPARSE or (FP8 != 0)
     ROPE_PART: gl.constexpr = HAS_ROPE or (FP8 == MODEL1)      # model1's RoPE values land in the RoPE slot
@@ -861,18 +860,18 @@ def mla_decode_sm90_kernel(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_d
                      q_lat, q_rope, (k_lat, k_rope, k_ready, k_raw, k_scale), q_ready, q_free, handoff, rows_smem,
                      kidx, LSE, LSE_PART, SCHED, SEQLENS, SPLIT_OFFSETS, SINKS, BLOCK_TABLE, KV_LAT, K_ROPE, VALID_LENS,
                      MAX_LOGITS, X_LAT, X_ROPE, X_TABLE, X_VALID, batch, seqlen_q, group, rows_per_k, page_size,
-                     stride_bt, qk_scale_log2, stride_lb, stride_lh, stride_ls, lse_tokens, stride_lps, index_bound,
-                     stride_kp, stride_ks, stride_rp, stride_rs, stride_mb, stride_mh, main_span, x_page_size, x_bound,
-                     stride_xt, stride_xp, stride_xs, stride_xrp, stride_xrs, 0, CAUSAL, HAS_SINKS, SPARSE, FP8, GATHER,
-                     HAS_MAX, HAS_ROPE, ROPE_PART, EXTRA)),
+                     stride_bt, qk_scale_log2, stride_lb, stride_lh, stride_ls, seq_tokens, stride_lps, index_bound,
+                     stride_kp, stride_ks, stride_rp, stride_rs, stride_mb, stride_mh, main_span, main_topk,
+                     x_page_size, x_bound, stride_xt, stride_xp, stride_xs, stride_xrp, stride_xrs, 0, CAUSAL,
+                     HAS_SINKS, SPARSE, FP8, GATHER, HAS_MAX, HAS_ROPE, ROPE_PART, EXTRA)),
         (_consumer, (q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_desc,
                      q_lat, q_rope, (k_lat, k_rope, k_ready, k_raw, k_scale), q_ready, q_free, handoff, rows_smem,
                      kidx, LSE, LSE_PART, SCHED, SEQLENS, SPLIT_OFFSETS, SINKS, BLOCK_TABLE, KV_LAT, K_ROPE, VALID_LENS,
                      MAX_LOGITS, X_LAT, X_ROPE, X_TABLE, X_VALID, batch, seqlen_q, group, rows_per_k, page_size,
-                     stride_bt, qk_scale_log2, stride_lb, stride_lh, stride_ls, lse_tokens, stride_lps, index_bound,
-                     stride_kp, stride_ks, stride_rp, stride_rs, stride_mb, stride_mh, main_span, x_page_size, x_bound,
-                     stride_xt, stride_xp, stride_xs, stride_xrp, stride_xrs, 1, CAUSAL, HAS_SINKS, SPARSE, FP8, GATHER,
-                     HAS_MAX, HAS_ROPE, ROPE_PART, EXTRA)),
+                     stride_bt, qk_scale_log2, stride_lb, stride_lh, stride_ls, seq_tokens, stride_lps, index_bound,
+                     stride_kp, stride_ks, stride_rp, stride_rs, stride_mb, stride_mh, main_span, main_topk,
+                     x_page_size, x_bound, stride_xt, stride_xp, stride_xs, stride_xrp, stride_xrs, 1, CAUSAL,
+                     HAS_SINKS, SPARSE, FP8, GATHER, HAS_MAX, HAS_ROPE, ROPE_PART, EXTRA)),
     ], [4], [CONSUMER_REGS])
 
 
@@ -990,7 +989,8 @@ def mla_decode_forward_sm90(views, q_lat, q_rope, kv_lat, k_rope, block_table, c
             batch, seqlen_q, heads_q, rows_per_k, page_size, block_table.stride(0),
             softmax_scale * LOG2E.value, lse.stride(0), lse.stride(1), lse.stride(2), batch // lse.shape[0],
             lse_part.stride(0), kv_lat.shape[0] * page_size, *strides,
-            *((max_logits.stride(0), max_logits.stride(1)) if max_logits is not None else (0, 0)), *x_sizes)
+            *((max_logits.stride(0), max_logits.stride(1)) if max_logits is not None else (0, 0)),
+            x_sizes[0], block_table.shape[-1], *x_sizes[1:])
     grid = (metadata.shape[0] * triton.cdiv(rows_per_k, rows),)
     mla_decode_sm90_kernel[grid](*args, CAUSAL=causal, HAS_SINKS=sinks is not None, SPARSE=sparse,
                                  FP8={None: 0, "v32": V32.value, "model1": MODEL1.value}[fp8_layout],
