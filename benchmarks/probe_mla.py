@@ -8,7 +8,6 @@ against the portable `triton.language` one. For tuning; `fmha bench mla` is the 
     PYTHONPATH=src python3 benchmarks/probe_mla.py --combine    # sparse decode: whole plans without the combine
     PYTHONPATH=src python3 benchmarks/probe_mla.py --lse-copy   # sparse decode: LSE in place vs copied after
     PYTHONPATH=src python3 benchmarks/probe_mla.py --lengths    # sparse decode: topk_length read in the kernel
-    PYTHONPATH=src python3 benchmarks/probe_mla.py --prefill-parts   # sparse prefill: persistent parts or not
 
 `--versions` times other copies of `kernels/mla_decode_sm90.py` (e.g. `git show REV:src/fmha/kernels/mla_decode_sm90.py
 > /tmp/base.py`) beside the package's own, in the same process and interleaved, each checked against the package's
@@ -49,10 +48,10 @@ def _dense_case(b, sk, hq, sq):
             b * sk * 576 * 2 + q.numel() * 2 + b * sq * hq * 512 * 2, bench_gpu_graph)
 
 
-def _sparse_cases(decode_rows=slice(None, None, 2), prefill=True, lengths=False, all_prefill=False):
+def _sparse_cases(decode_rows=slice(None, None, 2), prefill=True, lengths=False):
     """`fmha bench sparse`'s decode rows (`decode_rows` of them: the b=64 ones by default) and its first two prefill
-    rows (`all_prefill`: all of them), as `_dense_case` returns them (the same inputs and FLOP / byte counts as the
-    benchmark). `lengths`: the decode calls also pass topk_length (and extra_topk_length), each the full topk."""
+    rows, as `_dense_case` returns them (the same inputs and FLOP / byte counts as the benchmark). `lengths`: the
+    decode calls also pass topk_length (and extra_topk_length), each the full topk."""
     for case in SPARSE_DECODE_CASES[decode_rows]:
         name, b, hq, sq, d, layout, topk, page, extra_topk, extra_page = case
         q, cache, lens, sink, kw = sparse_decode_inputs(case, torch.Generator(device="cuda").manual_seed(0))
@@ -66,7 +65,7 @@ def _sparse_cases(decode_rows=slice(None, None, 2), prefill=True, lengths=False,
         selected = topk + extra_topk
         yield (dict(case=name, b=b, hq=hq, sq=sq, d=d), run, 2 * b * sq * hq * selected * (d + 512),
                b * sq * selected * cache.shape[-1] + (q.numel() + b * sq * hq * 512) * 2, bench_gpu_graph)
-    for case in (SPARSE_PREFILL_CASES if all_prefill else SPARSE_PREFILL_CASES[:2]) if prefill else ():
+    for case in SPARSE_PREFILL_CASES[:2] if prefill else ():
         name, sq, skv, hq, d, topk = case
         q, kv, indices = sparse_prefill_inputs(case, torch.Generator(device="cuda").manual_seed(0))
         run = lambda: ours_mla.flash_mla_sparse_fwd(q, kv, indices, d ** -0.5, 512)  # noqa: E731
@@ -178,7 +177,7 @@ def run_patched(out, variants, cases, rounds=4):
         for v in names[1:]:
             row[f"{names[0]}_vs_{v}"] = row[f"{names[0]}_tflops"] / row[f"{v}_tflops"]
         rows.append(row)
-        label = " ".join(f"{k}={v}" for k, v in row.items() if k in ("case", "b", "sk", "hq", "sq", "d"))
+        label = " ".join(f"{k}={v}" for k, v in row.items() if k in ("case", "b", "sk", "hq", "sq"))
         print(f"{label}: " + ", ".join(f"{v} {row[f'{v}_tflops']:.1f}" for v in names) + " TFLOP/s ("
               + ", ".join(f"{row[f'{names[0]}_vs_{v}']:.3f}x {v}" for v in names[1:]) + ")", flush=True)
         del run, outs
@@ -201,8 +200,6 @@ def main():
     p.add_argument("--combine", action="store_true", help="sparse decode: whole plans without / with the combine")
     p.add_argument("--lse-copy", action="store_true",
                    help="sparse decode: the LSE written in place against per-token rows and a copy kernel")
-    p.add_argument("--prefill-parts", action="store_true",
-                   help="sparse prefill: one part per SM's worth of programs against one per token")
     p.add_argument("--lengths", action="store_true",
                    help="sparse decode with topk_length: read in the kernel against the host's former ops")
     args = p.parse_args()
@@ -211,10 +208,6 @@ def main():
         # A no-op combine forced on by `runs_whole` returning False: split buffers made, the combine launched.
         return run_patched(args.out, {"whole": {}, "combine": {(ours_mla, "runs_whole"): lambda *a: False}},
                            sparse_decode)
-    if args.prefill_parts:
-        one_each = {(ours_mla, "_prefill_parts"): lambda q_lat, kv_lat: q_lat.shape[0]}
-        return run_patched(args.out, {"persistent": {}, "per_token": one_each},
-                           _sparse_cases(slice(0, 0), prefill=True, all_prefill=True))
     if args.lengths:
         old = _old_length_ops(ours_mla._sparse_inputs)
         return run_patched(args.out, {"in_kernel": {}, "host_ops": {(ours_mla, "_sparse_inputs"): old}},

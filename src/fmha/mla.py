@@ -114,20 +114,12 @@ def _mla_sparse_prefill_fwd(q_lat: torch.Tensor, q_rope: Optional[torch.Tensor],
     max_logits = lse.new_empty(lse.shape[:2])
     tokens, topk = q_lat.shape[0], indices.shape[-1]
     if tokens:
-        # Every query token run whole (max_logits needs no combining), by `_prefill_parts` parts.
-        lengths, metadata, split_offsets = uniform_plan(tokens, topk, _prefill_parts(q_lat, kv_lat), q_lat.device)
+        # One part per query token: each is run whole, so max_logits needs no combining.
+        lengths, metadata, split_offsets = uniform_plan(tokens, topk, tokens, q_lat.device)
         mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, indices, lengths, metadata, split_offsets, out, lse,
                            softmax_scale=softmax_scale, causal=False, sinks=attn_sink, valid_lens=valid_lens,
                            max_logits=max_logits, interpret=q_lat.device.type == "cpu")
     return out.squeeze(1), max_logits, lse.squeeze(2)
-
-
-def _prefill_parts(q_lat, kv_lat):
-    """Parts for sparse prefill: one per SM's worth of programs (`mla_num_parts`), each running its tokens whole
-    one after another, when that plan runs every token whole (`runs_whole`); else one part per token."""
-    tokens, h_q, h_k = q_lat.shape[0], q_lat.shape[2], kv_lat.shape[2]
-    parts = mla_num_parts(h_q // h_k, h_k, num_sms(q_lat.device))
-    return parts if runs_whole(tokens, parts) else tokens
 
 
 @_mla_sparse_prefill_fwd.register_fake
