@@ -8,6 +8,7 @@ against the portable `triton.language` one. For tuning; `fmha bench mla` is the 
     PYTHONPATH=src python3 benchmarks/probe_mla.py --combine    # sparse decode: whole plans without the combine
     PYTHONPATH=src python3 benchmarks/probe_mla.py --lse-copy   # sparse decode: LSE in place vs copied after
     PYTHONPATH=src python3 benchmarks/probe_mla.py --lengths    # sparse decode: topk_length read in the kernel
+    PYTHONPATH=src python3 benchmarks/probe_mla.py --tile-sweep # V4 sparse decode: time per token and per tile
 
 `--versions` times other copies of `kernels/mla_decode_sm90.py` (e.g. `git show REV:src/fmha/kernels/mla_decode_sm90.py
 > /tmp/base.py`) beside the package's own, in the same process and interleaved, each checked against the package's
@@ -186,6 +187,33 @@ def run_patched(out, variants, cases, rounds=4):
         save_sweep(out, rows)
 
 
+def run_tile_sweep(out, extras=(256, 512, 1024, 2048)):
+    """Where a V4 sparse call's time goes, per token and per tile: the V4 FP8 rows (h_q 64 and 128, b 64 and
+    128) with the extra source's topk swept (`extras`); microseconds per call, the tokens each part runs and
+    the key tiles of a token, for a straight-line fit of time against tiles (intercept: a token's fixed cost)."""
+    rows = []
+    for case in SPARSE_DECODE_CASES[2:]:
+        for extra_topk in extras:
+            name, b, hq, sq, d, layout, topk, page, _, extra_page = case
+            case_x = (name, b, hq, sq, d, layout, topk, page, extra_topk, extra_page)
+            q, cache, lens, sink, kw = sparse_decode_inputs(case_x, torch.Generator(device="cuda").manual_seed(0))
+            meta, splits = ours_mla.get_mla_metadata(lens, sq * hq, 1, num_heads_q=hq, topk=topk)
+            run = lambda: ours_mla.flash_mla_with_kvcache(q, cache, None, lens, 512, meta, splits,  # noqa: E731
+                                                          attn_sink=sink, **kw)
+            _heat([run], 1.0)
+            t = sorted(bench_gpu_graph(run) for _ in range(3))[1]
+            parts = mla_num_parts(hq, 1, num_sms(q.device))
+            row = dict(case=name, b=b, hq=hq, extra_topk=extra_topk, us=t * 1e6, tokens_per_part=-(-b * sq // parts),
+                       tiles_per_token=(-(-topk // 64) * 64 + extra_topk) // 64,
+                       tflops=2 * b * sq * hq * (topk + extra_topk) * (d + 512) / t / 1e12)
+            rows.append(row)
+            print(row, flush=True)
+            del run, cache, q, kw
+            torch.cuda.empty_cache()
+    if out:
+        save_sweep(out, rows)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("n", nargs="?", type=int, default=len(CASES))
@@ -200,6 +228,7 @@ def main():
     p.add_argument("--combine", action="store_true", help="sparse decode: whole plans without / with the combine")
     p.add_argument("--lse-copy", action="store_true",
                    help="sparse decode: the LSE written in place against per-token rows and a copy kernel")
+    p.add_argument("--tile-sweep", action="store_true", help="V4 sparse decode: time against the extra topk")
     p.add_argument("--lengths", action="store_true",
                    help="sparse decode with topk_length: read in the kernel against the host's former ops")
     args = p.parse_args()
@@ -208,6 +237,8 @@ def main():
         # A no-op combine forced on by `runs_whole` returning False: split buffers made, the combine launched.
         return run_patched(args.out, {"whole": {}, "combine": {(ours_mla, "runs_whole"): lambda *a: False}},
                            sparse_decode)
+    if args.tile_sweep:
+        return run_tile_sweep(args.out)
     if args.lengths:
         old = _old_length_ops(ours_mla._sparse_inputs)
         return run_patched(args.out, {"in_kernel": {}, "host_ops": {(ours_mla, "_sparse_inputs"): old}},
