@@ -515,53 +515,6 @@ def _load_parts(kv, bufs, n, t, raw, FIRST: gl.constexpr, SECOND: gl.constexpr, 
 
 
 @gluon.jit
-def _piece_sources(sources, b, seqlen, SPARSE: gl.constexpr, EXTRA: gl.constexpr):
-    """(table, main source, extra source) of batch b, for `kv` = (k_lat_desc, k_rope_desc, table, page size,
-    main source, extra source, main_span), what the loads and masks read; a source is (table row, valid length,
-    index bound, latent base, second base, latent page / slot strides, second page / slot strides, page size).
-    (A jit function cannot return the descriptors: they are None in the gather forms.)"""
-    (BLOCK_TABLE, stride_bt, VALID_LENS, seq_tokens, main_topk, index_bound, KV_LAT, K_ROPE, stride_kp, stride_ks,
-     stride_rp, stride_rs, page_size, X_TABLE, stride_xt, X_VALID, main_span, x_bound, X_LAT, X_ROPE, stride_xp,
-     stride_xs, stride_xrp, stride_xrs, x_page_size) = sources
-    table = BLOCK_TABLE + b.to(gl.int64) * stride_bt
-    # SPARSE: `table` is the token's index row, of which the first `valid` count. Gathered tiles arrive with
-    # missing keys zero-filled; a paged tile's keys past the sequence are zeroed before use.
-    valid = seqlen
-    if SPARSE:
-        # One valid length per sequence of the call (seq_tokens query tokens each); one past the index row
-        # (main_topk wide; a tile may reach past it) counts as the row's end.
-        valid = gl.minimum(gl.load(VALID_LENS + b // seq_tokens), main_topk)
-    main = (table, valid, index_bound, KV_LAT, K_ROPE, stride_kp, stride_ks, stride_rp, stride_rs, page_size)
-    extra = main
-    if EXTRA:                     # the second source's keys follow the main source's main_span keys
-        x_valid = gl.minimum(gl.load(X_VALID + b // seq_tokens), seqlen - main_span)   # its row's width
-        extra = (X_TABLE + b.to(gl.int64) * stride_xt, x_valid, x_bound, X_LAT, X_ROPE, stride_xp, stride_xs,
-                 stride_xrp, stride_xrs, x_page_size)
-    return table, main, extra
-
-
-@gluon.jit
-def _first_pair(kv, bufs, kidx, blk, c, take, SPARSE: gl.constexpr, FP8: gl.constexpr, GATHER: gl.constexpr,
-                ROPE_PART: gl.constexpr, EXTRA: gl.constexpr, HAS_MAX: gl.constexpr):
-    """A piece's first pair of tiles (`take` tiles from key block `blk`, ring position c). The gathers' index
-    rows (or block-table entries) of both are read first, so the two loads are in flight together. Decode runs
-    one or two pieces a program: its loads then sit in a runtime loop, written once (unrolled they cost the
-    sparse decode rows 2-4%, the instruction cache); the sparse prefill (the only caller with HAS_MAX) starts a
-    piece every 16 tile pairs and keeps them unrolled (looped it lost 1-3%)."""
-    raw0 = _fetch(kv, blk * BLOCK_N, SPARSE, EXTRA) if GATHER else 0
-    raw1 = _fetch(kv, (blk + 1) * BLOCK_N, SPARSE, EXTRA) if GATHER else 0
-    if HAS_MAX:
-        for j in gl.static_range(2):
-            if j < take:
-                _first_loads(kv, bufs, kidx, blk, c, j, raw0 if j == 0 else raw1, SPARSE, FP8, GATHER, ROPE_PART,
-                             EXTRA)
-    else:
-        for j in range(0, gl.minimum(take, 2)):
-            _first_loads(kv, bufs, kidx, blk, c, j, gl.where(j == 0, raw0, raw1) if GATHER else 0, SPARSE, FP8,
-                         GATHER, ROPE_PART, EXTRA)
-
-
-@gluon.jit
 def _first_loads(kv, bufs, kidx, blk, c, j, raw, SPARSE: gl.constexpr, FP8: gl.constexpr, GATHER: gl.constexpr,
                  ROPE_PART: gl.constexpr, EXTRA: gl.constexpr):
     """Tile j (0 or 1) of a piece's first pair (its first key block `blk`, ring position c): gathers stage the
@@ -611,7 +564,6 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
     # Warpgroup 0 skips its accumulator's rescales while no row's max moves (`_raise_max`, `_rescale`): on the
     # TMA forms only; in the gather forms the branch raised the spills and measured slower.
     LAZY: gl.constexpr = not GATHER
-    PREFETCH: gl.constexpr = GATHER and not HAS_MAX    # sparse decode parts run several short pieces
     k_lat, k_rope, k_ready, k_raw, k_scale = bufs
     f32_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, ROWS, HALF], gl.float32)
     # handoff barriers: 0 scale0, 1 scale1, 2 P0, 3 P1, 4 + WG row sums, 6 partial staged; rows_smem: m0, a0,
@@ -637,15 +589,23 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
     pairs = 0                     # tile pairs so far: the hand-off barriers' phase
     w = 0                         # sequence pieces so far
     staged = 0                    # partial pieces so far (handoff 6's phase)
-    ahead = False                 # PREFETCH: this piece's first pair was loaded during the last piece's end
     while (remaining > 0) & (b < batch):
         seqlen, take = _piece(SEQLENS, b, blk, remaining)
-        # Built in the loop: a tuple carried into it loses its constexpr None entries (unused pointers).
-        sources = (BLOCK_TABLE, stride_bt, VALID_LENS, seq_tokens, main_topk, index_bound, KV_LAT, K_ROPE, stride_kp,
-                   stride_ks, stride_rp, stride_rs, page_size, X_TABLE, stride_xt, X_VALID, main_span, x_bound, X_LAT,
-                   X_ROPE, stride_xp, stride_xs, stride_xrp, stride_xrs, x_page_size)
         if take > 0:
-            table, main, extra = _piece_sources(sources, b, seqlen, SPARSE, EXTRA)
+            table = BLOCK_TABLE + b.to(gl.int64) * stride_bt
+            # SPARSE: `table` is the token's index row, of which the first `valid` count. Gathered tiles arrive
+            # with missing keys zero-filled; a paged tile's keys past the sequence are zeroed before use.
+            valid = seqlen
+            if SPARSE:
+                # One valid length per sequence of the call (seq_tokens query tokens each); one past the index row
+                # (main_topk wide; a tile may reach past it) counts as the row's end.
+                valid = gl.minimum(gl.load(VALID_LENS + b // seq_tokens), main_topk)
+            main = (table, valid, index_bound, KV_LAT, K_ROPE, stride_kp, stride_ks, stride_rp, stride_rs, page_size)
+            extra = main
+            if EXTRA:                     # the second source's keys follow the main source's main_span keys
+                x_valid = gl.minimum(gl.load(X_VALID + b // seq_tokens), seqlen - main_span)   # its row's width
+                extra = (X_TABLE + b.to(gl.int64) * stride_xt, x_valid, x_bound, X_LAT, X_ROPE, stride_xp, stride_xs,
+                         stride_xrp, stride_xrs, x_page_size)
             kv = (k_lat_desc, k_rope_desc, table, page_size, main, extra, main_span)
             if WG == 0:
                 # The piece's Q and first two tiles, once both warpgroups are done with the last piece (its Q
@@ -661,9 +621,22 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
                                                 q_lat.index(0).reshape(q_lat_desc.block_type.shape))
                 tma.async_copy_global_to_shared(q_lat_desc, [b, row0, HALF], q_ready,
                                                 q_lat.index(1).reshape(q_lat_desc.block_type.shape))
-                # The first pair's tiles, unless they went out during the last piece's end (PREFETCH).
-                if not ahead:
-                    _first_pair(kv, bufs, kidx, blk, c, take, SPARSE, FP8, GATHER, ROPE_PART, EXTRA, HAS_MAX)
+                # The first pair's tiles. The gathers' index rows (or block-table entries) of both are read
+                # first, so the two loads are in flight together. Decode runs one or two pieces a program: its
+                # loads then sit in a runtime loop, written once (unrolled they cost the sparse decode rows
+                # 2-4%, the instruction cache); the sparse prefill (the only caller with HAS_MAX) starts a piece
+                # every 16 tile pairs and keeps them unrolled (looped it lost 1-3%).
+                raw0 = _fetch(kv, blk * BLOCK_N, SPARSE, EXTRA) if GATHER else 0
+                raw1 = _fetch(kv, (blk + 1) * BLOCK_N, SPARSE, EXTRA) if GATHER else 0
+                if HAS_MAX:
+                    for j in gl.static_range(2):
+                        if j < take:
+                            _first_loads(kv, bufs, kidx, blk, c, j, raw0 if j == 0 else raw1, SPARSE, FP8,
+                                         GATHER, ROPE_PART, EXTRA)
+                else:
+                    for j in range(0, gl.minimum(take, 2)):
+                        _first_loads(kv, bufs, kidx, blk, c, j, gl.where(j == 0, raw0, raw1) if GATHER else 0,
+                                     SPARSE, FP8, GATHER, ROPE_PART, EXTRA)
             # Causal (bottom-right): query i sees keys j <= seqlen - seqlen_q + i.
             full = seqlen
             last_visible = gl.zeros([ROWS], gl.int32, row_s) + (seqlen - 1)
@@ -786,21 +759,6 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
             _signal(handoff[4 + WG])
             mbarrier.wait(handoff[5 - WG], w & 1)
             l_i = l_i + rows_smem.index(5 - WG).load(row_s)
-            ahead = False
-            if PREFETCH:
-                # Both warpgroups are past this piece's tiles, so the ring is free: the next piece's first pair
-                # (a whole sequence from its first block) goes out now, before this one's output, instead of
-                # after it and the next Q.
-                if WG == 0:
-                    nb = b + 1
-                    rest = remaining - take
-                    if (rest > 0) & (nb < batch):
-                        nseq, ntake = _piece(SEQLENS, nb, 0, rest)
-                        if ntake > 0:
-                            ntable, nmain, nextra = _piece_sources(sources, nb, nseq, SPARSE, EXTRA)
-                            nkv = (k_lat_desc, k_rope_desc, ntable, page_size, nmain, nextra, main_span)
-                            _first_pair(nkv, bufs, kidx, 0, c, ntake, SPARSE, FP8, GATHER, ROPE_PART, EXTRA, HAS_MAX)
-                            ahead = True
             empty = l_i == 0.0
             inv = gl.convert_layout(gl.where(empty, 0.0, 1.0 / gl.where(empty, 1.0, l_i)), row_o)
             lse2 = m_i + gl.log2(gl.where(empty, 1.0, l_i))        # log2 units
