@@ -165,6 +165,11 @@ def _check_plan(batch, cache_seqlens, block_table, tile_scheduler_metadata, num_
     if block_table.shape[0] != batch or block_table.stride(1) != 1:
         raise ValueError(f"block_table: expected a row-contiguous ({batch}, max_blocks) tensor, got shape "
                          f"{tuple(block_table.shape)} strides {tuple(block_table.stride())}")
+    _check_metadata(batch, tile_scheduler_metadata, num_splits, device)
+
+
+def _check_metadata(batch, tile_scheduler_metadata, num_splits, device):
+    """get_mla_metadata's two tensors for `batch` sequences (token-sparse calls: query tokens)."""
     V.check_tensor("tile_scheduler_metadata", tile_scheduler_metadata, ndim=2, dtypes=(torch.int32,), device=device)
     if tile_scheduler_metadata.shape[1] != SCHED_FIELDS or not tile_scheduler_metadata.is_contiguous():
         raise ValueError(f"tile_scheduler_metadata: expected a contiguous (num_parts, {SCHED_FIELDS}) tensor from "
@@ -246,9 +251,10 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
     if extra_k_cache is None and (extra_indices_in_kvcache is not None or extra_topk_length is not None):
         raise ValueError("extra_indices_in_kvcache: given without extra_k_cache")
     main = _sparse_inputs(q_lat, "indices", indices, "topk_length", topk_length)
-    _check_plan(main[0].shape[0], main[1], main[0], tile_scheduler_metadata, num_splits, q.device)
+    table = main[0]
+    _check_metadata(table.shape[0], tile_scheduler_metadata, num_splits, q.device)
     if extra_k_cache is None:
-        return _sparse_decode(q_lat, q_rope, k_lat, k_rope, fp8_layout, main, main[0].shape[1], scale, attn_sink)
+        return _sparse_decode(q_lat, q_rope, k_lat, k_rope, fp8_layout, main, table.shape[1], scale, attn_sink)
     # Two sources (DeepSeek-V4: compressed KV + sliding window) in one launch: each query token's planned row is
     # the main source's topk keys (rounded up to a whole scheduling block) followed by the extra source's, one
     # online softmax runs over both, and the sink comes last.
@@ -258,9 +264,9 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
     if extra_k_cache.shape[-1] != k_cache.shape[-1] or extra_k_cache.shape[2] != k_cache.shape[2]:
         raise ValueError(f"extra_k_cache: heads and row width must match k_cache's {tuple(k_cache.shape[2:])}, got "
                          f"{tuple(extra_k_cache.shape[2:])}")
-    x_table, _, x_valid = _sparse_inputs(q_lat, "extra_indices_in_kvcache", extra_indices_in_kvcache,
+    x_table, x_valid = _sparse_inputs(q_lat, "extra_indices_in_kvcache", extra_indices_in_kvcache,
                                          "extra_topk_length", extra_topk_length)
-    main_span = -(-main[0].shape[1] // SCHED_BLOCK) * SCHED_BLOCK
+    main_span = -(-table.shape[1] // SCHED_BLOCK) * SCHED_BLOCK
     return _sparse_decode(q_lat, q_rope, k_lat, k_rope, fp8_layout, main, main_span + x_table.shape[1], scale,
                           attn_sink, extra=(e_lat, e_rope, x_table, x_valid, main_span))
 
@@ -289,9 +295,9 @@ def _cache_parts(name, cache, q, head_dim_v, is_fp8):
 
 
 def _sparse_inputs(q_lat, indices_name, indices, length_name, topk_length):
-    """Check one source's token indices; return (index table (b * s_q, topk), planned lengths (b * s_q,), topk
-    each, valid lengths (b,)): each query token is its own "sequence" of topk keys, its index row the table; the
-    kernels read a sequence's valid length for each of its s_q tokens and count a length past topk as topk."""
+    """Check one source's token indices; return (index table (b * s_q, topk), valid lengths (b,)): each query
+    token is its own "sequence" of topk keys, its index row the table; the kernels read a sequence's valid length
+    for each of its s_q tokens and count a length past topk as topk."""
     batch, s_q = q_lat.shape[:2]
     V.check_tensor(indices_name, indices, ndim=3, dtypes=(torch.int32,), device=q_lat.device)
     if indices.shape[:2] != (batch, s_q) or indices.shape[2] == 0 or indices.stride(-1) != 1:
@@ -304,7 +310,7 @@ def _sparse_inputs(q_lat, indices_name, indices, length_name, topk_length):
         if topk_length.shape[0] != batch:
             raise ValueError(f"{length_name}: expected shape ({batch},), got {tuple(topk_length.shape)}")
     valid = uniform_lengths(batch, topk, q_lat.device) if topk_length is None else topk_length.contiguous()
-    return indices.reshape(tokens, topk), uniform_lengths(tokens, topk, q_lat.device), valid
+    return indices.reshape(tokens, topk), valid
 
 
 def _sparse_decode(q_lat, q_rope, k_lat, k_rope, fp8_layout, inputs, length, scale, attn_sink, extra=None):
@@ -315,7 +321,7 @@ def _sparse_decode(q_lat, q_rope, k_lat, k_rope, fp8_layout, inputs, length, sca
     none): every row has the same length, so the host knows whether the plan runs every token whole
     (`runs_whole`) and then launches no combine (a no-op one cost the sparse rows 2-10%, NOTES.md)."""
     batch, s_q, h_q, dv = q_lat.shape
-    table, _, valid = inputs
+    table, valid = inputs
     tokens = table.shape[0]
     h_k = k_lat.shape[2]
     parts = mla_num_parts(h_q // h_k, h_k, num_sms(q_lat.device))
