@@ -5,6 +5,7 @@ against the portable `triton.language` one. For tuning; `fmha bench mla` is the 
     PYTHONPATH=src python3 benchmarks/probe_mla.py --varlen --overheads 0 2 5   # planner A/B, Gluon only
     PYTHONPATH=src python3 benchmarks/probe_mla.py --versions /tmp/base.py    # kernel A/B, Gluon only
     PYTHONPATH=src python3 benchmarks/probe_mla.py --versions /tmp/base.py --sparse   # on `fmha bench sparse` rows
+        (the b=64 decode rows and two prefill rows; --every-row: all of them)
     PYTHONPATH=src python3 benchmarks/probe_mla.py --combine    # sparse decode: whole plans without the combine
     PYTHONPATH=src python3 benchmarks/probe_mla.py --lse-copy   # sparse decode: LSE in place vs copied after
     PYTHONPATH=src python3 benchmarks/probe_mla.py --lengths    # sparse decode: topk_length read in the kernel
@@ -74,16 +75,16 @@ def _sparse_cases(decode_rows=slice(None, None, 2), prefill=True, lengths=False)
                (sq * topk * d + q.numel() + sq * hq * 512) * 2, bench_gpu)
 
 
-def run_versions(paths, out, unchecked=False, sparse=False, rounds=3):
+def run_versions(paths, out, unchecked=False, sparse=False, rounds=3, every_row=False):
     """Each case: the package's Gluon kernel and every copy, output checked against the package's, run for a second
     untimed (`fmha.bench._heat`), then timed `rounds` times round-robin, each round starting one version further on
     (median of each: a timing's place in a burst moves it by a few percent, NOTES.md fourteenth session); the rows
     carry TFLOP/s and GB/s per version. `sparse`: `fmha bench sparse`'s rows (`_sparse_cases`) instead of the
-    dense ones."""
+    dense ones (`every_row`: the b=128 decode rows too)."""
     own = fmha.kernels.mla_decode_sm90
     versions = [("package", own)] + [(os.path.basename(p), load_module_copy(p)) for p in paths]
     rows = []
-    cases = _sparse_cases() if sparse else (_dense_case(*c) for c in VERSION_CASES)
+    cases = _sparse_cases(slice(None) if every_row else slice(None, None, 2)) if sparse else (_dense_case(*c) for c in VERSION_CASES)
     for row, run, flops, nbytes, timer in cases:
         times = {name: [] for name, _ in versions}
         ref = run()[0].float()
@@ -222,6 +223,7 @@ def main():
     p.add_argument("--overheads", type=int, nargs="*", default=None, help="plan_mla piece overheads to compare")
     p.add_argument("--versions", nargs="*", default=None, help="other copies of mla_decode_sm90.py to time")
     p.add_argument("--sparse", action="store_true", help="--versions on `fmha bench sparse`'s rows")
+    p.add_argument("--every-row", action="store_true", help="--sparse: the b=128 decode rows as well")
     p.add_argument("--unchecked", action="store_true",
                    help="print the versions' differences instead of asserting (timing probes with wrong results)")
     p.add_argument("--rounds", type=int, default=3, help="--versions: timings of each version (median)")
@@ -247,7 +249,7 @@ def main():
         old = _old_lse_copy(ours_mla._mla_decode_fwd)
         return run_patched(args.out, {"in_place": {}, "copy": {(ours_mla, "_mla_decode_fwd"): old}}, sparse_decode)
     if args.versions is not None:
-        return run_versions(args.versions, args.out, args.unchecked, args.sparse, args.rounds)
+        return run_versions(args.versions, args.out, args.unchecked, args.sparse, args.rounds, args.every_row)
     rows = []
     for b, sk, hq, sq in CASES[: args.n]:
         torch.manual_seed(0)

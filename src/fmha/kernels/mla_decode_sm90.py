@@ -589,6 +589,8 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
     pairs = 0                     # tile pairs so far: the hand-off barriers' phase
     w = 0                         # sequence pieces so far
     staged = 0                    # partial pieces so far (handoff 6's phase)
+    if HAS_SINKS:                 # the program's rows throughout: loaded once, not at each piece's end
+        sink = gl.load(SINKS + q_head)
     while (remaining > 0) & (b < batch):
         seqlen, take = _piece(SEQLENS, b, blk, remaining)
         if take > 0:
@@ -769,7 +771,6 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
                 # The whole sequence: final output. FlashMLA's convention for a row with no key: LSE +inf.
                 lse = gl.where(empty, float("inf"), lse2 * LN2)
                 if HAS_SINKS:
-                    sink = gl.load(SINKS + q_head)
                     keep = gl.where(empty, 1.0, 1.0 / (1.0 + gl.exp2((sink - gl.where(empty, 0.0, lse)) * LOG2E)))
                     out = out * gl.convert_layout(keep, row_o)[:, None]
                 q_lat.index(WG).store(out.to(dtype))
