@@ -8,7 +8,10 @@ are of a slightly different binary; they say where the time goes, not what the p
 
 Points (P): 0 piece start, 1 Q buffer free (warpgroup 0), 2 first loads issued, 3 Q landed, 4 first tile's
 scores, 5 first pair done, 6 last pair done, 7 after the loop, 8 row sums added, 9 output store issued,
-10 store waited, 11 Q buffer released, 16 top of the piece loop; 12 / 13 globaltimer at the program's start / end, 14 / 15 clock there."""
+10 store waited, 11 Q buffer released, 16 top of the piece loop; 12 / 13 globaltimer at the program's start / end,
+14 / 15 the clock there. Under ncu (`--launch-skip 3 --launch-count 1`: the package's call, then the stamped ones)
+each stamp's `CS2R SR_CLOCKLO` and the store after it (offset 8 x P) mark its point in the SASS, so the source
+page's samples can be summed phase by phase (NOTES.md, twenty-second session)."""
 import argparse
 import os
 import statistics
@@ -16,6 +19,7 @@ import tempfile
 
 import torch
 
+import fmha.kernels
 import fmha.kernels.mla_decode_sm90 as own
 import fmha.mla as ours_mla
 from fmha.bench import SPARSE_DECODE_CASES, load_module_copy, save_sweep, sparse_decode_inputs
@@ -142,7 +146,6 @@ def main():
         run = lambda: ours_mla.flash_mla_with_kvcache(q, cache, None, lens, 512, meta, splits,  # noqa: E731
                                                       attn_sink=sink, **kw)
         ref = run()[0]
-        import fmha.kernels
         fmha.kernels.mla_decode_sm90 = stamped
         try:
             for _ in range(5):
