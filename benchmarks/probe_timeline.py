@@ -84,9 +84,8 @@ def stamped_source():
     for old, new in EDITS:
         assert src.count(old) == 1, old
         src = src.replace(old, old + new)
-    for old in ("X_LAT, X_ROPE, X_TABLE, X_VALID,\n", "X_TABLE, X_VALID, batch,"):
-        assert src.count(old) == 2, old
-        src = src.replace(old, old.replace("X_VALID,", "X_VALID, STAMP,"))
+    assert src.count("X_TABLE, X_VALID,") == 4      # the two signatures and the two partitions' arguments
+    src = src.replace("X_TABLE, X_VALID,", "X_TABLE, X_VALID, STAMP,")
     old = "second_base, valid_lens, max_logits, *x_args,"
     assert src.count(old) == 1
     src = src.replace(old, old + " _stamp_buffer(metadata.shape[0] * triton.cdiv(rows_per_k, rows)),")
