@@ -47,7 +47,8 @@ EDITS = [
     ("        blk = 0\n        split = 0\n", ENTRY.format(c=15, g=13)),
     ("    while (remaining > 0) & (b < batch):\n", "        _stamp(STAMP, w, WG, 16)\n"),
     ("        if take > 0:\n", "            _stamp(STAMP, w, WG, 0)\n"),
-    ("                mbarrier.wait(q_free, (w & 1) ^ 1)\n", "                _stamp(STAMP, w, WG, 1)\n"),
+    ("                _load_q(q_lat_desc, q_rope_desc, q_lat, q_rope, q_ready, q_free, b, row0, w, HAS_ROPE)\n",
+     "                _stamp(STAMP, w, WG, 1)\n"),
     ("            # Causal (bottom-right): query i sees keys j <= seqlen - seqlen_q + i.\n",
      "            _stamp(STAMP, w, WG, 2)\n"),
     ("            mbarrier.wait(q_ready, w & 1)\n", "            _stamp(STAMP, w, WG, 3)\n"),
@@ -75,17 +76,25 @@ PHASES = [("start", None, 14, 16), ("top", None, 16, 0), ("q_free", 0, 0, 1), ("
 
 
 def stamped_source():
-    """The package's kernel with the stamps added (an extra STAMP pointer after X_VALID; the launcher allocates
-    it and keeps the last one in STAMPS)."""
+    """The package's kernel with the stamps added to the consumers (an extra STAMP pointer after X_VALID in the
+    kernel's arguments, after MAX_LOGITS in the consumers'; the launcher allocates it and keeps the last one in
+    STAMPS). Stamp 1 follows warpgroup 0's Q load (the Q-free wait and the TMA issue); with V3.2's loading
+    warpgroup the consumers issue no loads, so phases "q_free" and "issue" do not exist there."""
     src = open(own.__file__).read()
     anchor = "@gluon.jit\ndef _score_part("
     assert src.count(anchor) == 1
     src = src.replace(anchor, HELPERS + anchor)
+    start, end = src.index("def _consumer("), src.index("def mla_decode_sm90_kernel(")
+    consumer = src[start:end]
     for old, new in EDITS:
-        assert src.count(old) == 1, old
-        src = src.replace(old, old + new)
-    assert src.count("X_TABLE, X_VALID,") == 4      # the two signatures and the two partitions' arguments
-    src = src.replace("X_TABLE, X_VALID,", "X_TABLE, X_VALID, STAMP,")
+        assert consumer.count(old) == 1, old
+        consumer = consumer.replace(old, old + new)
+    src = src[:start] + consumer + src[end:]
+    assert src.count("SINKS, MAX_LOGITS,") == 5      # the consumer's signature and its four argument lists
+    src = src.replace("SINKS, MAX_LOGITS,", "SINKS, MAX_LOGITS, STAMP,")
+    old = "X_VALID,\n                           batch,"
+    assert src.count(old) == 1                        # the kernel's signature
+    src = src.replace(old, "X_VALID, STAMP,\n                           batch,")
     old = "second_base, valid_lens, max_logits, *x_args,"
     assert src.count(old) == 1
     src = src.replace(old, old + " _stamp_buffer(metadata.shape[0] * triton.cdiv(rows_per_k, rows)),")

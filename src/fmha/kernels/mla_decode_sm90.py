@@ -12,8 +12,8 @@ it computes the 64 x 64 x 576 score tile twice, once per warpgroup.
 
 One program owns 64 packed query rows and one part of the key blocks (`schedule.plan_mla`, the same plan and
 partial-result layout as the portable kernel, merged by `combine.py`). Two warpgroups, each owning 256 of the
-512 output columns (a 64 x 256 fp32 accumulator); no producer warp: a third warpgroup would cap every thread at
-168 registers, and ptxas then serialises every wgmma (its C7512 warning; that version ran at 0.87x of this one).
+512 output columns (a 64 x 256 fp32 accumulator). The consumers issue their own loads, except with V3.2's FP8
+cache, where a third warpgroup (`_producer`) issues every gather (see "Loading warpgroup" below).
 
 Key tiles (64 keys x 576 columns) go in pairs: warpgroup 0 computes the scores of the first tile of a pair,
 warpgroup 1 those of the second, so no score is computed twice and both run their Q·Kᵀ at the same time. The
@@ -47,6 +47,15 @@ by the same step. A second source: the planned row's keys from `main_span` on ar
 tile wholly one source's (`_source` picks its fields without a branch, so the gather code exists once). The
 index row (or block-table entries) a gather reads is staged in shared memory a tile pair ahead by cp.async
 (`_stage_keys`), so its load's latency hides behind that pair instead of stalling the issuing warpgroup.
+
+Loading warpgroup (V3.2's FP8 cache only). A third warpgroup is possible when it is Triton's default partition and
+the consumers are both workers (their setmaxnreg then lets ptxas keep a 64 x 256 accumulator without serialising the
+wgmmas); the three share 3 x 168 registers a thread, 216 each for the consumers. It walks the same pieces, loads Q
+and gathers each part of each tile as soon as the consumers release the part's slot (`_release`, at the points
+where they would otherwise issue the load), so the consumers keep only the dequantisation and the math. It measured
++3% on V3.2's sparse decode rows, and level or slower on model1 (V4) and the bf16 gathers, which keep their own
+loads. Dequantising in it as well was slower on every row: one warpgroup's 128 threads do the work the two
+consumers' 256 did, and it stalls on every gather it must wait for (benchmarks/NOTES.md, twenty-third session).
 
 A paged bf16/fp16 cache may hold anything (NaN included) past a sequence's end; the last tile's rows there are
 zeroed in shared memory before they are used as values (0 · NaN would poison the output), each warpgroup its
@@ -91,11 +100,15 @@ LN2 = gl.constexpr(0.6931471805599453)
 LAZY_BY = gl.constexpr(8.0)
 LOG2E = gl.constexpr(1.4426950408889634)
 STAGES = gl.constexpr(2)          # key tiles in flight: 2 x 72 KB
+KIDX = gl.constexpr(8)            # the producer's staged index rows: tile t's in slot t % KIDX
 # Fewer packed rows than this run the portable kernel. A block here is always 64 rows (TMA fills the missing
 # ones with zeros, stores drop them): at 16 rows that is 4x the tensor-core work, but the case is memory-bound
 # and this kernel still read 4-6% faster than the portable transposed one (h_q=16, s_q=1, b=128, s_k 4k-16k).
 MIN_ROWS = 16
 CONSUMER_REGS = 240               # the worker warpgroup's setmaxnreg (8 warps: 255 registers anyway)
+# With a loading warpgroup (V3.2's FP8 cache, `_producer`) the three share 3 x 168 registers a thread: the consumers
+# get this many, the loader the rest (72). 208 / 224 measured 2% / 2-10% slower on the V3.2 sparse decode rows.
+PRODUCER_CONSUMER_REGS = 216
 
 
 @gluon.jit
@@ -256,6 +269,15 @@ def _zero_tail(v, n, seqlen, PAGED: gl.constexpr):
 def _put_rows(buf, x):
     """Publish a per-row vector to the other warpgroup (`_signal` then arrives on a barrier)."""
     buf.store(x)
+
+
+@gluon.jit
+def _release(k_free, slot, A: gl.constexpr, B: gl.constexpr):
+    """Tell the producer that this warpgroup is done with parts A and B (-1: none) of ring slot `slot`."""
+    gl.thread_barrier()
+    mbarrier.arrive(k_free[A].index(slot), count=1)
+    if B >= 0:
+        mbarrier.arrive(k_free[B].index(slot), count=1)
 
 
 @gluon.jit
@@ -543,16 +565,120 @@ def _tma_part(k_lat_desc, k_rope_desc, bufs, page, row, slot, PART: gl.constexpr
 
 
 @gluon.jit
-def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_desc,
-              q_lat, q_rope, bufs, q_ready, q_free, handoff, rows_smem, kidx,
-              LSE, LSE_PART, SCHED, SEQLENS, SPLIT_OFFSETS, SINKS, BLOCK_TABLE, KV_LAT, K_ROPE, VALID_LENS, MAX_LOGITS,
-              X_LAT, X_ROPE, X_TABLE, X_VALID,
-              batch, seqlen_q, group, rows_per_k, page_size, stride_bt, qk_scale_log2, stride_lb, stride_lh,
-              stride_ls, seq_tokens, stride_lps, index_bound, stride_kp, stride_ks, stride_rp, stride_rs, stride_mb,
-              stride_mh, main_span, main_topk, x_page_size, x_bound, stride_xt, stride_xp, stride_xs, stride_xrp,
-              stride_xrs, WG: gl.constexpr, CAUSAL: gl.constexpr, HAS_SINKS: gl.constexpr, SPARSE: gl.constexpr,
-              FP8: gl.constexpr, GATHER: gl.constexpr, HAS_MAX: gl.constexpr, HAS_ROPE: gl.constexpr,
-              ROPE_PART: gl.constexpr, EXTRA: gl.constexpr):
+def _produce(kv, bufs, k_free, kidx, n, t, raw, PART: gl.constexpr, STAGE: gl.constexpr, SPARSE: gl.constexpr,
+             FP8: gl.constexpr, EXTRA: gl.constexpr):
+    """Gather part PART of tile t (planned keys n ..; `raw`: what `_key_rows` reads for it) once the consumers
+    have released its ring slot's last use, each thread arriving on the part's barrier when its copies land;
+    STAGE (sparse): first stage the tile's index row in kidx for the score masks (it lands with this part)."""
+    k_lat, k_rope, k_ready, k_raw, k_scale = bufs
+    slot = t % STAGES
+    mbarrier.wait(k_free[PART].index(slot), ((t // STAGES) & 1) ^ 1)
+    src, m = _source(kv, n, EXTRA)
+    if STAGE and SPARSE:
+        _stage_keys(kv, n, kidx.index(t % KIDX), SPARSE, EXTRA)
+    _gather_part(src, _key_rows(src, m, raw, KEY_ROWS, SPARSE), bufs, slot, PART, FP8)
+    async_copy.mbarrier_arrive(k_ready[PART].index(slot), increment_count=False)
+
+
+@gluon.jit
+def _producer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, q_lat, q_rope, bufs, k_free, q_ready, q_free, kidx,
+              SCHED, SEQLENS, caches, batch, rows_per_k, SPARSE: gl.constexpr, FP8: gl.constexpr,
+              HAS_ROPE: gl.constexpr, ROPE_PART: gl.constexpr, EXTRA: gl.constexpr):
+    """The loading warpgroup (V3.2's FP8 cache, paged or sparse): walks the program's pieces as the consumers do,
+    loads each piece's Q, and gathers every part of every key tile into the ring as soon as the consumers
+    release it (`_release`), in the order they release them. The index rows are read a tile pair ahead. A
+    piece's Q follows its first pair's gathers: those wait only for the last piece's tiles, Q for its outputs."""
+    row_blocks = gl.cdiv(rows_per_k, ROWS)
+    row0 = (gl.program_id(0) % row_blocks) * ROWS
+    meta = SCHED + (gl.program_id(0) // row_blocks) * SCHED_FIELDS
+    b = gl.load(meta)
+    blk = gl.load(meta + 1)
+    remaining = gl.load(meta + 2)
+    c = 0
+    w = 0
+    while (remaining > 0) & (b < batch):
+        seqlen, take = _piece(SEQLENS, b, blk, remaining)
+        if take > 0:
+            main, extra = _kv_sources(b, seqlen, caches, SPARSE, EXTRA)
+            kv = (k_lat_desc, k_rope_desc, main[0], main[9], main, extra, caches[16])
+            raw0 = _fetch(kv, blk * BLOCK_N, SPARSE, EXTRA)
+            raw1 = _fetch(kv, (blk + 1) * BLOCK_N, SPARSE, EXTRA)
+            for i in range(0, take, 2):
+                n0 = (blk + i) * BLOCK_N
+                # The next pair's index rows (masked past the valid length).
+                next0 = _fetch(kv, n0 + 2 * BLOCK_N, SPARSE, EXTRA)
+                next1 = _fetch(kv, n0 + 3 * BLOCK_N, SPARSE, EXTRA)
+                # Warpgroup 0's tile: half L is released mid-pair, the rest at the pair's end; warpgroup 1's:
+                # half R first.
+                _produce(kv, bufs, k_free, kidx, n0, c, raw0, PART_L, True, SPARSE, FP8, EXTRA)
+                _produce(kv, bufs, k_free, kidx, n0, c, raw0, PART_R, False, SPARSE, FP8, EXTRA)
+                if ROPE_PART:
+                    _produce(kv, bufs, k_free, kidx, n0, c, raw0, PART_ROPE, False, SPARSE, FP8, EXTRA)
+                if i + 1 < take:
+                    _produce(kv, bufs, k_free, kidx, n0 + BLOCK_N, c + 1, raw1, PART_R, True, SPARSE, FP8, EXTRA)
+                    _produce(kv, bufs, k_free, kidx, n0 + BLOCK_N, c + 1, raw1, PART_L, False, SPARSE, FP8, EXTRA)
+                    if ROPE_PART:
+                        _produce(kv, bufs, k_free, kidx, n0 + BLOCK_N, c + 1, raw1, PART_ROPE, False, SPARSE, FP8,
+                                 EXTRA)
+                if i == 0:                # Q waits for the last piece's outputs to leave its buffer
+                    _load_q(q_lat_desc, q_rope_desc, q_lat, q_rope, q_ready, q_free, b, row0, w, HAS_ROPE)
+                raw0 = next0
+                raw1 = next1
+                c += gl.minimum(take - i, 2)
+            w += 1
+        remaining -= gl.maximum(take, 0)
+        b += 1
+        blk = 0
+
+
+@gluon.jit
+def _kv_sources(b, seqlen, caches, SPARSE: gl.constexpr, EXTRA: gl.constexpr):
+    """The fields (`_gather_part`) of batch b's main and second sources (the second the main one without EXTRA).
+    `caches` = the kernel's cache pointers, strides and sizes (`mla_decode_sm90_kernel`). `kv` (`_load_parts`)
+    is made of them by the caller (a tuple returned by a function loses its None entries)."""
+    (BLOCK_TABLE, KV_LAT, K_ROPE, VALID_LENS, X_LAT, X_ROPE, X_TABLE, X_VALID, page_size, stride_bt, seq_tokens,
+     index_bound, stride_kp, stride_ks, stride_rp, stride_rs, main_span, main_topk, x_page_size, x_bound, stride_xt,
+     stride_xp, stride_xs, stride_xrp, stride_xrs) = caches
+    table = BLOCK_TABLE + b.to(gl.int64) * stride_bt
+    # SPARSE: `table` is the token's index row, of which the first `valid` count. Gathered tiles arrive with
+    # missing keys zero-filled; a paged tile's keys past the sequence are zeroed before use.
+    valid = seqlen
+    if SPARSE:
+        # One valid length per sequence of the call (seq_tokens query tokens each); one past the index row
+        # (main_topk wide; a tile may reach past it) counts as the row's end.
+        valid = gl.minimum(gl.load(VALID_LENS + b // seq_tokens), main_topk)
+    main = (table, valid, index_bound, KV_LAT, K_ROPE, stride_kp, stride_ks, stride_rp, stride_rs, page_size)
+    extra = main
+    if EXTRA:                     # the second source's keys follow the main source's main_span keys
+        x_valid = gl.minimum(gl.load(X_VALID + b // seq_tokens), seqlen - main_span)   # its row's width
+        extra = (X_TABLE + b.to(gl.int64) * stride_xt, x_valid, x_bound, X_LAT, X_ROPE, stride_xp, stride_xs,
+                 stride_xrp, stride_xrs, x_page_size)
+    return main, extra
+
+
+@gluon.jit
+def _load_q(q_lat_desc, q_rope_desc, q_lat, q_rope, q_ready, q_free, b, row0, w, HAS_ROPE: gl.constexpr):
+    """TMA piece w's Q rows (batch b, packed rows row0 ..) once both consumers are done with the last piece
+    (its Q buffer also staged their outputs)."""
+    mbarrier.wait(q_free, (w & 1) ^ 1)
+    if HAS_ROPE:
+        mbarrier.expect(q_ready, 2 * q_lat_desc.block_type.nbytes + q_rope_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_rope_desc, [b, row0, 0], q_ready, q_rope.reshape(q_rope_desc.block_type.shape))
+    else:
+        mbarrier.expect(q_ready, 2 * q_lat_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_lat_desc, [b, row0, 0], q_ready,
+                                    q_lat.index(0).reshape(q_lat_desc.block_type.shape))
+    tma.async_copy_global_to_shared(q_lat_desc, [b, row0, HALF], q_ready,
+                                    q_lat.index(1).reshape(q_lat_desc.block_type.shape))
+
+
+@gluon.jit
+def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_desc, q_lat, q_rope, bufs, k_free,
+              q_ready, q_free, handoff, rows_smem, kidx, LSE, LSE_PART, SCHED, SEQLENS, SPLIT_OFFSETS, SINKS, MAX_LOGITS,
+              caches, batch, seqlen_q, group, rows_per_k, qk_scale_log2, stride_lb, stride_lh, stride_ls, seq_tokens,
+              stride_lps, stride_mb, stride_mh, WG: gl.constexpr, CAUSAL: gl.constexpr, HAS_SINKS: gl.constexpr,
+              SPARSE: gl.constexpr, FP8: gl.constexpr, GATHER: gl.constexpr, HAS_MAX: gl.constexpr,
+              HAS_ROPE: gl.constexpr, ROPE_PART: gl.constexpr, EXTRA: gl.constexpr, PRODUCER: gl.constexpr):
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -594,35 +720,11 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
     while (remaining > 0) & (b < batch):
         seqlen, take = _piece(SEQLENS, b, blk, remaining)
         if take > 0:
-            table = BLOCK_TABLE + b.to(gl.int64) * stride_bt
-            # SPARSE: `table` is the token's index row, of which the first `valid` count. Gathered tiles arrive
-            # with missing keys zero-filled; a paged tile's keys past the sequence are zeroed before use.
-            valid = seqlen
-            if SPARSE:
-                # One valid length per sequence of the call (seq_tokens query tokens each); one past the index row
-                # (main_topk wide; a tile may reach past it) counts as the row's end.
-                valid = gl.minimum(gl.load(VALID_LENS + b // seq_tokens), main_topk)
-            main = (table, valid, index_bound, KV_LAT, K_ROPE, stride_kp, stride_ks, stride_rp, stride_rs, page_size)
-            extra = main
-            if EXTRA:                     # the second source's keys follow the main source's main_span keys
-                x_valid = gl.minimum(gl.load(X_VALID + b // seq_tokens), seqlen - main_span)   # its row's width
-                extra = (X_TABLE + b.to(gl.int64) * stride_xt, x_valid, x_bound, X_LAT, X_ROPE, stride_xp, stride_xs,
-                         stride_xrp, stride_xrs, x_page_size)
-            kv = (k_lat_desc, k_rope_desc, table, page_size, main, extra, main_span)
-            if WG == 0:
-                # The piece's Q and first two tiles, once both warpgroups are done with the last piece (its Q
-                # buffer also staged their outputs).
-                mbarrier.wait(q_free, (w & 1) ^ 1)
-                if HAS_ROPE:
-                    mbarrier.expect(q_ready, 2 * q_lat_desc.block_type.nbytes + q_rope_desc.block_type.nbytes)
-                    tma.async_copy_global_to_shared(q_rope_desc, [b, row0, 0], q_ready,
-                                                    q_rope.reshape(q_rope_desc.block_type.shape))
-                else:
-                    mbarrier.expect(q_ready, 2 * q_lat_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(q_lat_desc, [b, row0, 0], q_ready,
-                                                q_lat.index(0).reshape(q_lat_desc.block_type.shape))
-                tma.async_copy_global_to_shared(q_lat_desc, [b, row0, HALF], q_ready,
-                                                q_lat.index(1).reshape(q_lat_desc.block_type.shape))
+            main, extra = _kv_sources(b, seqlen, caches, SPARSE, EXTRA)
+            kv = (k_lat_desc, k_rope_desc, main[0], main[9], main, extra, caches[16])
+            if (WG == 0) and not PRODUCER:
+                # The piece's Q and first two tiles.
+                _load_q(q_lat_desc, q_rope_desc, q_lat, q_rope, q_ready, q_free, b, row0, w, HAS_ROPE)
                 # The first pair's tiles. The gathers' index rows (or block-table entries) of both are read
                 # first, so the two loads are in flight together. Decode runs one or two pieces a program: its
                 # loads then sit in a runtime loop, written once (unrolled they cost the sparse decode rows
@@ -659,7 +761,8 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
                 # of the pair, they follow the previous pair's last loads as they would at its end.
                 if WG == 0:
                     s_tok = _scores(q_lat, q_rope, bufs, c, PART_L, s_layout, GATHER, FP8, HAS_ROPE)
-                    key_ok = _tile_keys_ok(kv, n0, kidx.index(1 - jp), s_layout, EXTRA) if SPARSE else 0
+                    key_ok = _tile_keys_ok(kv, n0, kidx.index(c % KIDX if PRODUCER else 1 - jp), s_layout,
+                                           EXTRA) if SPARSE else 0
                     s = _mask(warpgroup_mma_wait(0, deps=(s_tok,)), n0, full, seqlen, last_visible, qk_scale_log2,
                               key_ok, s_layout, SPARSE)
                     m_new = _raise_max(m_i, s, LAZY)
@@ -682,7 +785,9 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
                     fence_async_shared()
                     _signal(handoff[2])
                     acc = warpgroup_mma_wait(0, deps=(o_tok,))
-                    if i + 2 < take:          # this slot's half L is free: the next pair's first tile
+                    if PRODUCER:              # this slot's half L is free
+                        _release(k_free, c % STAGES, PART_L, -1)
+                    elif i + 2 < take:        # this slot's half L is free: the next pair's first tile
                         _load_parts(kv, bufs, n0 + 2 * BLOCK_N, c + 2, kidx.index(jp).load(KEY_ROWS) if GATHER else 0,
                                     PART_L, -1, -1, SPARSE, FP8, ROPE_PART, EXTRA)
                     acc = _rescale(acc, alpha1, moved1, row_o, LAZY)
@@ -696,7 +801,9 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
                         _zero_tail(v1, n1, seqlen, not GATHER)
                         o_tok = warpgroup_mma(k_rope.index(slot1), v1, acc, is_async=True)
                         acc = warpgroup_mma_wait(0, deps=(o_tok,))
-                        if i + 3 < take:
+                        if PRODUCER:
+                            _release(k_free, slot1, PART_L, PART_ROPE)
+                        elif i + 3 < take:
                             if GATHER:            # the tile of this site in the next pair
                                 _stage_keys(kv, n1 + 4 * BLOCK_N, kidx.index(3 - jp), SPARSE, EXTRA)
                             _load_parts(kv, bufs, n1 + 2 * BLOCK_N, c + 3,
@@ -705,7 +812,8 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
                 else:
                     if has1:
                         s_tok = _scores(q_lat, q_rope, bufs, c + 1, PART_R, s_layout, GATHER, FP8, HAS_ROPE)
-                        key_ok = _tile_keys_ok(kv, n1, kidx.index(3 - jp), s_layout, EXTRA) if SPARSE else 0
+                        key_ok = _tile_keys_ok(kv, n1, kidx.index((c + 1) % KIDX if PRODUCER else 3 - jp), s_layout,
+                                               EXTRA) if SPARSE else 0
                         s = _mask(warpgroup_mma_wait(0, deps=(s_tok,)), n1, full, seqlen, last_visible,
                                   qk_scale_log2, key_ok, s_layout, SPARSE)
                     else:
@@ -741,13 +849,19 @@ def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_d
                         _landed(k_ready, c, PART_R, GATHER)
                     _zero_tail(v0, n0, seqlen, not GATHER)
                     o_tok = warpgroup_mma(k_rope.index(c % STAGES), v0, o_tok, is_async=True)
-                    if i + 3 < take:
+                    if PRODUCER:
+                        if has1:
+                            warpgroup_mma_wait(1, deps=(o_tok,))    # P1·V1_R is done, P0·V0_R may not be
+                            _release(k_free, slot1, PART_R, -1)
+                    elif i + 3 < take:
                         warpgroup_mma_wait(1, deps=(o_tok,))        # P1·V1_R is done, P0·V0_R may not be
                         _load_parts(kv, bufs, n1 + 2 * BLOCK_N, c + 3,
                                     kidx.index(2 + jp).load(KEY_ROWS) if GATHER else 0, PART_R, -1, -1, SPARSE, FP8,
                                     ROPE_PART, EXTRA)
                     acc = warpgroup_mma_wait(0, deps=(o_tok,))
-                    if i + 2 < take:
+                    if PRODUCER:
+                        _release(k_free, c % STAGES, PART_R, PART_ROPE)
+                    elif i + 2 < take:
                         if GATHER:                # the tile of this site in the next pair
                             _stage_keys(kv, n0 + 4 * BLOCK_N, kidx.index(1 - jp), SPARSE, EXTRA)
                         _load_parts(kv, bufs, n0 + 2 * BLOCK_N, c + 2,
@@ -822,12 +936,14 @@ def mla_decode_sm90_kernel(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_d
                            main_span, main_topk, x_page_size, x_bound, stride_xt, stride_xp, stride_xs, stride_xrp,
                            stride_xrs, CAUSAL: gl.constexpr, HAS_SINKS: gl.constexpr, SPARSE: gl.constexpr,
                            FP8: gl.constexpr, HAS_MAX: gl.constexpr, HAS_ROPE: gl.constexpr, EXTRA: gl.constexpr,
-                           CONSUMER_REGS: gl.constexpr):
-    """Grid: parts x query blocks of 64 packed rows, part-major; a single KV head. Two warpgroups, no producer warp: a
-    third warpgroup would cap every thread at 168 registers (65536 / 384), and ptxas then serialises the
+                           CONSUMER_REGS: gl.constexpr, PRODUCER_CONSUMER_REGS: gl.constexpr):
+    """Grid: parts x query blocks of 64 packed rows, part-major; a single KV head. Two consumer warpgroups, plus the
+    loading warpgroup with V3.2's FP8 cache (the module docstring). A consumer as the default partition beside a
+    third warpgroup would run at 168 registers (65536 / 384), and ptxas then serialises the
     wgmmas of a 64 x 256 fp32 accumulator kernel."""
     dtype: gl.constexpr = q_lat_desc.dtype
     GATHER: gl.constexpr = SPARSE or (FP8 != 0)
+    PRODUCER: gl.constexpr = FP8 == V32            # a loading warpgroup (`_producer`)
     ROPE_PART: gl.constexpr = HAS_ROPE or (FP8 == MODEL1)      # model1's RoPE values land in the RoPE slot
     half_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, HALF], dtype)
     rope_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, DT], dtype)
@@ -840,8 +956,10 @@ def mla_decode_sm90_kernel(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_d
     k_raw = k_lat._reinterpret(gl.uint8, [4 * STAGES, BLOCK_N, HALF], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
     k_scale = gl.allocate_shared_memory(gl.uint8, [2 * STAGES if FP8 != 0 else 1, BLOCK_N, 8], SCALE_SMEM)
     rows_smem = gl.allocate_shared_memory(gl.float32, [6, ROWS], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-    # Gathers: staged index rows (or block-table entries), two tiles a pair, two pairs (`_stage_keys`).
-    kidx = gl.allocate_shared_memory(gl.int32, [4, BLOCK_N], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    # Gathers: staged index rows (or block-table entries): without a producer two tiles a pair, two pairs
+    # (`_stage_keys`); with one, tile t's in slot t % KIDX.
+    KIDX_ROWS: gl.constexpr = KIDX if PRODUCER else 4
+    kidx = gl.allocate_shared_memory(gl.int32, [KIDX_ROWS, BLOCK_N], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     q_ready = q_bars.index(0)
     q_free = q_bars.index(1)
@@ -852,28 +970,61 @@ def mla_decode_sm90_kernel(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_d
     # A TMA load arrives once (with its byte count); a gather once per thread of the loading warpgroup.
     k_ready = (_bars(STAGES, 128 if GATHER else 1), _bars(STAGES, 128 if GATHER else 1),
                _bars(STAGES, 128 if GATHER else 1))
+    k_free = k_ready                  # unused without a producer
+    if PRODUCER:                      # a consumer released a part (`_release`)
+        k_free = (_bars(STAGES, 1), _bars(STAGES, 1), _bars(STAGES, 1))
     handoff = (_bar(1), _bar(1), _bar(1), _bar(1), _bar(1), _bar(1), _bar(1))
 
-    # Two argument lists that differ only in WG: built once as a tuple, Gluon lost its constexpr None entries
-    # (the descriptors a call does not use) and the kernel no longer compiled.
-    gl.warp_specialize([
-        (_consumer, (q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_desc,
-                     q_lat, q_rope, (k_lat, k_rope, k_ready, k_raw, k_scale), q_ready, q_free, handoff, rows_smem,
-                     kidx, LSE, LSE_PART, SCHED, SEQLENS, SPLIT_OFFSETS, SINKS, BLOCK_TABLE, KV_LAT, K_ROPE, VALID_LENS,
-                     MAX_LOGITS, X_LAT, X_ROPE, X_TABLE, X_VALID, batch, seqlen_q, group, rows_per_k, page_size,
-                     stride_bt, qk_scale_log2, stride_lb, stride_lh, stride_ls, seq_tokens, stride_lps, index_bound,
-                     stride_kp, stride_ks, stride_rp, stride_rs, stride_mb, stride_mh, main_span, main_topk,
-                     x_page_size, x_bound, stride_xt, stride_xp, stride_xs, stride_xrp, stride_xrs, 0, CAUSAL,
-                     HAS_SINKS, SPARSE, FP8, GATHER, HAS_MAX, HAS_ROPE, ROPE_PART, EXTRA)),
-        (_consumer, (q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_desc,
-                     q_lat, q_rope, (k_lat, k_rope, k_ready, k_raw, k_scale), q_ready, q_free, handoff, rows_smem,
-                     kidx, LSE, LSE_PART, SCHED, SEQLENS, SPLIT_OFFSETS, SINKS, BLOCK_TABLE, KV_LAT, K_ROPE, VALID_LENS,
-                     MAX_LOGITS, X_LAT, X_ROPE, X_TABLE, X_VALID, batch, seqlen_q, group, rows_per_k, page_size,
-                     stride_bt, qk_scale_log2, stride_lb, stride_lh, stride_ls, seq_tokens, stride_lps, index_bound,
-                     stride_kp, stride_ks, stride_rp, stride_rs, stride_mb, stride_mh, main_span, main_topk,
-                     x_page_size, x_bound, stride_xt, stride_xp, stride_xs, stride_xrp, stride_xrs, 1, CAUSAL,
-                     HAS_SINKS, SPARSE, FP8, GATHER, HAS_MAX, HAS_ROPE, ROPE_PART, EXTRA)),
-    ], [4], [CONSUMER_REGS])
+    # The argument lists are written out per partition: built once as a tuple, Gluon lost its constexpr None
+    # entries (the descriptors and pointers a call does not use) and the kernel no longer compiled.
+    if PRODUCER:
+        gl.warp_specialize([
+            (_producer, (q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, q_lat, q_rope,
+                         (k_lat, k_rope, k_ready, k_raw, k_scale), k_free, q_ready, q_free, kidx, SCHED, SEQLENS,
+                         (BLOCK_TABLE, KV_LAT, K_ROPE, VALID_LENS, X_LAT, X_ROPE, X_TABLE, X_VALID, page_size, stride_bt,
+                          seq_tokens, index_bound, stride_kp, stride_ks, stride_rp, stride_rs, main_span, main_topk,
+                          x_page_size, x_bound, stride_xt, stride_xp, stride_xs, stride_xrp, stride_xrs),
+                         batch, rows_per_k, SPARSE, FP8, HAS_ROPE, ROPE_PART, EXTRA)),
+            (_consumer, (q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_desc, q_lat, q_rope,
+                         (k_lat, k_rope, k_ready, k_raw, k_scale), k_free, q_ready, q_free, handoff, rows_smem, kidx,
+                         LSE, LSE_PART, SCHED, SEQLENS, SPLIT_OFFSETS, SINKS, MAX_LOGITS,
+                         (BLOCK_TABLE, KV_LAT, K_ROPE, VALID_LENS, X_LAT, X_ROPE, X_TABLE, X_VALID, page_size, stride_bt,
+                          seq_tokens, index_bound, stride_kp, stride_ks, stride_rp, stride_rs, main_span, main_topk,
+                          x_page_size, x_bound, stride_xt, stride_xp, stride_xs, stride_xrp, stride_xrs),
+                         batch, seqlen_q, group, rows_per_k, qk_scale_log2, stride_lb, stride_lh, stride_ls, seq_tokens,
+                         stride_lps, stride_mb, stride_mh, 0, CAUSAL, HAS_SINKS, SPARSE, FP8, GATHER, HAS_MAX, HAS_ROPE,
+                         ROPE_PART, EXTRA, PRODUCER)),
+            (_consumer, (q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_desc, q_lat, q_rope,
+                         (k_lat, k_rope, k_ready, k_raw, k_scale), k_free, q_ready, q_free, handoff, rows_smem, kidx,
+                         LSE, LSE_PART, SCHED, SEQLENS, SPLIT_OFFSETS, SINKS, MAX_LOGITS,
+                         (BLOCK_TABLE, KV_LAT, K_ROPE, VALID_LENS, X_LAT, X_ROPE, X_TABLE, X_VALID, page_size, stride_bt,
+                          seq_tokens, index_bound, stride_kp, stride_ks, stride_rp, stride_rs, main_span, main_topk,
+                          x_page_size, x_bound, stride_xt, stride_xp, stride_xs, stride_xrp, stride_xrs),
+                         batch, seqlen_q, group, rows_per_k, qk_scale_log2, stride_lb, stride_lh, stride_ls, seq_tokens,
+                         stride_lps, stride_mb, stride_mh, 1, CAUSAL, HAS_SINKS, SPARSE, FP8, GATHER, HAS_MAX, HAS_ROPE,
+                         ROPE_PART, EXTRA, PRODUCER)),
+        ], [4, 4], [PRODUCER_CONSUMER_REGS, PRODUCER_CONSUMER_REGS])
+    else:
+        gl.warp_specialize([
+            (_consumer, (q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_desc, q_lat, q_rope,
+                         (k_lat, k_rope, k_ready, k_raw, k_scale), k_free, q_ready, q_free, handoff, rows_smem, kidx,
+                         LSE, LSE_PART, SCHED, SEQLENS, SPLIT_OFFSETS, SINKS, MAX_LOGITS,
+                         (BLOCK_TABLE, KV_LAT, K_ROPE, VALID_LENS, X_LAT, X_ROPE, X_TABLE, X_VALID, page_size, stride_bt,
+                          seq_tokens, index_bound, stride_kp, stride_ks, stride_rp, stride_rs, main_span, main_topk,
+                          x_page_size, x_bound, stride_xt, stride_xp, stride_xs, stride_xrp, stride_xrs),
+                         batch, seqlen_q, group, rows_per_k, qk_scale_log2, stride_lb, stride_lh, stride_ls, seq_tokens,
+                         stride_lps, stride_mb, stride_mh, 0, CAUSAL, HAS_SINKS, SPARSE, FP8, GATHER, HAS_MAX, HAS_ROPE,
+                         ROPE_PART, EXTRA, PRODUCER)),
+            (_consumer, (q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_desc, q_lat, q_rope,
+                         (k_lat, k_rope, k_ready, k_raw, k_scale), k_free, q_ready, q_free, handoff, rows_smem, kidx,
+                         LSE, LSE_PART, SCHED, SEQLENS, SPLIT_OFFSETS, SINKS, MAX_LOGITS,
+                         (BLOCK_TABLE, KV_LAT, K_ROPE, VALID_LENS, X_LAT, X_ROPE, X_TABLE, X_VALID, page_size, stride_bt,
+                          seq_tokens, index_bound, stride_kp, stride_ks, stride_rp, stride_rs, main_span, main_topk,
+                          x_page_size, x_bound, stride_xt, stride_xp, stride_xs, stride_xrp, stride_xrs),
+                         batch, seqlen_q, group, rows_per_k, qk_scale_log2, stride_lb, stride_lh, stride_ls, seq_tokens,
+                         stride_lps, stride_mb, stride_mh, 1, CAUSAL, HAS_SINKS, SPARSE, FP8, GATHER, HAS_MAX, HAS_ROPE,
+                         ROPE_PART, EXTRA, PRODUCER)),
+        ], [4], [CONSUMER_REGS])
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -996,7 +1147,8 @@ def mla_decode_forward_sm90(views, q_lat, q_rope, kv_lat, k_rope, block_table, c
     mla_decode_sm90_kernel[grid](*args, CAUSAL=causal, HAS_SINKS=sinks is not None, SPARSE=sparse,
                                  FP8={None: 0, "v32": V32.value, "model1": MODEL1.value}[fp8_layout],
                                  HAS_MAX=max_logits is not None, HAS_ROPE=rope, EXTRA=extra is not None,
-                                 CONSUMER_REGS=CONSUMER_REGS, num_warps=4)
+                                 CONSUMER_REGS=CONSUMER_REGS, PRODUCER_CONSUMER_REGS=PRODUCER_CONSUMER_REGS,
+                                 num_warps=4)
 
 
 assert SCHED_BLOCK == BLOCK_N.value, "a key tile is one scheduling block"
