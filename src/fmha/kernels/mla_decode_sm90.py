@@ -565,18 +565,17 @@ def _tma_part(k_lat_desc, k_rope_desc, bufs, page, row, slot, PART: gl.constexpr
 
 
 @gluon.jit
-def _produce(kv, bufs, k_free, kidx, n, t, raw, PART: gl.constexpr, STAGE: gl.constexpr, SPARSE: gl.constexpr,
+def _produce(kv, bufs, k_free, kidx, src, keys, n, t, PART: gl.constexpr, STAGE: gl.constexpr, SPARSE: gl.constexpr,
              FP8: gl.constexpr, EXTRA: gl.constexpr):
-    """Gather part PART of tile t (planned keys n ..; `raw`: what `_key_rows` reads for it) once the consumers
+    """Gather part PART of tile t (planned keys n .. of source `src`, `keys` from `_key_rows`) once the consumers
     have released its ring slot's last use, each thread arriving on the part's barrier when its copies land;
     STAGE (sparse): first stage the tile's index row in kidx for the score masks (it lands with this part)."""
     k_lat, k_rope, k_ready, k_raw, k_scale = bufs
     slot = t % STAGES
     mbarrier.wait(k_free[PART].index(slot), ((t // STAGES) & 1) ^ 1)
-    src, m = _source(kv, n, EXTRA)
     if STAGE and SPARSE:
         _stage_keys(kv, n, kidx.index(t % KIDX), SPARSE, EXTRA)
-    _gather_part(src, _key_rows(src, m, raw, KEY_ROWS, SPARSE), bufs, slot, PART, FP8)
+    _gather_part(src, keys, bufs, slot, PART, FP8)
     async_copy.mbarrier_arrive(k_ready[PART].index(slot), increment_count=False)
 
 
@@ -610,16 +609,21 @@ def _producer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, q_lat, q_rope, b
                 next1 = _fetch(kv, n0 + 3 * BLOCK_N, SPARSE, EXTRA)
                 # Warpgroup 0's tile: half L is released mid-pair, the rest at the pair's end; warpgroup 1's:
                 # half R first.
-                _produce(kv, bufs, k_free, kidx, n0, c, raw0, PART_L, True, SPARSE, FP8, EXTRA)
-                _produce(kv, bufs, k_free, kidx, n0, c, raw0, PART_R, False, SPARSE, FP8, EXTRA)
+                # Each tile's source and keys once, for all its parts.
+                src, m = _source(kv, n0, EXTRA)
+                keys = _key_rows(src, m, raw0, KEY_ROWS, SPARSE)
+                _produce(kv, bufs, k_free, kidx, src, keys, n0, c, PART_L, True, SPARSE, FP8, EXTRA)
+                _produce(kv, bufs, k_free, kidx, src, keys, n0, c, PART_R, False, SPARSE, FP8, EXTRA)
                 if ROPE_PART:
-                    _produce(kv, bufs, k_free, kidx, n0, c, raw0, PART_ROPE, False, SPARSE, FP8, EXTRA)
+                    _produce(kv, bufs, k_free, kidx, src, keys, n0, c, PART_ROPE, False, SPARSE, FP8, EXTRA)
                 if i + 1 < take:
-                    _produce(kv, bufs, k_free, kidx, n0 + BLOCK_N, c + 1, raw1, PART_R, True, SPARSE, FP8, EXTRA)
-                    _produce(kv, bufs, k_free, kidx, n0 + BLOCK_N, c + 1, raw1, PART_L, False, SPARSE, FP8, EXTRA)
+                    n1 = n0 + BLOCK_N
+                    src, m = _source(kv, n1, EXTRA)
+                    keys = _key_rows(src, m, raw1, KEY_ROWS, SPARSE)
+                    _produce(kv, bufs, k_free, kidx, src, keys, n1, c + 1, PART_R, True, SPARSE, FP8, EXTRA)
+                    _produce(kv, bufs, k_free, kidx, src, keys, n1, c + 1, PART_L, False, SPARSE, FP8, EXTRA)
                     if ROPE_PART:
-                        _produce(kv, bufs, k_free, kidx, n0 + BLOCK_N, c + 1, raw1, PART_ROPE, False, SPARSE, FP8,
-                                 EXTRA)
+                        _produce(kv, bufs, k_free, kidx, src, keys, n1, c + 1, PART_ROPE, False, SPARSE, FP8, EXTRA)
                 if i == 0:                # Q waits for the last piece's outputs to leave its buffer
                     _load_q(q_lat_desc, q_rope_desc, q_lat, q_rope, q_ready, q_free, b, row0, w, HAS_ROPE)
                 raw0 = next0
