@@ -607,9 +607,8 @@ def _producer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, q_lat, q_rope, b
                 # The next pair's index rows (masked past the valid length).
                 next0 = _fetch(kv, n0 + 2 * BLOCK_N, SPARSE, EXTRA)
                 next1 = _fetch(kv, n0 + 3 * BLOCK_N, SPARSE, EXTRA)
-                # Warpgroup 0's tile: half L is released mid-pair, the rest at the pair's end; warpgroup 1's:
-                # half R first.
-                # Each tile's source and keys once, for all its parts.
+                # Each tile's source and keys once, for all its parts. Warpgroup 0's tile: half L is released
+                # mid-pair, the rest at the pair's end; warpgroup 1's: half R first.
                 src, m = _source(kv, n0, EXTRA)
                 keys = _key_rows(src, m, raw0, KEY_ROWS, SPARSE)
                 _produce(kv, bufs, k_free, kidx, src, keys, n0, c, PART_L, True, SPARSE, FP8, EXTRA)
