@@ -77,8 +77,8 @@ PHASES = [("start", None, 14, 16), ("top", None, 16, 0), ("q_free", 0, 0, 1), ("
 
 def stamped_source():
     """The package's kernel with the stamps added to the consumers (an extra STAMP pointer after X_VALID in the
-    kernel's arguments, after MAX_LOGITS in the consumers'; the launcher allocates it and keeps the last one in
-    STAMPS). Stamp 1 follows warpgroup 0's Q load (the Q-free wait and the TMA issue); with V3.2's loading
+    kernel's arguments, at the end of the `outs` the consumers unpack; the launcher allocates it and keeps the last
+    one in STAMPS). Stamp 1 follows warpgroup 0's Q load (the Q-free wait and the TMA issue); with V3.2's loading
     warpgroup the consumers issue no loads, so phases "q_free" and "issue" do not exist there."""
     src = open(own.__file__).read()
     anchor = "@gluon.jit\ndef _score_part("
@@ -90,8 +90,9 @@ def stamped_source():
         assert consumer.count(old) == 1, old
         consumer = consumer.replace(old, old + new)
     src = src[:start] + consumer + src[end:]
-    assert src.count("SINKS, MAX_LOGITS,") == 5      # the consumer's signature and its four argument lists
-    src = src.replace("SINKS, MAX_LOGITS,", "SINKS, MAX_LOGITS, STAMP,")
+    old = "SPLIT_OFFSETS, SINKS, MAX_LOGITS"
+    assert src.count(old) == 2                        # packed into `outs` by the kernel, unpacked by the consumer
+    src = src.replace(old, old + ", STAMP")
     old = "X_VALID,\n                           batch,"
     assert src.count(old) == 1                        # the kernel's signature
     src = src.replace(old, "X_VALID, STAMP,\n                           batch,")

@@ -580,13 +580,16 @@ def _produce(kv, bufs, k_free, kidx, src, keys, n, t, PART: gl.constexpr, STAGE:
 
 
 @gluon.jit
-def _producer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, q_lat, q_rope, bufs, k_free, q_ready, q_free, kidx,
-              SCHED, SEQLENS, caches, batch, rows_per_k, SPARSE: gl.constexpr, FP8: gl.constexpr,
-              HAS_ROPE: gl.constexpr, ROPE_PART: gl.constexpr, EXTRA: gl.constexpr):
+def _producer(descs, q_lat, q_rope, bufs, k_free, q_ready, q_free, kidx, outs, caches, sizes, SPARSE: gl.constexpr,
+              FP8: gl.constexpr, HAS_ROPE: gl.constexpr, ROPE_PART: gl.constexpr, EXTRA: gl.constexpr):
     """The loading warpgroup (V3.2's FP8 cache, paged or sparse): walks the program's pieces as the consumers do,
     loads each piece's Q, and gathers every part of every key tile into the ring as soon as the consumers
     release it (`_release`), in the order they release them. The index rows are read a tile pair ahead. A
-    piece's Q follows its first pair's gathers: those wait only for the last piece's tiles, Q for its outputs."""
+    piece's Q follows its first pair's gathers: those wait only for the last piece's tiles, Q for its outputs.
+    Its arguments are the consumers' (`descs`, `outs`, `caches`, `sizes` as `mla_decode_sm90_kernel` packs them)."""
+    q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc = descs[0], descs[1], descs[2], descs[3]
+    SCHED, SEQLENS = outs[2], outs[3]
+    batch, rows_per_k = sizes[0], sizes[3]
     row_blocks = gl.cdiv(rows_per_k, ROWS)
     row0 = (gl.program_id(0) % row_blocks) * ROWS
     meta = SCHED + (gl.program_id(0) // row_blocks) * SCHED_FIELDS
@@ -666,7 +669,8 @@ def _load_q(q_lat_desc, q_rope_desc, q_lat, q_rope, q_ready, q_free, b, row0, w,
     mbarrier.wait(q_free, (w & 1) ^ 1)
     if HAS_ROPE:
         mbarrier.expect(q_ready, 2 * q_lat_desc.block_type.nbytes + q_rope_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_rope_desc, [b, row0, 0], q_ready, q_rope.reshape(q_rope_desc.block_type.shape))
+        tma.async_copy_global_to_shared(q_rope_desc, [b, row0, 0], q_ready,
+                                        q_rope.reshape(q_rope_desc.block_type.shape))
     else:
         mbarrier.expect(q_ready, 2 * q_lat_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(q_lat_desc, [b, row0, 0], q_ready,
@@ -676,12 +680,14 @@ def _load_q(q_lat_desc, q_rope_desc, q_lat, q_rope, q_ready, q_free, b, row0, w,
 
 
 @gluon.jit
-def _consumer(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_desc, q_lat, q_rope, bufs, k_free,
-              q_ready, q_free, handoff, rows_smem, kidx, LSE, LSE_PART, SCHED, SEQLENS, SPLIT_OFFSETS, SINKS, MAX_LOGITS,
-              caches, batch, seqlen_q, group, rows_per_k, qk_scale_log2, stride_lb, stride_lh, stride_ls, seq_tokens,
-              stride_lps, stride_mb, stride_mh, WG: gl.constexpr, CAUSAL: gl.constexpr, HAS_SINKS: gl.constexpr,
+def _consumer(descs, q_lat, q_rope, bufs, k_free, q_ready, q_free, handoff, rows_smem, kidx, outs, caches, sizes,
+              WG: gl.constexpr, CAUSAL: gl.constexpr, HAS_SINKS: gl.constexpr,
               SPARSE: gl.constexpr, FP8: gl.constexpr, GATHER: gl.constexpr, HAS_MAX: gl.constexpr,
               HAS_ROPE: gl.constexpr, ROPE_PART: gl.constexpr, EXTRA: gl.constexpr, PRODUCER: gl.constexpr):
+    q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_desc = descs
+    LSE, LSE_PART, SCHED, SEQLENS, SPLIT_OFFSETS, SINKS, MAX_LOGITS = outs
+    (batch, seqlen_q, group, rows_per_k, qk_scale_log2, stride_lb, stride_lh, stride_ls, seq_tokens, stride_lps,
+     stride_mb, stride_mh) = sizes
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -978,55 +984,30 @@ def mla_decode_sm90_kernel(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_d
         k_free = (_bars(STAGES, 1), _bars(STAGES, 1), _bars(STAGES, 1))
     handoff = (_bar(1), _bar(1), _bar(1), _bar(1), _bar(1), _bar(1), _bar(1))
 
-    # The argument lists are written out per partition: built once as a tuple, Gluon lost its constexpr None
-    # entries (the descriptors and pointers a call does not use) and the kernel no longer compiled.
+    # What the partitions take, packed once (None entries included: descriptors and pointers a call does not use).
+    descs = (q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_desc)
+    bufs = (k_lat, k_rope, k_ready, k_raw, k_scale)
+    outs = (LSE, LSE_PART, SCHED, SEQLENS, SPLIT_OFFSETS, SINKS, MAX_LOGITS)
+    caches = (BLOCK_TABLE, KV_LAT, K_ROPE, VALID_LENS, X_LAT, X_ROPE, X_TABLE, X_VALID, page_size, stride_bt,
+              seq_tokens, index_bound, stride_kp, stride_ks, stride_rp, stride_rs, main_span, main_topk, x_page_size,
+              x_bound, stride_xt, stride_xp, stride_xs, stride_xrp, stride_xrs)
+    sizes = (batch, seqlen_q, group, rows_per_k, qk_scale_log2, stride_lb, stride_lh, stride_ls, seq_tokens,
+             stride_lps, stride_mb, stride_mh)
     if PRODUCER:
         gl.warp_specialize([
-            (_producer, (q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, q_lat, q_rope,
-                         (k_lat, k_rope, k_ready, k_raw, k_scale), k_free, q_ready, q_free, kidx, SCHED, SEQLENS,
-                         (BLOCK_TABLE, KV_LAT, K_ROPE, VALID_LENS, X_LAT, X_ROPE, X_TABLE, X_VALID, page_size, stride_bt,
-                          seq_tokens, index_bound, stride_kp, stride_ks, stride_rp, stride_rs, main_span, main_topk,
-                          x_page_size, x_bound, stride_xt, stride_xp, stride_xs, stride_xrp, stride_xrs),
-                         batch, rows_per_k, SPARSE, FP8, HAS_ROPE, ROPE_PART, EXTRA)),
-            (_consumer, (q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_desc, q_lat, q_rope,
-                         (k_lat, k_rope, k_ready, k_raw, k_scale), k_free, q_ready, q_free, handoff, rows_smem, kidx,
-                         LSE, LSE_PART, SCHED, SEQLENS, SPLIT_OFFSETS, SINKS, MAX_LOGITS,
-                         (BLOCK_TABLE, KV_LAT, K_ROPE, VALID_LENS, X_LAT, X_ROPE, X_TABLE, X_VALID, page_size, stride_bt,
-                          seq_tokens, index_bound, stride_kp, stride_ks, stride_rp, stride_rs, main_span, main_topk,
-                          x_page_size, x_bound, stride_xt, stride_xp, stride_xs, stride_xrp, stride_xrs),
-                         batch, seqlen_q, group, rows_per_k, qk_scale_log2, stride_lb, stride_lh, stride_ls, seq_tokens,
-                         stride_lps, stride_mb, stride_mh, 0, CAUSAL, HAS_SINKS, SPARSE, FP8, GATHER, HAS_MAX, HAS_ROPE,
-                         ROPE_PART, EXTRA, PRODUCER)),
-            (_consumer, (q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_desc, q_lat, q_rope,
-                         (k_lat, k_rope, k_ready, k_raw, k_scale), k_free, q_ready, q_free, handoff, rows_smem, kidx,
-                         LSE, LSE_PART, SCHED, SEQLENS, SPLIT_OFFSETS, SINKS, MAX_LOGITS,
-                         (BLOCK_TABLE, KV_LAT, K_ROPE, VALID_LENS, X_LAT, X_ROPE, X_TABLE, X_VALID, page_size, stride_bt,
-                          seq_tokens, index_bound, stride_kp, stride_ks, stride_rp, stride_rs, main_span, main_topk,
-                          x_page_size, x_bound, stride_xt, stride_xp, stride_xs, stride_xrp, stride_xrs),
-                         batch, seqlen_q, group, rows_per_k, qk_scale_log2, stride_lb, stride_lh, stride_ls, seq_tokens,
-                         stride_lps, stride_mb, stride_mh, 1, CAUSAL, HAS_SINKS, SPARSE, FP8, GATHER, HAS_MAX, HAS_ROPE,
-                         ROPE_PART, EXTRA, PRODUCER)),
+            (_producer, (descs, q_lat, q_rope, bufs, k_free, q_ready, q_free, kidx, outs, caches, sizes, SPARSE, FP8,
+                         HAS_ROPE, ROPE_PART, EXTRA)),
+            (_consumer, (descs, q_lat, q_rope, bufs, k_free, q_ready, q_free, handoff, rows_smem, kidx, outs, caches,
+                         sizes, 0, CAUSAL, HAS_SINKS, SPARSE, FP8, GATHER, HAS_MAX, HAS_ROPE, ROPE_PART, EXTRA, True)),
+            (_consumer, (descs, q_lat, q_rope, bufs, k_free, q_ready, q_free, handoff, rows_smem, kidx, outs, caches,
+                         sizes, 1, CAUSAL, HAS_SINKS, SPARSE, FP8, GATHER, HAS_MAX, HAS_ROPE, ROPE_PART, EXTRA, True)),
         ], [4, 4], [PRODUCER_CONSUMER_REGS, PRODUCER_CONSUMER_REGS])
     else:
         gl.warp_specialize([
-            (_consumer, (q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_desc, q_lat, q_rope,
-                         (k_lat, k_rope, k_ready, k_raw, k_scale), k_free, q_ready, q_free, handoff, rows_smem, kidx,
-                         LSE, LSE_PART, SCHED, SEQLENS, SPLIT_OFFSETS, SINKS, MAX_LOGITS,
-                         (BLOCK_TABLE, KV_LAT, K_ROPE, VALID_LENS, X_LAT, X_ROPE, X_TABLE, X_VALID, page_size, stride_bt,
-                          seq_tokens, index_bound, stride_kp, stride_ks, stride_rp, stride_rs, main_span, main_topk,
-                          x_page_size, x_bound, stride_xt, stride_xp, stride_xs, stride_xrp, stride_xrs),
-                         batch, seqlen_q, group, rows_per_k, qk_scale_log2, stride_lb, stride_lh, stride_ls, seq_tokens,
-                         stride_lps, stride_mb, stride_mh, 0, CAUSAL, HAS_SINKS, SPARSE, FP8, GATHER, HAS_MAX, HAS_ROPE,
-                         ROPE_PART, EXTRA, PRODUCER)),
-            (_consumer, (q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_desc, q_lat, q_rope,
-                         (k_lat, k_rope, k_ready, k_raw, k_scale), k_free, q_ready, q_free, handoff, rows_smem, kidx,
-                         LSE, LSE_PART, SCHED, SEQLENS, SPLIT_OFFSETS, SINKS, MAX_LOGITS,
-                         (BLOCK_TABLE, KV_LAT, K_ROPE, VALID_LENS, X_LAT, X_ROPE, X_TABLE, X_VALID, page_size, stride_bt,
-                          seq_tokens, index_bound, stride_kp, stride_ks, stride_rp, stride_rs, main_span, main_topk,
-                          x_page_size, x_bound, stride_xt, stride_xp, stride_xs, stride_xrp, stride_xrs),
-                         batch, seqlen_q, group, rows_per_k, qk_scale_log2, stride_lb, stride_lh, stride_ls, seq_tokens,
-                         stride_lps, stride_mb, stride_mh, 1, CAUSAL, HAS_SINKS, SPARSE, FP8, GATHER, HAS_MAX, HAS_ROPE,
-                         ROPE_PART, EXTRA, PRODUCER)),
+            (_consumer, (descs, q_lat, q_rope, bufs, k_free, q_ready, q_free, handoff, rows_smem, kidx, outs, caches,
+                         sizes, 0, CAUSAL, HAS_SINKS, SPARSE, FP8, GATHER, HAS_MAX, HAS_ROPE, ROPE_PART, EXTRA, False)),
+            (_consumer, (descs, q_lat, q_rope, bufs, k_free, q_ready, q_free, handoff, rows_smem, kidx, outs, caches,
+                         sizes, 1, CAUSAL, HAS_SINKS, SPARSE, FP8, GATHER, HAS_MAX, HAS_ROPE, ROPE_PART, EXTRA, False)),
         ], [4], [CONSUMER_REGS])
 
 
