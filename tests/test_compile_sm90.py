@@ -183,8 +183,7 @@ GLUON_SCRIPT = textwrap.dedent('''
         return f"tensordesc<{dt}[1,{rows},{d}],{layout!r}>"
     consts = dict(BLOCK_N=bn, HEAD_D=d, HEAD_DV=d, STAGES=stages, Q_BUFS=q_bufs, CAUSAL=causal,
                   PINGPONG=not causal and wgs == 2, CONSUMER_REGS=regs, WGS=wgs)
-    ptrs = dict(q_desc=desc(_ROWS), k_desc=desc(bn), v_desc=desc(bn), O=f"*{dt}", LSE="*fp32", COUNTER="*i32",
-                WS_O="*fp32", WS_L="*fp32")
+    ptrs = dict(q_desc=desc(_ROWS), k_desc=desc(bn), v_desc=desc(bn), O=f"*{dt}", LSE="*fp32", COUNTER="*i32")
     names = list(inspect.signature(attn_fwd_sm90_kernel.fn).parameters)
     sig = {n: ptrs.get(n, "constexpr" if n in consts else ("fp32" if n == "qk_scale_log2" else "i32")) for n in names}
     src = GluonASTSource(attn_fwd_sm90_kernel, sig, constexprs={(names.index(k),): v for k, v in consts.items()})
@@ -226,25 +225,6 @@ def test_gluon_prefill_tile_choice():
     assert choose_tiles(64, True, WIDE_MIN_ROWS_CAUSAL)[4] == 3
     assert choose_tiles(64, True, WIDE_MIN_ROWS_CAUSAL - 1)[4] == 2
     assert all(choose_tiles(d, causal, 16384)[4] == 2 for d in (128, 256) for causal in (False, True))
-
-
-@pytest.mark.cpu
-@pytest.mark.parametrize("programs", [1, 7, 132])
-def test_gluon_prefill_split_tail(programs):
-    """What the kernel relies on in `split_tail`: whole rounds of items first, then between one and two rounds'
-    worth as key tiles, so every program's share of the tail holds at least one item's tiles and no item is cut
-    twice; nothing is split below two rounds or with a single key tile."""
-    from fmha.kernels.forward_sm90 import split_tail
-    for n_items in range(1, 5 * programs + 2):
-        for tiles in (1, 2, 3, 8, 33):
-            whole, units = split_tail(n_items, tiles, programs)
-            if n_items < 2 * programs or tiles == 1:
-                assert (whole, units) == (n_items, 0)
-                continue
-            assert whole % programs == 0 and units == (n_items - whole) * tiles
-            assert programs <= n_items - whole < 2 * programs
-            shares = [(p + 1) * units // programs - p * units // programs for p in range(programs)]
-            assert min(shares) >= tiles and sum(shares) == units
 
 
 GLUON_MLA_SCRIPT = textwrap.dedent('''

@@ -3,7 +3,6 @@
 path, so a silent fall-back to the portable kernel cannot make these tests pass."""
 import pytest
 import torch
-import triton
 
 import fmha
 from fmha.reference import attention_ref
@@ -56,34 +55,6 @@ def test_gluon_prefill(shape, causal, dtype):
     out = torch.full((b, sq, hq, d), float("nan"), dtype=dtype, device="cuda")
     got, lse = fmha.attention(q, k, v, causal=causal, return_lse=True, out=out)
     assert_matches(got, lse, attention_ref(q, k, v, causal=causal), dtype)
-
-
-# (shape, programs): the kernel's grid forced small, so that small calls cut items, or None (all SMs)
-SPLIT_CASES = [((2, 1000, 1500, 16, 4, 128), 5), ((2, 1000, 1500, 16, 4, 128), 7), ((2, 700, 900, 8, 1, 64), 7),
-               ((2, 513, 1027, 4, 4, 256), 7), ((1, 2200, 2100, 4, 4, 64), 5), ((3, 700, 300, 4, 1, 64), 7),
-               ((9, 640, 650, 33, 3, 128), None)]
-
-
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-@pytest.mark.parametrize("case", SPLIT_CASES, ids=lambda c: "x".join(map(str, c[0])) + f"-{c[1] or 'all'}")
-def test_gluon_prefill_split_tail(case, dtype, monkeypatch):
-    """Unmasked calls whose last items are cut along the keys between programs (`split_tail`), each cut item
-    merged by the program with its first tiles. A grid forced smaller than the GPU makes small calls cut items
-    (the kernel only assumes that all its programs run at once); the last case cuts them on all SMs of an H100.
-    d = 64 at 2200 rows takes three consumer warpgroups, the last of which has no rows in a head's last item."""
-    from fmha.kernels import forward_sm90
-    shape, programs = case
-    b, sq, sk, hq, hk, d = shape
-    q, k, v = _inputs(shape, dtype)
-    if programs is not None:
-        monkeypatch.setattr(forward_sm90, "num_sms", lambda device: programs)
-    out = torch.full((b, sq, hq, d), float("nan"), dtype=dtype, device="cuda")
-    lse = torch.full((b, hq, sq), float("nan"), device="cuda")
-    grid, args, meta = forward_sm90.launch_args(q, k, v, out, lse, causal=False, softmax_scale=d ** -0.5)
-    tiles, tail_units = triton.cdiv(sk, meta["BLOCK_N"]), args[9]
-    assert any(p * tail_units // grid[0] % tiles for p in range(1, grid[0])), "the case must cut an item"
-    forward_sm90.attention_forward_sm90(q, k, v, out, lse, causal=False, softmax_scale=d ** -0.5)
-    assert_matches(out, lse, attention_ref(q, k, v), dtype)
 
 
 @pytest.mark.parametrize("ramp", [lambda j: 1 + j / 300, lambda j: 2.0 ** (j // 512), lambda j: 8 - j / 400],

@@ -87,112 +87,6 @@ def _next_item(COUNTER):
 
 
 @gluon.jit
-def _tail_range(tail_units):
-    """This program's share of the tail (`split_tail`): tail units [u0, u_end), consecutive programs' shares
-    adjacent."""
-    p = gl.program_id(0)
-    n = gl.num_programs(0)
-    return p * tail_units // n, (p + 1) * tail_units // n
-
-
-@gluon.jit
-def _piece(v, whole, u_end, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, BLOCK_N: gl.constexpr,
-           CAUSAL: gl.constexpr, WGS: gl.constexpr):
-    """What the posted value v stands for: (batch, head, kv head, first query row, first and end key tile, the
-    item's key tiles). Below `whole`, work item v, all of it. From there on (unmasked calls, `split_tail`), tail
-    unit v - whole: the key tiles of item whole + unit // tiles from tile unit % tiles to the item's end or to
-    this program's last tail unit u_end, whichever comes first."""
-    t = v
-    lo = 0
-    if not CAUSAL:
-        tiles = gl.cdiv(seqlen_k, BLOCK_N)
-        if v >= whole:
-            t = whole + (v - whole) // tiles
-            lo = (v - whole) % tiles
-    b, h, hk, m_start, n_tiles = _work_item(t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, BLOCK_N,
-                                            CAUSAL, WGS)
-    hi = n_tiles
-    if not CAUSAL:
-        if v >= whole:
-            hi = gl.minimum(n_tiles, lo + u_end - (v - whole))
-    return b, h, hk, m_start, lo, hi, n_tiles
-
-
-@gluon.jit
-def _next_piece(v, COUNTER, whole, u0, u_end, done, stop):
-    """The producer's next posted value after v (which covered `done` key tiles): the next untaken whole item,
-    then this program's tail units in order, then `stop`."""
-    if v < whole:
-        v = _next_item(COUNTER)
-        if v >= whole:
-            v = whole + u0
-    else:
-        v += done
-    if v >= whole + u_end:
-        v = stop
-    return v
-
-
-# Spin until the int32 at $1 is at least $2, with acquire semantics (every thread runs its own loop).
-_WAIT_COUNT = gl.constexpr("""{ .reg .pred p; .reg .b32 v;
-spin${:uid}: ld.acquire.gpu.global.b32 v, [$1];
-setp.lt.s32 p, v, $2;
-@p bra spin${:uid};
-mov.b32 $0, v; }""")
-
-
-@gluon.jit
-def _put_partial(WS_O, WS_L, FLAGS, slot, o, lse2):
-    """A tail piece that ends an item begun by the previous program: its warpgroup's normalised rows (fp32) and
-    base-2 LSE go to workspace `slot`; then each of the 128 threads counts itself on the slot's flag, releasing
-    its own stores."""
-    row: gl.constexpr = gl.SliceLayout(1, o.type.layout)
-    rows = slot * ROWS + gl.arange(0, ROWS, layout=row)
-    cols = gl.arange(0, o.shape[1], layout=gl.SliceLayout(0, o.type.layout))
-    gl.store(WS_O + rows[:, None] * o.shape[1] + cols[None, :], o)
-    gl.store(WS_L + rows, lse2)
-    one: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-    gl.atomic_add(FLAGS + slot + gl.zeros([128], gl.int32, one), gl.full([128], 1, gl.int32, one), sem="release",
-                  scope="gpu")
-
-
-@gluon.jit
-def _merge_partial(WS_O, WS_L, FLAGS, slot, o, lse2):
-    """A tail piece that begins an item the next program ends: wait until that program's warpgroup has put its
-    part in workspace `slot` (`_put_partial`), then merge the two (normalised rows, base-2 LSE) exactly."""
-    row: gl.constexpr = lse2.type.layout
-    seen = gl.inline_asm_elementwise(_WAIT_COUNT, "=r,l,r", [FLAGS + slot + gl.zeros([ROWS], gl.int32, row),
-                                                              gl.full([ROWS], 128, gl.int32, row)],
-                                     dtype=gl.int32, is_pure=False, pack=1)
-    # `seen` is never below 0; adding its test ties the loads to the wait.
-    rows = slot * ROWS + gl.arange(0, ROWS, layout=row) + (seen < 0).to(gl.int32)
-    cols = gl.arange(0, o.shape[1], layout=gl.SliceLayout(0, o.type.layout))
-    o_b = gl.load(WS_O + rows[:, None] * o.shape[1] + cols[None, :], cache_modifier=".cg")
-    lse_b = gl.load(WS_L + rows, cache_modifier=".cg")
-    top = gl.maximum(lse2, lse_b)
-    top = gl.where(top == float("-inf"), 0.0, top)
-    w_a = gl.exp2(lse2 - top)
-    w_b = gl.exp2(lse_b - top)
-    total = w_a + w_b
-    inv = 1.0 / gl.where(total == 0.0, 1.0, total)
-    return o * (w_a * inv)[:, None] + o_b * (w_b * inv)[:, None], top + gl.log2(total)
-
-
-@gluon.jit
-def _store_rows(O, LSE, o, lse2, b, h, m0, seqlen_q, stride_ob, stride_os, stride_oh, stride_lb, stride_lh,
-                stride_ls):
-    """Write a warpgroup's normalised rows `o` (from query row m0 on) and their base-2 LSE, those that exist."""
-    store_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-    out = gl.convert_layout(o.to(O.dtype.element_ty), store_layout)
-    rows = m0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, store_layout))
-    cols = gl.arange(0, o.shape[1], layout=gl.SliceLayout(0, store_layout))
-    gl.store(O + b * stride_ob + h * stride_oh + rows[:, None] * stride_os + cols[None, :], out,
-             mask=(rows < seqlen_q)[:, None])
-    l_pos = m0 + gl.arange(0, ROWS, layout=lse2.type.layout)
-    gl.store(LSE + b * stride_lb + h * stride_lh + l_pos * stride_ls, lse2 * LN2, mask=l_pos < seqlen_q)
-
-
-@gluon.jit
 def _post_item(slot, t, WARPS: gl.constexpr):
     """The producer hands the item index to the consumers in shared memory, before the Q barrier's arrive."""
     layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
@@ -229,27 +123,24 @@ def _load_kv_tile(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_e
 def _producer(args, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr,
               WGS: gl.constexpr):
     (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
-     COUNTER, whole, tail_units, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, stride_qh, stride_kh,
-     stride_vh) = args
+     COUNTER, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, stride_qh, stride_kh, stride_vh) = args
     # The descriptors are 3-D, (batch, seqlen, columns) with boxes (1, rows, head_dim); each box lands in a
     # 2-D slot seen through a (1, rows, head_dim) view.
     q_box: gl.constexpr = q_desc.block_type.shape
     kv = 0                        # K/V tiles loaded so far: position in the ring and its phase
-    w = 0                         # pieces so far: the Q buffer and its phase
-    u0, u_end = _tail_range(tail_units)
-    stop = whole + tail_units
-    t = gl.program_id(0)          # the posted value (`_piece`)
-    while t < stop:
-        b, h, hk, m_start, lo, hi, n_item = _piece(t, whole, u_end, n_m, n_bh, head_chunk, heads_q, group, seqlen_q,
-                                                   seqlen_k, BLOCK_N, CAUSAL, WGS)
+    w = 0                         # work items so far: the Q buffer and its phase
+    t = gl.program_id(0)
+    while t < n_m * n_bh:
+        b, h, hk, m_start, n_tiles = _work_item(t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k,
+                                                BLOCK_N, CAUSAL, WGS)
         qb = w % Q_BUFS
         # With one Q buffer (d = 256) the item's first key tiles go out before its Q: their ring slots free up
         # while the consumers are still on the previous item, whereas the Q buffer frees only at its end, and
         # waiting for it first left every item boundary with nothing in flight (d=256 1k causal: 228 -> 344
         # TFLOP/s, `history/prefill_h100_f93e080.json`). With two Q buffers the Q goes first: it is free early,
         # and queuing it behind the tiles' slots cost d = 64 / 128 2-9% in that run.
-        head = lo + gl.minimum(hi - lo, STAGES) if Q_BUFS == 1 else lo
-        for i in range(lo, head):
+        head = gl.minimum(n_tiles, STAGES) if Q_BUFS == 1 else 0
+        for i in range(head):
             kv = _load_kv_tile(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv, b, i, hk,
                                stride_kh, stride_vh, BLOCK_N, STAGES)
         # A buffer is free once every consumer released it; the first pass over a ring waits on nothing.
@@ -259,11 +150,11 @@ def _producer(args, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, Q_BUFS: gl.cons
         for g in gl.static_range(WGS):
             tma.async_copy_global_to_shared(q_desc, [b, m_start + g * ROWS, h * stride_qh], q_ready.index(qb),
                                             q_smem.index(WGS * qb + g).reshape(q_box))
-        for i in range(head, hi):
+        for i in range(head, n_tiles):
             kv = _load_kv_tile(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv, b, i, hk,
                                stride_kh, stride_vh, BLOCK_N, STAGES)
         w += 1
-        t = _next_piece(t, COUNTER, whole, u0, u_end, hi - lo, stop)
+        t = _next_item(COUNTER)
     # The end: an index past the last item tells the consumers to stop.
     qb = w % Q_BUFS
     mbarrier.wait(q_empty.index(qb), ((w // Q_BUFS) & 1) ^ 1)
@@ -367,9 +258,9 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
               Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, WGS: gl.constexpr):
     """Consumer warpgroup WG of WGS; `shared` holds the arguments common to all of them (one tuple, so that the
     kernel writes them once for two or three partitions)."""
-    (q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, O, LSE, WS_O, WS_L, FLAGS,
-     whole, tail_units, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, qk_scale_log2, stride_ob,
-     stride_os, stride_oh, stride_lb, stride_lh, stride_ls, turn) = shared
+    (q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, O, LSE, n_m, n_bh,
+     head_chunk, heads_q, group, seqlen_q, seqlen_k, qk_scale_log2, stride_ob, stride_os, stride_oh, stride_lb,
+     stride_lh, stride_ls, turn) = shared
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -377,6 +268,7 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    store_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     dtype: gl.constexpr = q_smem.dtype
     zero_s = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
     diag = seqlen_k - seqlen_q
@@ -385,13 +277,11 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
     w = 0
     turns = 0                     # wgmma issue rounds so far (PINGPONG)
     qb = 0
-    u0, u_end = _tail_range(tail_units)
     mbarrier.wait(q_ready.index(0), 0)
     t = _read_item(items.index(0), 4)
-    while t < whole + tail_units:
-        b, h, hk, m_start, lo, hi, n_item = _piece(t, whole, u_end, n_m, n_bh, head_chunk, heads_q, group, seqlen_q,
-                                                   seqlen_k, BLOCK_N, CAUSAL, WGS)
-        n_tiles = hi - lo
+    while t < n_m * n_bh:
+        b, h, hk, m_start, n_tiles = _work_item(t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k,
+                                                BLOCK_N, CAUSAL, WGS)
         m0 = m_start + WG * ROWS
         q_pos = m0 + gl.arange(0, ROWS, layout=row_s)
         # With three warpgroups, the key tiles this one's rows need: none past the causal horizon of its last
@@ -431,7 +321,7 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
             _give_turn(turn, WG, PINGPONG)
             s = warpgroup_mma_wait(0, deps=(s_tok,))
             mbarrier.arrive(k_empty.index(slot), count=1)
-            p, m_i, l_i, alpha = _softmax_tile(s, lo, m_i, l_i, q_pos, diag, seqlen_k, qk_scale_log2, mask_from,
+            p, m_i, l_i, alpha = _softmax_tile(s, 0, m_i, l_i, q_pos, diag, seqlen_k, qk_scale_log2, mask_from,
                                                BLOCK_N, CAUSAL, s_layout)
             for i in range(1, n_full):
                 # Issue S_i = Q·K_iᵀ and O += P_{i-1}·V_{i-1}; the softmax of S_i runs while P·V is on the
@@ -450,7 +340,7 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
                 _give_turn(turn, WG, PINGPONG)
                 s = warpgroup_mma_wait(1, deps=(s_tok,))
                 mbarrier.arrive(k_empty.index(slot), count=1)
-                p, m_i, l_i, alpha = _softmax_tile(s, lo + i, m_i, l_i, q_pos, diag, seqlen_k, qk_scale_log2,
+                p, m_i, l_i, alpha = _softmax_tile(s, i, m_i, l_i, q_pos, diag, seqlen_k, qk_scale_log2,
                                                    mask_from, BLOCK_N, CAUSAL, s_layout)
                 acc = warpgroup_mma_wait(0, deps=(o_tok,))
                 mbarrier.arrive(v_empty.index(prev), count=1)
@@ -479,45 +369,30 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
         w += 1
 
         # Epilogue (overlapping the other warpgroup's tiles and the producer's next loads): normalise and
-        # write the rows that exist; a row with no visible key gives 0 and LSE -inf. A split item's end piece
-        # leaves its rows to the program that has its first tiles, which merges them into its own.
+        # write the rows that exist; a row with no visible key gives 0 and LSE -inf.
         empty = l_i == 0.0
-        l_safe = gl.where(empty, 1.0, l_i)
-        lse2 = gl.where(empty, float("-inf"), m_i + gl.log2(l_safe))
-        inv_l = gl.convert_layout(1.0 / l_safe, row_o)
-        if CAUSAL:
-            _store_rows(O, LSE, acc * inv_l[:, None], lse2, b, h, m0, seqlen_q, stride_ob, stride_os, stride_oh,
-                        stride_lb, stride_lh, stride_ls)
-        elif (lo > 0) | (hi < n_item):
-            # A cut item: this warpgroup's slot in the workspace is by the item's place in the tail.
-            part = (t - whole) // n_item * WGS + WG
-            o = acc * inv_l[:, None]
-            lse_o = gl.convert_layout(lse2, row_o)
-            if lo > 0:
-                _put_partial(WS_O, WS_L, FLAGS, part, o, lse_o)
-            else:
-                o, lse_o = _merge_partial(WS_O, WS_L, FLAGS, part, o, lse_o)
-                _store_rows(O, LSE, o, lse_o, b, h, m0, seqlen_q, stride_ob, stride_os, stride_oh, stride_lb,
-                            stride_lh, stride_ls)
-        else:
-            _store_rows(O, LSE, acc * inv_l[:, None], lse2, b, h, m0, seqlen_q, stride_ob, stride_os, stride_oh,
-                        stride_lb, stride_lh, stride_ls)
+        lse = gl.where(empty, float("-inf"), (m_i + gl.log2(gl.where(empty, 1.0, l_i))) * LN2)
+        inv_l = gl.convert_layout(1.0 / gl.where(empty, 1.0, l_i), row_o)
+        out = gl.convert_layout((acc * inv_l[:, None]).to(O.dtype.element_ty), store_layout)
+        rows = m0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, store_layout))
+        cols = gl.arange(0, HEAD_DV, layout=gl.SliceLayout(0, store_layout))
+        o_ptrs = O + b * stride_ob + h * stride_oh + rows[:, None] * stride_os + cols[None, :]
+        gl.store(o_ptrs, out, mask=(rows < seqlen_q)[:, None])
+        gl.store(LSE + b * stride_lb + h * stride_lh + q_pos * stride_ls, lse, mask=q_pos < seqlen_q)
         qb = w % Q_BUFS
         mbarrier.wait(q_ready.index(qb), (w // Q_BUFS) & 1)
         t = _read_item(items.index(qb), 4)
 
 
 @gluon.jit
-def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, WS_O, WS_L, whole, tail_units, seqlen_q, seqlen_k,
-                         heads_q, group, n_bh, head_chunk,
+def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, seqlen_q, seqlen_k, heads_q, group, n_bh,
+                         head_chunk,
                          stride_qh, stride_kh, stride_vh,
                          stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls, qk_scale_log2,
                          BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, HEAD_DV: gl.constexpr,
                          STAGES: gl.constexpr, Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr,
                          PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr, WGS: gl.constexpr):
-    """Persistent: each program runs work items until none is left (`_next_item`), then its share of the tail
-    (`split_tail`: `whole` items first, then `tail_units` key tiles). COUNTER is zeroed int32s: the item
-    counter, then a flag per consumer warpgroup of each tail item; WS_O / WS_L hold cut items' parts."""
+    """Persistent: each program runs work items until none is left (`_next_item`); COUNTER is a zeroed int32."""
     n_m = gl.cdiv(seqlen_q, WGS * ROWS)
     dtype: gl.constexpr = q_desc.dtype
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, HEAD_D], dtype)
@@ -545,12 +420,12 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, WS_O, WS_L, wh
         mbarrier.init(v_ready.index(i), count=1)
         mbarrier.init(v_empty.index(i), count=WGS)
 
-    shared = (q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, O, LSE, WS_O, WS_L,
-              COUNTER + 1, whole, tail_units, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k,
-              qk_scale_log2, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls, turn)
+    shared = (q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, O, LSE, n_m, n_bh,
+              head_chunk, heads_q, group, seqlen_q, seqlen_k, qk_scale_log2, stride_ob, stride_os, stride_oh,
+              stride_lb, stride_lh, stride_ls, turn)
     producer = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready,
-                v_empty, COUNTER, whole, tail_units, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k,
-                stride_qh, stride_kh, stride_vh)
+                v_empty, COUNTER, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, stride_qh, stride_kh,
+                stride_vh)
     # The tuples above hold no constexpr (a tuple in a variable does not keep them); those go in literally.
     if WGS == 2:
         gl.warp_specialize([
@@ -605,19 +480,6 @@ def attention_forward_sm90(q, k, v, out, lse, *, causal, softmax_scale, views=No
     attn_fwd_sm90_kernel[grid](*args, **meta)
 
 
-def split_tail(n_items, tiles, programs):
-    """(whole, tail_units) for an unmasked call of n_items equal work items of `tiles` key tiles on `programs`
-    programs. Taken whole, the last round of items leaves programs idle (2048 items on 132 SMs: 15.5 rounds
-    run as 16). Instead the first `whole` items go out whole, and the rest (between one and two rounds of
-    them, so that no item is cut twice) as tail_units key tiles in equal consecutive shares, one per program:
-    an item cut between two programs is finished by the second, which hands its rows to the first to merge.
-    (n_items, 0) where there is less than two rounds of items or a single key tile."""
-    if n_items < 2 * programs or tiles < 2:
-        return n_items, 0
-    whole = (n_items // programs - 1) * programs
-    return whole, (n_items - whole) * tiles
-
-
 def choose_tiles(d, causal, seqlen_q):
     """`_TILES[d]`, or `_WIDE_TILES[d]` for a long call."""
     wide = d in _WIDE_TILES and seqlen_q >= (WIDE_MIN_ROWS_CAUSAL if causal else WIDE_MIN_ROWS)
@@ -641,21 +503,13 @@ def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpon
 
     vq, vk, vv = views or (_view3(q), _view3(k), _view3(v))
     n_m = triton.cdiv(seqlen_q, wgs * _ROWS)
-    n_items = batch * heads_q * n_m
-    grid = (min(n_items, num_sms(q.device)),)
-    whole, tail_units = (n_items, 0) if causal else split_tail(n_items, triton.cdiv(seqlen_k, block_n), grid[0])
-    # The item counter, then, when the tail is split, a flag per consumer warpgroup of each tail item.
-    parts = (n_items - whole) * wgs if tail_units else 0
-    counter = torch.zeros(1 + parts, dtype=torch.int32, device=q.device)
-    ws_o = ws_l = lse
-    if tail_units:
-        ws_o = torch.empty(parts * _ROWS, d, dtype=torch.float32, device=q.device)
-        ws_l = torch.empty(parts * _ROWS, dtype=torch.float32, device=q.device)
+    grid = (min(batch * heads_q * n_m, num_sms(q.device)),)
+    counter = torch.zeros(1, dtype=torch.int32, device=q.device)      # items handed out past the first grid
     chunk = 1
     if causal:                    # query heads whose K/V fit in L2_BUDGET
         chunk = max(1, L2_BUDGET // (seqlen_k * 2 * d * k.element_size())) * (heads_q // heads_k)
-    args = (desc(q, vq, _ROWS), desc(k, vk, block_n), desc(v, vv, block_n), out, lse, counter, ws_o, ws_l, whole,
-            tail_units, seqlen_q, seqlen_k, heads_q, heads_q // heads_k, batch * heads_q, chunk, q.stride(2), k.stride(2), v.stride(2),
+    args = (desc(q, vq, _ROWS), desc(k, vk, block_n), desc(v, vv, block_n), out, lse, counter, seqlen_q,
+            seqlen_k, heads_q, heads_q // heads_k, batch * heads_q, chunk, q.stride(2), k.stride(2), v.stride(2),
             out.stride(0), out.stride(1), out.stride(2), *lse.stride(), softmax_scale * LOG2E)
     meta = dict(BLOCK_N=block_n, HEAD_D=d, HEAD_DV=d, STAGES=stages, Q_BUFS=q_bufs, CAUSAL=causal,
                 PINGPONG=pingpong, CONSUMER_REGS=regs, WGS=wgs, num_warps=4)
