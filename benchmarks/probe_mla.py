@@ -10,6 +10,7 @@ against the portable `triton.language` one. For tuning; `fmha bench mla` is the 
     PYTHONPATH=src python3 benchmarks/probe_mla.py --lse-copy   # sparse decode: LSE in place vs copied after
     PYTHONPATH=src python3 benchmarks/probe_mla.py --lengths    # sparse decode: topk_length read in the kernel
     PYTHONPATH=src python3 benchmarks/probe_mla.py --tile-sweep # V4 sparse decode: time per token and per tile
+    PYTHONPATH=src python3 benchmarks/probe_mla.py --loader-sweep   # V4: the loading warpgroup by rule / on / off
 
 `--versions` times other copies of `kernels/mla_decode_sm90.py` (e.g. `git show REV:src/fmha/kernels/mla_decode_sm90.py
 > /tmp/base.py`) beside the package's own, in the same process and interleaved, each checked against the package's
@@ -188,6 +189,23 @@ def run_patched(out, variants, cases, rounds=4):
         save_sweep(out, rows)
 
 
+def _v4_cases(extras):
+    """The V4 FP8 sparse decode rows of `fmha bench sparse` with the extra source's topk swept (`extras`), as
+    `_dense_case` returns them."""
+    for case in SPARSE_DECODE_CASES[2:]:
+        for extra_topk in extras:
+            name, b, hq, sq, d, layout, topk, page, _, extra_page = case
+            case_x = (name, b, hq, sq, d, layout, topk, page, extra_topk, extra_page)
+            q, cache, lens, sink, kw = sparse_decode_inputs(case_x, torch.Generator(device="cuda").manual_seed(0))
+            meta, splits = ours_mla.get_mla_metadata(lens, sq * hq, 1, num_heads_q=hq, topk=topk, is_fp8_kvcache=True)
+            run = lambda: ours_mla.flash_mla_with_kvcache(q, cache, None, lens, 512, meta, splits,  # noqa: E731
+                                                          attn_sink=sink, **kw)
+            selected = topk + extra_topk
+            yield (dict(case=name, b=b, hq=hq, sq=sq, extra_topk=extra_topk), run,
+                   2 * b * sq * hq * selected * (d + 512),
+                   b * sq * selected * cache.shape[-1] + (q.numel() + b * sq * hq * 512) * 2, bench_gpu_graph)
+
+
 def run_tile_sweep(out, extras=(256, 512, 1024, 2048)):
     """Where a V4 sparse call's time goes, per token and per tile: the V4 FP8 rows (h_q 64 and 128, b 64 and
     128) with the extra source's topk swept (`extras`); microseconds per call, the tokens each part runs and
@@ -231,6 +249,8 @@ def main():
     p.add_argument("--lse-copy", action="store_true",
                    help="sparse decode: the LSE written in place against per-token rows and a copy kernel")
     p.add_argument("--tile-sweep", action="store_true", help="V4 sparse decode: time against the extra topk")
+    p.add_argument("--loader-sweep", action="store_true",
+                   help="V4 sparse decode over the extra topk: model1's loading warpgroup by rule, always, never")
     p.add_argument("--lengths", action="store_true",
                    help="sparse decode with topk_length: read in the kernel against the host's former ops")
     args = p.parse_args()
@@ -241,6 +261,12 @@ def main():
                            sparse_decode)
     if args.tile_sweep:
         return run_tile_sweep(args.out)
+    if args.loader_sweep:
+        # model1 with and without the loading warpgroup, against the package's rule, over token rows of 10-34 tiles.
+        m = fmha.kernels.mla_decode_sm90
+        return run_patched(args.out, {"rule": {}, "loader": {(m, "MODEL1_LOADER_TILES"): 0},
+                                      "no_loader": {(m, "MODEL1_LOADER_TILES"): 1 << 30}},
+                           _v4_cases((256, 512, 1024, 2048)))
     if args.lengths:
         old = _old_length_ops(ours_mla._sparse_inputs)
         return run_patched(args.out, {"in_kernel": {}, "host_ops": {(ours_mla, "_sparse_inputs"): old}},

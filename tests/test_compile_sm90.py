@@ -234,7 +234,7 @@ GLUON_MLA_SCRIPT = textwrap.dedent('''
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
     from fmha.kernels import mla_decode_sm90 as M
-    causal, sinks, dt, sparse, rope, fp8, extra = json.loads(sys.argv[1])
+    causal, sinks, dt, sparse, rope, fp8, extra, loader = json.loads(sys.argv[1])
     el = gl.bfloat16 if dt == "bf16" else gl.float16
 
     def desc(rows, d, name=dt, e=el):
@@ -242,7 +242,8 @@ GLUON_MLA_SCRIPT = textwrap.dedent('''
         return f"tensordesc<{name}[1,{rows},{d}],{layout!r}>"
     # sparse: the token-sparse prefill form (cp.async gathers, no key descriptors, max_logits written).
     consts = dict(CAUSAL=causal, HAS_SINKS=sinks, SPARSE=sparse, FP8=fp8, HAS_MAX=sparse and not fp8, HAS_ROPE=rope,
-                  EXTRA=extra, CONSUMER_REGS=M.CONSUMER_REGS, PRODUCER_CONSUMER_REGS=M.PRODUCER_CONSUMER_REGS)
+                  EXTRA=extra, LOADER=loader, CONSUMER_REGS=M.CONSUMER_REGS,
+                  PRODUCER_CONSUMER_REGS=M.PRODUCER_CONSUMER_REGS.get({1: "v32", 2: "model1"}.get(fp8), 0))
     ptrs = dict(q_lat_desc=desc(64, 256), q_rope_desc=desc(64, 64), k_lat_desc=desc(64, 256),
                 k_rope_desc=desc(64, 64), o_desc=desc(64, 256), o_part_desc=desc(64, 256, "fp32", gl.float32),
                 LSE="*fp32", LSE_PART="*fp32", SCHED="*i32", SEQLENS="*i32", SPLIT_OFFSETS="*i32", SINKS="*fp32",
@@ -280,20 +281,22 @@ GLUON_MLA_SCRIPT = textwrap.dedent('''
 
 
 @pytest.mark.cpu
-# (causal, sinks, dtype, sparse, RoPE part, FP8 layout (1 V3.2, 2 model1), second source)
-@pytest.mark.parametrize("case", [(False, False, "bf16", False, True, 0, False),
-                                  (True, True, "fp16", False, True, 0, False),
-                                  (False, True, "bf16", True, True, 0, False),
-                                  (False, False, "bf16", True, False, 0, False),
-                                  (False, True, "bf16", True, True, 1, False),
-                                  (True, False, "bf16", False, True, 1, False),
-                                  (False, True, "bf16", True, False, 2, True),
-                                  (True, False, "bf16", False, False, 2, False)],
+# (causal, sinks, dtype, sparse, RoPE part, FP8 layout (1 V3.2, 2 model1), second source, loading warpgroup)
+@pytest.mark.parametrize("case", [(False, False, "bf16", False, True, 0, False, False),
+                                  (True, True, "fp16", False, True, 0, False, False),
+                                  (False, True, "bf16", True, True, 0, False, False),
+                                  (False, False, "bf16", True, False, 0, False, False),
+                                  (False, True, "bf16", True, True, 1, False, True),
+                                  (True, False, "bf16", False, True, 1, False, True),
+                                  (False, True, "bf16", True, False, 2, True, False),
+                                  (False, True, "bf16", True, False, 2, True, True),
+                                  (True, False, "bf16", False, False, 2, False, False)],
                          ids=["mla-bf16", "mla-causal-sinks-fp16", "sparse-sinks", "sparse-d512", "sparse-fp8-v32",
-                              "paged-fp8-v32-causal", "sparse-fp8-model1-extra", "paged-fp8-model1"])
+                              "paged-fp8-v32-causal", "sparse-fp8-model1-extra", "sparse-fp8-model1-extra-loader",
+                              "paged-fp8-model1"])
 def test_gluon_mla_compiles_for_sm90(case):
     """The Gluon MLA decode kernel for sm_90: two consumer warpgroups (8 warps, so 255 registers a thread), and
-    with V3.2's FP8 cache a loading warpgroup as the default partition (12 warps), wgmma that ptxas does not
+    with a loading warpgroup (V3.2's FP8 cache; model1's on long token rows) as the default partition (12 warps), wgmma that ptxas does not
     serialise (C7512 for want of registers is what a consumer as the default partition beside a third warpgroup
     causes; any C751x), TMA-store epilogue, shared memory within the H100 limit. The token-sparse and FP8 forms
     (V3.2's and model1's layouts, model1 with V4's second source) gather keys with cp.async copies, each thread
@@ -304,8 +307,21 @@ def test_gluon_mla_compiles_for_sm90(case):
     assert proc.returncode == 0, proc.stderr[-3000:]
     info = json.loads(proc.stdout.strip().splitlines()[-1])
     assert info["wgmma"] and info["tma_store"], info
-    assert info["warps"] == (12 if case[5] == 1 else 8), info
+    assert info["warps"] == (12 if case[7] else 8), info
     gather = bool(case[3] or case[5])
     assert (info["gathers"] > 0 and info["arrives"] > 0) == gather, info
     assert not info["serialized"], f"ptxas serialised the wgmmas: {info['serialized']}"
     assert info["shared"] <= 232448, f"shared memory {info['shared']} over the H100 limit"
+
+
+@pytest.mark.cpu
+def test_gluon_mla_loader_choice():
+    """The loading warpgroup: every V3.2 FP8 call; model1 sparse calls with long token rows (V4 h_q = 128's 1152
+    keys, not h_q = 64's 640); never the bf16/fp16 forms nor a paged model1 call."""
+    from fmha.kernels.mla_decode_sm90 import MODEL1_LOADER_TILES, uses_loader
+    assert uses_loader("v32", True, 64) and uses_loader("v32", False, 0)
+    assert uses_loader("model1", True, 128 + 1024) and not uses_loader("model1", True, 128 + 512)
+    assert uses_loader("model1", True, 64 * MODEL1_LOADER_TILES)
+    assert not uses_loader("model1", True, 64 * MODEL1_LOADER_TILES - 64)
+    assert not uses_loader("model1", False, 1 << 20)
+    assert not any(uses_loader(None, sparse, 1 << 20) for sparse in (False, True))

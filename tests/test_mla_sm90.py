@@ -138,6 +138,18 @@ def test_gluon_extra_kv_source(gluon_calls, with_sink, layout):
     assert gluon_calls
 
 
+@pytest.mark.parametrize("case", ["sparse", "extra", "extra-sink"])
+def test_gluon_model1_loader(gluon_calls, monkeypatch, case):
+    """model1's sparse calls through the loading warpgroup, which its rule gives only long token rows (the
+    cases above are short: their calls keep their own loads), forced on here for the same cases."""
+    monkeypatch.setattr(mla_decode_sm90, "MODEL1_LOADER_TILES", 0)
+    if case == "sparse":
+        test_mla.test_fp8_kvcache(("cuda", torch.bfloat16), "model1", True)
+    else:
+        test_mla.test_extra_kv_source(("cuda", torch.bfloat16), case == "extra-sink", "model1")
+    assert gluon_calls
+
+
 @pytest.mark.parametrize("page_size", [64, 61])
 def test_gluon_fp8_sparse_decode_h128(gluon_calls, page_size):
     """The V3.2 benchmark's shape at small scale: h_q = 128, s_q = 2 (two 64-row blocks per token, tokens split

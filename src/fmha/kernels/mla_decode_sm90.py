@@ -13,7 +13,8 @@ it computes the 64 x 64 x 576 score tile twice, once per warpgroup.
 One program owns 64 packed query rows and one part of the key blocks (`schedule.plan_mla`, the same plan and
 partial-result layout as the portable kernel, merged by `combine.py`). Two warpgroups, each owning 256 of the
 512 output columns (a 64 x 256 fp32 accumulator). The consumers issue their own loads, except with V3.2's FP8
-cache, where a third warpgroup (`_producer`) issues every gather (see "Loading warpgroup" below).
+cache and model1's on long token rows, where a third warpgroup (`_producer`) issues every gather (see "Loading
+warpgroup" below).
 
 Key tiles (64 keys x 576 columns) go in pairs: warpgroup 0 computes the scores of the first tile of a pair,
 warpgroup 1 those of the second, so no score is computed twice and both run their Q·Kᵀ at the same time. The
@@ -48,13 +49,14 @@ tile wholly one source's (`_source` picks its fields without a branch, so the ga
 index row (or block-table entries) a gather reads is staged in shared memory a tile pair ahead by cp.async
 (`_stage_keys`), so its load's latency hides behind that pair instead of stalling the issuing warpgroup.
 
-Loading warpgroup (V3.2's FP8 cache only). A third warpgroup is possible when it is Triton's default partition and
-the consumers are both workers (their setmaxnreg then lets ptxas keep a 64 x 256 accumulator without serialising the
-wgmmas); the three share 3 x 168 registers a thread, 216 each for the consumers. It walks the same pieces, loads Q
-and gathers each part of each tile as soon as the consumers release the part's slot (`_release`, at the points
-where they would otherwise issue the load), so the consumers keep only the dequantisation and the math. It measured
-+3% on V3.2's sparse decode rows, and level or slower on model1 (V4) and the bf16 gathers, which keep their own
-loads. Dequantising in it as well was slower on every row: one warpgroup's 128 threads do the work the two
+Loading warpgroup (FP8 caches: V3.2's always, model1's where a token's row is long; `uses_loader`). A third
+warpgroup is possible when it is Triton's default partition and the consumers are both workers (their setmaxnreg then
+lets ptxas keep a 64 x 256 accumulator without serialising the wgmmas); the three share 3 x 168 registers a thread
+(`PRODUCER_CONSUMER_REGS` each for the consumers). It walks the same pieces, loads Q and gathers each part of each
+tile as soon as the consumers release the part's slot (`_release`, at the points where they would otherwise issue
+the load), so the consumers keep only the dequantisation and the math. It measured +3% on V3.2's sparse decode rows
+and +2% on model1's at h_q = 128 (18 key tiles a token); with 10 tiles a token (h_q = 64) it lost up to 3%, and the
+bf16 gathers (the sparse prefill) lost 6-21%: those keep their own loads. Dequantising in it as well was slower on every row: one warpgroup's 128 threads do the work the two
 consumers' 256 did, and it stalls on every gather it must wait for (benchmarks/NOTES.md, twenty-third session).
 
 A paged bf16/fp16 cache may hold anything (NaN included) past a sequence's end; the last tile's rows there are
@@ -106,9 +108,14 @@ KIDX = gl.constexpr(8)            # the producer's staged index rows: tile t's i
 # and this kernel still read 4-6% faster than the portable transposed one (h_q=16, s_q=1, b=128, s_k 4k-16k).
 MIN_ROWS = 16
 CONSUMER_REGS = 240               # the worker warpgroup's setmaxnreg (8 warps: 255 registers anyway)
-# With a loading warpgroup (V3.2's FP8 cache, `_producer`) the three share 3 x 168 registers a thread: the consumers
-# get this many, the loader the rest (72). 208 / 224 measured 2% / 2-10% slower on the V3.2 sparse decode rows.
-PRODUCER_CONSUMER_REGS = 216
+# With a loading warpgroup (`_producer`) the three share 3 x 168 registers a thread: the consumers get this many,
+# the loader the rest. V3.2's FP8 cache: 216 (the loader 72); 208 / 224 measured 2% / 2-10% slower on the V3.2
+# sparse decode rows. model1 (V4): 208 (the loader 88); 216 lost 6-8% there (NOTES.md, twenty-third session).
+PRODUCER_CONSUMER_REGS = {"v32": 216, "model1": 208}
+# model1 sparse calls whose query tokens have at least this many key tiles take the loading warpgroup: it gains
+# where a token's pairs outweigh the piece boundary it lengthens (V4 h_q = 128, 18 tiles a token: +2%), and
+# loses where they do not (h_q = 64, 10 tiles: up to -3%).
+MODEL1_LOADER_TILES = 16
 
 
 @gluon.jit
@@ -945,14 +952,15 @@ def mla_decode_sm90_kernel(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_d
                            main_span, main_topk, x_page_size, x_bound, stride_xt, stride_xp, stride_xs, stride_xrp,
                            stride_xrs, CAUSAL: gl.constexpr, HAS_SINKS: gl.constexpr, SPARSE: gl.constexpr,
                            FP8: gl.constexpr, HAS_MAX: gl.constexpr, HAS_ROPE: gl.constexpr, EXTRA: gl.constexpr,
-                           CONSUMER_REGS: gl.constexpr, PRODUCER_CONSUMER_REGS: gl.constexpr):
+                           LOADER: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                           PRODUCER_CONSUMER_REGS: gl.constexpr):
     """Grid: parts x query blocks of 64 packed rows, part-major; a single KV head. Two consumer warpgroups, plus the
     loading warpgroup with V3.2's FP8 cache (the module docstring). A consumer as the default partition beside a
     third warpgroup would run at 168 registers (65536 / 384), and ptxas then serialises the
     wgmmas of a 64 x 256 fp32 accumulator kernel."""
     dtype: gl.constexpr = q_lat_desc.dtype
     GATHER: gl.constexpr = SPARSE or (FP8 != 0)
-    PRODUCER: gl.constexpr = FP8 == V32            # a loading warpgroup (`_producer`)
+    PRODUCER: gl.constexpr = LOADER                # a loading warpgroup (`_producer`)
     ROPE_PART: gl.constexpr = HAS_ROPE or (FP8 == MODEL1)      # model1's RoPE values land in the RoPE slot
     half_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, HALF], dtype)
     rope_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, DT], dtype)
@@ -1128,11 +1136,22 @@ def mla_decode_forward_sm90(views, q_lat, q_rope, kv_lat, k_rope, block_table, c
             *((max_logits.stride(0), max_logits.stride(1)) if max_logits is not None else (0, 0)),
             x_sizes[0], block_table.shape[-1], *x_sizes[1:])
     grid = (metadata.shape[0] * triton.cdiv(rows_per_k, rows),)
+    row_keys = main_span + x_table.shape[-1] if extra is not None else block_table.shape[-1]
+    loader = uses_loader(fp8_layout, sparse, row_keys)
     mla_decode_sm90_kernel[grid](*args, CAUSAL=causal, HAS_SINKS=sinks is not None, SPARSE=sparse,
                                  FP8={None: 0, "v32": V32.value, "model1": MODEL1.value}[fp8_layout],
                                  HAS_MAX=max_logits is not None, HAS_ROPE=rope, EXTRA=extra is not None,
-                                 CONSUMER_REGS=CONSUMER_REGS, PRODUCER_CONSUMER_REGS=PRODUCER_CONSUMER_REGS,
-                                 num_warps=4)
+                                 LOADER=loader, CONSUMER_REGS=CONSUMER_REGS,
+                                 PRODUCER_CONSUMER_REGS=PRODUCER_CONSUMER_REGS.get(fp8_layout, 0), num_warps=4)
+
+
+def uses_loader(fp8_layout, sparse, row_keys):
+    """Whether a call takes the loading warpgroup (`_producer`): every V3.2 FP8 call; model1 sparse calls whose
+    query tokens' planned rows (`row_keys` keys, the second source's included) have at least MODEL1_LOADER_TILES
+    key tiles. The bf16/fp16 forms never (the sparse prefill lost 6-21% with it)."""
+    if fp8_layout == "v32":
+        return True
+    return fp8_layout == "model1" and sparse and triton.cdiv(row_keys, BLOCK_N.value) >= MODEL1_LOADER_TILES
 
 
 assert SCHED_BLOCK == BLOCK_N.value, "a key tile is one scheduling block"
