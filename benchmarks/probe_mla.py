@@ -180,13 +180,13 @@ def run_patched(out, variants, cases, rounds=4):
         for v in names[1:]:
             row[f"{names[0]}_vs_{v}"] = row[f"{names[0]}_tflops"] / row[f"{v}_tflops"]
         rows.append(row)
-        label = " ".join(f"{k}={v}" for k, v in row.items() if k in ("case", "b", "sk", "hq", "sq"))
+        label = " ".join(f"{k}={v}" for k, v in row.items() if k in ("case", "b", "sk", "hq", "sq", "extra_topk"))
         print(f"{label}: " + ", ".join(f"{v} {row[f'{v}_tflops']:.1f}" for v in names) + " TFLOP/s ("
               + ", ".join(f"{row[f'{names[0]}_vs_{v}']:.3f}x {v}" for v in names[1:]) + ")", flush=True)
         del run, outs
         torch.cuda.empty_cache()
-    if out:
-        save_sweep(out, rows)
+        if out:                   # after every row: a run cut short by its time limit keeps what it measured
+            save_sweep(out, rows)
 
 
 def _v4_cases(extras):
@@ -251,6 +251,8 @@ def main():
     p.add_argument("--tile-sweep", action="store_true", help="V4 sparse decode: time against the extra topk")
     p.add_argument("--loader-sweep", action="store_true",
                    help="V4 sparse decode over the extra topk: model1's loading warpgroup by rule, always, never")
+    p.add_argument("--extras", type=int, nargs="*", default=[256, 512, 1024, 2048],
+                   help="--loader-sweep: the extra source's topk values")
     p.add_argument("--lengths", action="store_true",
                    help="sparse decode with topk_length: read in the kernel against the host's former ops")
     args = p.parse_args()
@@ -266,7 +268,7 @@ def main():
         m = fmha.kernels.mla_decode_sm90
         return run_patched(args.out, {"rule": {}, "loader": {(m, "MODEL1_LOADER_TILES"): 0},
                                       "no_loader": {(m, "MODEL1_LOADER_TILES"): 1 << 30}},
-                           _v4_cases((256, 512, 1024, 2048)))
+                           _v4_cases(args.extras))
     if args.lengths:
         old = _old_length_ops(ours_mla._sparse_inputs)
         return run_patched(args.out, {"in_kernel": {}, "host_ops": {(ours_mla, "_sparse_inputs"): old}},
