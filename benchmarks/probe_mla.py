@@ -51,23 +51,30 @@ def _dense_case(b, sk, hq, sq):
             b * sk * 576 * 2 + q.numel() * 2 + b * sq * hq * 512 * 2, bench_gpu_graph)
 
 
+def _sparse_decode_case(case, lengths=False):
+    """One `fmha bench sparse` decode row (`SPARSE_DECODE_CASES`' form) as `_dense_case` returns it: the benchmark's
+    inputs and FLOP / byte counts. `lengths`: the call also passes topk_length (and extra_topk_length), each the
+    full topk."""
+    name, b, hq, sq, d, layout, topk, page, extra_topk, extra_page = case
+    q, cache, lens, sink, kw = sparse_decode_inputs(case, torch.Generator(device="cuda").manual_seed(0))
+    if lengths:
+        kw["topk_length"] = torch.full((b,), topk, dtype=torch.int32, device="cuda")
+        if extra_topk:
+            kw["extra_topk_length"] = torch.full((b,), extra_topk, dtype=torch.int32, device="cuda")
+    meta, splits = ours_mla.get_mla_metadata(lens, sq * hq, 1, num_heads_q=hq, topk=topk, is_fp8_kvcache=True)
+    run = lambda: ours_mla.flash_mla_with_kvcache(q, cache, None, lens, 512, meta, splits,  # noqa: E731
+                                                  attn_sink=sink, **kw)
+    selected = topk + extra_topk
+    return (dict(case=name, b=b, hq=hq, sq=sq, d=d), run, 2 * b * sq * hq * selected * (d + 512),
+            b * sq * selected * cache.shape[-1] + (q.numel() + b * sq * hq * 512) * 2, bench_gpu_graph)
+
+
 def _sparse_cases(decode_rows=slice(None, None, 2), prefill=True, lengths=False):
     """`fmha bench sparse`'s decode rows (`decode_rows` of them: the b=64 ones by default) and its first two prefill
-    rows, as `_dense_case` returns them (the same inputs and FLOP / byte counts as the benchmark). `lengths`: the
-    decode calls also pass topk_length (and extra_topk_length), each the full topk."""
+    rows, as `_dense_case` returns them (the same inputs and FLOP / byte counts as the benchmark). `lengths`: as
+    `_sparse_decode_case`."""
     for case in SPARSE_DECODE_CASES[decode_rows]:
-        name, b, hq, sq, d, layout, topk, page, extra_topk, extra_page = case
-        q, cache, lens, sink, kw = sparse_decode_inputs(case, torch.Generator(device="cuda").manual_seed(0))
-        if lengths:
-            kw["topk_length"] = torch.full((b,), topk, dtype=torch.int32, device="cuda")
-            if extra_topk:
-                kw["extra_topk_length"] = torch.full((b,), extra_topk, dtype=torch.int32, device="cuda")
-        meta, splits = ours_mla.get_mla_metadata(lens, sq * hq, 1, num_heads_q=hq, topk=topk, is_fp8_kvcache=True)
-        run = lambda: ours_mla.flash_mla_with_kvcache(q, cache, None, lens, 512, meta, splits,  # noqa: E731
-                                                      attn_sink=sink, **kw)
-        selected = topk + extra_topk
-        yield (dict(case=name, b=b, hq=hq, sq=sq, d=d), run, 2 * b * sq * hq * selected * (d + 512),
-               b * sq * selected * cache.shape[-1] + (q.numel() + b * sq * hq * 512) * 2, bench_gpu_graph)
+        yield _sparse_decode_case(case, lengths)
     for case in SPARSE_PREFILL_CASES[:2] if prefill else ():
         name, sq, skv, hq, d, topk = case
         q, kv, indices = sparse_prefill_inputs(case, torch.Generator(device="cuda").manual_seed(0))
@@ -111,8 +118,8 @@ def run_versions(paths, out, unchecked=False, sparse=False, rounds=3, every_row=
                                       for name in times), flush=True)
         del run
         torch.cuda.empty_cache()
-    if out:
-        save_sweep(out, rows)
+        if out:                   # after every row, as `run_patched`
+            save_sweep(out, rows)
 
 
 def _old_lse_copy(real):
@@ -191,19 +198,12 @@ def run_patched(out, variants, cases, rounds=4):
 
 def _v4_cases(extras):
     """The V4 FP8 sparse decode rows of `fmha bench sparse` with the extra source's topk swept (`extras`), as
-    `_dense_case` returns them."""
+    `_dense_case` returns them (the row also names the extra topk)."""
     for case in SPARSE_DECODE_CASES[2:]:
         for extra_topk in extras:
-            name, b, hq, sq, d, layout, topk, page, _, extra_page = case
-            case_x = (name, b, hq, sq, d, layout, topk, page, extra_topk, extra_page)
-            q, cache, lens, sink, kw = sparse_decode_inputs(case_x, torch.Generator(device="cuda").manual_seed(0))
-            meta, splits = ours_mla.get_mla_metadata(lens, sq * hq, 1, num_heads_q=hq, topk=topk, is_fp8_kvcache=True)
-            run = lambda: ours_mla.flash_mla_with_kvcache(q, cache, None, lens, 512, meta, splits,  # noqa: E731
-                                                          attn_sink=sink, **kw)
-            selected = topk + extra_topk
-            yield (dict(case=name, b=b, hq=hq, sq=sq, extra_topk=extra_topk), run,
-                   2 * b * sq * hq * selected * (d + 512),
-                   b * sq * selected * cache.shape[-1] + (q.numel() + b * sq * hq * 512) * 2, bench_gpu_graph)
+            row, run, flops, nbytes, timer = _sparse_decode_case((*case[:8], extra_topk, case[9]))
+            row["extra_topk"] = extra_topk
+            yield row, run, flops, nbytes, timer
 
 
 def run_tile_sweep(out, extras=(256, 512, 1024, 2048)):
@@ -211,24 +211,18 @@ def run_tile_sweep(out, extras=(256, 512, 1024, 2048)):
     128) with the extra source's topk swept (`extras`); microseconds per call, the tokens each part runs and
     the key tiles of a token, for a straight-line fit of time against tiles (intercept: a token's fixed cost)."""
     rows = []
-    for case in SPARSE_DECODE_CASES[2:]:
-        for extra_topk in extras:
-            name, b, hq, sq, d, layout, topk, page, _, extra_page = case
-            case_x = (name, b, hq, sq, d, layout, topk, page, extra_topk, extra_page)
-            q, cache, lens, sink, kw = sparse_decode_inputs(case_x, torch.Generator(device="cuda").manual_seed(0))
-            meta, splits = ours_mla.get_mla_metadata(lens, sq * hq, 1, num_heads_q=hq, topk=topk)
-            run = lambda: ours_mla.flash_mla_with_kvcache(q, cache, None, lens, 512, meta, splits,  # noqa: E731
-                                                          attn_sink=sink, **kw)
-            _heat([run], 1.0)
-            t = sorted(bench_gpu_graph(run) for _ in range(3))[1]
-            parts = mla_num_parts(hq, 1, num_sms(q.device))
-            row = dict(case=name, b=b, hq=hq, extra_topk=extra_topk, us=t * 1e6, tokens_per_part=-(-b * sq // parts),
-                       tiles_per_token=(-(-topk // 64) * 64 + extra_topk) // 64,
-                       tflops=2 * b * sq * hq * (topk + extra_topk) * (d + 512) / t / 1e12)
-            rows.append(row)
-            print(row, flush=True)
-            del run, cache, q, kw
-            torch.cuda.empty_cache()
+    topk = SPARSE_DECODE_CASES[2][6]
+    for case, run, flops, _, timer in _v4_cases(extras):
+        _heat([run], 1.0)
+        t = sorted(timer(run) for _ in range(3))[1]
+        parts = mla_num_parts(case["hq"], 1, num_sms(torch.device("cuda")))
+        row = dict(case=case["case"], b=case["b"], hq=case["hq"], extra_topk=case["extra_topk"], us=t * 1e6,
+                   tokens_per_part=-(-case["b"] * case["sq"] // parts),
+                   tiles_per_token=(-(-topk // 64) * 64 + case["extra_topk"]) // 64, tflops=flops / t / 1e12)
+        rows.append(row)
+        print(row, flush=True)
+        del run
+        torch.cuda.empty_cache()
     if out:
         save_sweep(out, rows)
 
