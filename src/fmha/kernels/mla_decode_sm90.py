@@ -55,9 +55,10 @@ lets ptxas keep a 64 x 256 accumulator without serialising the wgmmas); the thre
 (`PRODUCER_CONSUMER_REGS` each for the consumers). It walks the same pieces, loads Q and gathers each part of each
 tile as soon as the consumers release the part's slot (`_release`, at the points where they would otherwise issue
 the load), so the consumers keep only the dequantisation and the math. It measured +3% on V3.2's sparse decode rows
-and +2% on model1's at h_q = 128 (18 key tiles a token); with 10 tiles a token (h_q = 64) it lost up to 3%, and the
-bf16 gathers (the sparse prefill) lost 6-21%: those keep their own loads. Dequantising in it as well was slower on every row: one warpgroup's 128 threads do the work the two
-consumers' 256 did, and it stalls on every gather it must wait for (benchmarks/NOTES.md, twenty-third session).
+and +2-3% on model1's at h_q = 128 (18 key tiles a token); with 10 tiles a token (h_q = 64) it lost up to 3%, and
+the bf16 gathers (the sparse prefill) lost 1-21%: those keep their own loads. Dequantising in it as well was slower
+on every row: one warpgroup's 128 threads do the work the two consumers' 256 did, and it stalls on every gather it
+must wait for (benchmarks/NOTES.md, twenty-third and twenty-fifth sessions).
 
 A paged bf16/fp16 cache may hold anything (NaN included) past a sequence's end; the last tile's rows there are
 zeroed in shared memory before they are used as values (0 · NaN would poison the output), each warpgroup its
@@ -955,7 +956,7 @@ def mla_decode_sm90_kernel(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_d
                            LOADER: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                            PRODUCER_CONSUMER_REGS: gl.constexpr):
     """Grid: parts x query blocks of 64 packed rows, part-major; a single KV head. Two consumer warpgroups, plus the
-    loading warpgroup with V3.2's FP8 cache (the module docstring). A consumer as the default partition beside a
+    loading warpgroup with LOADER (`uses_loader`, the module docstring). A consumer as the default partition beside a
     third warpgroup would run at 168 registers (65536 / 384), and ptxas then serialises the
     wgmmas of a 64 x 256 fp32 accumulator kernel."""
     dtype: gl.constexpr = q_lat_desc.dtype
@@ -1148,7 +1149,7 @@ def mla_decode_forward_sm90(views, q_lat, q_rope, kv_lat, k_rope, block_table, c
 def uses_loader(fp8_layout, sparse, row_keys):
     """Whether a call takes the loading warpgroup (`_producer`): every V3.2 FP8 call; model1 sparse calls whose
     query tokens' planned rows (`row_keys` keys, the second source's included) have at least MODEL1_LOADER_TILES
-    key tiles. The bf16/fp16 forms never (the sparse prefill lost 6-21% with it)."""
+    key tiles. The bf16/fp16 forms never (the sparse prefill lost 1-21% with it, NOTES.md)."""
     if fp8_layout == "v32":
         return True
     return fp8_layout == "model1" and sparse and triton.cdiv(row_keys, BLOCK_N.value) >= MODEL1_LOADER_TILES
