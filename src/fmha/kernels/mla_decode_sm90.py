@@ -970,8 +970,12 @@ def mla_decode_sm90_kernel(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_d
     k_lat = gl.allocate_shared_memory(dtype, [2 * STAGES, BLOCK_N, HALF], half_layout)
     k_rope = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, DT], rope_layout)
     # FP8: a latent half's e4m3 bytes land in the upper half of its own buffer (k_raw, index 2 * buffer + 1),
-    # its two scales per key beside it (k_scale, one buffer per latent buffer).
-    k_raw = k_lat._reinterpret(gl.uint8, [4 * STAGES, BLOCK_N, HALF], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    # its two scales per key beside it (k_scale, one buffer per latent buffer). Rows are 256 bytes apart, so
+    # without a swizzle the two rows that `_dequant`'s 16-byte reads take in one phase hit the same banks; the
+    # 64-byte chunks XORed by row % 4 put them apart (V3.2: a third of the shared-load wavefronts were conflicts,
+    # now none; V4 h_q = 128 +2.5%, V3.2 +0.6%: NOTES.md, twenty-fifth session). The gathers' writes stay whole
+    # 128-byte rows.
+    k_raw = k_lat._reinterpret(gl.uint8, [4 * STAGES, BLOCK_N, HALF], gl.SwizzledSharedLayout(64, 1, 4, [1, 0]))
     k_scale = gl.allocate_shared_memory(gl.uint8, [2 * STAGES if FP8 != 0 else 1, BLOCK_N, 8], SCALE_SMEM)
     rows_smem = gl.allocate_shared_memory(gl.float32, [6, ROWS], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     # Gathers: staged index rows (or block-table entries): without a producer two tiles a pair, two pairs
