@@ -78,8 +78,8 @@ PHASES = [("start", None, 14, 16), ("top", None, 16, 0), ("q_free", 0, 0, 1), ("
 def stamped_source():
     """The package's kernel with the stamps added to the consumers (an extra STAMP pointer after X_VALID in the
     kernel's arguments, at the end of the `outs` the consumers unpack; the launcher allocates it and keeps the last
-    one in STAMPS). Stamp 1 follows warpgroup 0's Q load (the Q-free wait and the TMA issue); with V3.2's loading
-    warpgroup the consumers issue no loads, so phases "q_free" and "issue" do not exist there."""
+    one in STAMPS). Stamp 1 follows warpgroup 0's Q load (the Q-free wait and the TMA issue); with the loading
+    warpgroup (`uses_loader`) the consumers issue no loads, so phases "q_free" and "issue" do not exist there."""
     src = open(own.__file__).read()
     anchor = "@gluon.jit\ndef _score_part("
     assert src.count(anchor) == 1

@@ -590,7 +590,7 @@ def _produce(kv, bufs, k_free, kidx, src, keys, n, t, PART: gl.constexpr, STAGE:
 @gluon.jit
 def _producer(descs, q_lat, q_rope, bufs, k_free, q_ready, q_free, kidx, outs, caches, sizes, SPARSE: gl.constexpr,
               FP8: gl.constexpr, HAS_ROPE: gl.constexpr, ROPE_PART: gl.constexpr, EXTRA: gl.constexpr):
-    """The loading warpgroup (V3.2's FP8 cache, paged or sparse): walks the program's pieces as the consumers do,
+    """The loading warpgroup (`uses_loader`: FP8 caches): walks the program's pieces as the consumers do,
     loads each piece's Q, and gathers every part of every key tile into the ring as soon as the consumers
     release it (`_release`), in the order they release them. The index rows are read a tile pair ahead. A
     piece's Q follows its first pair's gathers: those wait only for the last piece's tiles, Q for its outputs.
@@ -961,7 +961,6 @@ def mla_decode_sm90_kernel(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_d
     wgmmas of a 64 x 256 fp32 accumulator kernel."""
     dtype: gl.constexpr = q_lat_desc.dtype
     GATHER: gl.constexpr = SPARSE or (FP8 != 0)
-    PRODUCER: gl.constexpr = LOADER                # a loading warpgroup (`_producer`)
     ROPE_PART: gl.constexpr = HAS_ROPE or (FP8 == MODEL1)      # model1's RoPE values land in the RoPE slot
     half_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, HALF], dtype)
     rope_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, DT], dtype)
@@ -980,7 +979,7 @@ def mla_decode_sm90_kernel(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_d
     rows_smem = gl.allocate_shared_memory(gl.float32, [6, ROWS], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     # Gathers: staged index rows (or block-table entries): without a producer two tiles a pair, two pairs
     # (`_stage_keys`); with one, tile t's in slot t % KIDX.
-    KIDX_ROWS: gl.constexpr = KIDX if PRODUCER else 4
+    KIDX_ROWS: gl.constexpr = KIDX if LOADER else 4
     kidx = gl.allocate_shared_memory(gl.int32, [KIDX_ROWS, BLOCK_N], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     q_ready = q_bars.index(0)
@@ -993,7 +992,7 @@ def mla_decode_sm90_kernel(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_d
     k_ready = (_bars(STAGES, 128 if GATHER else 1), _bars(STAGES, 128 if GATHER else 1),
                _bars(STAGES, 128 if GATHER else 1))
     k_free = k_ready                  # unused without a producer
-    if PRODUCER:                      # a consumer released a part (`_release`)
+    if LOADER:                        # a consumer released a part (`_release`)
         k_free = (_bars(STAGES, 1), _bars(STAGES, 1), _bars(STAGES, 1))
     handoff = (_bar(1), _bar(1), _bar(1), _bar(1), _bar(1), _bar(1), _bar(1))
 
@@ -1006,7 +1005,7 @@ def mla_decode_sm90_kernel(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_d
               x_bound, stride_xt, stride_xp, stride_xs, stride_xrp, stride_xrs)
     sizes = (batch, seqlen_q, group, rows_per_k, qk_scale_log2, stride_lb, stride_lh, stride_ls, seq_tokens,
              stride_lps, stride_mb, stride_mh)
-    if PRODUCER:
+    if LOADER:                        # the loading warpgroup (`_producer`) as the default partition
         gl.warp_specialize([
             (_producer, (descs, q_lat, q_rope, bufs, k_free, q_ready, q_free, kidx, outs, caches, sizes, SPARSE, FP8,
                          HAS_ROPE, ROPE_PART, EXTRA)),
