@@ -11,6 +11,7 @@ against the portable `triton.language` one. For tuning; `fmha bench mla` is the 
     PYTHONPATH=src python3 benchmarks/probe_mla.py --lengths    # sparse decode: topk_length read in the kernel
     PYTHONPATH=src python3 benchmarks/probe_mla.py --tile-sweep # V4 sparse decode: time per token and per tile
     PYTHONPATH=src python3 benchmarks/probe_mla.py --loader-sweep   # V4: the loading warpgroup by rule / on / off
+    PYTHONPATH=src python3 benchmarks/probe_mla.py --hot        # scattered keys against one L2-hot tile
 
 `--versions` times other copies of `kernels/mla_decode_sm90.py` (e.g. `git show REV:src/fmha/kernels/mla_decode_sm90.py
 > /tmp/base.py`) beside the package's own, in the same process and interleaved, each checked against the package's
@@ -196,6 +197,73 @@ def run_patched(out, variants, cases, rounds=4):
             save_sweep(out, rows)
 
 
+def _hot_cases():
+    """Each `fmha bench sparse` row (decode and the first two prefill rows) and three dense h_q = 128 rows twice:
+    with the benchmark's inputs ("cold") and with every key tile reading the same 64 keys ("hot": the first
+    64 indices of the first token's row repeated, the second source's likewise; dense: every block-table entry
+    the first page), whose rows stay in L2. The same instructions run in both; the difference is what the
+    scattered reads cost in the memory system. Yields (row, {"cold": call, "hot": call}, flops, timer): decode
+    as CUDA-graph replays, prefill eagerly, as `fmha bench` times them."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+
+    def hot(idx):
+        lead = idx.reshape(-1, idx.shape[-1])[0, :64]
+        return lead.repeat(idx.shape[-1] // 64).expand(idx.shape).contiguous()
+
+    for case in SPARSE_DECODE_CASES:
+        name, b, hq, sq, d, layout, topk, page, extra_topk, extra_page = case
+        q, cache, lens, sink, kw = sparse_decode_inputs(case, g)
+        meta, splits = ours_mla.get_mla_metadata(lens, sq * hq, 1, num_heads_q=hq, topk=topk, is_fp8_kvcache=True)
+        kw_hot = dict(kw, indices=hot(kw["indices"]))
+        if extra_topk:
+            kw_hot["extra_indices_in_kvcache"] = hot(kw["extra_indices_in_kvcache"])
+        calls = {v: (lambda k=k: ours_mla.flash_mla_with_kvcache(q, cache, None, lens, 512, meta, splits,
+                                                                   attn_sink=sink, **k))
+                 for v, k in (("cold", kw), ("hot", kw_hot))}
+        yield (dict(case=name, b=b, hq=hq, sq=sq, d=d), calls, 2 * b * sq * hq * (topk + extra_topk) * (d + 512),
+               bench_gpu_graph)
+    for case in SPARSE_PREFILL_CASES[:2]:
+        name, sq, skv, hq, d, topk = case
+        q, kv, indices = sparse_prefill_inputs(case, g)
+        calls = {v: (lambda i=i: ours_mla.flash_mla_sparse_fwd(q, kv, i, d ** -0.5, 512))
+                 for v, i in (("cold", indices), ("hot", hot(indices)))}
+        yield dict(case=name, sq=sq, hq=hq, d=d), calls, 2 * sq * hq * topk * (d + 512), bench_gpu
+    for b, sk, hq, sq in VERSION_CASES[:3]:
+        torch.manual_seed(0)
+        q = torch.randn(b, sq, hq, 576, device="cuda", dtype=torch.bfloat16)
+        cache, table = paged_copy(64, torch.randn(b, sk, 1, 576, device="cuda", dtype=torch.bfloat16))
+        lens = torch.full((b,), sk, dtype=torch.int32, device="cuda")
+        meta, splits = ours_mla.get_mla_metadata(lens, sq * hq, 1)
+        hot_table = torch.full_like(table, table[0, 0].item())
+        calls = {v: (lambda t=t: ours_mla.flash_mla_with_kvcache(q, cache, t, lens, 512, meta, splits,
+                                                                   causal=sq > 1))
+                 for v, t in (("cold", table), ("hot", hot_table))}
+        yield (dict(case="dense", b=b, sk=sk, hq=hq, sq=sq), calls,
+               attention_flops(b, sq, sk, hq, 576, 512, causal=sq > 1), bench_gpu_graph)
+
+
+def run_hot(out, rounds=4):
+    """`_hot_cases`, each variant timed `rounds` times in alternating order (medians)."""
+    rows = []
+    for row, calls, flops, timer in _hot_cases():
+        times = {v: [] for v in calls}
+        _heat(list(calls.values()), 1.0)
+        for r in range(rounds):
+            for v in (list(calls) if r % 2 == 0 else list(calls)[::-1]):
+                times[v].append(timer(calls[v]))
+        for v, ts in times.items():
+            row[f"{v}_tflops"] = flops / sorted(ts)[len(ts) // 2] / 1e12
+        row["hot_vs_cold"] = row["hot_tflops"] / row["cold_tflops"]
+        rows.append(row)
+        print(" ".join(f"{k}={v}" for k, v in row.items() if not k.endswith("tflops") and k != "hot_vs_cold")
+              + f": cold {row['cold_tflops']:.1f} hot {row['hot_tflops']:.1f} TFLOP/s ({row['hot_vs_cold']:.3f}x)",
+              flush=True)
+        del calls
+        torch.cuda.empty_cache()
+        if out:
+            save_sweep(out, rows)
+
+
 def _v4_cases(extras):
     """The V4 FP8 sparse decode rows of `fmha bench sparse` with the extra source's topk swept (`extras`), as
     `_dense_case` returns them (the row also names the extra topk)."""
@@ -249,7 +317,11 @@ def main():
                    help="--loader-sweep: the extra source's topk values")
     p.add_argument("--lengths", action="store_true",
                    help="sparse decode with topk_length: read in the kernel against the host's former ops")
+    p.add_argument("--hot", action="store_true",
+                   help="sparse and dense rows with their keys scattered (as benchmarked) against one L2-hot tile")
     args = p.parse_args()
+    if args.hot:
+        return run_hot(args.out)
     sparse_decode = _sparse_cases(slice(None), prefill=False)
     if args.combine:
         # A no-op combine forced on by `runs_whole` returning False: split buffers made, the combine launched.
