@@ -242,22 +242,40 @@ def _hot_cases():
                attention_flops(b, sq, sk, hq, 576, 512, causal=sq > 1), bench_gpu_graph)
 
 
-def run_hot(out, rounds=4):
-    """`_hot_cases`, each variant timed `rounds` times in alternating order (medians)."""
+def _flat_cases():
+    """The V3.2 sparse decode rows twice: the cache as benchmarked (64-key pages) and the same bytes viewed as pages of
+    one key (the same flat positions; the kernel's page arithmetic then divides by 1)."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for case in SPARSE_DECODE_CASES[:2]:
+        name, b, hq, sq, d, layout, topk, page, extra_topk, extra_page = case
+        q, cache, lens, sink, kw = sparse_decode_inputs(case, g)
+        meta, splits = ours_mla.get_mla_metadata(lens, sq * hq, 1, num_heads_q=hq, topk=topk, is_fp8_kvcache=True)
+        flat = cache.view(-1, 1, 1, cache.shape[-1])
+        calls = {v: (lambda c=c: ours_mla.flash_mla_with_kvcache(q, c, None, lens, 512, meta, splits,
+                                                                   attn_sink=sink, **kw))
+                 for v, c in (("page64", cache), ("page1", flat))}
+        assert all(torch.equal(x, y) for x, y in zip(calls["page64"](), calls["page1"]()))
+        yield dict(case=name, b=b, hq=hq, sq=sq, d=d), calls, 2 * b * sq * hq * topk * (d + 512), bench_gpu_graph
+
+
+def run_hot(out, rounds=4, cases=None):
+    """`_hot_cases` (or `cases` of that form), each variant timed `rounds` times in alternating order (medians);
+    the second variant's speed over the first's as `<second>_vs_<first>`."""
     rows = []
-    for row, calls, flops, timer in _hot_cases():
-        times = {v: [] for v in calls}
+    for row, calls, flops, timer in cases or _hot_cases():
+        names = list(calls)
+        times = {v: [] for v in names}
         _heat(list(calls.values()), 1.0)
         for r in range(rounds):
-            for v in (list(calls) if r % 2 == 0 else list(calls)[::-1]):
+            for v in (names if r % 2 == 0 else names[::-1]):
                 times[v].append(timer(calls[v]))
         for v, ts in times.items():
             row[f"{v}_tflops"] = flops / sorted(ts)[len(ts) // 2] / 1e12
-        row["hot_vs_cold"] = row["hot_tflops"] / row["cold_tflops"]
+        ratio = f"{names[1]}_vs_{names[0]}"
+        row[ratio] = row[f"{names[1]}_tflops"] / row[f"{names[0]}_tflops"]
         rows.append(row)
-        print(" ".join(f"{k}={v}" for k, v in row.items() if not k.endswith("tflops") and k != "hot_vs_cold")
-              + f": cold {row['cold_tflops']:.1f} hot {row['hot_tflops']:.1f} TFLOP/s ({row['hot_vs_cold']:.3f}x)",
-              flush=True)
+        print(" ".join(f"{k}={v}" for k, v in row.items() if not k.endswith("tflops") and k != ratio) + ": "
+              + " ".join(f"{v} {row[f'{v}_tflops']:.1f}" for v in names) + f" TFLOP/s ({row[ratio]:.3f}x)", flush=True)
         del calls
         torch.cuda.empty_cache()
         if out:
@@ -319,9 +337,12 @@ def main():
                    help="sparse decode with topk_length: read in the kernel against the host's former ops")
     p.add_argument("--hot", action="store_true",
                    help="sparse and dense rows with their keys scattered (as benchmarked) against one L2-hot tile")
+    p.add_argument("--flat", action="store_true", help="V3.2 sparse decode: 64-key pages against 1-key pages")
     args = p.parse_args()
     if args.hot:
         return run_hot(args.out)
+    if args.flat:
+        return run_hot(args.out, cases=_flat_cases())
     sparse_decode = _sparse_cases(slice(None), prefill=False)
     if args.combine:
         # A no-op combine forced on by `runs_whole` returning False: split buffers made, the combine launched.

@@ -8,6 +8,7 @@ import sys
 import textwrap
 
 import pytest
+import torch
 
 SCRIPT = textwrap.dedent('''
     import inspect, json, sys
@@ -312,6 +313,25 @@ def test_gluon_mla_compiles_for_sm90(case):
     assert (info["gathers"] > 0 and info["arrives"] > 0) == gather, info
     assert not info["serialized"], f"ptxas serialised the wgmmas: {info['serialized']}"
     assert info["shared"] <= 232448, f"shared memory {info['shared']} over the H100 limit"
+
+
+@pytest.mark.cpu
+def test_gluon_mla_one_key_pages():
+    """A sparse call's cache whose pages follow each other is gathered as pages of one key: every flat position
+    `page * page_size + slot` names the same bytes in both views. Pages that do not follow (padded) stay as given."""
+    from fmha.kernels.mla_decode_sm90 import _one_key_pages
+    cache = torch.randn(5, 4, 1, 16)
+    lat, rope = _one_key_pages(cache[..., :12], cache[..., 12:])
+    assert lat.shape == (20, 1, 1, 12) and rope.shape == (20, 1, 1, 4)
+    for p in range(20):
+        key = cache[p // 4, p % 4]
+        assert torch.equal(lat[p, 0], key[:, :12]) and torch.equal(rope[p, 0], key[:, 12:])
+    assert lat.data_ptr() == cache.data_ptr() and rope.data_ptr() == cache[..., 12:].data_ptr()
+    one, none = _one_key_pages(cache, None)
+    assert one.shape == (20, 1, 1, 16) and none is None
+    padded = torch.randn(5, 6, 1, 16)[:, :4]
+    kept = _one_key_pages(padded[..., :12], padded[..., 12:])
+    assert kept[0] is not None and kept[0].shape == (5, 4, 1, 12) and kept[1].shape == (5, 4, 1, 4)
 
 
 @pytest.mark.cpu
