@@ -91,6 +91,10 @@ PART_R = gl.constexpr(1)
 PART_ROPE = gl.constexpr(2)
 # FP8 cache layouts (`_kv_fp8.py`): V3.2, 656 bytes a key: 512 e4m3 | 4 fp32 scales | 64 bf16 RoPE values;
 # model1 (V4), per page: 576-byte rows of 448 e4m3 | 64 bf16 RoPE values, then 8 bytes a key: 7 UE8M0 scales | pad.
+# SPARSE: 0 a paged (block-table) call, 1 token-sparse, SHIFTED token-sparse whose sources' page sizes are powers of
+# two, passed as their log2 (`_key_rows` shifts and masks instead of dividing: V4 +1-3%, NOTES.md twenty-sixth
+# session).
+SHIFTED = gl.constexpr(2)
 V32 = gl.constexpr(1)
 MODEL1 = gl.constexpr(2)
 MODEL1_NOPE = gl.constexpr(448)
@@ -339,6 +343,8 @@ def _key_rows(src, n, raw, layout: gl.constexpr, SPARSE: gl.constexpr):
     if SPARSE:
         ok = (k_pos < src[1]) & (raw >= 0) & (raw < src[2])
         token = gl.where(ok, raw, 0)
+        if SPARSE == SHIFTED:         # page_size holds log2 of the page size
+            return token >> page_size, token & ((1 << page_size) - 1), ok
         # Unsigned (token >= 0 here): no sign fix-ups in the division.
         page = (token.to(gl.uint32) // page_size.to(gl.uint32)).to(gl.int32)
         return page, token - page * page_size, ok
@@ -1091,6 +1097,10 @@ def row_alignment(*caches, model1=False):
     return align
 
 
+def _pow2(n):
+    return n > 0 and n & (n - 1) == 0
+
+
 def _one_key_pages(lat, rope):
     """A sparse call's cache (latent and RoPE views; rope may be None) whose pages follow each other in memory (page
     p + 1's first key where page p's last would be followed), viewed as pages of one key: a flat position
@@ -1155,9 +1165,14 @@ def mla_decode_forward_sm90(views, q_lat, q_rope, kv_lat, k_rope, block_table, c
         x_sizes = (main_span, x_lat.shape[1], x_lat.shape[0] * x_lat.shape[1], x_table.stride(0), *x_strides)
     else:
         x_args, x_sizes = (None, None, None, None), (1 << 30, 1, 0, 0, 0, 0, 0, 0)
+    # Page sizes of powers of two (above 1, which the JIT specialises on) go in as shifts (SHIFTED).
+    shifted = sparse and page_size > 1 and _pow2(page_size) and (extra is None or _pow2(x_sizes[1]))
+    if shifted:
+        x_sizes = (x_sizes[0], x_sizes[1].bit_length() - 1, *x_sizes[2:])
     args = (*descs, lse, lse_part, metadata, cache_seqlens, split_offsets, sinks, block_table, lat_base,
             second_base, valid_lens, max_logits, *x_args,
-            batch, seqlen_q, heads_q, rows_per_k, page_size, block_table.stride(0),
+            batch, seqlen_q, heads_q, rows_per_k, page_size.bit_length() - 1 if shifted else page_size,
+            block_table.stride(0),
             softmax_scale * LOG2E.value, lse.stride(0), lse.stride(1), lse.stride(2), batch // lse.shape[0],
             lse_part.stride(0), kv_lat.shape[0] * page_size, *strides,
             *((max_logits.stride(0), max_logits.stride(1)) if max_logits is not None else (0, 0)),
@@ -1165,7 +1180,8 @@ def mla_decode_forward_sm90(views, q_lat, q_rope, kv_lat, k_rope, block_table, c
     grid = (metadata.shape[0] * triton.cdiv(rows_per_k, rows),)
     row_keys = main_span + x_table.shape[-1] if extra is not None else block_table.shape[-1]
     loader = uses_loader(fp8_layout, sparse, row_keys)
-    mla_decode_sm90_kernel[grid](*args, CAUSAL=causal, HAS_SINKS=sinks is not None, SPARSE=sparse,
+    mla_decode_sm90_kernel[grid](*args, CAUSAL=causal, HAS_SINKS=sinks is not None,
+                                 SPARSE=SHIFTED.value if shifted else int(sparse),
                                  FP8={None: 0, "v32": V32.value, "model1": MODEL1.value}[fp8_layout],
                                  HAS_MAX=max_logits is not None, HAS_ROPE=rope, EXTRA=extra is not None,
                                  LOADER=loader, CONSUMER_REGS=CONSUMER_REGS,
