@@ -89,12 +89,12 @@ SCHED_FIELDS = gl.constexpr(_SCHED_FIELDS)
 PART_L = gl.constexpr(0)
 PART_R = gl.constexpr(1)
 PART_ROPE = gl.constexpr(2)
-# FP8 cache layouts (`_kv_fp8.py`): V3.2, 656 bytes a key: 512 e4m3 | 4 fp32 scales | 64 bf16 RoPE values;
-# model1 (V4), per page: 576-byte rows of 448 e4m3 | 64 bf16 RoPE values, then 8 bytes a key: 7 UE8M0 scales | pad.
 # SPARSE: 0 a paged (block-table) call, 1 token-sparse, SHIFTED token-sparse whose sources' page sizes are powers of
 # two, passed as their log2 (`_key_rows` shifts and masks instead of dividing: V4 +1-3%, NOTES.md twenty-sixth
 # session).
 SHIFTED = gl.constexpr(2)
+# FP8 cache layouts (`_kv_fp8.py`): V3.2, 656 bytes a key: 512 e4m3 | 4 fp32 scales | 64 bf16 RoPE values;
+# model1 (V4), per page: 576-byte rows of 448 e4m3 | 64 bf16 RoPE values, then 8 bytes a key: 7 UE8M0 scales | pad.
 V32 = gl.constexpr(1)
 MODEL1 = gl.constexpr(2)
 MODEL1_NOPE = gl.constexpr(448)
@@ -1108,7 +1108,7 @@ def _one_key_pages(lat, rope):
     page size for every key) folds away, page_size 1 being a value the JIT specialises on. V3.2's sparse decode
     +3% (NOTES.md, twenty-sixth session). Other caches (model1's pages end in their scale rows) as they are."""
     def pages_follow(t):
-        return t is None or t.shape[1] == 1 or t.stride(0) == t.shape[1] * t.stride(1)
+        return t is None or t.stride(0) == t.shape[1] * t.stride(1)
 
     def one_key(t):
         if t is None:
