@@ -365,14 +365,17 @@ def _gather_rows(base, stride_page, stride_slot, keys, dst, OFFSET: gl.constexpr
     A: gl.constexpr = ROW_ALIGN // ES
     rows = keys[0].to(gl.int64) * (stride_page // A) + keys[1] * (stride_slot // A)
     row = (base + (rows * A + OFFSET)).to(gl.pointer_type(dst.dtype))
-    # Column pieces of 8 x 16 bytes, then the rest, each copied with the key rows' thread mapping (8 threads a
-    # row), so the row pointers need no layout conversion (a mapping of other rows to threads goes through
-    # shared memory and a warpgroup barrier, three times a piece). A rest under 8 x 4 bytes is copied whole by one
-    # thread of its row (the layout repeats it over the row's 8 threads; Triton predicates the repeats off).
+    # The columns in whole pieces of 8 x 16 bytes, then the rest, each copied with the key rows' thread mapping (8
+    # threads a row), so the row pointers need no layout conversion (a mapping of other rows to threads goes through
+    # shared memory and a warpgroup barrier, three times a piece). The pieces go in one copy (a power of two of
+    # them, for its arange): Triton puts a warpgroup barrier between two copies into one allocation (sparse prefill
+    # +0.4-2%, NOTES.md twenty-seventh session). A rest under 8 x 4 bytes is copied whole by one thread of its row
+    # (the layout repeats it over the row's 8 threads; Triton predicates the repeats off).
     VEC: gl.constexpr = 128 // dst.dtype.primitive_bitwidth
     FULL: gl.constexpr = WIDTH // (8 * VEC)
-    for j in gl.static_range(FULL):
-        _copy_columns(row, keys[2], dst, 8 * VEC * j, VEC, 8 * VEC)
+    gl.static_assert((FULL & (FULL - 1)) == 0, "whole 128-byte pieces of a gathered row: a power of two")
+    if FULL > 0:
+        _copy_columns(row, keys[2], dst, 0, VEC, FULL * 8 * VEC)
     REST: gl.constexpr = WIDTH - FULL * 8 * VEC
     if REST > 0:
         SPLIT: gl.constexpr = (REST % 8 == 0) and (REST // 8 * dst.dtype.primitive_bitwidth >= 32)
