@@ -628,21 +628,30 @@ def _producer(descs, q_lat, q_rope, bufs, k_free, q_ready, q_free, kidx, outs, c
                 next0 = _fetch(kv, n0 + 2 * BLOCK_N, SPARSE, EXTRA)
                 next1 = _fetch(kv, n0 + 3 * BLOCK_N, SPARSE, EXTRA)
                 # Each tile's source and keys once, for all its parts. Warpgroup 0's tile: half L is released
-                # mid-pair, the rest at the pair's end; warpgroup 1's: half R first.
-                src, m = _source(kv, n0, EXTRA)
-                keys = _key_rows(src, m, raw0, KEY_ROWS, SPARSE)
-                _produce(kv, bufs, k_free, kidx, src, keys, n0, c, PART_L, True, SPARSE, FP8, EXTRA)
-                _produce(kv, bufs, k_free, kidx, src, keys, n0, c, PART_R, False, SPARSE, FP8, EXTRA)
+                # mid-pair, the rest at the pair's end; warpgroup 1's: half R first, after its first P·V. Warpgroup 1
+                # scores its tile from half R: EARLY issues that half first, as soon as it is free, instead of
+                # behind the first tile's parts freed at the pair's end (ncu had warpgroup 1 waiting for it at the
+                # top of each pair; V3.2 +1.6-2.5%). Not for model1, whose half R is dequantised with the RoPE
+                # part, free only at the pair's end (-4-5% there: NOTES.md, twenty-seventh session).
+                EARLY: gl.constexpr = FP8 != MODEL1
+                has1 = i + 1 < take
+                n1 = n0 + BLOCK_N
+                src0, m0 = _source(kv, n0, EXTRA)
+                keys0 = _key_rows(src0, m0, raw0, KEY_ROWS, SPARSE)
+                src1, m1 = _source(kv, n1, EXTRA)
+                keys1 = _key_rows(src1, m1, raw1, KEY_ROWS, SPARSE)
+                if EARLY and has1:
+                    _produce(kv, bufs, k_free, kidx, src1, keys1, n1, c + 1, PART_R, True, SPARSE, FP8, EXTRA)
+                _produce(kv, bufs, k_free, kidx, src0, keys0, n0, c, PART_L, True, SPARSE, FP8, EXTRA)
+                _produce(kv, bufs, k_free, kidx, src0, keys0, n0, c, PART_R, False, SPARSE, FP8, EXTRA)
                 if ROPE_PART:
-                    _produce(kv, bufs, k_free, kidx, src, keys, n0, c, PART_ROPE, False, SPARSE, FP8, EXTRA)
-                if i + 1 < take:
-                    n1 = n0 + BLOCK_N
-                    src, m = _source(kv, n1, EXTRA)
-                    keys = _key_rows(src, m, raw1, KEY_ROWS, SPARSE)
-                    _produce(kv, bufs, k_free, kidx, src, keys, n1, c + 1, PART_R, True, SPARSE, FP8, EXTRA)
-                    _produce(kv, bufs, k_free, kidx, src, keys, n1, c + 1, PART_L, False, SPARSE, FP8, EXTRA)
+                    _produce(kv, bufs, k_free, kidx, src0, keys0, n0, c, PART_ROPE, False, SPARSE, FP8, EXTRA)
+                if has1:
+                    if not EARLY:
+                        _produce(kv, bufs, k_free, kidx, src1, keys1, n1, c + 1, PART_R, True, SPARSE, FP8, EXTRA)
+                    _produce(kv, bufs, k_free, kidx, src1, keys1, n1, c + 1, PART_L, False, SPARSE, FP8, EXTRA)
                     if ROPE_PART:
-                        _produce(kv, bufs, k_free, kidx, src, keys, n1, c + 1, PART_ROPE, False, SPARSE, FP8, EXTRA)
+                        _produce(kv, bufs, k_free, kidx, src1, keys1, n1, c + 1, PART_ROPE, False, SPARSE, FP8, EXTRA)
                 if i == 0:                # Q waits for the last piece's outputs to leave its buffer
                     _load_q(q_lat_desc, q_rope_desc, q_lat, q_rope, q_ready, q_free, b, row0, w, HAS_ROPE)
                 raw0 = next0
