@@ -631,7 +631,7 @@ def _producer(descs, q_lat, q_rope, bufs, k_free, q_ready, q_free, kidx, outs, c
                 # mid-pair, the rest at the pair's end; warpgroup 1's: half R first, after its first P·V. Warpgroup 1
                 # scores its tile from half R: EARLY issues that half first, as soon as it is free, instead of
                 # behind the first tile's parts freed at the pair's end (ncu had warpgroup 1 waiting for it at the
-                # top of each pair; V3.2 +1.6-2.5%). Not for model1, whose half R is dequantised with the RoPE
+                # top of each pair; V3.2 +0-2.5% in two A/Bs). Not for model1, whose half R is dequantised with the RoPE
                 # part, free only at the pair's end (-4-5% there: NOTES.md, twenty-seventh session).
                 EARLY: gl.constexpr = FP8 != MODEL1
                 has1 = i + 1 < take
