@@ -24,7 +24,7 @@ running row max passes between them through shared memory ("seesaw"):
     WG0: O_L = O_L·e^(m0 - m1) + P1·V1_L        WG1: O_R += (P0·e^(m0 - m1))·V0_R
 Each warpgroup hands its P to the other through shared memory, written over its tile's RoPE columns (only
 Q·Kᵀ reads them, and that is done by then), so the plan fits the 227 KB of shared memory: Q 72 KB and two
-72 KB key tiles. Each warpgroup sums the probabilities it computed; the two row sums are added at the end.
+72 KB key tiles. (With model1's cache and the loading warpgroup, P1 has an 8 KB buffer of its own instead.) Each warpgroup sums the probabilities it computed; the two row sums are added at the end.
 On the TMA (dense) forms the running max is raised lazily, only where a tile's scores pass it by more than
 LAZY_BY, and warpgroup 0 skips its two accumulator rescales of a pair while no row's max moved.
 
@@ -627,31 +627,40 @@ def _producer(descs, q_lat, q_rope, bufs, k_free, q_ready, q_free, kidx, outs, c
                 # The next pair's index rows (masked past the valid length).
                 next0 = _fetch(kv, n0 + 2 * BLOCK_N, SPARSE, EXTRA)
                 next1 = _fetch(kv, n0 + 3 * BLOCK_N, SPARSE, EXTRA)
-                # Each tile's source and keys once, for all its parts. Warpgroup 0's tile: half L is released
-                # mid-pair, the rest at the pair's end; warpgroup 1's: half R first, after its first P·V. Warpgroup 1
-                # scores its tile from half R: EARLY issues that half first, as soon as it is free, instead of
-                # behind the first tile's parts freed at the pair's end (ncu had warpgroup 1 waiting for it at the
-                # top of each pair; V3.2 +0-2.5% in two A/Bs). Not for model1, whose half R is dequantised with the RoPE
-                # part, free only at the pair's end (-4-5% there: NOTES.md, twenty-seventh session).
-                EARLY: gl.constexpr = FP8 != MODEL1
+                # Each tile's source and keys once, for all its parts, issued in the order the consumers free
+                # them. Warpgroup 0's tile: half L mid-pair, the rest at the pair's end; warpgroup 1's: half R
+                # first, after its first P·V. Warpgroup 1 scores its tile from half R, so that half goes first as
+                # soon as it is free, not behind the first tile's parts freed at the pair's end (ncu had warpgroup
+                # 1 waiting for it at the top of each pair; V3.2 +0-2.5% in two A/Bs, NOTES.md twenty-seventh
+                # session). model1's half R is dequantised with the RoPE part; P1 has a buffer of its own there, so
+                # the RoPE part of warpgroup 1's tile is free once its scores are issued and goes before its half R.
                 has1 = i + 1 < take
                 n1 = n0 + BLOCK_N
                 src0, m0 = _source(kv, n0, EXTRA)
                 keys0 = _key_rows(src0, m0, raw0, KEY_ROWS, SPARSE)
                 src1, m1 = _source(kv, n1, EXTRA)
                 keys1 = _key_rows(src1, m1, raw1, KEY_ROWS, SPARSE)
-                if EARLY and has1:
-                    _produce(kv, bufs, k_free, kidx, src1, keys1, n1, c + 1, PART_R, True, SPARSE, FP8, EXTRA)
-                _produce(kv, bufs, k_free, kidx, src0, keys0, n0, c, PART_L, True, SPARSE, FP8, EXTRA)
-                _produce(kv, bufs, k_free, kidx, src0, keys0, n0, c, PART_R, False, SPARSE, FP8, EXTRA)
-                if ROPE_PART:
+                if FP8 == MODEL1:
+                    if has1:
+                        _produce(kv, bufs, k_free, kidx, src1, keys1, n1, c + 1, PART_ROPE, True, SPARSE, FP8, EXTRA)
+                        _produce(kv, bufs, k_free, kidx, src1, keys1, n1, c + 1, PART_R, False, SPARSE, FP8, EXTRA)
+                    _produce(kv, bufs, k_free, kidx, src0, keys0, n0, c, PART_L, True, SPARSE, FP8, EXTRA)
+                    _produce(kv, bufs, k_free, kidx, src0, keys0, n0, c, PART_R, False, SPARSE, FP8, EXTRA)
                     _produce(kv, bufs, k_free, kidx, src0, keys0, n0, c, PART_ROPE, False, SPARSE, FP8, EXTRA)
-                if has1:
-                    if not EARLY:
+                    if has1:
+                        _produce(kv, bufs, k_free, kidx, src1, keys1, n1, c + 1, PART_L, False, SPARSE, FP8, EXTRA)
+                else:
+                    if has1:
                         _produce(kv, bufs, k_free, kidx, src1, keys1, n1, c + 1, PART_R, True, SPARSE, FP8, EXTRA)
-                    _produce(kv, bufs, k_free, kidx, src1, keys1, n1, c + 1, PART_L, False, SPARSE, FP8, EXTRA)
+                    _produce(kv, bufs, k_free, kidx, src0, keys0, n0, c, PART_L, True, SPARSE, FP8, EXTRA)
+                    _produce(kv, bufs, k_free, kidx, src0, keys0, n0, c, PART_R, False, SPARSE, FP8, EXTRA)
                     if ROPE_PART:
-                        _produce(kv, bufs, k_free, kidx, src1, keys1, n1, c + 1, PART_ROPE, False, SPARSE, FP8, EXTRA)
+                        _produce(kv, bufs, k_free, kidx, src0, keys0, n0, c, PART_ROPE, False, SPARSE, FP8, EXTRA)
+                    if has1:
+                        _produce(kv, bufs, k_free, kidx, src1, keys1, n1, c + 1, PART_L, False, SPARSE, FP8, EXTRA)
+                        if ROPE_PART:
+                            _produce(kv, bufs, k_free, kidx, src1, keys1, n1, c + 1, PART_ROPE, False, SPARSE, FP8,
+                                     EXTRA)
                 if i == 0:                # Q waits for the last piece's outputs to leave its buffer
                     _load_q(q_lat_desc, q_rope_desc, q_lat, q_rope, q_ready, q_free, b, row0, w, HAS_ROPE)
                 raw0 = next0
@@ -706,7 +715,8 @@ def _load_q(q_lat_desc, q_rope_desc, q_lat, q_rope, q_ready, q_free, b, row0, w,
 
 
 @gluon.jit
-def _consumer(descs, q_lat, q_rope, bufs, k_free, q_ready, q_free, handoff, rows_smem, kidx, outs, caches, sizes,
+def _consumer(descs, q_lat, q_rope, bufs, k_free, q_ready, q_free, handoff, rows_smem, p_buf, kidx, outs, caches,
+              sizes,
               WG: gl.constexpr, CAUSAL: gl.constexpr, HAS_SINKS: gl.constexpr,
               SPARSE: gl.constexpr, FP8: gl.constexpr, GATHER: gl.constexpr, HAS_MAX: gl.constexpr,
               HAS_ROPE: gl.constexpr, ROPE_PART: gl.constexpr, EXTRA: gl.constexpr, PRODUCER: gl.constexpr):
@@ -725,6 +735,7 @@ def _consumer(descs, q_lat, q_rope, bufs, k_free, q_ready, q_free, handoff, rows
     # Warpgroup 0 skips its accumulator's rescales while no row's max moves (`_raise_max`, `_rescale`): on the
     # TMA forms only; in the gather forms the branch raised the spills and measured slower.
     LAZY: gl.constexpr = not GATHER
+    OWN_P: gl.constexpr = (FP8 == MODEL1) and PRODUCER    # P1 in a buffer of its own (`p_buf`), else its RoPE slot
     k_lat, k_rope, k_ready, k_raw, k_scale = bufs
     f32_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, ROWS, HALF], gl.float32)
     # handoff barriers: 0 scale0, 1 scale1, 2 P0, 3 P1, 4 + WG row sums, 6 partial staged; rows_smem: m0, a0,
@@ -834,10 +845,10 @@ def _consumer(descs, q_lat, q_rope, bufs, k_free, q_ready, q_free, handoff, rows
                         if GATHER:                # scored by warpgroup 1: wait for its gather here too
                             _landed(k_ready, c + 1, PART_L, GATHER)
                         _zero_tail(v1, n1, seqlen, not GATHER)
-                        o_tok = warpgroup_mma(k_rope.index(slot1), v1, acc, is_async=True)
+                        o_tok = warpgroup_mma(p_buf if OWN_P else k_rope.index(slot1), v1, acc, is_async=True)
                         acc = warpgroup_mma_wait(0, deps=(o_tok,))
                         if PRODUCER:
-                            _release(k_free, slot1, PART_L, PART_ROPE)
+                            _release(k_free, slot1, PART_L, -1 if OWN_P else PART_ROPE)
                         elif i + 3 < take:
                             if GATHER:            # the tile of this site in the next pair
                                 _stage_keys(kv, n1 + 4 * BLOCK_N, kidx.index(3 - jp), SPARSE, EXTRA)
@@ -847,6 +858,8 @@ def _consumer(descs, q_lat, q_rope, bufs, k_free, q_ready, q_free, handoff, rows
                 else:
                     if has1:
                         s_tok = _scores(q_lat, q_rope, bufs, c + 1, PART_R, s_layout, GATHER, FP8, HAS_ROPE)
+                        if OWN_P and PRODUCER:    # its half R is dequantised: the RoPE part is free
+                            _release(k_free, (c + 1) % STAGES, PART_ROPE, -1)
                         key_ok = _tile_keys_ok(kv, n1, kidx.index((c + 1) % KIDX if PRODUCER else 3 - jp), s_layout,
                                                EXTRA) if SPARSE else 0
                         s = _mask(warpgroup_mma_wait(0, deps=(s_tok,)), n1, full, seqlen, last_visible,
@@ -866,7 +879,7 @@ def _consumer(descs, q_lat, q_rope, bufs, k_free, q_ready, q_free, handoff, rows
                     p = gl.exp2(s - _shift(m_new)[:, None])           # zeros without a second tile
                     slot1 = (c + 1) % STAGES
                     if has1:
-                        k_rope.index(slot1).store(p.to(dtype))
+                        (p_buf if OWN_P else k_rope.index(slot1)).store(p.to(dtype))
                         fence_async_shared()
                     _signal(handoff[3])
                     scale = alpha0 * alpha1
@@ -983,9 +996,21 @@ def mla_decode_sm90_kernel(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_d
     half_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, HALF], dtype)
     rope_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, DT], dtype)
     q_lat = gl.allocate_shared_memory(dtype, [2, ROWS, HALF], half_layout)
-    q_rope = gl.allocate_shared_memory(dtype, [ROWS, DT], rope_layout)
     k_lat = gl.allocate_shared_memory(dtype, [2 * STAGES, BLOCK_N, HALF], half_layout)
     k_rope = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, DT], rope_layout)
+    if HAS_ROPE:
+        q_rope = gl.allocate_shared_memory(dtype, [ROWS, DT], rope_layout)
+    else:                             # never read
+        q_rope = k_rope.index(0)
+    # P0 and P1 pass between the warpgroups in the RoPE slots of their tiles, except P1 with model1's cache and the
+    # loading warpgroup: it has a buffer of its own there (8 KB), so the RoPE part of warpgroup 1's tile, only read
+    # by the dequantisation of its half R, is gathered again as soon as its scores are issued (`_producer`: V4
+    # h_q = 128 +5.4 / +5.8%; without the loader, where the consumers' load sites stay, -2 / -3%: NOTES.md,
+    # twenty-eighth session).
+    if (FP8 == MODEL1) and LOADER:
+        p_buf = gl.allocate_shared_memory(dtype, [BLOCK_N, DT], rope_layout)
+    else:
+        p_buf = k_rope.index(0)       # never read
     # FP8: a latent half's e4m3 bytes land in the upper half of its own buffer (k_raw, index 2 * buffer + 1),
     # its two scales per key beside it (k_scale, one buffer per latent buffer). Rows are 256 bytes apart, so
     # without a swizzle the two rows that `_dequant`'s 16-byte reads take in one phase hit the same banks; the
@@ -1027,17 +1052,21 @@ def mla_decode_sm90_kernel(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_d
         gl.warp_specialize([
             (_producer, (descs, q_lat, q_rope, bufs, k_free, q_ready, q_free, kidx, outs, caches, sizes, SPARSE, FP8,
                          HAS_ROPE, ROPE_PART, EXTRA)),
-            (_consumer, (descs, q_lat, q_rope, bufs, k_free, q_ready, q_free, handoff, rows_smem, kidx, outs, caches,
-                         sizes, 0, CAUSAL, HAS_SINKS, SPARSE, FP8, GATHER, HAS_MAX, HAS_ROPE, ROPE_PART, EXTRA, True)),
-            (_consumer, (descs, q_lat, q_rope, bufs, k_free, q_ready, q_free, handoff, rows_smem, kidx, outs, caches,
-                         sizes, 1, CAUSAL, HAS_SINKS, SPARSE, FP8, GATHER, HAS_MAX, HAS_ROPE, ROPE_PART, EXTRA, True)),
+            (_consumer, (descs, q_lat, q_rope, bufs, k_free, q_ready, q_free, handoff, rows_smem, p_buf, kidx, outs,
+                         caches, sizes, 0, CAUSAL, HAS_SINKS, SPARSE, FP8, GATHER, HAS_MAX, HAS_ROPE, ROPE_PART, EXTRA,
+                         True)),
+            (_consumer, (descs, q_lat, q_rope, bufs, k_free, q_ready, q_free, handoff, rows_smem, p_buf, kidx, outs,
+                         caches, sizes, 1, CAUSAL, HAS_SINKS, SPARSE, FP8, GATHER, HAS_MAX, HAS_ROPE, ROPE_PART, EXTRA,
+                         True)),
         ], [4, 4], [PRODUCER_CONSUMER_REGS, PRODUCER_CONSUMER_REGS])
     else:
         gl.warp_specialize([
-            (_consumer, (descs, q_lat, q_rope, bufs, k_free, q_ready, q_free, handoff, rows_smem, kidx, outs, caches,
-                         sizes, 0, CAUSAL, HAS_SINKS, SPARSE, FP8, GATHER, HAS_MAX, HAS_ROPE, ROPE_PART, EXTRA, False)),
-            (_consumer, (descs, q_lat, q_rope, bufs, k_free, q_ready, q_free, handoff, rows_smem, kidx, outs, caches,
-                         sizes, 1, CAUSAL, HAS_SINKS, SPARSE, FP8, GATHER, HAS_MAX, HAS_ROPE, ROPE_PART, EXTRA, False)),
+            (_consumer, (descs, q_lat, q_rope, bufs, k_free, q_ready, q_free, handoff, rows_smem, p_buf, kidx, outs,
+                         caches, sizes, 0, CAUSAL, HAS_SINKS, SPARSE, FP8, GATHER, HAS_MAX, HAS_ROPE, ROPE_PART, EXTRA,
+                         False)),
+            (_consumer, (descs, q_lat, q_rope, bufs, k_free, q_ready, q_free, handoff, rows_smem, p_buf, kidx, outs,
+                         caches, sizes, 1, CAUSAL, HAS_SINKS, SPARSE, FP8, GATHER, HAS_MAX, HAS_ROPE, ROPE_PART, EXTRA,
+                         False)),
         ], [4], [CONSUMER_REGS])
 
 
