@@ -353,8 +353,8 @@ def main():
     if args.loader_sweep:
         # model1 with and without the loading warpgroup, against the package's rule, over token rows of 10-34 tiles.
         m = fmha.kernels.mla_decode_sm90
-        return run_patched(args.out, {"rule": {}, "loader": {(m, "MODEL1_LOADER_TILES"): 0},
-                                      "no_loader": {(m, "MODEL1_LOADER_TILES"): 1 << 30}},
+        return run_patched(args.out, {"rule": {}, "loader": {(m, "MODEL1_LOADER_TILES"): (0, 0)},
+                                      "no_loader": {(m, "MODEL1_LOADER_TILES"): (1 << 30, 1 << 30)}},
                            _v4_cases(args.extras))
     if args.lengths:
         old = _old_length_ops(ours_mla._sparse_inputs)

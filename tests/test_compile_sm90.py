@@ -336,12 +336,17 @@ def test_gluon_mla_one_key_pages():
 
 @pytest.mark.cpu
 def test_gluon_mla_loader_choice():
-    """The loading warpgroup: every V3.2 FP8 call; model1 sparse calls with long token rows (V4 h_q = 128's 1152
-    keys, not h_q = 64's 640); never the bf16/fp16 forms nor a paged model1 call."""
+    """The loading warpgroup: every V3.2 FP8 call; model1 sparse calls with long token rows (with one 64-row query
+    block a token, h_q = 64: 1152 keys, not 640; with two, h_q = 128: from 384 keys on); never the bf16/fp16 forms
+    nor a paged model1 call."""
     from fmha.kernels.mla_decode_sm90 import MODEL1_LOADER_TILES, uses_loader
     assert uses_loader("v32", True, 64) and uses_loader("v32", False, 0)
     assert uses_loader("model1", True, 128 + 1024) and not uses_loader("model1", True, 128 + 512)
-    assert uses_loader("model1", True, 64 * MODEL1_LOADER_TILES)
-    assert not uses_loader("model1", True, 64 * MODEL1_LOADER_TILES - 64)
+    assert uses_loader("model1", True, 128 + 512, 2) and uses_loader("model1", True, 128 + 256, 2)
+    assert not uses_loader("model1", True, 128 + 192, 2)
+    for blocks, least in enumerate(MODEL1_LOADER_TILES, 1):
+        assert uses_loader("model1", True, 64 * least, blocks)
+        assert not uses_loader("model1", True, 64 * least - 64, blocks)
     assert not uses_loader("model1", False, 1 << 20)
+    assert not uses_loader("model1", False, 1 << 20, 2)
     assert not any(uses_loader(None, sparse, 1 << 20) for sparse in (False, True))

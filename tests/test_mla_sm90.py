@@ -142,7 +142,7 @@ def test_gluon_extra_kv_source(gluon_calls, with_sink, layout):
 def test_gluon_model1_loader(gluon_calls, monkeypatch, case):
     """model1's sparse calls through the loading warpgroup, which its rule gives only long token rows (the
     cases above are short: their calls keep their own loads), forced on here for the same cases."""
-    monkeypatch.setattr(mla_decode_sm90, "MODEL1_LOADER_TILES", 0)
+    monkeypatch.setattr(mla_decode_sm90, "MODEL1_LOADER_TILES", (0, 0))
     if case == "sparse":
         test_mla.test_fp8_kvcache(("cuda", torch.bfloat16), "model1", True)
     else:

@@ -55,10 +55,11 @@ lets ptxas keep a 64 x 256 accumulator without serialising the wgmmas); the thre
 (`PRODUCER_CONSUMER_REGS` each for the consumers). It walks the same pieces, loads Q and gathers each part of each
 tile as soon as the consumers release the part's slot (`_release`, at the points where they would otherwise issue
 the load), so the consumers keep only the dequantisation and the math. It measured +3% on V3.2's sparse decode rows
-and +2-3% on model1's at h_q = 128 (18 key tiles a token); with 10 tiles a token (h_q = 64) it lost up to 3%, and
-the bf16 gathers (the sparse prefill) lost 1-21%: those keep their own loads. Dequantising in it as well was slower
-on every row: one warpgroup's 128 threads do the work the two consumers' 256 did, and it stalls on every gather it
-must wait for (benchmarks/NOTES.md, twenty-third and twenty-fifth sessions).
+and +2-3% on model1's at h_q = 128 (18 key tiles a token), +5-6% more once P1 had a buffer of its own there;
+with 10 tiles a token at h_q = 64 it is level, and the bf16 gathers (the sparse prefill) lost 1-21%: those keep
+their own loads. Dequantising in it as well was slower on every row: one warpgroup's 128 threads do the work the
+two consumers' 256 did, and it stalls on every gather it must wait for; only the halves each consumer scores
+first, still -20-28% (benchmarks/NOTES.md, twenty-third, twenty-fifth and twenty-eighth sessions).
 
 A paged bf16/fp16 cache may hold anything (NaN included) past a sequence's end; the last tile's rows there are
 zeroed in shared memory before they are used as values (0 · NaN would poison the output), each warpgroup its
@@ -117,10 +118,12 @@ CONSUMER_REGS = 240               # the worker warpgroup's setmaxnreg (8 warps: 
 # the loader the rest. V3.2's FP8 cache: 216 (the loader 72); 208 / 224 measured 2% / 2-10% slower on the V3.2
 # sparse decode rows. model1 (V4): 208 (the loader 88); 216 lost 6-8% there (NOTES.md, twenty-third session).
 PRODUCER_CONSUMER_REGS = {"v32": 216, "model1": 208}
-# model1 sparse calls whose query tokens have at least this many key tiles take the loading warpgroup: it gains
-# where a token's pairs outweigh the piece boundary it lengthens (V4 h_q = 128, 18 tiles a token: +2%), and
-# loses where they do not (h_q = 64, 10 tiles: up to -3%).
-MODEL1_LOADER_TILES = 16
+# model1 sparse calls whose query tokens have at least this many key tiles take the loading warpgroup, with one /
+# two 64-row query blocks a token (h_q = 64 / 128). It gains where a token's pairs outweigh the piece boundary it
+# lengthens: h_q = 64 lost up to 15% at 6 tiles and was mixed at 10 (-2 / +3%), h_q = 128 gained 0-7% from 6
+# tiles on once P1 had a buffer of its own (`probe_mla.py --loader-sweep`, NOTES.md twenty-fifth and
+# twenty-eighth sessions).
+MODEL1_LOADER_TILES = (16, 6)
 
 
 @gluon.jit
@@ -1220,7 +1223,7 @@ def mla_decode_forward_sm90(views, q_lat, q_rope, kv_lat, k_rope, block_table, c
             x_sizes[0], block_table.shape[-1], *x_sizes[1:])
     grid = (metadata.shape[0] * triton.cdiv(rows_per_k, rows),)
     row_keys = main_span + x_table.shape[-1] if extra is not None else block_table.shape[-1]
-    loader = uses_loader(fp8_layout, sparse, row_keys)
+    loader = uses_loader(fp8_layout, sparse, row_keys, triton.cdiv(rows_per_k, rows))
     mla_decode_sm90_kernel[grid](*args, CAUSAL=causal, HAS_SINKS=sinks is not None,
                                  SPARSE=SHIFTED.value if shifted else int(sparse),
                                  FP8={None: 0, "v32": V32.value, "model1": MODEL1.value}[fp8_layout],
@@ -1229,13 +1232,15 @@ def mla_decode_forward_sm90(views, q_lat, q_rope, kv_lat, k_rope, block_table, c
                                  PRODUCER_CONSUMER_REGS=PRODUCER_CONSUMER_REGS.get(fp8_layout, 0), num_warps=4)
 
 
-def uses_loader(fp8_layout, sparse, row_keys):
+def uses_loader(fp8_layout, sparse, row_keys, row_blocks=1):
     """Whether a call takes the loading warpgroup (`_producer`): every V3.2 FP8 call; model1 sparse calls whose
     query tokens' planned rows (`row_keys` keys, the second source's included) have at least MODEL1_LOADER_TILES
-    key tiles. The bf16/fp16 forms never (the sparse prefill lost 1-21% with it, NOTES.md)."""
+    key tiles (its entry for a token's `row_blocks` query blocks of 64 rows, 1 or more). The bf16/fp16 forms
+    never (the sparse prefill lost 1-21% with it, NOTES.md)."""
     if fp8_layout == "v32":
         return True
-    return fp8_layout == "model1" and sparse and triton.cdiv(row_keys, BLOCK_N.value) >= MODEL1_LOADER_TILES
+    least = MODEL1_LOADER_TILES[min(row_blocks, len(MODEL1_LOADER_TILES)) - 1]
+    return fp8_layout == "model1" and sparse and triton.cdiv(row_keys, BLOCK_N.value) >= least
 
 
 assert SCHED_BLOCK == BLOCK_N.value, "a key tile is one scheduling block"
