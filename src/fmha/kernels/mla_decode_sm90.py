@@ -24,7 +24,8 @@ running row max passes between them through shared memory ("seesaw"):
     WG0: O_L = O_L·e^(m0 - m1) + P1·V1_L        WG1: O_R += (P0·e^(m0 - m1))·V0_R
 Each warpgroup hands its P to the other through shared memory, written over its tile's RoPE columns (only
 Q·Kᵀ reads them, and that is done by then), so the plan fits the 227 KB of shared memory: Q 72 KB and two
-72 KB key tiles. (With model1's cache and the loading warpgroup, P1 has an 8 KB buffer of its own instead.) Each warpgroup sums the probabilities it computed; the two row sums are added at the end.
+72 KB key tiles (with model1's cache and the loading warpgroup, P1 has an 8 KB buffer of its own instead). Each
+warpgroup sums the probabilities it computed; the two row sums are added at the end.
 On the TMA (dense) forms the running max is raised lazily, only where a tile's scores pass it by more than
 LAZY_BY, and warpgroup 0 skips its two accumulator rescales of a pair while no row's max moved.
 
@@ -718,12 +719,12 @@ def _load_q(q_lat_desc, q_rope_desc, q_lat, q_rope, q_ready, q_free, b, row0, w,
 
 
 @gluon.jit
-def _consumer(descs, q_lat, q_rope, bufs, k_free, q_ready, q_free, handoff, rows_smem, p_buf, kidx, outs, caches,
-              sizes,
+def _consumer(descs, q_lat, q_rope, bufs, k_free, q_ready, q_free, xchg, kidx, outs, caches, sizes,
               WG: gl.constexpr, CAUSAL: gl.constexpr, HAS_SINKS: gl.constexpr,
               SPARSE: gl.constexpr, FP8: gl.constexpr, GATHER: gl.constexpr, HAS_MAX: gl.constexpr,
               HAS_ROPE: gl.constexpr, ROPE_PART: gl.constexpr, EXTRA: gl.constexpr, PRODUCER: gl.constexpr):
     q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_desc = descs
+    handoff, rows_smem, p_buf = xchg
     LSE, LSE_PART, SCHED, SEQLENS, SPLIT_OFFSETS, SINKS, MAX_LOGITS = outs
     (batch, seqlen_q, group, rows_per_k, qk_scale_log2, stride_lb, stride_lh, stride_ls, seq_tokens, stride_lps,
      stride_mb, stride_mh) = sizes
@@ -1045,6 +1046,7 @@ def mla_decode_sm90_kernel(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_d
     # What the partitions take, packed once (None entries included: descriptors and pointers a call does not use).
     descs = (q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_desc)
     bufs = (k_lat, k_rope, k_ready, k_raw, k_scale)
+    xchg = (handoff, rows_smem, p_buf)      # what the consumers exchange
     outs = (LSE, LSE_PART, SCHED, SEQLENS, SPLIT_OFFSETS, SINKS, MAX_LOGITS)
     caches = (BLOCK_TABLE, KV_LAT, K_ROPE, VALID_LENS, X_LAT, X_ROPE, X_TABLE, X_VALID, page_size, stride_bt,
               seq_tokens, index_bound, stride_kp, stride_ks, stride_rp, stride_rs, main_span, main_topk, x_page_size,
@@ -1055,21 +1057,17 @@ def mla_decode_sm90_kernel(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_d
         gl.warp_specialize([
             (_producer, (descs, q_lat, q_rope, bufs, k_free, q_ready, q_free, kidx, outs, caches, sizes, SPARSE, FP8,
                          HAS_ROPE, ROPE_PART, EXTRA)),
-            (_consumer, (descs, q_lat, q_rope, bufs, k_free, q_ready, q_free, handoff, rows_smem, p_buf, kidx, outs,
-                         caches, sizes, 0, CAUSAL, HAS_SINKS, SPARSE, FP8, GATHER, HAS_MAX, HAS_ROPE, ROPE_PART, EXTRA,
-                         True)),
-            (_consumer, (descs, q_lat, q_rope, bufs, k_free, q_ready, q_free, handoff, rows_smem, p_buf, kidx, outs,
-                         caches, sizes, 1, CAUSAL, HAS_SINKS, SPARSE, FP8, GATHER, HAS_MAX, HAS_ROPE, ROPE_PART, EXTRA,
-                         True)),
+            (_consumer, (descs, q_lat, q_rope, bufs, k_free, q_ready, q_free, xchg, kidx, outs, caches, sizes,
+                         0, CAUSAL, HAS_SINKS, SPARSE, FP8, GATHER, HAS_MAX, HAS_ROPE, ROPE_PART, EXTRA, True)),
+            (_consumer, (descs, q_lat, q_rope, bufs, k_free, q_ready, q_free, xchg, kidx, outs, caches, sizes,
+                         1, CAUSAL, HAS_SINKS, SPARSE, FP8, GATHER, HAS_MAX, HAS_ROPE, ROPE_PART, EXTRA, True)),
         ], [4, 4], [PRODUCER_CONSUMER_REGS, PRODUCER_CONSUMER_REGS])
     else:
         gl.warp_specialize([
-            (_consumer, (descs, q_lat, q_rope, bufs, k_free, q_ready, q_free, handoff, rows_smem, p_buf, kidx, outs,
-                         caches, sizes, 0, CAUSAL, HAS_SINKS, SPARSE, FP8, GATHER, HAS_MAX, HAS_ROPE, ROPE_PART, EXTRA,
-                         False)),
-            (_consumer, (descs, q_lat, q_rope, bufs, k_free, q_ready, q_free, handoff, rows_smem, p_buf, kidx, outs,
-                         caches, sizes, 1, CAUSAL, HAS_SINKS, SPARSE, FP8, GATHER, HAS_MAX, HAS_ROPE, ROPE_PART, EXTRA,
-                         False)),
+            (_consumer, (descs, q_lat, q_rope, bufs, k_free, q_ready, q_free, xchg, kidx, outs, caches, sizes,
+                         0, CAUSAL, HAS_SINKS, SPARSE, FP8, GATHER, HAS_MAX, HAS_ROPE, ROPE_PART, EXTRA, False)),
+            (_consumer, (descs, q_lat, q_rope, bufs, k_free, q_ready, q_free, xchg, kidx, outs, caches, sizes,
+                         1, CAUSAL, HAS_SINKS, SPARSE, FP8, GATHER, HAS_MAX, HAS_ROPE, ROPE_PART, EXTRA, False)),
         ], [4], [CONSUMER_REGS])
 
 
