@@ -862,7 +862,7 @@ def _consumer(descs, q_lat, q_rope, bufs, k_free, q_ready, q_free, xchg, kidx, o
                 else:
                     if has1:
                         s_tok = _scores(q_lat, q_rope, bufs, c + 1, PART_R, s_layout, GATHER, FP8, HAS_ROPE)
-                        if OWN_P and PRODUCER:    # its half R is dequantised: the RoPE part is free
+                        if OWN_P:                 # its half R is dequantised: the RoPE part is free
                             _release(k_free, (c + 1) % STAGES, PART_ROPE, -1)
                         key_ok = _tile_keys_ok(kv, n1, kidx.index((c + 1) % KIDX if PRODUCER else 3 - jp), s_layout,
                                                EXTRA) if SPARSE else 0
