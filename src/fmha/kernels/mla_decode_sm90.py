@@ -24,7 +24,7 @@ running row max passes between them through shared memory ("seesaw"):
     WG0: O_L = O_L·e^(m0 - m1) + P1·V1_L        WG1: O_R += (P0·e^(m0 - m1))·V0_R
 Each warpgroup hands its P to the other through shared memory, written over its tile's RoPE columns (only
 Q·Kᵀ reads them, and that is done by then), so the plan fits the 227 KB of shared memory: Q 72 KB and two
-72 KB key tiles (with model1's cache and the loading warpgroup, P1 has an 8 KB buffer of its own instead). Each
+72 KB key tiles (with model1's cache P1 has an 8 KB buffer of its own instead). Each
 warpgroup sums the probabilities it computed; the two row sums are added at the end.
 On the TMA (dense) forms the running max is raised lazily, only where a tile's scores pass it by more than
 LAZY_BY, and warpgroup 0 skips its two accumulator rescales of a pair while no row's max moved.
@@ -739,7 +739,7 @@ def _consumer(descs, q_lat, q_rope, bufs, k_free, q_ready, q_free, xchg, kidx, o
     # Warpgroup 0 skips its accumulator's rescales while no row's max moves (`_raise_max`, `_rescale`): on the
     # TMA forms only; in the gather forms the branch raised the spills and measured slower.
     LAZY: gl.constexpr = not GATHER
-    OWN_P: gl.constexpr = (FP8 == MODEL1) and PRODUCER    # P1 in a buffer of its own (`p_buf`), else its RoPE slot
+    OWN_P: gl.constexpr = FP8 == MODEL1     # P1 in a buffer of its own (`p_buf`), else in its tile's RoPE slot
     k_lat, k_rope, k_ready, k_raw, k_scale = bufs
     f32_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, ROWS, HALF], gl.float32)
     # handoff barriers: 0 scale0, 1 scale1, 2 P0, 3 P1, 4 + WG row sums, 6 partial staged; rows_smem: m0, a0,
@@ -857,13 +857,17 @@ def _consumer(descs, q_lat, q_rope, bufs, k_free, q_ready, q_free, xchg, kidx, o
                             if GATHER:            # the tile of this site in the next pair
                                 _stage_keys(kv, n1 + 4 * BLOCK_N, kidx.index(3 - jp), SPARSE, EXTRA)
                             _load_parts(kv, bufs, n1 + 2 * BLOCK_N, c + 3,
-                                        kidx.index(2 + jp).load(KEY_ROWS) if GATHER else 0, PART_L, PART_ROPE, -1,
-                                        SPARSE, FP8, ROPE_PART, EXTRA)
+                                        kidx.index(2 + jp).load(KEY_ROWS) if GATHER else 0, PART_L,
+                                        -1 if OWN_P else PART_ROPE, -1, SPARSE, FP8, ROPE_PART, EXTRA)
                 else:
                     if has1:
                         s_tok = _scores(q_lat, q_rope, bufs, c + 1, PART_R, s_layout, GATHER, FP8, HAS_ROPE)
                         if OWN_P:                 # its half R is dequantised: the RoPE part is free
-                            _release(k_free, (c + 1) % STAGES, PART_ROPE, -1)
+                            if PRODUCER:
+                                _release(k_free, (c + 1) % STAGES, PART_ROPE, -1)
+                            elif i + 3 < take:    # the next pair's second tile (its index row landed with L(c+1))
+                                _load_parts(kv, bufs, n1 + 2 * BLOCK_N, c + 3, kidx.index(2 + jp).load(KEY_ROWS),
+                                            PART_ROPE, -1, -1, SPARSE, FP8, ROPE_PART, EXTRA)
                         key_ok = _tile_keys_ok(kv, n1, kidx.index((c + 1) % KIDX if PRODUCER else 3 - jp), s_layout,
                                                EXTRA) if SPARSE else 0
                         s = _mask(warpgroup_mma_wait(0, deps=(s_tok,)), n1, full, seqlen, last_visible,
@@ -1006,12 +1010,12 @@ def mla_decode_sm90_kernel(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_d
         q_rope = gl.allocate_shared_memory(dtype, [ROWS, DT], rope_layout)
     else:                             # never read
         q_rope = k_rope.index(0)
-    # P0 and P1 pass between the warpgroups in the RoPE slots of their tiles, except P1 with model1's cache and the
-    # loading warpgroup: it has a buffer of its own there (8 KB), so the RoPE part of warpgroup 1's tile, only read
-    # by the dequantisation of its half R, is gathered again as soon as its scores are issued (`_producer`: V4
-    # h_q = 128 +5.4 / +5.8%; without the loader, where the consumers' load sites stay, -2 / -3%: NOTES.md,
-    # twenty-eighth session).
-    if (FP8 == MODEL1) and LOADER:
+    # P0 and P1 pass between the warpgroups in the RoPE slots of their tiles, except P1 with model1's cache: it has
+    # a buffer of its own there (8 KB), so the RoPE part of warpgroup 1's tile, only read by the dequantisation of
+    # its half R, is gathered again as soon as its scores are issued, by the loader (`_producer`: V4 h_q = 128
+    # +5.4 / +5.8%) or by warpgroup 1 itself (V4 h_q = 64 +3.7 / +2.4%; the buffer with the RoPE part's load left
+    # where it was lost 2-3%: NOTES.md, twenty-eighth and twenty-ninth sessions).
+    if FP8 == MODEL1:
         p_buf = gl.allocate_shared_memory(dtype, [BLOCK_N, DT], rope_layout)
     else:
         p_buf = k_rope.index(0)       # never read
