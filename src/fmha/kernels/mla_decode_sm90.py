@@ -772,25 +772,14 @@ def _consumer(descs, q_lat, q_rope, bufs, k_free, q_ready, q_free, xchg, kidx, o
         if take > 0:
             main, extra = _kv_sources(b, seqlen, caches, SPARSE, EXTRA)
             kv = (k_lat_desc, k_rope_desc, main[0], main[9], main, extra, caches[16])
-            if (WG == 0) and not PRODUCER:
-                # The piece's Q and first two tiles.
-                _load_q(q_lat_desc, q_rope_desc, q_lat, q_rope, q_ready, q_free, b, row0, w, HAS_ROPE)
-                # The first pair's tiles. The gathers' index rows (or block-table entries) of both are read
-                # first, so the two loads are in flight together. Decode runs one or two pieces a program: its
-                # loads then sit in a runtime loop, written once (unrolled they cost the sparse decode rows
-                # 2-4%, the instruction cache); the sparse prefill (the only caller with HAS_MAX) starts a piece
-                # every 16 tile pairs and keeps them unrolled (looped it lost 1-3%).
-                raw0 = _fetch(kv, blk * BLOCK_N, SPARSE, EXTRA) if GATHER else 0
-                raw1 = _fetch(kv, (blk + 1) * BLOCK_N, SPARSE, EXTRA) if GATHER else 0
-                if HAS_MAX:
-                    for j in gl.static_range(2):
-                        if j < take:
-                            _first_loads(kv, bufs, kidx, blk, c, j, raw0 if j == 0 else raw1, SPARSE, FP8,
-                                         GATHER, ROPE_PART, EXTRA)
-                else:
-                    for j in range(0, gl.minimum(take, 2)):
-                        _first_loads(kv, bufs, kidx, blk, c, j, gl.where(j == 0, raw0, raw1) if GATHER else 0,
-                                     SPARSE, FP8, GATHER, ROPE_PART, EXTRA)
+            if not PRODUCER:
+                # The piece's Q (warpgroup 0) and first pair: each warpgroup loads the tile it scores (one
+                # warpgroup issuing both gathers kept the other waiting for them; NOTES.md, twenty-ninth session).
+                if WG == 0:
+                    _load_q(q_lat_desc, q_rope_desc, q_lat, q_rope, q_ready, q_free, b, row0, w, HAS_ROPE)
+                if WG < take:
+                    raw = _fetch(kv, (blk + WG) * BLOCK_N, SPARSE, EXTRA) if GATHER else 0
+                    _first_loads(kv, bufs, kidx, blk, c, WG, raw, SPARSE, FP8, GATHER, ROPE_PART, EXTRA)
             # Causal (bottom-right): query i sees keys j <= seqlen - seqlen_q + i.
             full = seqlen
             last_visible = gl.zeros([ROWS], gl.int32, row_s) + (seqlen - 1)
