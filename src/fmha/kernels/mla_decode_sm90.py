@@ -33,8 +33,7 @@ Loads: a tile's slot is three parts (latent halves L and R, RoPE), each with its
 warpgroup uses a part last issues the load of the tile two ahead into it, so half of the next pair (its first
 tile's L, its second tile's R) loads while this pair's last products run. Each warpgroup issues the scores of
 its tile at the top of a pair, right after the previous pair's loads (one copy of that code, FP8's dequantisation
-included). Outputs (bf16 final rows or fp32 partials) leave by TMA store, staged in the ring slots a piece's
-end frees, so that the next piece's Q loads meanwhile (with the loader, which fills the ring, in the Q buffer).
+included). Outputs leave through the Q buffer (bf16 final rows or fp32 partials) by TMA store.
 
 Gathers (sparse, FP8, a second source). Hopper's TMA cannot gather rows, so the warpgroup that issues a load
 copies the part's 64 rows itself with cp.async (16 bytes a copy where the rows' alignment allows), each of its
@@ -704,8 +703,8 @@ def _kv_sources(b, seqlen, caches, SPARSE: gl.constexpr, EXTRA: gl.constexpr):
 
 @gluon.jit
 def _load_q(q_lat_desc, q_rope_desc, q_lat, q_rope, q_ready, q_free, b, row0, w, HAS_ROPE: gl.constexpr):
-    """TMA piece w's Q rows (batch b, packed rows row0 ..) once both consumers are done with the last piece's
-    (with the loader its Q buffer also staged their outputs)."""
+    """TMA piece w's Q rows (batch b, packed rows row0 ..) once both consumers are done with the last piece
+    (its Q buffer also staged their outputs)."""
     mbarrier.wait(q_free, (w & 1) ^ 1)
     if HAS_ROPE:
         mbarrier.expect(q_ready, 2 * q_lat_desc.block_type.nbytes + q_rope_desc.block_type.nbytes)
@@ -743,7 +742,6 @@ def _consumer(descs, q_lat, q_rope, bufs, k_free, q_ready, q_free, xchg, kidx, o
     OWN_P: gl.constexpr = FP8 == MODEL1     # P1 in a buffer of its own (`p_buf`), else in its tile's RoPE slot
     k_lat, k_rope, k_ready, k_raw, k_scale = bufs
     f32_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, ROWS, HALF], gl.float32)
-    f32_slots: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, HALF], gl.float32)
     # handoff barriers: 0 scale0, 1 scale1, 2 P0, 3 P1, 4 + WG row sums, 6 partial staged; rows_smem: m0, a0,
     # m1, a1, l0, l1
     sm_mine = rows_smem.index(2 * WG)
@@ -767,7 +765,6 @@ def _consumer(descs, q_lat, q_rope, bufs, k_free, q_ready, q_free, xchg, kidx, o
     pairs = 0                     # tile pairs so far: the hand-off barriers' phase
     w = 0                         # sequence pieces so far
     staged = 0                    # partial pieces so far (handoff 6's phase)
-    q_next = 0                    # warpgroup 0 without a producer: this piece's Q was loaded at the last one's end
     if HAS_SINKS:                 # the program's rows throughout: loaded once, not at each piece's end
         sink = gl.load(SINKS + q_head)
     while (remaining > 0) & (b < batch):
@@ -778,7 +775,7 @@ def _consumer(descs, q_lat, q_rope, bufs, k_free, q_ready, q_free, xchg, kidx, o
             if not PRODUCER:
                 # The piece's Q (warpgroup 0) and first pair: each warpgroup loads the tile it scores (one
                 # warpgroup issuing both gathers kept the other waiting for them; NOTES.md, twenty-ninth session).
-                if (WG == 0) and (q_next == 0):
+                if WG == 0:
                     _load_q(q_lat_desc, q_rope_desc, q_lat, q_rope, q_ready, q_free, b, row0, w, HAS_ROPE)
                 if WG < take:
                     raw = _fetch(kv, (blk + WG) * BLOCK_N, SPARSE, EXTRA) if GATHER else 0
@@ -918,16 +915,6 @@ def _consumer(descs, q_lat, q_rope, bufs, k_free, q_ready, q_free, xchg, kidx, o
                 c += gl.minimum(take - i, 2)
                 pairs += 1
 
-            if not PRODUCER:
-                # Q is not read again in this piece (the outputs are staged in the ring, below): warpgroup 0
-                # loads the next piece's while they leave.
-                _signal(q_free)
-                if WG == 0:
-                    take_next = _piece(SEQLENS, gl.minimum(b + 1, batch - 1), 0, remaining - take)[1]
-                    q_next = ((b + 1 < batch) & (take_next > 0)).to(gl.int32)
-                    if q_next > 0:
-                        _load_q(q_lat_desc, q_rope_desc, q_lat, q_rope, q_ready, q_free, b + 1, row0, w + 1,
-                                HAS_ROPE)
             # Row sums: each warpgroup has the part over the tiles whose scores it computed.
             _put_rows(rows_smem.index(4 + WG), l_i)
             _signal(handoff[4 + WG])
@@ -937,24 +924,19 @@ def _consumer(descs, q_lat, q_rope, bufs, k_free, q_ready, q_free, xchg, kidx, o
             inv = gl.convert_layout(gl.where(empty, 0.0, 1.0 / gl.where(empty, 1.0, l_i)), row_o)
             lse2 = m_i + gl.log2(gl.where(empty, 1.0, l_i))        # log2 units
             out = acc * inv[:, None]
-            # The outputs leave by TMA store, staged in shared memory: with the loader in the Q buffer (free now:
-            # both warpgroups are past their last Q·Kᵀ; the loader is filling the ring with the next piece), else
-            # in the ring slot the warpgroup loads next (c + WG: free at a piece's end, and only loaded into
-            # after this warpgroup's store), so that the next piece's Q can load meanwhile.
+            # The outputs leave through the Q buffer (free now: both warpgroups are past their last Q·Kᵀ) and
+            # a TMA store.
             if (blk == 0) & (take == gl.cdiv(seqlen, BLOCK_N)):
                 # The whole sequence: final output. FlashMLA's convention for a row with no key: LSE +inf.
                 lse = gl.where(empty, float("inf"), lse2 * LN2)
                 if HAS_SINKS:
                     keep = gl.where(empty, 1.0, 1.0 / (1.0 + gl.exp2((sink - gl.where(empty, 0.0, lse)) * LOG2E)))
                     out = out * gl.convert_layout(keep, row_o)[:, None]
-                if PRODUCER:
-                    o_stage = q_lat.index(WG)
-                else:                     # its half of the latent slot
-                    o_stage = k_lat.index(2 * ((c + WG) % STAGES) + WG)
-                o_stage.store(out.to(dtype))
+                q_lat.index(WG).store(out.to(dtype))
                 fence_async_shared()
                 gl.thread_barrier()
-                tma.async_copy_shared_to_global(o_desc, [b, row0, WG * HALF], o_stage.reshape(o_desc.block_type.shape))
+                tma.async_copy_shared_to_global(o_desc, [b, row0, WG * HALF],
+                                                q_lat.index(WG).reshape(o_desc.block_type.shape))
                 if WG == 0:
                     # seq_tokens > 1: b is a query token of a flattened (batch, s_q) call (its s_q = 1)
                     gl.store(LSE + (b // seq_tokens).to(gl.int64) * stride_lb + q_head * stride_lh
@@ -965,15 +947,12 @@ def _consumer(descs, q_lat, q_rope, bufs, k_free, q_ready, q_free, xchg, kidx, o
                 tma.store_wait(0)
             else:
                 # A piece: an fp32 partial at this batch's split slot; an empty piece has LSE -inf (weight 0).
+                # 64 KB per warpgroup: the two take turns with the 72 KB buffer.
                 lse = gl.where(empty, float("-inf"), lse2 * LN2)
                 slot = gl.load(SPLIT_OFFSETS + b) + split
-                if PRODUCER:              # 64 KB per warpgroup: the two take turns with the 72 KB Q buffer
-                    if WG == 1:
-                        mbarrier.wait(handoff[6], staged & 1)
-                    f32_stage = q_lat._reinterpret(gl.float32, [1, ROWS, HALF], f32_layout)
-                else:                     # both latent halves of the slot
-                    f32_stage = k_lat._reinterpret(gl.float32, [STAGES, ROWS, HALF], f32_slots).index(
-                        (c + WG) % STAGES).reshape([1, ROWS, HALF])
+                if WG == 1:
+                    mbarrier.wait(handoff[6], staged & 1)
+                f32_stage = q_lat._reinterpret(gl.float32, [1, ROWS, HALF], f32_layout)
                 f32_stage.reshape([ROWS, HALF]).store(out)
                 fence_async_shared()
                 gl.thread_barrier()
@@ -981,11 +960,10 @@ def _consumer(descs, q_lat, q_rope, bufs, k_free, q_ready, q_free, xchg, kidx, o
                 if WG == 0:
                     gl.store(LSE_PART + slot.to(gl.int64) * stride_lps + offs_m, lse, mask=offs_m < rows_per_k)
                 tma.store_wait(0)
-                if PRODUCER and (WG == 0):
+                if WG == 0:
                     _signal(handoff[6])
                 staged += 1
-            if PRODUCER:
-                _signal(q_free)
+            _signal(q_free)
             w += 1
         remaining -= gl.maximum(take, 0)
         b += 1
