@@ -341,12 +341,12 @@ def test_gluon_mla_loader_choice():
     nor a paged model1 call."""
     from fmha.kernels.mla_decode_sm90 import MODEL1_LOADER_TILES, uses_loader
     assert uses_loader("v32", True, 64) and uses_loader("v32", False, 0)
-    assert uses_loader("model1", True, 128 + 1024) and not uses_loader("model1", True, 128 + 512)
-    assert uses_loader("model1", True, 128 + 512, 2) and uses_loader("model1", True, 128 + 256, 2)
-    assert not uses_loader("model1", True, 128 + 192, 2)
+    assert not uses_loader("model1", True, 128 + 2048) and not uses_loader("model1", True, 128 + 512)
+    assert uses_loader("model1", True, 128 + 1024, 2) and not uses_loader("model1", True, 128 + 512, 2)
     for blocks, least in enumerate(MODEL1_LOADER_TILES, 1):
-        assert uses_loader("model1", True, 64 * least, blocks)
-        assert not uses_loader("model1", True, 64 * least - 64, blocks)
+        if least is not None:
+            assert uses_loader("model1", True, 64 * least, blocks)
+            assert not uses_loader("model1", True, 64 * least - 64, blocks)
     assert not uses_loader("model1", False, 1 << 20)
     assert not uses_loader("model1", False, 1 << 20, 2)
     assert not any(uses_loader(None, sparse, 1 << 20) for sparse in (False, True))

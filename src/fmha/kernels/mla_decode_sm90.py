@@ -50,17 +50,18 @@ tile wholly one source's (`_source` picks its fields without a branch, so the ga
 index row (or block-table entries) a gather reads is staged in shared memory a tile pair ahead by cp.async
 (`_stage_keys`), so its load's latency hides behind that pair instead of stalling the issuing warpgroup.
 
-Loading warpgroup (FP8 caches: V3.2's always, model1's where a token's row is long; `uses_loader`). A third
-warpgroup is possible when it is Triton's default partition and the consumers are both workers (their setmaxnreg then
-lets ptxas keep a 64 x 256 accumulator without serialising the wgmmas); the three share 3 x 168 registers a thread
-(`PRODUCER_CONSUMER_REGS` each for the consumers). It walks the same pieces, loads Q and gathers each part of each
-tile as soon as the consumers release the part's slot (`_release`, at the points where they would otherwise issue
-the load), so the consumers keep only the dequantisation and the math. It measured +3% on V3.2's sparse decode rows
-and +2-3% on model1's at h_q = 128 (18 key tiles a token), +5-6% more once P1 had a buffer of its own there;
-with 10 tiles a token at h_q = 64 it is level, and the bf16 gathers (the sparse prefill) lost 1-21%: those keep
-their own loads. Dequantising in it as well was slower on every row: one warpgroup's 128 threads do the work the
-two consumers' 256 did, and it stalls on every gather it must wait for; only the halves each consumer scores
-first, still -20-28% (benchmarks/NOTES.md, twenty-third, twenty-fifth and twenty-eighth sessions).
+Loading warpgroup (FP8 caches: V3.2's always, model1's at h_q = 128 where a token's row is long; `uses_loader`). A
+third warpgroup is possible when it is Triton's default partition and the consumers are both workers (their
+setmaxnreg then lets ptxas keep a 64 x 256 accumulator without serialising the wgmmas); the three share 3 x 168
+registers a thread (`PRODUCER_CONSUMER_REGS` each for the consumers). It walks the same pieces, loads Q and gathers
+each part of each tile as soon as the consumers release the part's slot (`_release`, at the points where they would
+otherwise issue the load), so the consumers keep only the dequantisation and the math. It measured +3% on V3.2's
+sparse decode rows and +2-3% on model1's at h_q = 128 (18 key tiles a token), +5-6% more once P1 had a buffer of its
+own there; at h_q = 64 it loses at every row length (since the twenty-ninth session's changes to the consumers' own
+loads), and the bf16 gathers (the sparse prefill) lost 1-21%: those keep their own loads. Dequantising in it as well
+was slower on every row: one warpgroup's 128 threads do the work the two consumers' 256 did, and it stalls on every
+gather it must wait for; only the halves each consumer scores first, still -20-28% (benchmarks/NOTES.md,
+twenty-third, twenty-fifth and twenty-eighth sessions).
 
 A paged bf16/fp16 cache may hold anything (NaN included) past a sequence's end; the last tile's rows there are
 zeroed in shared memory before they are used as values (0 · NaN would poison the output), each warpgroup its
@@ -120,11 +121,11 @@ CONSUMER_REGS = 240               # the worker warpgroup's setmaxnreg (8 warps: 
 # sparse decode rows. model1 (V4): 208 (the loader 88); 216 lost 6-8% there (NOTES.md, twenty-third session).
 PRODUCER_CONSUMER_REGS = {"v32": 216, "model1": 208}
 # model1 sparse calls whose query tokens have at least this many key tiles take the loading warpgroup, with one /
-# two 64-row query blocks a token (h_q = 64 / 128). It gains where a token's pairs outweigh the piece boundary it
-# lengthens: h_q = 64 lost up to 15% at 6 tiles and was mixed at 10 (-2 / +3%), h_q = 128 gained 0-7% from 6
-# tiles on once P1 had a buffer of its own (`probe_mla.py --loader-sweep`, NOTES.md twenty-fifth and
-# twenty-eighth sessions).
-MODEL1_LOADER_TILES = (16, 6)
+# two 64-row query blocks a token (h_q = 64 / 128; None: never). It gains where a token's pairs outweigh the piece
+# boundary it lengthens. Since the consumers' own loads got their early RoPE gathers and split first loads
+# (twenty-ninth session, `probe_mla.py --loader-sweep`): h_q = 64 lost to it at 6 to 34 tiles (-2..-14% at b = 64,
+# -5..-9% at b = 128); h_q = 128 lost 1-2% at 6, was level at 10 and gained 0.3-1.8% at 18 and 34.
+MODEL1_LOADER_TILES = (None, 14)
 
 
 @gluon.jit
@@ -1231,7 +1232,8 @@ def uses_loader(fp8_layout, sparse, row_keys, row_blocks=1):
     if fp8_layout == "v32":
         return True
     least = MODEL1_LOADER_TILES[min(row_blocks, len(MODEL1_LOADER_TILES)) - 1]
-    return fp8_layout == "model1" and sparse and triton.cdiv(row_keys, BLOCK_N.value) >= least
+    return (fp8_layout == "model1" and sparse and least is not None
+            and triton.cdiv(row_keys, BLOCK_N.value) >= least)
 
 
 assert SCHED_BLOCK == BLOCK_N.value, "a key tile is one scheduling block"
