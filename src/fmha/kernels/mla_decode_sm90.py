@@ -773,14 +773,24 @@ def _consumer(descs, q_lat, q_rope, bufs, k_free, q_ready, q_free, xchg, kidx, o
         if take > 0:
             main, extra = _kv_sources(b, seqlen, caches, SPARSE, EXTRA)
             kv = (k_lat_desc, k_rope_desc, main[0], main[9], main, extra, caches[16])
-            if not PRODUCER:
-                # The piece's Q (warpgroup 0) and first pair: each warpgroup loads the tile it scores (one
-                # warpgroup issuing both gathers kept the other waiting for them; NOTES.md, twenty-ninth session).
+            if (WG == 0) and not PRODUCER:
+                _load_q(q_lat_desc, q_rope_desc, q_lat, q_rope, q_ready, q_free, b, row0, w, HAS_ROPE)
+            if HAS_MAX:
+                # The sparse prefill (the only caller with HAS_MAX) runs one piece a program: warpgroup 0 loads
+                # both first tiles, their index rows read first so the two loads are in flight together, unrolled
+                # (looped it lost 1-3%).
                 if WG == 0:
-                    _load_q(q_lat_desc, q_rope_desc, q_lat, q_rope, q_ready, q_free, b, row0, w, HAS_ROPE)
-                if WG < take:
-                    raw = _fetch(kv, (blk + WG) * BLOCK_N, SPARSE, EXTRA) if GATHER else 0
-                    _first_loads(kv, bufs, kidx, blk, c, WG, raw, SPARSE, FP8, GATHER, ROPE_PART, EXTRA)
+                    raw0 = _fetch(kv, blk * BLOCK_N, SPARSE, EXTRA)
+                    raw1 = _fetch(kv, (blk + 1) * BLOCK_N, SPARSE, EXTRA)
+                    for j in gl.static_range(2):
+                        if j < take:
+                            _first_loads(kv, bufs, kidx, blk, c, j, raw0 if j == 0 else raw1, SPARSE, FP8, GATHER,
+                                         ROPE_PART, EXTRA)
+            elif (not PRODUCER) and (WG < take):
+                # Decode: each warpgroup loads the first tile it scores (warpgroup 0 issuing both kept the other
+                # waiting at every piece start: V4 h_q = 64 b = 128 +6.8%, NOTES.md twenty-ninth session).
+                raw = _fetch(kv, (blk + WG) * BLOCK_N, SPARSE, EXTRA) if GATHER else 0
+                _first_loads(kv, bufs, kidx, blk, c, WG, raw, SPARSE, FP8, GATHER, ROPE_PART, EXTRA)
             # Causal (bottom-right): query i sees keys j <= seqlen - seqlen_q + i.
             full = seqlen
             last_visible = gl.zeros([ROWS], gl.int32, row_s) + (seqlen - 1)
