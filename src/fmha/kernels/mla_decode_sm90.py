@@ -22,10 +22,10 @@ running row max passes between them through shared memory ("seesaw"):
     WG0: S0 = Q·K0ᵀ; m0 = max(m, rowmax S0); P0 = exp2(S0 - m0); O_L = O_L·e^(m - m0) + P0·V0_L
     WG1: S1 = Q·K1ᵀ; m1 = max(m0, rowmax S1); P1 = exp2(S1 - m1); O_R = O_R·e^(m - m1) + P1·V1_R
     WG0: O_L = O_L·e^(m0 - m1) + P1·V1_L        WG1: O_R += (P0·e^(m0 - m1))·V0_R
-Each warpgroup hands its P to the other through shared memory, written over its tile's RoPE columns (only
-Q·Kᵀ reads them, and that is done by then), so the plan fits the 227 KB of shared memory: Q 72 KB and two
-72 KB key tiles (with model1's cache P1 has an 8 KB buffer of its own instead). Each
-warpgroup sums the probabilities it computed; the two row sums are added at the end.
+Each warpgroup hands its P to the other through shared memory, written over its tile's RoPE columns (only Q·Kᵀ reads
+them, and that is done by then), so the plan fits the 227 KB of shared memory: Q 72 KB and two 72 KB key tiles (with
+model1's cache P1 has an 8 KB buffer of its own instead). Each warpgroup sums the probabilities it computed; the two
+row sums are added at the end.
 On the TMA (dense) forms the running max is raised lazily, only where a tile's scores pass it by more than
 LAZY_BY, and warpgroup 0 skips its two accumulator rescales of a pair while no row's max moved.
 
