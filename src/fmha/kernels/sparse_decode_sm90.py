@@ -1,0 +1,278 @@
+"""Hopper (sm_90) token-sparse decode over DeepSeek-V3.2's FP8 cache, with a loading warpgroup that dequantises.
+
+A second structure for the V3.2 rows of `mla_decode_sm90.py` (where each consumer warpgroup dequantises the tile it
+scores): one program owns 64 packed query rows of one query token and walks its `topk` keys in tiles of 64.
+- the loading warpgroup (the default partition) reads each key's 656 bytes with plain global loads into registers
+  (one tile ahead, so their latency hides behind the ring wait), turns the e4m3 values into bf16 with their
+  scales and stores the tile into a ring slot (two 72 KB slots) in the tensor cores' layout;
+- warpgroup 0 computes every tile's scores, the softmax, and O_L += P·V_L (the first 256 value columns), with P
+  from registers; it hands P and the rescale factors to warpgroup 1 through shared memory;
+- warpgroup 1 only does O_R += P·V_R (the other 256 columns) from that shared P, so it needs few registers, and
+  those go to the loading warpgroup.
+"""
+from __future__ import annotations
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                              warpgroup_mma_init, warpgroup_mma_wait)
+
+from .sm90 import descriptor
+
+ROWS = gl.constexpr(64)
+BLOCK_N = gl.constexpr(64)
+HALF = gl.constexpr(256)
+DT = gl.constexpr(64)
+STAGES = gl.constexpr(2)
+ROW_BYTES = gl.constexpr(656)     # V3.2: 512 e4m3 | 4 fp32 scales | 64 bf16 RoPE values
+LN2 = gl.constexpr(0.6931471805599453)
+LOG2E = gl.constexpr(1.4426950408889634)
+# The loader's view of a tile: 16 bytes a load, 8 rows a warp (4 threads a row of 64 bytes).
+LD = gl.constexpr(gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0]))
+LD_ROWS = gl.constexpr(gl.SliceLayout(1, gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])))
+WG0_REGS = 216
+WG1_REGS = 168
+
+
+@gluon.jit
+def _signal(bar):
+    gl.thread_barrier()
+    mbarrier.arrive(bar, count=1)
+
+
+@gluon.jit
+def _tile_rows(CACHE, IDX, n, bound, ok_n):
+    """(row addresses, exists) of the keys of the tile at index n of this token's index row."""
+    idx = gl.load(IDX + n + gl.arange(0, BLOCK_N, layout=LD_ROWS), mask=ok_n, other=-1)
+    ok = (idx >= 0) & (idx < bound)
+    return CACHE + gl.where(ok, idx, 0).to(gl.int64) * ROW_BYTES, ok
+
+
+@gluon.jit
+def _load_tile(rows, ok):
+    """The tile's bytes into registers: eight 64-column chunks of e4m3 bytes, their fp32 scales (one per 128
+    columns), the RoPE values."""
+    cols = gl.arange(0, 64, layout=gl.SliceLayout(0, LD))
+    m = ok[:, None]
+    p = rows[:, None] + cols[None, :]
+    xs = (gl.load(p, mask=m, other=0), gl.load(p + 64, mask=m, other=0), gl.load(p + 128, mask=m, other=0),
+          gl.load(p + 192, mask=m, other=0), gl.load(p + 256, mask=m, other=0), gl.load(p + 320, mask=m, other=0),
+          gl.load(p + 384, mask=m, other=0), gl.load(p + 448, mask=m, other=0))
+    sp = (rows + 512).to(gl.pointer_type(gl.float32))
+    sc = (gl.load(sp, mask=ok, other=0.0), gl.load(sp + 1, mask=ok, other=0.0), gl.load(sp + 2, mask=ok, other=0.0),
+          gl.load(sp + 3, mask=ok, other=0.0))
+    rp = (rows + 528).to(gl.pointer_type(gl.bfloat16))
+    rope = gl.load(rp[:, None] + cols[None, :], mask=m, other=0.0)
+    return xs, sc, rope
+
+
+# Four e4m3 bytes ($2) times an fp32 scale ($3) into four bf16 ($0, $1): exact widening to f16 and f32, one fp32
+# multiply and one rounding to bf16 each, as `x.to(float32) * scale` then `.to(bfloat16)` computes, without the byte
+# shuffles Triton's own conversion makes.
+_E4M3_SCALED_TO_BF16 = gl.constexpr(
+    "{ .reg .b16 lo, hi, h0, h1, h2, h3;\n"
+    ".reg .b32 p, q;\n"
+    ".reg .f32 f0, f1, f2, f3;\n"
+    "mov.b32 {lo, hi}, $2;\n"
+    "cvt.rn.f16x2.e4m3x2 p, lo;\n"
+    "cvt.rn.f16x2.e4m3x2 q, hi;\n"
+    "mov.b32 {h0, h1}, p;\n"
+    "mov.b32 {h2, h3}, q;\n"
+    "cvt.f32.f16 f0, h0;\n"
+    "cvt.f32.f16 f1, h1;\n"
+    "cvt.f32.f16 f2, h2;\n"
+    "cvt.f32.f16 f3, h3;\n"
+    "mul.f32 f0, f0, $3;\n"
+    "mul.f32 f1, f1, $3;\n"
+    "mul.f32 f2, f2, $3;\n"
+    "mul.f32 f3, f3, $3;\n"
+    "cvt.rn.bf16x2.f32 $0, f1, f0;\n"
+    "cvt.rn.bf16x2.f32 $1, f3, f2; }")
+
+
+@gluon.jit
+def _put(x, scale, dst):
+    bits = scale.to(gl.int32, bitcast=True)[:, None] + gl.zeros_like(x).to(gl.int32)
+    dst.store(gl.inline_asm_elementwise(_E4M3_SCALED_TO_BF16, "=r,=r,r,r,r,r,r", [x, bits], gl.bfloat16, True, 4))
+
+
+@gluon.jit
+def _loader(q_lat_desc, q_rope_desc, q_lat, q_rope, k_lat, k_rope, q_ready, k_ready, k_empty, CACHE, IDX, topk,
+            bound, n_tiles, tok, row0):
+    mbarrier.expect(q_ready, 2 * q_lat_desc.block_type.nbytes + q_rope_desc.block_type.nbytes)
+    for h in gl.static_range(2):
+        tma.async_copy_global_to_shared(q_lat_desc, [tok, row0, h * HALF], q_ready,
+                                        q_lat.index(h).reshape(q_lat_desc.block_type.shape))
+    tma.async_copy_global_to_shared(q_rope_desc, [tok, row0, 2 * HALF], q_ready,
+                                    q_rope.reshape(q_rope_desc.block_type.shape))
+    base = IDX + tok.to(gl.int64) * topk
+    rows, ok = _tile_rows(CACHE, base, 0, bound, True)
+    for j in range(n_tiles):
+        slot = j % STAGES
+        # This tile's bytes (its index row was read a tile ago) and the next tile's index row go out before the wait
+        # for the slot, so their latency hides behind it. (Loaded in one iteration and used in the next, the bytes
+        # would cross the loop edge one byte a register.)
+        xs, sc, rope = _load_tile(rows, ok)
+        rows, ok = _tile_rows(CACHE, base, (j + 1) * BLOCK_N, bound, j + 1 < n_tiles)
+        mbarrier.wait(k_empty.index(slot), ((j // STAGES) & 1) ^ 1)
+        for g in gl.static_range(8):
+            _put(xs[g], sc[g // 2], k_lat.index(2 * slot + g // 4).slice((g % 4) * 64, 64, dim=1))
+        k_rope.index(slot).store(rope)
+        fence_async_shared()
+        _signal(k_ready.index(slot))
+
+
+@gluon.jit
+def _scorer(q_lat, q_rope, k_lat, k_rope, p_smem, rows_smem, q_ready, k_ready, k_empty, p_ready, p_free, done,
+            o_desc, IDX, LSE, SINKS, topk, bound, n_tiles, tok, row0, h_q, qk_scale_log2,
+            HAS_SINKS: gl.constexpr):
+    """Warpgroup 0: every tile's scores and softmax, O_L."""
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HALF, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
+    dtype: gl.constexpr = q_lat.dtype
+    base = IDX + tok.to(gl.int64) * topk
+    acc = gl.zeros([ROWS, HALF], gl.float32, o_layout)
+    l_i = gl.zeros([ROWS], gl.float32, row_s)
+    m_i = gl.full([ROWS], float("-inf"), gl.float32, row_s)
+    mbarrier.wait(q_ready, 0)
+    for j in range(n_tiles):
+        slot = j % STAGES
+        idx = gl.load(base + j * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_s))
+        key_ok = (idx >= 0) & (idx < bound)
+        mbarrier.wait(k_ready.index(slot), (j // STAGES) & 1)
+        s = warpgroup_mma_init(gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout))
+        s = warpgroup_mma(q_lat.index(0), k_lat.index(2 * slot).permute((1, 0)), s, is_async=True)
+        s = warpgroup_mma(q_lat.index(1), k_lat.index(2 * slot + 1).permute((1, 0)), s, is_async=True)
+        s = warpgroup_mma(q_rope, k_rope.index(slot).permute((1, 0)), s, is_async=True)
+        s = warpgroup_mma_wait(0, deps=(s,))
+        s = gl.where(key_ok[None, :], s * qk_scale_log2, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, 1))
+        m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_shift)
+        p = gl.exp2(s - m_shift[:, None])
+        l_i = l_i * alpha + gl.sum(p, 1)
+        m_i = m_new
+        pb = p.to(dtype)
+        if j > 0:
+            mbarrier.wait(p_free, (j - 1) & 1)
+        p_smem.store(pb)
+        rows_smem.index(0).store(alpha)
+        fence_async_shared()
+        _signal(p_ready)
+        acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+        o_tok = warpgroup_mma(gl.convert_layout(pb, p_layout), k_lat.index(2 * slot), acc, is_async=True)
+        acc = warpgroup_mma_wait(0, deps=(o_tok,))
+        _signal(k_empty.index(slot))
+    empty = l_i == 0.0
+    lse = gl.where(empty, float("inf"), (m_i + gl.log2(gl.where(empty, 1.0, l_i))) * LN2)
+    inv = gl.where(empty, 0.0, 1.0 / gl.where(empty, 1.0, l_i))
+    heads = row0 + gl.arange(0, ROWS, layout=row_s)
+    if HAS_SINKS:
+        sink = gl.load(SINKS + heads)
+        inv = inv * gl.where(empty, 1.0, 1.0 / (1.0 + gl.exp2((sink - gl.where(empty, 0.0, lse)) * LOG2E)))
+    rows_smem.index(1).store(inv)
+    _signal(done)
+    out = acc * gl.convert_layout(inv, row_o)[:, None]
+    q_lat.index(0).store(out.to(dtype))
+    fence_async_shared()
+    gl.thread_barrier()
+    tma.async_copy_shared_to_global(o_desc, [tok, row0, 0], q_lat.index(0).reshape(o_desc.block_type.shape))
+    gl.store(LSE + tok.to(gl.int64) * h_q + heads, lse)
+    tma.store_wait(0)
+
+
+@gluon.jit
+def _right(q_lat, k_lat, p_smem, rows_smem, k_ready, k_empty, p_ready, p_free, done, o_desc, n_tiles, tok, row0):
+    """Warpgroup 1: O_R += P·V_R from the shared P, nothing else."""
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HALF, 16])
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    acc = gl.zeros([ROWS, HALF], gl.float32, o_layout)
+    for j in range(n_tiles):
+        slot = j % STAGES
+        mbarrier.wait(p_ready, j & 1)
+        mbarrier.wait(k_ready.index(slot), (j // STAGES) & 1)
+        alpha = rows_smem.index(0).load(row_o)
+        acc = acc * alpha[:, None]
+        o_tok = warpgroup_mma(p_smem, k_lat.index(2 * slot + 1), acc, is_async=True)
+        acc = warpgroup_mma_wait(0, deps=(o_tok,))
+        _signal(p_free)
+        _signal(k_empty.index(slot))
+    mbarrier.wait(done, 0)
+    out = acc * rows_smem.index(1).load(row_o)[:, None]
+    q_lat.index(1).store(out.to(q_lat.dtype))
+    fence_async_shared()
+    gl.thread_barrier()
+    tma.async_copy_shared_to_global(o_desc, [tok, row0, HALF], q_lat.index(1).reshape(o_desc.block_type.shape))
+    tma.store_wait(0)
+
+
+@gluon.jit
+def sparse_decode_v32_kernel(q_lat_desc, q_rope_desc, o_desc, CACHE, IDX, LSE, SINKS, topk, bound, h_q,
+                             qk_scale_log2, HAS_SINKS: gl.constexpr, WG0_REGS: gl.constexpr,
+                             WG1_REGS: gl.constexpr):
+    """Grid: query tokens x 64-row blocks of their heads (row blocks fastest, so a token's programs run together)."""
+    blocks = h_q // ROWS
+    tok = gl.program_id(0) // blocks
+    row0 = (gl.program_id(0) % blocks) * ROWS
+    n_tiles = topk // BLOCK_N
+    dtype: gl.constexpr = q_lat_desc.dtype
+    half_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, HALF], dtype)
+    rope_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, DT], dtype)
+    q_lat = gl.allocate_shared_memory(dtype, [2, ROWS, HALF], half_layout)
+    q_rope = gl.allocate_shared_memory(dtype, [ROWS, DT], rope_layout)
+    k_lat = gl.allocate_shared_memory(dtype, [2 * STAGES, BLOCK_N, HALF], half_layout)
+    k_rope = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, DT], rope_layout)
+    p_smem = gl.allocate_shared_memory(dtype, [ROWS, BLOCK_N], rope_layout)
+    rows_smem = gl.allocate_shared_memory(gl.float32, [2, ROWS], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    q_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout()).index(0)
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    p_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout()).index(0)
+    p_free = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout()).index(0)
+    done = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout()).index(0)
+    mbarrier.init(q_ready, count=1)
+    mbarrier.init(p_ready, count=1)
+    mbarrier.init(p_free, count=1)
+    mbarrier.init(done, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(k_empty.index(i), count=2)
+    gl.warp_specialize([
+        (_loader, (q_lat_desc, q_rope_desc, q_lat, q_rope, k_lat, k_rope, q_ready, k_ready, k_empty, CACHE, IDX, topk,
+                   bound, n_tiles, tok, row0)),
+        (_scorer, (q_lat, q_rope, k_lat, k_rope, p_smem, rows_smem, q_ready, k_ready, k_empty, p_ready, p_free, done,
+                   o_desc, IDX, LSE, SINKS, topk, bound, n_tiles, tok, row0, h_q, qk_scale_log2, HAS_SINKS)),
+        (_right, (q_lat, k_lat, p_smem, rows_smem, k_ready, k_empty, p_ready, p_free, done, o_desc, n_tiles, tok,
+                  row0)),
+    ], [4, 4], [WG0_REGS, WG1_REGS])
+
+
+def sparse_decode_v32(q, cache, indices, softmax_scale, sinks=None):
+    """q (b, s_q, h_q, 576) bf16, cache (num_blocks, page, 1, 656) uint8 (contiguous), indices (b, s_q, topk) int32
+    flat token positions (-1: none), topk a multiple of 64, h_q a multiple of 64. Returns (out (b, s_q, h_q, 512),
+    lse (b * s_q, h_q))."""
+    b, s_q, h_q, d = q.shape
+    tokens = b * s_q
+    topk = indices.shape[-1]
+    out = torch.empty(b, s_q, h_q, 512, dtype=q.dtype, device=q.device)
+    lse = torch.empty(tokens, h_q, dtype=torch.float32, device=q.device)
+    qv = q.reshape(tokens, h_q, d)
+    ov = out.view(tokens, h_q, 512)
+    q_lat_desc = descriptor(qv, ([tokens, h_q, d], [h_q * d, d, 1]), [1, 64, 256])
+    q_rope_desc = descriptor(qv, ([tokens, h_q, d], [h_q * d, d, 1]), [1, 64, 64])
+    o_desc = descriptor(ov, ([tokens, h_q, 512], [h_q * 512, 512, 1]), [1, 64, 256])
+    bound = cache.shape[0] * cache.shape[1]
+    grid = (tokens * (h_q // 64),)
+    sparse_decode_v32_kernel[grid](q_lat_desc, q_rope_desc, o_desc, cache, indices, lse,
+                                   sinks if sinks is not None else lse, topk, bound, h_q,
+                                   softmax_scale * 1.4426950408889634, HAS_SINKS=sinks is not None,
+                                   WG0_REGS=WG0_REGS, WG1_REGS=WG1_REGS, num_warps=4)
+    return out, lse
