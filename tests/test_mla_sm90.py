@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import fmha.mla as flash_mla
-from fmha.kernels import mla_decode_sm90
+from fmha.kernels import mla_decode_sm90, sparse_decode_sm90
 import test_mla              # as a module: its test functions, imported by name, would be collected here again
 from fmha.reference import mla_decode_ref, mla_sparse_decode_ref
 from test_mla import D_QK, D_V, _check, _paged_cache, _seqlens
@@ -150,13 +150,10 @@ def test_gluon_model1_loader(gluon_calls, monkeypatch, case):
     assert gluon_calls
 
 
-@pytest.mark.parametrize("page_size", [64, 61])
-def test_gluon_fp8_sparse_decode_h128(gluon_calls, page_size):
-    """The V3.2 benchmark's shape at small scale: h_q = 128, s_q = 2 (two 64-row blocks per token, tokens split
-    over parts), topk 2048 with -1 entries and a trimmed row, a sink, odd pages; the oracle runs on the same
-    cache dequantised in fp32."""
-    b, s_q, h_q, topk, tokens = 6, 2, 128, 2048, 20000
-    g = torch.Generator().manual_seed(page_size)
+def _v32_sparse_decode(b, s_q, h_q, page_size, topk, *, sink=True, short=(), tokens=20000):
+    """A V3.2 FP8 sparse decode against the oracle on the same cache dequantised in fp32: topk random indices with
+    10% -1 entries, `short` = {batch: topk_length}, a sink, pages of page_size keys."""
+    g = torch.Generator().manual_seed(page_size + h_q + topk)
     blocks = -(-tokens // page_size)
     kv = torch.randn(blocks, page_size, 1, D_QK, generator=g).to(torch.bfloat16).cuda()
     packed = flash_mla.quantize_kv_cache(kv, "v32")
@@ -164,14 +161,49 @@ def test_gluon_fp8_sparse_decode_h128(gluon_calls, page_size):
     indices = torch.randint(0, tokens, (b, s_q, topk), generator=g, dtype=torch.int32)
     indices[torch.rand(b, s_q, topk, generator=g) < 0.1] = -1
     topk_length = torch.full((b,), topk, dtype=torch.int32)
-    topk_length[1] = 700
+    for i, n in dict(short).items():
+        topk_length[i] = n
     q = torch.randn(b, s_q, h_q, D_QK, generator=g).to(torch.bfloat16).cuda()
-    sink = torch.randn(h_q, generator=g).cuda()
+    attn_sink = torch.randn(h_q, generator=g).cuda() if sink else None
     indices, topk_length = indices.cuda(), topk_length.cuda()
     lens = torch.zeros(b, dtype=torch.int32, device="cuda")
     meta, splits = flash_mla.get_mla_metadata(lens, s_q * h_q, 1, num_heads_q=h_q, topk=topk, is_fp8_kvcache=True)
     out, lse = flash_mla.flash_mla_with_kvcache(q, packed, None, lens, D_V, meta, splits, is_fp8_kvcache=True,
-                                                indices=indices, topk_length=topk_length, attn_sink=sink)
-    ref = mla_sparse_decode_ref(q, ref_cache, indices, D_V, topk_length=topk_length, attn_sink=sink)
+                                                indices=indices, topk_length=topk_length, attn_sink=attn_sink)
+    ref = mla_sparse_decode_ref(q, ref_cache, indices, D_V, topk_length=topk_length, attn_sink=attn_sink)
     _check(out, lse, *ref, torch.bfloat16)
+
+
+@pytest.mark.parametrize("page_size", [64, 61])
+def test_gluon_fp8_sparse_decode_h128(gluon_calls, page_size):
+    """The V3.2 benchmark's shape at small scale: h_q = 128, s_q = 2 (two 64-row blocks per token, tokens split
+    over parts), topk 2048 with -1 entries and a trimmed row, a sink, odd pages; the oracle runs on the same
+    cache dequantised in fp32."""
+    _v32_sparse_decode(6, 2, 128, page_size, 2048, short={1: 700})
     assert gluon_calls
+
+
+@pytest.fixture
+def v32_calls(monkeypatch):
+    """Counts launches of `sparse_decode_sm90` (V3.2's FP8 sparse decode run whole); skips off sm_90."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("not an sm_90 GPU")
+    calls = []
+    launch = sparse_decode_sm90.sparse_decode_forward_sm90
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return launch(*args, **kwargs)
+    monkeypatch.setattr(sparse_decode_sm90, "sparse_decode_forward_sm90", counted)
+    return calls
+
+
+@pytest.mark.parametrize("b,s_q,h_q,page_size,topk,sink", [(40, 2, 128, 64, 2048, True), (64, 1, 128, 61, 1000, False),
+                                                           (128, 1, 64, 64, 512, True), (70, 2, 64, 2, 130, True)],
+                         ids=["h128-sq2", "h128-page61-topk1000", "h64", "h64-page2-topk130"])
+def test_gluon_fp8_v32_sparse_decode_whole(v32_calls, b, s_q, h_q, page_size, topk, sink):
+    """V3.2 FP8 sparse decode with enough tokens that the plan runs each whole: `sparse_decode_sm90` (the loader
+    dequantises in registers; a scoring and a P·V-only warpgroup). topk not a multiple of 64, topk_length short,
+    one, and 0 (a row with no key: output 0, LSE +inf), -1 entries, odd pages."""
+    _v32_sparse_decode(b, s_q, h_q, page_size, topk, sink=sink, short={1: 700 % topk, 3: 1, 5: 0})
+    assert v32_calls

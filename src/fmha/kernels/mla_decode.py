@@ -408,7 +408,13 @@ def mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens
         # One KV head, >= 16 packed rows on Hopper (bf16/fp16 or FP8 caches, paged or token-sparse, with an extra
         # source or not; `supported` decides): the Gluon kernel (no duplicated score tile). Decided before the
         # portable kernel's tiles and descriptors.
-        from . import mla_decode_sm90
+        from . import mla_decode_sm90, sparse_decode_sm90
+        views = sparse_decode_sm90.supported(q_lat, q_rope, kv_lat, out, sparse=sparse, fp8_layout=fp8_layout,
+                                             extra=extra, max_logits=max_logits, whole=whole, causal=causal)
+        if views is not None:         # V3.2's FP8 sparse decode, run whole: a dequantising loader (its module)
+            sparse_decode_sm90.sparse_decode_forward_sm90(views, q_lat, q_rope, kv_lat, block_table, valid_lens, out,
+                                                          lse, softmax_scale=softmax_scale, sinks=sinks)
+            return None
         views = mla_decode_sm90.supported(q_lat, q_rope, kv_lat, k_rope, out, rows_per_k, sparse=sparse,
                                           fp8_layout=fp8_layout, extra=extra)
         if views is not None:

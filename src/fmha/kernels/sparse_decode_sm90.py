@@ -1,23 +1,29 @@
-"""Hopper (sm_90) token-sparse decode over DeepSeek-V3.2's FP8 cache, with a loading warpgroup that dequantises.
+"""Hopper (sm_90) token-sparse decode over DeepSeek-V3.2's FP8 cache, FlashMLA's structure: a loading warpgroup that
+dequantises, a warpgroup that scores, and one that only multiplies P by the right half of V.
 
-A second structure for the V3.2 rows of `mla_decode_sm90.py` (where each consumer warpgroup dequantises the tile it
-scores): one program owns 64 packed query rows of one query token and walks its `topk` keys in tiles of 64.
-- the loading warpgroup (the default partition) reads each key's 656 bytes with plain global loads into registers
-  (one tile ahead, so their latency hides behind the ring wait), turns the e4m3 values into bf16 with their
-  scales and stores the tile into a ring slot (two 72 KB slots) in the tensor cores' layout;
-- warpgroup 0 computes every tile's scores, the softmax, and O_L += P·V_L (the first 256 value columns), with P
-  from registers; it hands P and the rescale factors to warpgroup 1 through shared memory;
-- warpgroup 1 only does O_R += P·V_R (the other 256 columns) from that shared P, so it needs few registers, and
-  those go to the loading warpgroup.
+`mla_decode.mla_decode_forward` sends it the V3.2 FP8 sparse decode calls that `supported` accepts (one query token a
+"batch", planned whole, heads in 64-row blocks; the rest stay with `mla_decode_sm90`, whose two consumer warpgroups
+each dequantise the tile they score). One program owns 64 query rows (heads) of one query token and walks its valid
+keys (the first min(topk, topk_length) entries of its index row) in tiles of 64:
+- the loading warpgroup (the default partition) reads each key's 656 bytes with 16-byte global loads into registers,
+  issued before it waits for the ring slot, so their latency hides behind that wait; it turns the e4m3 values into
+  bf16 with their fp32 scales (`_E4M3_SCALED_TO_BF16`) and stores the tile into one of two 72 KB slots in the tensor
+  cores' layout, then arrives on the slot's barrier;
+- warpgroup 0 computes every tile's scores Q·Kᵀ over 576 columns, the online softmax, and O_L += P·V_L (value columns
+  0-255) with P from registers; it publishes P (bf16) and the rows' rescale factors in shared memory for
+- warpgroup 1, which only rescales O_R and adds P·V_R (columns 256-511) from that shared P. Needing no score tile and
+  no softmax, it runs at WG1_REGS registers, and what it leaves goes to the loader.
+Both release a slot once their product on it is done (its empty barrier counts two). Outputs leave through the Q
+buffer by TMA store. Against `mla_decode_sm90` on `fmha bench sparse`'s V3.2 rows: +9% (NOTES.md, thirtieth session).
 """
 from __future__ import annotations
 
-import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_init, warpgroup_mma_wait)
 
+from . import mla_decode_sm90
 from .sm90 import descriptor
 
 ROWS = gl.constexpr(64)
@@ -42,11 +48,17 @@ def _signal(bar):
 
 
 @gluon.jit
-def _tile_rows(CACHE, IDX, n, bound, ok_n):
-    """(row addresses, exists) of the keys of the tile at index n of this token's index row."""
-    idx = gl.load(IDX + n + gl.arange(0, BLOCK_N, layout=LD_ROWS), mask=ok_n, other=-1)
+def _tile_rows(cache, n, layout: gl.constexpr):
+    """(row addresses, exists) in `layout` of the keys of the tile at position n of this token's index row: a flat
+    position p is row p % page_size of page p // page_size; entries that are negative, past the cache or past the
+    token's valid length do not exist (row 0 is named instead, and never read)."""
+    CACHE, idx_row, limit, bound, page_size, stride_page, stride_slot = cache
+    k = n + gl.arange(0, BLOCK_N, layout=layout)
+    idx = gl.load(idx_row + k, mask=k < limit, other=-1)
     ok = (idx >= 0) & (idx < bound)
-    return CACHE + gl.where(ok, idx, 0).to(gl.int64) * ROW_BYTES, ok
+    token = gl.where(ok, idx, 0)
+    page = (token.to(gl.uint32) // page_size.to(gl.uint32)).to(gl.int32)       # page_size 1: folded away
+    return CACHE + page.to(gl.int64) * stride_page + (token - page * page_size).to(gl.int64) * stride_slot, ok
 
 
 @gluon.jit
@@ -98,23 +110,21 @@ def _put(x, scale, dst):
 
 
 @gluon.jit
-def _loader(q_lat_desc, q_rope_desc, q_lat, q_rope, k_lat, k_rope, q_ready, k_ready, k_empty, CACHE, IDX, topk,
-            bound, n_tiles, tok, row0):
+def _loader(q_lat_desc, q_rope_desc, q_lat, q_rope, k_lat, k_rope, q_ready, k_ready, k_empty, cache, n_tiles, tok,
+            row0):
     mbarrier.expect(q_ready, 2 * q_lat_desc.block_type.nbytes + q_rope_desc.block_type.nbytes)
     for h in gl.static_range(2):
         tma.async_copy_global_to_shared(q_lat_desc, [tok, row0, h * HALF], q_ready,
                                         q_lat.index(h).reshape(q_lat_desc.block_type.shape))
-    tma.async_copy_global_to_shared(q_rope_desc, [tok, row0, 2 * HALF], q_ready,
-                                    q_rope.reshape(q_rope_desc.block_type.shape))
-    base = IDX + tok.to(gl.int64) * topk
-    rows, ok = _tile_rows(CACHE, base, 0, bound, True)
+    tma.async_copy_global_to_shared(q_rope_desc, [tok, row0, 0], q_ready, q_rope.reshape(q_rope_desc.block_type.shape))
+    rows, ok = _tile_rows(cache, 0, LD_ROWS)
     for j in range(n_tiles):
         slot = j % STAGES
         # This tile's bytes (its index row was read a tile ago) and the next tile's index row go out before the wait
         # for the slot, so their latency hides behind it. (Loaded in one iteration and used in the next, the bytes
-        # would cross the loop edge one byte a register.)
+        # would cross the loop edge one byte a register: 4.6 KB of spills.)
         xs, sc, rope = _load_tile(rows, ok)
-        rows, ok = _tile_rows(CACHE, base, (j + 1) * BLOCK_N, bound, j + 1 < n_tiles)
+        rows, ok = _tile_rows(cache, (j + 1) * BLOCK_N, LD_ROWS)
         mbarrier.wait(k_empty.index(slot), ((j // STAGES) & 1) ^ 1)
         for g in gl.static_range(8):
             _put(xs[g], sc[g // 2], k_lat.index(2 * slot + g // 4).slice((g % 4) * 64, 64, dim=1))
@@ -125,8 +135,7 @@ def _loader(q_lat_desc, q_rope_desc, q_lat, q_rope, k_lat, k_rope, q_ready, k_re
 
 @gluon.jit
 def _scorer(q_lat, q_rope, k_lat, k_rope, p_smem, rows_smem, q_ready, k_ready, k_empty, p_ready, p_free, done,
-            o_desc, IDX, LSE, SINKS, topk, bound, n_tiles, tok, row0, h_q, qk_scale_log2,
-            HAS_SINKS: gl.constexpr):
+            o_desc, cache, lse_out, SINKS, n_tiles, tok, row0, qk_scale_log2, HAS_SINKS: gl.constexpr):
     """Warpgroup 0: every tile's scores and softmax, O_L."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
@@ -137,15 +146,13 @@ def _scorer(q_lat, q_rope, k_lat, k_rope, p_smem, rows_smem, q_ready, k_ready, k
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
     dtype: gl.constexpr = q_lat.dtype
-    base = IDX + tok.to(gl.int64) * topk
     acc = gl.zeros([ROWS, HALF], gl.float32, o_layout)
     l_i = gl.zeros([ROWS], gl.float32, row_s)
     m_i = gl.full([ROWS], float("-inf"), gl.float32, row_s)
     mbarrier.wait(q_ready, 0)
     for j in range(n_tiles):
         slot = j % STAGES
-        idx = gl.load(base + j * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_s))
-        key_ok = (idx >= 0) & (idx < bound)
+        key_ok = _tile_rows(cache, j * BLOCK_N, col_s)[1]
         mbarrier.wait(k_ready.index(slot), (j // STAGES) & 1)
         s = warpgroup_mma_init(gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout))
         s = warpgroup_mma(q_lat.index(0), k_lat.index(2 * slot).permute((1, 0)), s, is_async=True)
@@ -184,7 +191,9 @@ def _scorer(q_lat, q_rope, k_lat, k_rope, p_smem, rows_smem, q_ready, k_ready, k
     fence_async_shared()
     gl.thread_barrier()
     tma.async_copy_shared_to_global(o_desc, [tok, row0, 0], q_lat.index(0).reshape(o_desc.block_type.shape))
-    gl.store(LSE + tok.to(gl.int64) * h_q + heads, lse)
+    LSE, h_q, seq_tokens, stride_lb, stride_lh, stride_ls = lse_out
+    gl.store(LSE + (tok // seq_tokens).to(gl.int64) * stride_lb + heads * stride_lh + (tok % seq_tokens) * stride_ls,
+             lse)
     tma.store_wait(0)
 
 
@@ -215,14 +224,19 @@ def _right(q_lat, k_lat, p_smem, rows_smem, k_ready, k_empty, p_ready, p_free, d
 
 
 @gluon.jit
-def sparse_decode_v32_kernel(q_lat_desc, q_rope_desc, o_desc, CACHE, IDX, LSE, SINKS, topk, bound, h_q,
+def sparse_decode_v32_kernel(q_lat_desc, q_rope_desc, o_desc, CACHE, IDX, VALID_LENS, LSE, SINKS, topk, stride_idx, bound,
+                             page_size, stride_page, stride_slot, h_q, seq_tokens, stride_lb, stride_lh, stride_ls,
                              qk_scale_log2, HAS_SINKS: gl.constexpr, WG0_REGS: gl.constexpr,
                              WG1_REGS: gl.constexpr):
-    """Grid: query tokens x 64-row blocks of their heads (row blocks fastest, so a token's programs run together)."""
+    """Grid: query tokens x 64-row blocks of their heads (row blocks fastest, so a token's programs run together).
+    Token t's keys are the first min(topk, VALID_LENS[t // seq_tokens]) entries of its index row."""
     blocks = h_q // ROWS
     tok = gl.program_id(0) // blocks
     row0 = (gl.program_id(0) % blocks) * ROWS
-    n_tiles = topk // BLOCK_N
+    limit = gl.minimum(gl.load(VALID_LENS + tok // seq_tokens), topk)
+    cache = (CACHE, IDX + tok.to(gl.int64) * stride_idx, limit, bound, page_size, stride_page, stride_slot)
+    lse_out = (LSE, h_q, seq_tokens, stride_lb, stride_lh, stride_ls)
+    n_tiles = gl.cdiv(limit, BLOCK_N)
     dtype: gl.constexpr = q_lat_desc.dtype
     half_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, HALF], dtype)
     rope_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, DT], dtype)
@@ -246,33 +260,43 @@ def sparse_decode_v32_kernel(q_lat_desc, q_rope_desc, o_desc, CACHE, IDX, LSE, S
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(k_empty.index(i), count=2)
     gl.warp_specialize([
-        (_loader, (q_lat_desc, q_rope_desc, q_lat, q_rope, k_lat, k_rope, q_ready, k_ready, k_empty, CACHE, IDX, topk,
-                   bound, n_tiles, tok, row0)),
+        (_loader, (q_lat_desc, q_rope_desc, q_lat, q_rope, k_lat, k_rope, q_ready, k_ready, k_empty, cache, n_tiles, tok,
+                   row0)),
         (_scorer, (q_lat, q_rope, k_lat, k_rope, p_smem, rows_smem, q_ready, k_ready, k_empty, p_ready, p_free, done,
-                   o_desc, IDX, LSE, SINKS, topk, bound, n_tiles, tok, row0, h_q, qk_scale_log2, HAS_SINKS)),
+                   o_desc, cache, lse_out, SINKS, n_tiles, tok, row0, qk_scale_log2, HAS_SINKS)),
         (_right, (q_lat, k_lat, p_smem, rows_smem, k_ready, k_empty, p_ready, p_free, done, o_desc, n_tiles, tok,
                   row0)),
     ], [4, 4], [WG0_REGS, WG1_REGS])
 
 
-def sparse_decode_v32(q, cache, indices, softmax_scale, sinks=None):
-    """q (b, s_q, h_q, 576) bf16, cache (num_blocks, page, 1, 656) uint8 (contiguous), indices (b, s_q, topk) int32
-    flat token positions (-1: none), topk a multiple of 64, h_q a multiple of 64. Returns (out (b, s_q, h_q, 512),
-    lse (b * s_q, h_q))."""
-    b, s_q, h_q, d = q.shape
-    tokens = b * s_q
-    topk = indices.shape[-1]
-    out = torch.empty(b, s_q, h_q, 512, dtype=q.dtype, device=q.device)
-    lse = torch.empty(tokens, h_q, dtype=torch.float32, device=q.device)
-    qv = q.reshape(tokens, h_q, d)
-    ov = out.view(tokens, h_q, 512)
-    q_lat_desc = descriptor(qv, ([tokens, h_q, d], [h_q * d, d, 1]), [1, 64, 256])
-    q_rope_desc = descriptor(qv, ([tokens, h_q, d], [h_q * d, d, 1]), [1, 64, 64])
-    o_desc = descriptor(ov, ([tokens, h_q, 512], [h_q * 512, 512, 1]), [1, 64, 256])
-    bound = cache.shape[0] * cache.shape[1]
-    grid = (tokens * (h_q // 64),)
-    sparse_decode_v32_kernel[grid](q_lat_desc, q_rope_desc, o_desc, cache, indices, lse,
-                                   sinks if sinks is not None else lse, topk, bound, h_q,
-                                   softmax_scale * 1.4426950408889634, HAS_SINKS=sinks is not None,
-                                   WG0_REGS=WG0_REGS, WG1_REGS=WG1_REGS, num_warps=4)
-    return out, lse
+def supported(q_lat, q_rope, cache, out, *, sparse, fp8_layout, extra, max_logits, whole, causal):
+    """The TMA views (q latent, q RoPE, out) when this kernel runs the call, else None: a V3.2 FP8 token-sparse decode
+    (`mla_decode.mla_decode_forward`'s arguments: one query token a batch, s_q = 1) without a second source, run
+    whole (no split pieces), whose heads come in 64-row blocks, on a Hopper GPU whose `mla_decode_sm90` path accepts
+    it (bf16, 16-byte aligned rows)."""
+    if not (sparse and fp8_layout == "v32" and extra is None and max_logits is None and whole and not causal):
+        return None
+    if q_lat.shape[1] != 1 or q_lat.shape[2] % ROWS.value:
+        return None
+    views = mla_decode_sm90.supported(q_lat, q_rope, cache, cache, out, q_lat.shape[2], sparse=True,
+                                      fp8_layout=fp8_layout)
+    return None if views is None else (views[0], views[1], views[4])
+
+
+def sparse_decode_forward_sm90(views, q_lat, q_rope, cache, indices, valid_lens, out, lse, *, softmax_scale, sinks):
+    """q_lat (tokens, 1, h_q, 512) and q_rope (tokens, 1, h_q, 64) bf16, `cache` the packed V3.2 rows (pages,
+    page_size, 1, 656) uint8, `indices` (tokens, topk) int32 flat positions (negative or past the cache: none),
+    `valid_lens` (batch,) int32 (token t's keys are its first min(topk, valid_lens[t // s_q]) entries), out like
+    q_lat, lse (batch, h_q, s_q) fp32, sinks (h_q,) fp32 or None; `views` from `supported`."""
+    tokens, _, h_q, _ = q_lat.shape
+    vq, vr, vo = views
+    rows = ROWS.value
+    cache = mla_decode_sm90._one_key_pages(cache, None)[0]
+    descs = (descriptor(q_lat, vq, [1, rows, HALF.value]), descriptor(q_rope, vr, [1, rows, DT.value]),
+             descriptor(out, vo, [1, rows, HALF.value]))
+    grid = (tokens * (h_q // rows),)
+    sparse_decode_v32_kernel[grid](*descs, cache, indices, valid_lens, lse, sinks if sinks is not None else lse,
+                                   indices.shape[-1], indices.stride(0), cache.shape[0] * cache.shape[1], cache.shape[1],
+                                   cache.stride(0), cache.stride(1), h_q, tokens // lse.shape[0], *lse.stride(),
+                                   softmax_scale * LOG2E.value, HAS_SINKS=sinks is not None, WG0_REGS=WG0_REGS,
+                                   WG1_REGS=WG1_REGS, num_warps=4)
