@@ -151,13 +151,15 @@ def test_gluon_model1_loader(gluon_calls, monkeypatch, case):
 
 
 def _v32_sparse_decode(b, s_q, h_q, page_size, topk, *, sink=True, short=(), tokens=20000):
-    """A V3.2 FP8 sparse decode against the oracle on the same cache dequantised in fp32: topk random indices with
+    """A V3.2 FP8 sparse decode against the oracle on the same cache dequantised to bf16: topk random indices with
     10% -1 entries, `short` = {batch: topk_length}, a sink, pages of page_size keys."""
     g = torch.Generator().manual_seed(page_size + h_q + topk)
     blocks = -(-tokens // page_size)
     kv = torch.randn(blocks, page_size, 1, D_QK, generator=g).to(torch.bfloat16).cuda()
     packed = flash_mla.quantize_kv_cache(kv, "v32")
-    ref_cache = flash_mla.dequantize_kv_cache(packed, "v32", torch.float32)
+    # The oracle reads the cache as the kernels use it, dequantised to q's dtype (bf16): a row of one key has the
+    # LSE of one score, whose error from the fp32 values' rounding alone (~3e-3) is above the check's tolerance.
+    ref_cache = flash_mla.dequantize_kv_cache(packed, "v32", torch.bfloat16).float()
     indices = torch.randint(0, tokens, (b, s_q, topk), generator=g, dtype=torch.int32)
     indices[torch.rand(b, s_q, topk, generator=g) < 0.1] = -1
     topk_length = torch.full((b,), topk, dtype=torch.int32)
@@ -177,8 +179,7 @@ def _v32_sparse_decode(b, s_q, h_q, page_size, topk, *, sink=True, short=(), tok
 @pytest.mark.parametrize("page_size", [64, 61])
 def test_gluon_fp8_sparse_decode_h128(gluon_calls, page_size):
     """The V3.2 benchmark's shape at small scale: h_q = 128, s_q = 2 (two 64-row blocks per token, tokens split
-    over parts), topk 2048 with -1 entries and a trimmed row, a sink, odd pages; the oracle runs on the same
-    cache dequantised in fp32."""
+    over parts), topk 2048 with -1 entries and a trimmed row, a sink, odd pages."""
     _v32_sparse_decode(6, 2, 128, page_size, 2048, short={1: 700})
     assert gluon_calls
 
@@ -198,8 +199,8 @@ def v32_calls(monkeypatch):
     return calls
 
 
-@pytest.mark.parametrize("b,s_q,h_q,page_size,topk,sink", [(40, 2, 128, 64, 2048, True), (64, 1, 128, 61, 1000, False),
-                                                           (128, 1, 64, 64, 512, True), (70, 2, 64, 2, 130, True)],
+@pytest.mark.parametrize("b,s_q,h_q,page_size,topk,sink", [(33, 2, 128, 64, 2048, True), (64, 1, 128, 61, 1000, False),
+                                                           (128, 1, 64, 64, 512, True), (64, 2, 64, 2, 130, True)],
                          ids=["h128-sq2", "h128-page61-topk1000", "h64", "h64-page2-topk130"])
 def test_gluon_fp8_v32_sparse_decode_whole(v32_calls, b, s_q, h_q, page_size, topk, sink):
     """V3.2 FP8 sparse decode with enough tokens that the plan runs each whole: `sparse_decode_sm90` (the loader
