@@ -155,16 +155,24 @@ def test_mla_compiles_for_sm90(tma, causal, rows, sparse, fp8):
 
 
 # Appended to the Gluon compile scripts: ptxas on the kernel's PTX, and what it said about serialising wgmma
-# ("wgmma.mma_async instructions are serialized due to ...", its C751x warnings: a wait after every wgmma).
+# ("wgmma.mma_async instructions are serialized due to ...", its C751x warnings: a wait after every wgmma) and
+# about spills.
 SERIALIZED = textwrap.dedent('''
-    def serialized(ptx):
-        import os, re, subprocess, tempfile
+    def ptxas_log(ptx):
+        import os, subprocess, tempfile
         ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
         with tempfile.TemporaryDirectory() as tmp:
             open(os.path.join(tmp, "k.ptx"), "w").write(ptx)
-            log = subprocess.run([ptxas, "-arch=sm_90a", "-v", os.path.join(tmp, "k.ptx"), "-o",
-                                  os.path.join(tmp, "k.o")], capture_output=True, text=True).stderr
-        return sorted(set(re.findall(r"instructions are serialized due to ([^']*)'", log)))
+            return subprocess.run([ptxas, "-arch=sm_90a", "-v", os.path.join(tmp, "k.ptx"), "-o",
+                                   os.path.join(tmp, "k.o")], capture_output=True, text=True).stderr
+
+    def serialized(ptx):
+        import re
+        return sorted(set(re.findall(r"instructions are serialized due to ([^']*)'", ptxas_log(ptx))))
+
+    def spills(ptx):
+        import re
+        return int(re.search(r"(\\d+) bytes spill stores", ptxas_log(ptx)).group(1))
 ''')
 
 
@@ -380,16 +388,6 @@ SPARSE_V32_SCRIPT = textwrap.dedent('''
     print(json.dumps(dict(shared=k.metadata.shared, warps=k.metadata.num_warps, serialized=serialized(ptx),
                           wide_loads=ptx.count("ld.global.v4"), spills=spills(ptx))))
 ''')
-SPILLS = textwrap.dedent('''
-    def spills(ptx):
-        import os, re, subprocess, tempfile
-        ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-        with tempfile.TemporaryDirectory() as tmp:
-            open(os.path.join(tmp, "k.ptx"), "w").write(ptx)
-            log = subprocess.run([ptxas, "-arch=sm_90a", "-v", os.path.join(tmp, "k.ptx"), "-o",
-                                  os.path.join(tmp, "k.o")], capture_output=True, text=True).stderr
-        return int(re.search(r"(\\d+) bytes spill stores", log).group(1))
-''')
 
 
 @pytest.mark.cpu
@@ -399,7 +397,7 @@ def test_sparse_decode_v32_compiles_for_sm90(case):
     serialised, the loader's byte reads 16 bytes wide, almost no spills (the bytes carried across the loop edge one
     a register spilled 4.6 KB), shared memory within the H100 limit."""
     env = dict(os.environ, TRITON_INTERPRET="0")
-    proc = subprocess.run([sys.executable, "-c", SERIALIZED + SPILLS + SPARSE_V32_SCRIPT, json.dumps(case)], env=env,
+    proc = subprocess.run([sys.executable, "-c", SERIALIZED + SPARSE_V32_SCRIPT, json.dumps(case)], env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     info = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -14,19 +14,24 @@ from test_mla import D_QK, D_V, _check, _paged_cache, _seqlens
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture
-def gluon_calls(monkeypatch):
-    """Counts launches of the Gluon kernel; skips off sm_90."""
+def _launches(monkeypatch, module, name):
+    """A list that grows by one at each call of `module.name` (a kernel's launcher); skips off sm_90."""
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("not an sm_90 GPU")
     calls = []
-    launch = mla_decode_sm90.mla_decode_forward_sm90
+    launch = getattr(module, name)
 
     def counted(*args, **kwargs):
         calls.append(1)
         return launch(*args, **kwargs)
-    monkeypatch.setattr(mla_decode_sm90, "mla_decode_forward_sm90", counted)
+    monkeypatch.setattr(module, name, counted)
     return calls
+
+
+@pytest.fixture
+def gluon_calls(monkeypatch):
+    """Counts launches of the Gluon kernel; skips off sm_90."""
+    return _launches(monkeypatch, mla_decode_sm90, "mla_decode_forward_sm90")
 
 
 def _run(seqlens, h_q, s_q, page_size, dtype, *, seed=0, sinks=False, scale=None, ramp=None):
@@ -187,16 +192,7 @@ def test_gluon_fp8_sparse_decode_h128(gluon_calls, page_size):
 @pytest.fixture
 def v32_calls(monkeypatch):
     """Counts launches of `sparse_decode_sm90` (V3.2's FP8 sparse decode run whole); skips off sm_90."""
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("not an sm_90 GPU")
-    calls = []
-    launch = sparse_decode_sm90.sparse_decode_forward_sm90
-
-    def counted(*args, **kwargs):
-        calls.append(1)
-        return launch(*args, **kwargs)
-    monkeypatch.setattr(sparse_decode_sm90, "sparse_decode_forward_sm90", counted)
-    return calls
+    return _launches(monkeypatch, sparse_decode_sm90, "sparse_decode_forward_sm90")
 
 
 @pytest.mark.parametrize("b,s_q,h_q,page_size,topk,sink", [(33, 2, 128, 64, 2048, True), (64, 1, 128, 61, 1000, False),
