@@ -24,27 +24,15 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_init, warpgroup_mma_wait)
 
 from . import mla_decode_sm90
+from .mla_decode_sm90 import BLOCK_N, DT, HALF, LN2, LOG2E, ROWS, STAGES, _signal
 from .sm90 import descriptor
 
-ROWS = gl.constexpr(64)
-BLOCK_N = gl.constexpr(64)
-HALF = gl.constexpr(256)
-DT = gl.constexpr(64)
-STAGES = gl.constexpr(2)
 ROW_BYTES = gl.constexpr(656)     # V3.2: 512 e4m3 | 4 fp32 scales | 64 bf16 RoPE values
-LN2 = gl.constexpr(0.6931471805599453)
-LOG2E = gl.constexpr(1.4426950408889634)
 # The loader's view of a tile: 16 bytes a load, 8 rows a warp (4 threads a row of 64 bytes).
 LD = gl.constexpr(gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0]))
 LD_ROWS = gl.constexpr(gl.SliceLayout(1, gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])))
 WG0_REGS = 216
 WG1_REGS = 168
-
-
-@gluon.jit
-def _signal(bar):
-    gl.thread_barrier()
-    mbarrier.arrive(bar, count=1)
 
 
 @gluon.jit
