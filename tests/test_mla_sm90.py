@@ -155,29 +155,55 @@ def test_gluon_model1_loader(gluon_calls, monkeypatch, case):
     assert gluon_calls
 
 
-def _v32_sparse_decode(b, s_q, h_q, page_size, topk, *, sink=True, short=(), tokens=20000):
-    """A V3.2 FP8 sparse decode against the oracle on the same cache dequantised to bf16: topk random indices with
-    10% -1 entries, `short` = {batch: topk_length}, a sink, pages of page_size keys."""
-    g = torch.Generator().manual_seed(page_size + h_q + topk)
+def _fp8_source(layout, b, s_q, topk, page_size, tokens, short, g):
+    """One FP8 sparse source: a packed cache of `tokens` keys in pages of page_size, its copy dequantised to bf16
+    for the oracle (the kernels use the values so: a row of one key has the LSE of one score, whose error from
+    the fp32 values' rounding alone, ~3e-3, is above the check's tolerance), topk random indices with 10% -1
+    entries and a few past the cache, and topk_length = topk but `short` = {batch: topk_length}. Slots no valid
+    index names hold 1e4 (NaN cannot be packed): a read of one shows."""
+    d = test_mla.LAYOUTS[layout][0]
     blocks = -(-tokens // page_size)
-    kv = torch.randn(blocks, page_size, 1, D_QK, generator=g).to(torch.bfloat16).cuda()
-    packed = flash_mla.quantize_kv_cache(kv, "v32")
-    # The oracle reads the cache as the kernels use it, dequantised to q's dtype (bf16): a row of one key has the
-    # LSE of one score, whose error from the fp32 values' rounding alone (~3e-3) is above the check's tolerance.
-    ref_cache = flash_mla.dequantize_kv_cache(packed, "v32", torch.bfloat16).float()
     indices = torch.randint(0, tokens, (b, s_q, topk), generator=g, dtype=torch.int32)
     indices[torch.rand(b, s_q, topk, generator=g) < 0.1] = -1
+    indices[..., 11::97] = blocks * page_size + 5
     topk_length = torch.full((b,), topk, dtype=torch.int32)
     for i, n in dict(short).items():
         topk_length[i] = n
-    q = torch.randn(b, s_q, h_q, D_QK, generator=g).to(torch.bfloat16).cuda()
+    used = torch.zeros(blocks * page_size, dtype=torch.bool)
+    for i in range(b):
+        row = indices[i, :, :int(topk_length[i])].flatten()
+        used[row[(row >= 0) & (row < tokens)].long()] = True
+    kv = torch.randn(blocks, page_size, 1, d, generator=g).to(torch.bfloat16)
+    kv.view(-1, d)[~used] = 1e4
+    packed = flash_mla.quantize_kv_cache(kv.cuda(), layout)
+    ref_cache = flash_mla.dequantize_kv_cache(packed, layout, torch.bfloat16).float()
+    return packed, ref_cache, indices.cuda(), topk_length.cuda()
+
+
+def _fp8_sparse_decode(layout, b, s_q, h_q, page_size, topk, *, sink=True, short=(), tokens=20000, extra=None):
+    """An FP8 sparse decode (V3.2's or model1's cache) against the oracle: `_fp8_source`'s main source, and with
+    `extra` = (extra_topk, extra_page_size, extra_short) a second one (V4's sliding window), attended together."""
+    g = torch.Generator().manual_seed(page_size + h_q + topk + b)
+    d = test_mla.LAYOUTS[layout][0]
+    packed, ref_cache, indices, topk_length = _fp8_source(layout, b, s_q, topk, page_size, tokens, short, g)
+    q = torch.randn(b, s_q, h_q, d, generator=g).to(torch.bfloat16).cuda()
     attn_sink = torch.randn(h_q, generator=g).cuda() if sink else None
-    indices, topk_length = indices.cuda(), topk_length.cuda()
     lens = torch.zeros(b, dtype=torch.int32, device="cuda")
     meta, splits = flash_mla.get_mla_metadata(lens, s_q * h_q, 1, num_heads_q=h_q, topk=topk, is_fp8_kvcache=True)
+    kw = dict(indices=indices, topk_length=topk_length)
+    ref_indices = torch.where(indices < ref_cache.shape[0] * ref_cache.shape[1], indices, -1)
+    if extra is not None:
+        extra_topk, extra_page, extra_short = extra
+        x_packed, x_ref, x_indices, x_length = _fp8_source(layout, b, s_q, extra_topk, extra_page, tokens // 4,
+                                                           extra_short, g)
+        kw.update(extra_k_cache=x_packed, extra_indices_in_kvcache=x_indices, extra_topk_length=x_length)
+        x_indices = torch.where(x_indices < x_ref.shape[0] * x_ref.shape[1], x_indices, -1)
+        ref_cache, ref_indices = test_mla._union_of_sources([ref_cache, x_ref], [(ref_indices, topk_length),
+                                                                                  (x_indices, x_length)])
+        topk_length = None
     out, lse = flash_mla.flash_mla_with_kvcache(q, packed, None, lens, D_V, meta, splits, is_fp8_kvcache=True,
-                                                indices=indices, topk_length=topk_length, attn_sink=attn_sink)
-    ref = mla_sparse_decode_ref(q, ref_cache, indices, D_V, topk_length=topk_length, attn_sink=attn_sink)
+                                                attn_sink=attn_sink, **kw)
+    ref = mla_sparse_decode_ref(q, ref_cache, ref_indices, D_V, topk_length=topk_length, attn_sink=attn_sink)
     _check(out, lse, *ref, torch.bfloat16)
 
 
@@ -185,22 +211,37 @@ def _v32_sparse_decode(b, s_q, h_q, page_size, topk, *, sink=True, short=(), tok
 def test_gluon_fp8_sparse_decode_h128(gluon_calls, page_size):
     """The V3.2 benchmark's shape at small scale: h_q = 128, s_q = 2 (two 64-row blocks per token, tokens split
     over parts), topk 2048 with -1 entries and a trimmed row, a sink, odd pages."""
-    _v32_sparse_decode(6, 2, 128, page_size, 2048, short={1: 700})
+    _fp8_sparse_decode("v32", 6, 2, 128, page_size, 2048, short={1: 700})
     assert gluon_calls
 
 
 @pytest.fixture
-def v32_calls(monkeypatch):
-    """Counts launches of `sparse_decode_sm90` (V3.2's FP8 sparse decode run whole); skips off sm_90."""
+def loader_calls(monkeypatch):
+    """Counts launches of `sparse_decode_sm90` (FP8 sparse decode run whole); skips off sm_90."""
     return _launches(monkeypatch, sparse_decode_sm90, "sparse_decode_forward_sm90")
 
 
 @pytest.mark.parametrize("b,s_q,h_q,page_size,topk,sink", [(33, 2, 128, 64, 2048, True), (64, 1, 128, 61, 1000, False),
                                                            (128, 1, 64, 64, 512, True), (64, 2, 64, 2, 130, True)],
                          ids=["h128-sq2", "h128-page61-topk1000", "h64", "h64-page2-topk130"])
-def test_gluon_fp8_v32_sparse_decode_whole(v32_calls, b, s_q, h_q, page_size, topk, sink):
+def test_gluon_fp8_v32_sparse_decode_whole(loader_calls, b, s_q, h_q, page_size, topk, sink):
     """V3.2 FP8 sparse decode with enough tokens that the plan runs each whole: `sparse_decode_sm90` (the loader
     dequantises in registers; a scoring and a P·V-only warpgroup). topk not a multiple of 64, topk_length short,
-    one, and 0 (a row with no key: output 0, LSE +inf), -1 entries, odd pages."""
-    _v32_sparse_decode(b, s_q, h_q, page_size, topk, sink=sink, short={1: 700 % topk, 3: 1, 5: 0})
-    assert v32_calls
+    one, and 0 (a row with no key: output 0, LSE +inf), -1 entries and entries past the cache, odd pages."""
+    _fp8_sparse_decode("v32", b, s_q, h_q, page_size, topk, sink=sink, short={1: 700 % topk, 3: 1, 5: 0})
+    assert loader_calls
+
+
+@pytest.mark.parametrize("layout,b,s_q,h_q,pages,topks,sink", [
+    ("model1", 64, 2, 64, (256, 64), (128, 512), True), ("model1", 33, 2, 128, (256, 64), (128, 1024), False),
+    ("model1", 128, 1, 64, (61, None), (130, None), True), ("v32", 64, 2, 64, (64, 2), (256, 100), True)],
+    ids=["model1-h64-extra", "model1-h128-extra", "model1-page61-no-extra", "v32-extra-page2"])
+def test_gluon_fp8_sparse_decode_whole(loader_calls, layout, b, s_q, h_q, pages, topks, sink):
+    """DeepSeek-V4's FP8 sparse decode (model1's per-page layout, UE8M0 scales) and either layout with a second
+    source, run whole by `sparse_decode_sm90`: the benchmark's shapes (topk 128 on pages of 256 + a window of
+    512 / 1024 on pages of 64) at bench token counts, rows trimmed in one source, the other or both (batch 5
+    sees nothing: output 0, LSE +inf), -1 entries and entries past either cache."""
+    extra = None if topks[1] is None else (topks[1], pages[1], {2: 0, 3: 1, 5: 0, 6: topks[1] // 3})
+    _fp8_sparse_decode(layout, b, s_q, h_q, pages[0], topks[0], sink=sink, short={1: 0, 4: 1, 5: 0, 6: 77},
+                       extra=extra)
+    assert loader_calls

@@ -411,9 +411,10 @@ def mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens
         from . import mla_decode_sm90, sparse_decode_sm90
         views = sparse_decode_sm90.supported(q_lat, q_rope, kv_lat, out, sparse=sparse, fp8_layout=fp8_layout,
                                              extra=extra, max_logits=max_logits, whole=whole, causal=causal)
-        if views is not None:         # V3.2's FP8 sparse decode, run whole: a dequantising loader (its module)
+        if views is not None:         # FP8 sparse decode, run whole: a dequantising loader (its module)
             sparse_decode_sm90.sparse_decode_forward_sm90(views, q_lat, q_rope, kv_lat, block_table, valid_lens, out,
-                                                          lse, softmax_scale=softmax_scale, sinks=sinks)
+                                                          lse, softmax_scale=softmax_scale, sinks=sinks,
+                                                          fp8_layout=fp8_layout, extra=extra)
             return None
         views = mla_decode_sm90.supported(q_lat, q_rope, kv_lat, k_rope, out, rows_per_k, sparse=sparse,
                                           fp8_layout=fp8_layout, extra=extra)

@@ -482,18 +482,24 @@ def _dequant_chunk(x, scale, dst, FP8: gl.constexpr):
 @gluon.jit
 def _chunk_scale(scales, J: gl.constexpr, FP8: gl.constexpr, layout: gl.constexpr):
     """Per-key scale of 64-column chunk J of a latent half: V3.2 fp32 scale J // 2 (groups of 128); model1 UE8M0
-    byte J (2^(byte - 127), groups of 64) as two bf16x2 multipliers 2^(k - k2), 2^k2 with k = byte - 7 (the
-    bit route's values are 2^-120 too small) and k2 = max(k - 127, 0), each a normal bf16."""
+    byte J (groups of 64) as `ue8m0_multipliers`."""
     col = gl.arange(0, scales.shape[1], layout=gl.SliceLayout(0, scales.type.layout))[None, :]
     if FP8 == V32:
         s = gl.sum(gl.where(col == J // 2, scales, 0.0), 1)
         return gl.convert_layout(s, gl.SliceLayout(1, layout))
     else:
-        k = gl.sum(gl.where(col == J, scales.to(gl.int32), 0), 1) - 7
-        k2 = gl.maximum(k - 127, 0)
-        m1 = ((k - k2 + 127) << 7) * 65537               # bf16 2^(k - k2) in both halves of a word
-        m2 = ((k2 + 127) << 7) * 65537
+        m1, m2 = ue8m0_multipliers(gl.sum(gl.where(col == J, scales.to(gl.int32), 0), 1))
         return gl.convert_layout(m1, gl.SliceLayout(1, layout)), gl.convert_layout(m2, gl.SliceLayout(1, layout))
+
+
+@gluon.jit
+def ue8m0_multipliers(byte):
+    """UE8M0 scale bytes (int32, 2^(byte - 127)) as the two bf16x2 multipliers `_E4M3_TO_BF16` takes: 2^(k - k2)
+    and 2^k2 with k = byte - 7 (the bit route's values are 2^-120 too small) and k2 = max(k - 127, 0), each a
+    normal bf16, in both halves of a word."""
+    k = byte - 7
+    k2 = gl.maximum(k - 127, 0)
+    return ((k - k2 + 127) << 7) * 65537, ((k2 + 127) << 7) * 65537
 
 
 @gluon.jit

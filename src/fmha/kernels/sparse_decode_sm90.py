@@ -24,10 +24,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_init, warpgroup_mma_wait)
 
 from . import mla_decode_sm90
-from .mla_decode_sm90 import BLOCK_N, DT, HALF, LN2, LOG2E, ROWS, STAGES, _signal
+from .mla_decode_sm90 import (BLOCK_N, DT, HALF, LN2, LOG2E, MODEL1, MODEL1_NOPE, ROWS, STAGES, V32, _dequant_chunk,
+                              _gather_bases, _signal, ue8m0_multipliers)
 from .sm90 import descriptor
 
-ROW_BYTES = gl.constexpr(656)     # V3.2: 512 e4m3 | 4 fp32 scales | 64 bf16 RoPE values
 # The loader's view of a tile: 16 bytes a load, 8 rows a warp (4 threads a row of 64 bytes).
 LD = gl.constexpr(gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0]))
 LD_ROWS = gl.constexpr(gl.SliceLayout(1, gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])))
@@ -36,33 +36,65 @@ WG1_REGS = 168
 
 
 @gluon.jit
-def _tile_rows(cache, n, layout: gl.constexpr):
-    """(row addresses, exists) in `layout` of the keys of the tile at position n of this token's index row: a flat
-    position p is row p % page_size of page p // page_size; entries that are negative, past the cache or past the
-    token's valid length do not exist (row 0 is named instead, and never read)."""
-    CACHE, idx_row, limit, bound, page_size, stride_page, stride_slot = cache
+def _source(sources, j, EXTRA: gl.constexpr):
+    """(source, its first key) of the token's tile j: the main source's first n_main tiles, then (EXTRA) the second
+    source's. A source is (cache, scale rows (model1), index row, valid length, cache keys, page size, page stride,
+    slot stride), picked field by field (no branch), so the code that reads a source exists once."""
+    main, extra, n_main = sources
+    if EXTRA:
+        x = j >= n_main
+        src = (gl.where(x, extra[0], main[0]), gl.where(x, extra[1], main[1]), gl.where(x, extra[2], main[2]),
+               gl.where(x, extra[3], main[3]), gl.where(x, extra[4], main[4]), gl.where(x, extra[5], main[5]),
+               gl.where(x, extra[6], main[6]), gl.where(x, extra[7], main[7]))
+        return src, gl.where(x, j - n_main, j) * BLOCK_N
+    return main, j * BLOCK_N
+
+
+@gluon.jit
+def _tile_rows(sources, j, layout: gl.constexpr, FP8: gl.constexpr, EXTRA: gl.constexpr):
+    """(value row addresses, scale row addresses, exists) in `layout` of the keys of the token's tile j: a flat
+    position p is slot p % page_size of page p // page_size; entries that are negative, past the cache or past the
+    source's valid length do not exist (slot 0 of page 0 is named instead, and never read). V3.2's scales sit in
+    the value row (byte 512), model1's in the page's scale rows (8 bytes a slot)."""
+    src, n = _source(sources, j, EXTRA)
+    CACHE, SCALES, idx_row, limit, bound, page_size, stride_page, stride_slot = src
     k = n + gl.arange(0, BLOCK_N, layout=layout)
     idx = gl.load(idx_row + k, mask=k < limit, other=-1)
     ok = (idx >= 0) & (idx < bound)
     token = gl.where(ok, idx, 0)
     page = (token.to(gl.uint32) // page_size.to(gl.uint32)).to(gl.int32)       # page_size 1: folded away
-    return CACHE + page.to(gl.int64) * stride_page + (token - page * page_size).to(gl.int64) * stride_slot, ok
+    slot = (token - page * page_size).to(gl.int64)
+    rows = CACHE + page.to(gl.int64) * stride_page + slot * stride_slot
+    if FP8 == MODEL1:
+        scales = SCALES + page.to(gl.int64) * stride_page + slot * 8
+    else:
+        scales = rows + 512
+    return rows, scales, ok
 
 
 @gluon.jit
-def _load_tile(rows, ok):
-    """The tile's bytes into registers: eight 64-column chunks of e4m3 bytes, their fp32 scales (one per 128
-    columns), the RoPE values."""
+def _load_tile(rows, scales, ok, FP8: gl.constexpr):
+    """The tile's bytes into registers: its 64-column chunks of e4m3 bytes (V3.2 eight, model1 seven), their
+    scales (V3.2 four fp32, one per 128 columns; model1 eight UE8M0 bytes as two words, one per 64 columns) and
+    the RoPE values."""
     cols = gl.arange(0, 64, layout=gl.SliceLayout(0, LD))
     m = ok[:, None]
     p = rows[:, None] + cols[None, :]
-    xs = (gl.load(p, mask=m, other=0), gl.load(p + 64, mask=m, other=0), gl.load(p + 128, mask=m, other=0),
-          gl.load(p + 192, mask=m, other=0), gl.load(p + 256, mask=m, other=0), gl.load(p + 320, mask=m, other=0),
-          gl.load(p + 384, mask=m, other=0), gl.load(p + 448, mask=m, other=0))
-    sp = (rows + 512).to(gl.pointer_type(gl.float32))
-    sc = (gl.load(sp, mask=ok, other=0.0), gl.load(sp + 1, mask=ok, other=0.0), gl.load(sp + 2, mask=ok, other=0.0),
-          gl.load(sp + 3, mask=ok, other=0.0))
-    rp = (rows + 528).to(gl.pointer_type(gl.bfloat16))
+    if FP8 == MODEL1:
+        xs = (gl.load(p, mask=m, other=0), gl.load(p + 64, mask=m, other=0), gl.load(p + 128, mask=m, other=0),
+              gl.load(p + 192, mask=m, other=0), gl.load(p + 256, mask=m, other=0), gl.load(p + 320, mask=m, other=0),
+              gl.load(p + 384, mask=m, other=0))
+        sp = scales.to(gl.pointer_type(gl.int32))
+        sc = (gl.load(sp, mask=ok, other=0), gl.load(sp + 1, mask=ok, other=0))
+        rp = (rows + MODEL1_NOPE).to(gl.pointer_type(gl.bfloat16))
+    else:
+        xs = (gl.load(p, mask=m, other=0), gl.load(p + 64, mask=m, other=0), gl.load(p + 128, mask=m, other=0),
+              gl.load(p + 192, mask=m, other=0), gl.load(p + 256, mask=m, other=0), gl.load(p + 320, mask=m, other=0),
+              gl.load(p + 384, mask=m, other=0), gl.load(p + 448, mask=m, other=0))
+        sp = scales.to(gl.pointer_type(gl.float32))
+        sc = (gl.load(sp, mask=ok, other=0.0), gl.load(sp + 1, mask=ok, other=0.0),
+              gl.load(sp + 2, mask=ok, other=0.0), gl.load(sp + 3, mask=ok, other=0.0))
+        rp = (rows + 528).to(gl.pointer_type(gl.bfloat16))
     rope = gl.load(rp[:, None] + cols[None, :], mask=m, other=0.0)
     return xs, sc, rope
 
@@ -92,38 +124,54 @@ _E4M3_SCALED_TO_BF16 = gl.constexpr(
 
 
 @gluon.jit
-def _put(x, scale, dst):
-    bits = scale.to(gl.int32, bitcast=True)[:, None] + gl.zeros_like(x).to(gl.int32)
-    dst.store(gl.inline_asm_elementwise(_E4M3_SCALED_TO_BF16, "=r,=r,r,r,r,r,r", [x, bits], gl.bfloat16, True, 4))
+def _put(xs, sc, G: gl.constexpr, dst, FP8: gl.constexpr):
+    """Chunk G of the tile's e4m3 bytes, dequantised, into dst: V3.2 with fp32 scale G // 2 (`_E4M3_SCALED_TO_BF16`),
+    model1 with UE8M0 byte G (`mla_decode_sm90`'s bit route)."""
+    x = xs[G]
+    if FP8 == MODEL1:
+        _dequant_chunk(x, ue8m0_multipliers((sc[G // 4] >> (8 * (G % 4))) & 255), dst, FP8)
+    else:
+        bits = sc[G // 2].to(gl.int32, bitcast=True)[:, None] + gl.zeros_like(x).to(gl.int32)
+        dst.store(gl.inline_asm_elementwise(_E4M3_SCALED_TO_BF16, "=r,=r,r,r,r,r,r", [x, bits], gl.bfloat16, True,
+                                            4))
 
 
 @gluon.jit
-def _loader(q_lat_desc, q_rope_desc, q_lat, q_rope, k_lat, k_rope, q_ready, k_ready, k_empty, cache, n_tiles, tok,
-            row0):
-    mbarrier.expect(q_ready, 2 * q_lat_desc.block_type.nbytes + q_rope_desc.block_type.nbytes)
+def _loader(q_lat_desc, q_rope_desc, q_lat, q_rope, k_lat, k_rope, q_ready, k_ready, k_empty, sources, n_tiles, tok,
+            row0, FP8: gl.constexpr, EXTRA: gl.constexpr):
+    if FP8 == V32:
+        mbarrier.expect(q_ready, 2 * q_lat_desc.block_type.nbytes + q_rope_desc.block_type.nbytes)
+    else:
+        mbarrier.expect(q_ready, 2 * q_lat_desc.block_type.nbytes)
     for h in gl.static_range(2):
         tma.async_copy_global_to_shared(q_lat_desc, [tok, row0, h * HALF], q_ready,
                                         q_lat.index(h).reshape(q_lat_desc.block_type.shape))
-    tma.async_copy_global_to_shared(q_rope_desc, [tok, row0, 0], q_ready, q_rope.reshape(q_rope_desc.block_type.shape))
-    rows, ok = _tile_rows(cache, 0, LD_ROWS)
+    if FP8 == V32:
+        tma.async_copy_global_to_shared(q_rope_desc, [tok, row0, 0], q_ready,
+                                        q_rope.reshape(q_rope_desc.block_type.shape))
+    rows, scales, ok = _tile_rows(sources, 0, LD_ROWS, FP8, EXTRA)
     for j in range(n_tiles):
         slot = j % STAGES
         # This tile's bytes (its index row was read a tile ago) and the next tile's index row go out before the wait
         # for the slot, so their latency hides behind it. (Loaded in one iteration and used in the next, the bytes
         # would cross the loop edge one byte a register: 4.6 KB of spills.)
-        xs, sc, rope = _load_tile(rows, ok)
-        rows, ok = _tile_rows(cache, (j + 1) * BLOCK_N, LD_ROWS)
+        xs, sc, rope = _load_tile(rows, scales, ok, FP8)
+        rows, scales, ok = _tile_rows(sources, j + 1, LD_ROWS, FP8, EXTRA)
         mbarrier.wait(k_empty.index(slot), ((j // STAGES) & 1) ^ 1)
-        for g in gl.static_range(8):
-            _put(xs[g], sc[g // 2], k_lat.index(2 * slot + g // 4).slice((g % 4) * 64, 64, dim=1))
-        k_rope.index(slot).store(rope)
+        for g in gl.static_range(len(xs)):
+            _put(xs, sc, g, k_lat.index(2 * slot + g // 4).slice((g % 4) * 64, 64, dim=1), FP8)
+        if FP8 == MODEL1:             # the RoPE values close the value row: columns 448-511, half R's last 64
+            k_lat.index(2 * slot + 1).slice(MODEL1_NOPE - HALF, DT, dim=1).store(rope)
+        else:
+            k_rope.index(slot).store(rope)
         fence_async_shared()
         _signal(k_ready.index(slot))
 
 
 @gluon.jit
 def _scorer(q_lat, q_rope, k_lat, k_rope, p_smem, rows_smem, q_ready, k_ready, k_empty, p_ready, p_free, done,
-            o_desc, cache, lse_out, SINKS, n_tiles, tok, row0, qk_scale_log2, HAS_SINKS: gl.constexpr):
+            o_desc, sources, lse_out, SINKS, n_tiles, tok, row0, qk_scale_log2, FP8: gl.constexpr,
+            EXTRA: gl.constexpr, HAS_SINKS: gl.constexpr):
     """Warpgroup 0: every tile's scores and softmax, O_L."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
@@ -140,12 +188,13 @@ def _scorer(q_lat, q_rope, k_lat, k_rope, p_smem, rows_smem, q_ready, k_ready, k
     mbarrier.wait(q_ready, 0)
     for j in range(n_tiles):
         slot = j % STAGES
-        key_ok = _tile_rows(cache, j * BLOCK_N, col_s)[1]
+        key_ok = _tile_rows(sources, j, col_s, FP8, EXTRA)[2]
         mbarrier.wait(k_ready.index(slot), (j // STAGES) & 1)
         s = warpgroup_mma_init(gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout))
         s = warpgroup_mma(q_lat.index(0), k_lat.index(2 * slot).permute((1, 0)), s, is_async=True)
         s = warpgroup_mma(q_lat.index(1), k_lat.index(2 * slot + 1).permute((1, 0)), s, is_async=True)
-        s = warpgroup_mma(q_rope, k_rope.index(slot).permute((1, 0)), s, is_async=True)
+        if FP8 == V32:
+            s = warpgroup_mma(q_rope, k_rope.index(slot).permute((1, 0)), s, is_async=True)
         s = warpgroup_mma_wait(0, deps=(s,))
         s = gl.where(key_ok[None, :], s * qk_scale_log2, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(s, 1))
@@ -212,26 +261,41 @@ def _right(q_lat, k_lat, p_smem, rows_smem, k_ready, k_empty, p_ready, p_free, d
 
 
 @gluon.jit
-def sparse_decode_v32_kernel(q_lat_desc, q_rope_desc, o_desc, CACHE, IDX, VALID_LENS, LSE, SINKS, topk, stride_idx, bound,
-                             page_size, stride_page, stride_slot, h_q, seq_tokens, stride_lb, stride_lh, stride_ls,
-                             qk_scale_log2, HAS_SINKS: gl.constexpr, WG0_REGS: gl.constexpr,
-                             WG1_REGS: gl.constexpr):
+def sparse_decode_kernel(q_lat_desc, q_rope_desc, o_desc, CACHE, SCALES, IDX, VALID_LENS, topk, stride_idx, bound,
+                         page_size, stride_page, stride_slot, X_CACHE, X_SCALES, X_IDX, X_VALID_LENS, x_topk,
+                         x_stride_idx, x_bound, x_page_size, x_stride_page, x_stride_slot, LSE, SINKS, h_q,
+                         seq_tokens, stride_lb, stride_lh, stride_ls, qk_scale_log2, FP8: gl.constexpr,
+                         EXTRA: gl.constexpr, HAS_SINKS: gl.constexpr, WG0_REGS: gl.constexpr,
+                         WG1_REGS: gl.constexpr):
     """Grid: query tokens x 64-row blocks of their heads (row blocks fastest, so a token's programs run together).
-    Token t's keys are the first min(topk, VALID_LENS[t // seq_tokens]) entries of its index row."""
+    Token t's keys are the first min(topk, VALID_LENS[t // seq_tokens]) entries of its index row, then (EXTRA) the
+    first min(x_topk, X_VALID_LENS[t // seq_tokens]) of its second source's."""
     blocks = h_q // ROWS
     tok = gl.program_id(0) // blocks
     row0 = (gl.program_id(0) % blocks) * ROWS
-    limit = gl.minimum(gl.load(VALID_LENS + tok // seq_tokens), topk)
-    cache = (CACHE, IDX + tok.to(gl.int64) * stride_idx, limit, bound, page_size, stride_page, stride_slot)
+    seq = tok // seq_tokens
+    main = (CACHE, SCALES, IDX + tok.to(gl.int64) * stride_idx, gl.minimum(gl.load(VALID_LENS + seq), topk), bound,
+            page_size, stride_page, stride_slot)
+    n_main = gl.cdiv(main[3], BLOCK_N)
+    n_tiles = n_main
+    extra = main
+    if EXTRA:
+        extra = (X_CACHE, X_SCALES, X_IDX + tok.to(gl.int64) * x_stride_idx,
+                 gl.minimum(gl.load(X_VALID_LENS + seq), x_topk), x_bound, x_page_size, x_stride_page, x_stride_slot)
+        n_tiles += gl.cdiv(extra[3], BLOCK_N)
+    sources = (main, extra, n_main)
     lse_out = (LSE, h_q, seq_tokens, stride_lb, stride_lh, stride_ls)
-    n_tiles = gl.cdiv(limit, BLOCK_N)
     dtype: gl.constexpr = q_lat_desc.dtype
     half_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, HALF], dtype)
     rope_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, DT], dtype)
     q_lat = gl.allocate_shared_memory(dtype, [2, ROWS, HALF], half_layout)
-    q_rope = gl.allocate_shared_memory(dtype, [ROWS, DT], rope_layout)
     k_lat = gl.allocate_shared_memory(dtype, [2 * STAGES, BLOCK_N, HALF], half_layout)
-    k_rope = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, DT], rope_layout)
+    if FP8 == V32:
+        q_rope = gl.allocate_shared_memory(dtype, [ROWS, DT], rope_layout)
+        k_rope = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, DT], rope_layout)
+    else:                             # model1's RoPE values are the value rows' last 64 columns: no buffers of their own
+        q_rope = q_lat
+        k_rope = k_lat
     p_smem = gl.allocate_shared_memory(dtype, [ROWS, BLOCK_N], rope_layout)
     rows_smem = gl.allocate_shared_memory(gl.float32, [2, ROWS], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     q_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout()).index(0)
@@ -248,43 +312,58 @@ def sparse_decode_v32_kernel(q_lat_desc, q_rope_desc, o_desc, CACHE, IDX, VALID_
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(k_empty.index(i), count=2)
     gl.warp_specialize([
-        (_loader, (q_lat_desc, q_rope_desc, q_lat, q_rope, k_lat, k_rope, q_ready, k_ready, k_empty, cache, n_tiles, tok,
-                   row0)),
+        (_loader, (q_lat_desc, q_rope_desc, q_lat, q_rope, k_lat, k_rope, q_ready, k_ready, k_empty, sources, n_tiles,
+                   tok, row0, FP8, EXTRA)),
         (_scorer, (q_lat, q_rope, k_lat, k_rope, p_smem, rows_smem, q_ready, k_ready, k_empty, p_ready, p_free, done,
-                   o_desc, cache, lse_out, SINKS, n_tiles, tok, row0, qk_scale_log2, HAS_SINKS)),
+                   o_desc, sources, lse_out, SINKS, n_tiles, tok, row0, qk_scale_log2, FP8, EXTRA, HAS_SINKS)),
         (_right, (q_lat, k_lat, p_smem, rows_smem, k_ready, k_empty, p_ready, p_free, done, o_desc, n_tiles, tok,
                   row0)),
     ], [4, 4], [WG0_REGS, WG1_REGS])
 
 
 def supported(q_lat, q_rope, cache, out, *, sparse, fp8_layout, extra, max_logits, whole, causal):
-    """The TMA views (q latent, q RoPE, out) when this kernel runs the call, else None: a V3.2 FP8 token-sparse decode
-    (`mla_decode.mla_decode_forward`'s arguments: one query token a batch, s_q = 1) without a second source, run
-    whole (no split pieces), whose heads come in 64-row blocks, on a Hopper GPU whose `mla_decode_sm90` path accepts
-    it (bf16, 16-byte aligned rows)."""
-    if not (sparse and fp8_layout == "v32" and extra is None and max_logits is None and whole and not causal):
+    """The TMA views (q latent, q RoPE or True, out) when this kernel runs the call, else None: an FP8 (V3.2 or
+    model1) token-sparse decode (`mla_decode.mla_decode_forward`'s arguments: one query token a batch, s_q = 1),
+    with or without a second source, run whole (no split pieces), whose heads come in 64-row blocks, on a Hopper
+    GPU whose `mla_decode_sm90` path accepts it (bf16, 16-byte aligned rows)."""
+    if not (sparse and fp8_layout in ("v32", "model1") and max_logits is None and whole and not causal):
         return None
     if q_lat.shape[1] != 1 or q_lat.shape[2] % ROWS.value:
         return None
-    views = mla_decode_sm90.supported(q_lat, q_rope, cache, cache, out, q_lat.shape[2], sparse=True,
-                                      fp8_layout=fp8_layout)
+    views = mla_decode_sm90.supported(q_lat, q_rope, cache, cache if q_rope is not None else None, out,
+                                      q_lat.shape[2], sparse=True, fp8_layout=fp8_layout, extra=extra)
     return None if views is None else (views[0], views[1], views[4])
 
 
-def sparse_decode_forward_sm90(views, q_lat, q_rope, cache, indices, valid_lens, out, lse, *, softmax_scale, sinks):
-    """q_lat (tokens, 1, h_q, 512) and q_rope (tokens, 1, h_q, 64) bf16, `cache` the packed V3.2 rows (pages,
-    page_size, 1, 656) uint8, `indices` (tokens, topk) int32 flat positions (negative or past the cache: none),
-    `valid_lens` (batch,) int32 (token t's keys are its first min(topk, valid_lens[t // s_q]) entries), out like
-    q_lat, lse (batch, h_q, s_q) fp32, sinks (h_q,) fp32 or None; `views` from `supported`."""
+def _source_args(cache, table, valid_lens, fp8_layout):
+    """A source's kernel arguments: (cache, scale rows, index table, valid lengths, topk, table row stride, keys in
+    the cache, page size, page stride, slot stride), the cache's pages viewed as one key each where they follow each
+    other (V3.2)."""
+    if fp8_layout == "v32":
+        cache = mla_decode_sm90._one_key_pages(cache, None)[0]
+    base, scales, strides = _gather_bases(cache, None, fp8_layout)
+    return (base, scales, table, valid_lens, table.shape[-1], table.stride(0), cache.shape[0] * cache.shape[1],
+            cache.shape[1], strides[0], strides[1])
+
+
+def sparse_decode_forward_sm90(views, q_lat, q_rope, cache, indices, valid_lens, out, lse, *, softmax_scale, sinks,
+                               fp8_layout, extra=None):
+    """q_lat (tokens, 1, h_q, 512) bf16, q_rope (tokens, 1, h_q, 64) bf16 (V3.2) or None (model1: its 512 columns
+    end in the RoPE part), `cache` the packed rows ((pages, page_size, 1, 656) uint8 V3.2, (..., 584) model1),
+    `indices` (tokens, topk) int32 flat positions (negative or past the cache: none), `valid_lens` (batch,) int32
+    (token t's keys are its first min(topk, valid_lens[t // s_q]) entries), `extra` = (x_cache, x_rope, x_indices,
+    x_valid_lens, main_span) a second source read the same way (main_span unused), out like q_lat, lse
+    (batch, h_q, s_q) fp32, sinks (h_q,) fp32 or None; `views` from `supported`."""
     tokens, _, h_q, _ = q_lat.shape
     vq, vr, vo = views
     rows = ROWS.value
-    cache = mla_decode_sm90._one_key_pages(cache, None)[0]
-    descs = (descriptor(q_lat, vq, [1, rows, HALF.value]), descriptor(q_rope, vr, [1, rows, DT.value]),
+    main = _source_args(cache, indices, valid_lens, fp8_layout)
+    second = main if extra is None else _source_args(extra[0], extra[2], extra[3], fp8_layout)
+    descs = (descriptor(q_lat, vq, [1, rows, HALF.value]),
+             descriptor(q_rope, vr, [1, rows, DT.value]) if q_rope is not None else None,
              descriptor(out, vo, [1, rows, HALF.value]))
     grid = (tokens * (h_q // rows),)
-    sparse_decode_v32_kernel[grid](*descs, cache, indices, valid_lens, lse, sinks if sinks is not None else lse,
-                                   indices.shape[-1], indices.stride(0), cache.shape[0] * cache.shape[1], cache.shape[1],
-                                   cache.stride(0), cache.stride(1), h_q, tokens // lse.shape[0], *lse.stride(),
-                                   softmax_scale * LOG2E.value, HAS_SINKS=sinks is not None, WG0_REGS=WG0_REGS,
-                                   WG1_REGS=WG1_REGS, num_warps=4)
+    sparse_decode_kernel[grid](*descs, *main, *second, lse, sinks if sinks is not None else lse, h_q,
+                               tokens // lse.shape[0], *lse.stride(), softmax_scale * LOG2E.value,
+                               FP8={"v32": V32.value, "model1": MODEL1.value}[fp8_layout], EXTRA=extra is not None,
+                               HAS_SINKS=sinks is not None, WG0_REGS=WG0_REGS, WG1_REGS=WG1_REGS, num_warps=4)

@@ -1,9 +1,11 @@
-"""A/B of V3.2's FP8 sparse decode through `fmha.mla.flash_mla_with_kvcache`: `kernels/sparse_decode_sm90.py` (a
+"""A/B of the FP8 sparse decode through `fmha.mla.flash_mla_with_kvcache`: `kernels/sparse_decode_sm90.py` (a
 dequantising loader, a scoring warpgroup and a P·V-only one; what the package runs) against `mla_decode_sm90` (the
-two-consumer kernel it replaced there), on `fmha bench sparse`'s V3.2 rows, one process: outputs checked against
-`mla_decode_sm90`'s (also with invalid indices and a topk_length), then timed round-robin from CUDA graphs.
+two-consumer kernel it replaced there), on `fmha bench sparse`'s FP8 decode rows (V3.2 and V4, `--cases`), one
+process: outputs checked against `mla_decode_sm90`'s (also with invalid indices and a topk_length), then timed
+round-robin from CUDA graphs.
 
-    PYTHONPATH=src python3 benchmarks/probe_sparse_v32.py [--out probe.json] [--rounds 3] [--versions A.py ...]
+    PYTHONPATH=src python3 benchmarks/probe_sparse_fp8.py [--out probe.json] [--rounds 3] [--cases v32-fp8 v4-fp8]
+                                                          [--versions A.py ...]
 
 `--versions` also times copies of `sparse_decode_sm90.py` (e.g. `git show REV:src/fmha/kernels/sparse_decode_sm90.py >
 /tmp/a.py`), each launched in place of the package's own.
@@ -46,10 +48,11 @@ def main():
     ap.add_argument("--out")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--versions", nargs="*", default=[])
+    ap.add_argument("--cases", nargs="*", default=["v32-fp8", "v4-fp8"])
     args = ap.parse_args()
     kernels = {"old": "old", "new": "new", **{f"v{i}": load_module_copy(p) for i, p in enumerate(args.versions)}}
     rows = []
-    for case in [c for c in SPARSE_DECODE_CASES if c[0] == "v32-fp8"]:
+    for case in [c for c in SPARSE_DECODE_CASES if c[0] in args.cases]:
         name, b, hq, sq, d, layout, topk, page, extra_topk, extra_page = case
         q, cache, lens, sink, kw = sparse_decode_inputs(case, torch.Generator(device="cuda").manual_seed(0))
         meta, splits = ours_mla.get_mla_metadata(lens, sq * hq, 1, num_heads_q=hq, topk=topk)
@@ -59,6 +62,9 @@ def main():
         bad[..., 7::131] = cache.shape[0] * cache.shape[1] + 3
         length = torch.randint(1, topk + 1, (b,), dtype=torch.int32, device="cuda")
         checks = {"plain": kw, "invalid": dict(kw, indices=bad, topk_length=length)}
+        if extra_topk:
+            checks["invalid"]["extra_topk_length"] = torch.randint(0, extra_topk + 1, (b,), dtype=torch.int32,
+                                                                   device="cuda")
         for label, kw_c in checks.items():
             fn = lambda kw_c=kw_c: ours_mla.flash_mla_with_kvcache(q, cache, None, lens, 512, meta, splits,  # noqa
                                                                   attn_sink=sink, **kw_c)
@@ -69,25 +75,25 @@ def main():
                 o_new, lse_new = _variant(fn, kernel)()
                 err_o = (o_new.float() - o_ref.float()).abs().max().item()
                 err_l = (lse_new - lse_ref).abs().max().item()
-                print(f"{name} b={b} {kname} {label}: max |out diff| {err_o:.3e}, max |lse diff| {err_l:.3e}",
+                print(f"{name} h_q={hq} b={b} {kname} {label}: max |out diff| {err_o:.3e}, max |lse diff| {err_l:.3e}",
                       flush=True)
                 assert err_o < 2e-2 and err_l < 1e-3, "outputs differ"
         fn = lambda: ours_mla.flash_mla_with_kvcache(q, cache, None, lens, 512, meta, splits, attn_sink=sink,  # noqa
                                                      **kw)
         calls = {k: _variant(fn, kernel) for k, kernel in kernels.items()}
-        flops = 2 * b * sq * hq * topk * (d + 512)
+        flops = 2 * b * sq * hq * (topk + extra_topk) * (d + 512)
         _heat(list(calls.values()))
         times = {k: [] for k in calls}
         for _ in range(args.rounds):
             for k, call in calls.items():
                 times[k].append(bench_gpu_graph(call))
-        row = dict(case=name, b=b, hq=hq, sq=sq, topk=topk)
+        row = dict(case=name, b=b, hq=hq, sq=sq, topk=topk, extra_topk=extra_topk)
         for k, ts in times.items():
             row[f"{k}_tflops"] = flops / sorted(ts)[len(ts) // 2] / 1e12
         for k in calls:
             row[f"{k}_vs_old"] = row[f"{k}_tflops"] / row["old_tflops"]
         rows.append(row)
-        print(f"{name} b={b}: " + "  ".join(f"{k} {row[f'{k}_tflops']:.1f}" for k in calls) + " TFLOP/s", flush=True)
+        print(f"{name} h_q={hq} b={b}: " + "  ".join(f"{k} {row[f'{k}_tflops']:.1f}" for k in calls) + " TFLOP/s", flush=True)
     if args.out:
         save_sweep(args.out, rows)
 
