@@ -5,7 +5,7 @@ process: outputs checked against `mla_decode_sm90`'s (also with invalid indices 
 round-robin from CUDA graphs.
 
     PYTHONPATH=src python3 benchmarks/probe_sparse_fp8.py [--out probe.json] [--rounds 3] [--cases v32-fp8 v4-fp8]
-                                                          [--versions A.py ...]
+                                                          [--versions A.py ...] [--no-check]
 
 `--versions` also times copies of `sparse_decode_sm90.py` (e.g. `git show REV:src/fmha/kernels/sparse_decode_sm90.py >
 /tmp/a.py`), each launched in place of the package's own.
@@ -49,6 +49,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--versions", nargs="*", default=[])
     ap.add_argument("--cases", nargs="*", default=["v32-fp8", "v4-fp8"])
+    ap.add_argument("--no-check", action="store_true", help="time only (experiments that drop work on purpose)")
     args = ap.parse_args()
     kernels = {"old": "old", "new": "new", **{f"v{i}": load_module_copy(p) for i, p in enumerate(args.versions)}}
     rows = []
@@ -77,7 +78,7 @@ def main():
                 err_l = (lse_new - lse_ref).abs().max().item()
                 print(f"{name} h_q={hq} b={b} {kname} {label}: max |out diff| {err_o:.3e}, max |lse diff| {err_l:.3e}",
                       flush=True)
-                assert err_o < 2e-2 and err_l < 1e-3, "outputs differ"
+                assert args.no_check or (err_o < 2e-2 and err_l < 1e-3), "outputs differ"
         fn = lambda: ours_mla.flash_mla_with_kvcache(q, cache, None, lens, 512, meta, splits, attn_sink=sink,  # noqa
                                                      **kw)
         calls = {k: _variant(fn, kernel) for k, kernel in kernels.items()}

@@ -7,7 +7,8 @@ DT = 64 RoPE columns or none (DeepSeek-V4's head_dim 512):
 - token-sparse calls (index rows instead of a block table: sparse decode, `flash_mla_sparse_fwd`) and FP8
   caches (V3.2's 656-byte rows, V4's per-page layout of 584 bytes a key; paged or sparse), with or without V4's
   second (sliding-window) source: gathered, see "Gathers" below.
-  (V3.2's FP8 sparse decode planned whole runs `sparse_decode_sm90` instead, where a loading warpgroup dequantises.)
+  (FP8 sparse decode planned whole, heads in 64-row blocks, runs `sparse_decode_sm90` instead, where a loading
+  warpgroup dequantises in registers.)
 With 64 rows the `triton.language` kernel is compute-bound and stops at 0.45x FlashMLA (benchmarks/NOTES.md):
 it computes the 64 x 64 x 576 score tile twice, once per warpgroup.
 

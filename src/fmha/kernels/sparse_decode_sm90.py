@@ -1,20 +1,23 @@
-"""Hopper (sm_90) token-sparse decode over DeepSeek-V3.2's FP8 cache, FlashMLA's structure: a loading warpgroup that
-dequantises, a warpgroup that scores, and one that only multiplies P by the right half of V.
+"""Hopper (sm_90) token-sparse decode over DeepSeek's FP8 caches (V3.2's and V4's "model1"), FlashMLA's structure: a
+loading warpgroup that dequantises, a warpgroup that scores, and one that only multiplies P by the right half of V.
 
-`mla_decode.mla_decode_forward` sends it the V3.2 FP8 sparse decode calls that `supported` accepts (one query token a
-"batch", planned whole, heads in 64-row blocks; the rest stay with `mla_decode_sm90`, whose two consumer warpgroups
-each dequantise the tile they score). One program owns 64 query rows (heads) of one query token and walks its valid
-keys (the first min(topk, topk_length) entries of its index row) in tiles of 64:
-- the loading warpgroup (the default partition) reads each key's 656 bytes with 16-byte global loads into registers,
-  issued before it waits for the ring slot, so their latency hides behind that wait; it turns the e4m3 values into
-  bf16 with their fp32 scales (`_E4M3_SCALED_TO_BF16`) and stores the tile into one of two 72 KB slots in the tensor
-  cores' layout, then arrives on the slot's barrier;
-- warpgroup 0 computes every tile's scores Q·Kᵀ over 576 columns, the online softmax, and O_L += P·V_L (value columns
-  0-255) with P from registers; it publishes P (bf16) and the rows' rescale factors in shared memory for
+`mla_decode.mla_decode_forward` sends it the FP8 sparse decode calls that `supported` accepts (one query token a
+"batch", planned whole, heads in 64-row blocks, with or without V4's second source; the rest stay with
+`mla_decode_sm90`, whose two consumer warpgroups each dequantise the tile they score). One program owns 64 query rows
+(heads) of one query token and walks its valid keys (the first min(topk, topk_length) entries of its index row, then
+those of its second source's) in tiles of 64:
+- the loading warpgroup (the default partition) reads each key's row (V3.2: 656 bytes; model1: a 576-byte value row
+  and 8 scale bytes elsewhere in its page) with 16-byte global loads, a tile ahead: as it converts a tile's chunk, it
+  loads the same chunk of the next tile into the registers just freed. It turns the e4m3 values into bf16 with their
+  scales (V3.2 fp32 `_E4M3_SCALED_TO_BF16`, model1 UE8M0 by bits) and stores the tile into one of two slots (72 / 64
+  KB) in the tensor cores' layout, then arrives on the slot's barrier;
+- warpgroup 0 computes every tile's scores Q·Kᵀ (576 / 512 columns), the online softmax, and O_L += P·V_L (value
+  columns 0-255) with P from registers; it publishes P (bf16) and the rows' rescale factors in shared memory for
 - warpgroup 1, which only rescales O_R and adds P·V_R (columns 256-511) from that shared P. Needing no score tile and
   no softmax, it runs at WG1_REGS registers, and what it leaves goes to the loader.
 Both release a slot once their product on it is done (its empty barrier counts two). Outputs leave through the Q
-buffer by TMA store. Against `mla_decode_sm90` on `fmha bench sparse`'s V3.2 rows: +9% (NOTES.md, thirtieth session).
+buffer by TMA store. Against `mla_decode_sm90` on `fmha bench sparse`'s rows: V3.2 +12%, V4 +23-31% (NOTES.md,
+thirtieth and thirty-first sessions).
 """
 from __future__ import annotations
 
@@ -24,13 +27,14 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_init, warpgroup_mma_wait)
 
 from . import mla_decode_sm90
-from .mla_decode_sm90 import (BLOCK_N, DT, HALF, LN2, LOG2E, MODEL1, MODEL1_NOPE, ROWS, STAGES, V32, _dequant_chunk,
+from .mla_decode_sm90 import (BLOCK_N, DT, HALF, LN2, LOG2E, MODEL1, MODEL1_NOPE, ROWS, STAGES, V32, _E4M3_TO_BF16,
                               _gather_bases, _signal, ue8m0_multipliers)
 from .sm90 import descriptor
 
-# The loader's view of a tile: 16 bytes a load, 8 rows a warp (4 threads a row of 64 bytes).
-LD = gl.constexpr(gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0]))
-LD_ROWS = gl.constexpr(gl.SliceLayout(1, gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])))
+# The loader's view of a tile: its bytes as 32-bit words (carried from one loop iteration to the next as 32-bit
+# registers; bytes would take one register each), 16 bytes a load, 8 rows a warp (4 threads a row of 64 bytes).
+LD = gl.constexpr(gl.BlockedLayout([1, 4], [8, 4], [4, 1], [1, 0]))
+LD_ROWS = gl.constexpr(gl.SliceLayout(1, gl.BlockedLayout([1, 4], [8, 4], [4, 1], [1, 0])))
 WG0_REGS = 216
 WG1_REGS = 168
 
@@ -51,15 +55,21 @@ def _source(sources, j, EXTRA: gl.constexpr):
 
 
 @gluon.jit
-def _tile_rows(sources, j, layout: gl.constexpr, FP8: gl.constexpr, EXTRA: gl.constexpr):
-    """(value row addresses, scale row addresses, exists) in `layout` of the keys of the token's tile j: a flat
-    position p is slot p % page_size of page p // page_size; entries that are negative, past the cache or past the
-    source's valid length do not exist (slot 0 of page 0 is named instead, and never read). V3.2's scales sit in
-    the value row (byte 512), model1's in the page's scale rows (8 bytes a slot)."""
+def _tile_index(sources, j, layout: gl.constexpr, EXTRA: gl.constexpr):
+    """The flat positions of the keys of the token's tile j (-1 past its source's valid length), in `layout`."""
+    src, n = _source(sources, j, EXTRA)
+    k = n + gl.arange(0, BLOCK_N, layout=layout)
+    return gl.load(src[2] + k, mask=k < src[3], other=-1)
+
+
+@gluon.jit
+def _tile_rows(sources, j, idx, FP8: gl.constexpr, EXTRA: gl.constexpr):
+    """(value row addresses, scale row addresses, exists) of the keys of tile j at flat positions idx (`_tile_index`):
+    position p is slot p % page_size of page p // page_size; entries that are negative or past the cache do not
+    exist (slot 0 of page 0 is named instead, and never read). V3.2's scales sit in the value row (byte 512),
+    model1's in the page's scale rows (8 bytes a slot)."""
     src, n = _source(sources, j, EXTRA)
     CACHE, SCALES, idx_row, limit, bound, page_size, stride_page, stride_slot = src
-    k = n + gl.arange(0, BLOCK_N, layout=layout)
-    idx = gl.load(idx_row + k, mask=k < limit, other=-1)
     ok = (idx >= 0) & (idx < bound)
     token = gl.where(ok, idx, 0)
     page = (token.to(gl.uint32) // page_size.to(gl.uint32)).to(gl.int32)       # page_size 1: folded away
@@ -73,30 +83,28 @@ def _tile_rows(sources, j, layout: gl.constexpr, FP8: gl.constexpr, EXTRA: gl.co
 
 
 @gluon.jit
-def _load_tile(rows, scales, ok, FP8: gl.constexpr):
-    """The tile's bytes into registers: its 64-column chunks of e4m3 bytes (V3.2 eight, model1 seven), their
-    scales (V3.2 four fp32, one per 128 columns; model1 eight UE8M0 bytes as two words, one per 64 columns) and
-    the RoPE values."""
-    cols = gl.arange(0, 64, layout=gl.SliceLayout(0, LD))
-    m = ok[:, None]
-    p = rows[:, None] + cols[None, :]
+def _chunk(rows, ok, G: gl.constexpr):
+    """64-column chunk G of the tile's e4m3 bytes, (BLOCK_N, 16) words."""
+    cols = gl.arange(0, 16, layout=gl.SliceLayout(0, LD))
+    p = (rows + G * 64).to(gl.pointer_type(gl.int32))
+    return gl.load(p[:, None] + cols[None, :], mask=ok[:, None], other=0)
+
+
+@gluon.jit
+def _scales_rope(rows, scales, ok, FP8: gl.constexpr):
+    """The tile's scales (V3.2 four fp32, one per 128 columns; model1 eight UE8M0 bytes as two words, one per 64
+    columns) and RoPE values ((BLOCK_N, 32) words of bf16 pairs)."""
+    cols = gl.arange(0, 32, layout=gl.SliceLayout(0, LD))
     if FP8 == MODEL1:
-        xs = (gl.load(p, mask=m, other=0), gl.load(p + 64, mask=m, other=0), gl.load(p + 128, mask=m, other=0),
-              gl.load(p + 192, mask=m, other=0), gl.load(p + 256, mask=m, other=0), gl.load(p + 320, mask=m, other=0),
-              gl.load(p + 384, mask=m, other=0))
         sp = scales.to(gl.pointer_type(gl.int32))
         sc = (gl.load(sp, mask=ok, other=0), gl.load(sp + 1, mask=ok, other=0))
-        rp = (rows + MODEL1_NOPE).to(gl.pointer_type(gl.bfloat16))
+        rp = (rows + MODEL1_NOPE).to(gl.pointer_type(gl.int32))
     else:
-        xs = (gl.load(p, mask=m, other=0), gl.load(p + 64, mask=m, other=0), gl.load(p + 128, mask=m, other=0),
-              gl.load(p + 192, mask=m, other=0), gl.load(p + 256, mask=m, other=0), gl.load(p + 320, mask=m, other=0),
-              gl.load(p + 384, mask=m, other=0), gl.load(p + 448, mask=m, other=0))
         sp = scales.to(gl.pointer_type(gl.float32))
         sc = (gl.load(sp, mask=ok, other=0.0), gl.load(sp + 1, mask=ok, other=0.0),
               gl.load(sp + 2, mask=ok, other=0.0), gl.load(sp + 3, mask=ok, other=0.0))
-        rp = (rows + 528).to(gl.pointer_type(gl.bfloat16))
-    rope = gl.load(rp[:, None] + cols[None, :], mask=m, other=0.0)
-    return xs, sc, rope
+        rp = (rows + 528).to(gl.pointer_type(gl.int32))
+    return sc, gl.load(rp[:, None] + cols[None, :], mask=ok[:, None], other=0)
 
 
 # Four e4m3 bytes ($2) times an fp32 scale ($3) into four bf16 ($0, $1): exact widening to f16 and f32, one fp32
@@ -123,17 +131,32 @@ _E4M3_SCALED_TO_BF16 = gl.constexpr(
     "cvt.rn.bf16x2.f32 $1, f3, f2; }")
 
 
+# `mla_decode_sm90._E4M3_TO_BF16` with its operands one word each (the word of bytes, then the two multipliers).
+_E4M3_TO_BF16_WORDS = gl.constexpr(_E4M3_TO_BF16.value.replace("$7", "$4"))
+
+
 @gluon.jit
-def _put(xs, sc, G: gl.constexpr, dst, FP8: gl.constexpr):
-    """Chunk G of the tile's e4m3 bytes, dequantised, into dst: V3.2 with fp32 scale G // 2 (`_E4M3_SCALED_TO_BF16`),
-    model1 with UE8M0 byte G (`mla_decode_sm90`'s bit route)."""
-    x = xs[G]
+def _put(x, sc, G: gl.constexpr, dst, FP8: gl.constexpr):
+    """Chunk G of the tile (x, `_chunk`'s words), dequantised, into dst ((BLOCK_N, 32) words of a value slot):
+    V3.2 with fp32 scale G // 2 (`_E4M3_SCALED_TO_BF16`), model1 with UE8M0 byte G (`_E4M3_TO_BF16_WORDS`). A
+    word of four e4m3 values becomes two words of bf16 pairs, joined in column order."""
     if FP8 == MODEL1:
-        _dequant_chunk(x, ue8m0_multipliers((sc[G // 4] >> (8 * (G % 4))) & 255), dst, FP8)
+        m1, m2 = ue8m0_multipliers((sc[G // 4] >> (8 * (G % 4))) & 255)
+        lo, hi = gl.inline_asm_elementwise(_E4M3_TO_BF16_WORDS, "=r,=r,r,r,r",
+                                           [x, m1[:, None] + gl.zeros_like(x), m2[:, None] + gl.zeros_like(x)],
+                                           (gl.int32, gl.int32), True, 1)
     else:
-        bits = sc[G // 2].to(gl.int32, bitcast=True)[:, None] + gl.zeros_like(x).to(gl.int32)
-        dst.store(gl.inline_asm_elementwise(_E4M3_SCALED_TO_BF16, "=r,=r,r,r,r,r,r", [x, bits], gl.bfloat16, True,
-                                            4))
+        bits = sc[G // 2].to(gl.int32, bitcast=True)[:, None] + gl.zeros_like(x)
+        lo, hi = gl.inline_asm_elementwise(_E4M3_SCALED_TO_BF16, "=r,=r,r,r", [x, bits], (gl.int32, gl.int32), True,
+                                           1)
+    dst.store(gl.join(lo, hi).reshape([BLOCK_N, 32]))
+
+
+@gluon.jit
+def _put_and_fetch(x, sc, G: gl.constexpr, k_words, slot, rows, ok, FP8: gl.constexpr):
+    """Store chunk G of this tile, then load chunk G of the next (at rows) into the registers it leaves."""
+    _put(x, sc, G, k_words.index(2 * slot + G // 4).slice((G % 4) * 32, 32, dim=1), FP8)
+    return _chunk(rows, ok, G)
 
 
 @gluon.jit
@@ -149,21 +172,36 @@ def _loader(q_lat_desc, q_rope_desc, q_lat, q_rope, k_lat, k_rope, q_ready, k_re
     if FP8 == V32:
         tma.async_copy_global_to_shared(q_rope_desc, [tok, row0, 0], q_ready,
                                         q_rope.reshape(q_rope_desc.block_type.shape))
-    rows, scales, ok = _tile_rows(sources, 0, LD_ROWS, FP8, EXTRA)
+    # The slots as 32-bit words (the same bytes and swizzle): the loader stores bf16 pairs.
+    words: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HALF // 2], gl.int32)
+    k_words = k_lat._reinterpret(gl.int32, [2 * STAGES, BLOCK_N, HALF // 2], words)
+    rope_words = k_rope._reinterpret(gl.int32, [STAGES, BLOCK_N, DT // 2], words)
+    CHUNKS: gl.constexpr = 7 if FP8 == MODEL1 else 8
+    rows, scales, ok = _tile_rows(sources, 0, _tile_index(sources, 0, LD_ROWS, EXTRA), FP8, EXTRA)
+    xs = ()
+    for g in gl.static_range(CHUNKS):
+        xs = xs + (_chunk(rows, ok, g),)
+    sc, rope = _scales_rope(rows, scales, ok, FP8)
+    idx = _tile_index(sources, 1, LD_ROWS, EXTRA)
     for j in range(n_tiles):
         slot = j % STAGES
-        # This tile's bytes (its index row was read a tile ago) and the next tile's index row go out before the wait
-        # for the slot, so their latency hides behind it. (Loaded in one iteration and used in the next, the bytes
-        # would cross the loop edge one byte a register: 4.6 KB of spills.)
-        xs, sc, rope = _load_tile(rows, scales, ok, FP8)
-        rows, scales, ok = _tile_rows(sources, j + 1, LD_ROWS, FP8, EXTRA)
+        # Tile j's bytes arrived during tile j - 1's conversion; tile j + 1's addresses come from its index row, read
+        # a tile ago, and tile j + 2's index row goes out now. As each chunk of tile j is converted and stored, the
+        # same chunk of tile j + 1 is loaded into the registers it leaves: a tile's loads are in flight for a whole
+        # tile's time at no extra registers (V3.2 +3%; an L2 prefetch of tile j + 2 on top lost 3-13%, loads
+        # that skip L1 or ask L2 for 256-byte blocks 10-30%: NOTES.md, thirty-first session).
+        rows, scales, ok = _tile_rows(sources, j + 1, idx, FP8, EXTRA)
+        idx = _tile_index(sources, j + 2, LD_ROWS, EXTRA)
         mbarrier.wait(k_empty.index(slot), ((j // STAGES) & 1) ^ 1)
-        for g in gl.static_range(len(xs)):
-            _put(xs, sc, g, k_lat.index(2 * slot + g // 4).slice((g % 4) * 64, 64, dim=1), FP8)
         if FP8 == MODEL1:             # the RoPE values close the value row: columns 448-511, half R's last 64
-            k_lat.index(2 * slot + 1).slice(MODEL1_NOPE - HALF, DT, dim=1).store(rope)
+            k_words.index(2 * slot + 1).slice((MODEL1_NOPE - HALF) // 2, DT // 2, dim=1).store(rope)
         else:
-            k_rope.index(slot).store(rope)
+            rope_words.index(slot).store(rope)
+        nxt = ()
+        for g in gl.static_range(CHUNKS):
+            nxt = nxt + (_put_and_fetch(xs[g], sc, g, k_words, slot, rows, ok, FP8),)
+        xs = nxt
+        sc, rope = _scales_rope(rows, scales, ok, FP8)
         fence_async_shared()
         _signal(k_ready.index(slot))
 
@@ -188,7 +226,8 @@ def _scorer(q_lat, q_rope, k_lat, k_rope, p_smem, rows_smem, q_ready, k_ready, k
     mbarrier.wait(q_ready, 0)
     for j in range(n_tiles):
         slot = j % STAGES
-        key_ok = _tile_rows(sources, j, col_s, FP8, EXTRA)[2]
+        idx = _tile_index(sources, j, col_s, EXTRA)
+        key_ok = (idx >= 0) & (idx < _source(sources, j, EXTRA)[0][4])
         mbarrier.wait(k_ready.index(slot), (j // STAGES) & 1)
         s = warpgroup_mma_init(gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout))
         s = warpgroup_mma(q_lat.index(0), k_lat.index(2 * slot).permute((1, 0)), s, is_async=True)
