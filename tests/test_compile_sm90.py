@@ -376,6 +376,7 @@ SPARSE_FP8_SCRIPT = textwrap.dedent('''
                   WG1_REGS=M.WG1_REGS)
     if page_size == 1:                          # what the JIT makes of a cache whose pages follow each other
         consts.update(page_size=1)
+    consts.update(SHIFTED=page_size > 1 and page_size & (page_size - 1) == 0)
     if layout == "model1":                      # no RoPE part of its own
         consts.update(q_rope_desc=None)
     ptrs = dict(q_lat_desc=desc(64, 256), q_rope_desc=desc(64, 64), o_desc=desc(64, 256), LSE="*fp32", SINKS="*fp32",

@@ -63,17 +63,22 @@ def _tile_index(sources, j, layout: gl.constexpr, EXTRA: gl.constexpr):
 
 
 @gluon.jit
-def _tile_rows(sources, j, idx, FP8: gl.constexpr, EXTRA: gl.constexpr):
+def _tile_rows(sources, j, idx, FP8: gl.constexpr, EXTRA: gl.constexpr, SHIFTED: gl.constexpr):
     """(value row addresses, scale row addresses, exists) of the keys of tile j at flat positions idx (`_tile_index`):
-    position p is slot p % page_size of page p // page_size; entries that are negative or past the cache do not
-    exist (slot 0 of page 0 is named instead, and never read). V3.2's scales sit in the value row (byte 512),
+    position p is slot p % page_size of page p // page_size (SHIFTED: every source's page size is a power of two,
+    passed as its log2); entries that are negative or past the cache do not exist (slot 0 of page 0 is named
+    instead, and never read). V3.2's scales sit in the value row (byte 512),
     model1's in the page's scale rows (8 bytes a slot)."""
     src, n = _source(sources, j, EXTRA)
     CACHE, SCALES, idx_row, limit, bound, page_size, stride_page, stride_slot = src
     ok = (idx >= 0) & (idx < bound)
     token = gl.where(ok, idx, 0)
-    page = (token.to(gl.uint32) // page_size.to(gl.uint32)).to(gl.int32)       # page_size 1: folded away
-    slot = (token - page * page_size).to(gl.int64)
+    if SHIFTED:
+        page = token >> page_size
+        slot = (token & ((1 << page_size) - 1)).to(gl.int64)
+    else:
+        page = (token.to(gl.uint32) // page_size.to(gl.uint32)).to(gl.int32)       # page_size 1: folded away
+        slot = (token - page * page_size).to(gl.int64)
     rows = CACHE + page.to(gl.int64) * stride_page + slot * stride_slot
     if FP8 == MODEL1:
         scales = SCALES + page.to(gl.int64) * stride_page + slot * 8
@@ -161,7 +166,7 @@ def _put_and_fetch(x, sc, G: gl.constexpr, k_words, slot, rows, ok, FP8: gl.cons
 
 @gluon.jit
 def _loader(q_lat_desc, q_rope_desc, q_lat, q_rope, k_lat, k_rope, q_ready, k_ready, k_empty, sources, n_tiles, tok,
-            row0, FP8: gl.constexpr, EXTRA: gl.constexpr):
+            row0, FP8: gl.constexpr, EXTRA: gl.constexpr, SHIFTED: gl.constexpr):
     if FP8 == V32:
         mbarrier.expect(q_ready, 2 * q_lat_desc.block_type.nbytes + q_rope_desc.block_type.nbytes)
     else:
@@ -177,7 +182,7 @@ def _loader(q_lat_desc, q_rope_desc, q_lat, q_rope, k_lat, k_rope, q_ready, k_re
     k_words = k_lat._reinterpret(gl.int32, [2 * STAGES, BLOCK_N, HALF // 2], words)
     rope_words = k_rope._reinterpret(gl.int32, [STAGES, BLOCK_N, DT // 2], words)
     CHUNKS: gl.constexpr = 7 if FP8 == MODEL1 else 8
-    rows, scales, ok = _tile_rows(sources, 0, _tile_index(sources, 0, LD_ROWS, EXTRA), FP8, EXTRA)
+    rows, scales, ok = _tile_rows(sources, 0, _tile_index(sources, 0, LD_ROWS, EXTRA), FP8, EXTRA, SHIFTED)
     xs = ()
     for g in gl.static_range(CHUNKS):
         xs = xs + (_chunk(rows, ok, g),)
@@ -190,7 +195,7 @@ def _loader(q_lat_desc, q_rope_desc, q_lat, q_rope, k_lat, k_rope, q_ready, k_re
         # same chunk of tile j + 1 is loaded into the registers it leaves: a tile's loads are in flight for a whole
         # tile's time at no extra registers (V3.2 +3%; an L2 prefetch of tile j + 2 on top lost 3-13%, loads
         # that skip L1 or ask L2 for 256-byte blocks 10-30%: NOTES.md, thirty-first session).
-        rows, scales, ok = _tile_rows(sources, j + 1, idx, FP8, EXTRA)
+        rows, scales, ok = _tile_rows(sources, j + 1, idx, FP8, EXTRA, SHIFTED)
         idx = _tile_index(sources, j + 2, LD_ROWS, EXTRA)
         mbarrier.wait(k_empty.index(slot), ((j // STAGES) & 1) ^ 1)
         if FP8 == MODEL1:             # the RoPE values close the value row: columns 448-511, half R's last 64
@@ -304,7 +309,7 @@ def sparse_decode_kernel(q_lat_desc, q_rope_desc, o_desc, CACHE, SCALES, IDX, VA
                          page_size, stride_page, stride_slot, X_CACHE, X_SCALES, X_IDX, X_VALID_LENS, x_topk,
                          x_stride_idx, x_bound, x_page_size, x_stride_page, x_stride_slot, LSE, SINKS, h_q,
                          seq_tokens, stride_lb, stride_lh, stride_ls, qk_scale_log2, FP8: gl.constexpr,
-                         EXTRA: gl.constexpr, HAS_SINKS: gl.constexpr, WG0_REGS: gl.constexpr,
+                         EXTRA: gl.constexpr, SHIFTED: gl.constexpr, HAS_SINKS: gl.constexpr, WG0_REGS: gl.constexpr,
                          WG1_REGS: gl.constexpr):
     """Grid: query tokens x 64-row blocks of their heads (row blocks fastest, so a token's programs run together).
     Token t's keys are the first min(topk, VALID_LENS[t // seq_tokens]) entries of its index row, then (EXTRA) the
@@ -352,7 +357,7 @@ def sparse_decode_kernel(q_lat_desc, q_rope_desc, o_desc, CACHE, SCALES, IDX, VA
         mbarrier.init(k_empty.index(i), count=2)
     gl.warp_specialize([
         (_loader, (q_lat_desc, q_rope_desc, q_lat, q_rope, k_lat, k_rope, q_ready, k_ready, k_empty, sources, n_tiles,
-                   tok, row0, FP8, EXTRA)),
+                   tok, row0, FP8, EXTRA, SHIFTED)),
         (_scorer, (q_lat, q_rope, k_lat, k_rope, p_smem, rows_smem, q_ready, k_ready, k_empty, p_ready, p_free, done,
                    o_desc, sources, lse_out, SINKS, n_tiles, tok, row0, qk_scale_log2, FP8, EXTRA, HAS_SINKS)),
         (_right, (q_lat, k_lat, p_smem, rows_smem, k_ready, k_empty, p_ready, p_free, done, o_desc, n_tiles, tok,
@@ -398,6 +403,10 @@ def sparse_decode_forward_sm90(views, q_lat, q_rope, cache, indices, valid_lens,
     rows = ROWS.value
     main = _source_args(cache, indices, valid_lens, fp8_layout)
     second = main if extra is None else _source_args(extra[0], extra[2], extra[3], fp8_layout)
+    # Pages of a power of two keys (one-key pages fold away anyway): shifts and masks, not divisions (V4 +1%).
+    shifted = all(mla_decode_sm90._pow2(src[7]) and src[7] > 1 for src in (main, second))
+    if shifted:
+        main, second = ((*src[:7], src[7].bit_length() - 1, *src[8:]) for src in (main, second))
     descs = (descriptor(q_lat, vq, [1, rows, HALF.value]),
              descriptor(q_rope, vr, [1, rows, DT.value]) if q_rope is not None else None,
              descriptor(out, vo, [1, rows, HALF.value]))
@@ -405,4 +414,4 @@ def sparse_decode_forward_sm90(views, q_lat, q_rope, cache, indices, valid_lens,
     sparse_decode_kernel[grid](*descs, *main, *second, lse, sinks if sinks is not None else lse, h_q,
                                tokens // lse.shape[0], *lse.stride(), softmax_scale * LOG2E.value,
                                FP8={"v32": V32.value, "model1": MODEL1.value}[fp8_layout], EXTRA=extra is not None,
-                               HAS_SINKS=sinks is not None, WG0_REGS=WG0_REGS, WG1_REGS=WG1_REGS, num_warps=4)
+                               SHIFTED=shifted, HAS_SINKS=sinks is not None, WG0_REGS=WG0_REGS, WG1_REGS=WG1_REGS, num_warps=4)
