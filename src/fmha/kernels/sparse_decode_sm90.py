@@ -67,8 +67,8 @@ def _tile_rows(sources, j, idx, FP8: gl.constexpr, EXTRA: gl.constexpr, SHIFTED:
     """(value row addresses, scale row addresses, exists) of the keys of tile j at flat positions idx (`_tile_index`):
     position p is slot p % page_size of page p // page_size (SHIFTED: every source's page size is a power of two,
     passed as its log2); entries that are negative or past the cache do not exist (slot 0 of page 0 is named
-    instead, and never read). V3.2's scales sit in the value row (byte 512),
-    model1's in the page's scale rows (8 bytes a slot)."""
+    instead, and never read). V3.2's scales sit in the value row (byte 512), model1's in the page's scale rows
+    (8 bytes a slot)."""
     src, n = _source(sources, j, EXTRA)
     CACHE, SCALES, idx_row, limit, bound, page_size, stride_page, stride_slot = src
     ok = (idx >= 0) & (idx < bound)
@@ -180,7 +180,6 @@ def _loader(q_lat_desc, q_rope_desc, q_lat, q_rope, k_lat, k_rope, q_ready, k_re
     # The slots as 32-bit words (the same bytes and swizzle): the loader stores bf16 pairs.
     words: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HALF // 2], gl.int32)
     k_words = k_lat._reinterpret(gl.int32, [2 * STAGES, BLOCK_N, HALF // 2], words)
-    rope_words = k_rope._reinterpret(gl.int32, [STAGES, BLOCK_N, DT // 2], words)
     CHUNKS: gl.constexpr = 7 if FP8 == MODEL1 else 8
     rows, scales, ok = _tile_rows(sources, 0, _tile_index(sources, 0, LD_ROWS, EXTRA), FP8, EXTRA, SHIFTED)
     xs = ()
@@ -201,7 +200,7 @@ def _loader(q_lat_desc, q_rope_desc, q_lat, q_rope, k_lat, k_rope, q_ready, k_re
         if FP8 == MODEL1:             # the RoPE values close the value row: columns 448-511, half R's last 64
             k_words.index(2 * slot + 1).slice((MODEL1_NOPE - HALF) // 2, DT // 2, dim=1).store(rope)
         else:
-            rope_words.index(slot).store(rope)
+            k_rope._reinterpret(gl.int32, [STAGES, BLOCK_N, DT // 2], words).index(slot).store(rope)
         nxt = ()
         for g in gl.static_range(CHUNKS):
             nxt = nxt + (_put_and_fetch(xs[g], sc, g, k_words, slot, rows, ok, FP8),)
