@@ -107,6 +107,13 @@ SCALE_SMEM = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
 # The keys of a gathered tile, 4 rows a warp and 8 threads a row: every gather copy (`_copy_columns`) maps rows to
 # threads this way, so the keys reach the copies without a layout conversion.
 KEY_ROWS = gl.constexpr(gl.SliceLayout(1, gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])))
+# A 64-row warpgroup's wgmma results: a score tile (ROWS, BLOCK_N), an output half (ROWS, HALF), and P as the A
+# operand of P·V from registers.
+S_LAYOUT = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                 instr_shape=[16, BLOCK_N.value, 16]))
+O_LAYOUT = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                 instr_shape=[16, HALF.value, 16]))
+P_LAYOUT = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT.value, k_width=2))
 LN2 = gl.constexpr(0.6931471805599453)
 # The running max is only raised when a tile's scores exceed it by more than this (log2 units; `_raise_max`).
 LAZY_BY = gl.constexpr(8.0)
@@ -737,11 +744,9 @@ def _consumer(descs, q_lat, q_rope, bufs, k_free, q_ready, q_free, xchg, kidx, o
     LSE, LSE_PART, SCHED, SEQLENS, SPLIT_OFFSETS, SINKS, MAX_LOGITS = outs
     (batch, seqlen_q, group, rows_per_k, qk_scale_log2, stride_lb, stride_lh, stride_ls, seq_tokens, stride_lps,
      stride_mb, stride_mh) = sizes
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HALF, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    s_layout: gl.constexpr = S_LAYOUT
+    o_layout: gl.constexpr = O_LAYOUT
+    p_layout: gl.constexpr = P_LAYOUT
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     dtype: gl.constexpr = q_lat.dtype

@@ -27,8 +27,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_init, warpgroup_mma_wait)
 
 from . import mla_decode_sm90
-from .mla_decode_sm90 import (BLOCK_N, DT, HALF, LN2, LOG2E, MODEL1, MODEL1_NOPE, ROWS, STAGES, V32, _E4M3_TO_BF16,
-                              _gather_bases, _signal, ue8m0_multipliers)
+from .mla_decode_sm90 import (BLOCK_N, DT, HALF, LN2, LOG2E, MODEL1, MODEL1_NOPE, O_LAYOUT, P_LAYOUT, ROWS,
+                              S_LAYOUT, STAGES, V32, _E4M3_TO_BF16, _gather_bases, _signal, ue8m0_multipliers)
 from .sm90 import descriptor
 
 # The loader's view of a tile: its bytes as 32-bit words (carried from one loop iteration to the next as 32-bit
@@ -215,11 +215,9 @@ def _scorer(q_lat, q_rope, k_lat, k_rope, p_smem, rows_smem, q_ready, k_ready, k
             o_desc, sources, lse_out, SINKS, n_tiles, tok, row0, qk_scale_log2, FP8: gl.constexpr,
             EXTRA: gl.constexpr, HAS_SINKS: gl.constexpr):
     """Warpgroup 0: every tile's scores and softmax, O_L."""
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HALF, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    s_layout: gl.constexpr = S_LAYOUT
+    o_layout: gl.constexpr = O_LAYOUT
+    p_layout: gl.constexpr = P_LAYOUT
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
@@ -280,8 +278,7 @@ def _scorer(q_lat, q_rope, k_lat, k_rope, p_smem, rows_smem, q_ready, k_ready, k
 @gluon.jit
 def _right(q_lat, k_lat, p_smem, rows_smem, k_ready, k_empty, p_ready, p_free, done, o_desc, n_tiles, tok, row0):
     """Warpgroup 1: O_R += P·V_R from the shared P, nothing else."""
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HALF, 16])
+    o_layout: gl.constexpr = O_LAYOUT
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     acc = gl.zeros([ROWS, HALF], gl.float32, o_layout)
     for j in range(n_tiles):
