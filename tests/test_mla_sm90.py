@@ -180,9 +180,11 @@ def _fp8_source(layout, b, s_q, topk, page_size, tokens, short, g):
     return packed, ref_cache, indices.cuda(), topk_length.cuda()
 
 
-def _fp8_sparse_decode(layout, b, s_q, h_q, page_size, topk, *, sink=True, short=(), tokens=20000, extra=None):
+def _fp8_sparse_decode(layout, b, s_q, h_q, page_size, topk, *, sink=True, short=(), tokens=20000, extra=None,
+                       unpaired=None):
     """An FP8 sparse decode (V3.2's or model1's cache) against the oracle: `_fp8_source`'s main source, and with
-    `extra` = (extra_topk, extra_page_size, extra_short) a second one (V4's sliding window), attended together."""
+    `extra` = (extra_topk, extra_page_size, extra_short) a second one (V4's sliding window), attended together.
+    `unpaired` (a monkeypatch): the same call without 2-CTA clusters gives the same bits."""
     g = torch.Generator().manual_seed(page_size + h_q + topk + b)
     d = test_mla.LAYOUTS[layout][0]
     packed, ref_cache, indices, topk_length = _fp8_source(layout, b, s_q, topk, page_size, tokens, short, g)
@@ -205,6 +207,11 @@ def _fp8_sparse_decode(layout, b, s_q, h_q, page_size, topk, *, sink=True, short
                                                 attn_sink=attn_sink, **kw)
     ref = mla_sparse_decode_ref(q, ref_cache, ref_indices, D_V, topk_length=topk_length, attn_sink=attn_sink)
     _check(out, lse, *ref, torch.bfloat16)
+    if unpaired is not None:
+        unpaired.setattr(sparse_decode_sm90, "clusters_enabled", lambda: False)
+        out1, lse1 = flash_mla.flash_mla_with_kvcache(q, packed, None, lens, D_V, meta, splits, is_fp8_kvcache=True,
+                                                      attn_sink=attn_sink, **kw)
+        assert torch.equal(out, out1) and torch.equal(lse, lse1)
 
 
 @pytest.mark.parametrize("page_size", [64, 61])
@@ -230,6 +237,22 @@ def test_gluon_fp8_v32_sparse_decode_whole(loader_calls, b, s_q, h_q, page_size,
     one, and 0 (a row with no key: output 0, LSE +inf), -1 entries and entries past the cache, odd pages."""
     _fp8_sparse_decode("v32", b, s_q, h_q, page_size, topk, sink=sink, short={1: 700 % topk, 3: 1, 5: 0})
     assert loader_calls
+
+
+@pytest.mark.parametrize("layout,b,s_q,h_q,pages,topks", [
+    ("v32", 33, 2, 128, (61, 2), (700, 130)), ("model1", 64, 1, 128, (61, None), (1000, None)),
+    ("model1", 17, 2, 128, (256, 64), (128, 512)), ("v32", 1, 1, 128, (64, None), (64, None))],
+    ids=["v32-extra-page61-page2", "model1-page61", "model1-extra", "v32-one-token-one-tile"])
+def test_gluon_fp8_sparse_decode_pairs(monkeypatch, layout, b, s_q, h_q, pages, topks):
+    """Heads in pairs of 64-row blocks run as 2-CTA clusters (`sm90.launch_pairs`): each CTA loads and converts half
+    of every key tile and copies it into the other's shared memory. Against the oracle, and bit for bit the same as
+    the call without clusters: either layout, with and without a second source, odd pages, a single token with one
+    tile, trimmed rows and rows with no key."""
+    pairs = _launches(monkeypatch, sparse_decode_sm90, "launch_pairs")
+    extra = None if topks[1] is None else (topks[1], pages[1], {0: 0, 2: topks[1] // 3})
+    short = {} if b == 1 else {1: 0, 3: 1, 5: topks[0] // 2}
+    _fp8_sparse_decode(layout, b, s_q, h_q, pages[0], topks[0], short=short, extra=extra, unpaired=monkeypatch)
+    assert len(pairs) == 1
 
 
 @pytest.mark.parametrize("layout,b,s_q,h_q,pages,topks,sink", [

@@ -1,5 +1,6 @@
-"""Host-side pieces shared by the Gluon kernels for Hopper (`forward_sm90`, `mla_decode_sm90`): whether they may
-run, the device's compute capability, and TMA descriptors built without the constructor's checks. Gluon is
+"""Host-side pieces shared by the Gluon kernels for Hopper (`forward_sm90`, `mla_decode_sm90`, `sparse_decode_sm90`):
+whether they may run, the device's compute capability, TMA descriptors built without the constructor's checks, and
+2-CTA cluster launches of kernels compiled for one CTA. Gluon is
 imported only when a descriptor is built: the portable paths (and the interpreter) never import it here."""
 from __future__ import annotations
 
@@ -37,3 +38,80 @@ def descriptor(t, view, block):
     desc.base, desc.shape, desc.strides, desc.block_shape, desc.padding = t, shape, strides, block, "zero"
     desc.layout = smem_layout(block[1], block[2], t.dtype)
     return desc
+
+
+def shared_offsets(kernel, names):
+    """The shared-memory offsets that Triton gave the allocations `names` (their Gluon variables' names) of the
+    compiled Gluon kernel `kernel`: the NVIDIA backend's passes up to its allocator (the first five of `make_llir`)
+    run again on the kernel's TTGIR, and each `local_alloc`'s `allocation.offset` is read."""
+    import re
+    import tempfile
+    from triton._C.libtriton import ir, nvidia, passes
+    from triton.backends.nvidia.compiler import get_ptx_version_from_options
+    ctx = ir.context()
+    ir.load_dialects(ctx)
+    nvidia.load_dialects(ctx)
+    with tempfile.NamedTemporaryFile("w", suffix=".ttgir") as f:
+        f.write(kernel.asm["ttgir"])
+        f.flush()
+        mod = ir.parse_mlir_module(f.name, ctx)
+    mod.context = ctx
+    pm = ir.pass_manager(ctx)
+    passes.ttgpuir.add_combine_tensor_select_and_if(pm)
+    passes.ttgpuir.add_allocate_warp_groups(pm)
+    passes.convert.add_scf_to_cf(pm)
+    passes.gluon.add_inliner(pm)
+    arch = kernel.metadata.target.arch
+    nvidia.passes.ttgpuir.add_allocate_shared_memory_nv(pm, arch, get_ptx_version_from_options(kernel.metadata, arch))
+    pm.run(mod, "shared_offsets")
+    found = dict(re.findall(r"%(\w+) = ttg.local_alloc \{allocation.offset = (\d+) : i32\}", str(mod)))
+    return tuple(int(found[n]) for n in names)
+
+
+_PAIR_OFFSETS = {}
+
+
+def launch_pairs(fn, names, grid, args, kw):
+    """Launch the Gluon kernel `fn` over `grid` = (programs,) as clusters of two CTAs (programs 2k and 2k + 1), with
+    constexprs CLUSTER = True and SMEM = the shared-memory offsets of its allocations `names(constexprs)` (`kw`'s
+    constexprs: the names may depend on them), which its inline PTX addresses by hand. The offsets come from a first
+    compile with SMEM zeros (`shared_offsets`; the inline PTX allocates nothing, so the layout does not move).
+    Compiled for two CTAs, every Gluon layout would need a CTA layout; the kernel is compiled for one, and each
+    compile's launch metadata (warps, CTAs, shared memory) is told two: Triton's launcher then launches grid[0] // 2
+    clusters of two. Every such compile checks that its offsets are the SMEM it was given. (NOTES.md, sixteenth and
+    thirty-second sessions.)"""
+    if not getattr(fn, "_fmha_pairs", False):
+        _compile_pairs(fn, names)
+    key = (fn, tuple(sorted(kw.items())))
+    offsets = _PAIR_OFFSETS.get(key)
+    if offsets is None:
+        draft = fn.warmup(*args, grid=grid, CLUSTER=True, SMEM=(0,) * len(names(kw)), **kw)
+        offsets = _PAIR_OFFSETS[key] = shared_offsets(draft, names(kw))
+    fn[(grid[0] // 2,)](*args, CLUSTER=True, SMEM=offsets, **kw)
+
+
+def _compile_pairs(fn, names):
+    """Every compile of `fn` with CLUSTER and real SMEM offsets checks them and gets launch metadata for two CTAs.
+    The JIT takes its compile function from `create_binder`, run once per device (its `device_caches`' default
+    factory), so the hook is installed there as well as now."""
+    from triton.compiler import compile as compile_one
+
+    def compile_pair(src, *a, **k):
+        kernel = compile_one(src, *a, **k)
+        const = {fn.arg_names[i[0]]: getattr(v, "value", v) for i, v in src.constants.items() if len(i) == 1}
+        smem = const.get("SMEM")
+        if const.get("CLUSTER") and smem is not None and any(smem):
+            if shared_offsets(kernel, names(const)) != tuple(smem):
+                raise RuntimeError(f"{fn.__name__}: shared memory moved between compiles")
+            warps, _, shared = kernel.packed_metadata
+            kernel.packed_metadata = (warps, 2, shared)
+        return kernel
+    make = fn.device_caches.default_factory
+
+    def create_binder():
+        caches = make()
+        fn.compile = compile_pair
+        return caches
+    fn.device_caches.default_factory = create_binder
+    fn.compile = compile_pair
+    fn._fmha_pairs = True

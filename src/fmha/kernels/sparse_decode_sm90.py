@@ -15,11 +15,15 @@ those of its second source's) in tiles of 64:
   columns 0-255) with P from registers; it publishes P (bf16) and the rows' rescale factors in shared memory for
 - warpgroup 1, which only rescales O_R and adds P·V_R (columns 256-511) from that shared P. Needing no score tile and
   no softmax, it runs at WG1_REGS registers, and what it leaves goes to the loader.
-Both release a slot once their product on it is done (its empty barrier counts two). Outputs leave through the Q
-buffer by TMA store. Against `mla_decode_sm90` on `fmha bench sparse`'s rows: V3.2 +12%, V4 +23-31% (NOTES.md,
-thirtieth and thirty-first sessions).
+Both release a slot once their product on it is done (its empty barrier counts two). With heads in pairs of 64-row
+blocks (h_q = 128) a token's two programs run as a 2-CTA cluster (`CLUSTER`, FlashMLA's scheme): each loader reads
+and converts half of every tile's rows and copies them into the other CTA's slot as well (V3.2 +15%, V4 +11%;
+thirty-second session). Outputs leave through the Q buffer by TMA store. Against `mla_decode_sm90` on `fmha bench
+sparse`'s rows: V3.2 +12%, V4 +23-31% before the clusters (NOTES.md, thirtieth and thirty-first sessions).
 """
 from __future__ import annotations
+
+import os
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -29,7 +33,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from . import mla_decode_sm90
 from .mla_decode_sm90 import (BLOCK_N, DT, HALF, LN2, LOG2E, MODEL1, MODEL1_NOPE, O_LAYOUT, P_LAYOUT, ROWS,
                               S_LAYOUT, STAGES, V32, _E4M3_TO_BF16, _gather_bases, _signal, ue8m0_multipliers)
-from .sm90 import descriptor
+from .sm90 import descriptor, launch_pairs
 
 # The loader's view of a tile: its bytes as 32-bit words (carried from one loop iteration to the next as 32-bit
 # registers; bytes would take one register each), 16 bytes a load, 8 rows a warp (4 threads a row of 64 bytes).
@@ -55,10 +59,11 @@ def _source(sources, j, EXTRA: gl.constexpr):
 
 
 @gluon.jit
-def _tile_index(sources, j, layout: gl.constexpr, EXTRA: gl.constexpr):
-    """The flat positions of the keys of the token's tile j (-1 past its source's valid length), in `layout`."""
+def _tile_index(sources, j, layout: gl.constexpr, EXTRA: gl.constexpr, N: gl.constexpr = BLOCK_N, first=0):
+    """The flat positions of keys first .. first + N - 1 of the token's tile j (-1 past its source's valid length),
+    in `layout`."""
     src, n = _source(sources, j, EXTRA)
-    k = n + gl.arange(0, BLOCK_N, layout=layout)
+    k = n + first + gl.arange(0, N, layout=layout)
     return gl.load(src[2] + k, mask=k < src[3], other=-1)
 
 
@@ -154,19 +159,139 @@ def _put(x, sc, G: gl.constexpr, dst, FP8: gl.constexpr):
         bits = sc[G // 2].to(gl.int32, bitcast=True)[:, None] + gl.zeros_like(x)
         lo, hi = gl.inline_asm_elementwise(_E4M3_SCALED_TO_BF16, "=r,=r,r,r", [x, bits], (gl.int32, gl.int32), True,
                                            1)
-    dst.store(gl.join(lo, hi).reshape([BLOCK_N, 32]))
+    dst.store(gl.join(lo, hi).reshape([x.shape[0], 32]))
 
 
 @gluon.jit
-def _put_and_fetch(x, sc, G: gl.constexpr, k_words, slot, rows, ok, FP8: gl.constexpr):
+def _put_and_fetch(x, sc, G: gl.constexpr, k_words, slot, rank, rows, ok, FP8: gl.constexpr):
     """Store chunk G of this tile, then load chunk G of the next (at rows) into the registers it leaves."""
-    _put(x, sc, G, k_words.index(2 * slot + G // 4).slice((G % 4) * 32, 32, dim=1), FP8)
+    _put(x, sc, G, _piece(k_words, slot, G, rank), FP8)
     return _chunk(rows, ok, G)
 
 
 @gluon.jit
-def _loader(q_lat_desc, q_rope_desc, q_lat, q_rope, k_lat, k_rope, q_ready, k_ready, k_empty, sources, n_tiles, tok,
-            row0, FP8: gl.constexpr, EXTRA: gl.constexpr, SHIFTED: gl.constexpr):
+def _piece(k_words, slot, G: gl.constexpr, rank):
+    """The words of the value slots (`_loader`'s k_words) that hold this CTA's rows of 64-column chunk G of ring slot
+    `slot`: a (64, 256) half is four chunks of 64 rows, 8 KB each in the 128-byte swizzle, a chunk's rows in order.
+    k_words is (2 STAGES, 64, 128) when this CTA stores every row, (2 STAGES x 4 x 2, 32, 32) when it stores rows
+    32 rank .. 32 rank + 31 (CLUSTER)."""
+    if k_words.shape[1] == BLOCK_N:
+        piece = k_words.index(2 * slot + G // 4).slice((G % 4) * 32, 32, dim=1)
+    else:
+        piece = k_words.index(((2 * slot + G // 4) * 4 + G % 4) * 2 + rank)
+    return piece
+
+
+# 2-CTA clusters (CLUSTER, heads in pairs of 64-row blocks): the two programs of a query token read the same keys, so
+# each loads and converts half of every tile's rows (32 rank .. 32 rank + 31) and copies them into the other CTA's
+# slot too: FlashMLA's h_q = 128 scheme. Gluon 3.6 has no cluster operations, so they are inline PTX, which addresses
+# shared memory as `global_smem` (Triton's base symbol) plus the allocations' offsets; the host reads those from a
+# first compile and passes them as the constexpr SMEM = (k_lat, k_rope, k_ready, peer_free) (`sm90.launch_pairs`).
+# A slot is written in both CTAs by both loaders: before writing it, each loader waits until its own consumers are
+# done with it (k_empty) and so are the other CTA's, which that CTA's loader reports on this one's peer_free.
+PIECE_BYTES = gl.constexpr(BLOCK_N // 2 * 64 * 2)       # 32 rows of a 64-column bf16 chunk, contiguous: 4 KB
+THREADS = gl.constexpr(gl.BlockedLayout([1], [32], [4], [0]))       # one element per thread of a warpgroup
+_CLUSTER_SYNC = gl.constexpr(
+    "{ fence.mbarrier_init.release.cluster;\n"
+    "barrier.cluster.arrive.release.aligned;\n"
+    "barrier.cluster.wait.acquire.aligned;\n"
+    "mov.u32 $0, $1; }")
+_PEER_COPY = (                      # if $1: copy at shared offset $2 into the same place in CTA $4, on its barrier $3
+    "{ .reg .pred p; .reg .b32 s, d, b;\n"
+    "setp.ne.u32 p, $1, 0;\n"
+    "SYNC"
+    "mov.u32 s, global_smem;\n"
+    "add.u32 b, s, $3;\n"
+    "add.u32 s, s, $2;\n"
+    "mapa.shared::cluster.u32 d, s, $4;\n"
+    "mapa.shared::cluster.u32 b, b, $4;\n"
+    "@p cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [d], [s], BYTES, [b];\n"
+    "mov.u32 $0, 0; }")
+# The byte count an immediate; a warp's own 1 KB after a warp barrier, a whole 4 KB piece after the loader's.
+_PEER_COPY_1K = gl.constexpr(_PEER_COPY.replace("SYNC", "bar.warp.sync -1;\n").replace("BYTES", "1024"))
+_PEER_COPY_4K = gl.constexpr(_PEER_COPY.replace("SYNC", "").replace("BYTES", "4096"))
+_PEER_ARRIVE = gl.constexpr(        # if $1: arrive on the barrier at shared offset $2 of CTA $3
+    "{ .reg .pred p; .reg .b32 a;\n"
+    "setp.ne.u32 p, $1, 0;\n"
+    "mov.u32 a, global_smem;\n"
+    "add.u32 a, a, $2;\n"
+    "mapa.shared::cluster.u32 a, a, $3;\n"
+    "@p mbarrier.arrive.shared::cluster.b64 _, [a];\n"
+    "mov.u32 $0, 0; }")
+
+
+@gluon.jit
+def _cluster_sync():
+    """Every thread of both CTAs: barrier inits made visible to the cluster, then a cluster-wide barrier (at the
+    start, before either CTA can touch the other's memory; at the end, before either may exit)."""
+    tid = gl.arange(0, 128, layout=THREADS)
+    gl.inline_asm_elementwise(_CLUSTER_SYNC, "=r,r", [tid], gl.int32, False, 1)
+
+
+@gluon.jit
+def _cluster_free(SMEM: gl.constexpr, peer_free, slot, rank, relay, phase):
+    """The loader's k_empty wait of `slot` is behind it: report it to the other CTA (relay: the slot held a tile, so
+    the other loader waits for this), then wait until the other CTA's consumers are done with the slot too. (The
+    loader waits on peer_free itself, not by inline PTX: a buffer no partition uses is dead to Triton's allocator,
+    which then lends its bytes to others.)"""
+    tid = gl.arange(0, 128, layout=THREADS)
+    zero = tid * 0
+    gl.inline_asm_elementwise(_PEER_ARRIVE, "=r,r,r,r", [((tid == 0) & relay).to(gl.int32), SMEM[3] + slot * 8 + zero,
+                                                         1 - rank + zero], gl.int32, False, 1)
+    mbarrier.wait(peer_free.index(slot), phase)
+
+
+@gluon.jit
+def _send(SMEM: gl.constexpr, slot, rank, FP8: gl.constexpr, COPY_ROWS: gl.constexpr):
+    """This CTA's 32 rows of the tile in `slot` (stored and fenced for the async proxy by every loader thread),
+    copied into the other CTA's slot, completing on its k_ready: 4 KB pieces (value chunk g at 8 KB x (8 slot + g),
+    `_piece`; V3.2's RoPE chunk), by the warps' lane 0s. COPY_ROWS 8: warp w copies its own 8 rows (1 KB) of every
+    piece; 32: warp w copies pieces w and w + 4 whole (model1 has no RoPE piece)."""
+    tid = gl.arange(0, 128, layout=THREADS)
+    lead = tid % 32 == 0
+    warp = tid // 32
+    bar = SMEM[2] + slot * 8 + tid * 0
+    peer = 1 - rank + tid * 0
+    own = rank * PIECE_BYTES
+    if COPY_ROWS == 8:
+        for g in gl.static_range(8):
+            at = SMEM[0] + ((2 * slot + g // 4) * 4 + g % 4) * (2 * PIECE_BYTES) + own
+            gl.inline_asm_elementwise(_PEER_COPY_1K, "=r,r,r,r,r",
+                                      [lead.to(gl.int32), at + warp * (PIECE_BYTES // 4), bar, peer], gl.int32, False,
+                                      1)
+        if FP8 == V32:
+            at = SMEM[1] + slot * (2 * PIECE_BYTES) + own
+            gl.inline_asm_elementwise(_PEER_COPY_1K, "=r,r,r,r,r",
+                                      [lead.to(gl.int32), at + warp * (PIECE_BYTES // 4), bar, peer], gl.int32, False,
+                                      1)
+        gl.thread_barrier()           # the arrive that follows after every warp's copies are out
+    else:
+        for i in gl.static_range(2):
+            g = warp + 4 * i
+            at = SMEM[0] + (2 * slot + g // 4) * (8 * PIECE_BYTES) + (g % 4) * (2 * PIECE_BYTES) + own
+            gl.inline_asm_elementwise(_PEER_COPY_4K, "=r,r,r,r,r", [lead.to(gl.int32), at, bar, peer], gl.int32, False,
+                                      1)
+        if FP8 == V32:
+            at = SMEM[1] + slot * (2 * PIECE_BYTES) + own + tid * 0
+            gl.inline_asm_elementwise(_PEER_COPY_4K, "=r,r,r,r,r", [(tid == 0).to(gl.int32), at, bar, peer],
+                                      gl.int32, False, 1)
+
+
+@gluon.jit
+def _loader(q_lat_desc, q_rope_desc, q_lat, q_rope, k_lat, k_rope, q_ready, k_ready, k_empty, peer_free, sources,
+            n_tiles, tok, row0, FP8: gl.constexpr, EXTRA: gl.constexpr, SHIFTED: gl.constexpr, CLUSTER: gl.constexpr,
+            SMEM: gl.constexpr):
+    # CLUSTER: this CTA loads, converts and stores rows 32 rank .. 32 rank + 31 of every tile, and copies them into
+    # the other CTA's slot as well.
+    H: gl.constexpr = 2 if CLUSTER else 1
+    N: gl.constexpr = BLOCK_N // H
+    # Rows a copy to the other CTA: V3.2 400 / 396 TFLOP/s in copies of 8 rows against 353 / 354 in copies of 32;
+    # model1 (h_q 128) 410 / 413 in copies of 32 against 327 / 332 in copies of 8 (NOTES.md, thirty-second session).
+    COPY_ROWS: gl.constexpr = 8 if FP8 == V32 else 32
+    rank = 0
+    if CLUSTER:
+        rank = gl.program_id(0) % 2
+        _cluster_sync()
     if FP8 == V32:
         mbarrier.expect(q_ready, 2 * q_lat_desc.block_type.nbytes + q_rope_desc.block_type.nbytes)
     else:
@@ -177,16 +302,22 @@ def _loader(q_lat_desc, q_rope_desc, q_lat, q_rope, k_lat, k_rope, q_ready, k_re
     if FP8 == V32:
         tma.async_copy_global_to_shared(q_rope_desc, [tok, row0, 0], q_ready,
                                         q_rope.reshape(q_rope_desc.block_type.shape))
-    # The slots as 32-bit words (the same bytes and swizzle): the loader stores bf16 pairs.
-    words: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HALF // 2], gl.int32)
-    k_words = k_lat._reinterpret(gl.int32, [2 * STAGES, BLOCK_N, HALF // 2], words)
+    # The slots as (N, 32) pieces of 32-bit words (the same bytes and swizzle): the loader stores bf16 pairs.
+    if CLUSTER:
+        words: gl.constexpr = gl.NVMMASharedLayout.get_default_for([N, 32], gl.int32)
+        k_words = k_lat._reinterpret(gl.int32, [2 * STAGES * 4 * 2, N, 32], words)
+    else:
+        words: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HALF // 2], gl.int32)
+        k_words = k_lat._reinterpret(gl.int32, [2 * STAGES, BLOCK_N, HALF // 2], words)
+    r_words = k_rope._reinterpret(gl.int32, [STAGES * H, N, DT // 2], words)
     CHUNKS: gl.constexpr = 7 if FP8 == MODEL1 else 8
-    rows, scales, ok = _tile_rows(sources, 0, _tile_index(sources, 0, LD_ROWS, EXTRA), FP8, EXTRA, SHIFTED)
+    rows, scales, ok = _tile_rows(sources, 0, _tile_index(sources, 0, LD_ROWS, EXTRA, N, rank * N), FP8, EXTRA,
+                                  SHIFTED)
     xs = ()
     for g in gl.static_range(CHUNKS):
         xs = xs + (_chunk(rows, ok, g),)
     sc, rope = _scales_rope(rows, scales, ok, FP8)
-    idx = _tile_index(sources, 1, LD_ROWS, EXTRA)
+    idx = _tile_index(sources, 1, LD_ROWS, EXTRA, N, rank * N)
     for j in range(n_tiles):
         slot = j % STAGES
         # Tile j's bytes arrived during tile j - 1's conversion; tile j + 1's addresses come from its index row, read
@@ -195,26 +326,40 @@ def _loader(q_lat_desc, q_rope_desc, q_lat, q_rope, k_lat, k_rope, q_ready, k_re
         # tile's time at no extra registers (V3.2 +3%; an L2 prefetch of tile j + 2 on top lost 3-13%, loads
         # that skip L1 or ask L2 for 256-byte blocks 10-30%: NOTES.md, thirty-first session).
         rows, scales, ok = _tile_rows(sources, j + 1, idx, FP8, EXTRA, SHIFTED)
-        idx = _tile_index(sources, j + 2, LD_ROWS, EXTRA)
-        mbarrier.wait(k_empty.index(slot), ((j // STAGES) & 1) ^ 1)
-        if FP8 == MODEL1:             # the RoPE values close the value row: columns 448-511, half R's last 64
-            k_words.index(2 * slot + 1).slice((MODEL1_NOPE - HALF) // 2, DT // 2, dim=1).store(rope)
+        idx = _tile_index(sources, j + 2, LD_ROWS, EXTRA, N, rank * N)
+        if CLUSTER:                   # the slot is free here: tell the other CTA, then wait until it is free there
+            phase = ((j // STAGES) & 1) ^ 1
+            mbarrier.wait(k_empty.index(slot), phase)
+            _cluster_free(SMEM, peer_free, slot, rank, j >= STAGES, phase)
         else:
-            k_rope._reinterpret(gl.int32, [STAGES, BLOCK_N, DT // 2], words).index(slot).store(rope)
+            mbarrier.wait(k_empty.index(slot), ((j // STAGES) & 1) ^ 1)
+        if FP8 == MODEL1:             # the RoPE values close the value row: columns 448-511, half R's last 64
+            _piece(k_words, slot, 7, rank).store(rope)
+        else:
+            r_words.index(slot * H + rank).store(rope)
         nxt = ()
         for g in gl.static_range(CHUNKS):
-            nxt = nxt + (_put_and_fetch(xs[g], sc, g, k_words, slot, rows, ok, FP8),)
+            nxt = nxt + (_put_and_fetch(xs[g], sc, g, k_words, slot, rank, rows, ok, FP8),)
         xs = nxt
         sc, rope = _scales_rope(rows, scales, ok, FP8)
         fence_async_shared()
-        _signal(k_ready.index(slot))
+        if CLUSTER:                   # the other CTA's 32 rows, copied to this one, complete the barrier
+            gl.thread_barrier()
+            _send(SMEM, slot, rank, FP8, COPY_ROWS)
+            mbarrier.expect(k_ready.index(slot), (9 if FP8 == V32 else 8) * PIECE_BYTES)
+        else:
+            _signal(k_ready.index(slot))
+    if CLUSTER:
+        _cluster_sync()
 
 
 @gluon.jit
 def _scorer(q_lat, q_rope, k_lat, k_rope, p_smem, rows_smem, q_ready, k_ready, k_empty, p_ready, p_free, done,
             o_desc, sources, lse_out, SINKS, n_tiles, tok, row0, qk_scale_log2, FP8: gl.constexpr,
-            EXTRA: gl.constexpr, HAS_SINKS: gl.constexpr):
+            EXTRA: gl.constexpr, HAS_SINKS: gl.constexpr, CLUSTER: gl.constexpr):
     """Warpgroup 0: every tile's scores and softmax, O_L."""
+    if CLUSTER:
+        _cluster_sync()
     s_layout: gl.constexpr = S_LAYOUT
     o_layout: gl.constexpr = O_LAYOUT
     p_layout: gl.constexpr = P_LAYOUT
@@ -273,11 +418,16 @@ def _scorer(q_lat, q_rope, k_lat, k_rope, p_smem, rows_smem, q_ready, k_ready, k
     gl.store(LSE + (tok // seq_tokens).to(gl.int64) * stride_lb + heads * stride_lh + (tok % seq_tokens) * stride_ls,
              lse)
     tma.store_wait(0)
+    if CLUSTER:
+        _cluster_sync()
 
 
 @gluon.jit
-def _right(q_lat, k_lat, p_smem, rows_smem, k_ready, k_empty, p_ready, p_free, done, o_desc, n_tiles, tok, row0):
+def _right(q_lat, k_lat, p_smem, rows_smem, k_ready, k_empty, p_ready, p_free, done, o_desc, n_tiles, tok, row0,
+           CLUSTER: gl.constexpr):
     """Warpgroup 1: O_R += P·V_R from the shared P, nothing else."""
+    if CLUSTER:
+        _cluster_sync()
     o_layout: gl.constexpr = O_LAYOUT
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     acc = gl.zeros([ROWS, HALF], gl.float32, o_layout)
@@ -298,6 +448,8 @@ def _right(q_lat, k_lat, p_smem, rows_smem, k_ready, k_empty, p_ready, p_free, d
     gl.thread_barrier()
     tma.async_copy_shared_to_global(o_desc, [tok, row0, HALF], q_lat.index(1).reshape(o_desc.block_type.shape))
     tma.store_wait(0)
+    if CLUSTER:
+        _cluster_sync()
 
 
 @gluon.jit
@@ -306,10 +458,11 @@ def sparse_decode_kernel(q_lat_desc, q_rope_desc, o_desc, CACHE, SCALES, IDX, VA
                          x_stride_idx, x_bound, x_page_size, x_stride_page, x_stride_slot, LSE, SINKS, h_q,
                          seq_tokens, stride_lb, stride_lh, stride_ls, qk_scale_log2, FP8: gl.constexpr,
                          EXTRA: gl.constexpr, SHIFTED: gl.constexpr, HAS_SINKS: gl.constexpr, WG0_REGS: gl.constexpr,
-                         WG1_REGS: gl.constexpr):
+                         WG1_REGS: gl.constexpr, CLUSTER: gl.constexpr = False, SMEM: gl.constexpr = None):
     """Grid: query tokens x 64-row blocks of their heads (row blocks fastest, so a token's programs run together).
     Token t's keys are the first min(topk, VALID_LENS[t // seq_tokens]) entries of its index row, then (EXTRA) the
-    first min(x_topk, X_VALID_LENS[t // seq_tokens]) of its second source's."""
+    first min(x_topk, X_VALID_LENS[t // seq_tokens]) of its second source's. CLUSTER: launched as clusters of two
+    CTAs, a token's two row blocks (h_q = 128)."""
     blocks = h_q // ROWS
     tok = gl.program_id(0) // blocks
     row0 = (gl.program_id(0) % blocks) * ROWS
@@ -351,13 +504,19 @@ def sparse_decode_kernel(q_lat_desc, q_rope_desc, o_desc, CACHE, SCALES, IDX, VA
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(k_empty.index(i), count=2)
+    peer_free = k_empty
+    if CLUSTER:
+        peer_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(peer_free.index(i), count=1)
     gl.warp_specialize([
-        (_loader, (q_lat_desc, q_rope_desc, q_lat, q_rope, k_lat, k_rope, q_ready, k_ready, k_empty, sources, n_tiles,
-                   tok, row0, FP8, EXTRA, SHIFTED)),
+        (_loader, (q_lat_desc, q_rope_desc, q_lat, q_rope, k_lat, k_rope, q_ready, k_ready, k_empty, peer_free, sources,
+                   n_tiles, tok, row0, FP8, EXTRA, SHIFTED, CLUSTER, SMEM)),
         (_scorer, (q_lat, q_rope, k_lat, k_rope, p_smem, rows_smem, q_ready, k_ready, k_empty, p_ready, p_free, done,
-                   o_desc, sources, lse_out, SINKS, n_tiles, tok, row0, qk_scale_log2, FP8, EXTRA, HAS_SINKS)),
+                   o_desc, sources, lse_out, SINKS, n_tiles, tok, row0, qk_scale_log2, FP8, EXTRA, HAS_SINKS,
+                   CLUSTER)),
         (_right, (q_lat, k_lat, p_smem, rows_smem, k_ready, k_empty, p_ready, p_free, done, o_desc, n_tiles, tok,
-                  row0)),
+                  row0, CLUSTER)),
     ], [4, 4], [WG0_REGS, WG1_REGS])
 
 
@@ -407,7 +566,22 @@ def sparse_decode_forward_sm90(views, q_lat, q_rope, cache, indices, valid_lens,
              descriptor(q_rope, vr, [1, rows, DT.value]) if q_rope is not None else None,
              descriptor(out, vo, [1, rows, HALF.value]))
     grid = (tokens * (h_q // rows),)
-    sparse_decode_kernel[grid](*descs, *main, *second, lse, sinks if sinks is not None else lse, h_q,
-                               tokens // lse.shape[0], *lse.stride(), softmax_scale * LOG2E.value,
-                               FP8={"v32": V32.value, "model1": MODEL1.value}[fp8_layout], EXTRA=extra is not None,
-                               SHIFTED=shifted, HAS_SINKS=sinks is not None, WG0_REGS=WG0_REGS, WG1_REGS=WG1_REGS, num_warps=4)
+    args = (*descs, *main, *second, lse, sinks if sinks is not None else lse, h_q, tokens // lse.shape[0],
+            *lse.stride(), softmax_scale * LOG2E.value)
+    kw = dict(FP8={"v32": V32.value, "model1": MODEL1.value}[fp8_layout], EXTRA=extra is not None, SHIFTED=shifted,
+              HAS_SINKS=sinks is not None, WG0_REGS=WG0_REGS, WG1_REGS=WG1_REGS, num_warps=4)
+    if (h_q // rows) % 2 == 0 and clusters_enabled():
+        launch_pairs(sparse_decode_kernel, _cluster_buffers, grid, args, kw)
+    else:
+        sparse_decode_kernel[grid](*args, **kw)
+
+
+def _cluster_buffers(constexprs):
+    """The allocations SMEM locates: k_lat, k_rope (model1 has none: its RoPE values are in k_lat), k_ready,
+    peer_free."""
+    return ("k_lat", "k_rope" if constexprs["FP8"] == V32.value else "k_lat", "k_ready", "peer_free")
+
+
+def clusters_enabled() -> bool:
+    """A token's two 64-row blocks run as a 2-CTA cluster sharing the loads, unless FMHA_SPARSE_CLUSTER=0."""
+    return os.environ.get("FMHA_SPARSE_CLUSTER", "1") != "0"
