@@ -53,6 +53,11 @@ def test_compiles_for_sm90(case):
     assert info["wgmma"], "no wgmma in the PTX: tl.dot did not lower to Hopper's tensor-core path"
     assert info["tma"] == case[2]
     assert info["shared"] <= 232448, f"shared memory {info['shared']} over the H100 limit"
+    if case[4]:                                 # 2-CTA clusters: the copies to the other CTA, the offsets they use
+        k_lat, k_rope, k_ready, peer_free = info["offsets"]
+        assert info["peer_copies"] == (9 if case[0] == "v32" else 2), info
+        assert k_lat % 1024 == 0 and k_rope % 1024 == 0 and (k_rope != k_lat) == (case[0] == "v32"), info
+        assert k_ready % 8 == 0 and peer_free % 8 == 0 and k_ready != peer_free and peer_free < info["shared"], info
 
 
 DECODE_SCRIPT = textwrap.dedent('''
@@ -152,6 +157,11 @@ def test_mla_compiles_for_sm90(tma, causal, rows, sparse, fp8):
     info = json.loads(proc.stdout.strip().splitlines()[-1])
     assert info["wgmma"] and info["tma"] == tma
     assert info["shared"] <= 232448, f"shared memory {info['shared']} over the H100 limit"
+    if case[4]:                                 # 2-CTA clusters: the copies to the other CTA, the offsets they use
+        k_lat, k_rope, k_ready, peer_free = info["offsets"]
+        assert info["peer_copies"] == (9 if case[0] == "v32" else 2), info
+        assert k_lat % 1024 == 0 and k_rope % 1024 == 0 and (k_rope != k_lat) == (case[0] == "v32"), info
+        assert k_ready % 8 == 0 and peer_free % 8 == 0 and k_ready != peer_free and peer_free < info["shared"], info
 
 
 # Appended to the Gluon compile scripts: ptxas on the kernel's PTX, and what it said about serialising wgmma
@@ -223,6 +233,11 @@ def test_gluon_prefill_compiles_for_sm90(case):
     # than any change that causes it could gain.
     assert not info["serialized"], f"ptxas serialised the wgmmas: {info['serialized']}"
     assert info["shared"] <= 232448, f"shared memory {info['shared']} over the H100 limit"
+    if case[4]:                                 # 2-CTA clusters: the copies to the other CTA, the offsets they use
+        k_lat, k_rope, k_ready, peer_free = info["offsets"]
+        assert info["peer_copies"] == (9 if case[0] == "v32" else 2), info
+        assert k_lat % 1024 == 0 and k_rope % 1024 == 0 and (k_rope != k_lat) == (case[0] == "v32"), info
+        assert k_ready % 8 == 0 and peer_free % 8 == 0 and k_ready != peer_free and peer_free < info["shared"], info
 
 
 @pytest.mark.cpu
@@ -321,6 +336,11 @@ def test_gluon_mla_compiles_for_sm90(case):
     assert (info["gathers"] > 0 and info["arrives"] > 0) == gather, info
     assert not info["serialized"], f"ptxas serialised the wgmmas: {info['serialized']}"
     assert info["shared"] <= 232448, f"shared memory {info['shared']} over the H100 limit"
+    if case[4]:                                 # 2-CTA clusters: the copies to the other CTA, the offsets they use
+        k_lat, k_rope, k_ready, peer_free = info["offsets"]
+        assert info["peer_copies"] == (9 if case[0] == "v32" else 2), info
+        assert k_lat % 1024 == 0 and k_rope % 1024 == 0 and (k_rope != k_lat) == (case[0] == "v32"), info
+        assert k_ready % 8 == 0 and peer_free % 8 == 0 and k_ready != peer_free and peer_free < info["shared"], info
 
 
 @pytest.mark.cpu
@@ -367,7 +387,7 @@ SPARSE_FP8_SCRIPT = textwrap.dedent('''
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
     from fmha.kernels import sparse_decode_sm90 as M
-    layout, extra, sinks, page_size = json.loads(sys.argv[1])
+    layout, extra, sinks, page_size, cluster = json.loads(sys.argv[1])
 
     def desc(rows, d):
         layout = gl.NVMMASharedLayout.get_default_for([1, rows, d], gl.bfloat16)
@@ -379,6 +399,8 @@ SPARSE_FP8_SCRIPT = textwrap.dedent('''
     consts.update(SHIFTED=page_size > 1 and page_size & (page_size - 1) == 0)
     if layout == "model1":                      # no RoPE part of its own
         consts.update(q_rope_desc=None)
+    # 2-CTA clusters: placeholder offsets, as `sm90.launch_pairs`' first compile
+    consts.update(CLUSTER=cluster, SMEM=(0, 0, 0, 0) if cluster else None)
     ptrs = dict(q_lat_desc=desc(64, 256), q_rope_desc=desc(64, 64), o_desc=desc(64, 256), LSE="*fp32", SINKS="*fp32",
                 **{p + n: t for p in ("", "X_") for n, t in (("CACHE", "*u8"), ("SCALES", "*u8"), ("IDX", "*i32"),
                                                               ("VALID_LENS", "*i32"))})
@@ -390,15 +412,22 @@ SPARSE_FP8_SCRIPT = textwrap.dedent('''
                          attrs=attrs)
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
     ptx = k.asm["ptx"]
+    offsets = []
+    if cluster:
+        from fmha.kernels.sm90 import shared_offsets
+        offsets = shared_offsets(k, M._cluster_buffers(consts))
     print(json.dumps(dict(shared=k.metadata.shared, warps=k.metadata.num_warps, serialized=serialized(ptx),
-                          wide_loads=ptx.count("ld.global.v4"), spills=spills(ptx))))
+                          wide_loads=ptx.count("ld.global.v4"), spills=spills(ptx), offsets=offsets,
+                          peer_copies=ptx.count("cp.async.bulk.shared::cluster"))))
 ''')
 
 
 @pytest.mark.cpu
-@pytest.mark.parametrize("case", [("v32", False, True, 1), ("v32", False, False, 61), ("model1", True, True, 256),
-                                  ("model1", False, False, 61)],
-                         ids=["v32-sinks-one-key-pages", "v32-page61", "model1-extra-sinks", "model1-page61"])
+@pytest.mark.parametrize("case", [("v32", False, True, 1, False), ("v32", False, False, 61, False),
+                                  ("model1", True, True, 256, False), ("model1", False, False, 61, False),
+                                  ("v32", False, True, 1, True), ("model1", True, True, 256, True)],
+                         ids=["v32-sinks-one-key-pages", "v32-page61", "model1-extra-sinks", "model1-page61",
+                              "v32-pairs", "model1-extra-pairs"])
 def test_sparse_decode_fp8_compiles_for_sm90(case):
     """The FP8 sparse decode kernel (`sparse_decode_sm90`), both layouts, with and without a second source: 12 warps
     (loader, scorer, P·V warpgroup), wgmma not serialised, the loader's reads 16 bytes wide (this tile's and the
@@ -411,5 +440,10 @@ def test_sparse_decode_fp8_compiles_for_sm90(case):
     info = json.loads(proc.stdout.strip().splitlines()[-1])
     assert info["warps"] == 12, info
     assert not info["serialized"], f"ptxas serialised the wgmmas: {info['serialized']}"
-    assert info["wide_loads"] >= 32 and info["spills"] <= 64, info
+    assert info["wide_loads"] >= (16 if case[4] else 32) and info["spills"] <= 64, info     # pairs: half the rows
     assert info["shared"] <= 232448, f"shared memory {info['shared']} over the H100 limit"
+    if case[4]:                                 # 2-CTA clusters: the copies to the other CTA, the offsets they use
+        k_lat, k_rope, k_ready, peer_free = info["offsets"]
+        assert info["peer_copies"] == (9 if case[0] == "v32" else 2), info
+        assert k_lat % 1024 == 0 and k_rope % 1024 == 0 and (k_rope != k_lat) == (case[0] == "v32"), info
+        assert k_ready % 8 == 0 and peer_free % 8 == 0 and k_ready != peer_free and peer_free < info["shared"], info

@@ -241,16 +241,16 @@ def test_gluon_fp8_v32_sparse_decode_whole(loader_calls, b, s_q, h_q, page_size,
 
 @pytest.mark.parametrize("layout,b,s_q,h_q,pages,topks", [
     ("v32", 33, 2, 128, (61, 2), (700, 130)), ("model1", 64, 1, 128, (61, None), (1000, None)),
-    ("model1", 17, 2, 128, (256, 64), (128, 512)), ("v32", 1, 1, 128, (64, None), (64, None))],
-    ids=["v32-extra-page61-page2", "model1-page61", "model1-extra", "v32-one-token-one-tile"])
+    ("model1", 33, 2, 128, (256, 64), (128, 512)), ("v32", 66, 1, 128, (64, None), (64, None))],
+    ids=["v32-extra-page61-page2", "model1-page61", "model1-extra", "v32-one-tile"])
 def test_gluon_fp8_sparse_decode_pairs(monkeypatch, layout, b, s_q, h_q, pages, topks):
     """Heads in pairs of 64-row blocks run as 2-CTA clusters (`sm90.launch_pairs`): each CTA loads and converts half
     of every key tile and copies it into the other's shared memory. Against the oracle, and bit for bit the same as
-    the call without clusters: either layout, with and without a second source, odd pages, a single token with one
-    tile, trimmed rows and rows with no key."""
+    the call without clusters: either layout, with and without a second source, odd pages, one tile a token, trimmed
+    rows and rows with no key. (Token counts that the plan runs whole: 66 parts of two programs.)"""
     pairs = _launches(monkeypatch, sparse_decode_sm90, "launch_pairs")
     extra = None if topks[1] is None else (topks[1], pages[1], {0: 0, 2: topks[1] // 3})
-    short = {} if b == 1 else {1: 0, 3: 1, 5: topks[0] // 2}
+    short = {1: 0, 3: 1, 5: topks[0] // 2}
     _fp8_sparse_decode(layout, b, s_q, h_q, pages[0], topks[0], short=short, extra=extra, unpaired=monkeypatch)
     assert len(pairs) == 1
 
