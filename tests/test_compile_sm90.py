@@ -53,11 +53,6 @@ def test_compiles_for_sm90(case):
     assert info["wgmma"], "no wgmma in the PTX: tl.dot did not lower to Hopper's tensor-core path"
     assert info["tma"] == case[2]
     assert info["shared"] <= 232448, f"shared memory {info['shared']} over the H100 limit"
-    if case[4]:                                 # 2-CTA clusters: the copies to the other CTA, the offsets they use
-        k_lat, k_rope, k_ready, peer_free = info["offsets"]
-        assert info["peer_copies"] == (9 if case[0] == "v32" else 2), info
-        assert k_lat % 1024 == 0 and k_rope % 1024 == 0 and (k_rope != k_lat) == (case[0] == "v32"), info
-        assert k_ready % 8 == 0 and peer_free % 8 == 0 and k_ready != peer_free and peer_free < info["shared"], info
 
 
 DECODE_SCRIPT = textwrap.dedent('''
@@ -157,11 +152,6 @@ def test_mla_compiles_for_sm90(tma, causal, rows, sparse, fp8):
     info = json.loads(proc.stdout.strip().splitlines()[-1])
     assert info["wgmma"] and info["tma"] == tma
     assert info["shared"] <= 232448, f"shared memory {info['shared']} over the H100 limit"
-    if case[4]:                                 # 2-CTA clusters: the copies to the other CTA, the offsets they use
-        k_lat, k_rope, k_ready, peer_free = info["offsets"]
-        assert info["peer_copies"] == (9 if case[0] == "v32" else 2), info
-        assert k_lat % 1024 == 0 and k_rope % 1024 == 0 and (k_rope != k_lat) == (case[0] == "v32"), info
-        assert k_ready % 8 == 0 and peer_free % 8 == 0 and k_ready != peer_free and peer_free < info["shared"], info
 
 
 # Appended to the Gluon compile scripts: ptxas on the kernel's PTX, and what it said about serialising wgmma
@@ -233,11 +223,6 @@ def test_gluon_prefill_compiles_for_sm90(case):
     # than any change that causes it could gain.
     assert not info["serialized"], f"ptxas serialised the wgmmas: {info['serialized']}"
     assert info["shared"] <= 232448, f"shared memory {info['shared']} over the H100 limit"
-    if case[4]:                                 # 2-CTA clusters: the copies to the other CTA, the offsets they use
-        k_lat, k_rope, k_ready, peer_free = info["offsets"]
-        assert info["peer_copies"] == (9 if case[0] == "v32" else 2), info
-        assert k_lat % 1024 == 0 and k_rope % 1024 == 0 and (k_rope != k_lat) == (case[0] == "v32"), info
-        assert k_ready % 8 == 0 and peer_free % 8 == 0 and k_ready != peer_free and peer_free < info["shared"], info
 
 
 @pytest.mark.cpu
@@ -336,11 +321,6 @@ def test_gluon_mla_compiles_for_sm90(case):
     assert (info["gathers"] > 0 and info["arrives"] > 0) == gather, info
     assert not info["serialized"], f"ptxas serialised the wgmmas: {info['serialized']}"
     assert info["shared"] <= 232448, f"shared memory {info['shared']} over the H100 limit"
-    if case[4]:                                 # 2-CTA clusters: the copies to the other CTA, the offsets they use
-        k_lat, k_rope, k_ready, peer_free = info["offsets"]
-        assert info["peer_copies"] == (9 if case[0] == "v32" else 2), info
-        assert k_lat % 1024 == 0 and k_rope % 1024 == 0 and (k_rope != k_lat) == (case[0] == "v32"), info
-        assert k_ready % 8 == 0 and peer_free % 8 == 0 and k_ready != peer_free and peer_free < info["shared"], info
 
 
 @pytest.mark.cpu
