@@ -38,7 +38,7 @@ from .sm90 import descriptor, launch_pairs
 # The loader's view of a tile: its bytes as 32-bit words (carried from one loop iteration to the next as 32-bit
 # registers; bytes would take one register each), 16 bytes a load, 8 rows a warp (4 threads a row of 64 bytes).
 LD = gl.constexpr(gl.BlockedLayout([1, 4], [8, 4], [4, 1], [1, 0]))
-LD_ROWS = gl.constexpr(gl.SliceLayout(1, gl.BlockedLayout([1, 4], [8, 4], [4, 1], [1, 0])))
+LD_ROWS = gl.constexpr(gl.SliceLayout(1, LD.value))
 WG0_REGS = 216
 WG1_REGS = 168
 
@@ -242,25 +242,24 @@ def _cluster_free(SMEM: gl.constexpr, peer_free, slot, rank, relay, phase):
 
 
 @gluon.jit
-def _send(SMEM: gl.constexpr, slot, rank, FP8: gl.constexpr, COPY_ROWS: gl.constexpr):
+def _send(SMEM: gl.constexpr, slot, rank, FP8: gl.constexpr):
     """This CTA's 32 rows of the tile in `slot` (stored and fenced for the async proxy by every loader thread),
     copied into the other CTA's slot, completing on its k_ready: 4 KB pieces (value chunk g at 8 KB x (8 slot + g),
-    `_piece`; V3.2's RoPE chunk), by the warps' lane 0s. COPY_ROWS 8: warp w copies its own 8 rows (1 KB) of every
-    piece; 32: warp w copies pieces w and w + 4 whole (model1 has no RoPE piece)."""
+    `_piece`; V3.2's RoPE chunk), by the warps' lane 0s. V3.2: warp w copies its own 8 rows (1 KB) of each of the 9
+    pieces; model1: warp w copies pieces w and w + 4 whole. (The other cut measured 353 / 354 TFLOP/s against 400 /
+    396 for V3.2, 327 / 332 against 410 / 413 for model1 at h_q = 128: NOTES.md, thirty-second session.)"""
     tid = gl.arange(0, 128, layout=THREADS)
     lead = tid % 32 == 0
     warp = tid // 32
     bar = SMEM[2] + slot * 8 + tid * 0
     peer = 1 - rank + tid * 0
     own = rank * PIECE_BYTES
-    if COPY_ROWS == 8:
-        for g in gl.static_range(8):
-            at = SMEM[0] + ((2 * slot + g // 4) * 4 + g % 4) * (2 * PIECE_BYTES) + own
-            gl.inline_asm_elementwise(_PEER_COPY_1K, "=r,r,r,r,r",
-                                      [lead.to(gl.int32), at + warp * (PIECE_BYTES // 4), bar, peer], gl.int32, False,
-                                      1)
-        if FP8 == V32:
-            at = SMEM[1] + slot * (2 * PIECE_BYTES) + own
+    if FP8 == V32:
+        for g in gl.static_range(9):
+            if g < 8:
+                at = SMEM[0] + ((2 * slot + g // 4) * 4 + g % 4) * (2 * PIECE_BYTES) + own
+            else:                     # the RoPE chunk
+                at = SMEM[1] + slot * (2 * PIECE_BYTES) + own
             gl.inline_asm_elementwise(_PEER_COPY_1K, "=r,r,r,r,r",
                                       [lead.to(gl.int32), at + warp * (PIECE_BYTES // 4), bar, peer], gl.int32, False,
                                       1)
@@ -271,10 +270,6 @@ def _send(SMEM: gl.constexpr, slot, rank, FP8: gl.constexpr, COPY_ROWS: gl.const
             at = SMEM[0] + (2 * slot + g // 4) * (8 * PIECE_BYTES) + (g % 4) * (2 * PIECE_BYTES) + own
             gl.inline_asm_elementwise(_PEER_COPY_4K, "=r,r,r,r,r", [lead.to(gl.int32), at, bar, peer], gl.int32, False,
                                       1)
-        if FP8 == V32:
-            at = SMEM[1] + slot * (2 * PIECE_BYTES) + own + tid * 0
-            gl.inline_asm_elementwise(_PEER_COPY_4K, "=r,r,r,r,r", [(tid == 0).to(gl.int32), at, bar, peer],
-                                      gl.int32, False, 1)
 
 
 @gluon.jit
@@ -285,9 +280,6 @@ def _loader(q_lat_desc, q_rope_desc, q_lat, q_rope, k_lat, k_rope, q_ready, k_re
     # the other CTA's slot as well.
     H: gl.constexpr = 2 if CLUSTER else 1
     N: gl.constexpr = BLOCK_N // H
-    # Rows a copy to the other CTA: V3.2 400 / 396 TFLOP/s in copies of 8 rows against 353 / 354 in copies of 32;
-    # model1 (h_q 128) 410 / 413 in copies of 32 against 327 / 332 in copies of 8 (NOTES.md, thirty-second session).
-    COPY_ROWS: gl.constexpr = 8 if FP8 == V32 else 32
     rank = 0
     if CLUSTER:
         rank = gl.program_id(0) % 2
@@ -345,7 +337,7 @@ def _loader(q_lat_desc, q_rope_desc, q_lat, q_rope, k_lat, k_rope, q_ready, k_re
         fence_async_shared()
         if CLUSTER:                   # the other CTA's 32 rows, copied to this one, complete the barrier
             gl.thread_barrier()
-            _send(SMEM, slot, rank, FP8, COPY_ROWS)
+            _send(SMEM, slot, rank, FP8)
             mbarrier.expect(k_ready.index(slot), (9 if FP8 == V32 else 8) * PIECE_BYTES)
         else:
             _signal(k_ready.index(slot))
