@@ -5,7 +5,7 @@ against the portable `triton.language` one. For tuning; `fmha bench mla` is the 
     PYTHONPATH=src python3 benchmarks/probe_mla.py --varlen --overheads 0 2 5   # planner A/B, Gluon only
     PYTHONPATH=src python3 benchmarks/probe_mla.py --versions /tmp/base.py    # kernel A/B, Gluon only
     PYTHONPATH=src python3 benchmarks/probe_mla.py --versions /tmp/base.py --sparse   # on `fmha bench sparse` rows
-        (the b=64 decode rows and two prefill rows; --every-row: all of them)
+        (the b=64 decode rows and two prefill rows; --every-row: all of them; --prefill: the three prefill rows)
     PYTHONPATH=src python3 benchmarks/probe_mla.py --combine    # sparse decode: whole plans without the combine
     PYTHONPATH=src python3 benchmarks/probe_mla.py --lse-copy   # sparse decode: LSE in place vs copied after
     PYTHONPATH=src python3 benchmarks/probe_mla.py --lengths    # sparse decode: topk_length read in the kernel
@@ -70,13 +70,13 @@ def _sparse_decode_case(case, lengths=False):
             b * sq * selected * cache.shape[-1] + (q.numel() + b * sq * hq * 512) * 2, bench_gpu_graph)
 
 
-def _sparse_cases(decode_rows=slice(None, None, 2), prefill=True, lengths=False):
-    """`fmha bench sparse`'s decode rows (`decode_rows` of them: the b=64 ones by default) and its first two prefill
-    rows, as `_dense_case` returns them (the same inputs and FLOP / byte counts as the benchmark). `lengths`: as
-    `_sparse_decode_case`."""
+def _sparse_cases(decode_rows=slice(None, None, 2), prefill=slice(2), lengths=False):
+    """`fmha bench sparse`'s decode rows (`decode_rows` of them: the b=64 ones by default) and its prefill rows
+    (`prefill` of them: the first two by default), as `_dense_case` returns them (the same inputs and FLOP / byte
+    counts as the benchmark). `lengths`: as `_sparse_decode_case`."""
     for case in SPARSE_DECODE_CASES[decode_rows]:
         yield _sparse_decode_case(case, lengths)
-    for case in SPARSE_PREFILL_CASES[:2] if prefill else ():
+    for case in SPARSE_PREFILL_CASES[prefill]:
         name, sq, skv, hq, d, topk = case
         q, kv, indices = sparse_prefill_inputs(case, torch.Generator(device="cuda").manual_seed(0))
         run = lambda: ours_mla.flash_mla_sparse_fwd(q, kv, indices, d ** -0.5, 512)  # noqa: E731
@@ -84,16 +84,21 @@ def _sparse_cases(decode_rows=slice(None, None, 2), prefill=True, lengths=False)
                (sq * topk * d + q.numel() + sq * hq * 512) * 2, bench_gpu)
 
 
-def run_versions(paths, out, unchecked=False, sparse=False, rounds=3, every_row=False):
+def run_versions(paths, out, unchecked=False, sparse=False, rounds=3, every_row=False, prefill_only=False):
     """Each case: the package's Gluon kernel and every copy, output checked against the package's, run for a second
     untimed (`fmha.bench._heat`), then timed `rounds` times round-robin, each round starting one version further on
     (median of each: a timing's place in a burst moves it by a few percent, NOTES.md fourteenth session); the rows
     carry TFLOP/s and GB/s per version. `sparse`: `fmha bench sparse`'s rows (`_sparse_cases`) instead of the
-    dense ones (`every_row`: the b=128 decode rows too)."""
+    dense ones (`every_row`: the b=128 decode rows too; `prefill_only`: its three prefill rows alone)."""
     own = fmha.kernels.mla_decode_sm90
     versions = [("package", own)] + [(os.path.basename(p), load_module_copy(p)) for p in paths]
     rows = []
-    cases = _sparse_cases(slice(None) if every_row else slice(None, None, 2)) if sparse else (_dense_case(*c) for c in VERSION_CASES)
+    if prefill_only:
+        cases = _sparse_cases(slice(0), slice(None))
+    elif sparse:
+        cases = _sparse_cases(slice(None) if every_row else slice(None, None, 2))
+    else:
+        cases = (_dense_case(*c) for c in VERSION_CASES)
     for row, run, flops, nbytes, timer in cases:
         times = {name: [] for name, _ in versions}
         ref = run()[0].float()
@@ -322,6 +327,7 @@ def main():
     p.add_argument("--versions", nargs="*", default=None, help="other copies of mla_decode_sm90.py to time")
     p.add_argument("--sparse", action="store_true", help="--versions on `fmha bench sparse`'s rows")
     p.add_argument("--every-row", action="store_true", help="--sparse: the b=128 decode rows as well")
+    p.add_argument("--prefill", action="store_true", help="--versions on `fmha bench sparse`'s prefill rows alone")
     p.add_argument("--unchecked", action="store_true",
                    help="print the versions' differences instead of asserting (timing probes with wrong results)")
     p.add_argument("--rounds", type=int, default=3, help="--versions: timings of each version (median)")
@@ -343,7 +349,7 @@ def main():
         return run_hot(args.out)
     if args.flat:
         return run_hot(args.out, cases=_flat_cases())
-    sparse_decode = _sparse_cases(slice(None), prefill=False)
+    sparse_decode = _sparse_cases(slice(None), prefill=slice(0))
     if args.combine:
         # A no-op combine forced on by `runs_whole` returning False: split buffers made, the combine launched.
         return run_patched(args.out, {"whole": {}, "combine": {(ours_mla, "runs_whole"): lambda *a: False}},
@@ -359,12 +365,13 @@ def main():
     if args.lengths:
         old = _old_length_ops(ours_mla._sparse_inputs)
         return run_patched(args.out, {"in_kernel": {}, "host_ops": {(ours_mla, "_sparse_inputs"): old}},
-                           _sparse_cases(slice(None), prefill=False, lengths=True))
+                           _sparse_cases(slice(None), prefill=slice(0), lengths=True))
     if args.lse_copy:
         old = _old_lse_copy(ours_mla._mla_decode_fwd)
         return run_patched(args.out, {"in_place": {}, "copy": {(ours_mla, "_mla_decode_fwd"): old}}, sparse_decode)
     if args.versions is not None:
-        return run_versions(args.versions, args.out, args.unchecked, args.sparse, args.rounds, args.every_row)
+        return run_versions(args.versions, args.out, args.unchecked, args.sparse, args.rounds, args.every_row,
+                            args.prefill)
     rows = []
     for b, sk, hq, sq in CASES[: args.n]:
         torch.manual_seed(0)
