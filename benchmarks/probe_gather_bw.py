@@ -5,8 +5,9 @@ topk 2048, d_qk 576 or 512, bf16): one program per (query token, 64-row head blo
 launch, each walking its token's 2048 index entries in tiles of 64 keys and copying every row (1152 / 1024 bytes)
 into a ring of STAGES tile slots in shared memory with 16-byte cp.async (8 threads a 128-byte piece of a row, as
 `mla_decode_sm90._gather_rows` does), each thread arriving on the slot's barrier; a slot is reused once its last
-tile has landed. Nothing is computed, so the time is the memory system's: L2 (the 38 MB of kv fits the 50 MB L2)
-to shared memory, at the attention kernel's occupancy (one program an SM, 144-216 KB of slots).
+tile has landed. Nothing is computed, so the time is the memory system's (HBM, then L2: the 38 MB of kv fits the
+50 MB L2) to shared memory, at the attention kernel's occupancy (one program an SM, 144-216 KB of slots), timed as
+`fmha bench sparse` times the prefill (`bench_gpu`: L2 flushed before each call).
 
 Printed per row: TB/s of rows moved, and the attention TFLOP/s the same time would be (FlashMLA's count,
 2 * h * topk * (d_qk + 512) a token): what a kernel that hid all of its math behind these loads could reach.
