@@ -4,15 +4,21 @@ topk 128 + extra 512, b=64). Usage:
     PYTHONPATH=src python3 benchmarks/profile_sparse.py --prefill [row index in bench.SPARSE_PREFILL_CASES] [--plain]
 prints the torch profiler's CUDA kernel table; with --plain it only makes three calls (the first compiles), for
     ncu --kernel-name regex:mla_decode_sm90 --launch-skip 2 --launch-count 1 --clock-control none ...
-and `benchmarks/ncu_source.py` summarises a report's per-instruction stall samples."""
+and `benchmarks/ncu_source.py` summarises a report's per-instruction stall samples. `--version=PATH`: the calls run
+a copy of `kernels/mla_decode_sm90.py` instead of the package's (the kernel keeps its name)."""
 import sys
 
 import torch
 
+import fmha.kernels
 import fmha.mla as mla
-from fmha.bench import SPARSE_DECODE_CASES, SPARSE_PREFILL_CASES, sparse_decode_inputs, sparse_prefill_inputs
+from fmha.bench import (SPARSE_DECODE_CASES, SPARSE_PREFILL_CASES, load_module_copy, sparse_decode_inputs,
+                         sparse_prefill_inputs)
 
 args = [a for a in sys.argv[1:] if not a.startswith("--")]
+for a in sys.argv[1:]:
+    if a.startswith("--version="):
+        fmha.kernels.mla_decode_sm90 = load_module_copy(a.split("=", 1)[1])
 g = torch.Generator(device="cuda").manual_seed(0)
 if "--prefill" in sys.argv:
     case = SPARSE_PREFILL_CASES[int(args[0]) if args else 1]
