@@ -24,8 +24,9 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 from fmha.bench import SPARSE_PREFILL_CASES, bench_gpu, save_sweep, sparse_prefill_inputs
+from fmha.kernels.mla_decode_sm90 import BLOCK_N
 
-BLOCK_N = gl.constexpr(64)
+RING_BYTES = 220 << 10            # the slots, within an H100 SM's 227 KB of shared memory
 
 
 @gluon.jit
@@ -70,7 +71,7 @@ def main():
         blocks = hq // 64
         row = dict(case=name, sq=sq, skv=skv, hq=hq, d=d, topk=topk)
         for stages, warps in ((2, 4), (2, 8), (3, 4)):
-            if stages * d * 64 * 2 > 220 << 10:
+            if stages * BLOCK_N.value * d * 2 > RING_BYTES:
                 continue
 
             def run():
