@@ -295,17 +295,20 @@ GLUON_MLA_SCRIPT = textwrap.dedent('''
                                   (True, True, "fp16", False, True, 0, False, False),
                                   (False, True, "bf16", True, True, 0, False, False),
                                   (False, False, "bf16", True, False, 0, False, False),
+                                  (False, False, "bf16", True, True, 0, False, True),
                                   (False, True, "bf16", True, True, 1, False, True),
                                   (True, False, "bf16", False, True, 1, False, True),
                                   (False, True, "bf16", True, False, 2, True, False),
                                   (False, True, "bf16", True, False, 2, True, True),
                                   (True, False, "bf16", False, False, 2, False, False)],
-                         ids=["mla-bf16", "mla-causal-sinks-fp16", "sparse-sinks", "sparse-d512", "sparse-fp8-v32",
+                         ids=["mla-bf16", "mla-causal-sinks-fp16", "sparse-sinks", "sparse-d512", "sparse-loader",
+                              "sparse-fp8-v32",
                               "paged-fp8-v32-causal", "sparse-fp8-model1-extra", "sparse-fp8-model1-extra-loader",
                               "paged-fp8-model1"])
 def test_gluon_mla_compiles_for_sm90(case):
     """The Gluon MLA decode kernel for sm_90: two consumer warpgroups (8 warps, so 255 registers a thread), and
-    with a loading warpgroup (V3.2's FP8 cache; model1's on long token rows) as the default partition (12 warps),
+    with a loading warpgroup (V3.2's FP8 cache; model1's on long token rows; bf16 sparse forced) as the default
+    partition (12 warps),
     wgmma that ptxas does not serialise (C7512 for want of registers is what a consumer as the default partition
     beside a third warpgroup causes; any C751x), TMA-store epilogue, shared memory within the H100 limit. The
     token-sparse and FP8 forms (V3.2's and model1's layouts, model1 with V4's second source) gather keys with

@@ -110,6 +110,21 @@ def test_gluon_sparse_prefill(gluon_calls, h_q, d_qk, with_sink):
     assert gluon_calls
 
 
+@pytest.mark.parametrize("case", ["prefill-576", "prefill-512-sink", "decode"])
+def test_gluon_bf16_loader(gluon_calls, monkeypatch, case):
+    """bf16 token-sparse calls through the loading warpgroup, which `uses_loader` never gives them (measured no
+    faster), forced on here: the sparse prefill (its first tiles then come from the loader, not warpgroup 0) and a
+    sparse decode with split tokens."""
+    loaders = []
+    monkeypatch.setattr(mla_decode_sm90, "uses_loader", lambda *args: loaders.append(1) or True)
+    if case == "decode":
+        test_mla.test_sparse_decode(("cuda", torch.bfloat16), 64, 3, 61, True)
+    else:
+        test_mla.test_sparse_prefill(("cuda", torch.bfloat16), 128 if case == "prefill-576" else 64, 1,
+                                     D_QK if case == "prefill-576" else 512, case.endswith("sink"))
+    assert gluon_calls and loaders
+
+
 @pytest.mark.parametrize("h_q", [64, 128])
 def test_gluon_head_dim_512(gluon_calls, h_q):
     """Dense paged decode with V4's head_dim 512 (no RoPE part: Q·Kᵀ over the two latent halves only)."""

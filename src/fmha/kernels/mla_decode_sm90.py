@@ -60,7 +60,8 @@ each part of each tile as soon as the consumers release the part's slot (`_relea
 otherwise issue the load), so the consumers keep only the dequantisation and the math. It measured +3% on V3.2's
 sparse decode rows and +2-3% on model1's at h_q = 128 (18 key tiles a token), +5-6% more once P1 had a buffer of its
 own there; at h_q = 64 it loses at every row length (since the twenty-ninth session's changes to the consumers' own
-loads), and the bf16 gathers (the sparse prefill) lost 1-21%: those keep their own loads. Dequantising in it as well
+loads), and the bf16 gathers (the sparse prefill) lost 1-21% (-3..+1% since the thirty-fourth session, with 224
+consumer registers): those keep their own loads. Dequantising in it as well
 was slower on every row: one warpgroup's 128 threads do the work the two consumers' 256 did, and it stalls on every
 gather it must wait for; only the halves each consumer scores first, still -20-28% (benchmarks/NOTES.md,
 twenty-third, twenty-fifth and twenty-eighth sessions).
@@ -128,7 +129,9 @@ CONSUMER_REGS = 240               # the worker warpgroup's setmaxnreg (8 warps: 
 # With a loading warpgroup (`_producer`) the three share 3 x 168 registers a thread: the consumers get this many,
 # the loader the rest. V3.2's FP8 cache: 216 (the loader 72); 208 / 224 measured 2% / 2-10% slower on the V3.2
 # sparse decode rows. model1 (V4): 208 (the loader 88); 216 lost 6-8% there (NOTES.md, twenty-third session).
-PRODUCER_CONSUMER_REGS = {"v32": 216, "model1": 208}
+# bf16/fp16 gathers (never by `uses_loader`'s rule; a test forces it): 224, the best of 208 / 216 / 224 on the sparse
+# prefill, where it still measured -3..+1% against the consumers' own loads (NOTES.md, thirty-fourth session).
+PRODUCER_CONSUMER_REGS = {"v32": 216, "model1": 208, None: 224}
 # model1 sparse calls whose query tokens have at least this many key tiles take the loading warpgroup, with one /
 # two 64-row query blocks a token (h_q = 64 / 128; None: never). It gains where a token's pairs outweigh the piece
 # boundary it lengthens. Since the consumers' own loads got their early RoPE gathers and split first loads
@@ -788,7 +791,7 @@ def _consumer(descs, q_lat, q_rope, bufs, k_free, q_ready, q_free, xchg, kidx, o
             kv = (k_lat_desc, k_rope_desc, main[0], main[9], main, extra, caches[16])
             if (WG == 0) and not PRODUCER:
                 _load_q(q_lat_desc, q_rope_desc, q_lat, q_rope, q_ready, q_free, b, row0, w, HAS_ROPE)
-            if HAS_MAX:
+            if HAS_MAX and not PRODUCER:
                 # The sparse prefill (the only caller with HAS_MAX) runs one piece a program: warpgroup 0 loads
                 # both first tiles, their index rows read first so the two loads are in flight together, unrolled
                 # (looped it lost 1-3%).
@@ -1244,14 +1247,14 @@ def mla_decode_forward_sm90(views, q_lat, q_rope, kv_lat, k_rope, block_table, c
                                  FP8={None: 0, "v32": V32.value, "model1": MODEL1.value}[fp8_layout],
                                  HAS_MAX=max_logits is not None, HAS_ROPE=rope, EXTRA=extra is not None,
                                  LOADER=loader, CONSUMER_REGS=CONSUMER_REGS,
-                                 PRODUCER_CONSUMER_REGS=PRODUCER_CONSUMER_REGS.get(fp8_layout, 0), num_warps=4)
+                                 PRODUCER_CONSUMER_REGS=PRODUCER_CONSUMER_REGS[fp8_layout], num_warps=4)
 
 
 def uses_loader(fp8_layout, sparse, row_keys, row_blocks=1):
     """Whether a call takes the loading warpgroup (`_producer`): every V3.2 FP8 call; model1 sparse calls whose
     query tokens' planned rows (`row_keys` keys, the second source's included) have at least MODEL1_LOADER_TILES
     key tiles (its entry for a token's `row_blocks` query blocks of 64 rows, 1 or more). The bf16/fp16 forms
-    never (the sparse prefill lost 1-21% with it, NOTES.md)."""
+    never (the sparse prefill measured -3..+1% with it, NOTES.md thirty-fourth session; a test forces it on)."""
     if fp8_layout == "v32":
         return True
     least = MODEL1_LOADER_TILES[min(row_blocks, len(MODEL1_LOADER_TILES)) - 1]
