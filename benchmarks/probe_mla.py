@@ -12,6 +12,7 @@ against the portable `triton.language` one. For tuning; `fmha bench mla` is the 
     PYTHONPATH=src python3 benchmarks/probe_mla.py --tile-sweep # V4 sparse decode: time per token and per tile
     PYTHONPATH=src python3 benchmarks/probe_mla.py --loader-sweep   # V4: the loading warpgroup by rule / on / off
     PYTHONPATH=src python3 benchmarks/probe_mla.py --hot        # scattered keys against one L2-hot tile
+    PYTHONPATH=src python3 benchmarks/probe_mla.py --batch-sweep   # V3.2 sparse decode against the batch size
 
 `--versions` times other copies of `kernels/mla_decode_sm90.py` (e.g. `git show REV:src/fmha/kernels/mla_decode_sm90.py
 > /tmp/base.py`) beside the package's own, in the same process and interleaved, each checked against the package's
@@ -318,6 +319,29 @@ def run_tile_sweep(out, extras=(256, 512, 1024, 2048)):
         save_sweep(out, rows)
 
 
+def run_batch_sweep(out, batches, rounds=2):
+    """V3.2's FP8 sparse decode row (`SPARSE_DECODE_CASES[0]`) at other batch sizes, `rounds` passes over them:
+    TFLOP/s, microseconds per query token, and the planned parts' tokens (whole tokens a part: the busiest part
+    against an equal share shows what the plan's quantisation costs)."""
+    rows = []
+    for r in range(rounds):
+        for b in batches:
+            case, run, flops, _, timer = _sparse_decode_case((*SPARSE_DECODE_CASES[0][:1], b,
+                                                              *SPARSE_DECODE_CASES[0][2:]))
+            if r == 0 and b == batches[0]:
+                _heat([run])
+            t = timer(run)
+            tokens = b * case["sq"]
+            parts = mla_num_parts(case["hq"], 1, num_sms(torch.device("cuda")))
+            rows.append(dict(round=r, b=b, tflops=flops / t / 1e12, us_per_token=t * 1e6 / tokens, parts=parts,
+                             busiest_vs_share=-(-tokens // parts) * parts / tokens))
+            print(rows[-1], flush=True)
+            del run
+            torch.cuda.empty_cache()
+    if out:
+        save_sweep(out, rows)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("n", nargs="?", type=int, default=len(CASES))
@@ -344,7 +368,11 @@ def main():
     p.add_argument("--hot", action="store_true",
                    help="sparse and dense rows with their keys scattered (as benchmarked) against one L2-hot tile")
     p.add_argument("--flat", action="store_true", help="V3.2 sparse decode: 64-key pages against 1-key pages")
+    p.add_argument("--batch-sweep", type=int, nargs="*", default=None,
+                   help="V3.2 sparse decode at these batch sizes (none given: 32 64 66 96 128 132 160 192 256)")
     args = p.parse_args()
+    if args.batch_sweep is not None:
+        return run_batch_sweep(args.out, args.batch_sweep or [32, 64, 66, 96, 128, 132, 160, 192, 256])
     if args.hot:
         return run_hot(args.out)
     if args.flat:
