@@ -307,12 +307,12 @@ GLUON_MLA_SCRIPT = textwrap.dedent('''
                               "paged-fp8-model1"])
 def test_gluon_mla_compiles_for_sm90(case):
     """The Gluon MLA decode kernel for sm_90: two consumer warpgroups (8 warps, so 255 registers a thread), and
-    with a loading warpgroup (V3.2's FP8 cache; model1's on long token rows; bf16 sparse forced) as the default
-    partition (12 warps),
-    wgmma that ptxas does not serialise (C7512 for want of registers is what a consumer as the default partition
-    beside a third warpgroup causes; any C751x), TMA-store epilogue, shared memory within the H100 limit. The
-    token-sparse and FP8 forms (V3.2's and model1's layouts, model1 with V4's second source) gather keys with
-    cp.async copies, each thread arriving on the part's barrier (no TMA loads of keys)."""
+    with a loading warpgroup (V3.2's FP8 cache; model1's on long token rows; bf16 sparse when forced) as the
+    default partition (12 warps), wgmma that ptxas does not serialise (C7512 for want of registers is what a
+    consumer as the default partition beside a third warpgroup causes; any C751x), TMA-store epilogue, shared
+    memory within the H100 limit. The token-sparse and FP8 forms (V3.2's and model1's layouts, model1 with V4's
+    second source) gather keys with cp.async copies, each thread arriving on the part's barrier (no TMA loads of
+    keys)."""
     env = dict(os.environ, TRITON_INTERPRET="0")
     proc = subprocess.run([sys.executable, "-c", SERIALIZED + GLUON_MLA_SCRIPT, json.dumps(case)], env=env,
                           capture_output=True, text=True, timeout=600)
