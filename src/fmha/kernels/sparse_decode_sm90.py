@@ -33,6 +33,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from . import mla_decode_sm90
 from .mla_decode_sm90 import (BLOCK_N, DT, HALF, LN2, LOG2E, MODEL1, MODEL1_NOPE, O_LAYOUT, P_LAYOUT, ROWS,
                               S_LAYOUT, STAGES, V32, _E4M3_TO_BF16, _gather_bases, _signal, ue8m0_multipliers)
+from .cluster_sm90 import THREADS, cluster_free, cluster_sync
 from .sm90 import descriptor, launch_pairs
 
 # The loader's view of a tile: its bytes as 32-bit words (carried from one loop iteration to the next as 32-bit
@@ -184,18 +185,11 @@ def _piece(k_words, slot, G: gl.constexpr, rank):
 
 # 2-CTA clusters (CLUSTER, heads in pairs of 64-row blocks): the two programs of a query token read the same keys, so
 # each loads and converts half of every tile's rows (32 rank .. 32 rank + 31) and copies them into the other CTA's
-# slot too: FlashMLA's h_q = 128 scheme. Gluon 3.6 has no cluster operations, so they are inline PTX, which addresses
-# shared memory as `global_smem` (Triton's base symbol) plus the allocations' offsets; the host reads those from a
-# first compile and passes them as the constexpr SMEM = (k_lat, k_rope, k_ready, peer_free) (`sm90.launch_pairs`).
-# A slot is written in both CTAs by both loaders: before writing it, each loader waits until its own consumers are
-# done with it (k_empty) and so are the other CTA's, which that CTA's loader reports on this one's peer_free.
+# slot too: FlashMLA's h_q = 128 scheme, in inline PTX (`cluster_sm90`) addressing the allocations at the constexpr
+# SMEM = (k_lat, k_rope, k_ready, peer_free) offsets (`sm90.launch_pairs`). A slot is written in both CTAs by both
+# loaders: before writing it, each loader waits until its own consumers are done with it (k_empty) and so are the
+# other CTA's, which that CTA's loader reports on this one's peer_free (`cluster_free`).
 PIECE_BYTES = gl.constexpr(BLOCK_N // 2 * 64 * 2)       # 32 rows of a 64-column bf16 chunk, contiguous: 4 KB
-THREADS = gl.constexpr(gl.BlockedLayout([1], [32], [4], [0]))       # one element per thread of a warpgroup
-_CLUSTER_SYNC = gl.constexpr(
-    "{ fence.mbarrier_init.release.cluster;\n"
-    "barrier.cluster.arrive.release.aligned;\n"
-    "barrier.cluster.wait.acquire.aligned;\n"
-    "mov.u32 $0, $1; }")
 _PEER_COPY = (                      # if $1: copy at shared offset $2 into the same place in CTA $4, on its barrier $3
     "{ .reg .pred p; .reg .b32 s, d, b;\n"
     "setp.ne.u32 p, $1, 0;\n"
@@ -210,35 +204,6 @@ _PEER_COPY = (                      # if $1: copy at shared offset $2 into the s
 # The byte count an immediate; a warp's own 1 KB after a warp barrier, a whole 4 KB piece after the loader's.
 _PEER_COPY_1K = gl.constexpr(_PEER_COPY.replace("SYNC", "bar.warp.sync -1;\n").replace("BYTES", "1024"))
 _PEER_COPY_4K = gl.constexpr(_PEER_COPY.replace("SYNC", "").replace("BYTES", "4096"))
-_PEER_ARRIVE = gl.constexpr(        # if $1: arrive on the barrier at shared offset $2 of CTA $3
-    "{ .reg .pred p; .reg .b32 a;\n"
-    "setp.ne.u32 p, $1, 0;\n"
-    "mov.u32 a, global_smem;\n"
-    "add.u32 a, a, $2;\n"
-    "mapa.shared::cluster.u32 a, a, $3;\n"
-    "@p mbarrier.arrive.shared::cluster.b64 _, [a];\n"
-    "mov.u32 $0, 0; }")
-
-
-@gluon.jit
-def _cluster_sync():
-    """Every thread of both CTAs: barrier inits made visible to the cluster, then a cluster-wide barrier (at the
-    start, before either CTA can touch the other's memory; at the end, before either may exit)."""
-    tid = gl.arange(0, 128, layout=THREADS)
-    gl.inline_asm_elementwise(_CLUSTER_SYNC, "=r,r", [tid], gl.int32, False, 1)
-
-
-@gluon.jit
-def _cluster_free(SMEM: gl.constexpr, peer_free, slot, rank, relay, phase):
-    """The loader's k_empty wait of `slot` is behind it: report it to the other CTA (relay: the slot held a tile, so
-    the other loader waits for this), then wait until the other CTA's consumers are done with the slot too. (The
-    loader waits on peer_free itself, not by inline PTX: a buffer no partition uses is dead to Triton's allocator,
-    which then lends its bytes to others.)"""
-    tid = gl.arange(0, 128, layout=THREADS)
-    zero = tid * 0
-    gl.inline_asm_elementwise(_PEER_ARRIVE, "=r,r,r,r", [((tid == 0) & relay).to(gl.int32), SMEM[3] + slot * 8 + zero,
-                                                         1 - rank + zero], gl.int32, False, 1)
-    mbarrier.wait(peer_free.index(slot), phase)
 
 
 @gluon.jit
@@ -283,7 +248,7 @@ def _loader(q_lat_desc, q_rope_desc, q_lat, q_rope, k_lat, k_rope, q_ready, k_re
     rank = 0
     if CLUSTER:
         rank = gl.program_id(0) % 2
-        _cluster_sync()
+        cluster_sync()
     if FP8 == V32:
         mbarrier.expect(q_ready, 2 * q_lat_desc.block_type.nbytes + q_rope_desc.block_type.nbytes)
     else:
@@ -322,7 +287,7 @@ def _loader(q_lat_desc, q_rope_desc, q_lat, q_rope, k_lat, k_rope, q_ready, k_re
         if CLUSTER:                   # the slot is free here: tell the other CTA, then wait until it is free there
             phase = ((j // STAGES) & 1) ^ 1
             mbarrier.wait(k_empty.index(slot), phase)
-            _cluster_free(SMEM, peer_free, slot, rank, j >= STAGES, phase)
+            cluster_free(SMEM[3], peer_free, slot, rank, j >= STAGES, phase)
         else:
             mbarrier.wait(k_empty.index(slot), ((j // STAGES) & 1) ^ 1)
         if FP8 == MODEL1:             # the RoPE values close the value row: columns 448-511, half R's last 64
@@ -342,7 +307,7 @@ def _loader(q_lat_desc, q_rope_desc, q_lat, q_rope, k_lat, k_rope, q_ready, k_re
         else:
             _signal(k_ready.index(slot))
     if CLUSTER:
-        _cluster_sync()
+        cluster_sync()
 
 
 @gluon.jit
@@ -351,7 +316,7 @@ def _scorer(q_lat, q_rope, k_lat, k_rope, p_smem, rows_smem, q_ready, k_ready, k
             EXTRA: gl.constexpr, HAS_SINKS: gl.constexpr, CLUSTER: gl.constexpr):
     """Warpgroup 0: every tile's scores and softmax, O_L."""
     if CLUSTER:
-        _cluster_sync()
+        cluster_sync()
     s_layout: gl.constexpr = S_LAYOUT
     o_layout: gl.constexpr = O_LAYOUT
     p_layout: gl.constexpr = P_LAYOUT
@@ -411,7 +376,7 @@ def _scorer(q_lat, q_rope, k_lat, k_rope, p_smem, rows_smem, q_ready, k_ready, k
              lse)
     tma.store_wait(0)
     if CLUSTER:
-        _cluster_sync()
+        cluster_sync()
 
 
 @gluon.jit
@@ -419,7 +384,7 @@ def _right(q_lat, k_lat, p_smem, rows_smem, k_ready, k_empty, p_ready, p_free, d
            CLUSTER: gl.constexpr):
     """Warpgroup 1: O_R += P·V_R from the shared P, nothing else."""
     if CLUSTER:
-        _cluster_sync()
+        cluster_sync()
     o_layout: gl.constexpr = O_LAYOUT
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     acc = gl.zeros([ROWS, HALF], gl.float32, o_layout)
@@ -441,7 +406,7 @@ def _right(q_lat, k_lat, p_smem, rows_smem, k_ready, k_empty, p_ready, p_free, d
     tma.async_copy_shared_to_global(o_desc, [tok, row0, HALF], q_lat.index(1).reshape(o_desc.block_type.shape))
     tma.store_wait(0)
     if CLUSTER:
-        _cluster_sync()
+        cluster_sync()
 
 
 @gluon.jit
