@@ -1,6 +1,7 @@
-"""2-CTA cluster operations for the Gluon kernels (`sparse_decode_sm90`, `mla_decode_sm90`). Gluon 3.6 has none, so
-they are inline PTX, which addresses shared memory as `global_smem` (Triton's base symbol) plus an allocation's
-offset; the host reads the offsets from a first compile and passes them in as constexprs (`sm90.launch_pairs`).
+"""2-CTA cluster operations for the Gluon kernels that run clusters (`sparse_decode_sm90`; the dense MLA experiment of
+branch `exp-dense-pairs` used them too, NOTES.md thirty-fifth session). Gluon 3.6 has none, so they are inline PTX,
+which addresses shared memory as `global_smem` (Triton's base symbol) plus an allocation's offset; the host reads the
+offsets from a first compile and passes them in as constexprs (`sm90.launch_pairs`).
 
 The protocol both kernels use for a ring slot that both CTAs' loaders write into (each its half of the rows, into
 its own and the other CTA's slot): before writing, a loader waits until its own consumers are done with the slot
