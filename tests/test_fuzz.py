@@ -14,7 +14,7 @@ import fmha.mla as flash_mla
 from fmha._kv_fp8 import LAYOUTS
 from fmha.reference import attention_ref, attention_varlen_ref, mla_decode_ref, mla_sparse_decode_ref
 from test_kvcache import _cache, _oracle
-from test_mla import D_QK, D_V, _check, _paged_cache, _sparse_source, _union_of_sources
+from test_mla import D_QK, D_V, _check, _dequantized, _paged_cache, _sparse_source, _union_of_sources
 from utils import TARGETS, assert_matches, poisoned
 
 # Seeds per test and target: the GPU runs real sizes, the interpreter a few small cases.
@@ -150,7 +150,7 @@ def test_fuzz_mla(target, seed):
 def test_fuzz_sparse_decode(target, seed):
     """Token-sparse decode with a random cache type (bf16 576 / 512, V3.2 or V4 FP8), page sizes, topk, -1
     entries, trimmed lengths, an optional second source and sink: the oracle attends to the union of both
-    sources' selected tokens, dequantised in fp32."""
+    sources' selected tokens, dequantised as the kernels compute with them (`test_mla._dequantized`)."""
     device, dtype = target
     r = random.Random(5000 + seed)
     layout = r.choice([None, None, "v32", "model1"])
@@ -174,7 +174,7 @@ def test_fuzz_sparse_decode(target, seed):
     for cache, _, _ in sources:
         if layout:
             cache = flash_mla.quantize_kv_cache(torch.nan_to_num(cache.bfloat16(), nan=1e4), layout)
-            refs.append(flash_mla.dequantize_kv_cache(cache, layout, torch.float32))
+            refs.append(_dequantized(cache, layout, dtype))
         else:
             refs.append(cache)
         caches.append(cache)

@@ -52,9 +52,18 @@ def _check(out, lse, ref_out, ref_lse, dtype):
     assert torch.equal(torch.isposinf(lse), torch.isposinf(ref_lse)), "lse: +inf rows (no key) differ"
     finite = torch.isfinite(ref_lse)
     assert torch.isfinite(lse[finite]).all(), "lse: non-finite where the oracle is finite"
-    assert (lse[finite] - ref_lse[finite]).abs().max().item() <= 2e-3, "lse: max abs err"
     assert _cos_diff(out.float(), ref_out) < 1e-5, "out: cos diff"
-    assert _cos_diff(lse[finite], ref_lse[finite]) < 1e-5, "lse: cos diff"
+    if finite.any():              # (a call whose sequences are all empty has none)
+        assert (lse[finite] - ref_lse[finite]).abs().max().item() <= 2e-3, "lse: max abs err"
+        assert _cos_diff(lse[finite], ref_lse[finite]) < 1e-5, "lse: cos diff"
+
+
+def _dequantized(packed, layout, dtype):
+    """An FP8 cache as the kernels compute with it, for the fp32 oracle: SPEC.md's "dequantised on load, bf16 math",
+    i.e. each value times its scale rounded to q's dtype (bf16; fp16 in the interpreter), as FlashMLA does too.
+    Against values kept in fp32, V3.2's fp32 scales leave that rounding in every key, which moved the LSE by more
+    than 2e-3 on a few random V3.2 cases (`test_fuzz_sparse_decode`, seeds past the suite's)."""
+    return flash_mla.dequantize_kv_cache(packed, layout, dtype).float()
 
 
 def _case(target, h_q, s_q, page_size, seed):
@@ -249,7 +258,7 @@ def test_extra_kv_source(target, with_sink, layout):
     if layout is not None:
         cache, extra = (flash_mla.quantize_kv_cache(torch.nan_to_num(c.bfloat16(), nan=1e4), layout)
                         for c in (cache, extra))
-        ref_cache, ref_extra = (flash_mla.dequantize_kv_cache(c, layout, torch.float32) for c in (cache, extra))
+        ref_cache, ref_extra = (_dequantized(c, layout, dtype) for c in (cache, extra))
     length[0], extra_length[0] = 0, 0                                 # a batch that sees nothing at all
     q = torch.randn(b, s_q, h_q, d, generator=g).to(dtype).to(device)
     sink = (torch.randn(h_q) * 2).to(device) if with_sink else None
@@ -311,7 +320,7 @@ def test_sparse_prefill(target, h_q, h_kv, d_qk, with_sink):
 @pytest.mark.parametrize("layout", ["v32", "model1"])
 @pytest.mark.parametrize("sparse", [False, True], ids=["paged", "sparse"])
 def test_fp8_kvcache(target, layout, sparse):
-    """FP8 caches, dequantised on load: the oracle runs on the same cache dequantised in fp32. NaN bytes are
+    """FP8 caches, dequantised on load: the oracle runs on the same cache dequantised (`_dequantized`). NaN bytes are
     not possible in a packed cache, so unused pages hold packed 1e4s instead (far off the data's scale: a
     read would show); the sparse case also has -1 indices and a trimmed topk_length."""
     device, dtype = target
@@ -321,7 +330,7 @@ def test_fp8_kvcache(target, layout, sparse):
     bf16_cache, table = _paged_cache(seqlens, 64, 1, d, torch.bfloat16, device, seed=12)
     bf16_cache = torch.nan_to_num(bf16_cache, nan=1e4)
     packed = flash_mla.quantize_kv_cache(bf16_cache, layout)
-    ref_cache = flash_mla.dequantize_kv_cache(packed, layout, torch.float32)
+    ref_cache = _dequantized(packed, layout, dtype)
     q = torch.randn(len(seqlens), s_q, h_q, d, device=device).to(dtype)
     lens = torch.tensor(seqlens, dtype=torch.int32, device=device)
     if not sparse:
@@ -369,7 +378,7 @@ def test_fp8_scale_range(target, layout, shift):
     else:
         log2_scales = packed[..., 512:528].contiguous().view(torch.float32).log2()
     assert abs(log2_scales.median().item() - shift) < 16, "the scales are not where the test needs"
-    ref_cache = flash_mla.dequantize_kv_cache(packed, layout, torch.float32)
+    ref_cache = _dequantized(packed, layout, dtype)
     q = (torch.randn(len(seqlens), s_q, h_q, d, device=device) * 2.0 ** -shift).to(dtype)
     lens = torch.tensor(seqlens, dtype=torch.int32, device=device)
     meta, splits = flash_mla.get_mla_metadata(lens, s_q * h_q, 1, is_fp8_kvcache=True)

@@ -9,7 +9,7 @@ import fmha.mla as flash_mla
 from fmha.kernels import mla_decode_sm90, sparse_decode_sm90
 import test_mla              # as a module: its test functions, imported by name, would be collected here again
 from fmha.reference import mla_decode_ref, mla_sparse_decode_ref
-from test_mla import D_QK, D_V, _check, _paged_cache, _seqlens
+from test_mla import D_QK, D_V, _check, _dequantized, _paged_cache, _seqlens
 
 pytestmark = pytest.mark.gpu
 
@@ -191,7 +191,7 @@ def _fp8_source(layout, b, s_q, topk, page_size, tokens, short, g):
     kv = torch.randn(blocks, page_size, 1, d, generator=g).to(torch.bfloat16)
     kv.view(-1, d)[~used] = 1e4
     packed = flash_mla.quantize_kv_cache(kv.cuda(), layout)
-    ref_cache = flash_mla.dequantize_kv_cache(packed, layout, torch.bfloat16).float()
+    ref_cache = _dequantized(packed, layout, torch.bfloat16)
     return packed, ref_cache, indices.cuda(), topk_length.cuda()
 
 
