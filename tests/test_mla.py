@@ -119,6 +119,24 @@ def test_load_paths(target, use_tma, h_q):
 
 
 @pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("h_q,s_q,b", [(16, 2, 3), (128, 1, 1), (64, 2, 2)])
+def test_all_sequences_empty(target, h_q, s_q, b):
+    """Every cache length 0 (a batch of fresh requests): output 0 and LSE +inf everywhere, from the plan's empty
+    parts and, on the GPU, the Gluon kernel's (h_q = 128 and h_q = 64 with s_q = 2: query blocks in pairs)."""
+    if target[0] == "cpu" and h_q == 128:
+        pytest.skip("h_q=128 only at GPU sizes")
+    device, dtype = target
+    seqlens = [0] * b
+    cache, table = _paged_cache(seqlens, 64, 1, D_QK, dtype, device, seed=b)
+    q = torch.randn(b, s_q, h_q, D_QK, generator=torch.Generator().manual_seed(b)).to(dtype).to(device)
+    lens = torch.tensor(seqlens, dtype=torch.int32, device=device)
+    meta, splits = flash_mla.get_mla_metadata(lens, s_q * h_q, 1)
+    out, lse = flash_mla.flash_mla_with_kvcache(q, cache, table, lens, D_V, meta, splits, causal=s_q > 1)
+    assert (out == 0).all() and torch.isposinf(lse).all()
+    _check(out, lse, *mla_decode_ref(q, cache, table, lens, D_V, causal=s_q > 1), dtype)
+
+
+@pytest.mark.parametrize("target", TARGETS)
 def test_causal_short_sequences(target):
     """s_q = 4 (MTP) with caches shorter than s_q: the first queries see no key (output 0, LSE +inf)."""
     device, dtype = target
