@@ -228,3 +228,65 @@ def test_varlen_gpu_tile_shapes(dims, mask, monkeypatch):
     v = poisoned((335, 2, dv), 335, torch.float16, "cpu", dim=0)
     got, lse = fmha.attention_varlen(q, k, v, cu_q, cu_k, max(len_q), max(len_k), return_lse=True, **mask)
     assert_matches(got, lse, attention_varlen_ref(q, k, v, cu_q, cu_k, **mask), torch.float16)
+
+
+FP8 = torch.float8_e4m3fn
+
+
+def _fp8_inputs(shape, kind, dtype, device, seed):
+    """Inputs of an FP8 call: float8_e4m3fn k and v (and q for kind "qkv"; else q in `dtype`), NaN-poisoned like
+    the others, and `(b, heads_k)` descales (q's only for "qkv")."""
+    torch.manual_seed(seed)
+    b, sq, sk, hq, hk, dqk, dv = shape
+    q = poisoned((b, sq, hq, dqk), sq, FP8 if kind == "qkv" else dtype, device, scale=3.0 if kind == "qkv" else 1.0)
+    k = poisoned((b, sk, hk, dqk), sk, FP8, device, scale=3.0)
+    v = poisoned((b, sk, hk, dv), sk, FP8, device, scale=3.0)
+    descales = {name: torch.rand(b, hk, device=device) * 0.5 + 0.1 for name in ("q_descale", "k_descale", "v_descale")}
+    if kind != "qkv":
+        del descales["q_descale"]
+    return q, k, v, descales
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("kind", ["qkv", "kv"], ids=["fp8-qkv", "fp8-kv"])
+@pytest.mark.parametrize("mask", [dict(), dict(causal=True), dict(window=(5, 3), softcap=8.0, sinks=True)],
+                         ids=["full", "causal", "window-softcap-sinks"])
+@pytest.mark.parametrize("shape_index", [0, 5, 9])
+def test_fp8(target, kind, mask, shape_index):
+    """float8_e4m3fn inputs (all three, or k and v beside fp16/bf16 q) with per-(batch, KV head) descales: the
+    attention of the descaled values (the oracle's fp32 math on them). An FP8 q gives a bf16 output (fp16 math);
+    fp16/bf16 q its own dtype."""
+    device, dtype = target
+    shape = _shapes(target)[shape_index]
+    q, k, v, descales = _fp8_inputs(shape, kind, dtype, device, seed=200 + shape_index)
+    mask = dict(mask)
+    if mask.get("sinks"):
+        mask["sinks"] = torch.randn(shape[3], device=device)
+    got, lse = fmha.attention(q, k, v, return_lse=True, **mask, **descales)
+    out_dtype = torch.bfloat16 if kind == "qkv" else dtype
+    assert got.dtype == out_dtype
+    assert_matches(got, lse, attention_ref(q, k, v, **mask, **descales), out_dtype)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_fp8_varlen_and_out(target):
+    """FP8 varlen (one descale row per sequence, an empty one among them), an fp32 `out`, and no descales at all
+    (each then 1)."""
+    device, dtype = target
+    torch.manual_seed(9)
+    len_q, len_k = _varlen_lengths(target)
+    cu_q = torch.tensor([0] + list(torch.tensor(len_q).cumsum(0)), dtype=torch.int32, device=device)
+    cu_k = torch.tensor([0] + list(torch.tensor(len_k).cumsum(0)), dtype=torch.int32, device=device)
+    tq, tk, b = int(cu_q[-1]), int(cu_k[-1]), len(len_q)
+    q = poisoned((tq, 4, 64), tq, FP8, device, dim=0, scale=3.0)
+    k = poisoned((tk, 2, 64), tk, FP8, device, dim=0, scale=3.0)
+    v = poisoned((tk, 2, 64), tk, FP8, device, dim=0, scale=3.0)
+    descales = {name: torch.rand(b, 2, device=device) + 0.1 for name in ("q_descale", "k_descale", "v_descale")}
+    out = torch.full((tq, 4, 64), float("nan"), device=device)
+    got, lse = fmha.attention_varlen(q, k, v, cu_q, cu_k, max(len_q), max(len_k), causal=True, return_lse=True,
+                                     out=out, **descales)
+    assert got is out
+    ref = attention_varlen_ref(q, k, v, cu_q, cu_k, causal=True, **descales)
+    assert_matches(got, lse, ref, torch.float16)
+    got, lse = fmha.attention_varlen(q, k, v, cu_q, cu_k, max(len_q), max(len_k), return_lse=True)
+    assert_matches(got, lse, attention_varlen_ref(q, k, v, cu_q, cu_k), torch.bfloat16)

@@ -38,6 +38,26 @@ def test_custom_op_registered():
         None, None, 8, 8, 0.2, -1, 0, 0.0, None, None), test_utils=("test_schema", "test_faketensor"))
 
 
+def test_compile_fp8_fullgraph():
+    """FP8 inputs and their descales go through the same op: traced as one graph (schema and fake
+    implementation), the same result as eager."""
+    f8 = torch.float8_e4m3fn
+    torch.manual_seed(1)
+    q, k, v = ((torch.randn(2, n, h, 64, device=DEV) * 2).to(f8) for n, h in ((24, 4), (40, 2), (40, 2)))
+    descales = {n: torch.rand(2, 2, device=DEV) + 0.5 for n in ("q_descale", "k_descale", "v_descale")}
+
+    def block(q, k, v, q_descale, k_descale, v_descale):
+        return fmha.attention(q, k, v, causal=True, q_descale=q_descale * 2, k_descale=k_descale,
+                              v_descale=v_descale, return_lse=True)
+
+    out, lse = torch.compile(block, fullgraph=True, backend=BACKEND)(q, k, v, **descales)
+    ref, ref_lse = attention_ref(q, k, v, causal=True, q_descale=descales["q_descale"] * 2,
+                                 k_descale=descales["k_descale"], v_descale=descales["v_descale"])
+    assert out.dtype == torch.bfloat16
+    assert_close("out", out, ref, torch.bfloat16)
+    torch.testing.assert_close(lse, ref_lse, atol=2e-3, rtol=0)
+
+
 def test_compile_mla_fullgraph():
     """A layer that plans and runs MLA decode traces as one graph."""
     import fmha.mla as flash_mla

@@ -16,7 +16,7 @@ SCRIPT = textwrap.dedent('''
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     from fmha.kernels.forward import attn_fwd_kernel, _GPU_TILES, _split_head_dim
-    d, dv, use_tma, causal, varlen, paged = json.loads(sys.argv[1])
+    d, dv, use_tma, causal, varlen, paged, fp8 = json.loads(sys.argv[1])
     bm, bn, warps, stages = _GPU_TILES[max(d, dv) if max(d, dv) in _GPU_TILES else 1024]
     block_d, block_dt = _split_head_dim(d)
     consts = dict(HEAD_DIM_QK=d, HEAD_DIM_V=dv, BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=block_d, BLOCK_DT=max(block_dt, 16),
@@ -26,11 +26,18 @@ SCRIPT = textwrap.dedent('''
                   PAGE_TILE=bn if paged else 0)
     if varlen:
         consts.update(MASK_LEFT=True)           # the per-sequence sliding window
-    ptrs = dict(Q="*bf16", K="*bf16", V="*bf16", O="*bf16", LSE="*fp32", CU_Q="*i32", CU_K="*i32",
-                SLOPES="*fp32", SINKS="*fp32", K_DESC="constexpr", V_DESC="constexpr", SEQLENS_K="*i32",
+    # fp8: "qkv" (float8 q, k, v and their descales) or "kv" (an FP8 KV cache beside bf16 q), else "".
+    kv_t = "*fp8e4nv" if fp8 else "*bf16"
+    ptrs = dict(Q="*fp8e4nv" if fp8 == "qkv" else "*bf16", K=kv_t, V=kv_t, O="*bf16", LSE="*fp32", CU_Q="*i32",
+                CU_K="*i32", SLOPES="*fp32", SINKS="*fp32", K_DESC="constexpr", V_DESC="constexpr", SEQLENS_K="*i32",
                 BLOCK_TABLE="*i32", WINDOW_LEFTS="*i32")
     names = list(inspect.signature(attn_fwd_kernel.fn).parameters)
     consts.update(K_DESC=None, V_DESC=None)
+    for name in ("Q_DESCALE", "K_DESCALE", "V_DESCALE"):
+        if fp8 and (fp8 == "qkv" or name != "Q_DESCALE"):
+            ptrs[name] = "*fp32"
+        else:
+            consts[name] = None
     sig = {n: ptrs.get(n, "constexpr" if n in consts else ("fp32" if n in ("qk_scale_log2", "softcap") else "i32"))
            for n in names}
     src = ASTSource(attn_fwd_kernel, sig, constexprs={(names.index(k),): v for k, v in consts.items()})
@@ -41,9 +48,12 @@ SCRIPT = textwrap.dedent('''
 
 
 @pytest.mark.cpu
-@pytest.mark.parametrize("case", [(128, 128, True, True, False, False), (64, 64, False, False, True, False),
-                                  (576, 512, False, True, False, False), (128, 128, False, True, False, True)],
-                         ids=["d128-tma-causal", "d64-varlen", "d576", "d128-paged-split"])
+@pytest.mark.parametrize("case", [(128, 128, True, True, False, False, ""), (64, 64, False, False, True, False, ""),
+                                  (576, 512, False, True, False, False, ""), (128, 128, False, True, False, True, ""),
+                                  (128, 128, True, True, False, False, "qkv"), (64, 64, False, False, True, False, "qkv"),
+                                  (128, 128, False, True, False, True, "kv")],
+                         ids=["d128-tma-causal", "d64-varlen", "d576", "d128-paged-split", "d128-tma-causal-fp8",
+                              "d64-varlen-fp8", "d128-paged-split-fp8-kv"])
 def test_compiles_for_sm90(case):
     env = dict(os.environ, TRITON_INTERPRET="0")
     proc = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(case)], env=env, capture_output=True, text=True,
@@ -67,7 +77,8 @@ DECODE_SCRIPT = textwrap.dedent('''
                   HAS_TAIL=False, IS_VARLEN=False, MASK_LEFT=False, MASK_RIGHT=False, HAS_SOFTCAP=False,
                   HAS_ALIBI=False, HAS_SINKS=False, REVERSE_M=False, TMA=0, HAS_SEQLENS_K=True, PAGED=True,
                   SPLIT=False, LEFT_PER_BATCH=False, PAGE_TILE=_page_tile(page_size, bn),
-                  CU_Q=None, CU_K=None, SLOPES=None, SINKS=None, K_DESC=None, V_DESC=None, WINDOW_LEFTS=None)
+                  CU_Q=None, CU_K=None, SLOPES=None, SINKS=None, K_DESC=None, V_DESC=None, WINDOW_LEFTS=None,
+                  Q_DESCALE=None, K_DESCALE=None, V_DESCALE=None)
     ptrs = dict(Q="*bf16", K="*bf16", V="*bf16", O="*bf16", LSE="*fp32", SEQLENS_K="*i32", BLOCK_TABLE="*i32")
     names = list(inspect.signature(attn_fwd_kernel.fn).parameters)
     sig = {n: "constexpr" if n in consts else ptrs.get(n, "fp32" if n in ("qk_scale_log2", "softcap") else "i32")

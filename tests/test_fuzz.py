@@ -58,10 +58,8 @@ def _show(opts=None, **case):
     print(dict(case, **{n: o for n, o in (opts or {}).items() if not isinstance(o, torch.Tensor)}))
 
 
-@pytest.mark.parametrize("target,seed", _seeds(GPU_CASES, CPU_CASES))
-def test_fuzz_attention(target, seed):
-    device, dtype = target
-    r = random.Random(1000 + seed)
+def _dense_case(r, device):
+    """A random padded-batch attention case: (b, sq, sk, hq, hk, d, dv) and options."""
     d, dv = _head_dims(r, device)
     hk = r.choice([1, 2, 4])
     hq = hk * r.choice([1, 2, 4, 8] if device == "cuda" else [1, 2])
@@ -71,6 +69,13 @@ def test_fuzz_attention(target, seed):
     sk = r.choice([sq, r.randint(1, big)])
     opts = _options(r, hq, device)
     _show(opts, b=b, sq=sq, sk=sk, hq=hq, hk=hk, d=d, dv=dv)
+    return (b, sq, sk, hq, hk, d, dv), opts
+
+
+@pytest.mark.parametrize("target,seed", _seeds(GPU_CASES, CPU_CASES))
+def test_fuzz_attention(target, seed):
+    device, dtype = target
+    (b, sq, sk, hq, hk, d, dv), opts = _dense_case(random.Random(1000 + seed), device)
     torch.manual_seed(seed)
     q = poisoned((b, sq, hq, d), sq, dtype, device)
     k = poisoned((b, sk, hk, d), sk, dtype, device)
@@ -78,6 +83,26 @@ def test_fuzz_attention(target, seed):
     out = torch.full((b, sq, hq, dv), float("nan"), dtype=dtype, device=device)
     got, lse = fmha.attention(q, k, v, return_lse=True, out=out, **opts)
     assert_matches(got, lse, attention_ref(q, k, v, **opts), dtype)
+
+
+@pytest.mark.parametrize("target,seed", _seeds(GPU_CASES // 2, CPU_CASES // 2))
+def test_fuzz_attention_fp8(target, seed):
+    """FP8 inputs on random cases: float8_e4m3fn q/k/v (bf16 out) or k/v beside the target's q, random descales
+    (some left out)."""
+    device, dtype = target
+    r = random.Random(1500 + seed)
+    (b, sq, sk, hq, hk, d, dv), opts = _dense_case(r, device)
+    all_fp8 = r.random() < 0.5
+    names = [n for n in ("q_descale", "k_descale", "v_descale") if (all_fp8 or n != "q_descale") and r.random() < 0.8]
+    _show(all_fp8=all_fp8, descales=names)
+    torch.manual_seed(seed)
+    f8 = torch.float8_e4m3fn
+    q = poisoned((b, sq, hq, d), sq, f8 if all_fp8 else dtype, device, scale=4.0 if all_fp8 else 1.0)
+    k = poisoned((b, sk, hk, d), sk, f8, device, scale=4.0)
+    v = poisoned((b, sk, hk, dv), sk, f8, device, scale=4.0)
+    descales = {n: torch.rand(b, hk, device=device) * 0.4 + 0.05 for n in names}
+    got, lse = fmha.attention(q, k, v, return_lse=True, **opts, **descales)
+    assert_matches(got, lse, attention_ref(q, k, v, **opts, **descales), torch.bfloat16 if all_fp8 else dtype)
 
 
 @pytest.mark.parametrize("target,seed", _seeds(GPU_CASES // 2, CPU_CASES))

@@ -42,7 +42,9 @@ def _oracle(q, k, v, seqlens, **options):
     options = {n: (o.cpu() if isinstance(o, torch.Tensor) else o) for n, o in options.items()}
     outs, lses = [], []
     for i, n in enumerate(seqlens):
-        o, lse = attention_ref(q[i:i + 1].cpu(), k[i:i + 1, :n], v[i:i + 1, :n], **options)
+        # FP8 descales are (batch, heads_k): sequence i's row.
+        own = {name: o[i:i + 1] if name.endswith("_descale") else o for name, o in options.items()}
+        o, lse = attention_ref(q[i:i + 1].cpu(), k[i:i + 1, :n], v[i:i + 1, :n], **own)
         outs.append(o)
         lses.append(lse)
     return torch.cat(outs).to(q.device), torch.cat(lses).to(q.device)
@@ -87,6 +89,29 @@ def test_kvcache_options(target, num_splits):
     got, lse = fmha.attention_with_kvcache(q, k_cache, v_cache, seqlens, block_table=table, num_splits=num_splits,
                                            return_lse=True, **options)
     assert_matches(got, lse, _oracle(q, k, v, c["seqlens"], **options), dtype)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("page_size", [None, 16], ids=lambda p: f"page{p}" if p else "contiguous")
+@pytest.mark.parametrize("seqlen_q,num_splits", [(1, 0), (1, 3), (4, 1)])
+def test_kvcache_fp8(target, page_size, seqlen_q, num_splits):
+    """An FP8 KV cache (float8_e4m3fn, NaN past every length and in unused pages) beside fp16/bf16 queries, with
+    per-(batch, KV head) k and v descales, split or not: the attention of the descaled cache."""
+    device, dtype = target
+    c = _case(target)
+    k_cache, v_cache, table, k, v = _cache(c["seqlens"], c["capacity"], c["hk"], c["d"], c["d"],
+                                           torch.float8_e4m3fn, device, page_size, seed=40 + seqlen_q)
+    b = len(c["seqlens"])
+    q = torch.randn(b, seqlen_q, c["hq"], c["d"], device=device, dtype=dtype)
+    seqlens = torch.tensor(c["seqlens"], dtype=torch.int32, device=device)
+    descales = dict(k_descale=torch.rand(b, c["hk"], device=device) + 0.2,
+                    v_descale=torch.rand(b, c["hk"], device=device) + 0.2)
+    options = dict(causal=seqlen_q > 1)
+    got, lse = fmha.attention_with_kvcache(q, k_cache, v_cache, seqlens, block_table=table, num_splits=num_splits,
+                                           return_lse=True, **options, **descales)
+    oracle = _oracle(q, k, v, c["seqlens"], **options, **descales)
+    assert got.dtype == dtype
+    assert_matches(got, lse, oracle, dtype)
 
 
 @pytest.mark.gpu

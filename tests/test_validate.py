@@ -31,6 +31,27 @@ def test_dtype_and_type_errors():
     _bad(TypeError, "softcap", fmha.attention, q, k, v, softcap="3")
 
 
+def test_fp8_errors():
+    """FP8 inputs: k and v share a dtype, an FP8 q needs FP8 k and v, a descale only for an FP8 tensor, as a
+    (batch, heads_k) fp32 tensor; an FP8 q's output is bf16, fp16 or fp32."""
+    q, k, v = qkv()
+    q8, k8, v8 = (t.to(torch.float8_e4m3fn) for t in (q, k, v))
+    ds = torch.ones(1, 2, device=DEV)
+    _bad(TypeError, "k: expected dtype", fmha.attention, q8, k, v)
+    _bad(TypeError, "v: expected dtype", fmha.attention, q, k8, v)
+    _bad(TypeError, "q_descale: only for a float8_e4m3fn q", fmha.attention, q, k8, v8, q_descale=ds)
+    _bad(TypeError, "k_descale: only for a float8_e4m3fn k", fmha.attention, q, k, v, k_descale=ds)
+    _bad(ValueError, r"v_descale: expected shape \(1, 2\)", fmha.attention, q, k8, v8, v_descale=torch.ones(2, 1, device=DEV))
+    _bad(TypeError, "k_descale: expected dtype", fmha.attention, q8, k8, v8, k_descale=ds.double())
+    _bad(ValueError, "q_descale: expected a 2-D", fmha.attention, q8, k8, v8, q_descale=ds[0])
+    _bad(TypeError, "out: expected dtype", fmha.attention, q8, k8, v8, out=torch.empty_like(q8))
+    cu = torch.tensor([0, 8], dtype=torch.int32, device=DEV)
+    _bad(ValueError, "k_descale: expected shape", fmha.attention_varlen, q8[0], k8[0], v8[0], cu, cu, 8, 8,
+         k_descale=torch.ones(2, 2, device=DEV))
+    _bad(ValueError, "v_descale: expected shape", fmha.attention_with_kvcache, q, k8, v8,
+         torch.full((1,), 8, dtype=torch.int32, device=DEV), v_descale=torch.ones(1, 3, device=DEV))
+
+
 def test_shape_errors():
     q, k, v = qkv()
     _bad(ValueError, "q: expected a 4-D", fmha.attention, q[0], k, v)

@@ -11,6 +11,7 @@ import os
 import torch
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
+FP8 = torch.float8_e4m3fn
 MAX_HEAD_DIM = 256
 EXTRA_HEAD_DIMS = (512, 576)   # DeepSeek-V4 (512) and MLA's 576 (= 512 latent + 64 RoPE)
 
@@ -58,12 +59,13 @@ def check_head_dim(name, d):
 
 
 def check_qkv(q, k, v, *, varlen: bool, check_batch: bool = True):
-    """q/k/v: same dtype (fp16/bf16) and device, heads_q % heads_k == 0, matching head_dim_qk."""
+    """q/k/v on one device, heads_q % heads_k == 0, matching head_dim_qk. dtypes: all fp16 or all bf16; all
+    float8_e4m3fn; or fp16/bf16 q with float8_e4m3fn k and v (an FP8 KV cache)."""
     ndim = 3 if varlen else 4
-    check_tensor("q", q, ndim=ndim, dtypes=HALF_DTYPES)
+    check_tensor("q", q, ndim=ndim, dtypes=HALF_DTYPES + (FP8,))
     check_device("q", q)
-    check_tensor("k", k, ndim=ndim, dtypes=(q.dtype,), device=q.device)
-    check_tensor("v", v, ndim=ndim, dtypes=(q.dtype,), device=q.device)
+    check_tensor("k", k, ndim=ndim, dtypes=(q.dtype,) if q.dtype == FP8 else (q.dtype, FP8), device=q.device)
+    check_tensor("v", v, ndim=ndim, dtypes=(k.dtype,), device=q.device)
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_last_dim_contiguous(name, t)
     hq, dqk = q.shape[-2], q.shape[-1]
@@ -78,6 +80,20 @@ def check_qkv(q, k, v, *, varlen: bool, check_batch: bool = True):
         raise ValueError(f"k: heads_k must divide heads_q ({hq}), got {hk}")
     check_head_dim("q", dqk)
     check_head_dim("v", v.shape[-1])
+
+
+def check_descales(q, k, v, descales, batch):
+    """`q_descale`, `k_descale`, `v_descale` (FlashAttention-3's names): each None (1) or a `(batch, heads_k)` fp32
+    tensor that multiplies its float8_e4m3fn tensor's values (q's per query-head group), allowed only with one."""
+    heads_k = k.shape[-2]
+    for (name, t), x in zip(descales.items(), (q, k, v)):
+        if t is None:
+            continue
+        if x.dtype != FP8:
+            raise TypeError(f"{name}: only for a float8_e4m3fn {name[0]}, which is {str(x.dtype).replace('torch.', '')}")
+        check_tensor(name, t, ndim=2, dtypes=(torch.float32,), device=q.device)
+        if tuple(t.shape) != (batch, heads_k):
+            raise ValueError(f"{name}: expected shape ({batch}, {heads_k}) (batch, heads_k), got {tuple(t.shape)}")
 
 
 def check_options(q, *, window, softmax_scale, softcap, alibi_slopes, sinks, batch):
@@ -126,11 +142,12 @@ def check_per_head(name, t, heads_q, device):
         raise ValueError(f"{name}: expected shape ({heads_q},) (one per query head), got {tuple(t.shape)}")
 
 
-def check_out(out, shape, dtype, device):
-    """`out` in q's dtype, or fp32 (full-precision partial results for an external merge)."""
+def check_out(out, shape, dtypes, device):
+    """`out` in one of `dtypes` (q's, for fp16/bf16 q), or fp32 (full-precision partial results for an external
+    merge)."""
     if out is None:
         return
-    check_tensor("out", out, dtypes=(dtype, torch.float32), device=device)
+    check_tensor("out", out, dtypes=(*dtypes, torch.float32), device=device)
     if tuple(out.shape) != tuple(shape):
         raise ValueError(f"out: expected shape {tuple(shape)}, got {tuple(out.shape)}")
     check_last_dim_contiguous("out", out)

@@ -23,18 +23,22 @@ def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch
                    max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float,
                    window_left: int, window_right: int, softcap: float,
                    alibi_slopes: Optional[torch.Tensor], sinks: Optional[torch.Tensor],
-                   window_lefts: Optional[torch.Tensor] = None) -> torch.Tensor:
+                   window_lefts: Optional[torch.Tensor] = None, q_descale: Optional[torch.Tensor] = None,
+                   k_descale: Optional[torch.Tensor] = None,
+                   v_descale: Optional[torch.Tensor] = None) -> torch.Tensor:
     lse = torch.empty(_lse_shape(q, cu_seqlens_q), dtype=torch.float32, device=q.device)
     attention_forward(q, k, v, out, lse, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                       max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, softmax_scale=softmax_scale,
                       window=(window_left, window_right), window_lefts=window_lefts, softcap=softcap,
-                      alibi_slopes=alibi_slopes, sinks=sinks, interpret=q.device.type == "cpu")
+                      alibi_slopes=alibi_slopes, sinks=sinks, descales=(q_descale, k_descale, v_descale),
+                      interpret=q.device.type == "cpu")
     return lse
 
 
 @_attention_fwd.register_fake
 def _(q, k, v, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-      window_left, window_right, softcap, alibi_slopes, sinks, window_lefts=None):
+      window_left, window_right, softcap, alibi_slopes, sinks, window_lefts=None, q_descale=None, k_descale=None,
+      v_descale=None):
     return q.new_empty(_lse_shape(q, cu_seqlens_q), dtype=torch.float32)
 
 
@@ -44,20 +48,25 @@ def _lse_shape(q, cu_seqlens_q):
     return (q.shape[0], q.shape[2], q.shape[1])  # dense q: (b, sq, hq, d)
 
 
-def _prepare(q, k, v, *, varlen, causal, window, softmax_scale, softcap, alibi_slopes, sinks, out,
+def _prepare(q, k, v, *, varlen, causal, window, softmax_scale, softcap, alibi_slopes, sinks, out, descales,
              check_batch=True, batch=None):
     """Shared validation + output allocation. Returns (out, softmax_scale, (left, right), lefts): `lefts` is the
-    `(batch,)` int32 tensor of per-sequence left bounds when `window[0]` is one (then left is -1), else None."""
+    `(batch,)` int32 tensor of per-sequence left bounds when `window[0]` is one (then left is -1), else None.
+    `descales`: {"q_descale": ..., "k_descale": ..., "v_descale": ...} as the caller passed them."""
     V.check_qkv(q, k, v, varlen=varlen, check_batch=check_batch)
     if not isinstance(causal, bool):
         raise TypeError(f"causal: expected a bool, got {type(causal).__name__}")
     window = tuple(window) if isinstance(window, list) else window
+    batch = q.shape[0] if batch is None else batch
     V.check_options(q, window=window, softmax_scale=softmax_scale, softcap=softcap,
-                    alibi_slopes=alibi_slopes, sinks=sinks, batch=q.shape[0] if batch is None else batch)
+                    alibi_slopes=alibi_slopes, sinks=sinks, batch=batch)
+    V.check_descales(q, k, v, descales, batch)
     out_shape = (*q.shape[:-1], v.shape[-1])
-    V.check_out(out, out_shape, q.dtype, q.device)
+    # float8_e4m3fn q: a bf16 output by default (FlashAttention-3's), fp16 or fp32 on request.
+    fp8 = q.dtype == V.FP8
+    V.check_out(out, out_shape, (torch.bfloat16, torch.float16) if fp8 else (q.dtype,), q.device)
     if out is None:
-        out = q.new_empty(out_shape)
+        out = q.new_empty(out_shape, dtype=torch.bfloat16 if fp8 else q.dtype)
     left, right = window
     if causal:
         right = 0
@@ -68,13 +77,15 @@ def _prepare(q, k, v, *, varlen, causal, window, softmax_scale, softcap, alibi_s
 
 
 def attention(q, k, v, *, causal=False, window=(-1, -1), softmax_scale=None, softcap=0.0,
-              alibi_slopes=None, sinks=None, return_lse=False, out=None):
+              alibi_slopes=None, sinks=None, return_lse=False, out=None, q_descale=None, k_descale=None,
+              v_descale=None):
     """Fused multi-head attention over a padded batch.
 
     Args:
-        q: `(batch, seqlen_q, heads_q, head_dim_qk)`, fp16 or bf16, last dim contiguous.
-        k: `(batch, seqlen_k, heads_k, head_dim_qk)`, `heads_q % heads_k == 0` (GQA/MQA).
-        v: `(batch, seqlen_k, heads_k, head_dim_v)`; head_dim_v may differ from head_dim_qk.
+        q: `(batch, seqlen_q, heads_q, head_dim_qk)`, fp16, bf16 or float8_e4m3fn, last dim contiguous.
+        k: `(batch, seqlen_k, heads_k, head_dim_qk)`, `heads_q % heads_k == 0` (GQA/MQA); q's dtype, or
+            float8_e4m3fn with fp16/bf16 q.
+        v: `(batch, seqlen_k, heads_k, head_dim_v)`, k's dtype; head_dim_v may differ from head_dim_qk.
         causal: bottom-right aligned: query i sees key j iff `j <= i + seqlen_k - seqlen_q` (same as window right=0).
         window: `(left, right)`, -1 = unbounded; key j visible iff
             `i + Sk - Sq - left <= j <= i + Sk - Sq + right`. `left` may be a `(batch,)` int32 tensor: one
@@ -87,23 +98,29 @@ def attention(q, k, v, *, causal=False, window=(-1, -1), softmax_scale=None, sof
         return_lse: also return the log-sum-exp `(batch, heads_q, seqlen_q)` fp32 (natural log, sink excluded).
             For an external merge (`merge_attention_states`, e.g. a compressed-KV branch and a sliding-window
             branch), run each branch without `sinks`, merge, then `apply_attention_sink` once.
-        out: optional output `(batch, seqlen_q, heads_q, head_dim_v)` in q's dtype, or fp32 to keep partial
-            results for a merge at full precision.
+        out: optional output `(batch, seqlen_q, heads_q, head_dim_v)` in q's dtype (bf16 or fp16 for a
+            float8_e4m3fn q, bf16 by default), or fp32 to keep partial results for a merge at full precision.
+        q_descale, k_descale, v_descale: FP8 inputs only: `(batch, heads_k)` fp32 factors, FlashAttention-3's
+            convention: the attention is that of `q * q_descale[b, h // group]`, `k * k_descale[b, h_k]` and
+            `v * v_descale[b, h_k]` (None: 1). FP8 tiles are widened on load (exactly: every e4m3 value is
+            an fp16 / bf16 value) and the descales applied in fp32, so FP8 inputs halve the bytes read while
+            the math is that of fp16 (float8 q) or q's dtype (float8 k / v).
 
     Returns:
         `out`, or `(out, lse)` with `return_lse=True`. Rows that see no key give 0 and LSE -inf.
     """
+    descales = dict(q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
     out, scale, (left, right), lefts = _prepare(q, k, v, varlen=False, causal=causal, window=window,
                                                 softmax_scale=softmax_scale, softcap=softcap,
-                                                alibi_slopes=alibi_slopes, sinks=sinks, out=out)
+                                                alibi_slopes=alibi_slopes, sinks=sinks, out=out, descales=descales)
     lse = _attention_fwd(q, k, v, out, None, None, q.shape[1], k.shape[1], scale, left, right,
-                         float(softcap), alibi_slopes, sinks, lefts)
+                         float(softcap), alibi_slopes, sinks, lefts, q_descale, k_descale, v_descale)
     return (out, lse) if return_lse else out
 
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False,
                      window=(-1, -1), softmax_scale=None, softcap=0.0, alibi_slopes=None, sinks=None,
-                     return_lse=False, out=None):
+                     return_lse=False, out=None, q_descale=None, k_descale=None, v_descale=None):
     """Fused attention over sequences packed along the token axis (no padding).
 
     Args:
@@ -112,21 +129,23 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
         cu_seqlens_q, cu_seqlens_k: `(batch + 1,)` int32 prefix sums; zero-length sequences are allowed.
         max_seqlen_q, max_seqlen_k: Python ints, upper bounds of the sequence lengths (sizes the grid;
             passing them avoids a host synchronisation).
-        Other options as in `attention`.
+        Other options as in `attention` (FP8 descales are `(batch, heads_k)`, one row per sequence).
 
     Returns:
         `out (total_q, heads_q, head_dim_v)`, or `(out, lse)` with lse `(heads_q, total_q)` fp32.
     """
     batch = cu_seqlens_q.shape[0] - 1 if isinstance(cu_seqlens_q, torch.Tensor) and cu_seqlens_q.dim() == 1 else -1
+    descales = dict(q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
     out, scale, (left, right), lefts = _prepare(q, k, v, varlen=True, causal=causal, window=window,
                                                 softmax_scale=softmax_scale, softcap=softcap,
-                                                alibi_slopes=alibi_slopes, sinks=sinks, out=out, batch=batch)
+                                                alibi_slopes=alibi_slopes, sinks=sinks, out=out, descales=descales,
+                                                batch=batch)
     V.check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, device=q.device)
     V.check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, batch_plus_one=cu_seqlens_q.shape[0], device=q.device)
     V.check_max_seqlen("max_seqlen_q", max_seqlen_q)
     V.check_max_seqlen("max_seqlen_k", max_seqlen_k)
     lse = _attention_fwd(q, k, v, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
-                         left, right, float(softcap), alibi_slopes, sinks, lefts)
+                         left, right, float(softcap), alibi_slopes, sinks, lefts, q_descale, k_descale, v_descale)
     return (out, lse) if return_lse else out
 
 
@@ -135,20 +154,23 @@ def _attention_kvcache_fwd(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            cache_seqlens: torch.Tensor, block_table: Optional[torch.Tensor], num_splits: int,
                            softmax_scale: float, window_left: int, window_right: int, softcap: float,
                            alibi_slopes: Optional[torch.Tensor], sinks: Optional[torch.Tensor],
-                           window_lefts: Optional[torch.Tensor] = None) -> torch.Tensor:
+                           window_lefts: Optional[torch.Tensor] = None, q_descale: Optional[torch.Tensor] = None,
+                           k_descale: Optional[torch.Tensor] = None,
+                           v_descale: Optional[torch.Tensor] = None) -> torch.Tensor:
     lse = torch.empty(_lse_shape(q, None), dtype=torch.float32, device=q.device)
     attention_forward(q, k_cache, v_cache, out, lse, cu_seqlens_q=None, cu_seqlens_k=None,
                       max_seqlen_q=q.shape[1], max_seqlen_k=_cache_capacity(k_cache, block_table),
                       softmax_scale=softmax_scale, window=(window_left, window_right),
                       window_lefts=window_lefts, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
-                      cache_seqlens=cache_seqlens,
+                      descales=(q_descale, k_descale, v_descale), cache_seqlens=cache_seqlens,
                       block_table=block_table, num_splits=num_splits, interpret=q.device.type == "cpu")
     return lse
 
 
 @_attention_kvcache_fwd.register_fake
 def _(q, k_cache, v_cache, out, cache_seqlens, block_table, num_splits, softmax_scale, window_left,
-      window_right, softcap, alibi_slopes, sinks, window_lefts=None):
+      window_right, softcap, alibi_slopes, sinks, window_lefts=None, q_descale=None, k_descale=None,
+      v_descale=None):
     return q.new_empty(_lse_shape(q, None), dtype=torch.float32)
 
 
@@ -158,14 +180,15 @@ def _cache_capacity(k_cache, block_table):
 
 def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, block_table=None, num_splits=0, causal=False,
                            window=(-1, -1), softmax_scale=None, softcap=0.0, alibi_slopes=None, sinks=None,
-                           return_lse=False, out=None):
+                           return_lse=False, out=None, q_descale=None, k_descale=None, v_descale=None):
     """Attention of new queries against a KV cache (decode, speculative decoding, chunked prefill).
 
     Args:
         q: `(batch, seqlen_q, heads_q, head_dim_qk)`; the queries are the last `seqlen_q` positions of each
             sequence (bottom-right aligned causal / window masks).
         k_cache, v_cache: contiguous `(batch, max_seqlen, heads_k, head_dim)`, or paged
-            `(num_pages, page_size, heads_k, head_dim)` with `block_table`.
+            `(num_pages, page_size, heads_k, head_dim)` with `block_table`. An FP8 cache: float8_e4m3fn with
+            fp16/bf16 q, and `k_descale` / `v_descale` `(batch, heads_k)` (as in `attention`).
         cache_seqlens: `(batch,)` int32, the number of valid keys of each sequence (0 allowed: output 0,
             LSE -inf). Keys past it are never read.
         block_table: `(batch, max_pages)` int32; key j of sequence b is slot `j % page_size` of page
@@ -177,9 +200,11 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, block_table=No
     Returns:
         `out (batch, seqlen_q, heads_q, head_dim_v)`, or `(out, lse)` with lse `(batch, heads_q, seqlen_q)`.
     """
+    descales = dict(q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
     out, scale, (left, right), lefts = _prepare(q, k_cache, v_cache, varlen=False, causal=causal, window=window,
                                                 softmax_scale=softmax_scale, softcap=softcap,
-                                                alibi_slopes=alibi_slopes, sinks=sinks, out=out, check_batch=False)
+                                                alibi_slopes=alibi_slopes, sinks=sinks, out=out, descales=descales,
+                                                check_batch=False)
     batch = q.shape[0]
     V.check_tensor("cache_seqlens", cache_seqlens, ndim=1, dtypes=(torch.int32,), device=q.device)
     if cache_seqlens.shape[0] != batch:
@@ -194,5 +219,6 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, block_table=No
     if not isinstance(num_splits, int) or isinstance(num_splits, bool) or num_splits < 0:
         raise ValueError(f"num_splits: expected an int >= 0 (0 = automatic), got {num_splits!r}")
     lse = _attention_kvcache_fwd(q, k_cache, v_cache, out, cache_seqlens, block_table, num_splits, scale,
-                                 left, right, float(softcap), alibi_slopes, sinks, lefts)
+                                 left, right, float(softcap), alibi_slopes, sinks, lefts, q_descale, k_descale,
+                                 v_descale)
     return (out, lse) if return_lse else out

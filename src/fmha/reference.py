@@ -39,17 +39,20 @@ def _effective_window(causal: bool, window) -> tuple[int, int]:
 
 
 def attention_ref(q, k, v, *, causal=False, window=(-1, -1), softmax_scale=None, softcap=0.0,
-                  alibi_slopes=None, sinks=None):
+                  alibi_slopes=None, sinks=None, q_descale=None, k_descale=None, v_descale=None):
     """Dense attention in fp32. q `(b, sq, hq, dqk)`, k `(b, sk, hk, dqk)`, v `(b, sk, hk, dv)`.
 
     Returns `(out (b, sq, hq, dv) fp32, lse (b, hq, sq) fp32)`. LSE is the natural log of the softmax
     denominator *without* the sink; rows that see no key give output 0 and LSE -inf. `window[0]` may be a
-    `(b,)` tensor of per-sequence left bounds (negative = unbounded).
+    `(b,)` tensor of per-sequence left bounds (negative = unbounded). `q_descale` / `k_descale` / `v_descale`
+    `(b, hk)`: the inputs' values times these (FP8 inputs; query head h takes row h // (hq // hk)).
     """
     if isinstance(window[0], torch.Tensor):
         parts = [attention_ref(q[i:i + 1], k[i:i + 1], v[i:i + 1], causal=causal,
                                window=(_left_bound(window[0], i), window[1]), softmax_scale=softmax_scale,
-                               softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks) for i in range(q.shape[0])]
+                               softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
+                               **_descales_of(i, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale))
+                 for i in range(q.shape[0])]
         return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
     b, sq, hq, dqk = q.shape
     sk, hk = k.shape[1], k.shape[2]
@@ -61,6 +64,12 @@ def attention_ref(q, k, v, *, causal=False, window=(-1, -1), softmax_scale=None,
     qf = q.to(acc).view(b, sq, hk, group, dqk).permute(0, 2, 3, 1, 4).reshape(b, hk, group * sq, dqk)
     kf = k.to(acc).transpose(1, 2)                                      # (b, hk, sk, d)
     vf = v.to(acc).transpose(1, 2)
+    if q_descale is not None:
+        qf = qf * q_descale.to(acc).view(b, hk, 1, 1)
+    if k_descale is not None:
+        kf = kf * k_descale.to(acc).view(b, hk, 1, 1)
+    if v_descale is not None:
+        vf = vf * v_descale.to(acc).view(b, hk, 1, 1)
     s = (torch.matmul(qf, kf.transpose(-1, -2)) * scale).view(b, hq, sq, sk)
     if softcap > 0:
         s = softcap * torch.tanh(s / softcap)
@@ -81,6 +90,11 @@ def attention_ref(q, k, v, *, causal=False, window=(-1, -1), softmax_scale=None,
     return out.transpose(1, 2).float(), lse.float()
 
 
+def _descales_of(i, **descales):
+    """Sequence i's rows of the FP8 descales (each None or `(batch, hk)`), as keyword arguments."""
+    return {name: None if t is None else t[i:i + 1] for name, t in descales.items()}
+
+
 def _left_bound(lefts, i):
     """Sequence i's left window bound from a per-sequence tensor (negative = unbounded)."""
     return max(int(lefts[i]), -1)
@@ -89,6 +103,7 @@ def _left_bound(lefts, i):
 def attention_varlen_ref(q, k, v, cu_seqlens_q, cu_seqlens_k, **options):
     """Varlen attention in fp32: q `(total_q, hq, dqk)`; returns `(out (total_q, hq, dv), lse (hq, total_q))`."""
     window = options.pop("window", (-1, -1))
+    descales = {name: options.pop(name, None) for name in ("q_descale", "k_descale", "v_descale")}
     cq = cu_seqlens_q.tolist()
     ck = cu_seqlens_k.tolist()
     hq, dv = q.shape[1], v.shape[2]
@@ -100,7 +115,7 @@ def attention_varlen_ref(q, k, v, cu_seqlens_q, cu_seqlens_k, **options):
             continue
         left = _left_bound(window[0], b) if isinstance(window[0], torch.Tensor) else window[0]
         o_b, lse_b = attention_ref(q[None, qs:qe], k[None, ks:ke], v[None, ks:ke], window=(left, window[1]),
-                                   **options)
+                                   **_descales_of(b, **descales), **options)
         out[qs:qe] = o_b[0]
         lse[:, qs:qe] = lse_b[0]
     return out, lse

@@ -117,6 +117,8 @@ def _attn_run(acc, l_i, m_i, q, q_t, k_base, v_base, k_desc, v_desc, b, kv_head,
                                   stride_ks, stride_vs, k_len, bt_row, page_size, stride_kp, stride_vp,
                                   PAGED, PAGE_TILE, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_D, BLOCK_DT,
                                   BLOCK_DV, HAS_TAIL, MASKED, TMA)
+        # An FP8 cache's tiles in q's (compute) dtype; its descales are applied outside the loop.
+        k, k_t, v = k.to(q.dtype), k_t.to(q.dtype), v.to(q.dtype)
         qk = tl.dot(q, tl.trans(k))
         if HAS_TAIL:
             qk = tl.dot(q_t, tl.trans(k_t), qk)
@@ -132,6 +134,7 @@ def _attn_run(acc, l_i, m_i, q, q_t, k_base, v_base, k_desc, v_desc, b, kv_head,
 @triton.jit
 def attn_fwd_kernel(
     Q, K, V, O, LSE, CU_Q, CU_K, SLOPES, SINKS, K_DESC, V_DESC, SEQLENS_K, BLOCK_TABLE, WINDOW_LEFTS,
+    Q_DESCALE, K_DESCALE, V_DESCALE,
     seqlen_q, seqlen_k, stride_bt, page_size, stride_o_split, stride_l_split,
     stride_qb, stride_qs, stride_qh,
     stride_kb, stride_ks, stride_kh,
@@ -186,12 +189,21 @@ def attn_fwd_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     q_rows = Q + b.to(tl.int64) * stride_qb + (q_start + q_pos).to(tl.int64) * stride_qs + q_head * stride_qh
-    q = _load_tile(q_rows[:, None] + offs_d[None, :], q_pos, offs_d, q_len, HEAD_DIM_QK, BLOCK_D, True)
+    # The math runs in q's dtype, or in fp16 for an FP8 q: every e4m3 value is an fp16 value, and P keeps more of
+    # its mantissa there than in bf16.
+    CDT: tl.constexpr = tl.float16 if Q.dtype.element_ty == tl.float8e4nv else Q.dtype.element_ty
+    q = _load_tile(q_rows[:, None] + offs_d[None, :], q_pos, offs_d, q_len, HEAD_DIM_QK, BLOCK_D, True).to(CDT)
     q_t = q
     if HAS_TAIL:
         offs_dt = BLOCK_D + tl.arange(0, BLOCK_DT)
         q_t = tl.load(q_rows[:, None] + offs_dt[None, :], mask=row_ok[:, None] & (offs_dt < HEAD_DIM_QK)[None, :],
-                      other=0.0)
+                      other=0.0).to(CDT)
+    # FP8 descales, one per (batch, KV head): q's and k's scale every score, v's every output row (all in fp32).
+    desc_idx = b * ((heads_eff * GP) // group) + kv_head
+    if Q_DESCALE is not None:
+        qk_scale_log2 = qk_scale_log2 * tl.load(Q_DESCALE + desc_idx)
+    if K_DESCALE is not None:
+        qk_scale_log2 = qk_scale_log2 * tl.load(K_DESCALE + desc_idx)
     slope_log2 = tl.zeros([BLOCK_M], dtype=tl.float32)
     if HAS_ALIBI:
         slope_log2 = tl.load(SLOPES + q_head) * LOG2E
@@ -276,6 +288,8 @@ def attn_fwd_kernel(
         sink_log2 = tl.load(SINKS + q_head) * LOG2E
         denom = denom + tl.exp2(sink_log2 - m_shift)
     denom = tl.where(denom == 0.0, 1.0, denom)
+    if V_DESCALE is not None:
+        denom = denom / tl.load(V_DESCALE + desc_idx)
     out = acc / denom[:, None]
     lse = m_i * LN2 + tl.log(l_i)
 
@@ -398,13 +412,15 @@ def _page_tile(page_size, block_n):
 
 
 def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                      softmax_scale, window, softcap, alibi_slopes, sinks, window_lefts=None, cache_seqlens=None,
-                      block_table=None,
+                      softmax_scale, window, softcap, alibi_slopes, sinks, window_lefts=None, descales=(None,) * 3,
+                      cache_seqlens=None, block_table=None,
                       num_splits=1, pack_gqa=None, use_tma=None, tiles=None, backend=None, interpret=False):
     """Launch the forward kernel. Dense: q (b, sq, hq, d). Varlen: q (total_q, hq, d) + cu_seqlens.
 
     Writes `out` (same layout as q, head_dim_v) and `lse` ((b, hq, sq) dense, (hq, total_q) varlen).
     `window_lefts (b,)` int32: one left window bound per sequence (negative = unbounded) instead of window[0].
+    FP8 (float8_e4m3fn q, k, v, or k and v beside fp16/bf16 q): `descales` (q, k, v), each None or a
+    `(b, heads_k)` fp32 tensor, multiply the values of their tensors.
     KV cache: `cache_seqlens (b,)` int32 gives each sequence's key count; with `block_table (b, max_pages)`
     k/v are paged `(num_pages, page_size, heads_k, d)`. `num_splits > 1` splits every sequence's keys into
     that many tile-aligned chunks run by separate programs, then merges them exactly; 0 lets
@@ -431,7 +447,8 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
         return
     left, right = window               # window_lefts (batch,) int32, when given, replaces `left` per sequence
     scale = softmax_scale if softmax_scale is not None else dqk ** -0.5
-    plain = (not varlen and cache_seqlens is None and num_splits <= 1 and window_lefts is None and left < 0
+    plain = (not varlen and k.dtype == q.dtype and cache_seqlens is None and num_splits <= 1
+             and window_lefts is None and left < 0
              and right <= 0 and softcap <= 0 and alibi_slopes is None and sinks is None
              and pack_gqa is None and use_tma is None and tiles is None and backend is None)
     if plain and not interpret and gluon_enabled():
@@ -479,7 +496,7 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
     grid = (batch * heads_eff, triton.cdiv(seqlen_q * gp, block_m), num_splits)
     attn_fwd_kernel[grid](
         q4, k4, v4, o_dst, lse_dst, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks, k_desc, v_desc,
-        cache_seqlens, block_table, window_lefts,
+        cache_seqlens, block_table, window_lefts, *(None if d is None else d.contiguous() for d in descales),
         seqlen_q, seqlen_k, block_table.stride(0) if paged else 0, k.shape[1] if paged else 1, *split_strides,
         *_strides(q4, varlen), *_strides(k4, varlen), *_strides(v4, varlen), *_strides(o_dst, varlen),
         *(lse_dst.stride() if not varlen else lse_strides),
