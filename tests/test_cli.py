@@ -6,8 +6,10 @@ import pytest
 
 
 @pytest.mark.parametrize("flags", [[], ["--paged", "16", "-s", "64", "-s-q", "3", "--causal", "-h", "4", "-h-kv", "2"],
-                                   ["-s", "80", "--window", "8,0", "--sinks", "--alibi", "--softcap", "30"]],
-                         ids=["default", "paged", "options"])
+                                   ["-s", "80", "--window", "8,0", "--sinks", "--alibi", "--softcap", "30"],
+                                   ["--dtype", "fp8", "-s", "64", "--causal", "-h", "4", "-h-kv", "2"],
+                                   ["--dtype", "fp8", "--paged", "16", "-s", "48", "-s-q", "5", "--causal"]],
+                         ids=["default", "paged", "options", "fp8", "fp8-paged"])
 def test_fmha_run(flags):
     proc = subprocess.run([sys.executable, "-m", "fmha.cli", "run", "--runs", "1", "--warmup", "0", *flags],
                           capture_output=True, text=True, timeout=900)

@@ -39,7 +39,8 @@ def _run_parser():
     p.add_argument("--alibi", action="store_true", help="ALiBi with the standard geometric slopes")
     p.add_argument("--sinks", action="store_true", help="one random attention-sink logit per query head")
     p.add_argument("--paged", type=int, default=0, metavar="P", help="paged KV cache with page size P")
-    p.add_argument("--dtype", choices=("fp16", "bf16", "fp8"), default=None)
+    p.add_argument("--dtype", choices=("fp16", "bf16", "fp8"), default=None,
+                   help="input dtype (fp8: e4m3 q/k/v with per-(batch, KV head) descales, bf16 output)")
     p.add_argument("--runs", type=int, default=20, help="timed runs")
     p.add_argument("--warmup", type=int, default=5, help="untimed runs first")
     p.add_argument("--seed", type=int, default=0)
@@ -58,6 +59,18 @@ def _alibi_slopes(heads):
     p = 1 << (heads.bit_length() - 1)
     slopes = geometric(p) + geometric(2 * p)[0::2][: heads - p]
     return torch.tensor(slopes, dtype=torch.float32)
+
+
+def _quantize_fp8(x, heads_k):
+    """x (b, s, h, d) as float8_e4m3fn with one descale per (batch, KV head) (a query head group's shared one):
+    `(x8, descale (b, heads_k))`, scaled so each group's largest magnitude lands on e4m3's 448."""
+    import torch
+
+    b, s, h, d = x.shape
+    groups = x.float().reshape(b, s, heads_k, h // heads_k, d)
+    descale = groups.abs().amax(dim=(1, 3, 4)).clamp_min(1e-6) / 448.0
+    x8 = (groups / descale[:, None, :, None, None]).to(torch.float8_e4m3fn)
+    return x8.reshape(b, s, h, d), descale
 
 
 def run_main(argv):
@@ -82,20 +95,24 @@ def run_main(argv):
     d = args.head_dim or (64 if small else 128)
     dv = args.head_dim_v or d
     dtype_name = args.dtype or ("fp16" if small else "bf16")
-    if dtype_name == "fp8":
-        print("fmha run: --dtype fp8 is not supported by the attention kernel yet (FP8 KV caches are MLA-only)")
-        return 2
     if args.paged and (args.paged < 1 or sk % args.paged):
         print(f"fmha run: --paged {args.paged} must be a positive divisor of -s ({sk})")
         return 2
     if small and dtype_name == "bf16":
         print("note: bf16 arithmetic is wrong in the Triton interpreter; expect FAILED on the CPU")
-    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype_name]
     device = "cuda" if gpu else "cpu"
     torch.manual_seed(args.seed)
+    fp8 = dtype_name == "fp8"
+    # fp8: FMHA_v2's e4m3 inputs, here quantised per (batch, KV head) with FlashAttention-3's descales; the output
+    # is bf16 (the kernel widens each tile on load and computes in fp16).
+    dtype = torch.float32 if fp8 else {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype_name]
     q = torch.randn(b, sq, hq, d, device=device, dtype=dtype)
     k = torch.randn(b, sk, hk, d, device=device, dtype=dtype)
     v = torch.randn(b, sk, hk, dv, device=device, dtype=dtype)
+    descales = {}
+    if fp8:
+        (q, descales["q_descale"]), (k, descales["k_descale"]), (v, descales["v_descale"]) = (
+            _quantize_fp8(t, hk) for t in (q, k, v))
     options = dict(causal=args.causal, window=args.window, softcap=args.softcap)
     if args.alibi:
         options["alibi_slopes"] = _alibi_slopes(hq).to(device)
@@ -115,7 +132,7 @@ def run_main(argv):
 
     if not args.paged:
         def ours():
-            return fmha.attention(q, k, v, return_lse=True, **options)
+            return fmha.attention(q, k, v, return_lse=True, **options, **descales)
     else:
         # The same keys in a paged cache, pages in shuffled order, through attention_with_kvcache.
         k_cache, v_cache, table = paged_copy(args.paged, k, v)
@@ -123,24 +140,24 @@ def run_main(argv):
 
         def ours():
             return fmha.attention_with_kvcache(q, k_cache, v_cache, seqlens, block_table=table, return_lse=True,
-                                               **options)
+                                               **options, **descales)
 
     out, lse = ours()
-    ref, ref_lse = attention_ref(q, k, v, **options)
+    ref, ref_lse = attention_ref(q, k, v, **options, **descales)
     err = (out.float() - ref).abs()
     max_err = err.max().item() if err.numel() else 0.0
     cos = torch.nn.functional.cosine_similarity(out.double().flatten(), ref.double().flatten(), dim=0).item()
-    atol, rtol = (4e-3, 1e-2) if dtype == torch.float16 else (3e-2, 3e-2)
+    atol, rtol = (4e-3, 1e-2) if out.dtype == torch.float16 else (3e-2, 3e-2)
     ok = (not torch.isnan(out).any().item() and bool((err <= atol + rtol * ref.abs()).all())
           and torch.equal(torch.isneginf(lse), torch.isneginf(ref_lse)))
     print(f"Checks: {'SUCCESS' if ok else 'FAILED'} (max abs err {max_err:.3e}, cos diff {1 - cos:.3e})")
 
     runs, warmup = (args.runs, args.warmup) if gpu else (min(args.runs, 2), min(args.warmup, 1))
     t_ours = time_fn(ours, runs=runs, warmup=warmup)
-    t_ref = time_fn(lambda: attention_ref(q, k, v, **options), runs=max(1, runs // 4), warmup=1)
+    t_ref = time_fn(lambda: attention_ref(q, k, v, **options, **descales), runs=max(1, runs // 4), warmup=1)
     from .bench import attention_flops
     flops = attention_flops(b, sq, sk, hq, d, dv, options["window"], args.causal)
-    nbytes = (q.numel() + k.numel() + v.numel() + out.numel()) * q.element_size()
+    nbytes = sum(t.numel() * t.element_size() for t in (q, k, v, out))
     print(f"Elapsed: {t_ours * 1e6:.1f} us ({t_ref / t_ours:.3g}x vs reference), "
           f"{flops / t_ours / 1e12:.3g} TFLOP/s, {nbytes / t_ours / 1e9:.3g} GB/s"
           + ("" if gpu else "  [interpreter wall time: not kernel speed]"))
