@@ -92,6 +92,25 @@ def test_kvcache_options(target, num_splits):
 
 
 @pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("page_size", [1, 8, 24])
+@pytest.mark.parametrize("num_splits", [1, 0])
+def test_kvcache_small_pages(target, page_size, num_splits):
+    """Pages that are not multiples of 16 (SGLang's page of one token; power-of-two pages inside a key tile; a page
+    size that divides nothing), shuffled, split or not."""
+    device, dtype = target
+    c = _case(target)
+    capacity = min(c["capacity"], 256 * page_size) // page_size * page_size     # <= 256 pages a sequence
+    seqlens = [min(n, capacity) for n in c["seqlens"]]
+    k_cache, v_cache, table, k, v = _cache(seqlens, capacity, c["hk"], c["d"], c["d"], dtype, device, page_size,
+                                           seed=page_size)
+    q = torch.randn(len(seqlens), 2, c["hq"], c["d"], device=device, dtype=dtype)
+    lens = torch.tensor(seqlens, dtype=torch.int32, device=device)
+    got, lse = fmha.attention_with_kvcache(q, k_cache, v_cache, lens, block_table=table, num_splits=num_splits,
+                                           causal=True, return_lse=True)
+    assert_matches(got, lse, _oracle(q, k, v, seqlens, causal=True), dtype)
+
+
+@pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("page_size", [None, 16], ids=lambda p: f"page{p}" if p else "contiguous")
 @pytest.mark.parametrize("seqlen_q,num_splits", [(1, 0), (1, 3), (4, 1)])
 def test_kvcache_fp8(target, page_size, seqlen_q, num_splits):
