@@ -283,6 +283,17 @@ DECODE_CASES = [(64, 32, 8, 4096, None), (64, 32, 8, 4096, 16), (64, 32, 8, 4096
                 (1, 32, 8, 131072, 64), (4, 32, 8, 131072, 64), (32, 32, 32, 8192, 64)]
 
 
+def quantize_fp8(x, heads_k):
+    """x (b, s, h, d) as float8_e4m3fn with one descale per (batch, KV head), FlashAttention-3's convention (a query
+    head group shares its KV head's): `(x8, descale (b, heads_k) fp32)`, each group's largest magnitude mapped to
+    e4m3's 448. For `fmha run --dtype fp8` and the FP8 probes."""
+    b, s, h, d = x.shape
+    groups = x.float().reshape(b, s, heads_k, h // heads_k, d)
+    descale = groups.abs().amax(dim=(1, 3, 4)).clamp_min(1e-6) / 448.0
+    x8 = (groups / descale[:, None, :, None, None]).to(torch.float8_e4m3fn)
+    return x8.reshape(b, s, h, d), descale
+
+
 def paged_copy(page_size, *tensors, perm=None):
     """The same keys as each contiguous `(b, s, h, d)` tensor (s a multiple of page_size) in paged caches whose
     pages are stored in one shuffled order, or in `perm`'s (page i of the flattened (b, pages) order goes to
@@ -293,9 +304,11 @@ def paged_copy(page_size, *tensors, perm=None):
         perm = torch.randperm(b * pages, device=tensors[0].device)
     caches = []
     for t in tensors:
-        cache = torch.empty(b * pages, page_size, *t.shape[2:], device=t.device, dtype=t.dtype)
-        cache[perm] = t.reshape(b * pages, page_size, *t.shape[2:])
-        caches.append(cache)
+        # FP8 pages move as bytes: index_put is not implemented for float8 everywhere.
+        raw = t.view(torch.uint8) if t.element_size() == 1 else t
+        cache = torch.empty(b * pages, page_size, *t.shape[2:], device=t.device, dtype=raw.dtype)
+        cache[perm] = raw.reshape(b * pages, page_size, *t.shape[2:])
+        caches.append(cache.view(t.dtype))
     return (*caches, perm.view(b, pages).to(torch.int32))
 
 

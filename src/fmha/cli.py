@@ -61,18 +61,6 @@ def _alibi_slopes(heads):
     return torch.tensor(slopes, dtype=torch.float32)
 
 
-def _quantize_fp8(x, heads_k):
-    """x (b, s, h, d) as float8_e4m3fn with one descale per (batch, KV head) (a query head group's shared one):
-    `(x8, descale (b, heads_k))`, scaled so each group's largest magnitude lands on e4m3's 448."""
-    import torch
-
-    b, s, h, d = x.shape
-    groups = x.float().reshape(b, s, heads_k, h // heads_k, d)
-    descale = groups.abs().amax(dim=(1, 3, 4)).clamp_min(1e-6) / 448.0
-    x8 = (groups / descale[:, None, :, None, None]).to(torch.float8_e4m3fn)
-    return x8.reshape(b, s, h, d), descale
-
-
 def run_main(argv):
     args = _run_parser().parse_args(argv)
     gpu = _has_cuda()
@@ -83,7 +71,7 @@ def run_main(argv):
         warnings.filterwarnings("ignore", category=RuntimeWarning)
     import torch
 
-    from .bench import paged_copy, time_fn
+    from .bench import paged_copy, quantize_fp8, time_fn
     from .reference import attention_ref
 
     small = not gpu
@@ -112,7 +100,7 @@ def run_main(argv):
     descales = {}
     if fp8:
         (q, descales["q_descale"]), (k, descales["k_descale"]), (v, descales["v_descale"]) = (
-            _quantize_fp8(t, hk) for t in (q, k, v))
+            quantize_fp8(t, hk) for t in (q, k, v))
     options = dict(causal=args.causal, window=args.window, softcap=args.softcap)
     if args.alibi:
         options["alibi_slopes"] = _alibi_slopes(hq).to(device)

@@ -1,0 +1,104 @@
+"""Decode against an FP8 KV cache beside the same keys in bf16: what halving the bytes buys.
+
+`fmha bench decode`'s shapes (b=64, hq=32, hk=8, sk=4096, d=128; b=4 / b=1 at sk=131072), each cache contiguous or
+paged (pages shuffled as the bench shuffles them), once in bf16 and once as float8_e4m3fn with per-(batch, KV head)
+`k_descale` / `v_descale` (`fmha.bench.quantize_fp8`). For each: our decode on both caches, the pure read of each
+cache (`kernels.kv_read`, the yardstick `fmha bench decode` uses), and cuDNN SDPA on the contiguous bf16 cache, all in
+one process with CUDA-graph timing. GB/s count each call's own bytes (an FP8 cache is half the K/V bytes);
+`fp8_speedup` is the bf16 call's time over the FP8 call's (tokens a second). Every call is checked first: bf16
+against cuDNN, FP8 against the fp32 oracle on the same FP8 values.
+
+    PYTHONPATH=src python3 benchmarks/probe_fp8_decode.py [--rounds 2] [--out probe.json]
+"""
+import argparse
+import statistics
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import fmha
+from fmha.bench import bench_gpu_graph, paged_copy, quantize_fp8, save_sweep
+from fmha.kernels.kv_read import kv_read, xor_fold
+from fmha.reference import attention_ref
+
+CASES = [(64, 32, 8, 4096, None), (64, 32, 8, 4096, 16), (64, 32, 8, 4096, 64), (4, 32, 8, 131072, 64),
+         (1, 32, 8, 131072, 64)]
+D = 128
+
+
+def _read_call(k_cache, v_cache, table, keys):
+    """The pure read of a cache, cut as `fmha bench decode` cuts it, checked to have read every word."""
+    from fmha.schedule import num_sms
+    programs = k_cache.shape[2] * (table.shape[0] if table is not None else k_cache.shape[0])
+    splits = 1
+    while programs * splits <= num_sms(k_cache.device) and keys % (256 * splits) == 0:
+        splits *= 2
+    call = kv_read(k_cache, v_cache, table, keys, splits=splits)
+    assert xor_fold(call()) == xor_fold(k_cache) ^ xor_fold(v_cache)
+    return call
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--out", default=None)
+    args = p.parse_args()
+    rows = []
+    for b, hq, hk, sk, page in CASES:
+        torch.manual_seed(0)
+        q = torch.randn(b, 1, hq, D, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(b, sk, hk, D, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(b, sk, hk, D, device="cuda", dtype=torch.bfloat16)
+        (k8, k_descale), (v8, v_descale) = quantize_fp8(k, hk), quantize_fp8(v, hk)
+        lens = torch.full((b,), sk, dtype=torch.int32, device="cuda")
+        if page:
+            perm = torch.randperm(b * (sk // page), device="cuda")
+            kc, vc, table = paged_copy(page, k, v, perm=perm)
+            kc8, vc8, _ = paged_copy(page, k8, v8, perm=perm)
+        else:
+            kc, vc, kc8, vc8, table = k, v, k8, v8, None
+        qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+        def cudnn():
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                return F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=hq != hk)
+
+        calls = {
+            "ours_bf16": lambda: fmha.attention_with_kvcache(q, kc, vc, lens, block_table=table),
+            "ours_fp8": lambda: fmha.attention_with_kvcache(q, kc8, vc8, lens, block_table=table,
+                                                            k_descale=k_descale, v_descale=v_descale),
+            "read_bf16": _read_call(kc, vc, table, sk),
+            "read_fp8": _read_call(kc8, vc8, table, sk),
+            "cudnn": cudnn,
+        }
+        ref = cudnn().transpose(1, 2).float()
+        assert (calls["ours_bf16"]().float() - ref).abs().max().item() < 2e-2
+        ref8, _ = attention_ref(q, k8, v8, k_descale=k_descale, v_descale=v_descale)
+        assert (calls["ours_fp8"]().float() - ref8).abs().max().item() < 3e-2
+        qo = 2 * q.numel() * q.element_size()            # Q read and O written, bf16
+        nbytes = {"bf16": 2 * k.numel() * 2 + qo, "fp8": 2 * k.numel() + qo}
+        times = {name: [] for name in calls}
+        for _ in range(args.rounds):
+            for name, call in calls.items():
+                times[name].append(bench_gpu_graph(call))
+        row = dict(b=b, hq=hq, hk=hk, sk=sk, page=page or 0)
+        for name, ts in times.items():
+            t = statistics.median(ts)
+            row[f"{name}_gbps"] = (nbytes["fp8"] if name.endswith("fp8") else nbytes["bf16"]) / t / 1e9
+            row[f"{name}_us"] = t * 1e6
+        row["fp8_speedup"] = row["ours_bf16_us"] / row["ours_fp8_us"]
+        row["fp8_vs_read"] = row["ours_fp8_gbps"] / row["read_fp8_gbps"]
+        row["bf16_vs_read"] = row["ours_bf16_gbps"] / row["read_bf16_gbps"]
+        rows.append(row)
+        print(f"b={b:<3} sk={sk:<6} page={page or '-':<3} | GB/s bf16 {row['ours_bf16_gbps']:7.1f} "
+              f"(read {row['read_bf16_gbps']:7.1f})  fp8 {row['ours_fp8_gbps']:7.1f} (read {row['read_fp8_gbps']:7.1f})"
+              f"  cudnn {row['cudnn_gbps']:7.1f} | fp8 speedup {row['fp8_speedup']:.2f}x", flush=True)
+        del q, k, v, k8, v8, kc, vc, kc8, vc8, calls
+        torch.cuda.empty_cache()
+    if args.out:
+        save_sweep(args.out, rows)
+
+
+if __name__ == "__main__":
+    main()
