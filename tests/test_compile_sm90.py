@@ -71,7 +71,7 @@ DECODE_SCRIPT = textwrap.dedent('''
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     from fmha.kernels.forward import attn_fwd_kernel, _tile_config, _page_tile
-    d, page_size, rows = json.loads(sys.argv[1])
+    d, page_size, rows, fp8 = json.loads(sys.argv[1])
     bm, bn, warps, stages = _tile_config(d, d, False, rows=rows, paged=True)
     consts = dict(HEAD_DIM_QK=d, HEAD_DIM_V=d, BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=d, BLOCK_DT=16, BLOCK_DV=d,
                   HAS_TAIL=False, IS_VARLEN=False, MASK_LEFT=False, MASK_RIGHT=False, HAS_SOFTCAP=False,
@@ -80,6 +80,9 @@ DECODE_SCRIPT = textwrap.dedent('''
                   CU_Q=None, CU_K=None, SLOPES=None, SINKS=None, K_DESC=None, V_DESC=None, WINDOW_LEFTS=None,
                   Q_DESCALE=None, K_DESCALE=None, V_DESCALE=None)
     ptrs = dict(Q="*bf16", K="*bf16", V="*bf16", O="*bf16", LSE="*fp32", SEQLENS_K="*i32", BLOCK_TABLE="*i32")
+    if fp8:                       # an FP8 cache beside bf16 queries
+        ptrs.update(K="*fp8e4nv", V="*fp8e4nv", K_DESCALE="*fp32", V_DESCALE="*fp32")
+        del consts["K_DESCALE"], consts["V_DESCALE"]
     names = list(inspect.signature(attn_fwd_kernel.fn).parameters)
     sig = {n: "constexpr" if n in consts else ptrs.get(n, "fp32" if n in ("qk_scale_log2", "softcap") else "i32")
            for n in names}
@@ -96,18 +99,20 @@ DECODE_SCRIPT = textwrap.dedent('''
 
 
 @pytest.mark.cpu
-@pytest.mark.parametrize("case", [(128, 16, 4, 2), (128, 64, 4, 2), (128, 16, 32, 2), (128, 64, 32, 2),
-                                  (64, 16, 4, 2), (256, 64, 4, 1)],
-                         ids=["d128-p16", "d128-p64", "d128-p16-rows32", "d128-p64-rows32", "d64-p16", "d256-p64"])
+@pytest.mark.parametrize("case", [(128, 16, 4, 2, False), (128, 64, 4, 2, False), (128, 16, 32, 2, False),
+                                  (128, 64, 32, 2, False), (64, 16, 4, 2, False), (256, 64, 4, 1, False),
+                                  (128, 16, 4, 2, True), (128, 64, 32, 2, True)],
+                         ids=["d128-p16", "d128-p64", "d128-p16-rows32", "d128-p64-rows32", "d64-p16", "d256-p64",
+                              "d128-p16-fp8", "d128-p64-rows32-fp8"])
 def test_paged_decode_tiles_fit_per_sm(case):
     """The paged decode tiles (64 rows and 5 stages at d <= 128; 16 rows, 128 keys and 3 stages for at most 16
     packed rows at d = 128) exist for their pipelining, and are only worth it while two programs still fit on an
     SM: check both, the K/V loads pipelined as cp.async and the shared memory within an H100 SM's 228 KB (less
-    1 KB the driver reserves per program) for that many programs. (d=256: one program per SM with its 2-stage
-    64-key tiles, 160 KB; not tuned.)"""
-    d, page_size, rows, programs = case
+    1 KB the driver reserves per program) for that many programs, with a bf16 or an FP8 cache (its tiles widened
+    after the load). (d=256: one program per SM with its 2-stage 64-key tiles, 160 KB; not tuned.)"""
+    d, page_size, rows, programs, fp8 = case
     env = dict(os.environ, TRITON_INTERPRET="0")
-    proc = subprocess.run([sys.executable, "-c", DECODE_SCRIPT, json.dumps([d, page_size, rows])], env=env,
+    proc = subprocess.run([sys.executable, "-c", DECODE_SCRIPT, json.dumps([d, page_size, rows, fp8])], env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     info = json.loads(proc.stdout.strip().splitlines()[-1])
