@@ -269,6 +269,32 @@ def test_fp8(target, kind, mask, shape_index):
 
 
 @pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("use_tma", [False, True])
+@pytest.mark.parametrize("kind", ["qkv", "kv"], ids=["fp8-qkv", "fp8-kv"])
+def test_fp8_load_paths(target, use_tma, kind):
+    """FP8 tiles through both load paths of the portable kernel (pointers; TMA descriptors, which the poisoned,
+    padded inputs above never qualify for), contiguous inputs as a user passes them."""
+    device, dtype = target
+    torch.manual_seed(13)
+    b, sq, sk, hq, hk, d = (2, 21, 77, 6, 2, 64) if device == "cpu" else (2, 300, 2000, 16, 2, 128)
+    q8, k8, v8 = ((torch.randn(b, n, h, d, device=device) * 3).to(FP8) for n, h in ((sq, hq), (sk, hk), (sk, hk)))
+    q = q8 if kind == "qkv" else torch.randn(b, sq, hq, d, device=device, dtype=dtype)
+    descales = [torch.rand(b, hk, device=device) + 0.1 if kind == "qkv" else None,
+                torch.rand(b, hk, device=device) + 0.1, torch.rand(b, hk, device=device) + 0.1]
+    out_dtype = torch.bfloat16 if kind == "qkv" else dtype
+    for causal in (False, True):
+        out = torch.full((b, sq, hq, d), float("nan"), device=device, dtype=out_dtype)
+        lse = torch.full((b, hq, sq), float("nan"), device=device)
+        attention_forward(q, k8, v8, out, lse, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=sq,
+                          max_seqlen_k=sk, softmax_scale=None, window=(-1, 0 if causal else -1), softcap=0.0,
+                          alibi_slopes=None, sinks=None, descales=descales, use_tma=use_tma,
+                          interpret=device == "cpu")
+        ref = attention_ref(q, k8, v8, causal=causal, q_descale=descales[0], k_descale=descales[1],
+                            v_descale=descales[2])
+        assert_matches(out, lse, ref, out_dtype)
+
+
+@pytest.mark.parametrize("target", TARGETS)
 def test_fp8_varlen_and_out(target):
     """FP8 varlen (one descale row per sequence, an empty one among them), an fp32 `out`, and no descales at all
     (each then 1)."""
