@@ -5,8 +5,10 @@ paged (pages shuffled as the bench shuffles them), once in bf16 and once as floa
 `k_descale` / `v_descale` (`fmha.bench.quantize_fp8`). For each: our decode on both caches, the pure read of each
 cache (`kernels.kv_read`, the yardstick `fmha bench decode` uses), and cuDNN SDPA on the contiguous bf16 cache, all in
 one process with CUDA-graph timing. GB/s count each call's own bytes (an FP8 cache is half the K/V bytes);
-`fp8_speedup` is the bf16 call's time over the FP8 call's (tokens a second). Every call is checked first: bf16
-against cuDNN, FP8 against the fp32 oracle on the same FP8 values.
+`fp8_speedup` is the bf16 call's time over the FP8 call's (tokens a second). Paged caches also run with the 64-row
+decode tiles in place of the 16-row ones (`_wide`: the 16-row form reads an FP8 tile from shared memory a byte at a
+time, NOTES.md thirty-sixth session). Every call is checked first: bf16 against cuDNN, FP8 against the fp32
+oracle on the same FP8 values.
 
     PYTHONPATH=src python3 benchmarks/probe_fp8_decode.py [--rounds 2] [--out probe.json]
 """
@@ -19,6 +21,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import fmha
 from fmha.bench import bench_gpu_graph, paged_copy, quantize_fp8, save_sweep
+from fmha.kernels import forward
 from fmha.kernels.kv_read import kv_read, xor_fold
 from fmha.reference import attention_ref
 
@@ -36,6 +39,18 @@ def _read_call(k_cache, v_cache, table, keys):
         splits *= 2
     call = kv_read(k_cache, v_cache, table, keys, splits=splits)
     assert xor_fold(call()) == xor_fold(k_cache) ^ xor_fold(v_cache)
+    return call
+
+
+def _wide(fn):
+    """fn run (and so captured, under graph timing) with the 16-row paged decode tiles switched off."""
+    def call():
+        saved = dict(forward._GPU_PAGED_NARROW_TILES)
+        forward._GPU_PAGED_NARROW_TILES.clear()
+        try:
+            return fn()
+        finally:
+            forward._GPU_PAGED_NARROW_TILES.update(saved)
     return call
 
 
@@ -72,10 +87,14 @@ def main():
             "read_fp8": _read_call(kc8, vc8, table, sk),
             "cudnn": cudnn,
         }
+        if page:
+            calls["ours_bf16_wide"] = _wide(calls["ours_bf16"])
+            calls["ours_fp8_wide"] = _wide(calls["ours_fp8"])
         ref = cudnn().transpose(1, 2).float()
         assert (calls["ours_bf16"]().float() - ref).abs().max().item() < 2e-2
         ref8, _ = attention_ref(q, k8, v8, k_descale=k_descale, v_descale=v_descale)
-        assert (calls["ours_fp8"]().float() - ref8).abs().max().item() < 3e-2
+        for name in [n for n in calls if n.startswith("ours_")]:
+            assert (calls[name]().float() - (ref8 if "fp8" in name else ref)).abs().max().item() < 3e-2, name
         qo = 2 * q.numel() * q.element_size()            # Q read and O written, bf16
         nbytes = {"bf16": 2 * k.numel() * 2 + qo, "fp8": 2 * k.numel() + qo}
         times = {name: [] for name in calls}
@@ -85,7 +104,7 @@ def main():
         row = dict(b=b, hq=hq, hk=hk, sk=sk, page=page or 0)
         for name, ts in times.items():
             t = statistics.median(ts)
-            row[f"{name}_gbps"] = (nbytes["fp8"] if name.endswith("fp8") else nbytes["bf16"]) / t / 1e9
+            row[f"{name}_gbps"] = (nbytes["fp8"] if "fp8" in name else nbytes["bf16"]) / t / 1e9
             row[f"{name}_us"] = t * 1e6
         row["fp8_speedup"] = row["ours_bf16_us"] / row["ours_fp8_us"]
         row["fp8_vs_read"] = row["ours_fp8_gbps"] / row["read_fp8_gbps"]
@@ -93,7 +112,9 @@ def main():
         rows.append(row)
         print(f"b={b:<3} sk={sk:<6} page={page or '-':<3} | GB/s bf16 {row['ours_bf16_gbps']:7.1f} "
               f"(read {row['read_bf16_gbps']:7.1f})  fp8 {row['ours_fp8_gbps']:7.1f} (read {row['read_fp8_gbps']:7.1f})"
-              f"  cudnn {row['cudnn_gbps']:7.1f} | fp8 speedup {row['fp8_speedup']:.2f}x", flush=True)
+              f"  cudnn {row['cudnn_gbps']:7.1f} | fp8 speedup {row['fp8_speedup']:.2f}x"
+              + (f" | 64-row tiles: bf16 {row['ours_bf16_wide_gbps']:7.1f} fp8 {row['ours_fp8_wide_gbps']:7.1f}"
+                 if page else ""), flush=True)
         del q, k, v, k8, v8, kc, vc, kc8, vc8, calls
         torch.cuda.empty_cache()
     if args.out:
