@@ -127,10 +127,8 @@ def test_fuzz_attention_varlen(target, seed):
     assert_matches(got, lse, attention_varlen_ref(q, k, v, cu_q, cu_k, **opts), dtype)
 
 
-@pytest.mark.parametrize("target,seed", _seeds(GPU_CASES, CPU_CASES))
-def test_fuzz_kvcache(target, seed):
-    device, dtype = target
-    r = random.Random(3000 + seed)
+def _kvcache_case(r, device):
+    """A random KV-cache case: head dims, heads, page size, capacity, lengths, query length, splits, options."""
     d, dv = _head_dims(r, device) if r.random() < 0.3 else ((128, 128) if device == "cuda" else (64, 64))
     hk = r.choice([1, 2, 8])
     hq = hk * r.choice([1, 4, 8] if device == "cuda" else [1, 2])
@@ -142,13 +140,39 @@ def test_fuzz_kvcache(target, seed):
     splits = r.choice([0, 0, 1, 2, 5])
     opts = _options(r, hq, device)
     _show(opts, seqlens=seqlens, capacity=capacity, page=page, sq=sq, splits=splits, hq=hq, hk=hk, d=d, dv=dv)
-    k_cache, v_cache, table, k, v = _cache(seqlens, capacity, hk, d, dv, dtype, device, page, seed=seed)
+    return dict(d=d, dv=dv, hk=hk, hq=hq, page=page, capacity=capacity, seqlens=seqlens, sq=sq, splits=splits), opts
+
+
+def _run_kvcache(c, opts, cache_dtype, q_dtype, device, seed, descales=None):
+    """Run case `c` on a cache of `cache_dtype` (NaN past the lengths and in unused pages) and check it."""
+    k_cache, v_cache, table, k, v = _cache(c["seqlens"], c["capacity"], c["hk"], c["d"], c["dv"], cache_dtype, device,
+                                           c["page"], seed=seed)
     torch.manual_seed(seed)
-    q = torch.randn(b, sq, hq, d, device=device, dtype=dtype)
-    lens = torch.tensor(seqlens, dtype=torch.int32, device=device)
-    got, lse = fmha.attention_with_kvcache(q, k_cache, v_cache, lens, block_table=table, num_splits=splits,
-                                           return_lse=True, **opts)
-    assert_matches(got, lse, _oracle(q, k, v, seqlens, **opts), dtype)
+    q = torch.randn(len(c["seqlens"]), c["sq"], c["hq"], c["d"], device=device, dtype=q_dtype)
+    lens = torch.tensor(c["seqlens"], dtype=torch.int32, device=device)
+    descales = descales or {}
+    got, lse = fmha.attention_with_kvcache(q, k_cache, v_cache, lens, block_table=table, num_splits=c["splits"],
+                                           return_lse=True, **opts, **descales)
+    assert_matches(got, lse, _oracle(q, k, v, c["seqlens"], **opts, **descales), q_dtype)
+
+
+@pytest.mark.parametrize("target,seed", _seeds(GPU_CASES, CPU_CASES))
+def test_fuzz_kvcache(target, seed):
+    device, dtype = target
+    c, opts = _kvcache_case(random.Random(3000 + seed), device)
+    _run_kvcache(c, opts, dtype, dtype, device, seed)
+
+
+@pytest.mark.parametrize("target,seed", _seeds(GPU_CASES // 2, CPU_CASES // 2))
+def test_fuzz_kvcache_fp8(target, seed):
+    """An FP8 cache (float8_e4m3fn) beside the target's queries on random cases, with random k / v descales (some
+    left out)."""
+    device, dtype = target
+    r = random.Random(3500 + seed)
+    c, opts = _kvcache_case(r, device)
+    b = len(c["seqlens"])
+    descales = {n: torch.rand(b, c["hk"], device=device) + 0.1 for n in ("k_descale", "v_descale") if r.random() < 0.8}
+    _run_kvcache(c, opts, torch.float8_e4m3fn, dtype, device, seed, descales)
 
 
 @pytest.mark.parametrize("target,seed", _seeds(GPU_CASES // 2, CPU_CASES))
