@@ -83,10 +83,11 @@ def check_qkv(q, k, v, *, varlen: bool, check_batch: bool = True):
 
 
 def check_descales(q, k, v, descales, batch):
-    """`q_descale`, `k_descale`, `v_descale` (FlashAttention-3's names): each None (1) or a `(batch, heads_k)` fp32
-    tensor that multiplies its float8_e4m3fn tensor's values (q's per query-head group), allowed only with one."""
+    """`descales` = (q_descale, k_descale, v_descale) (FlashAttention-3's names): each None (1) or a
+    `(batch, heads_k)` fp32 tensor that multiplies its float8_e4m3fn tensor's values (q's per query-head group),
+    allowed only with one."""
     heads_k = k.shape[-2]
-    for (name, t), x in zip(descales.items(), (q, k, v)):
+    for name, t, x in zip(("q_descale", "k_descale", "v_descale"), descales, (q, k, v)):
         if t is None:
             continue
         if x.dtype != FP8:

@@ -52,7 +52,7 @@ def _prepare(q, k, v, *, varlen, causal, window, softmax_scale, softcap, alibi_s
              check_batch=True, batch=None):
     """Shared validation + output allocation. Returns (out, softmax_scale, (left, right), lefts): `lefts` is the
     `(batch,)` int32 tensor of per-sequence left bounds when `window[0]` is one (then left is -1), else None.
-    `descales`: {"q_descale": ..., "k_descale": ..., "v_descale": ...} as the caller passed them."""
+    `descales`: (q_descale, k_descale, v_descale) as the caller passed them."""
     V.check_qkv(q, k, v, varlen=varlen, check_batch=check_batch)
     if not isinstance(causal, bool):
         raise TypeError(f"causal: expected a bool, got {type(causal).__name__}")
@@ -109,10 +109,10 @@ def attention(q, k, v, *, causal=False, window=(-1, -1), softmax_scale=None, sof
     Returns:
         `out`, or `(out, lse)` with `return_lse=True`. Rows that see no key give 0 and LSE -inf.
     """
-    descales = dict(q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
     out, scale, (left, right), lefts = _prepare(q, k, v, varlen=False, causal=causal, window=window,
                                                 softmax_scale=softmax_scale, softcap=softcap,
-                                                alibi_slopes=alibi_slopes, sinks=sinks, out=out, descales=descales)
+                                                alibi_slopes=alibi_slopes, sinks=sinks, out=out,
+                                                descales=(q_descale, k_descale, v_descale))
     lse = _attention_fwd(q, k, v, out, None, None, q.shape[1], k.shape[1], scale, left, right,
                          float(softcap), alibi_slopes, sinks, lefts, q_descale, k_descale, v_descale)
     return (out, lse) if return_lse else out
@@ -135,10 +135,10 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
         `out (total_q, heads_q, head_dim_v)`, or `(out, lse)` with lse `(heads_q, total_q)` fp32.
     """
     batch = cu_seqlens_q.shape[0] - 1 if isinstance(cu_seqlens_q, torch.Tensor) and cu_seqlens_q.dim() == 1 else -1
-    descales = dict(q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
     out, scale, (left, right), lefts = _prepare(q, k, v, varlen=True, causal=causal, window=window,
                                                 softmax_scale=softmax_scale, softcap=softcap,
-                                                alibi_slopes=alibi_slopes, sinks=sinks, out=out, descales=descales,
+                                                alibi_slopes=alibi_slopes, sinks=sinks, out=out,
+                                                descales=(q_descale, k_descale, v_descale),
                                                 batch=batch)
     V.check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, device=q.device)
     V.check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, batch_plus_one=cu_seqlens_q.shape[0], device=q.device)
@@ -200,10 +200,10 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, block_table=No
     Returns:
         `out (batch, seqlen_q, heads_q, head_dim_v)`, or `(out, lse)` with lse `(batch, heads_q, seqlen_q)`.
     """
-    descales = dict(q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
     out, scale, (left, right), lefts = _prepare(q, k_cache, v_cache, varlen=False, causal=causal, window=window,
                                                 softmax_scale=softmax_scale, softcap=softcap,
-                                                alibi_slopes=alibi_slopes, sinks=sinks, out=out, descales=descales,
+                                                alibi_slopes=alibi_slopes, sinks=sinks, out=out,
+                                                descales=(q_descale, k_descale, v_descale),
                                                 check_batch=False)
     batch = q.shape[0]
     V.check_tensor("cache_seqlens", cache_seqlens, ndim=1, dtypes=(torch.int32,), device=q.device)
