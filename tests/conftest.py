@@ -14,7 +14,27 @@ if not ON_GPU:
     os.environ["TRITON_INTERPRET"] = "1"
 
 
+def pytest_addoption(parser):
+    parser.addoption("--shard", default=None, metavar="I/N",
+                     help="run only every N-th collected test, starting at the I-th (0-based), so N processes "
+                          "can share one machine's cores for the kernel compiles")
+
+
+def _shard(config, items):
+    spec = config.getoption("--shard")
+    if spec is None:
+        return
+    i, n = (int(x) for x in spec.split("/"))
+    if not 0 <= i < n:
+        raise pytest.UsageError(f"--shard {spec}: need 0 <= I < N")
+    keep = [item for j, item in enumerate(items) if j % n == i]
+    config.hook.pytest_deselected(items=[item for j, item in enumerate(items) if j % n != i])
+    items[:] = keep
+
+
+@pytest.hookimpl(trylast=True)  # after `-m` / `-k` have deselected, so the shards are even
 def pytest_collection_modifyitems(config, items):
+    _shard(config, items)
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
     skip_cpu = pytest.mark.skip(reason="interpreter-only case; the gpu-marked twin runs on this machine")
     for item in items:
