@@ -6,11 +6,11 @@ paged (pages shuffled as the bench shuffles them), once in bf16 and once as floa
 cache (`kernels.kv_read`, the yardstick `fmha bench decode` uses), and cuDNN SDPA on the contiguous bf16 cache, all in
 one process with CUDA-graph timing. GB/s count each call's own bytes (an FP8 cache is half the K/V bytes);
 `fp8_speedup` is the bf16 call's time over the FP8 call's (tokens a second). Paged caches also run with the 64-row
-decode tiles in place of the 16-row ones (`_wide`: the 16-row form reads an FP8 tile from shared memory a byte at a
+decode tiles in place of the 16-row ones (`_with_tiles`: the 16-row form reads an FP8 tile from shared memory a byte at a
 time, NOTES.md thirty-sixth session). Every call is checked first: bf16 against cuDNN, FP8 against the fp32
 oracle on the same FP8 values.
 
-    PYTHONPATH=src python3 benchmarks/probe_fp8_decode.py [--rounds 2] [--out probe.json]
+    PYTHONPATH=src python3 benchmarks/probe_fp8_decode.py [--rounds 2] [--out probe.json] [--fp8-tiles 64,128,4,3 ..]
 """
 import argparse
 import statistics
@@ -42,15 +42,22 @@ def _read_call(k_cache, v_cache, table, keys):
     return call
 
 
-def _wide(fn):
-    """fn run (and so captured, under graph timing) with the 16-row paged decode tiles switched off."""
+def _with_tiles(fn, tiles=None):
+    """fn run (and so captured, under graph timing) with `tiles` (BLOCK_M, BLOCK_N, num_warps, num_stages) in
+    every d=128 decode table, or, with tiles None, with the 16-row paged decode tiles switched off."""
     def call():
-        saved = dict(forward._GPU_PAGED_NARROW_TILES)
-        forward._GPU_PAGED_NARROW_TILES.clear()
+        saved = [dict(t) for t in forward._GPU_DECODE_TABLES]
+        if tiles is None:
+            forward._GPU_PAGED_NARROW_TILES.clear()
+        else:
+            for t in forward._GPU_DECODE_TABLES:
+                t[D] = tiles
         try:
             return fn()
         finally:
-            forward._GPU_PAGED_NARROW_TILES.update(saved)
+            for t, old in zip(forward._GPU_DECODE_TABLES, saved):
+                t.clear()
+                t.update(old)
     return call
 
 
@@ -58,6 +65,8 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--out", default=None)
+    p.add_argument("--fp8-tiles", nargs="*", default=[], metavar="M,N,W,S",
+                   help="also time the FP8 cache with these decode tiles in place of the tables' own")
     args = p.parse_args()
     rows = []
     for b, hq, hk, sk, page in CASES:
@@ -88,13 +97,24 @@ def main():
             "cudnn": cudnn,
         }
         if page:
-            calls["ours_bf16_wide"] = _wide(calls["ours_bf16"])
-            calls["ours_fp8_wide"] = _wide(calls["ours_fp8"])
+            calls["ours_bf16_wide"] = _with_tiles(calls["ours_bf16"])
+            calls["ours_fp8_wide"] = _with_tiles(calls["ours_fp8"])
+        for spec in args.fp8_tiles:
+            calls[f"ours_fp8_t{spec.replace(',', '_')}"] = _with_tiles(calls["ours_fp8"],
+                                                                       tuple(int(x) for x in spec.split(",")))
         ref = cudnn().transpose(1, 2).float()
         assert (calls["ours_bf16"]().float() - ref).abs().max().item() < 2e-2
         ref8, _ = attention_ref(q, k8, v8, k_descale=k_descale, v_descale=v_descale)
         for name in [n for n in calls if n.startswith("ours_")]:
-            assert (calls[name]().float() - (ref8 if "fp8" in name else ref)).abs().max().item() < 3e-2, name
+            try:
+                got = calls[name]()
+            except Exception as e:     # a swept tile config that does not fit (shared memory): drop it
+                if not name.startswith("ours_fp8_t"):
+                    raise
+                print(f"  {name}: {type(e).__name__}: {str(e)[:120]}", flush=True)
+                del calls[name]
+                continue
+            assert (got.float() - (ref8 if "fp8" in name else ref)).abs().max().item() < 3e-2, name
         qo = 2 * q.numel() * q.element_size()            # Q read and O written, bf16
         nbytes = {"bf16": 2 * k.numel() * 2 + qo, "fp8": 2 * k.numel() + qo}
         times = {name: [] for name in calls}
@@ -114,11 +134,13 @@ def main():
               f"(read {row['read_bf16_gbps']:7.1f})  fp8 {row['ours_fp8_gbps']:7.1f} (read {row['read_fp8_gbps']:7.1f})"
               f"  cudnn {row['cudnn_gbps']:7.1f} | fp8 speedup {row['fp8_speedup']:.2f}x"
               + (f" | 64-row tiles: bf16 {row['ours_bf16_wide_gbps']:7.1f} fp8 {row['ours_fp8_wide_gbps']:7.1f}"
-                 if page else ""), flush=True)
+                 if page else "")
+              + "".join(f" | {n[9:]} {row[n + '_gbps']:7.1f}" for n in calls if n.startswith("ours_fp8_t")),
+              flush=True)
         del q, k, v, k8, v8, kc, vc, kc8, vc8, calls
         torch.cuda.empty_cache()
-    if args.out:
-        save_sweep(args.out, rows)
+        if args.out:                                     # after every case, so a cut-off run keeps its rows
+            save_sweep(args.out, rows)
 
 
 if __name__ == "__main__":
