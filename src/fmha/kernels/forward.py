@@ -350,18 +350,32 @@ _GPU_PAGED_DECODE_TILES = {16: (64, 64, 4, 5), 32: (64, 64, 4, 5), 64: (64, 64, 
 # 0.984 / 0.975), and were level or ahead on the long-context and MHA cases; only d=128 was measured.
 _GPU_PAGED_NARROW_TILES = {128: (16, 128, 4, 3)}
 NARROW_ROWS = 16
+# An FP8 (e4m3) KV cache, at most NARROW_ROWS packed rows, contiguous / paged: its tiles are half the bytes, and
+# widening them costs instructions (every FP8 form here stays at 0.65-0.77 of the cache's pure read), so the
+# tables above, tuned for bf16, do not carry over. In one run (benchmarks/results/history/
+# probe_fp8_decode_tiles_h100_*.json, GB/s of the FP8 bytes), 16 rows with 64 keys and 6 stages took the
+# contiguous b=64 cache from 1563 (the 64-row tiles above) to 2011, and 16 rows with 128 keys and 5 stages
+# (one program per SM) the paged ones from 1920 / 2142 / 2167 / 1970 (page 16, page 64, b=4 and b=1 at
+# 131k keys; the 16-row tiles above) to 2077 / 2195 / 2257 / 2032. Only d = 128 was measured.
+_GPU_FP8_DECODE_TILES = {128: (16, 64, 4, 6)}
+_GPU_FP8_PAGED_DECODE_TILES = {128: (16, 128, 4, 5)}
 # Every decode tile table, for the benchmark scripts that substitute tiles in all of them.
-_GPU_DECODE_TABLES = (_GPU_DECODE_TILES, _GPU_PAGED_DECODE_TILES, _GPU_PAGED_NARROW_TILES)
+_GPU_DECODE_TABLES = (_GPU_DECODE_TILES, _GPU_PAGED_DECODE_TILES, _GPU_PAGED_NARROW_TILES, _GPU_FP8_DECODE_TILES,
+                      _GPU_FP8_PAGED_DECODE_TILES)
 
 
-def _tile_config(dqk, dv, interpret, rows=None, paged=False):
+def _tile_config(dqk, dv, interpret, rows=None, paged=False, kv_fp8=False):
     """Tiles for a call whose programs hold `rows` packed query rows (None: prefill-sized) on a paged KV cache
-    or not."""
+    or not, FP8 or not."""
     if interpret:
         return _INTERPRET_TILES
     key = max(16, _next_pow2(dqk), _next_pow2(dv))
+    narrow = rows is not None and rows <= NARROW_ROWS
+    fp8 = _GPU_FP8_PAGED_DECODE_TILES if paged else _GPU_FP8_DECODE_TILES
+    if kv_fp8 and narrow and key in fp8:
+        return fp8[key]
     decode = _GPU_PAGED_DECODE_TILES if paged else _GPU_DECODE_TILES
-    if paged and rows is not None and rows <= NARROW_ROWS and key in _GPU_PAGED_NARROW_TILES:
+    if paged and narrow and key in _GPU_PAGED_NARROW_TILES:
         return _GPU_PAGED_NARROW_TILES[key]
     if rows is not None and rows <= 64 and key in decode:
         return decode[key]
@@ -463,7 +477,7 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
     gp = group if pack_gqa else 1
     paged = block_table is not None
     block_m, block_n, num_warps, num_stages = tiles or _tile_config(dqk, dv, interpret, rows=seqlen_q * gp,
-                                                                    paged=paged)
+                                                                    paged=paged, kv_fp8=k.element_size() == 1)
     heads_eff = heads_q // gp
     block_d, block_dt = _split_head_dim(dqk)
     block_dv = _next_pow2(dv)
