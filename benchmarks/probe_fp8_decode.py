@@ -11,8 +11,10 @@ time, NOTES.md thirty-sixth session). Every call is checked first: bf16 against 
 oracle on the same FP8 values.
 
     PYTHONPATH=src python3 benchmarks/probe_fp8_decode.py [--rounds 2] [--out probe.json] [--fp8-tiles 64,128,4,3 ..]
+        [--versions base.py ..]
 """
 import argparse
+import os
 import statistics
 
 import torch
@@ -20,7 +22,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import fmha
-from fmha.bench import bench_gpu_graph, paged_copy, quantize_fp8, save_sweep
+from fmha.bench import bench_gpu_graph, load_module_copy, paged_copy, quantize_fp8, save_sweep
 from fmha.kernels import forward
 from fmha.kernels.kv_read import kv_read, xor_fold
 from fmha.reference import attention_ref
@@ -63,13 +65,30 @@ def _with_tiles(fn, tiles=None):
     return call
 
 
+def _with_forward(fn, module):
+    """fn run with `module` (a copy of kernels/forward.py, `load_module_copy`) as the KV-cache op's kernel."""
+    import fmha.attention as op
+
+    def call():
+        saved = op.attention_forward
+        op.attention_forward = module.attention_forward
+        try:
+            return fn()
+        finally:
+            op.attention_forward = saved
+    return call
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--out", default=None)
     p.add_argument("--fp8-tiles", nargs="*", default=[], metavar="M,N,W,S",
                    help="also time the FP8 cache with these decode tiles in place of the tables' own")
+    p.add_argument("--versions", nargs="*", default=[], metavar="FORWARD.py",
+                   help="also time the FP8 cache with these copies of kernels/forward.py (an A/B in one process)")
     args = p.parse_args()
+    versions = {os.path.splitext(os.path.basename(path))[0]: load_module_copy(path) for path in args.versions}
     rows = []
     for b, hq, hk, sk, page in CASES:
         torch.manual_seed(0)
@@ -104,6 +123,8 @@ def main():
         for spec in args.fp8_tiles:
             calls[f"ours_fp8_t{spec.replace(',', '_')}"] = _with_tiles(calls["ours_fp8"],
                                                                        tuple(int(x) for x in spec.split(",")))
+        for vname, module in versions.items():
+            calls[f"ours_fp8@{vname}"] = _with_forward(calls["ours_fp8"], module)
         ref = cudnn().transpose(1, 2).float()
         assert (calls["ours_bf16"]().float() - ref).abs().max().item() < 2e-2
         ref8, _ = attention_ref(q, k8, v8, k_descale=k_descale, v_descale=v_descale)
@@ -137,7 +158,8 @@ def main():
               f"  cudnn {row['cudnn_gbps']:7.1f} | fp8 speedup {row['fp8_speedup']:.2f}x"
               + (f" | 64-row tiles: bf16 {row['ours_bf16_wide_gbps']:7.1f} fp8 {row['ours_fp8_wide_gbps']:7.1f}"
                  if page else "")
-              + "".join(f" | {n[9:]} {row[n + '_gbps']:7.1f}" for n in calls if n.startswith("ours_fp8_t")),
+              + "".join(f" | {n[9:]} {row[n + '_gbps']:7.1f}" for n in calls
+                        if n.startswith(("ours_fp8_t", "ours_fp8@"))),
               flush=True)
         del q, k, v, k8, v8, kc, vc, kc8, vc8, calls
         torch.cuda.empty_cache()

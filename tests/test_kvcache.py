@@ -133,6 +133,32 @@ def test_kvcache_fp8(target, page_size, seqlen_q, num_splits):
     assert_matches(got, lse, oracle, dtype)
 
 
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("page_size", [None, 16], ids=lambda p: f"page{p}" if p else "contiguous")
+@pytest.mark.parametrize("magnitude", [2.0 ** 20, 2.0 ** -20, None], ids=["huge", "tiny", "mixed"])
+def test_kvcache_fp8_query_magnitude(target, page_size, magnitude):
+    """bf16 queries beside an FP8 cache run in fp16 after a power-of-two rescale of each program's query rows: q
+    far outside fp16's range (2^20 times, 2^-20 times the usual, softmax_scale undoing it) and query heads of one
+    KV head 2^12 apart in magnitude give the oracle's answer. bf16 on the CPU as well (that path is bf16-only;
+    its bf16 is the loads and the output rounding, which the interpreter gets right)."""
+    device, dtype = target[0], torch.bfloat16
+    c = _case(target)
+    k_cache, v_cache, table, k, v = _cache(c["seqlens"], c["capacity"], c["hk"], c["d"], c["d"],
+                                           torch.float8_e4m3fn, device, page_size, seed=7)
+    b = len(c["seqlens"])
+    q = torch.randn(b, 1, c["hq"], c["d"], device=device)
+    if magnitude is None:
+        magnitude = 1.0
+        q[:, :, 0::2] *= 2.0 ** 6                           # heads sharing a KV head, 2^12 apart
+        q[:, :, 1::2] *= 2.0 ** -6
+    q = (q * magnitude).to(dtype)
+    seqlens = torch.tensor(c["seqlens"], dtype=torch.int32, device=device)
+    options = dict(softmax_scale=c["d"] ** -0.5 / magnitude, k_descale=torch.rand(b, c["hk"], device=device) + 0.2)
+    got, lse = fmha.attention_with_kvcache(q, k_cache, v_cache, seqlens, block_table=table, return_lse=True,
+                                           **options)
+    assert_matches(got, lse, _oracle(q, k, v, c["seqlens"], **options), dtype)
+
+
 @pytest.mark.gpu
 def test_kvcache_cuda_graph():
     """A steady-state decode step (automatic splits) captures into a CUDA graph and replays correctly."""

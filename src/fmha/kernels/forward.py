@@ -189,15 +189,33 @@ def attn_fwd_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     q_rows = Q + b.to(tl.int64) * stride_qb + (q_start + q_pos).to(tl.int64) * stride_qs + q_head * stride_qh
-    # The math runs in q's dtype, or in fp16 for an FP8 q: every e4m3 value is an fp16 value, and P keeps more of
-    # its mantissa there than in bf16.
-    CDT: tl.constexpr = tl.float16 if Q.dtype.element_ty == tl.float8e4nv else Q.dtype.element_ty
-    q = _load_tile(q_rows[:, None] + offs_d[None, :], q_pos, offs_d, q_len, HEAD_DIM_QK, BLOCK_D, True).to(CDT)
+    # The math runs in q's dtype, or in fp16 for FP8 keys: every e4m3 value is an fp16 value, so one hardware
+    # conversion per pair widens an FP8 tile (to bf16 it would take a second, per value), and P keeps more of its
+    # mantissa than in bf16. A bf16 q goes to fp16 scaled by a power of two that puts the largest |q| of this
+    # program's rows at 2^14 (exact, and inside fp16's range whatever q's magnitude); the score scale undoes it.
+    FP8_KV: tl.constexpr = K.dtype.element_ty == tl.float8e4nv
+    CDT: tl.constexpr = tl.float16 if FP8_KV or Q.dtype.element_ty == tl.float8e4nv else Q.dtype.element_ty
+    RESCALE_Q: tl.constexpr = FP8_KV and Q.dtype.element_ty == tl.bfloat16
+    q = _load_tile(q_rows[:, None] + offs_d[None, :], q_pos, offs_d, q_len, HEAD_DIM_QK, BLOCK_D, True)
     q_t = q
     if HAS_TAIL:
         offs_dt = BLOCK_D + tl.arange(0, BLOCK_DT)
         q_t = tl.load(q_rows[:, None] + offs_dt[None, :], mask=row_ok[:, None] & (offs_dt < HEAD_DIM_QK)[None, :],
-                      other=0.0).to(CDT)
+                      other=0.0)
+    if RESCALE_Q:
+        q_max = tl.max(tl.max(tl.abs(q.to(tl.float32)), 1), 0)
+        if HAS_TAIL:
+            q_max = tl.maximum(q_max, tl.max(tl.max(tl.abs(q_t.to(tl.float32)), 1), 0))
+        # 2^(14 - ceil(log2 q_max)), from the exponent bits (q_max is a bf16 value, so a normal fp32 or 0).
+        q_exp = ((q_max.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+        q_exp = tl.where((q_max.to(tl.int32, bitcast=True) & 0x7FFFFF) != 0, q_exp + 1, q_exp)
+        q_exp = tl.where(q_max == 0.0, 14, q_exp)
+        q_mul = tl.exp2((14 - q_exp).to(tl.float32))
+        q = q.to(tl.float32) * q_mul
+        q_t = q_t.to(tl.float32) * q_mul
+        qk_scale_log2 = qk_scale_log2 / q_mul
+    q = q.to(CDT)
+    q_t = q_t.to(CDT)
     # FP8 descales, one per (batch, KV head): q's and k's scale every score, v's every output row (all in fp32).
     desc_idx = b * ((heads_eff * GP) // group) + kv_head
     if Q_DESCALE is not None:
