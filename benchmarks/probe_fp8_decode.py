@@ -14,6 +14,7 @@ oracle on the same FP8 values.
         [--versions base.py ..]
 """
 import argparse
+import importlib
 import os
 import statistics
 
@@ -67,7 +68,7 @@ def _with_tiles(fn, tiles=None):
 
 def _with_forward(fn, module):
     """fn run with `module` (a copy of kernels/forward.py, `load_module_copy`) as the KV-cache op's kernel."""
-    import fmha.attention as op
+    op = importlib.import_module("fmha.attention")     # the module; `fmha.attention` is the function
 
     def call():
         saved = op.attention_forward
