@@ -102,9 +102,10 @@ def attention(q, k, v, *, causal=False, window=(-1, -1), softmax_scale=None, sof
             float8_e4m3fn q, bf16 by default), or fp32 to keep partial results for a merge at full precision.
         q_descale, k_descale, v_descale: FP8 inputs only: `(batch, heads_k)` fp32 factors, FlashAttention-3's
             convention: the attention is that of `q * q_descale[b, h // group]`, `k * k_descale[b, h_k]` and
-            `v * v_descale[b, h_k]` (None: 1). FP8 tiles are widened on load (exactly: every e4m3 value is
-            an fp16 / bf16 value) and the descales applied in fp32, so FP8 inputs halve the bytes read while
-            the math is that of fp16 (float8 q) or q's dtype (float8 k / v).
+            `v * v_descale[b, h_k]` (None: 1). FP8 tiles are widened to fp16 on load (exactly: every e4m3
+            value is an fp16 value) and the descales applied in fp32, so FP8 inputs halve the bytes read while
+            the math is that of fp16; a bf16 q beside an FP8 K/V goes to fp16 scaled by a power of two per
+            program of query rows (its largest |q| at 2^14), which keeps any bf16 magnitude in range.
 
     Returns:
         `out`, or `(out, lse)` with `return_lse=True`. Rows that see no key give 0 and LSE -inf.
