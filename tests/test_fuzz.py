@@ -87,14 +87,16 @@ def test_fuzz_attention(target, seed):
 
 @pytest.mark.parametrize("target,seed", _seeds(GPU_CASES // 2, CPU_CASES // 2))
 def test_fuzz_attention_fp8(target, seed):
-    """FP8 inputs on random cases: float8_e4m3fn q/k/v (bf16 out) or k/v beside the target's q, random descales
-    (some left out)."""
+    """FP8 inputs on random cases: float8_e4m3fn q/k/v (bf16 out) or k/v beside the target's q (on the CPU, fp16 or
+    bf16: see `test_fuzz_kvcache_fp8`), random descales (some left out)."""
     device, dtype = target
     r = random.Random(1500 + seed)
     (b, sq, sk, hq, hk, d, dv), opts = _dense_case(r, device)
     all_fp8 = r.random() < 0.5
     names = [n for n in ("q_descale", "k_descale", "v_descale") if (all_fp8 or n != "q_descale") and r.random() < 0.8]
-    _show(all_fp8=all_fp8, descales=names)
+    if device == "cpu":
+        dtype = r.choice([torch.float16, torch.bfloat16])
+    _show(all_fp8=all_fp8, descales=names, q_dtype=dtype)
     torch.manual_seed(seed)
     f8 = torch.float8_e4m3fn
     q = poisoned((b, sq, hq, d), sq, f8 if all_fp8 else dtype, device, scale=4.0 if all_fp8 else 1.0)
