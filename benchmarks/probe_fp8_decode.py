@@ -23,9 +23,8 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import fmha
-from fmha.bench import bench_gpu_graph, load_module_copy, paged_copy, quantize_fp8, save_sweep
+from fmha.bench import bench_gpu_graph, kv_read_call, load_module_copy, paged_copy, quantize_fp8, save_sweep
 from fmha.kernels import forward
-from fmha.kernels.kv_read import kv_read, xor_fold
 from fmha.reference import attention_ref
 
 CASES = [(64, 32, 8, 4096, None), (64, 32, 8, 4096, 16), (64, 32, 8, 4096, 64), (4, 32, 8, 131072, 64),
@@ -35,13 +34,8 @@ D = 128
 
 def _read_call(k_cache, v_cache, table, keys):
     """The pure read of a cache, cut as `fmha bench decode` cuts it, checked to have read every word."""
-    from fmha.schedule import num_sms
-    programs = k_cache.shape[2] * (table.shape[0] if table is not None else k_cache.shape[0])
-    splits = 1
-    while programs * splits <= num_sms(k_cache.device) and keys % (256 * splits) == 0:
-        splits *= 2
-    call = kv_read(k_cache, v_cache, table, keys, splits=splits)
-    assert xor_fold(call()) == xor_fold(k_cache) ^ xor_fold(v_cache)
+    call, whole = kv_read_call(k_cache, v_cache, table, keys)
+    assert whole
     return call
 
 

@@ -356,11 +356,10 @@ def bench_decode(args, record):
         torch.cuda.empty_cache()
 
 
-def _read_yardstick(row, k_cache, v_cache, table, keys, nbytes):
-    """Time a pure read of the very cache ours read (same layout, same page order; `kernels.kv_read`, checked to
-    have read every word) and put ours / read in the row: what no decode kernel on this cache can beat by much.
-    Each KV head's keys are cut so the read fills about two programs per SM. The check folds the whole cache: every
-    page of it must be in the table, as in `paged_copy`'s caches."""
+def kv_read_call(k_cache, v_cache, table, keys):
+    """The pure read of a cache (same layout, same page order; `kernels.kv_read`): `(call, whole)`, `whole` saying
+    whether the call read every word (its fold is the cache's; every page of the cache must be in the table, as in
+    `paged_copy`'s caches). Each KV head's keys are cut so the read fills about two programs per SM."""
     from .kernels.kv_read import kv_read, xor_fold
     from .schedule import num_sms
 
@@ -369,7 +368,14 @@ def _read_yardstick(row, k_cache, v_cache, table, keys, nbytes):
     while programs * splits <= num_sms(k_cache.device) and keys % (256 * splits) == 0:
         splits *= 2            # doubling keeps the grid within two programs per SM and whole 128-key steps
     call = kv_read(k_cache, v_cache, table, keys, splits=splits)
-    if xor_fold(call()) != xor_fold(k_cache) ^ xor_fold(v_cache):
+    return call, xor_fold(call()) == xor_fold(k_cache) ^ xor_fold(v_cache)
+
+
+def _read_yardstick(row, k_cache, v_cache, table, keys, nbytes):
+    """Time the pure read of the very cache ours read (`kv_read_call`) and put ours / read in the row: what no
+    decode kernel on this cache can beat by much."""
+    call, whole = kv_read_call(k_cache, v_cache, table, keys)
+    if not whole:
         row["read_error"] = "the read's fold differs from the cache's"
         return
     row["read_gbps"] = nbytes / bench_gpu_graph(call) / 1e9
