@@ -135,11 +135,12 @@ def test_kvcache_fp8(target, page_size, seqlen_q, num_splits):
 
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("page_size", [None, 16], ids=lambda p: f"page{p}" if p else "contiguous")
-@pytest.mark.parametrize("magnitude", [2.0 ** 20, 2.0 ** -20, None], ids=["huge", "tiny", "mixed"])
+@pytest.mark.parametrize("magnitude", [2.0 ** 20, 2.0 ** -20, None, 2.0 ** -131],
+                         ids=["huge", "tiny", "mixed", "subnormal"])
 def test_kvcache_fp8_query_magnitude(target, page_size, magnitude):
     """bf16 queries beside an FP8 cache run in fp16 after a power-of-two rescale of each program's query rows: q
     far outside fp16's range (2^20 times, 2^-20 times the usual, softmax_scale undoing it) and query heads of one
-    KV head 2^12 apart in magnitude give the oracle's answer. bf16 on the CPU as well (that path is bf16-only;
+    KV head 2^12 apart in magnitude give the oracle's answer, as do subnormal ones. bf16 on the CPU as well (that path is bf16-only;
     its bf16 is the loads and the output rounding, which the interpreter gets right)."""
     device, dtype = target[0], torch.bfloat16
     c = _case(target)
@@ -153,7 +154,9 @@ def test_kvcache_fp8_query_magnitude(target, page_size, magnitude):
         q[:, :, 1::2] *= 2.0 ** -6
     q = (q * magnitude).to(dtype)
     seqlens = torch.tensor(c["seqlens"], dtype=torch.int32, device=device)
-    options = dict(softmax_scale=c["d"] ** -0.5 / magnitude, k_descale=torch.rand(b, c["hk"], device=device) + 0.2)
+    # bf16 subnormal queries (all |q| < 2^-126): scores of ~0 at the usual scale (1 / magnitude would overflow).
+    scale = c["d"] ** -0.5 / (magnitude if magnitude > 2.0 ** -126 else 1.0)
+    options = dict(softmax_scale=scale, k_descale=torch.rand(b, c["hk"], device=device) + 0.2)
     got, lse = fmha.attention_with_kvcache(q, k_cache, v_cache, seqlens, block_table=table, return_lse=True,
                                            **options)
     assert_matches(got, lse, _oracle(q, k, v, c["seqlens"], **options), dtype)

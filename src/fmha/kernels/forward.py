@@ -206,11 +206,11 @@ def attn_fwd_kernel(
         q_max = tl.max(tl.max(tl.abs(q.to(tl.float32)), 1), 0)
         if HAS_TAIL:
             q_max = tl.maximum(q_max, tl.max(tl.max(tl.abs(q_t.to(tl.float32)), 1), 0))
-        # 2^(14 - ceil(log2 q_max)), from the exponent bits (q_max is a bf16 value, so a normal fp32 or 0).
-        q_exp = ((q_max.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
-        q_exp = tl.where((q_max.to(tl.int32, bitcast=True) & 0x7FFFFF) != 0, q_exp + 1, q_exp)
-        q_exp = tl.where(q_max == 0.0, 14, q_exp)
-        q_mul = tl.exp2((14 - q_exp).to(tl.float32))
+        # 2^(14 - ceil(log2 q_max)) from q_max's fp32 bits. A zero or subnormal q_max (exponent field 0) takes
+        # 2^114, which keeps the factor finite and still lifts such a q into fp16's range.
+        bits = q_max.to(tl.int32, bitcast=True)
+        q_exp = ((bits >> 23) & 0xFF) - 127 + ((bits & 0x7FFFFF) != 0).to(tl.int32)
+        q_mul = tl.exp2((14 - tl.maximum(q_exp, -100)).to(tl.float32))
         q = q.to(tl.float32) * q_mul
         q_t = q_t.to(tl.float32) * q_mul
         qk_scale_log2 = qk_scale_log2 / q_mul
