@@ -369,18 +369,14 @@ _GPU_PAGED_DECODE_TILES = {16: (64, 64, 4, 5), 32: (64, 64, 4, 5), 64: (64, 64, 
 _GPU_PAGED_NARROW_TILES = {128: (16, 128, 4, 3)}
 NARROW_ROWS = 16
 # An FP8 (e4m3) KV cache, at most NARROW_ROWS packed rows, contiguous / paged: its tiles are half the bytes, and
-# widening them costs instructions, so the tables above, tuned for bf16, do not carry over. Tuned while an FP8 cache
-# beside bf16 q still computed in bf16 (two conversions per value; every form stayed at 0.65-0.77 of the cache's
-# pure read); the fp16 math since (one conversion per pair) is 1.44-1.51x faster on the same tiles
-# (benchmarks/results/probe_fp8_decode_ab_h200_a5f614e.json, H200), and they have not been re-swept. In one run
-# (benchmarks/results/history/probe_fp8_decode_tiles_h100_f697262.json, GB/s of the FP8 bytes), 16 rows with 128
-# keys and 5 stages (one program per SM) took the paged caches from 1920 / 2142 / 2167 / 1970 (page 16, page 64, b=4
-# and b=1 at 131k keys; the 16-row tiles above) to 2077 / 2195 / 2257 / 2032, and 16 rows with 64 keys and 6 stages
-# the contiguous b=64 cache from 1563 (the 64-row tiles above) to 2011; in a second run
-# (..._tiles2_h100_ac1cdf8.json) 128 keys and 4 stages took the contiguous one to 2146 against 2026, the paged ones
-# staying level (+-1%) with the first run. Only d = 128 was measured.
-_GPU_FP8_DECODE_TILES = {128: (16, 128, 4, 4)}
-_GPU_FP8_PAGED_DECODE_TILES = {128: (16, 128, 4, 5)}
+# widening them costs instructions, so the tables above, tuned for bf16, do not carry over. Re-swept on the fp16
+# math (one conversion per pair of values) in one H100 run (benchmarks/results/probe_fp8_decode_h100.json, GB/s of
+# the FP8 bytes, 2 rounds): on the paged caches (page 16, page 64, b=4 and b=1 at 131k keys) 64 keys and 6 stages
+# took 2569 / 2723 / 2777 / 2539 (128 keys, 5 stages, the earlier pick) to 2688 / 2756 / 2855 / 2613, and on the
+# contiguous b=64 cache 128 keys and 3 stages took 2701 (4 stages) to 2772. Only d = 128 was measured. (The tiles
+# before, picked while the math was bf16: benchmarks/results/history/probe_fp8_decode_tiles*_h100_*.json.)
+_GPU_FP8_DECODE_TILES = {128: (16, 128, 4, 3)}
+_GPU_FP8_PAGED_DECODE_TILES = {128: (16, 64, 4, 6)}
 # Every decode tile table, for the benchmark scripts that substitute tiles in all of them.
 _GPU_DECODE_TABLES = (_GPU_DECODE_TILES, _GPU_PAGED_DECODE_TILES, _GPU_PAGED_NARROW_TILES, _GPU_FP8_DECODE_TILES,
                       _GPU_FP8_PAGED_DECODE_TILES)
