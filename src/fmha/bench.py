@@ -347,13 +347,56 @@ def bench_decode(args, record):
         row = dict(workload="decode", d=d, b=b, hq=hq, hk=hk, sk=sk, page=page or 0)
         _measure(row, impls, ref, flops, nbytes, ratio_of="gbps", graph=True, to_nhd=lambda o: o.transpose(1, 2))
         _read_yardstick(row, k_cache, v_cache, table, sk, nbytes)
+        _fp8_cache_row(row, q, k, v, seqlens, table, page, nbytes)
         record(row)
-        cells = "  ".join(f"{n} {row[f'{n}_gbps']:7.1f}" for n in (*impls, "read") if f"{n}_gbps" in row)
+        cells = "  ".join(f"{n} {row[f'{n}_gbps']:7.1f}" for n in (*impls, "read", "ours-fp8") if f"{n}_gbps" in row)
         print(f"b={b:<3} hq={hq:<2} hk={hk:<2} sk={sk:<6} page={page or '-':<3} | GB/s {cells} | "
               f"ours/read {row.get('ours_vs_read', float('nan')):.3f} | "
-              f"copy-bw frac {row.get('ours_frac_copy_bw', float('nan')):.2f}", flush=True)
+              f"copy-bw frac {row.get('ours_frac_copy_bw', float('nan')):.2f} | "
+              f"fp8 cache: x{row.get('ours-fp8_vs_ours', float('nan')):.2f} ours' tokens/s, "
+              f"{row.get('ours-fp8_vs_read-fp8', float('nan')):.3f} of its read", flush=True)
         del q, k, v, k_cache, v_cache
         torch.cuda.empty_cache()
+
+
+def _fp8_cache_row(row, q, k, v, seqlens, table, page, nbytes):
+    """The row's keys in an FP8 (e4m3) cache with per-(batch, KV head) descales (`quantize_fp8`), paged in the same
+    page order: ours on it, checked against the fp32 oracle on the same FP8 values, timed as CUDA-graph replays, and
+    the pure read of that cache. GB/s count its own bytes (K and V at one byte a value); `ours-fp8_vs_ours` and
+    `ours-fp8_vs_cudnn` are tokens a second against the bf16 cache's calls of this row."""
+    import fmha
+    from .reference import attention_ref
+
+    hk, sk = k.shape[2], k.shape[1]
+    (k8, k_descale), (v8, v_descale) = quantize_fp8(k, hk), quantize_fp8(v, hk)
+    k_cache, v_cache = k8, v8
+    if page:
+        k_cache, v_cache, _ = paged_copy(page, k8, v8, perm=table.flatten().long())
+
+    def call():
+        return fmha.attention_with_kvcache(q, k_cache, v_cache, seqlens, block_table=table, k_descale=k_descale,
+                                           v_descale=v_descale)
+    try:
+        ref, _ = attention_ref(q, k8, v8, k_descale=k_descale, v_descale=v_descale)
+        err = (call().float() - ref).abs().max().item()
+        if err > 3e-2:
+            raise RuntimeError(f"disagrees with the oracle (max abs diff {err:.3f})")
+        _heat([call])
+        t = bench_gpu_graph(call)
+    except Exception as e:
+        row["ours-fp8_error"] = _error_text(e)
+        return
+    nbytes8 = nbytes - 2 * k.numel() * (k.element_size() - 1)    # K and V at one byte a value; Q and O as they were
+    row["ours-fp8_gbps"] = nbytes8 / t / 1e9
+    for name in ("ours", "cudnn"):
+        if f"{name}_gbps" in row:
+            row[f"ours-fp8_vs_{name}"] = nbytes / row[f"{name}_gbps"] / 1e9 / t
+    read, whole = kv_read_call(k_cache, v_cache, table, sk)
+    if whole:
+        row["read-fp8_gbps"] = nbytes8 / bench_gpu_graph(read) / 1e9
+        row["ours-fp8_vs_read-fp8"] = row["ours-fp8_gbps"] / row["read-fp8_gbps"]
+    else:
+        row["read-fp8_error"] = "the read's fold differs from the cache's"
 
 
 def kv_read_call(k_cache, v_cache, table, keys):
