@@ -4,6 +4,7 @@ with splits and a short sequence, ...) are exercised too. Inputs and caches carr
 read.
 Each case is one seed; a failure names its seed and prints the case, so it can be replayed alone."""
 import math
+import os
 import random
 
 import pytest
@@ -17,8 +18,10 @@ from test_kvcache import _cache, _oracle
 from test_mla import D_QK, D_V, _check, _dequantized, _paged_cache, _sparse_source, _union_of_sources
 from utils import TARGETS, assert_matches, poisoned
 
-# Seeds per test and target: the GPU runs real sizes, the interpreter a few small cases.
-GPU_CASES, CPU_CASES = 24, 6
+# Seeds per test and target: the GPU runs real sizes, the interpreter a few small cases. FMHA_FUZZ_GPU_CASES /
+# FMHA_FUZZ_CPU_CASES raise them for a longer hunt (seeds 0..n-1, so the default cases stay among them).
+GPU_CASES = int(os.environ.get("FMHA_FUZZ_GPU_CASES", 24))
+CPU_CASES = int(os.environ.get("FMHA_FUZZ_CPU_CASES", 6))
 
 
 def _seeds(n_gpu, n_cpu):
