@@ -373,8 +373,10 @@ NARROW_ROWS = 16
 # math (one conversion per pair of values) in one H100 run (benchmarks/results/probe_fp8_decode_h100.json, GB/s of
 # the FP8 bytes, 2 rounds): on the paged caches (page 16, page 64, b=4 and b=1 at 131k keys) 64 keys and 6 stages
 # took 2569 / 2723 / 2777 / 2539 (128 keys, 5 stages, the earlier pick) to 2688 / 2756 / 2855 / 2613, and on the
-# contiguous b=64 cache 128 keys and 3 stages took 2701 (4 stages) to 2772. Only d = 128 was measured. (The tiles
-# before, picked while the math was bf16: benchmarks/results/history/probe_fp8_decode_tiles*_h100_*.json.)
+# contiguous b=64 cache 128 keys and 3 stages took 2701 (4 stages) to 2772; a second run with these tables
+# (history/probe_fp8_decode_confirm_h100_d86c752.json) held it: 2773 / 2694 / 2755 / 2851 / 2617 against 2703 /
+# 2567 / 2720 / 2777 / 2537. Only d = 128 was measured. (The tiles before, picked while the math was bf16:
+# benchmarks/results/history/probe_fp8_decode_tiles*_h100_*.json.)
 _GPU_FP8_DECODE_TILES = {128: (16, 128, 4, 3)}
 _GPU_FP8_PAGED_DECODE_TILES = {128: (16, 64, 4, 6)}
 # Every decode tile table, for the benchmark scripts that substitute tiles in all of them.
