@@ -18,15 +18,17 @@ from test_kvcache import _cache, _oracle
 from test_mla import D_QK, D_V, _check, _dequantized, _paged_cache, _sparse_source, _union_of_sources
 from utils import TARGETS, assert_matches, poisoned
 
-# Seeds per test and target: the GPU runs real sizes, the interpreter a few small cases. FMHA_FUZZ_GPU_CASES /
-# FMHA_FUZZ_CPU_CASES raise them for a longer hunt (seeds 0..n-1, so the default cases stay among them).
+# Seeds per test and target: the GPU runs real sizes, the interpreter a few small cases. For a longer hunt,
+# FMHA_FUZZ_GPU_CASES / FMHA_FUZZ_CPU_CASES raise the counts and FMHA_FUZZ_FIRST_SEED starts past the seeds
+# already run (a test taking half the cases takes half the seeds from there too).
 GPU_CASES = int(os.environ.get("FMHA_FUZZ_GPU_CASES", 24))
 CPU_CASES = int(os.environ.get("FMHA_FUZZ_CPU_CASES", 6))
+FIRST_SEED = int(os.environ.get("FMHA_FUZZ_FIRST_SEED", 0))
 
 
 def _seeds(n_gpu, n_cpu):
     return [pytest.param(t.values[0], s, marks=t.marks, id=f"{t.id}-{s}") for t in TARGETS
-            for s in range(n_cpu if t.values[0][0] == "cpu" else n_gpu)]
+            for s in range(FIRST_SEED, FIRST_SEED + (n_cpu if t.values[0][0] == "cpu" else n_gpu))]
 
 
 def _head_dims(r, device):
