@@ -391,12 +391,7 @@ def _fp8_cache_row(row, q, k, v, seqlens, table, page, nbytes):
     for name in ("ours", "cudnn"):
         if f"{name}_gbps" in row:
             row[f"ours-fp8_vs_{name}"] = nbytes / row[f"{name}_gbps"] / 1e9 / t
-    read, whole = kv_read_call(k_cache, v_cache, table, sk)
-    if whole:
-        row["read-fp8_gbps"] = nbytes8 / bench_gpu_graph(read) / 1e9
-        row["ours-fp8_vs_read-fp8"] = row["ours-fp8_gbps"] / row["read-fp8_gbps"]
-    else:
-        row["read-fp8_error"] = "the read's fold differs from the cache's"
+    _read_yardstick(row, k_cache, v_cache, table, sk, nbytes8, read="read-fp8", ours="ours-fp8")
 
 
 def kv_read_call(k_cache, v_cache, table, keys):
@@ -414,15 +409,15 @@ def kv_read_call(k_cache, v_cache, table, keys):
     return call, xor_fold(call()) == xor_fold(k_cache) ^ xor_fold(v_cache)
 
 
-def _read_yardstick(row, k_cache, v_cache, table, keys, nbytes):
-    """Time the pure read of the very cache ours read (`kv_read_call`) and put ours / read in the row: what no
+def _read_yardstick(row, k_cache, v_cache, table, keys, nbytes, read="read", ours="ours"):
+    """Time the pure read of the very cache `ours` read (`kv_read_call`) and put `ours` / `read` in the row: what no
     decode kernel on this cache can beat by much."""
     call, whole = kv_read_call(k_cache, v_cache, table, keys)
     if not whole:
-        row["read_error"] = "the read's fold differs from the cache's"
+        row[f"{read}_error"] = "the read's fold differs from the cache's"
         return
-    row["read_gbps"] = nbytes / bench_gpu_graph(call) / 1e9
-    row["ours_vs_read"] = row["ours_gbps"] / row["read_gbps"] if "ours_gbps" in row else float("nan")
+    row[f"{read}_gbps"] = nbytes / bench_gpu_graph(call) / 1e9
+    row[f"{ours}_vs_{read}"] = row[f"{ours}_gbps"] / row[f"{read}_gbps"] if f"{ours}_gbps" in row else float("nan")
 
 
 # -------------------------------------------------------------------------------------------------- mla
