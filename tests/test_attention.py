@@ -209,6 +209,33 @@ def test_edge_lengths(target):
     assert_lse_close(lse, ref_lse)
 
 
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_out_past_2g_elements(target, causal):
+    """`out` whose last batch starts 2^31 elements in (a batch stride of 2^30 in a 4 GiB buffer, only the view's
+    rows ever touched): every kernel's output offsets must be 64-bit, since each stride alone fits int32 and their
+    product wraps (on the GPU this is the Hopper prefill kernel's epilogue)."""
+    device, dtype = target
+    torch.manual_seed(5)
+    b, sq, h, d = 3, 100 if device == "cpu" else 700, 2, 64
+    q, k, v = (torch.randn(b, sq, h, d, dtype=dtype, device=device) for _ in range(3))
+    stride_b = 1 << 30
+    buf = torch.empty((b - 1) * stride_b + sq * h * d, dtype=dtype, device=device)
+    out = buf.as_strided((b, sq, h, d), (stride_b, h * d, d, 1))
+    out.fill_(float("nan"))
+    got, lse = fmha.attention(q, k, v, causal=causal, return_lse=True, out=out)
+    assert got.data_ptr() == out.data_ptr()
+    assert_matches(got, lse, attention_ref(q, k, v, causal=causal), dtype)
+    if device == "cuda":
+        from fmha.kernels import forward_sm90
+        if forward_sm90.supported(q, k, v):       # the Hopper kernel took it, with 64-bit offsets
+            meta = forward_sm90.launch_args(q, k, v, out, lse, causal=causal, softmax_scale=d ** -0.5)[2]
+            assert meta["OFFSETS_64"]
+            assert not forward_sm90.launch_args(q, k, v, torch.empty_like(q), lse, causal=causal,
+                                                softmax_scale=d ** -0.5)[2]["OFFSETS_64"]
+    del got, out, buf
+
+
 @pytest.mark.cpu
 @pytest.mark.parametrize("dims", [(64, 64), (128, 128), (256, 256), (512, 512), (576, 512)],
                          ids=lambda d: f"{d[0]}-{d[1]}")

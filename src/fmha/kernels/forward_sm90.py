@@ -255,7 +255,8 @@ def _half_tile(q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, c, acc, m_
 
 @gluon.jit
 def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.constexpr, STAGES: gl.constexpr,
-              Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, WGS: gl.constexpr):
+              Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, WGS: gl.constexpr,
+              OFFSETS_64: gl.constexpr):
     """Consumer warpgroup WG of WGS; `shared` holds the arguments common to all of them (one tuple, so that the
     kernel writes them once for two or three partitions)."""
     (q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, O, LSE, n_m, n_bh,
@@ -376,9 +377,18 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
         out = gl.convert_layout((acc * inv_l[:, None]).to(O.dtype.element_ty), store_layout)
         rows = m0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, store_layout))
         cols = gl.arange(0, HEAD_DV, layout=gl.SliceLayout(0, store_layout))
-        o_ptrs = O + b * stride_ob + h * stride_oh + rows[:, None] * stride_os + cols[None, :]
+        if OFFSETS_64:
+            # An output or LSE past 2^31 elements: strides under 2^31 arrive as int32 and their products would
+            # wrap. The warpgroup's first row in 64 bits, its 64 rows from there in 32.
+            o_ptrs = (O + (b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh + m0.to(gl.int64) * stride_os)
+                      + (rows - m0)[:, None] * stride_os + cols[None, :])
+            lse_ptrs = (LSE + (b.to(gl.int64) * stride_lb + h.to(gl.int64) * stride_lh + m0.to(gl.int64) * stride_ls)
+                        + (q_pos - m0) * stride_ls)
+        else:
+            o_ptrs = O + b * stride_ob + h * stride_oh + rows[:, None] * stride_os + cols[None, :]
+            lse_ptrs = LSE + b * stride_lb + h * stride_lh + q_pos * stride_ls
         gl.store(o_ptrs, out, mask=(rows < seqlen_q)[:, None])
-        gl.store(LSE + b * stride_lb + h * stride_lh + q_pos * stride_ls, lse, mask=q_pos < seqlen_q)
+        gl.store(lse_ptrs, lse, mask=q_pos < seqlen_q)
         qb = w % Q_BUFS
         mbarrier.wait(q_ready.index(qb), (w // Q_BUFS) & 1)
         t = _read_item(items.index(qb), 4)
@@ -391,8 +401,10 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, seqlen_q, seql
                          stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls, qk_scale_log2,
                          BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, HEAD_DV: gl.constexpr,
                          STAGES: gl.constexpr, Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr,
-                         PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr, WGS: gl.constexpr):
-    """Persistent: each program runs work items until none is left (`_next_item`); COUNTER is a zeroed int32."""
+                         PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr, WGS: gl.constexpr,
+                         OFFSETS_64: gl.constexpr):
+    """Persistent: each program runs work items until none is left (`_next_item`); COUNTER is a zeroed int32.
+    OFFSETS_64: O or LSE reaches past 2^31 elements (the epilogue's offsets in 64 bits)."""
     n_m = gl.cdiv(seqlen_q, WGS * ROWS)
     dtype: gl.constexpr = q_desc.dtype
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, HEAD_D], dtype)
@@ -429,8 +441,8 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, seqlen_q, seql
     # The tuples above hold no constexpr (a tuple in a variable does not keep them); those go in literally.
     if WGS == 2:
         gl.warp_specialize([
-            (_consumer, (shared, 0, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS)),
-            (_consumer, (shared, 1, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS)),
+            (_consumer, (shared, 0, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64)),
+            (_consumer, (shared, 1, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64)),
             (_producer, (producer, BLOCK_N, STAGES, Q_BUFS, CAUSAL, WGS)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
@@ -439,9 +451,9 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, seqlen_q, seql
         # than the workers (54 against 9 local loads per key tile at 168 and 160 registers).
         gl.warp_specialize([
             (_producer, (producer, BLOCK_N, STAGES, Q_BUFS, CAUSAL, WGS)),
-            (_consumer, (shared, 0, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS)),
-            (_consumer, (shared, 1, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS)),
-            (_consumer, (shared, 2, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS)),
+            (_consumer, (shared, 0, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64)),
+            (_consumer, (shared, 1, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64)),
+            (_consumer, (shared, 2, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64)),
         ], [4, 4, 4], [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS])
 
 
@@ -454,6 +466,13 @@ def _view3(t):
     if sd != 1 or (el * sb) % 16 or (el * ss) % 16 or t.data_ptr() % 16 or (h > 1 and sh < d):
         return None
     return [b, s, (h - 1) * sh + d], [sb, ss, 1]
+
+
+def _extent(t):
+    """Elements from t's first to one past its last: what its offsets must reach."""
+    if t.numel() == 0:
+        return 0
+    return sum((n - 1) * st for n, st in zip(t.shape, t.stride())) + 1
 
 
 def supported(q, k, v):
@@ -512,5 +531,6 @@ def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpon
             seqlen_k, heads_q, heads_q // heads_k, batch * heads_q, chunk, q.stride(2), k.stride(2), v.stride(2),
             out.stride(0), out.stride(1), out.stride(2), *lse.stride(), softmax_scale * LOG2E)
     meta = dict(BLOCK_N=block_n, HEAD_D=d, HEAD_DV=d, STAGES=stages, Q_BUFS=q_bufs, CAUSAL=causal,
-                PINGPONG=pingpong, CONSUMER_REGS=regs, WGS=wgs, num_warps=4)
+                PINGPONG=pingpong, CONSUMER_REGS=regs, WGS=wgs, OFFSETS_64=max(_extent(out), _extent(lse)) > 2**31,
+                num_warps=4)
     return grid, args, meta
