@@ -209,7 +209,10 @@ GLUON_SCRIPT = textwrap.dedent('''
         return f"tensordesc<{dt}[1,{rows},{d}],{layout!r}>"
     consts = dict(BLOCK_N=bn, HEAD_D=d, HEAD_DV=d, STAGES=stages, Q_BUFS=q_bufs, CAUSAL=causal,
                   PINGPONG=not causal and wgs == 2, CONSUMER_REGS=regs, WGS=wgs, OFFSETS_64=offsets_64)
+    if not causal:                  # as `launch_args` launches it: the atomic counter for causal calls only
+        consts["COUNTER"] = None
     ptrs = dict(q_desc=desc(_ROWS), k_desc=desc(bn), v_desc=desc(bn), O=f"*{dt}", LSE="*fp32", COUNTER="*i32")
+    ptrs = {n: v for n, v in ptrs.items() if n not in consts}
     names = list(inspect.signature(attn_fwd_sm90_kernel.fn).parameters)
     sig = {n: ptrs.get(n, "constexpr" if n in consts else ("fp32" if n == "qk_scale_log2" else "i32")) for n in names}
     src = GluonASTSource(attn_fwd_sm90_kernel, sig, constexprs={(names.index(k),): v for k, v in consts.items()})

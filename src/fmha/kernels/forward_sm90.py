@@ -6,8 +6,9 @@ or left window, `head_dim_qk == head_dim_v` in {64, 128, 256}, q/k/v strides tha
 aligned). The schedule is FlashAttention-3's:
 
 * persistent: one program per SM runs work items (128 or 192 query rows of one head) until none is left:
-  a program takes the next untaken item when it starts one (an atomic counter); causal items go out in
-  L2-sized chunks of heads, longest first inside a chunk (`_work_item`, `_next_item`);
+  causal items go out in L2-sized chunks of heads, longest first inside a chunk, a program taking the next
+  untaken one when it starts one (an atomic counter); unmasked items, all alike, round-robin (`_work_item`,
+  `_next_item`);
 * a one-warp producer partition: Q (double-buffered, so the next item's Q lands during this one) and K and
   V tiles through `STAGES`-deep rings of shared-memory slots, each completing on its own mbarrier; K and V
   slots are released separately (K after Q·Kᵀ, V after P·V), so loads run a full tile ahead;
@@ -80,10 +81,14 @@ def _work_item(t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, BLO
 
 
 @gluon.jit
-def _next_item(COUNTER):
-    """Dynamic schedule: a program's first item is its own index, each next one the first not yet taken (one
-    atomic per item), so programs that drew short items take more of them."""
-    return gl.num_programs(0) + gl.atomic_add(COUNTER, 1)
+def _next_item(COUNTER, t, CAUSAL: gl.constexpr):
+    """A program's first item is its own index. Causal items, of unequal lengths: each next one is the first not
+    yet taken (one atomic per item), so programs that drew short items take more of them. Unmasked items, all
+    alike: every grid-th one, with no counter to zero before the launch and no atomics (+0.7% at d = 64 1k,
+    level at 4k: benchmarks/results/history/ab_static_schedule_h100_4172235.json)."""
+    if CAUSAL:
+        return gl.num_programs(0) + gl.atomic_add(COUNTER, 1)
+    return t + gl.num_programs(0)
 
 
 @gluon.jit
@@ -154,7 +159,7 @@ def _producer(args, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, Q_BUFS: gl.cons
             kv = _load_kv_tile(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv, b, i, hk,
                                stride_kh, stride_vh, BLOCK_N, STAGES)
         w += 1
-        t = _next_item(COUNTER)
+        t = _next_item(COUNTER, t, CAUSAL)
     # The end: an index past the last item tells the consumers to stop.
     qb = w % Q_BUFS
     mbarrier.wait(q_empty.index(qb), ((w // Q_BUFS) & 1) ^ 1)
@@ -403,8 +408,9 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, seqlen_q, seql
                          STAGES: gl.constexpr, Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr,
                          PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr, WGS: gl.constexpr,
                          OFFSETS_64: gl.constexpr):
-    """Persistent: each program runs work items until none is left (`_next_item`); COUNTER is a zeroed int32.
-    OFFSETS_64: O or LSE reaches past 2^31 elements (the epilogue's offsets in 64 bits)."""
+    """Persistent: each program runs work items until none is left (`_next_item`); COUNTER is a zeroed int32
+    (causal calls; None otherwise). OFFSETS_64: O or LSE reaches past 2^31 elements (the epilogue's offsets in 64
+    bits)."""
     n_m = gl.cdiv(seqlen_q, WGS * ROWS)
     dtype: gl.constexpr = q_desc.dtype
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, HEAD_D], dtype)
@@ -523,7 +529,9 @@ def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpon
     vq, vk, vv = views or (_view3(q), _view3(k), _view3(v))
     n_m = triton.cdiv(seqlen_q, wgs * _ROWS)
     grid = (min(batch * heads_q * n_m, num_sms(q.device)),)
-    counter = torch.zeros(1, dtype=torch.int32, device=q.device)      # items handed out past the first grid
+    # Causal items differ in length: handed out by an atomic counter (items taken past the first grid), zeroed
+    # here. Unmasked items are all alike, so a fixed round-robin balances them as well, with no memset launch.
+    counter = torch.zeros(1, dtype=torch.int32, device=q.device) if causal else None
     chunk = 1
     if causal:                    # query heads whose K/V fit in L2_BUDGET
         chunk = max(1, L2_BUDGET // (seqlen_k * 2 * d * k.element_size())) * (heads_q // heads_k)
