@@ -2,7 +2,8 @@
 unchanged kernel (`benchmarks/NOTES.md`, fifth, sixth, thirteenth and thirty-ninth sessions). Within one process,
 allocate the same-shaped inputs again and again at other addresses (a spacer of another size kept alive before
 each set) and time the Hopper kernel with ping-pong on (the launcher's choice at d = 256) and off, and cuDNN, on
-each set: if the speed follows the addresses, some sets are slow here too.
+each set: if the speed follows the addresses, some sets are slow here too. `api`: the same call through
+`fmha.attention` (its host work per call included).
 
     PYTHONPATH=src python3 benchmarks/probe_unstable.py [--trials 12] [--dims 256] [--seqs 1024] [--out probe.json]
 """
@@ -12,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+import fmha
 from fmha.bench import attention_flops, bench_gpu, save_sweep
 from fmha.kernels.forward_sm90 import attention_forward_sm90
 
@@ -53,6 +55,8 @@ def main():
                 with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                     row["cudnn"] = flops / bench_gpu(lambda: F.scaled_dot_product_attention(qt, kt, vt,
                                                                                               is_causal=True)) / 1e12
+                # the public call (allocates out / lse, checks, builds the descriptors: host time per call)
+                row["api"] = flops / bench_gpu(lambda: fmha.attention(q, k, v, causal=True)) / 1e12
                 # the first variant again: a slow set stays slow, a slow moment does not
                 row["pingpong_again"] = flops / bench_gpu(lambda: attention_forward_sm90(
                     q, k, v, out, lse, causal=True, softmax_scale=d ** -0.5, pingpong=True)) / 1e12
