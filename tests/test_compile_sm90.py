@@ -454,3 +454,28 @@ def test_sparse_decode_fp8_compiles_for_sm90(case):
         assert info["peer_copies"] == (9 if case[0] == "v32" else 2), info
         assert k_lat % 1024 == 0 and k_rope % 1024 == 0 and (k_rope != k_lat) == (case[0] == "v32"), info
         assert k_ready % 8 == 0 and peer_free % 8 == 0 and k_ready != peer_free and peer_free < info["shared"], info
+
+
+def test_launch_cache_classes():
+    """`sm90.launch` reuses a compile for every argument list of one `_arg_class` tuple, so within a class Triton's
+    own specialization must be one and the same (else a kernel compiled for 16-byte aligned pointers or strides
+    divisible by 16 would run on others): ints around 1, 16 and the int32 range, floats, None, tensors at every
+    alignment, `descriptor`s of two boxes over aligned and unaligned bases."""
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import BaseBackend
+    from fmha.kernels.sm90 import _arg_class, descriptor
+    buf = torch.zeros(1 << 16, dtype=torch.bfloat16)
+    ints = [0, 1, 2, 15, 16, 17, 48, 2 ** 31 - 16, 2 ** 31 - 1, 2 ** 31, 2 ** 33 + 16, -1, -16, -(2 ** 31),
+            -(2 ** 31) - 16]
+    tensors = [buf[off:] for off in (0, 1, 3, 8, 16)] + [buf.float()[off:] for off in (0, 2, 4)] + [buf.half()]
+    descs = [descriptor(buf[off:off + 2 * 64 * d].view(2, 64, d), ([2, 64, d], [64 * d, d, 1]), [1, 64, d])
+             for d in (64, 128) for off in (0, 8, 1)]
+    classes = {}
+    for a in ints + [0.5, 1.0, None] + tensors + descs:
+        c = _arg_class(a)
+        assert c is not None, a
+        classes.setdefault(c, set()).add(repr(native_specialize_impl(BaseBackend, a, False, True, True)))
+    mixed = {c: s for c, s in classes.items() if len(s) > 1}
+    assert not mixed, f"one class, several specializations: {mixed}"
+    assert len(classes) >= 10             # the classes do separate what Triton separates
+    assert _arg_class(True) is None and _arg_class("x") is None     # unknown kinds take the JIT's own path

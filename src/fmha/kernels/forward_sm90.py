@@ -33,7 +33,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 from ..schedule import num_sms
-from .sm90 import capability, descriptor
+from .sm90 import capability, descriptor, launch
 
 _ROWS = 64                        # query rows per consumer warpgroup; a CTA has two or three
 ROWS = gl.constexpr(_ROWS)        # the same, for the kernels
@@ -502,7 +502,7 @@ def attention_forward_sm90(q, k, v, out, lse, *, causal, softmax_scale, views=No
     choices (tuning)."""
     grid, args, meta = launch_args(q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale, views=views,
                                    pingpong=pingpong, tiles=tiles)
-    attn_fwd_sm90_kernel[grid](*args, **meta)
+    launch(attn_fwd_sm90_kernel, grid, args, meta)
 
 
 def choose_tiles(d, causal, seqlen_q):

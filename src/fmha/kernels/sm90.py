@@ -40,6 +40,45 @@ def descriptor(t, view, block):
     return desc
 
 
+def _arg_class(a):
+    """What Triton's JIT specializes a kernel argument on (`native_specialize_impl`), or None for a kind of argument
+    this module does not know: an int's width, divisibility by 16 and whether it is 1; a tensor's dtype and 16-byte
+    alignment; a `descriptor`'s dtype and box (its layout follows from them); a float's or None's type alone."""
+    kind = type(a)
+    if kind is int:
+        return (a == 1, a % 16 == 0, -(1 << 31) <= a < (1 << 31))
+    if kind is float or a is None:
+        return kind
+    if isinstance(a, torch.Tensor):
+        return (a.dtype, a.data_ptr() % 16 == 0)
+    if hasattr(a, "block_shape") and hasattr(a, "base"):
+        return (a.base.dtype, tuple(a.block_shape))
+    return None
+
+
+_COMPILED = {}
+
+
+def launch(fn, grid, args, meta):
+    """`fn[grid](*args, **meta)` for a Gluon kernel (descriptors from `descriptor`, `args` its runtime arguments in
+    order, `meta` its constexprs and options), without the JIT's per-call binding of ~30 arguments once a compile
+    exists for arguments of this class (`_arg_class`, at least as fine as Triton's specialization): the compiled
+    kernel is launched directly. On a short eager call that binding was a third of the host time, which a 1k-token
+    prefill kernel does not cover (NOTES.md, thirty-ninth session)."""
+    classes = tuple(map(_arg_class, args))
+    if None in classes:
+        fn[grid](*args, **meta)
+        return
+    key = (fn, torch.cuda.current_device(), classes, tuple(meta.items()))
+    hit = _COMPILED.get(key)
+    if hit is None:
+        kernel = fn[grid](*args, **meta)
+        _COMPILED[key] = (kernel, tuple(meta[p.name] for p in fn.params[len(args):]))
+        return
+    kernel, constexprs = hit
+    kernel[(*grid, 1, 1)[:3]](*args, *constexprs)
+
+
 def shared_offsets(kernel, names):
     """The shared-memory offsets that Triton gave the allocations `names` (their Gluon variables' names) of the
     compiled Gluon kernel `kernel`: the NVIDIA backend's passes up to its allocator (the first five of `make_llir`)
