@@ -63,8 +63,8 @@ def launch(fn, grid, args, meta):
     """`fn[grid](*args, **meta)` for a Gluon kernel (descriptors from `descriptor`, `args` its runtime arguments in
     order, `meta` its constexprs and options), without the JIT's per-call binding of ~30 arguments once a compile
     exists for arguments of this class (`_arg_class`, at least as fine as Triton's specialization): the compiled
-    kernel is launched directly. On a short eager call that binding was a third of the host time, which a 1k-token
-    prefill kernel does not cover (NOTES.md, thirty-ninth session)."""
+    kernel is launched directly. That binding cost 10-20 us of the 100-240 us of host time of an eager prefill call,
+    which a 1k-token causal prefill's kernel (~180 us) barely covers (NOTES.md, thirty-ninth session)."""
     classes = tuple(map(_arg_class, args))
     if None in classes:
         fn[grid](*args, **meta)
