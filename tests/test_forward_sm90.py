@@ -155,3 +155,48 @@ def test_gluon_launch_cache_alignment():
         got, lse = fmha.attention(q, k, v, causal=True, return_lse=True, out=out)
         assert_matches(got, lse, ref, torch.bfloat16)
         assert buf[:off].isnan().all() and buf[off + n:].isnan().all()
+
+
+def test_gluon_causal_counter_reuse():
+    """Causal calls share one work counter per stream, which each launch leaves zeroed for the next: many launches
+    back to back on the default stream and on a side stream (of different grids: the counter must not depend on
+    the grid), then a CUDA graph captured with its own counter and replayed twice; every result checked, and the
+    shared counters read zero at the end. A launch that left its counter dirty would have the next one skip
+    items (NaN rows in `out`)."""
+    from fmha.kernels import forward_sm90
+    torch.manual_seed(5)
+    cases = [(2, 700, 8, 64), (1, 1500, 4, 128), (2, 300, 2, 256)]
+    inputs = [tuple(torch.randn(b, s, h, d, dtype=torch.bfloat16, device="cuda") for _ in range(3))
+              for b, s, h, d in cases]
+    if not _gluon_ok(*inputs[0]):
+        pytest.skip("not an sm_90 GPU")
+    refs = [attention_ref(q, k, v, causal=True) for q, k, v in inputs]
+
+    def run_all():
+        outs = [torch.full_like(q, float("nan")) for q, _, _ in inputs]
+        lses = [fmha.attention(q, k, v, causal=True, return_lse=True, out=o)[1]
+                for (q, k, v), o in zip(inputs, outs)]
+        return outs, lses
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    for stream in (torch.cuda.current_stream(), side, torch.cuda.current_stream()):
+        with torch.cuda.stream(stream):
+            for _ in range(3):
+                outs, lses = run_all()
+        stream.synchronize()
+        for o, lse, ref in zip(outs, lses, refs):
+            assert_matches(o, lse, ref, torch.bfloat16)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs, lses = run_all()
+    for _ in range(2):
+        for o in outs:
+            o.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        for o, lse, ref in zip(outs, lses, refs):
+            assert_matches(o, lse, ref, torch.bfloat16)
+    assert len(forward_sm90._COUNTERS) >= 2
+    for counter in forward_sm90._COUNTERS.values():
+        assert counter.tolist() == [0, 0]

@@ -53,6 +53,7 @@ _TILES = {64: (128, 3, 2, 232, 2), 128: (128, 2, 2, 232, 2), 256: (64, 2, 1, 232
 _WIDE_TILES = {64: (128, 3, 2, 160, 3)}
 WIDE_MIN_ROWS = 2048
 WIDE_MIN_ROWS_CAUSAL = 8192
+PINGPONG_MIN_ROWS_D128 = 4096     # causal d = 128 calls from this many query rows take turns (`launch_args`)
 
 
 @gluon.jit
@@ -89,6 +90,16 @@ def _next_item(COUNTER, t, CAUSAL: gl.constexpr):
     if CAUSAL:
         return gl.num_programs(0) + gl.atomic_add(COUNTER, 1)
     return t + gl.num_programs(0)
+
+
+@gluon.jit
+def _release_counter(COUNTER):
+    """COUNTER's two words are the causal items taken past the first grid and the programs done. The last program
+    to finish zeroes both: every other one has taken its last item by then, so the next launch on this stream finds
+    the counter zeroed with no memset launch before it (`_counter`)."""
+    if gl.atomic_add(COUNTER + 1, 1) == gl.num_programs(0) - 1:
+        gl.atomic_xchg(COUNTER, 0)
+        gl.atomic_xchg(COUNTER + 1, 0)
 
 
 @gluon.jit
@@ -165,6 +176,8 @@ def _producer(args, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, Q_BUFS: gl.cons
     mbarrier.wait(q_empty.index(qb), ((w // Q_BUFS) & 1) ^ 1)
     _post_item(items.index(qb), t, gl.num_warps())
     mbarrier.arrive(q_ready.index(qb), count=1)
+    if CAUSAL:
+        _release_counter(COUNTER)
 
 
 @gluon.jit
@@ -408,8 +421,8 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, seqlen_q, seql
                          STAGES: gl.constexpr, Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr,
                          PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr, WGS: gl.constexpr,
                          OFFSETS_64: gl.constexpr):
-    """Persistent: each program runs work items until none is left (`_next_item`); COUNTER is a zeroed int32
-    (causal calls; None otherwise). OFFSETS_64: O or LSE reaches past 2^31 elements (the epilogue's offsets in 64
+    """Persistent: each program runs work items until none is left (`_next_item`); COUNTER is two zeroed int32
+    words (causal calls, `_counter`; None otherwise), which the kernel leaves zeroed. OFFSETS_64: O or LSE reaches past 2^31 elements (the epilogue's offsets in 64
     bits)."""
     n_m = gl.cdiv(seqlen_q, WGS * ROWS)
     dtype: gl.constexpr = q_desc.dtype
@@ -511,6 +524,23 @@ def choose_tiles(d, causal, seqlen_q):
     return _WIDE_TILES[d] if wide else _TILES[d]
 
 
+_COUNTERS = {}
+
+
+def _counter(device):
+    """The causal schedule's counter (`_release_counter`), zeroed: one per (device, stream), which each launch
+    leaves zeroed for the next on its stream, so a call costs no memset launch (8-12 us of host time). While the
+    stream is being captured into a CUDA graph, a fresh zeroed one instead: the graph replays its memset, and no
+    replay shares a counter with eager launches or other graphs."""
+    if torch.cuda.is_current_stream_capturing():
+        return torch.zeros(2, dtype=torch.int32, device=device)
+    key = (device.index, torch._C._cuda_getCurrentRawStream(device.index))
+    counter = _COUNTERS.get(key)
+    if counter is None:
+        counter = _COUNTERS[key] = torch.zeros(2, dtype=torch.int32, device=device)
+    return counter
+
+
 def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None, tiles=None):
     """(grid, arguments, meta-parameters) of one launch; `benchmarks/profile_host.py` times the launch alone."""
     batch, seqlen_q, heads_q, d = q.shape
@@ -519,8 +549,10 @@ def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpon
     if pingpong is None:
         # tune_prefill_sm90_h100.json: +0.5-7% at d >= 128, mostly a loss at d = 64. Five later runs at d = 128
         # (history/tune_prefill_tmastore_h100_*.json, the pointer-store rows) had it 4-7% behind at 16k without
-        # a mask and level with it at 4k: on for d = 256 and causal d = 128 only.
-        pingpong = d == 256 or (d == 128 and causal)
+        # a mask and level with it at 4k: on for d = 256 and causal d = 128 only. Causal d = 128 below 4k rows
+        # was 1.5% faster without it in 16 of 16 timings over two sessions, level at 4k and 16k
+        # (history/ab_pingpong_d128_h100_6fcb181_{a,b}.json): on from PINGPONG_MIN_ROWS_D128 rows.
+        pingpong = d == 256 or (d == 128 and causal and seqlen_q >= PINGPONG_MIN_ROWS_D128)
     pingpong = pingpong and wgs == 2              # the hand-off is between two warpgroups
 
     def desc(t, view, rows):
@@ -529,9 +561,9 @@ def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpon
     vq, vk, vv = views or (_view3(q), _view3(k), _view3(v))
     n_m = triton.cdiv(seqlen_q, wgs * _ROWS)
     grid = (min(batch * heads_q * n_m, num_sms(q.device)),)
-    # Causal items differ in length: handed out by an atomic counter (items taken past the first grid), zeroed
-    # here. Unmasked items are all alike, so a fixed round-robin balances them as well, with no memset launch.
-    counter = torch.zeros(1, dtype=torch.int32, device=q.device) if causal else None
+    # Causal items differ in length: handed out by an atomic counter (`_counter`). Unmasked items are all alike,
+    # so a fixed round-robin balances them as well, with no counter.
+    counter = _counter(q.device) if causal else None
     chunk = 1
     if causal:                    # query heads whose K/V fit in L2_BUDGET
         chunk = max(1, L2_BUDGET // (seqlen_k * 2 * d * k.element_size())) * (heads_q // heads_k)
