@@ -82,7 +82,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from .._kv_fp8 import MODEL1_ROW, MODEL1_TAIL, model1_parts
 from ..schedule import SCHED_BLOCK, SCHED_FIELDS as _SCHED_FIELDS
-from .sm90 import capability, descriptor
+from .sm90 import capability, descriptor, launch
 
 ROWS = gl.constexpr(64)           # packed query rows per program (wgmma's M)
 BLOCK_N = gl.constexpr(64)        # keys per tile: one scheduling block
@@ -1242,12 +1242,11 @@ def mla_decode_forward_sm90(views, q_lat, q_rope, kv_lat, k_rope, block_table, c
     grid = (metadata.shape[0] * triton.cdiv(rows_per_k, rows),)
     row_keys = main_span + x_table.shape[-1] if extra is not None else block_table.shape[-1]
     loader = uses_loader(fp8_layout, sparse, row_keys, triton.cdiv(rows_per_k, rows))
-    mla_decode_sm90_kernel[grid](*args, CAUSAL=causal, HAS_SINKS=sinks is not None,
-                                 SPARSE=SHIFTED.value if shifted else int(sparse),
-                                 FP8={None: 0, "v32": V32.value, "model1": MODEL1.value}[fp8_layout],
-                                 HAS_MAX=max_logits is not None, HAS_ROPE=rope, EXTRA=extra is not None,
-                                 LOADER=loader, CONSUMER_REGS=CONSUMER_REGS,
-                                 PRODUCER_CONSUMER_REGS=PRODUCER_CONSUMER_REGS[fp8_layout], num_warps=4)
+    launch(mla_decode_sm90_kernel, grid, args,
+           dict(CAUSAL=causal, HAS_SINKS=sinks is not None, SPARSE=SHIFTED.value if shifted else int(sparse),
+                FP8={None: 0, "v32": V32.value, "model1": MODEL1.value}[fp8_layout], HAS_MAX=max_logits is not None,
+                HAS_ROPE=rope, EXTRA=extra is not None, LOADER=loader, CONSUMER_REGS=CONSUMER_REGS,
+                PRODUCER_CONSUMER_REGS=PRODUCER_CONSUMER_REGS[fp8_layout], num_warps=4))
 
 
 def uses_loader(fp8_layout, sparse, row_keys, row_blocks=1):

@@ -61,7 +61,7 @@ _COMPILED = {}
 
 def launch(fn, grid, args, meta):
     """`fn[grid](*args, **meta)` for a Gluon kernel (descriptors from `descriptor`, `args` its runtime arguments in
-    order, `meta` its constexprs and options), without the JIT's per-call binding of ~30 arguments once a compile
+    order, `meta` its constexprs, those left out taking their defaults, and options), without the JIT's per-call binding of ~30 arguments once a compile
     exists for arguments of this class (`_arg_class`, at least as fine as Triton's specialization): the compiled
     kernel is launched directly. That binding cost 10-20 us of the 100-240 us of host time of an eager prefill call,
     which a 1k-token causal prefill's kernel (~180 us) barely covers (NOTES.md, thirty-ninth session)."""
@@ -73,7 +73,7 @@ def launch(fn, grid, args, meta):
     hit = _COMPILED.get(key)
     if hit is None:
         kernel = fn[grid](*args, **meta)
-        _COMPILED[key] = (kernel, tuple(meta[p.name] for p in fn.params[len(args):]))
+        _COMPILED[key] = (kernel, tuple(meta.get(p.name, p.default) for p in fn.params[len(args):]))
         return
     kernel, constexprs = hit
     kernel[(*grid, 1, 1)[:3]](*args, *constexprs)
