@@ -1,28 +1,42 @@
-"""Host time per call of the prefill path, level by level, and where it goes (cProfile).
+"""Host time per call of the prefill path, level by level and piece by piece, beside the peers' (cProfile at the end).
 
-    PYTHONPATH=src python3 benchmarks/profile_host.py [--shape B S H D]
+    PYTHONPATH=src python3 benchmarks/profile_host.py [--shape B S H D] [--rounds N] [--profile]
 
 Eager prefill of short sequences can be host-bound: a call that spends more host time than its kernel runs
 leaves the GPU idle (the d = 256 and d = 128 1k causal rows of `fmha bench prefill` swung by a third between runs
 that way: NOTES.md, thirty-ninth session). Prints microseconds of host time per call (calls issued back to back,
-one synchronisation at the end) for `fmha.attention`, for the Gluon launcher it reaches, for building the launch
-arguments alone and for the JIT's own launch of the kernel with them, causal and not, then the top entries of a
-profile of the first. (The JIT launch is timed without a mask only: a causal launch's work counter is zeroed by
-`launch_args`, so repeating one launch would find its items already taken.)
+one synchronisation at the end):
+- levels: `fmha.attention`, the API layer alone (the kernel's launcher replaced by a no-op), `attention_forward`
+  with outputs given, the Gluon launcher, building its arguments alone, the launch alone (the JIT's, and
+  `sm90.launch`'s direct one);
+- pieces of the API layer and the launcher (validation, allocations, the causal counter, descriptors);
+- the peers on the same inputs: torch SDPA's FlashAttention-2 and cuDNN backends (their whole call);
+- the decode entry points at small sizes (`attention_with_kvcache` on a paged cache, `flash_mla_with_kvcache`).
+Causal and not. Every entry is timed once a round and the least of the rounds printed. With --profile, the top
+entries of a cProfile of `fmha.attention` (causal) follow. The JIT's launch alone is timed without a mask only (a
+causal launch's counter is the launcher's to hand over).
 """
 import argparse
 import cProfile
+import importlib
 import pstats
 import time
 
 import torch
+import triton
 
 import fmha
+from fmha import _validate as V
+from fmha._ops import _direct
+from fmha.kernels import forward, forward_sm90, sm90
 from fmha.kernels.forward_sm90 import attention_forward_sm90, attn_fwd_sm90_kernel, launch_args
 
+API = importlib.import_module("fmha.attention")      # the module (the package exports its function)
 
-def host_us(fn, n=1000):
-    for _ in range(50):
+
+def host_us(fn, n=300):
+    """(issue, issue + run) microseconds a call over n calls back to back."""
+    for _ in range(20):
         fn()
     torch.cuda.synchronize()
     t0 = time.perf_counter()
@@ -33,35 +47,126 @@ def host_us(fn, n=1000):
     return issue, (time.perf_counter() - t0) / n * 1e6
 
 
+def sdpa(backend, q, k, v, causal):
+    from torch.nn.attention import sdpa_kernel
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+
+    def call():
+        with sdpa_kernel(backend):
+            torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+    return call
+
+
+def levels(q, k, v, causal):
+    """name -> a call to time."""
+    from torch.nn.attention import SDPBackend
+    b, s, h, d = q.shape
+    out, lse = torch.empty_like(q), torch.empty(b, h, s, device="cuda")
+    scale = d ** -0.5
+    views = forward_sm90.supported(q, k, v)
+    fns = {
+        "fmha.attention": lambda: fmha.attention(q, k, v, causal=causal),
+        "API layer alone (no launcher)": None,       # filled in below
+        "attention_forward (outputs given)": lambda: forward.attention_forward(
+            q, k, v, out, lse, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=s, max_seqlen_k=s,
+            softmax_scale=scale, window=(-1, 0 if causal else -1), softcap=0.0, alibi_slopes=None, sinks=None),
+        "attention_forward_sm90": lambda: attention_forward_sm90(q, k, v, out, lse, causal=causal,
+                                                                 softmax_scale=scale),
+        "launch_args alone": lambda: launch_args(q, k, v, out, lse, causal=causal, softmax_scale=scale,
+                                                 views=views),
+    }
+    if not causal:
+        grid, args, meta = launch_args(q, k, v, out, lse, causal=False, softmax_scale=scale, views=views)
+        fns["the JIT's launch alone"] = lambda: attn_fwd_sm90_kernel[grid](*args, **meta)
+        fns["sm90.launch alone"] = lambda: sm90.launch(attn_fwd_sm90_kernel, grid, args, meta)
+        fns["  argument classes"] = lambda: tuple(map(sm90._arg_class, args))
+    fns.update({
+        "  _prepare (validation, out)": lambda: API._prepare(
+            q, k, v, varlen=False, causal=causal, window=(-1, -1), softmax_scale=None, softcap=0.0,
+            alibi_slopes=None, sinks=None, out=None, descales=(None,) * 3),
+        "  check_qkv": lambda: V.check_qkv(q, k, v, varlen=False),
+        "  check_options": lambda: V.check_options(q, window=(-1, -1), softmax_scale=None, softcap=0.0,
+                                                   alibi_slopes=None, sinks=None, batch=b),
+        "  _direct": lambda: _direct((q, k, v, out, None, None, s, s, scale, -1, 0, 0.0, None, None, None, None,
+                                      None, None)),
+        "  out: new_empty": lambda: q.new_empty(q.shape),
+        "  lse: torch.empty": lambda: torch.empty((b, h, s), dtype=torch.float32, device=q.device),
+        "  causal counter": (lambda: forward_sm90._counter(q.device)) if hasattr(forward_sm90, "_counter")
+        else lambda: torch.zeros(1, dtype=torch.int32, device=q.device),       # what older trees allocate
+        "  supported (views)": lambda: forward_sm90.supported(q, k, v),
+        "  one descriptor": lambda: sm90.descriptor(q, views[0], [1, 64, d]),
+        "  triton.cdiv": lambda: triton.cdiv(s, 128),
+        "peer: sdpa-fa2": sdpa(SDPBackend.FLASH_ATTENTION, q, k, v, causal),
+        "peer: cudnn": sdpa(SDPBackend.CUDNN_ATTENTION, q, k, v, causal),
+    })
+    return fns
+
+
+def decode_levels():
+    """The other eager entry points at small sizes: paged decode and MLA decode (dense, and sparse through the
+    V3.2 FP8 cache)."""
+    import fmha.mla as mla
+    from fmha.bench import paged_copy
+    b, sk, page = 4, 256, 64
+    q = torch.randn(b, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
+    kc, vc = (torch.randn(b, sk, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    kp, vp, table = paged_copy(page, kc, vc)
+    lens = torch.full((b,), sk, dtype=torch.int32, device="cuda")
+    ql = torch.randn(b, 1, 128, 576, device="cuda", dtype=torch.bfloat16)
+    cache, mtable = paged_copy(page, torch.randn(b, sk, 1, 576, device="cuda", dtype=torch.bfloat16))
+    meta, splits = mla.get_mla_metadata(lens, 128, 1)
+    return {
+        "attention_with_kvcache (paged)": lambda: fmha.attention_with_kvcache(q, kp, vp, lens, block_table=table),
+        "flash_mla_with_kvcache (h_q 128)": lambda: mla.flash_mla_with_kvcache(ql, cache, mtable, lens, 512, meta,
+                                                                               splits),
+    }
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--shape", type=int, nargs=4, default=[1, 128, 8, 256], metavar=("B", "S", "H", "D"),
                    help="a small call by default, so that the GPU is never what the host waits for")
-    b, s, h, d = p.parse_args().shape
+    p.add_argument("--profile", action="store_true", help="also print a cProfile of fmha.attention (causal)")
+    p.add_argument("--rounds", type=int, default=5,
+                   help="every entry is timed once a round; the least of its rounds is printed (the host's speed "
+                        "drifts by up to 2x within a process)")
+    a = p.parse_args()
+    b, s, h, d = a.shape
     q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    out = torch.empty_like(q)
-    lse = torch.empty(b, h, s, device="cuda")
-    for causal in (False, True):
-        levels = {
-            "fmha.attention": lambda: fmha.attention(q, k, v, causal=causal),
-            "attention_forward_sm90": lambda: attention_forward_sm90(q, k, v, out, lse, causal=causal,
-                                                                     softmax_scale=d ** -0.5),
-            "launch_args alone": lambda: launch_args(q, k, v, out, lse, causal=causal, softmax_scale=d ** -0.5),
-        }
-        if not causal:
-            grid, args, meta = launch_args(q, k, v, out, lse, causal=False, softmax_scale=d ** -0.5)
-            levels["the JIT's launch alone"] = lambda: attn_fwd_sm90_kernel[grid](*args, **meta)
-        for name, fn in levels.items():
-            issue, total = host_us(fn)
-            print(f"{'causal' if causal else 'full  '} {name:24s} issue {issue:7.1f} us/call   "
-                  f"issue + run {total:7.1f} us/call", flush=True)
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(200):
-        fmha.attention(q, k, v, causal=True)
-    prof.disable()
-    torch.cuda.synchronize()
-    pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+    entries = {(f"{'causal' if causal else 'full  '} {name}"): fn
+               for causal in (False, True) for name, fn in levels(q, k, v, causal).items()}
+    entries.update({f"decode {name}": fn for name, fn in decode_levels().items()})
+    best = {}
+    for _ in range(a.rounds):
+        for name, fn in entries.items():
+            if fn is None:          # the API layer alone: the launcher it reaches replaced by a no-op
+                saved = forward_sm90.attention_forward_sm90
+                forward_sm90.attention_forward_sm90 = lambda *args, **kw: None
+                try:
+                    times = host_us(entries[name.replace("API layer alone (no launcher)", "fmha.attention")])
+                finally:
+                    forward_sm90.attention_forward_sm90 = saved
+            else:
+                try:
+                    times = host_us(fn)
+                except Exception as e:             # a peer this torch cannot run on these inputs
+                    best[name] = f"failed: {type(e).__name__}: {e}"
+                    continue
+            old = best.get(name)
+            best[name] = times if not isinstance(old, tuple) else min(old, times)
+    for name, times in best.items():
+        if isinstance(times, str):
+            print(f"{name:43s} {times}")
+        else:
+            print(f"{name:43s} issue {times[0]:7.1f} us/call   issue + run {times[1]:7.1f} us/call", flush=True)
+    if a.profile:
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(200):
+            fmha.attention(q, k, v, causal=True)
+        prof.disable()
+        torch.cuda.synchronize()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(25)
 
 
 if __name__ == "__main__":

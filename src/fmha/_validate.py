@@ -12,6 +12,7 @@ import torch
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 FP8 = torch.float8_e4m3fn
+QKV_DTYPES = HALF_DTYPES + (FP8,)
 MAX_HEAD_DIM = 256
 EXTRA_HEAD_DIMS = (512, 576)   # DeepSeek-V4 (512) and MLA's 576 (= 512 latent + 64 RoPE)
 
@@ -39,7 +40,7 @@ def check_tensor(name, t, *, ndim=None, dtypes=None, device=None, optional=False
 
 def check_device(name, t):
     """Kernels run on CUDA; CPU tensors are accepted only under the Triton interpreter."""
-    if t.device.type == "cuda":
+    if t.is_cuda:
         return
     if t.device.type == "cpu" and interpreting():
         return
@@ -62,13 +63,15 @@ def check_qkv(q, k, v, *, varlen: bool, check_batch: bool = True):
     """q/k/v on one device, heads_q % heads_k == 0, matching head_dim_qk. dtypes: all fp16 or all bf16; all
     float8_e4m3fn; or fp16/bf16 q with float8_e4m3fn k and v (an FP8 KV cache)."""
     ndim = 3 if varlen else 4
-    check_tensor("q", q, ndim=ndim, dtypes=HALF_DTYPES + (FP8,))
+    check_tensor("q", q, ndim=ndim, dtypes=QKV_DTYPES)
     check_device("q", q)
-    check_tensor("k", k, ndim=ndim, dtypes=(q.dtype,) if q.dtype == FP8 else (q.dtype, FP8), device=q.device)
-    check_tensor("v", v, ndim=ndim, dtypes=(k.dtype,), device=q.device)
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        check_last_dim_contiguous(name, t)
-    hq, dqk = q.shape[-2], q.shape[-1]
+    device = q.device
+    check_tensor("k", k, ndim=ndim, dtypes=(FP8,) if q.dtype == FP8 else (q.dtype, FP8), device=device)
+    check_tensor("v", v, ndim=ndim, dtypes=(k.dtype,), device=device)
+    check_last_dim_contiguous("q", q)
+    check_last_dim_contiguous("k", k)
+    check_last_dim_contiguous("v", v)
+    *_, hq, dqk = q.shape
     hk = k.shape[-2]
     if k.shape[-1] != dqk:
         raise ValueError(f"k: head_dim must equal q's ({dqk}), got {k.shape[-1]}")
