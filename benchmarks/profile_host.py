@@ -8,7 +8,7 @@ that way: NOTES.md, thirty-ninth session). Prints microseconds of host time per 
 one synchronisation at the end):
 - levels: `fmha.attention`, the API layer alone (the kernel's launcher replaced by a no-op), `attention_forward`
   with outputs given, the Gluon launcher, building its arguments alone, the launch alone (the JIT's, and
-  `sm90.launch`'s direct one);
+  `launch.launch`'s direct one);
 - pieces of the API layer and the launcher (validation, allocations, the causal counter, descriptors);
 - the peers on the same inputs: torch SDPA's FlashAttention-2 and cuDNN backends (their whole call);
 - the decode entry points at small sizes (`attention_with_kvcache` on a paged cache, `flash_mla_with_kvcache`).
@@ -29,6 +29,10 @@ import fmha
 from fmha import _validate as V
 from fmha._ops import _direct
 from fmha.kernels import forward, forward_sm90, sm90
+try:
+    from fmha.kernels.launch import _arg_class, launch
+except ImportError:                     # trees before the fortieth session, for comparisons
+    from fmha.kernels.sm90 import _arg_class, launch
 from fmha.kernels.forward_sm90 import attention_forward_sm90, attn_fwd_sm90_kernel, launch_args
 
 API = importlib.import_module("fmha.attention")      # the module (the package exports its function)
@@ -78,8 +82,8 @@ def levels(q, k, v, causal):
     if not causal:
         grid, args, meta = launch_args(q, k, v, out, lse, causal=False, softmax_scale=scale, views=views)
         fns["the JIT's launch alone"] = lambda: attn_fwd_sm90_kernel[grid](*args, **meta)
-        fns["sm90.launch alone"] = lambda: sm90.launch(attn_fwd_sm90_kernel, grid, args, meta)
-        fns["  argument classes"] = lambda: tuple(map(sm90._arg_class, args))
+        fns["launch.launch alone"] = lambda: launch(attn_fwd_sm90_kernel, grid, args, meta)
+        fns["  argument classes"] = lambda: tuple(map(_arg_class, args))
     fns.update({
         "  _prepare (validation, out)": lambda: API._prepare(
             q, k, v, varlen=False, causal=causal, window=(-1, -1), softmax_scale=None, softcap=0.0,

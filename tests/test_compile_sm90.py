@@ -457,19 +457,29 @@ def test_sparse_decode_fp8_compiles_for_sm90(case):
 
 
 def test_launch_cache_classes():
-    """`sm90.launch` reuses a compile for every argument list of one `_arg_class` tuple, so within a class Triton's
-    own specialization must be one and the same (else a kernel compiled for 16-byte aligned pointers or strides
-    divisible by 16 would run on others): ints around 1, 16 and the int32 range, floats, None, tensors at every
-    alignment, `descriptor`s of two boxes over aligned and unaligned bases."""
+    """`launch.launch` reuses a compile for every argument list of one `_arg_class` tuple, so within a class
+    Triton's own specialization must be one and the same (else a kernel compiled for 16-byte aligned pointers or
+    strides divisible by 16 would run on others): ints around 1, 16 and the int32 range, floats, None, tensors at
+    every alignment, Gluon `descriptor`s and `triton.language` tensor descriptors of two boxes over aligned and
+    unaligned bases."""
     from triton._C.libtriton import native_specialize_impl
     from triton.backends.compiler import BaseBackend
-    from fmha.kernels.sm90 import _arg_class, descriptor
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    from fmha.kernels.launch import _arg_class
+    from fmha.kernels.sm90 import descriptor
     buf = torch.zeros(1 << 16, dtype=torch.bfloat16)
     ints = [0, 1, 2, 15, 16, 17, 48, 2 ** 31 - 16, 2 ** 31 - 1, 2 ** 31, 2 ** 33 + 16, -1, -16, -(2 ** 31),
             -(2 ** 31) - 16]
     tensors = [buf[off:] for off in (0, 1, 3, 8, 16)] + [buf.float()[off:] for off in (0, 2, 4)] + [buf.half()]
     descs = [descriptor(buf[off:off + 2 * 64 * d].view(2, 64, d), ([2, 64, d], [64 * d, d, 1]), [1, 64, d])
              for d in (64, 128) for off in (0, 8, 1)]
+    for d in (64, 128):
+        for off in (0, 8, 1):             # the portable kernel's (its constructor refuses an unaligned base)
+            t = buf[off:off + 2 * 64 * d].view(1, 64, 2, d)
+            desc = object.__new__(TensorDescriptor)
+            desc.base, desc.shape, desc.strides, desc.block_shape = t, list(t.shape), list(t.stride()), [1, 64, 1, d]
+            desc.padding = "zero"
+            descs.append(desc)
     classes = {}
     for a in ints + [0.5, 1.0, None] + tensors + descs:
         c = _arg_class(a)

@@ -139,7 +139,7 @@ def test_gluon_causal_half_tiles_d128(shape):
 
 def test_gluon_launch_cache_alignment():
     """One call three times with `out` 16-byte aligned, 2 bytes off, aligned again: the unaligned output is a new
-    argument class for `sm90.launch`, so it gets its own compile instead of the aligned one's (whose stores assume
+    argument class for `launch.launch`, so it gets its own compile instead of the aligned one's (whose stores assume
     the alignment); each result is checked. The second aligned call is a cache hit."""
     torch.manual_seed(4)
     b, sq, h, d = 2, 300, 4, 64

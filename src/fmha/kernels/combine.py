@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 
 from .common import LOG2E, lse_ptrs, sink_keep
+from .launch import launch
 
 
 @triton.jit
@@ -103,12 +104,11 @@ def combine(out, lse, o_part, lse_part, *, rows_per_k, group, split_offsets=None
     # Rows per program: as many as the in-flight budget allows while the grid still covers every SM twice.
     block_r = max(1, min(_IN_FLIGHT // (block_s * block_dv), batch * total_rows // (2 * num_sms(out.device)), 8))
     block_r = 1 << (block_r.bit_length() - 1)
-    combine_kernel[(batch, triton.cdiv(total_rows, block_r))](
+    launch(combine_kernel, (batch, triton.cdiv(total_rows, block_r)), (
         out, lse, o_part, lse_part, split_offsets, sinks,
         num_splits, group, rows_per_k, total_rows, empty_lse,
         out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1), lse.stride(2),
         batch // max(lse.shape[0], 1), o_part.stride(0), o_part.stride(1) if per_batch else 0, o_part.stride(-2),
-        lse_part.stride(0), lse_part.stride(1) if per_batch else 0,
-        DV=dv, BLOCK_DV=block_dv, BLOCK_R=block_r, BLOCK_S=block_s,
-        VARIABLE_SPLITS=not per_batch, HAS_SINKS=sinks is not None, num_warps=4,
-    )
+        lse_part.stride(0), lse_part.stride(1) if per_batch else 0),
+        dict(DV=dv, BLOCK_DV=block_dv, BLOCK_R=block_r, BLOCK_S=block_s, VARIABLE_SPLITS=not per_batch,
+             HAS_SINKS=sinks is not None, num_warps=4))

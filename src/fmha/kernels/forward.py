@@ -15,6 +15,7 @@ import triton.language as tl
 from ..schedule import num_sms, plan_num_splits
 from .combine import combine
 from .common import LN2, LOG2E, online_softmax_step, scores_log2, visible
+from .launch import launch
 from .sm90 import gluon_enabled
 
 
@@ -528,14 +529,14 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
         o_dst, lse_dst = o_parts[0], lse_parts[0].transpose(1, 2)
         split_strides = (o_parts.stride(0), lse_parts.stride(0))
     grid = (batch * heads_eff, triton.cdiv(seqlen_q * gp, block_m), num_splits)
-    attn_fwd_kernel[grid](
-        q4, k4, v4, o_dst, lse_dst, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks, k_desc, v_desc,
-        cache_seqlens, block_table, window_lefts, *(None if d is None else d.contiguous() for d in descales),
-        seqlen_q, seqlen_k, block_table.stride(0) if paged else 0, k.shape[1] if paged else 1, *split_strides,
-        *_strides(q4, varlen), *_strides(k4, varlen), *_strides(v4, varlen), *_strides(o_dst, varlen),
-        *(lse_dst.stride() if not varlen else lse_strides),
-        gp, group, heads_eff,
-        scale * 1.4426950408889634, float(softcap), left, right,
+    args = (q4, k4, v4, o_dst, lse_dst, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks, k_desc, v_desc,
+            cache_seqlens, block_table, window_lefts, *(None if d is None else d.contiguous() for d in descales),
+            seqlen_q, seqlen_k, block_table.stride(0) if paged else 0, k.shape[1] if paged else 1, *split_strides,
+            *_strides(q4, varlen), *_strides(k4, varlen), *_strides(v4, varlen), *_strides(o_dst, varlen),
+            *(lse_dst.stride() if not varlen else lse_strides),
+            gp, group, heads_eff,
+            scale * 1.4426950408889634, float(softcap), left, right)
+    launch(attn_fwd_kernel, grid, args, dict(
         HEAD_DIM_QK=dqk, HEAD_DIM_V=dv, BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_D=block_d, BLOCK_DT=max(block_dt, 16), BLOCK_DV=block_dv, HAS_TAIL=block_dt > 0,
         IS_VARLEN=varlen, MASK_LEFT=left >= 0 or window_lefts is not None, MASK_RIGHT=right >= 0,
@@ -544,7 +545,7 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
         HAS_SEQLENS_K=cache_seqlens is not None, PAGED=paged, SPLIT=num_splits > 1,
         LEFT_PER_BATCH=window_lefts is not None, PAGE_TILE=_page_tile(k.shape[1], block_n) if paged else 0,
         num_warps=num_warps, num_stages=num_stages,
-    )
+    ))
     if num_splits > 1:
         rows = seqlen_q * heads_q
         combine(out, lse, o_parts.view(num_splits, batch, rows, dv), lse_parts.view(num_splits, batch, rows),

@@ -33,7 +33,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 from ..schedule import num_sms
-from .sm90 import capability, descriptor, launch
+from .launch import launch
+from .sm90 import capability, descriptor
 
 _ROWS = 64                        # query rows per consumer warpgroup; a CTA has two or three
 ROWS = gl.constexpr(_ROWS)        # the same, for the kernels

@@ -82,7 +82,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from .._kv_fp8 import MODEL1_ROW, MODEL1_TAIL, model1_parts
 from ..schedule import SCHED_BLOCK, SCHED_FIELDS as _SCHED_FIELDS
-from .sm90 import capability, descriptor, launch
+from .launch import launch
+from .sm90 import capability, descriptor
 
 ROWS = gl.constexpr(64)           # packed query rows per program (wgmma's M)
 BLOCK_N = gl.constexpr(64)        # keys per tile: one scheduling block

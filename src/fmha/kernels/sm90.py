@@ -1,6 +1,6 @@
 """Host-side pieces shared by the Gluon kernels for Hopper (`forward_sm90`, `mla_decode_sm90`, `sparse_decode_sm90`):
 whether they may run, the device's compute capability, TMA descriptors built without the constructor's checks, and
-2-CTA cluster launches of kernels compiled for one CTA. Gluon is
+2-CTA cluster launches of kernels compiled for one CTA (plain launches: `launch.launch`). Gluon is
 imported only when a descriptor is built: the portable paths (and the interpreter) never import it here."""
 from __future__ import annotations
 
@@ -38,45 +38,6 @@ def descriptor(t, view, block):
     desc.base, desc.shape, desc.strides, desc.block_shape, desc.padding = t, shape, strides, block, "zero"
     desc.layout = smem_layout(block[1], block[2], t.dtype)
     return desc
-
-
-def _arg_class(a):
-    """What Triton's JIT specializes a kernel argument on (`native_specialize_impl`), or None for a kind of argument
-    this module does not know: an int's width, divisibility by 16 and whether it is 1; a tensor's dtype and 16-byte
-    alignment; a `descriptor`'s dtype and box (its layout follows from them); a float's or None's type alone."""
-    kind = type(a)
-    if kind is int:
-        return (a == 1, a % 16 == 0, -(1 << 31) <= a < (1 << 31))
-    if kind is float or a is None:
-        return kind
-    if isinstance(a, torch.Tensor):
-        return (a.dtype, a.data_ptr() % 16 == 0)
-    if hasattr(a, "block_shape") and hasattr(a, "base"):
-        return (a.base.dtype, tuple(a.block_shape))
-    return None
-
-
-_COMPILED = {}
-
-
-def launch(fn, grid, args, meta):
-    """`fn[grid](*args, **meta)` for a Gluon kernel (descriptors from `descriptor`, `args` its runtime arguments in
-    order, `meta` its constexprs, those left out taking their defaults, and options), without the JIT's per-call binding of ~30 arguments once a compile
-    exists for arguments of this class (`_arg_class`, at least as fine as Triton's specialization): the compiled
-    kernel is launched directly. That binding cost 10-20 us of the 100-240 us of host time of an eager prefill call,
-    which a 1k-token causal prefill's kernel (~180 us) barely covers (NOTES.md, thirty-ninth session)."""
-    classes = tuple(map(_arg_class, args))
-    if None in classes:
-        fn[grid](*args, **meta)
-        return
-    key = (fn, torch.cuda.current_device(), classes, tuple(meta.items()))
-    hit = _COMPILED.get(key)
-    if hit is None:
-        kernel = fn[grid](*args, **meta)
-        _COMPILED[key] = (kernel, tuple(meta.get(p.name, p.default) for p in fn.params[len(args):]))
-        return
-    kernel, constexprs = hit
-    kernel[(*grid, 1, 1)[:3]](*args, *constexprs)
 
 
 def shared_offsets(kernel, names):

@@ -34,7 +34,8 @@ from . import mla_decode_sm90
 from .mla_decode_sm90 import (BLOCK_N, DT, HALF, LN2, LOG2E, MODEL1, MODEL1_NOPE, O_LAYOUT, P_LAYOUT, ROWS,
                               S_LAYOUT, STAGES, V32, _E4M3_TO_BF16, _gather_bases, _signal, ue8m0_multipliers)
 from .cluster_sm90 import THREADS, cluster_free, cluster_sync
-from .sm90 import descriptor, launch, launch_pairs
+from .launch import launch
+from .sm90 import descriptor, launch_pairs
 
 # The loader's view of a tile: its bytes as 32-bit words (carried from one loop iteration to the next as 32-bit
 # registers; bytes would take one register each), 16 bytes a load, 8 rows a warp (4 threads a row of 64 bytes).

@@ -1,0 +1,51 @@
+"""`launch`: a Triton or Gluon kernel launched without the JIT's per-call binding of its arguments.
+
+`kernel[grid](*args, **meta)` binds every argument through Triton's specializer, builds a cache key and checks the
+kernel's globals on each call: 30-70 us of host time for our kernels' 25-50 arguments on the device's hosts, more
+than a short prefill's or a decode step's kernel runs. Once a compile exists for arguments of one class
+(`_arg_class`, at least as fine as Triton's specialization), `launch` launches that compiled kernel directly.
+"""
+from __future__ import annotations
+
+import torch
+from triton.runtime.jit import JITFunction
+
+
+def _arg_class(a):
+    """What Triton's JIT specializes a kernel argument on (`native_specialize_impl`), or None for a kind of argument
+    this module does not know: an int's width, divisibility by 16 and whether it is 1; a tensor's dtype and 16-byte
+    alignment; a tensor descriptor's dtype and box (a Gluon descriptor's layout follows from them, `sm90.descriptor`);
+    a float's or None's type alone."""
+    kind = type(a)
+    if kind is int:
+        return (a == 1, a % 16 == 0, -(1 << 31) <= a < (1 << 31))
+    if kind is float or a is None:
+        return kind
+    if isinstance(a, torch.Tensor):
+        return (a.dtype, a.data_ptr() % 16 == 0)
+    if hasattr(a, "block_shape") and hasattr(a, "base"):
+        return (a.base.dtype, tuple(a.block_shape))
+    return None
+
+
+_COMPILED = {}
+
+
+def launch(fn, grid, args, meta):
+    """`fn[grid](*args, **meta)`: `args` are the kernel's runtime arguments in order (tensors, ints, floats, None,
+    tensor descriptors), `meta` its constexprs (those left out take their defaults) and options. The first call of
+    an argument class compiles through the JIT; later ones launch the compiled kernel directly. Arguments of a kind
+    `_arg_class` does not know, and the interpreter, take the JIT's own path every time. (The prefill's binding
+    cost 10-20 us of an eager call's 100-240 us; NOTES.md, thirty-ninth and fortieth sessions.)"""
+    classes = tuple(map(_arg_class, args)) if isinstance(fn, JITFunction) else (None,)
+    if None in classes:
+        fn[grid](*args, **meta)
+        return
+    key = (fn, torch.cuda.current_device(), classes, tuple(meta.items()))
+    hit = _COMPILED.get(key)
+    if hit is None:
+        kernel = fn[grid](*args, **meta)
+        _COMPILED[key] = (kernel, tuple(meta.get(p.name, p.default) for p in fn.params[len(args):]))
+        return
+    kernel, constexprs = hit
+    kernel[(*grid, 1, 1)[:3]](*args, *constexprs)
