@@ -550,9 +550,9 @@ def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpon
     if pingpong is None:
         # tune_prefill_sm90_h100.json: +0.5-7% at d >= 128, mostly a loss at d = 64. Five later runs at d = 128
         # (history/tune_prefill_tmastore_h100_*.json, the pointer-store rows) had it 4-7% behind at 16k without
-        # a mask and level with it at 4k: on for d = 256 and causal d = 128 only. Causal d = 128 below 4k rows
-        # was 1.5% faster without it in 16 of 16 timings over two sessions, level at 4k and 16k
-        # (history/ab_pingpong_d128_h100_6fcb181_{a,b}.json): on from PINGPONG_MIN_ROWS_D128 rows.
+        # a mask and level with it at 4k: on for d = 256 and causal d = 128 only. Causal d = 128 at 1k was 1.5%
+        # faster without it (every set of the thirty-ninth session's probes, every pair average of
+        # history/ab_pingpong_d128_h100_6fcb181_{a,b}.json), level at 4k and 16k: on from PINGPONG_MIN_ROWS_D128.
         pingpong = d == 256 or (d == 128 and causal and seqlen_q >= PINGPONG_MIN_ROWS_D128)
     pingpong = pingpong and wgs == 2              # the hand-off is between two warpgroups
 
