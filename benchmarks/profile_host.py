@@ -13,8 +13,7 @@ one synchronisation at the end):
 - the peers on the same inputs: torch SDPA's FlashAttention-2 and cuDNN backends (their whole call);
 - the decode entry points at small sizes (`attention_with_kvcache` on a paged cache, `flash_mla_with_kvcache`).
 Causal and not. Every entry is timed once a round and the least of the rounds printed. With --profile, the top
-entries of a cProfile of `fmha.attention` (causal) follow. The JIT's launch alone is timed without a mask only (a
-causal launch's counter is the launcher's to hand over).
+entries of a cProfile of `fmha.attention` (causal) follow. The launches alone are timed without a mask only.
 """
 import argparse
 import cProfile
@@ -23,7 +22,6 @@ import pstats
 import time
 
 import torch
-import triton
 
 import fmha
 from fmha import _validate as V
@@ -99,7 +97,6 @@ def levels(q, k, v, causal):
         else lambda: torch.zeros(1, dtype=torch.int32, device=q.device),       # what older trees allocate
         "  supported (views)": lambda: forward_sm90.supported(q, k, v),
         "  one descriptor": lambda: sm90.descriptor(q, views[0], [1, 64, d]),
-        "  triton.cdiv": lambda: triton.cdiv(s, 128),
         "peer: sdpa-fa2": sdpa(SDPBackend.FLASH_ATTENTION, q, k, v, causal),
         "peer: cudnn": sdpa(SDPBackend.CUDNN_ATTENTION, q, k, v, causal),
     })
@@ -107,8 +104,7 @@ def levels(q, k, v, causal):
 
 
 def decode_levels():
-    """The other eager entry points at small sizes: paged decode and MLA decode (dense, and sparse through the
-    V3.2 FP8 cache)."""
+    """The other eager entry points at small sizes: paged decode and dense MLA decode."""
     import fmha.mla as mla
     from fmha.bench import paged_copy
     b, sk, page = 4, 256, 64

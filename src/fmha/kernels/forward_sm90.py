@@ -423,8 +423,8 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, seqlen_q, seql
                          PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr, WGS: gl.constexpr,
                          OFFSETS_64: gl.constexpr):
     """Persistent: each program runs work items until none is left (`_next_item`); COUNTER is two zeroed int32
-    words (causal calls, `_counter`; None otherwise), which the kernel leaves zeroed. OFFSETS_64: O or LSE reaches past 2^31 elements (the epilogue's offsets in 64
-    bits)."""
+    words (causal calls, `_counter`; None otherwise), which the kernel leaves zeroed. OFFSETS_64: O or LSE reaches
+    past 2^31 elements (the epilogue's offsets in 64 bits)."""
     n_m = gl.cdiv(seqlen_q, WGS * ROWS)
     dtype: gl.constexpr = q_desc.dtype
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, HEAD_D], dtype)
