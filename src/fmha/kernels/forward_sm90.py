@@ -538,7 +538,13 @@ def _counter(device):
     key = (device.index, torch._C._cuda_getCurrentRawStream(device.index))
     counter = _COUNTERS.get(key)
     if counter is None:
-        counter = _COUNTERS[key] = torch.zeros(2, dtype=torch.int32, device=device)
+        # Made on a stream of its own, once: allocations on the current stream may be routed to a CUDA graph's
+        # private memory pool (torch.compile's warm-up runs), whose blocks a later graph may be given again.
+        side = torch.cuda.Stream(device)
+        with torch.cuda.stream(side):
+            counter = torch.zeros(2, dtype=torch.int32, device=device)
+        side.synchronize()
+        _COUNTERS[key] = counter
     return counter
 
 
