@@ -203,10 +203,11 @@ def test_gluon_causal_counter_reuse():
 
 
 def test_gluon_causal_counter_under_compiled_graphs():
-    """torch.compile's CUDA graphs (mode="reduce-overhead"): its warm-up runs are eager calls whose allocations may
-    come from the graph's private pool, then it records and replays. Compiled calls (warm-up, recording, replays)
-    and eager ones on the same inputs alternate; every result is checked, so a stream's counter that a graph had
-    been given memory over would show as NaN or wrong rows in a later call."""
+    """torch.compile's CUDA graphs (mode="reduce-overhead"): its warm-up runs are eager calls whose allocations the
+    calling thread routes to the graph's private pool, then it records and replays. Compiled calls (warm-up,
+    recording, replays) and eager ones on the same inputs alternate, every result checked. A counter first made
+    inside the pool fails here: torch refuses a block left alive there untracked (the side-stream form did), and
+    one that a graph were given memory over would show as wrong rows in a later call."""
     torch.manual_seed(6)
     b, s, h, d = 2, 900, 4, 128
     q, k, v = (torch.randn(b, s, h, d, dtype=torch.bfloat16, device="cuda") for _ in range(3))
