@@ -33,6 +33,16 @@ def _gluon_ok(q, k, v):
     return torch.cuda.get_device_capability()[0] == 9 and forward_sm90.supported(q, k, v)
 
 
+def _dense_inputs(seed, b, s, h, d):
+    """q, k, v of (b, s, h, d) bf16, plain contiguous tensors seeded by `seed`; skips unless the Gluon path takes
+    them."""
+    torch.manual_seed(seed)
+    q, k, v = (torch.randn(b, s, h, d, dtype=torch.bfloat16, device="cuda") for _ in range(3))
+    if not _gluon_ok(q, k, v):
+        pytest.skip("not an sm_90 GPU")
+    return q, k, v
+
+
 def _inputs(shape, dtype=torch.bfloat16):
     """q, k, v of `shape` (seeded by it), with batch and sequence strides padded with NaN rows and columns the
     kernel must not read; skips unless the Gluon path takes them."""
@@ -141,11 +151,8 @@ def test_gluon_launch_cache_alignment():
     """One call three times with `out` 16-byte aligned, 2 bytes off, aligned again: the unaligned output is a new
     argument class for `launch.launch`, so it gets its own compile instead of the aligned one's (whose stores assume
     the alignment); each result is checked. The second aligned call is a cache hit."""
-    torch.manual_seed(4)
     b, sq, h, d = 2, 300, 4, 64
-    q, k, v = (torch.randn(b, sq, h, d, dtype=torch.bfloat16, device="cuda") for _ in range(3))
-    if not _gluon_ok(q, k, v):
-        pytest.skip("not an sm_90 GPU")
+    q, k, v = _dense_inputs(4, b, sq, h, d)
     ref = attention_ref(q, k, v, causal=True)
     n = b * sq * h * d
     buf = torch.full((n + 8,), float("nan"), dtype=torch.bfloat16, device="cuda")
@@ -208,11 +215,7 @@ def test_gluon_causal_counter_under_compiled_graphs():
     recording, replays) and eager ones on the same inputs alternate, every result checked. A counter first made
     inside the pool fails here: torch refuses a block left alive there untracked (the side-stream form did), and
     one that a graph were given memory over would show as wrong rows in a later call."""
-    torch.manual_seed(6)
-    b, s, h, d = 2, 900, 4, 128
-    q, k, v = (torch.randn(b, s, h, d, dtype=torch.bfloat16, device="cuda") for _ in range(3))
-    if not _gluon_ok(q, k, v):
-        pytest.skip("not an sm_90 GPU")
+    q, k, v = _dense_inputs(6, 2, 900, 4, 128)
     ref = attention_ref(q, k, v, causal=True)
 
     def block(q, k, v):
