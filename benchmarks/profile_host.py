@@ -11,9 +11,11 @@ one synchronisation at the end):
   `launch.launch`'s direct one);
 - pieces of the API layer and the launcher (validation, allocations, the causal counter, descriptors);
 - the peers on the same inputs: torch SDPA's FlashAttention-2 and cuDNN backends (their whole call);
-- the decode entry points at small sizes (`attention_with_kvcache` on a paged cache, `flash_mla_with_kvcache`).
-Causal and not. Every entry is timed once a round and the least of the rounds printed. With --profile, the top
-entries of a cProfile of `fmha.attention` (causal) follow. The launches alone are timed without a mask only.
+- the decode entry points at small sizes (`attention_with_kvcache` on a paged cache, `flash_mla_with_kvcache`
+  dense and token-sparse).
+Causal and not. Every entry is timed once a round and the least of the rounds printed. With --profile [causal|paged|
+mla|sparse], the top entries of a cProfile of that entry follow (`fmha.attention` causal by default). The launches
+alone are timed without a mask only.
 """
 import argparse
 import cProfile
@@ -115,18 +117,30 @@ def decode_levels():
     ql = torch.randn(b, 1, 128, 576, device="cuda", dtype=torch.bfloat16)
     cache, mtable = paged_copy(page, torch.randn(b, sk, 1, 576, device="cuda", dtype=torch.bfloat16))
     meta, splits = mla.get_mla_metadata(lens, 128, 1)
+    indices = torch.randint(0, b * sk, (b, 1, 256), dtype=torch.int32, device="cuda")
+    smeta, ssplits = mla.get_mla_metadata(lens, 64, 1, num_heads_q=64, topk=256)
+    qs = ql[:, :, :64].contiguous()
     return {
         "attention_with_kvcache (paged)": lambda: fmha.attention_with_kvcache(q, kp, vp, lens, block_table=table),
         "flash_mla_with_kvcache (h_q 128)": lambda: mla.flash_mla_with_kvcache(ql, cache, mtable, lens, 512, meta,
                                                                                splits),
+        "flash_mla_with_kvcache sparse (h_q 64)": lambda: mla.flash_mla_with_kvcache(
+            qs, cache, None, lens, 512, smeta, ssplits, indices=indices),
     }
+
+
+PROFILED = {"causal": None, "paged": "decode attention_with_kvcache (paged)",
+            "mla": "decode flash_mla_with_kvcache (h_q 128)",
+            "sparse": "decode flash_mla_with_kvcache sparse (h_q 64)"}
 
 
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--shape", type=int, nargs=4, default=[1, 128, 8, 256], metavar=("B", "S", "H", "D"),
                    help="a small call by default, so that the GPU is never what the host waits for")
-    p.add_argument("--profile", action="store_true", help="also print a cProfile of fmha.attention (causal)")
+    p.add_argument("--profile", nargs="?", const="causal", choices=PROFILED,
+                   help="also print a cProfile of one entry: fmha.attention causal (the default) or one of the "
+                        "decode entries")
     p.add_argument("--rounds", type=int, default=5,
                    help="every entry is timed once a round; the least of its rounds is printed (the host's speed "
                         "drifts by up to 2x within a process)")
@@ -160,13 +174,15 @@ def main():
         else:
             print(f"{name:43s} issue {times[0]:7.1f} us/call   issue + run {times[1]:7.1f} us/call", flush=True)
     if a.profile:
+        fn = entries["causal fmha.attention" if a.profile == "causal" else PROFILED[a.profile]]
         prof = cProfile.Profile()
         prof.enable()
         for _ in range(200):
-            fmha.attention(q, k, v, causal=True)
+            fn()
         prof.disable()
         torch.cuda.synchronize()
         pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+        pstats.Stats(prof).sort_stats("cumulative").print_stats(40)
 
 
 if __name__ == "__main__":

@@ -536,6 +536,36 @@ def test_mla_cuda_graph():
     _check(out, lse, *mla_decode_ref(q, cache, table, lens, D_V, causal=True), dtype)
 
 
+@pytest.mark.gpu
+def test_sparse_plans_under_compiled_graphs(monkeypatch):
+    """torch.compile's CUDA graphs (mode="reduce-overhead") around a sparse decode layer, compiled calls (warm-up,
+    recording, replays) and eager ones alternating, every result checked. The kept uniform plans
+    (`schedule._kept`) are first made inside the compiled layer's warm-up, whose allocations torch routes to the
+    graph's private pool; one left alive there fails the next compiled call ("tensor(s) in the cudagraph pool not
+    tracked as outputs"), and one the graph's memory is reused over would show as wrong rows."""
+    from fmha import schedule
+
+    monkeypatch.setattr(schedule, "_KEPT", {})                # the plans are made here, not by an earlier test
+    b, s_q, h_q, topk, dtype = 5, 1, 64, 320, torch.bfloat16
+    g = torch.Generator().manual_seed(17)
+    cache, indices, length = _sparse_source(b, s_q, topk, 3000, 64, D_QK, dtype, "cuda", g)
+    q = torch.randn(b, s_q, h_q, D_QK, generator=g).to(dtype).cuda()
+    lens = torch.zeros(b, dtype=torch.int32, device="cuda")
+    ref = mla_sparse_decode_ref(q, cache, indices, D_V, topk_length=length)
+
+    def layer(q):
+        meta, splits = flash_mla.get_mla_metadata(lens, s_q * h_q, 1, num_heads_q=h_q, topk=topk)
+        out, lse = flash_mla.flash_mla_with_kvcache(q, cache, None, lens, D_V, meta, splits, indices=indices,
+                                                    topk_length=length)
+        return out * 1.0, lse * 1.0          # copies the graph owns
+    compiled = torch.compile(layer, mode="reduce-overhead", fullgraph=True)
+    for _ in range(5):
+        out, lse = compiled(q)
+        _check(out.clone(), lse.clone(), *ref, dtype)
+        _check(*layer(q), *ref, dtype)
+    assert len(schedule._KEPT) > 0, "the plans were kept"
+
+
 def test_mla_bad_input():
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     q = torch.randn(2, 1, 16, D_QK, device=dev, dtype=torch.float16)

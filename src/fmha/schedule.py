@@ -8,6 +8,7 @@ It uses only shapes (the cache capacity, not `cache_seqlens`), so it needs no ho
 from __future__ import annotations
 
 import functools
+import threading
 
 MAX_SPLITS = 64
 MIN_TILES_PER_SPLIT = 4
@@ -158,12 +159,45 @@ _KEPT: dict = {}
 
 def _kept(key, make, device):
     """make()'s result, kept under `key`. Made during CUDA-graph capture it is not kept: capture only records
-    the kernels that would fill it, so it holds nothing outside the graph's replays."""
+    the kernels that would fill it, so it holds nothing outside the graph's replays. Otherwise it is made
+    outside any graph's memory pool (`outside_graph_pools`), since it outlives the call."""
     import torch
 
     if key in _KEPT:
         return _KEPT[key]
-    value = make()
-    if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()) and len(_KEPT) < 256:
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return make()
+    value = outside_graph_pools(make, device) if device.type == "cuda" else make()
+    if len(_KEPT) < 256:
         _KEPT[key] = value
     return value
+
+
+_OUTSIDE = "fmha-outside-graph-pools"
+
+
+def outside_graph_pools(make, device):
+    """make()'s result (CUDA tensors on `device` that outlive the call), allocated in no CUDA graph's private
+    memory pool. torch.compile's CUDA graphs (mode="reduce-overhead") route the calling thread's allocations to
+    their pool during warm-up runs, and refuse a block there that stays alive untracked ("tensor(s) in the
+    cudagraph pool not tracked as outputs"); a side stream does not escape the routing. A thread of its own
+    does; its stream is synchronised before the result is handed over."""
+    import torch
+
+    if threading.current_thread().name == _OUTSIDE:          # already outside (a nested make)
+        return make()
+    made, failed = [], []
+
+    def work():
+        try:
+            with torch.cuda.device(device):
+                made.append(make())
+                torch.cuda.current_stream().synchronize()
+        except BaseException as e:                           # handed to the caller's thread
+            failed.append(e)
+    worker = threading.Thread(target=work, name=_OUTSIDE)
+    worker.start()
+    worker.join()
+    if failed:
+        raise failed[0]
+    return made[0]

@@ -26,15 +26,13 @@ never stored). The output is written with masked pointer stores, one row per que
 """
 from __future__ import annotations
 
-import threading
-
 import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from ..schedule import num_sms
+from ..schedule import num_sms, outside_graph_pools
 from .launch import launch
 from .sm90 import capability, descriptor
 
@@ -540,26 +538,9 @@ def _counter(device):
     key = (device.index, torch._C._cuda_getCurrentRawStream(device.index))
     counter = _COUNTERS.get(key)
     if counter is None:
-        counter = _COUNTERS[key] = _zeros_outside_graph_pools(device)
+        zeros = lambda: torch.zeros(2, dtype=torch.int32, device=device)       # noqa: E731
+        counter = _COUNTERS[key] = outside_graph_pools(zeros, device)
     return counter
-
-
-def _zeros_outside_graph_pools(device):
-    """Two zeroed int32 words from no CUDA graph's private memory pool. torch.compile's CUDA graphs route the calling
-    thread's allocations to their pool during warm-up runs, and refuse a block there that stays alive untracked
-    ("tensor(s) in the cudagraph pool not tracked as outputs"). A thread of its own allocates outside any routing;
-    its stream is synchronised before the words are handed over."""
-    made = []
-
-    def make():
-        made.append(torch.zeros(2, dtype=torch.int32, device=device))
-        torch.cuda.current_stream(device).synchronize()
-    worker = threading.Thread(target=make)
-    worker.start()
-    worker.join()
-    if not made:
-        raise RuntimeError("the causal prefill's work counter could not be allocated")
-    return made[0]
 
 
 def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None, tiles=None):
