@@ -144,10 +144,10 @@ def _old_lse_copy(real):
         return per_token[key]
 
     def call(*args):
-        s_q = args[-1]
-        args = list(args[:-1])
+        args = list(args)
+        s_q, args[19] = args[19], 1                                            # seq_tokens
         args[11], args[16] = expand(args[11], s_q), expand(args[16], s_q)     # valid, x_valid
-        out, lse = real(*args, 1)
+        out, lse = real(*args)
         return out, lse.view(-1, s_q, lse.shape[1]).transpose(1, 2).contiguous()
     return call
 

@@ -79,6 +79,47 @@ def test_compile_mla_fullgraph():
     torch.testing.assert_close(lse, ref_lse, atol=2e-3, rtol=0)
 
 
+def test_compile_sparse_mla_fullgraph(monkeypatch):
+    """Token-sparse decode (its plan taken inside the op) and sparse prefill, each planned and run in one traced
+    graph, with and without topk lengths. Nothing of the kept plans may be traced: on a GPU their keeping asks
+    whether the stream is capturing, which dynamo cannot trace (a graph break, an error with fullgraph)."""
+    import fmha.mla as flash_mla
+    from fmha import schedule
+    from fmha.reference import mla_sparse_decode_ref, mla_sparse_prefill_ref
+
+    def kept(*args):
+        if torch.compiler.is_compiling():
+            raise AssertionError("schedule._kept traced")
+        return real(*args)
+    real = schedule._kept
+    monkeypatch.setattr(schedule, "_kept", kept)
+
+    g = torch.Generator().manual_seed(3)
+    b, s_q, h_q, topk, tokens = 2, 2, 16, 40, 130
+    cache = torch.randn(3, 64, 1, 576, generator=g).to(DT).to(DEV)
+    indices = torch.randint(-1, tokens, (b, s_q, topk), generator=g, dtype=torch.int32).to(DEV)
+    length = torch.tensor([topk, 17], dtype=torch.int32, device=DEV)
+    lens = torch.zeros(b, dtype=torch.int32, device=DEV)
+    q = torch.randn(b, s_q, h_q, 576, generator=g).to(DT).to(DEV)
+    kv = cache.view(-1, 1, 576)[:tokens]
+
+    def layer(q, topk_length):
+        meta, splits = flash_mla.get_mla_metadata(lens, s_q * h_q, 1, num_heads_q=h_q, topk=topk)
+        out, lse = flash_mla.flash_mla_with_kvcache(q, cache, None, lens, 512, meta, splits, indices=indices,
+                                                    topk_length=topk_length)
+        prefill = flash_mla.flash_mla_sparse_fwd(q[:, 0], kv, indices[:, 0, None], topk_length=topk_length)
+        return out, lse, prefill
+
+    for topk_length in (None, length):
+        out, lse, (p_out, p_max, p_lse) = torch.compile(layer, fullgraph=True, backend=BACKEND)(q, topk_length)
+        ref, ref_lse = mla_sparse_decode_ref(q, cache, indices, 512, topk_length=topk_length)
+        assert_close("out", out, ref, DT)
+        torch.testing.assert_close(lse, ref_lse, atol=2e-3, rtol=0)
+        p_ref, _, p_ref_lse = mla_sparse_prefill_ref(q[:, 0], kv, indices[:, 0, None], 512, topk_length=topk_length)
+        assert_close("prefill out", p_out, p_ref, DT)
+        torch.testing.assert_close(p_lse, p_ref_lse, atol=2e-3, rtol=0)
+
+
 def test_eager_calls_skip_the_dispatcher_only_on_plain_tensors():
     """`fmha._ops.custom_op` runs plain eager calls directly (host time) and everything else through the op:
     a dispatch mode (fake tensors: shape propagation, export), tensors that require grad (autograd)."""

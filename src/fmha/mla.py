@@ -77,20 +77,33 @@ def get_mla_metadata(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_he
         raise ValueError(f"num_q_tokens_per_head_k: expected s_q * {heads_per_k}, got {num_q_tokens_per_head_k}")
     tokens = cache_seqlens.shape[0] * (num_q_tokens_per_head_k // heads_per_k)
     # The plan `_sparse_decode` runs (`uniform_plan`), made fresh here: the caller owns the tensors returned.
-    return plan_mla(uniform_lengths(tokens, topk, cache_seqlens.device), mla_num_parts(heads_per_k, num_heads_k, sms))
+    lengths = torch.full((tokens,), topk, dtype=torch.int32, device=cache_seqlens.device)
+    return plan_mla(lengths, mla_num_parts(heads_per_k, num_heads_k, sms))
 
 
 @custom_op("fmha::mla_decode_fwd", mutates_args=())
 def _mla_decode_fwd(q_lat: torch.Tensor, q_rope: Optional[torch.Tensor], kv_lat: torch.Tensor,
-                    k_rope: Optional[torch.Tensor], block_table: torch.Tensor, cache_seqlens: torch.Tensor,
-                    metadata: torch.Tensor, split_offsets: torch.Tensor, softmax_scale: float,
+                    k_rope: Optional[torch.Tensor], block_table: torch.Tensor, cache_seqlens: Optional[torch.Tensor],
+                    metadata: Optional[torch.Tensor], split_offsets: Optional[torch.Tensor], softmax_scale: float,
                     causal: bool, attn_sink: Optional[torch.Tensor],
                     valid_lens: Optional[torch.Tensor], fp8_layout: Optional[str],
                     x_lat: Optional[torch.Tensor] = None, x_rope: Optional[torch.Tensor] = None,
                     x_table: Optional[torch.Tensor] = None, x_valid: Optional[torch.Tensor] = None,
-                    main_span: int = 0, whole: bool = False, seq_tokens: int = 1
+                    main_span: int = 0, whole: bool = False, seq_tokens: int = 1, uniform: int = 0
                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`uniform` > 0: token-sparse decode whose every row is planned `uniform` keys long. The plan and the
+    lengths of `valid_lens` / `x_valid` left None (every index counts) are then taken here, inside the op, from
+    the kept ones (`schedule.uniform_plan`), so that torch.compile never traces the keeping."""
     out, lse = _empty_outputs(q_lat, seq_tokens)
+    if uniform:
+        tokens, device = q_lat.shape[0], q_lat.device
+        parts = mla_num_parts(q_lat.shape[2] // kv_lat.shape[2], kv_lat.shape[2], num_sms(device))
+        cache_seqlens, metadata, split_offsets = uniform_plan(tokens, uniform, parts, device)
+        whole = runs_whole(tokens, parts)
+        if valid_lens is None:
+            valid_lens = uniform_lengths(tokens // seq_tokens, block_table.shape[-1], device)
+        if x_lat is not None and x_valid is None:
+            x_valid = uniform_lengths(tokens // seq_tokens, x_table.shape[-1], device)
     extra = None if x_lat is None else (x_lat, x_rope, x_table, x_valid, main_span)
     mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens, metadata, split_offsets, out, lse,
                        softmax_scale=softmax_scale, causal=causal, sinks=attn_sink, valid_lens=valid_lens,
@@ -101,18 +114,21 @@ def _mla_decode_fwd(q_lat: torch.Tensor, q_rope: Optional[torch.Tensor], kv_lat:
 @_mla_decode_fwd.register_fake
 def _(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens, metadata, split_offsets, softmax_scale, causal,
       attn_sink, valid_lens, fp8_layout, x_lat=None, x_rope=None, x_table=None, x_valid=None, main_span=0,
-      whole=False, seq_tokens=1):
+      whole=False, seq_tokens=1, uniform=0):
     return _empty_outputs(q_lat, seq_tokens)
 
 
 @custom_op("fmha::mla_sparse_prefill_fwd", mutates_args=())
 def _mla_sparse_prefill_fwd(q_lat: torch.Tensor, q_rope: Optional[torch.Tensor], kv_lat: torch.Tensor,
-                            k_rope: Optional[torch.Tensor], indices: torch.Tensor, valid_lens: torch.Tensor,
+                            k_rope: Optional[torch.Tensor], indices: torch.Tensor,
+                            valid_lens: Optional[torch.Tensor],
                             softmax_scale: float, attn_sink: Optional[torch.Tensor]
                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     out, lse = _empty_outputs(q_lat)
     max_logits = lse.new_empty(lse.shape[:2])
     tokens, topk = q_lat.shape[0], indices.shape[-1]
+    if valid_lens is None:            # every index counts; made here, as the plan is (see `_mla_decode_fwd`)
+        valid_lens = uniform_lengths(tokens, topk, q_lat.device)
     if tokens:
         # One part per query token: each is run whole, so max_logits needs no combining.
         lengths, metadata, split_offsets = uniform_plan(tokens, topk, tokens, q_lat.device)
@@ -309,7 +325,7 @@ def _sparse_inputs(q_lat, indices_name, indices, length_name, topk_length):
         V.check_tensor(length_name, topk_length, ndim=1, dtypes=(torch.int32,), device=q_lat.device)
         if topk_length.shape[0] != batch:
             raise ValueError(f"{length_name}: expected shape ({batch},), got {tuple(topk_length.shape)}")
-    valid = uniform_lengths(batch, topk, q_lat.device) if topk_length is None else topk_length.contiguous()
+    valid = None if topk_length is None else topk_length.contiguous()     # None: every index counts
     return indices.reshape(tokens, topk), valid
 
 
@@ -323,14 +339,11 @@ def _sparse_decode(q_lat, q_rope, k_lat, k_rope, fp8_layout, inputs, length, sca
     batch, s_q, h_q, dv = q_lat.shape
     table, valid = inputs
     tokens = table.shape[0]
-    h_k = k_lat.shape[2]
-    parts = mla_num_parts(h_q // h_k, h_k, num_sms(q_lat.device))
-    lengths, metadata, num_splits = uniform_plan(tokens, length, parts, q_lat.device)
     flat = lambda t: None if t is None else t.reshape(tokens, 1, *t.shape[2:])      # noqa: E731
     x = extra or (None, None, None, None, 0)
     # The kernels write the LSE in place as (batch, h_q, s_q) (seq_tokens = s_q): no copy kernel after the call.
-    out, lse = _mla_decode_fwd(flat(q_lat), flat(q_rope), k_lat, k_rope, table, lengths, metadata, num_splits,
-                               scale, False, attn_sink, valid, fp8_layout, *x, runs_whole(tokens, parts), s_q)
+    out, lse = _mla_decode_fwd(flat(q_lat), flat(q_rope), k_lat, k_rope, table, None, None, None, scale, False,
+                               attn_sink, valid, fp8_layout, *x, False, s_q, length)
     return out.view(batch, s_q, h_q, dv), lse
 
 
@@ -373,10 +386,8 @@ def flash_mla_sparse_fwd(q, kv, indices, sm_scale=None, d_v=512, attn_sink=None,
     _check_value_dim("d_v", d_v, dqk)
     scale = _check_scale(sm_scale, dqk ** -0.5)
     V.check_per_head("attn_sink", attn_sink, h_q, q.device)
-    topk = indices.shape[2]
-    if topk_length is None:
-        valid = uniform_lengths(s_q, topk, q.device)
-    else:
+    valid = None                                   # every index counts
+    if topk_length is not None:
         V.check_tensor("topk_length", topk_length, ndim=1, dtypes=(torch.int32,), device=q.device)
         if topk_length.shape[0] != s_q:
             raise ValueError(f"topk_length: expected shape ({s_q},), got {tuple(topk_length.shape)}")
