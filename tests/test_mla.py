@@ -92,6 +92,65 @@ def test_flash_mla_with_kvcache(target, h_q, s_q):
 
 
 @pytest.mark.parametrize("target", TARGETS)
+def test_sched_meta_form(target):
+    """FlashMLA's newer call form: `get_mla_metadata()` gives an empty FlashMLASchedMeta, the first call plans into
+    it (the plan the old form makes, so the outputs are bit-identical to it), the next "layer" reuses that plan
+    (the same tensors), and a call of another configuration is refused without touching the handle."""
+    dtype = target[1]
+    q, cache, table, seqlens = _case(target, 16, 2, 64, seed=7)
+    sched, none = flash_mla.get_mla_metadata()
+    assert isinstance(sched, flash_mla.FlashMLASchedMeta) and none is None and not sched.have_initialized
+    meta, splits = flash_mla.get_mla_metadata(seqlens, 32, 1)
+    ref = flash_mla.flash_mla_with_kvcache(q, cache, table, seqlens, D_V, meta, splits, causal=True)
+    _check(*ref, *mla_decode_ref(q, cache, table, seqlens, D_V, causal=True), dtype)
+    for layer in range(2):
+        out, lse = flash_mla.flash_mla_with_kvcache(q, cache, table, seqlens, D_V, sched, None, causal=True)
+        assert torch.equal(out, ref[0]) and torch.equal(lse, ref[1])
+        if layer == 0:
+            planned = sched.tile_scheduler_metadata
+            assert torch.equal(planned, meta) and torch.equal(sched.num_splits, splits)
+    assert sched.tile_scheduler_metadata is planned and sched.config.b == q.shape[0] and sched.config.causal
+    config = sched.config
+    with pytest.raises(ValueError, match="tile_scheduler_metadata"):
+        flash_mla.flash_mla_with_kvcache(q, cache, table, seqlens, D_V, sched, None, causal=False)
+    with pytest.raises(ValueError, match="tile_scheduler_metadata"):
+        flash_mla.flash_mla_with_kvcache(q[:, :1], cache, table, seqlens, D_V, sched, None)
+    with pytest.raises(ValueError, match="num_splits"):
+        flash_mla.flash_mla_with_kvcache(q, cache, table, seqlens, D_V, sched, splits, causal=True)
+    fresh = flash_mla.get_mla_metadata()[0]
+    with pytest.raises(ValueError, match="cache_seqlens"):
+        flash_mla.flash_mla_with_kvcache(q, cache, table, seqlens[:-1], D_V, fresh, None, causal=True)
+    assert sched.config is config and sched.tile_scheduler_metadata is planned and not fresh.have_initialized
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("extra", [False, True], ids=["", "extra"])
+def test_sched_meta_form_sparse(target, extra):
+    """The handle form for token-sparse decode (with a second source too): the same outputs as the old form's,
+    the configuration kept, a different topk refused."""
+    device, dtype = target
+    g = torch.Generator().manual_seed(11)
+    b, s_q, h_q, topk = 3, 2, 64, 96
+    cache, indices, length = _sparse_source(b, s_q, topk, 500, 64, D_QK, dtype, device, g)
+    q = torch.randn(b, s_q, h_q, D_QK, generator=g).to(dtype).to(device)
+    lens = torch.zeros(b, dtype=torch.int32, device=device)
+    kw = dict(indices=indices, topk_length=length)
+    if extra:
+        x_cache, x_indices, x_length = _sparse_source(b, s_q, 40, 200, 16, D_QK, dtype, device, g)
+        kw.update(extra_k_cache=x_cache, extra_indices_in_kvcache=x_indices, extra_topk_length=x_length)
+    meta, splits = flash_mla.get_mla_metadata(lens, s_q * h_q, 1, num_heads_q=h_q, topk=topk)
+    ref = flash_mla.flash_mla_with_kvcache(q, cache, None, lens, D_V, meta, splits, **kw)
+    sched, _ = flash_mla.get_mla_metadata()
+    for _ in range(2):
+        out, lse = flash_mla.flash_mla_with_kvcache(q, cache, None, None, D_V, sched, None, **kw)
+        assert torch.equal(out, ref[0]) and torch.equal(lse, ref[1])
+    assert sched.have_initialized and sched.config.topk == topk and sched.config.extra_topk == (40 if extra else None)
+    with pytest.raises(ValueError, match="tile_scheduler_metadata"):
+        flash_mla.flash_mla_with_kvcache(q, cache, None, None, D_V, sched, None,
+                                         **dict(kw, indices=indices[..., :64].contiguous()))
+
+
+@pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("page_size", [16, 32, 61, 128])
 def test_page_sizes(target, page_size):
     """Other page sizes: 16/32 (gather loads on the GPU), 61 (a page that no tile divides), 128."""

@@ -7,6 +7,13 @@ Plan once per decode step, run per layer, as with FlashMLA:
         out, lse = flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, 512,
                                           tile_scheduler_metadata, num_splits, causal=True)
 
+or in FlashMLA's newer form, where the first call plans and the later ones of the step reuse its plan:
+
+    sched_meta, _ = get_mla_metadata()                       # an empty FlashMLASchedMeta, once per step
+    for layer in layers:
+        out, lse = flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, 512, sched_meta, None,
+                                          causal=True)
+
 The math is absorbed multi-head latent attention: each token's cache row is [latent (512), rope (64)];
 the key is the whole row (576 columns) and the value is the latent part, read once for both.
 `mla_decode` is the same operation with the latent and rope parts in separate tensors (vLLM's form).
@@ -24,6 +31,7 @@ from FlashMLA: `lse (b, h_q, s_q)` fp32 natural log, and a query row that sees n
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 import torch
@@ -36,12 +44,43 @@ from .schedule import (SCHED_BLOCK, SCHED_FIELDS, mla_num_parts, num_sms, plan_m
                        uniform_plan)
 
 __all__ = ["get_mla_metadata", "flash_mla_with_kvcache", "flash_mla_sparse_fwd", "mla_decode", "quantize_kv_cache",
-           "dequantize_kv_cache"]
+           "dequantize_kv_cache", "FlashMLASchedMeta"]
 
 
-def get_mla_metadata(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_heads_q=None,
+@dataclasses.dataclass
+class FlashMLASchedMeta:
+    """FlashMLA's newer scheduling handle: `get_mla_metadata()` returns an empty one; the first
+    `flash_mla_with_kvcache` call given it plans from that call (its shapes and, dense, its `cache_seqlens`) and
+    keeps the plan here; later calls of the same configuration (the other layers of the step) reuse it. A call of
+    another configuration raises ValueError. Take a new one when the lengths change (every decode step): as in
+    FlashMLA, a reused plan is not checked against new length values. Token-sparse calls take their plan from
+    the query shape alone (`schedule.uniform_plan`), so they keep only the configuration here."""
+
+    @dataclasses.dataclass(frozen=True)
+    class Config:
+        b: int
+        s_q: int
+        h_q: int
+        page_block_size: int
+        h_k: int
+        causal: bool
+        is_fp8_kvcache: bool
+        topk: Optional[int]
+        extra_page_block_size: Optional[int]
+        extra_topk: Optional[int]
+
+    have_initialized: bool = False
+    config: Optional[Config] = None
+    tile_scheduler_metadata: Optional[torch.Tensor] = None      # (num_parts, SCHED_FIELDS) int32, dense calls
+    num_splits: Optional[torch.Tensor] = None                   # (b + 1,) int32, dense calls
+
+
+def get_mla_metadata(cache_seqlens=None, num_q_tokens_per_head_k=None, num_heads_k=None, num_heads_q=None,
                      is_fp8_kvcache=False, topk=None):
     """Plan the split-KV schedule of one decode step; reuse the result for every layer.
+
+    Called with no arguments (FlashMLA's newer form) it returns `(FlashMLASchedMeta(), None)`: the first
+    `flash_mla_with_kvcache` call given that handle plans, the later ones reuse its plan.
 
     Args:
         cache_seqlens: `(batch,)` int32, the cache length of each sequence (on the GPU).
@@ -57,6 +96,8 @@ def get_mla_metadata(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_he
         num_splits: `(batch + 1,)` int32 prefix sums of the pieces each sequence is split into
             (`(batch * s_q + 1,)`, one entry per query token, with `topk`).
     """
+    if cache_seqlens is None and num_q_tokens_per_head_k is None and num_heads_k is None and topk is None:
+        return FlashMLASchedMeta(), None
     V.check_tensor("cache_seqlens", cache_seqlens, ndim=1, dtypes=(torch.int32,))
     V.check_device("cache_seqlens", cache_seqlens)
     for name, value in (("num_q_tokens_per_head_k", num_q_tokens_per_head_k), ("num_heads_k", num_heads_k)):
@@ -174,6 +215,11 @@ def _check_value_dim(name, dv, dqk):
 
 
 def _check_plan(batch, cache_seqlens, block_table, tile_scheduler_metadata, num_splits, device):
+    _check_lengths(batch, cache_seqlens, block_table, device)
+    _check_metadata(batch, tile_scheduler_metadata, num_splits, device)
+
+
+def _check_lengths(batch, cache_seqlens, block_table, device):
     V.check_tensor("cache_seqlens", cache_seqlens, ndim=1, dtypes=(torch.int32,), device=device)
     if cache_seqlens.shape[0] != batch:
         raise ValueError(f"cache_seqlens: expected shape ({batch},), got {tuple(cache_seqlens.shape)}")
@@ -181,7 +227,21 @@ def _check_plan(batch, cache_seqlens, block_table, tile_scheduler_metadata, num_
     if block_table.shape[0] != batch or block_table.stride(1) != 1:
         raise ValueError(f"block_table: expected a row-contiguous ({batch}, max_blocks) tensor, got shape "
                          f"{tuple(block_table.shape)} strides {tuple(block_table.stride())}")
-    _check_metadata(batch, tile_scheduler_metadata, num_splits, device)
+
+
+def _sched_config(sched, num_splits, q, k_cache, causal, is_fp8, indices, extra_k_cache, extra_indices):
+    """The configuration of a call given a FlashMLASchedMeta, checked against the one it was planned for."""
+    if num_splits is not None:
+        raise ValueError(f"num_splits: None with a FlashMLASchedMeta (get_mla_metadata() with no arguments), got "
+                         f"{type(num_splits).__name__}")
+    config = FlashMLASchedMeta.Config(
+        *q.shape[:3], k_cache.shape[1], k_cache.shape[2], causal, bool(is_fp8),
+        None if indices is None else indices.shape[-1], None if extra_k_cache is None else extra_k_cache.shape[1],
+        None if extra_indices is None else extra_indices.shape[-1])
+    if sched.have_initialized and sched.config != config:
+        raise ValueError(f"tile_scheduler_metadata: this FlashMLASchedMeta was planned for {sched.config}, the call is "
+                         f"{config}; take a new one from get_mla_metadata() for another configuration")
+    return config
 
 
 def _check_metadata(batch, tile_scheduler_metadata, num_splits, device):
@@ -215,7 +275,8 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
             `block_table[b, j // page_block_size]`.
         cache_seqlens: `(batch,)` int32; keys past each length are never read (0 is allowed).
         head_dim_v: the value width; the value is the first `head_dim_v` columns of each key row.
-        tile_scheduler_metadata, num_splits: from `get_mla_metadata` on the same `cache_seqlens`.
+        tile_scheduler_metadata, num_splits: from `get_mla_metadata` on the same `cache_seqlens`; or FlashMLA's
+            newer form, a `FlashMLASchedMeta` from `get_mla_metadata()` and None (the first call plans into it).
         softmax_scale: defaults to `head_dim ** -0.5` (models pass their own).
         causal: bottom-right aligned: query i of s_q sees keys `j <= cache_seqlens[b] - s_q + i`.
         attn_sink: `(h_q,)` fp32, a logit per query head that joins the softmax denominator only:
@@ -253,12 +314,21 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
     V.check_per_head("attn_sink", attn_sink, h_q, q.device)
     q_lat = q[..., :head_dim_v]
     q_rope = q[..., head_dim_v:] if dqk > head_dim_v else None
+    sched = tile_scheduler_metadata if isinstance(tile_scheduler_metadata, FlashMLASchedMeta) else None
     if indices is None:
         for name, value in (("topk_length", topk_length), ("extra_k_cache", extra_k_cache),
                             ("extra_indices_in_kvcache", extra_indices_in_kvcache),
                             ("extra_topk_length", extra_topk_length)):
             if value is not None:
                 raise ValueError(f"{name}: only used with indices (token-sparse decode)")
+        if sched is not None:
+            config = _sched_config(sched, num_splits, q, k_cache, causal, is_fp8_kvcache, None, None, None)
+            _check_lengths(batch, cache_seqlens, block_table, q.device)
+            if not sched.have_initialized:         # the plan get_mla_metadata(cache_seqlens, ...) would make
+                sched.tile_scheduler_metadata, sched.num_splits = get_mla_metadata(
+                    cache_seqlens, s_q * h_q // k_cache.shape[2], k_cache.shape[2])
+                sched.config, sched.have_initialized = config, True
+            tile_scheduler_metadata, num_splits = sched.tile_scheduler_metadata, sched.num_splits
         _check_plan(batch, cache_seqlens, block_table, tile_scheduler_metadata, num_splits, q.device)
         return _mla_decode_fwd(q_lat, q_rope, k_lat, k_rope, block_table, cache_seqlens,
                                tile_scheduler_metadata, num_splits, scale, causal, attn_sink, None, fp8_layout)
@@ -268,8 +338,14 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
         raise ValueError("extra_indices_in_kvcache: given without extra_k_cache")
     main = _sparse_inputs(q_lat, "indices", indices, "topk_length", topk_length)
     table = main[0]
-    _check_metadata(table.shape[0], tile_scheduler_metadata, num_splits, q.device)
+    if sched is not None:      # the plan is made in the op from the query shape; the handle keeps the configuration
+        config = _sched_config(sched, num_splits, q, k_cache, causal, is_fp8_kvcache, indices, extra_k_cache,
+                               extra_indices_in_kvcache)
+    else:
+        _check_metadata(table.shape[0], tile_scheduler_metadata, num_splits, q.device)
     if extra_k_cache is None:
+        if sched is not None:
+            sched.config, sched.have_initialized = config, True
         return _sparse_decode(q_lat, q_rope, k_lat, k_rope, fp8_layout, main, table.shape[1], scale, attn_sink)
     # Two sources (DeepSeek-V4: compressed KV + sliding window) in one launch: each query token's planned row is
     # the main source's topk keys (rounded up to a whole scheduling block) followed by the extra source's, one
@@ -283,6 +359,8 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
     x_table, x_valid = _sparse_inputs(q_lat, "extra_indices_in_kvcache", extra_indices_in_kvcache,
                                          "extra_topk_length", extra_topk_length)
     main_span = -(-table.shape[1] // SCHED_BLOCK) * SCHED_BLOCK
+    if sched is not None:
+        sched.config, sched.have_initialized = config, True
     return _sparse_decode(q_lat, q_rope, k_lat, k_rope, fp8_layout, main, main_span + x_table.shape[1], scale,
                           attn_sink, extra=(e_lat, e_rope, x_table, x_valid, main_span))
 
