@@ -148,6 +148,14 @@ def test_sched_meta_form_sparse(target, extra):
     with pytest.raises(ValueError, match="tile_scheduler_metadata"):
         flash_mla.flash_mla_with_kvcache(q, cache, None, None, D_V, sched, None,
                                          **dict(kw, indices=indices[..., :64].contiguous()))
+    fresh = flash_mla.get_mla_metadata()[0]
+    if extra:                  # inputs are checked before the handle is read or written
+        with pytest.raises(TypeError, match="extra_indices_in_kvcache"):
+            flash_mla.flash_mla_with_kvcache(q, cache, None, None, D_V, fresh, None,
+                                             **dict(kw, extra_indices_in_kvcache=[0]))
+    with pytest.raises(TypeError, match="indices"):
+        flash_mla.flash_mla_with_kvcache(q, cache, None, None, D_V, fresh, None, **dict(kw, indices=indices.long()))
+    assert not fresh.have_initialized and fresh.config is None
 
 
 @pytest.mark.parametrize("target", TARGETS)

@@ -321,7 +321,9 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
                             ("extra_topk_length", extra_topk_length)):
             if value is not None:
                 raise ValueError(f"{name}: only used with indices (token-sparse decode)")
-        if sched is not None:
+        if sched is None:
+            _check_plan(batch, cache_seqlens, block_table, tile_scheduler_metadata, num_splits, q.device)
+        else:
             config = _sched_config(sched, num_splits, q, k_cache, causal, is_fp8_kvcache, None, None, None)
             _check_lengths(batch, cache_seqlens, block_table, q.device)
             if not sched.have_initialized:         # the plan get_mla_metadata(cache_seqlens, ...) would make
@@ -329,7 +331,6 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
                     cache_seqlens, s_q * h_q // k_cache.shape[2], k_cache.shape[2])
                 sched.config, sched.have_initialized = config, True
             tile_scheduler_metadata, num_splits = sched.tile_scheduler_metadata, sched.num_splits
-        _check_plan(batch, cache_seqlens, block_table, tile_scheduler_metadata, num_splits, q.device)
         return _mla_decode_fwd(q_lat, q_rope, k_lat, k_rope, block_table, cache_seqlens,
                                tile_scheduler_metadata, num_splits, scale, causal, attn_sink, None, fp8_layout)
     if causal:
@@ -338,31 +339,28 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
         raise ValueError("extra_indices_in_kvcache: given without extra_k_cache")
     main = _sparse_inputs(q_lat, "indices", indices, "topk_length", topk_length)
     table = main[0]
-    if sched is not None:      # the plan is made in the op from the query shape; the handle keeps the configuration
-        config = _sched_config(sched, num_splits, q, k_cache, causal, is_fp8_kvcache, indices, extra_k_cache,
-                               extra_indices_in_kvcache)
-    else:
+    if sched is None:
         _check_metadata(table.shape[0], tile_scheduler_metadata, num_splits, q.device)
-    if extra_k_cache is None:
-        if sched is not None:
-            sched.config, sched.have_initialized = config, True
-        return _sparse_decode(q_lat, q_rope, k_lat, k_rope, fp8_layout, main, table.shape[1], scale, attn_sink)
-    # Two sources (DeepSeek-V4: compressed KV + sliding window) in one launch: each query token's planned row is
-    # the main source's topk keys (rounded up to a whole scheduling block) followed by the extra source's, one
-    # online softmax runs over both, and the sink comes last.
-    e_lat, e_rope, _ = _cache_parts("extra_k_cache", extra_k_cache, q, head_dim_v, is_fp8_kvcache)
-    if extra_indices_in_kvcache is None:
-        raise ValueError("extra_indices_in_kvcache: required with extra_k_cache")
-    if extra_k_cache.shape[-1] != k_cache.shape[-1] or extra_k_cache.shape[2] != k_cache.shape[2]:
-        raise ValueError(f"extra_k_cache: heads and row width must match k_cache's {tuple(k_cache.shape[2:])}, got "
-                         f"{tuple(extra_k_cache.shape[2:])}")
-    x_table, x_valid = _sparse_inputs(q_lat, "extra_indices_in_kvcache", extra_indices_in_kvcache,
-                                         "extra_topk_length", extra_topk_length)
-    main_span = -(-table.shape[1] // SCHED_BLOCK) * SCHED_BLOCK
-    if sched is not None:
-        sched.config, sched.have_initialized = config, True
-    return _sparse_decode(q_lat, q_rope, k_lat, k_rope, fp8_layout, main, main_span + x_table.shape[1], scale,
-                          attn_sink, extra=(e_lat, e_rope, x_table, x_valid, main_span))
+    length, extra = table.shape[1], None
+    if extra_k_cache is not None:
+        # Two sources (DeepSeek-V4: compressed KV + sliding window) in one launch: each query token's planned row
+        # is the main source's topk keys (rounded up to a whole scheduling block) followed by the extra source's,
+        # one online softmax runs over both, and the sink comes last.
+        e_lat, e_rope, _ = _cache_parts("extra_k_cache", extra_k_cache, q, head_dim_v, is_fp8_kvcache)
+        if extra_indices_in_kvcache is None:
+            raise ValueError("extra_indices_in_kvcache: required with extra_k_cache")
+        if extra_k_cache.shape[-1] != k_cache.shape[-1] or extra_k_cache.shape[2] != k_cache.shape[2]:
+            raise ValueError(f"extra_k_cache: heads and row width must match k_cache's {tuple(k_cache.shape[2:])}, "
+                             f"got {tuple(extra_k_cache.shape[2:])}")
+        x_table, x_valid = _sparse_inputs(q_lat, "extra_indices_in_kvcache", extra_indices_in_kvcache,
+                                          "extra_topk_length", extra_topk_length)
+        main_span = -(-table.shape[1] // SCHED_BLOCK) * SCHED_BLOCK
+        length, extra = main_span + x_table.shape[1], (e_lat, e_rope, x_table, x_valid, main_span)
+    if sched is not None:      # the op plans from the query shape; the handle keeps the configuration
+        sched.config = _sched_config(sched, num_splits, q, k_cache, causal, is_fp8_kvcache, indices, extra_k_cache,
+                                     extra_indices_in_kvcache)
+        sched.have_initialized = True
+    return _sparse_decode(q_lat, q_rope, k_lat, k_rope, fp8_layout, main, length, scale, attn_sink, extra=extra)
 
 
 def _cache_parts(name, cache, q, head_dim_v, is_fp8):
@@ -411,9 +409,9 @@ def _sparse_decode(q_lat, q_rope, k_lat, k_rope, fp8_layout, inputs, length, sca
     """Token-sparse decode (`inputs` from `_sparse_inputs`; every query token's planned row `length` keys; `extra`
     a second source, as `mla_decode_forward` takes it). Returns (out (b, s_q, h_q, dv), lse (b, h_q, s_q)).
     The plan is `uniform_plan`'s, the one `get_mla_metadata(..., topk=...)` makes for the main source alone
-    (`flash_mla_with_kvcache` checks the one passed in but runs this one; it is kept per shape, so a call makes
-    none): every row has the same length, so the host knows whether the plan runs every token whole
-    (`runs_whole`) and then launches no combine (a no-op one cost the sparse rows 2-10%, NOTES.md)."""
+    (`flash_mla_with_kvcache` checks the one passed in but runs this one, which the op takes, `uniform`; it is kept
+    per shape, so a call makes none): every row has the same length, so the host knows whether the plan runs every
+    token whole (`runs_whole`) and then launches no combine (a no-op one cost the sparse rows 2-10%, NOTES.md)."""
     batch, s_q, h_q, dv = q_lat.shape
     table, valid = inputs
     tokens = table.shape[0]
