@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from fmha.bench import attention_flops, bench_gpu, load_module_copy, save_sweep
+from fmha.bench import PREFILL_VALUE_DIMS, attention_flops, bench_gpu, load_module_copy, save_sweep
 from fmha.kernels.forward import attention_forward
 
 # head_dim -> [(BLOCK_M, BLOCK_N, num_warps, num_stages)]
@@ -36,7 +36,8 @@ TRITON_CONFIGS = {
 GLUON_CONFIGS = {64: [(128, 3, 2, 232, 2), (128, 4, 2, 232, 2), (128, 2, 2, 232, 2), (64, 4, 2, 232, 2),
                       (128, 3, 2, 160, 3), (128, 2, 2, 160, 3)],
                  128: [(128, 2, 2, 232, 2), (128, 2, 1, 232, 2), (64, 4, 2, 232, 2), (64, 3, 2, 232, 2)],
-                 256: [(64, 2, 1, 232, 2), (32, 4, 1, 232, 2)]}
+                 256: [(64, 2, 1, 232, 2), (32, 4, 1, 232, 2)],
+                 192: [(128, 2, 1, 232, 2), (64, 2, 2, 232, 2), (64, 3, 1, 232, 2)]}
 
 
 def variants(kernel, d, all_configs, pingpongs=(True, False), module=None, keep=None):
@@ -82,17 +83,18 @@ def main():
     rows = []
     for d, s, causal in itertools.product(args.dims, args.seqs, (False, True)):
         b, h = 16384 // s, 2048 // d
-        q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-        flops = attention_flops(b, s, s, h, d, d, causal=causal)
+        dv = PREFILL_VALUE_DIMS.get(d, d)
+        q, k, v = (torch.randn(b, s, h, dim, device="cuda", dtype=torch.bfloat16) for dim in (d, d, dv))
+        flops = attention_flops(b, s, s, h, d, dv, causal=causal)
         qt, kt, vt = (t.transpose(1, 2).contiguous() for t in (q, k, v))
 
         def sdpa(backend):
             with sdpa_kernel(backend):
                 return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
         t_ref = bench_gpu(lambda: sdpa(SDPBackend.CUDNN_ATTENTION))
-        t_fa2 = bench_gpu(lambda: sdpa(SDPBackend.FLASH_ATTENTION))
+        t_fa2 = bench_gpu(lambda: sdpa(SDPBackend.FLASH_ATTENTION)) if dv == d else float("nan")   # FA2: dv == d
         ref = sdpa(SDPBackend.CUDNN_ATTENTION).transpose(1, 2).float()
-        out = torch.empty_like(q)
+        out = q.new_empty((b, s, h, dv))
         lse = torch.empty(b, h, s, device="cuda")
         runs = [(version, label, run) for version, module in (versions[::-1] if args.reverse else versions)
                 for label, run in variants(args.kernel, d, args.all_configs, pingpongs, module, keep)]

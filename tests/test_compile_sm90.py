@@ -199,19 +199,21 @@ GLUON_SCRIPT = textwrap.dedent('''
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
-    from fmha.kernels.forward_sm90 import attn_fwd_sm90_kernel, _TILES, _WIDE_TILES, _ROWS
+    from fmha.kernels.forward_sm90 import attn_fwd_sm90_kernel, HEAD_DIMS, _QK_PART, _TILES, _WIDE_TILES, _ROWS
     d, causal, dt, wide, offsets_64 = json.loads(sys.argv[1])
+    dv = dict(HEAD_DIMS)[d]
     bn, stages, q_bufs, regs, wgs = (_WIDE_TILES if wide else _TILES)[d]
     el = gl.bfloat16 if dt == "bf16" else gl.float16
 
-    def desc(rows):
-        layout = gl.NVMMASharedLayout.get_default_for([1, rows, d], el)
-        return f"tensordesc<{dt}[1,{rows},{d}],{layout!r}>"
-    consts = dict(BLOCK_N=bn, HEAD_D=d, HEAD_DV=d, STAGES=stages, Q_BUFS=q_bufs, CAUSAL=causal,
+    def desc(rows, width):
+        layout = gl.NVMMASharedLayout.get_default_for([1, rows, width], el)
+        return f"tensordesc<{dt}[1,{rows},{width}],{layout!r}>"
+    consts = dict(BLOCK_N=bn, HEAD_D=d, HEAD_DV=dv, STAGES=stages, Q_BUFS=q_bufs, CAUSAL=causal,
                   PINGPONG=not causal and wgs == 2, CONSUMER_REGS=regs, WGS=wgs, OFFSETS_64=offsets_64)
     if not causal:                  # as `launch_args` launches it: the atomic counter for causal calls only
         consts["COUNTER"] = None
-    ptrs = dict(q_desc=desc(_ROWS), k_desc=desc(bn), v_desc=desc(bn), O=f"*{dt}", LSE="*fp32", COUNTER="*i32")
+    part = _QK_PART.get(d, d)
+    ptrs = dict(q_desc=desc(_ROWS, part), k_desc=desc(bn, part), v_desc=desc(bn, dv), O=f"*{dt}", LSE="*fp32", COUNTER="*i32")
     ptrs = {n: v for n, v in ptrs.items() if n not in consts}
     names = list(inspect.signature(attn_fwd_sm90_kernel.fn).parameters)
     sig = {n: ptrs.get(n, "constexpr" if n in consts else ("fp32" if n == "qk_scale_log2" else "i32")) for n in names}
@@ -229,9 +231,10 @@ GLUON_SCRIPT = textwrap.dedent('''
 @pytest.mark.parametrize("case", [(128, True, "bf16", False, False), (128, False, "fp16", False, False),
                                   (64, False, "bf16", False, False), (64, False, "fp16", True, False),
                                   (64, True, "bf16", True, False), (256, True, "fp16", False, False),
-                                  (128, False, "bf16", False, True), (64, True, "bf16", True, True)],
+                                  (128, False, "bf16", False, True), (64, True, "bf16", True, True),
+                                  (192, True, "bf16", False, False), (192, False, "fp16", False, False)],
                          ids=["d128-causal", "d128", "d64", "d64-wide", "d64-wide-causal", "d256-causal",
-                              "d128-offsets64", "d64-wide-causal-offsets64"])
+                              "d128-offsets64", "d64-wide-causal-offsets64", "d192-dv128-causal", "d192-dv128"])
 def test_gluon_prefill_compiles_for_sm90(case):
     """The Hopper Gluon kernel cannot run in the interpreter; compiling it here catches API drift and shared
     memory over the limit, and checks the warp-specialised shape: wgmma, 3-D TMA loads, per-partition

@@ -10,7 +10,7 @@ from utils import assert_matches, poisoned
 
 pytestmark = pytest.mark.gpu
 
-# (batch, seqlen_q, seqlen_k, heads_q, heads_k, head_dim)
+# (batch, seqlen_q, seqlen_k, heads_q, heads_k, head_dim[, head_dim_v when it differs])
 SHAPES = [
     (2, 1000, 1500, 16, 4, 128),    # GQA, lengths off every tile, Sq < Sk
     (1, 2048, 2048, 8, 8, 128),
@@ -25,6 +25,11 @@ SHAPES = [
     (1, 1064, 1000, 4, 2, 64),      # (or not), on every item
     (2, 513, 1027, 4, 4, 256),
     (1, 100, 2000, 2, 1, 256),
+    (2, 1000, 1500, 16, 4, 192, 128),   # DeepSeek's 192 / 128: Q and K in three column parts
+    (3, 700, 300, 4, 1, 192, 128),
+    (2, 129, 65, 2, 2, 192, 128),
+    (1, 1000, 1064, 4, 2, 192, 128),    # the causal half-width diagonal tile over three parts
+    (1, 2048, 2048, 8, 8, 192, 128),
 ]
 
 
@@ -47,10 +52,10 @@ def _inputs(shape, dtype=torch.bfloat16):
     """q, k, v of `shape` (seeded by it), with batch and sequence strides padded with NaN rows and columns the
     kernel must not read; skips unless the Gluon path takes them."""
     torch.manual_seed(sum(shape))
-    b, sq, sk, hq, hk, d = shape
+    b, sq, sk, hq, hk, d, dv = (*shape, shape[-1])[:7]
     q = poisoned((b, sq, hq, d), sq, dtype, "cuda")
     k = poisoned((b, sk, hk, d), sk, dtype, "cuda")
-    v = poisoned((b, sk, hk, d), sk, dtype, "cuda")
+    v = poisoned((b, sk, hk, dv), sk, dtype, "cuda")
     if not _gluon_ok(q, k, v):
         pytest.skip("not an sm_90 GPU")
     return q, k, v
@@ -60,9 +65,8 @@ def _inputs(shape, dtype=torch.bfloat16):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_gluon_prefill(shape, causal, dtype):
-    b, sq, sk, hq, hk, d = shape
     q, k, v = _inputs(shape, dtype)
-    out = torch.full((b, sq, hq, d), float("nan"), dtype=dtype, device="cuda")
+    out = torch.full((*q.shape[:3], v.shape[-1]), float("nan"), dtype=dtype, device="cuda")
     got, lse = fmha.attention(q, k, v, causal=causal, return_lse=True, out=out)
     assert_matches(got, lse, attention_ref(q, k, v, causal=causal), dtype)
 

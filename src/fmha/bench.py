@@ -154,6 +154,8 @@ def prefill_peers():
 # ---------------------------------------------------------------------------------------------- prefill
 
 PREFILL_CASES = [(d, s, causal) for d in (64, 128, 256) for s in (1024, 4096, 16384) for causal in (False, True)]
+# head_dim_qk -> head_dim_v where they differ: DeepSeek's MLA prefill (192 / 128). Run with `--head-dim 192`.
+PREFILL_VALUE_DIMS = {192: 128}
 
 
 def bench_prefill(args, record):
@@ -165,19 +167,20 @@ def bench_prefill(args, record):
     rows = []
     cases = PREFILL_CASES
     if args.head_dim:
-        cases = [c for c in cases if c[0] in args.head_dim]
+        cases = [(d, s, causal) for d in args.head_dim for s in (1024, 4096, 16384) for causal in (False, True)]
     for d, s, causal in cases:
         b, h = total_tokens // s, hidden // d
+        dv = PREFILL_VALUE_DIMS.get(d, d)
         torch.manual_seed(0)
-        q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=dtype) for _ in range(3))
-        flops = attention_flops(b, s, s, h, d, d, causal=causal)
-        nbytes = 4 * q.numel() * q.element_size()
+        q, k, v = (torch.randn(b, s, h, dim, device="cuda", dtype=dtype) for dim in (d, d, dv))
+        flops = attention_flops(b, s, s, h, d, dv, causal=causal)
+        nbytes = 2 * (q.numel() + v.numel()) * q.element_size()
         impls = {"ours": lambda: fmha.attention(q, k, v, causal=causal),
                  "ours-triton": _portable_prefill(q, k, v, causal)}
         for name, build in peers.items():
             impls[name] = build(q, k, v, causal)
         ref = impls["ours"]().float()
-        row = dict(workload="prefill", d=d, s=s, b=b, h=h, causal=causal)
+        row = dict(workload="prefill", d=d, s=s, b=b, h=h, causal=causal, **({"dv": dv} if dv != d else {}))
         _measure(row, impls, ref, flops, nbytes, ratio_of="tflops", graph=False,
                  to_nhd=lambda o: o.transpose(1, 2) if o.shape[1] == h and o.shape[2] == s else o)
         rows.append(row)
@@ -191,7 +194,7 @@ def bench_prefill(args, record):
 def _portable_prefill(q, k, v, causal):
     """Our `triton.language` kernel on the same inputs (what runs where the Gluon path does not apply)."""
     from .kernels.forward import attention_forward
-    out = torch.empty_like(q)
+    out = q.new_empty((*q.shape[:3], v.shape[-1]))
     lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], dtype=torch.float32, device=q.device)
 
     def call():
@@ -723,7 +726,8 @@ def main(argv):
     p.add_argument("workload", choices=("prefill", "decode", "mla", "sparse"))
     p.add_argument("--out", default=None, help="JSON path (a .csv and .png are written beside it)")
     p.add_argument("--commit", default=None, help="commit to record (default: git rev-parse HEAD)")
-    p.add_argument("--head-dim", type=int, nargs="*", default=None, help="only these head dims")
+    p.add_argument("--head-dim", type=int, nargs="*", default=None,
+                   help="prefill: only these head dims (192: DeepSeek's 192 / 128, not run by default)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("fmha bench needs a CUDA GPU (peers and timings are GPU-only)")

@@ -2,8 +2,8 @@
 
 The `triton.language` kernel in `forward.py` is the portable path (and the one the CPU tests run); this one
 is what `attention_forward` dispatches to on an H100/H200 for the plain dense case: no softcap, ALiBi, sinks
-or left window, `head_dim_qk == head_dim_v` in {64, 128, 256}, q/k/v strides that TMA accepts (16-byte
-aligned). The schedule is FlashAttention-3's:
+or left window, `head_dim_qk == head_dim_v` in {64, 128, 256} or DeepSeek's 192 / 128, q/k/v strides that TMA accepts
+(16-byte aligned). The schedule is FlashAttention-3's:
 
 * persistent: one program per SM runs work items (128 or 192 query rows of one head) until none is left:
   causal items go out in L2-sized chunks of heads, longest first inside a chunk, a program taking the next
@@ -21,7 +21,9 @@ aligned). The schedule is FlashAttention-3's:
   see only the first 64 keys of the diagonal tile, which it then runs at half width (`_half_tile`).
 
 Each tensor is seen by TMA as (batch, seqlen, columns), head h starting at column h * head_stride, so a tile
-that runs past a sequence's end gets TMA's zero fill (keys there are masked to -inf; query rows there are
+that runs past a sequence's end gets TMA's zero fill. A head_dim_qk that is not a power of two (192) is held as
+QK_PARTS column parts of a power-of-two width (`_QK_PART`), each its own TMA box and shared-memory slot, and
+Q·Kᵀ is one wgmma per part into the same scores (keys there are masked to -inf; query rows there are
 never stored). The output is written with masked pointer stores, one row per query.
 """
 from __future__ import annotations
@@ -45,8 +47,12 @@ LN2 = gl.constexpr(0.6931471805599453)
 # is the default partition and gets what the consumers leave.
 PRODUCER_REGS = gl.constexpr(40)
 
-# head_dim -> (BLOCK_N, STAGES, Q_BUFS, consumer register budget, consumer warpgroups)
-_TILES = {64: (128, 3, 2, 232, 2), 128: (128, 2, 2, 232, 2), 256: (64, 2, 1, 232, 2)}
+# head_dim_qk -> (BLOCK_N, STAGES, Q_BUFS, consumer register budget, consumer warpgroups)
+_TILES = {64: (128, 3, 2, 232, 2), 128: (128, 2, 2, 232, 2), 256: (64, 2, 1, 232, 2), 192: (128, 2, 1, 232, 2)}
+# (head_dim_qk, head_dim_v) pairs this path runs, and the column part Q and K are loaded in where head_dim_qk is
+# not a power of two (Gluon's tiles must be): 192 as three parts of 64.
+HEAD_DIMS = {(64, 64), (128, 128), (256, 256), (192, 128)}
+_QK_PART = {192: 64}
 # head_dim -> the same, for long calls: 192-row work items over three consumer warpgroups, FlashAttention-3's d = 64
 # shape, from WIDE_MIN_ROWS query rows without a mask and WIDE_MIN_ROWS_CAUSAL with one. Against two warpgroups in
 # one run (`history/tune_prefill_mask_d64_h100_9a27bd9.json`, `..._mask_long_d64_h100_9a27bd9_{a,b}.json`):
@@ -118,17 +124,18 @@ def _read_item(slot, WARPS: gl.constexpr):
 
 @gluon.jit
 def _load_kv_tile(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv, b, i, hk, stride_kh,
-                  stride_vh, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-    """Key tile i of (batch b, kv head hk) into ring position kv, K and V each once its slot is free; returns
-    kv + 1."""
+                  stride_vh, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, QK_PARTS: gl.constexpr):
+    """Key tile i of (batch b, kv head hk) into ring position kv, K (its QK_PARTS column parts) and V each once its
+    slot is free; returns kv + 1."""
     k_box: gl.constexpr = k_desc.block_type.shape
     v_box: gl.constexpr = v_desc.block_type.shape
     slot = kv % STAGES
     phase = ((kv // STAGES) & 1) ^ 1
     mbarrier.wait(k_empty.index(slot), phase)
-    mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(k_desc, [b, i * BLOCK_N, hk * stride_kh], k_ready.index(slot),
-                                    k_smem.index(slot).reshape(k_box))
+    mbarrier.expect(k_ready.index(slot), QK_PARTS * k_desc.block_type.nbytes)
+    for j in gl.static_range(QK_PARTS):
+        tma.async_copy_global_to_shared(k_desc, [b, i * BLOCK_N, hk * stride_kh + j * k_box[2]], k_ready.index(slot),
+                                        k_smem.index(QK_PARTS * slot + j).reshape(k_box))
     mbarrier.wait(v_empty.index(slot), phase)
     mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(v_desc, [b, i * BLOCK_N, hk * stride_vh], v_ready.index(slot),
@@ -138,7 +145,7 @@ def _load_kv_tile(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_e
 
 @gluon.jit
 def _producer(args, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr,
-              WGS: gl.constexpr):
+              WGS: gl.constexpr, QK_PARTS: gl.constexpr):
     (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
      COUNTER, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, stride_qh, stride_kh, stride_vh) = args
     # The descriptors are 3-D, (batch, seqlen, columns) with boxes (1, rows, head_dim); each box lands in a
@@ -159,17 +166,19 @@ def _producer(args, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, Q_BUFS: gl.cons
         head = gl.minimum(n_tiles, STAGES) if Q_BUFS == 1 else 0
         for i in range(head):
             kv = _load_kv_tile(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv, b, i, hk,
-                               stride_kh, stride_vh, BLOCK_N, STAGES)
+                               stride_kh, stride_vh, BLOCK_N, STAGES, QK_PARTS)
         # A buffer is free once every consumer released it; the first pass over a ring waits on nothing.
         mbarrier.wait(q_empty.index(qb), ((w // Q_BUFS) & 1) ^ 1)
         _post_item(items.index(qb), t, gl.num_warps())
-        mbarrier.expect(q_ready.index(qb), WGS * q_desc.block_type.nbytes)
+        mbarrier.expect(q_ready.index(qb), WGS * QK_PARTS * q_desc.block_type.nbytes)
         for g in gl.static_range(WGS):
-            tma.async_copy_global_to_shared(q_desc, [b, m_start + g * ROWS, h * stride_qh], q_ready.index(qb),
-                                            q_smem.index(WGS * qb + g).reshape(q_box))
+            for j in gl.static_range(QK_PARTS):
+                tma.async_copy_global_to_shared(q_desc, [b, m_start + g * ROWS, h * stride_qh + j * q_box[2]],
+                                                q_ready.index(qb),
+                                                q_smem.index(QK_PARTS * (WGS * qb + g) + j).reshape(q_box))
         for i in range(head, n_tiles):
             kv = _load_kv_tile(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv, b, i, hk,
-                               stride_kh, stride_vh, BLOCK_N, STAGES)
+                               stride_kh, stride_vh, BLOCK_N, STAGES, QK_PARTS)
         w += 1
         t = _next_item(COUNTER, t, CAUSAL)
     # The end: an index past the last item tells the consumers to stop.
@@ -231,9 +240,21 @@ def _skip_tiles(k_ready, k_empty, v_ready, v_empty, start, stop, STAGES: gl.cons
 
 
 @gluon.jit
-def _half_tile(q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, c, acc, m_i, l_i, p_op, HAS_PREV: gl.constexpr,
-               q_pos, diag, seqlen_k, qk_scale_log2, i, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-               CAUSAL: gl.constexpr, p_layout: gl.constexpr):
+def _scores(q_smem, q0, k_smem, k0, acc, HALF: gl.constexpr, QK_PARTS: gl.constexpr):
+    """Issue S = Q·Kᵀ (async) for the Q parts from slot q0 and the K parts from slot k0, one wgmma per column
+    part into `acc` (whose values are not read); HALF: over the tile's first ROWS keys only."""
+    for j in gl.static_range(QK_PARTS):
+        k = k_smem.index(k0 + j)
+        if HALF:
+            k = k.slice(0, ROWS, dim=0)
+        acc = warpgroup_mma(q_smem.index(q0 + j), k.permute((1, 0)), acc, use_acc=j > 0, is_async=True)
+    return acc
+
+
+@gluon.jit
+def _half_tile(q_smem, q0, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, c, acc, m_i, l_i, p_op,
+               HAS_PREV: gl.constexpr, q_pos, diag, seqlen_k, qk_scale_log2, i, BLOCK_N: gl.constexpr,
+               STAGES: gl.constexpr, CAUSAL: gl.constexpr, p_layout: gl.constexpr, QK_PARTS: gl.constexpr):
     """The last key tile of a causal item for warpgroup 0 when its rows see only the tile's first ROWS keys
     (the diagonal tile of a 128-row item over 128-key tiles): S and P·V over those keys alone, half the tile's
     work. Ring position c; with HAS_PREV the previous tile's P·V (`p_op` against position c - 1) is issued
@@ -243,8 +264,8 @@ def _half_tile(q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, c, acc, m_
                                                        instr_shape=[16, ROWS, 16])
     slot = c % STAGES
     mbarrier.wait(k_ready.index(slot), (c // STAGES) & 1)
-    s_tok = warpgroup_mma(q, k_smem.index(slot).slice(0, ROWS, dim=0).permute((1, 0)),
-                          gl.zeros([ROWS, ROWS], gl.float32, h_layout), use_acc=False, is_async=True)
+    s_tok = _scores(q_smem, q0, k_smem, QK_PARTS * slot, gl.zeros([ROWS, ROWS], gl.float32, h_layout), True,
+                    QK_PARTS)
     if HAS_PREV:
         prev = (c - 1) % STAGES
         o_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
@@ -264,7 +285,7 @@ def _half_tile(q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, c, acc, m_
         acc = warpgroup_mma_wait(0, deps=(o_tok,))
         mbarrier.arrive(v_empty.index(prev), count=1)
     acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None]
-    p_half = gl.convert_layout(p.to(q.dtype), p_layout)
+    p_half = gl.convert_layout(p.to(q_smem.dtype), p_layout)
     mbarrier.wait(v_ready.index(slot), (c // STAGES) & 1)
     o_tok = warpgroup_mma(p_half, v_smem.index(slot).slice(0, ROWS, dim=0), acc, is_async=True)
     acc = warpgroup_mma_wait(0, deps=(o_tok,))
@@ -275,7 +296,7 @@ def _half_tile(q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, c, acc, m_
 @gluon.jit
 def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.constexpr, STAGES: gl.constexpr,
               Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, WGS: gl.constexpr,
-              OFFSETS_64: gl.constexpr):
+              OFFSETS_64: gl.constexpr, QK_PARTS: gl.constexpr):
     """Consumer warpgroup WG of WGS; `shared` holds the arguments common to all of them (one tuple, so that the
     kernel writes them once for two or three partitions)."""
     (q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, O, LSE, n_m, n_bh,
@@ -332,12 +353,12 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
         acc = gl.zeros([ROWS, HEAD_DV], gl.float32, o_layout)
         m_i = gl.full([ROWS], float("-inf"), gl.float32, row_s)
         l_i = gl.zeros([ROWS], gl.float32, row_s)
-        q = q_smem.index(WGS * qb + WG)
+        q0 = QK_PARTS * (WGS * qb + WG)         # this warpgroup's Q parts
         if n_full > 0:
             slot = kv % STAGES
             mbarrier.wait(k_ready.index(slot), (kv // STAGES) & 1)
             turns = _take_turn(turn, turns, WG, PINGPONG)
-            s_tok = warpgroup_mma(q, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            s_tok = _scores(q_smem, q0, k_smem, QK_PARTS * slot, zero_s, False, QK_PARTS)
             _give_turn(turn, WG, PINGPONG)
             s = warpgroup_mma_wait(0, deps=(s_tok,))
             mbarrier.arrive(k_empty.index(slot), count=1)
@@ -354,8 +375,7 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
                 mbarrier.wait(k_ready.index(slot), (c // STAGES) & 1)
                 mbarrier.wait(v_ready.index(prev), ((c - 1) // STAGES) & 1)
                 turns = _take_turn(turn, turns, WG, PINGPONG)
-                s_tok = warpgroup_mma(q, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False,
-                                      is_async=True)
+                s_tok = _scores(q_smem, q0, k_smem, QK_PARTS * slot, zero_s, False, QK_PARTS)
                 o_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
                 _give_turn(turn, WG, PINGPONG)
                 s = warpgroup_mma_wait(1, deps=(s_tok,))
@@ -370,9 +390,9 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
             p_op = gl.convert_layout(p.to(dtype), p_layout)
             mbarrier.wait(v_ready.index(last), (c // STAGES) & 1)
             if half_last:
-                acc, m_i, l_i = _half_tile(q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, c + 1, acc, m_i,
-                                           l_i, p_op, True, q_pos, diag, seqlen_k, qk_scale_log2, n_full, BLOCK_N,
-                                           STAGES, CAUSAL, p_layout)
+                acc, m_i, l_i = _half_tile(q_smem, q0, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, c + 1,
+                                           acc, m_i, l_i, p_op, True, q_pos, diag, seqlen_k, qk_scale_log2, n_full,
+                                           BLOCK_N, STAGES, CAUSAL, p_layout, QK_PARTS)
             else:
                 turns = _take_turn(turn, turns, WG, PINGPONG)
                 o_tok = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
@@ -380,9 +400,9 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
                 acc = warpgroup_mma_wait(0, deps=(o_tok,))
                 mbarrier.arrive(v_empty.index(last), count=1)
         elif half_last:           # the item's only tile, at half width
-            acc, m_i, l_i = _half_tile(q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv, acc, m_i, l_i,
-                                       None, False, q_pos, diag, seqlen_k, qk_scale_log2, 0, BLOCK_N, STAGES, CAUSAL,
-                                       p_layout)
+            acc, m_i, l_i = _half_tile(q_smem, q0, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv, acc,
+                                       m_i, l_i, None, False, q_pos, diag, seqlen_k, qk_scale_log2, 0, BLOCK_N, STAGES,
+                                       CAUSAL, p_layout, QK_PARTS)
         _skip_tiles(k_ready, k_empty, v_ready, v_empty, kv + n_mine, kv + n_tiles, STAGES)
         mbarrier.arrive(q_empty.index(qb), count=1)
         kv += n_tiles
@@ -427,11 +447,13 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, seqlen_q, seql
     past 2^31 elements (the epilogue's offsets in 64 bits)."""
     n_m = gl.cdiv(seqlen_q, WGS * ROWS)
     dtype: gl.constexpr = q_desc.dtype
-    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, HEAD_D], dtype)
-    k_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_D], dtype)
+    D_PART: gl.constexpr = q_desc.block_type.shape[2]     # Q and K columns per TMA box and slot
+    QK_PARTS: gl.constexpr = HEAD_D // D_PART
+    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, D_PART], dtype)
+    k_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_PART], dtype)
     v_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DV], dtype)
-    q_smem = gl.allocate_shared_memory(dtype, [WGS * Q_BUFS, ROWS, HEAD_D], q_layout)
-    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], k_layout)
+    q_smem = gl.allocate_shared_memory(dtype, [WGS * Q_BUFS * QK_PARTS, ROWS, D_PART], q_layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES * QK_PARTS, BLOCK_N, D_PART], k_layout)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DV], v_layout)
     q_ready = gl.allocate_shared_memory(gl.int64, [Q_BUFS, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [Q_BUFS, 1], mbarrier.MBarrierLayout())
@@ -461,19 +483,19 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, seqlen_q, seql
     # The tuples above hold no constexpr (a tuple in a variable does not keep them); those go in literally.
     if WGS == 2:
         gl.warp_specialize([
-            (_consumer, (shared, 0, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64)),
-            (_consumer, (shared, 1, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64)),
-            (_producer, (producer, BLOCK_N, STAGES, Q_BUFS, CAUSAL, WGS)),
+            (_consumer, (shared, 0, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64, QK_PARTS)),
+            (_consumer, (shared, 1, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64, QK_PARTS)),
+            (_producer, (producer, BLOCK_N, STAGES, Q_BUFS, CAUSAL, WGS, QK_PARTS)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
         # Three consumers run as workers, each at CONSUMER_REGS; the producer is the default partition (4 warps,
         # one issuing) with what is left. As the default partition a consumer was compiled into far more spills
         # than the workers (54 against 9 local loads per key tile at 168 and 160 registers).
         gl.warp_specialize([
-            (_producer, (producer, BLOCK_N, STAGES, Q_BUFS, CAUSAL, WGS)),
-            (_consumer, (shared, 0, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64)),
-            (_consumer, (shared, 1, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64)),
-            (_consumer, (shared, 2, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64)),
+            (_producer, (producer, BLOCK_N, STAGES, Q_BUFS, CAUSAL, WGS, QK_PARTS)),
+            (_consumer, (shared, 0, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64, QK_PARTS)),
+            (_consumer, (shared, 1, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64, QK_PARTS)),
+            (_consumer, (shared, 2, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64, QK_PARTS)),
         ], [4, 4, 4], [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS])
 
 
@@ -497,21 +519,21 @@ def _extent(t):
 
 def supported(q, k, v):
     """Whether a plain dense call (the caller has checked the options) can take this path: Hopper, fp16/bf16,
-    head_dim_qk == head_dim_v in `_TILES`, keys present, and q/k/v strides that TMA accepts. Returns the three
+    (head_dim_qk, head_dim_v) in `HEAD_DIMS`, keys present, and q/k/v strides that TMA accepts. Returns the three
     TMA views (`_view3`, for `attention_forward_sm90`), or None."""
     if not q.is_cuda or capability(q.device.index)[0] != 9:
         return None
     if q.dtype not in (torch.float16, torch.bfloat16) or q.dim() != 4:
         return None
     d, dv = q.shape[-1], v.shape[-1]
-    if d != dv or d not in _TILES or k.shape[1] == 0:
+    if (d, dv) not in HEAD_DIMS or k.shape[1] == 0:
         return None
     views = tuple(_view3(t) for t in (q, k, v))
     return None if None in views else views
 
 
 def attention_forward_sm90(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None, tiles=None):
-    """Launch the Gluon kernel. q (b, sq, hq, d), k/v (b, sk, hk, d); out (b, sq, hq, d); lse (b, hq, sq).
+    """Launch the Gluon kernel. q/k (b, s, h, d), v (b, sk, hk, dv); out (b, sq, hq, dv); lse (b, hq, sq).
     `views` are `supported`'s result when the caller has it; `pingpong` and `tiles` override the automatic
     choices (tuning)."""
     grid, args, meta = launch_args(q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale, views=views,
@@ -546,7 +568,7 @@ def _counter(device):
 def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None, tiles=None):
     """(grid, arguments, meta-parameters) of one launch; `benchmarks/profile_host.py` times the launch alone."""
     batch, seqlen_q, heads_q, d = q.shape
-    seqlen_k, heads_k = k.shape[1], k.shape[2]
+    seqlen_k, heads_k, dv = k.shape[1], k.shape[2], v.shape[3]
     block_n, stages, q_bufs, regs, wgs = tiles or choose_tiles(d, causal, seqlen_q)
     if pingpong is None:
         # tune_prefill_sm90_h100.json: +0.5-7% at d >= 128, mostly a loss at d = 64. Five later runs at d = 128
@@ -557,8 +579,8 @@ def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpon
         pingpong = d == 256 or (d == 128 and causal and seqlen_q >= PINGPONG_MIN_ROWS_D128)
     pingpong = pingpong and wgs == 2              # the hand-off is between two warpgroups
 
-    def desc(t, view, rows):
-        return descriptor(t, view, [1, rows, d])
+    def desc(t, view, rows, width):
+        return descriptor(t, view, [1, rows, width])
 
     vq, vk, vv = views or (_view3(q), _view3(k), _view3(v))
     n_m = triton.cdiv(seqlen_q, wgs * _ROWS)
@@ -568,11 +590,12 @@ def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpon
     counter = _counter(q.device) if causal else None
     chunk = 1
     if causal:                    # query heads whose K/V fit in L2_BUDGET
-        chunk = max(1, L2_BUDGET // (seqlen_k * 2 * d * k.element_size())) * (heads_q // heads_k)
-    args = (desc(q, vq, _ROWS), desc(k, vk, block_n), desc(v, vv, block_n), out, lse, counter, seqlen_q,
-            seqlen_k, heads_q, heads_q // heads_k, batch * heads_q, chunk, q.stride(2), k.stride(2), v.stride(2),
-            out.stride(0), out.stride(1), out.stride(2), *lse.stride(), softmax_scale * LOG2E)
-    meta = dict(BLOCK_N=block_n, HEAD_D=d, HEAD_DV=d, STAGES=stages, Q_BUFS=q_bufs, CAUSAL=causal,
+        chunk = max(1, L2_BUDGET // (seqlen_k * (d + dv) * k.element_size())) * (heads_q // heads_k)
+    part = _QK_PART.get(d, d)
+    args = (desc(q, vq, _ROWS, part), desc(k, vk, block_n, part), desc(v, vv, block_n, dv), out, lse, counter,
+            seqlen_q, seqlen_k, heads_q, heads_q // heads_k, batch * heads_q, chunk, q.stride(2), k.stride(2),
+            v.stride(2), out.stride(0), out.stride(1), out.stride(2), *lse.stride(), softmax_scale * LOG2E)
+    meta = dict(BLOCK_N=block_n, HEAD_D=d, HEAD_DV=dv, STAGES=stages, Q_BUFS=q_bufs, CAUSAL=causal,
                 PINGPONG=pingpong, CONSUMER_REGS=regs, WGS=wgs, OFFSETS_64=max(_extent(out), _extent(lse)) > 2**31,
                 num_warps=4)
     return grid, args, meta
