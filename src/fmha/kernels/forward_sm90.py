@@ -49,6 +49,10 @@ PRODUCER_REGS = gl.constexpr(40)
 
 # head_dim_qk -> (BLOCK_N, STAGES, Q_BUFS, consumer register budget, consumer warpgroups)
 _TILES = {64: (128, 3, 2, 232, 2), 128: (128, 2, 2, 232, 2), 256: (64, 2, 1, 232, 2), 192: (128, 2, 1, 232, 2)}
+# 192 (DeepSeek's 192 / 128): one Q buffer to fit 227 KB with 128-key tiles. Against (64, 2, 2) and (64, 3, 1) in one
+# `tune_prefill.py --dims 192 --all-configs` run (826c0e5; its JSON did not come back, the printed lines did) it was
+# ahead by 10% or more at 4k and 16k and within 3% either way at 1k; `results/prefill_d192_h100.json` has it against
+# cuDNN.
 # (head_dim_qk, head_dim_v) pairs this path runs, and the column part Q and K are loaded in where head_dim_qk is
 # not a power of two (Gluon's tiles must be): 192 as three parts of 64.
 HEAD_DIMS = {(64, 64), (128, 128), (256, 256), (192, 128)}
