@@ -21,10 +21,10 @@ or left window, `head_dim_qk == head_dim_v` in {64, 128, 256} or DeepSeek's 192 
   see only the first 64 keys of the diagonal tile, which it then runs at half width (`_half_tile`).
 
 Each tensor is seen by TMA as (batch, seqlen, columns), head h starting at column h * head_stride, so a tile
-that runs past a sequence's end gets TMA's zero fill. A head_dim_qk that is not a power of two (192) is held as
-QK_PARTS column parts of a power-of-two width (`_QK_PART`), each its own TMA box and shared-memory slot, and
-Q·Kᵀ is one wgmma per part into the same scores (keys there are masked to -inf; query rows there are
-never stored). The output is written with masked pointer stores, one row per query.
+that runs past a sequence's end gets TMA's zero fill (keys there are masked to -inf; query rows there are
+never stored). The output is written with masked pointer stores, one row per query. A head_dim_qk that is not a
+power of two (192) is held as QK_PARTS column parts of a power-of-two width (`_QK_PART`), each its own TMA box and
+shared-memory slot, and Q·Kᵀ is one wgmma per part into the same scores (`_scores`).
 """
 from __future__ import annotations
 
