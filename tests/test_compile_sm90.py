@@ -200,7 +200,7 @@ GLUON_SCRIPT = textwrap.dedent('''
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
     from fmha.kernels.forward_sm90 import attn_fwd_sm90_kernel, HEAD_DIMS, _QK_PART, _TILES, _WIDE_TILES, _ROWS
-    d, causal, dt, wide, offsets_64 = json.loads(sys.argv[1])
+    d, causal, dt, wide, offsets_64, varlen = (json.loads(sys.argv[1]) + [False])[:6]
     dv = dict(HEAD_DIMS)[d]
     bn, stages, q_bufs, regs, wgs = (_WIDE_TILES if wide else _TILES)[d]
     el = gl.bfloat16 if dt == "bf16" else gl.float16
@@ -212,8 +212,12 @@ GLUON_SCRIPT = textwrap.dedent('''
                   PINGPONG=not causal and wgs == 2, CONSUMER_REGS=regs, WGS=wgs, OFFSETS_64=offsets_64)
     if not causal:                  # as `launch_args` launches it: the atomic counter for causal calls only
         consts["COUNTER"] = None
+    consts["VARLEN"] = varlen
+    if not varlen:
+        consts.update(CU_Q=None, CU_K=None)
     part = _QK_PART.get(d, d)
-    ptrs = dict(q_desc=desc(_ROWS, part), k_desc=desc(bn, part), v_desc=desc(bn, dv), O=f"*{dt}", LSE="*fp32", COUNTER="*i32")
+    ptrs = dict(q_desc=desc(_ROWS, part), k_desc=desc(bn, part), v_desc=desc(bn, dv), O=f"*{dt}", LSE="*fp32",
+                COUNTER="*i32", CU_Q="*i32", CU_K="*i32")
     ptrs = {n: v for n, v in ptrs.items() if n not in consts}
     names = list(inspect.signature(attn_fwd_sm90_kernel.fn).parameters)
     sig = {n: ptrs.get(n, "constexpr" if n in consts else ("fp32" if n == "qk_scale_log2" else "i32")) for n in names}
@@ -227,14 +231,16 @@ GLUON_SCRIPT = textwrap.dedent('''
 
 
 @pytest.mark.cpu
-# (head_dim, causal, dtype, three consumer warpgroups, 64-bit output offsets)
+# (head_dim, causal, dtype, three consumer warpgroups, 64-bit output offsets[, varlen])
 @pytest.mark.parametrize("case", [(128, True, "bf16", False, False), (128, False, "fp16", False, False),
                                   (64, False, "bf16", False, False), (64, False, "fp16", True, False),
                                   (64, True, "bf16", True, False), (256, True, "fp16", False, False),
                                   (128, False, "bf16", False, True), (64, True, "bf16", True, True),
-                                  (192, True, "bf16", False, False), (192, False, "fp16", False, False)],
+                                  (192, True, "bf16", False, False), (192, False, "fp16", False, False),
+                                  (128, True, "bf16", False, False, True), (64, False, "bf16", True, False, True)],
                          ids=["d128-causal", "d128", "d64", "d64-wide", "d64-wide-causal", "d256-causal",
-                              "d128-offsets64", "d64-wide-causal-offsets64", "d192-dv128-causal", "d192-dv128"])
+                              "d128-offsets64", "d64-wide-causal-offsets64", "d192-dv128-causal", "d192-dv128",
+                              "d128-causal-varlen", "d64-wide-varlen"])
 def test_gluon_prefill_compiles_for_sm90(case):
     """The Hopper Gluon kernel cannot run in the interpreter; compiling it here catches API drift and shared
     memory over the limit, and checks the warp-specialised shape: wgmma, 3-D TMA loads, per-partition

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import fmha
-from fmha.reference import attention_ref
+from fmha.reference import attention_ref, attention_varlen_ref
 from utils import assert_matches, poisoned
 
 pytestmark = pytest.mark.gpu
@@ -69,6 +69,38 @@ def test_gluon_prefill(shape, causal, dtype):
     out = torch.full((*q.shape[:3], v.shape[-1]), float("nan"), dtype=dtype, device="cuda")
     got, lse = fmha.attention(q, k, v, causal=causal, return_lse=True, out=out)
     assert_matches(got, lse, attention_ref(q, k, v, causal=causal), dtype)
+
+
+# (lengths_q, lengths_k, heads_q, heads_k, head_dim[, head_dim_v when it differs]): packed sequences with empty
+# ones, Sq > Sk (causal rows that see nothing), lengths off every tile, a long one (three warpgroups at d = 64).
+VARLEN_CASES = [
+    ([150, 0, 1000, 37, 513], [200, 5, 1000, 37, 300], 8, 2, 128),
+    ([700, 1, 129, 64], [900, 64, 65, 0], 4, 1, 64),
+    ([2500, 300], [2500, 3000], 4, 2, 64),
+    ([300, 2048], [100, 2048], 4, 4, 256),
+    ([1000, 37, 513], [1064, 0, 600], 8, 2, 192, 128),
+]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("case", VARLEN_CASES, ids=lambda c: f"{len(c[0])}seqs-d{c[4]}")
+def test_gluon_varlen(case, causal):
+    """`attention_varlen` on the Gluon kernel: each sequence's rows from cu_seqlens, NaN past the packed rows and
+    in the output beforehand."""
+    len_q, len_k, hq, hk, d, dv = (*case, case[4])[:6]
+    torch.manual_seed(len(len_q) + d)
+    cu_q, cu_k = (torch.tensor([0, *torch.tensor(n).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+                  for n in (len_q, len_k))
+    tq, tk = sum(len_q), sum(len_k)
+    q = poisoned((tq, hq, d), tq, torch.bfloat16, "cuda", dim=0)
+    k = poisoned((tk, hk, d), tk, torch.bfloat16, "cuda", dim=0)
+    v = poisoned((tk, hk, dv), tk, torch.bfloat16, "cuda", dim=0)
+    if not _gluon_ok(*(t.unsqueeze(0) for t in (q, k, v))):
+        pytest.skip("not an sm_90 GPU")
+    out = torch.full((tq, hq, dv), float("nan"), dtype=torch.bfloat16, device="cuda")
+    got, lse = fmha.attention_varlen(q, k, v, cu_q, cu_k, max(len_q), max(len_k), causal=causal, return_lse=True,
+                                     out=out)
+    assert_matches(got, lse, attention_varlen_ref(q, k, v, cu_q, cu_k, causal=causal), torch.bfloat16)
 
 
 @pytest.mark.parametrize("ramp", [lambda j: 1 + j / 300, lambda j: 2.0 ** (j // 512), lambda j: 8 - j / 400],

@@ -126,7 +126,9 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
 
     Args:
         q: `(total_q, heads_q, head_dim_qk)`; sequence b is rows `cu_seqlens_q[b]:cu_seqlens_q[b+1]`.
-        k, v: `(total_k, heads_k, head_dim_qk / head_dim_v)`, indexed by `cu_seqlens_k`.
+        k, v: `(total_k, heads_k, head_dim_qk / head_dim_v)`, indexed by `cu_seqlens_k`. Rows past
+            `cu_seqlens_k[-1]`, if any, must hold finite values: the Hopper kernel's key tiles may run into them
+            (weighted 0, as the next sequence's rows are).
         cu_seqlens_q, cu_seqlens_k: `(batch + 1,)` int32 prefix sums; zero-length sequences are allowed.
         max_seqlen_q, max_seqlen_k: Python ints, upper bounds of the sequence lengths (sizes the grid;
             passing them avoids a host synchronisation).

@@ -1,9 +1,9 @@
 """Hopper (sm_90) fast path of the dense prefill forward, written in Gluon.
 
 The `triton.language` kernel in `forward.py` is the portable path (and the one the CPU tests run); this one
-is what `attention_forward` dispatches to on an H100/H200 for the plain dense case: no softcap, ALiBi, sinks
-or left window, `head_dim_qk == head_dim_v` in {64, 128, 256} or DeepSeek's 192 / 128, q/k/v strides that TMA accepts
-(16-byte aligned). The schedule is FlashAttention-3's:
+is what `attention_forward` dispatches to on an H100/H200 for the plain case, padded or packed (varlen): no
+softcap, ALiBi, sinks or left window, `head_dim_qk == head_dim_v` in {64, 128, 256} or DeepSeek's 192 / 128,
+q/k/v strides that TMA accepts (16-byte aligned). The schedule is FlashAttention-3's:
 
 * persistent: one program per SM runs work items (128 or 192 query rows of one head) until none is left:
   causal items go out in L2-sized chunks of heads, longest first inside a chunk, a program taking the next
@@ -22,7 +22,9 @@ or left window, `head_dim_qk == head_dim_v` in {64, 128, 256} or DeepSeek's 192 
 
 Each tensor is seen by TMA as (batch, seqlen, columns), head h starting at column h * head_stride, so a tile
 that runs past a sequence's end gets TMA's zero fill (keys there are masked to -inf; query rows there are
-never stored). The output is written with masked pointer stores, one row per query. A head_dim_qk that is not a
+never stored). The output is written with masked pointer stores, one row per query. Packed sequences (VARLEN)
+are one batch of (1, total, columns): a sequence's tiles start at its cu_seqlens row, and a tile that runs past
+its end reads the next sequence's rows, masked like those past a padded sequence's end. A head_dim_qk that is not a
 power of two (192) is held as QK_PARTS column parts of a power-of-two width (`_QK_PART`), each its own TMA box and
 shared-memory slot, and Q·Kᵀ is one wgmma per part into the same scores (`_scores`).
 """
@@ -68,13 +70,15 @@ PINGPONG_MIN_ROWS_D128 = 4096     # causal d = 128 calls from this many query ro
 
 
 @gluon.jit
-def _work_item(t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, BLOCK_N: gl.constexpr,
-               CAUSAL: gl.constexpr, WGS: gl.constexpr):
-    """Work item t → (batch, head, kv head, first query row, key tiles). Items go out in order of t (see
-    `_next_item`). Without a mask, all row blocks of one head are next to each other, sharing its K/V in L2.
-    Causal: heads are taken `head_chunk` at a time (as many as keep their K/V in L2), and inside a chunk the
-    row blocks with the most key tiles come first, all heads of the chunk together, so that short items
-    fill the end."""
+def _work_item(t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, CU_Q, CU_K, BLOCK_N: gl.constexpr,
+               CAUSAL: gl.constexpr, WGS: gl.constexpr, VARLEN: gl.constexpr):
+    """Work item t → (batch, head, kv head, first query row, key tiles, the sequence's query and key lengths,
+    its first query and key rows in the TMA views, its TMA batch coordinate). VARLEN: sequence b's rows are
+    [CU_Q[b], CU_Q[b + 1]) of one packed batch (seqlen_q / seqlen_k are the longest), and a block past its end
+    has no key tiles. Items go out in order of t (see `_next_item`). Without a mask, all row blocks of one head
+    are next to each other, sharing its K/V in L2. Causal: heads are taken `head_chunk` at a time (as many as keep
+    their K/V in L2), and inside a chunk the row blocks with the most key tiles come first, all heads of the chunk
+    together, so that short items fill the end."""
     if CAUSAL:
         chunk = t // (head_chunk * n_m)
         width = gl.minimum(head_chunk, n_bh - chunk * head_chunk)
@@ -84,12 +88,27 @@ def _work_item(t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, BLO
     else:
         bh = t // n_m
         m_idx = t % n_m
+    b = bh // heads_q
     h = bh % heads_q
     m_start = m_idx * (WGS * ROWS)
-    hi = seqlen_k
+    if VARLEN:
+        row_q = gl.load(CU_Q + b)
+        row_k = gl.load(CU_K + b)
+        sq = gl.load(CU_Q + b + 1) - row_q
+        sk = gl.load(CU_K + b + 1) - row_k
+        tb = 0
+    else:
+        row_q = 0
+        row_k = 0
+        sq = seqlen_q
+        sk = seqlen_k
+        tb = b
+    hi = sk
     if CAUSAL:
-        hi = gl.maximum(gl.minimum(hi, m_start + WGS * ROWS + seqlen_k - seqlen_q), 0)
-    return bh // heads_q, h, h // group, m_start, gl.cdiv(hi, BLOCK_N)
+        hi = gl.maximum(gl.minimum(hi, m_start + WGS * ROWS + sk - sq), 0)
+    if VARLEN:
+        hi = gl.where(m_start < sq, hi, 0)
+    return b, h, h // group, m_start, gl.cdiv(hi, BLOCK_N), sq, sk, row_q, row_k, tb
 
 
 @gluon.jit
@@ -127,10 +146,10 @@ def _read_item(slot, WARPS: gl.constexpr):
 
 
 @gluon.jit
-def _load_kv_tile(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv, b, i, hk, stride_kh,
-                  stride_vh, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, QK_PARTS: gl.constexpr):
-    """Key tile i of (batch b, kv head hk) into ring position kv, K (its QK_PARTS column parts) and V each once its
-    slot is free; returns kv + 1."""
+def _load_kv_tile(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv, b, row_k, i, hk,
+                  stride_kh, stride_vh, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, QK_PARTS: gl.constexpr):
+    """Key tile i of (TMA batch b, first row row_k, kv head hk) into ring position kv, K (its QK_PARTS column parts)
+    and V each once its slot is free; returns kv + 1."""
     k_box: gl.constexpr = k_desc.block_type.shape
     v_box: gl.constexpr = v_desc.block_type.shape
     slot = kv % STAGES
@@ -138,20 +157,21 @@ def _load_kv_tile(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_e
     mbarrier.wait(k_empty.index(slot), phase)
     mbarrier.expect(k_ready.index(slot), QK_PARTS * k_desc.block_type.nbytes)
     for j in gl.static_range(QK_PARTS):
-        tma.async_copy_global_to_shared(k_desc, [b, i * BLOCK_N, hk * stride_kh + j * k_box[2]], k_ready.index(slot),
-                                        k_smem.index(QK_PARTS * slot + j).reshape(k_box))
+        tma.async_copy_global_to_shared(k_desc, [b, row_k + i * BLOCK_N, hk * stride_kh + j * k_box[2]],
+                                        k_ready.index(slot), k_smem.index(QK_PARTS * slot + j).reshape(k_box))
     mbarrier.wait(v_empty.index(slot), phase)
     mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(v_desc, [b, i * BLOCK_N, hk * stride_vh], v_ready.index(slot),
+    tma.async_copy_global_to_shared(v_desc, [b, row_k + i * BLOCK_N, hk * stride_vh], v_ready.index(slot),
                                     v_smem.index(slot).reshape(v_box))
     return kv + 1
 
 
 @gluon.jit
 def _producer(args, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr,
-              WGS: gl.constexpr, QK_PARTS: gl.constexpr):
+              WGS: gl.constexpr, QK_PARTS: gl.constexpr, VARLEN: gl.constexpr):
     (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
-     COUNTER, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, stride_qh, stride_kh, stride_vh) = args
+     COUNTER, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, stride_qh, stride_kh, stride_vh, CU_Q,
+     CU_K) = args
     # The descriptors are 3-D, (batch, seqlen, columns) with boxes (1, rows, head_dim); each box lands in a
     # 2-D slot seen through a (1, rows, head_dim) view.
     q_box: gl.constexpr = q_desc.block_type.shape
@@ -159,8 +179,8 @@ def _producer(args, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, Q_BUFS: gl.cons
     w = 0                         # work items so far: the Q buffer and its phase
     t = gl.program_id(0)
     while t < n_m * n_bh:
-        b, h, hk, m_start, n_tiles = _work_item(t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k,
-                                                BLOCK_N, CAUSAL, WGS)
+        _, h, hk, m_start, n_tiles, _, _, row_q, row_k, tb = _work_item(
+            t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, CU_Q, CU_K, BLOCK_N, CAUSAL, WGS, VARLEN)
         qb = w % Q_BUFS
         # With one Q buffer (d = 256) the item's first key tiles go out before its Q: their ring slots free up
         # while the consumers are still on the previous item, whereas the Q buffer frees only at its end, and
@@ -169,20 +189,20 @@ def _producer(args, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, Q_BUFS: gl.cons
         # and queuing it behind the tiles' slots cost d = 64 / 128 2-9% in that run.
         head = gl.minimum(n_tiles, STAGES) if Q_BUFS == 1 else 0
         for i in range(head):
-            kv = _load_kv_tile(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv, b, i, hk,
-                               stride_kh, stride_vh, BLOCK_N, STAGES, QK_PARTS)
+            kv = _load_kv_tile(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv, tb, row_k, i,
+                               hk, stride_kh, stride_vh, BLOCK_N, STAGES, QK_PARTS)
         # A buffer is free once every consumer released it; the first pass over a ring waits on nothing.
         mbarrier.wait(q_empty.index(qb), ((w // Q_BUFS) & 1) ^ 1)
         _post_item(items.index(qb), t, gl.num_warps())
         mbarrier.expect(q_ready.index(qb), WGS * QK_PARTS * q_desc.block_type.nbytes)
         for g in gl.static_range(WGS):
             for j in gl.static_range(QK_PARTS):
-                tma.async_copy_global_to_shared(q_desc, [b, m_start + g * ROWS, h * stride_qh + j * q_box[2]],
+                tma.async_copy_global_to_shared(q_desc, [tb, row_q + m_start + g * ROWS, h * stride_qh + j * q_box[2]],
                                                 q_ready.index(qb),
                                                 q_smem.index(QK_PARTS * (WGS * qb + g) + j).reshape(q_box))
         for i in range(head, n_tiles):
-            kv = _load_kv_tile(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv, b, i, hk,
-                               stride_kh, stride_vh, BLOCK_N, STAGES, QK_PARTS)
+            kv = _load_kv_tile(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv, tb, row_k, i,
+                               hk, stride_kh, stride_vh, BLOCK_N, STAGES, QK_PARTS)
         w += 1
         t = _next_item(COUNTER, t, CAUSAL)
     # The end: an index past the last item tells the consumers to stop.
@@ -300,12 +320,12 @@ def _half_tile(q_smem, q0, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, c
 @gluon.jit
 def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.constexpr, STAGES: gl.constexpr,
               Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, WGS: gl.constexpr,
-              OFFSETS_64: gl.constexpr, QK_PARTS: gl.constexpr):
+              OFFSETS_64: gl.constexpr, QK_PARTS: gl.constexpr, VARLEN: gl.constexpr):
     """Consumer warpgroup WG of WGS; `shared` holds the arguments common to all of them (one tuple, so that the
     kernel writes them once for two or three partitions)."""
     (q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, O, LSE, n_m, n_bh,
      head_chunk, heads_q, group, seqlen_q, seqlen_k, qk_scale_log2, stride_ob, stride_os, stride_oh, stride_lb,
-     stride_lh, stride_ls, turn) = shared
+     stride_lh, stride_ls, turn, CU_Q, CU_K) = shared
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -316,7 +336,6 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
     store_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     dtype: gl.constexpr = q_smem.dtype
     zero_s = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
-    diag = seqlen_k - seqlen_q
     HALF_DIAG: gl.constexpr = CAUSAL and (WGS == 2) and (not PINGPONG) and (BLOCK_N == 2 * ROWS) and (WG == 0)
     kv = 0                        # the producer's counters, kept in step
     w = 0
@@ -325,8 +344,9 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
     mbarrier.wait(q_ready.index(0), 0)
     t = _read_item(items.index(0), 4)
     while t < n_m * n_bh:
-        b, h, hk, m_start, n_tiles = _work_item(t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k,
-                                                BLOCK_N, CAUSAL, WGS)
+        b, h, hk, m_start, n_tiles, sq, sk, row_q, row_k, tb = _work_item(
+            t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, CU_Q, CU_K, BLOCK_N, CAUSAL, WGS, VARLEN)
+        diag = sk - sq
         m0 = m_start + WG * ROWS
         q_pos = m0 + gl.arange(0, ROWS, layout=row_s)
         # With three warpgroups, the key tiles this one's rows need: none past the causal horizon of its last
@@ -338,7 +358,7 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
         # turns: there each runs all of the item's tiles.
         n_mine = n_tiles
         if WGS > 2:
-            if m0 >= seqlen_q:
+            if m0 >= sq:
                 n_mine = 0
             if CAUSAL:
                 n_mine = gl.minimum(n_mine, gl.cdiv(gl.maximum(m0 + ROWS + diag, 0), BLOCK_N))
@@ -351,7 +371,7 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
             half_last = (n_mine > 0) & (m0 + ROWS + diag <= (n_mine - 1) * BLOCK_N + ROWS)
             n_full = n_mine - half_last.to(gl.int32)
         # First key tile that needs a mask for some row of this warpgroup.
-        mask_from = seqlen_k // BLOCK_N
+        mask_from = sk // BLOCK_N
         if CAUSAL:
             mask_from = gl.minimum(mask_from, gl.maximum(m0 + diag + 1, 0) // BLOCK_N)
         acc = gl.zeros([ROWS, HEAD_DV], gl.float32, o_layout)
@@ -366,7 +386,7 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
             _give_turn(turn, WG, PINGPONG)
             s = warpgroup_mma_wait(0, deps=(s_tok,))
             mbarrier.arrive(k_empty.index(slot), count=1)
-            p, m_i, l_i, alpha = _softmax_tile(s, 0, m_i, l_i, q_pos, diag, seqlen_k, qk_scale_log2, mask_from,
+            p, m_i, l_i, alpha = _softmax_tile(s, 0, m_i, l_i, q_pos, diag, sk, qk_scale_log2, mask_from,
                                                BLOCK_N, CAUSAL, s_layout)
             for i in range(1, n_full):
                 # Issue S_i = Q·K_iᵀ and O += P_{i-1}·V_{i-1}; the softmax of S_i runs while P·V is on the
@@ -384,7 +404,7 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
                 _give_turn(turn, WG, PINGPONG)
                 s = warpgroup_mma_wait(1, deps=(s_tok,))
                 mbarrier.arrive(k_empty.index(slot), count=1)
-                p, m_i, l_i, alpha = _softmax_tile(s, i, m_i, l_i, q_pos, diag, seqlen_k, qk_scale_log2,
+                p, m_i, l_i, alpha = _softmax_tile(s, i, m_i, l_i, q_pos, diag, sk, qk_scale_log2,
                                                    mask_from, BLOCK_N, CAUSAL, s_layout)
                 acc = warpgroup_mma_wait(0, deps=(o_tok,))
                 mbarrier.arrive(v_empty.index(prev), count=1)
@@ -395,7 +415,7 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
             mbarrier.wait(v_ready.index(last), (c // STAGES) & 1)
             if half_last:
                 acc, m_i, l_i = _half_tile(q_smem, q0, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, c + 1,
-                                           acc, m_i, l_i, p_op, True, q_pos, diag, seqlen_k, qk_scale_log2, n_full,
+                                           acc, m_i, l_i, p_op, True, q_pos, diag, sk, qk_scale_log2, n_full,
                                            BLOCK_N, STAGES, CAUSAL, p_layout, QK_PARTS)
             else:
                 turns = _take_turn(turn, turns, WG, PINGPONG)
@@ -405,7 +425,7 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
                 mbarrier.arrive(v_empty.index(last), count=1)
         elif half_last:           # the item's only tile, at half width
             acc, m_i, l_i = _half_tile(q_smem, q0, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv, acc,
-                                       m_i, l_i, None, False, q_pos, diag, seqlen_k, qk_scale_log2, 0, BLOCK_N, STAGES,
+                                       m_i, l_i, None, False, q_pos, diag, sk, qk_scale_log2, 0, BLOCK_N, STAGES,
                                        CAUSAL, p_layout, QK_PARTS)
         _skip_tiles(k_ready, k_empty, v_ready, v_empty, kv + n_mine, kv + n_tiles, STAGES)
         mbarrier.arrive(q_empty.index(qb), count=1)
@@ -420,35 +440,38 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
         out = gl.convert_layout((acc * inv_l[:, None]).to(O.dtype.element_ty), store_layout)
         rows = m0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, store_layout))
         cols = gl.arange(0, HEAD_DV, layout=gl.SliceLayout(0, store_layout))
+        # VARLEN: the sequence's rows start at row_q of the packed output (stride_ob and stride_lb are 0).
         if OFFSETS_64:
             # An output or LSE past 2^31 elements: strides under 2^31 arrive as int32 and their products would
             # wrap. The warpgroup's first row in 64 bits, its 64 rows from there in 32.
-            o_ptrs = (O + (b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh + m0.to(gl.int64) * stride_os)
+            r0 = (row_q + m0).to(gl.int64)
+            o_ptrs = (O + (b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh + r0 * stride_os)
                       + (rows - m0)[:, None] * stride_os + cols[None, :])
-            lse_ptrs = (LSE + (b.to(gl.int64) * stride_lb + h.to(gl.int64) * stride_lh + m0.to(gl.int64) * stride_ls)
+            lse_ptrs = (LSE + (b.to(gl.int64) * stride_lb + h.to(gl.int64) * stride_lh + r0 * stride_ls)
                         + (q_pos - m0) * stride_ls)
         else:
-            o_ptrs = O + b * stride_ob + h * stride_oh + rows[:, None] * stride_os + cols[None, :]
-            lse_ptrs = LSE + b * stride_lb + h * stride_lh + q_pos * stride_ls
-        gl.store(o_ptrs, out, mask=(rows < seqlen_q)[:, None])
-        gl.store(lse_ptrs, lse, mask=q_pos < seqlen_q)
+            o_ptrs = O + b * stride_ob + h * stride_oh + (row_q + rows)[:, None] * stride_os + cols[None, :]
+            lse_ptrs = LSE + b * stride_lb + h * stride_lh + (row_q + q_pos) * stride_ls
+        gl.store(o_ptrs, out, mask=(rows < sq)[:, None])
+        gl.store(lse_ptrs, lse, mask=q_pos < sq)
         qb = w % Q_BUFS
         mbarrier.wait(q_ready.index(qb), (w // Q_BUFS) & 1)
         t = _read_item(items.index(qb), 4)
 
 
 @gluon.jit
-def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, seqlen_q, seqlen_k, heads_q, group, n_bh,
-                         head_chunk,
+def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, CU_Q, CU_K, seqlen_q, seqlen_k, heads_q, group,
+                         n_bh, head_chunk,
                          stride_qh, stride_kh, stride_vh,
                          stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls, qk_scale_log2,
                          BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, HEAD_DV: gl.constexpr,
                          STAGES: gl.constexpr, Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr,
                          PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr, WGS: gl.constexpr,
-                         OFFSETS_64: gl.constexpr):
+                         OFFSETS_64: gl.constexpr, VARLEN: gl.constexpr):
     """Persistent: each program runs work items until none is left (`_next_item`); COUNTER is two zeroed int32
     words (causal calls, `_counter`; None otherwise), which the kernel leaves zeroed. OFFSETS_64: O or LSE reaches
-    past 2^31 elements (the epilogue's offsets in 64 bits)."""
+    past 2^31 elements (the epilogue's offsets in 64 bits). VARLEN: n_bh / heads_q packed sequences, CU_Q / CU_K
+    their row offsets (`_work_item`); seqlen_q / seqlen_k the longest."""
     n_m = gl.cdiv(seqlen_q, WGS * ROWS)
     dtype: gl.constexpr = q_desc.dtype
     D_PART: gl.constexpr = q_desc.block_type.shape[2]     # Q and K columns per TMA box and slot
@@ -480,26 +503,31 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, seqlen_q, seql
 
     shared = (q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, O, LSE, n_m, n_bh,
               head_chunk, heads_q, group, seqlen_q, seqlen_k, qk_scale_log2, stride_ob, stride_os, stride_oh,
-              stride_lb, stride_lh, stride_ls, turn)
+              stride_lb, stride_lh, stride_ls, turn, CU_Q, CU_K)
     producer = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready,
                 v_empty, COUNTER, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, stride_qh, stride_kh,
-                stride_vh)
+                stride_vh, CU_Q, CU_K)
     # The tuples above hold no constexpr (a tuple in a variable does not keep them); those go in literally.
     if WGS == 2:
         gl.warp_specialize([
-            (_consumer, (shared, 0, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64, QK_PARTS)),
-            (_consumer, (shared, 1, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64, QK_PARTS)),
-            (_producer, (producer, BLOCK_N, STAGES, Q_BUFS, CAUSAL, WGS, QK_PARTS)),
+            (_consumer, (shared, 0, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64, QK_PARTS,
+                          VARLEN)),
+            (_consumer, (shared, 1, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64, QK_PARTS,
+                          VARLEN)),
+            (_producer, (producer, BLOCK_N, STAGES, Q_BUFS, CAUSAL, WGS, QK_PARTS, VARLEN)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
         # Three consumers run as workers, each at CONSUMER_REGS; the producer is the default partition (4 warps,
         # one issuing) with what is left. As the default partition a consumer was compiled into far more spills
         # than the workers (54 against 9 local loads per key tile at 168 and 160 registers).
         gl.warp_specialize([
-            (_producer, (producer, BLOCK_N, STAGES, Q_BUFS, CAUSAL, WGS, QK_PARTS)),
-            (_consumer, (shared, 0, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64, QK_PARTS)),
-            (_consumer, (shared, 1, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64, QK_PARTS)),
-            (_consumer, (shared, 2, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64, QK_PARTS)),
+            (_producer, (producer, BLOCK_N, STAGES, Q_BUFS, CAUSAL, WGS, QK_PARTS, VARLEN)),
+            (_consumer, (shared, 0, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64, QK_PARTS,
+                          VARLEN)),
+            (_consumer, (shared, 1, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64, QK_PARTS,
+                          VARLEN)),
+            (_consumer, (shared, 2, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64, QK_PARTS,
+                          VARLEN)),
         ], [4, 4, 4], [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS])
 
 
@@ -536,12 +564,14 @@ def supported(q, k, v):
     return None if None in views else views
 
 
-def attention_forward_sm90(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None, tiles=None):
+def attention_forward_sm90(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None, tiles=None,
+                           varlen=None):
     """Launch the Gluon kernel. q/k (b, s, h, d), v (b, sk, hk, dv); out (b, sq, hq, dv); lse (b, hq, sq).
-    `views` are `supported`'s result when the caller has it; `pingpong` and `tiles` override the automatic
-    choices (tuning)."""
+    `varlen` = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k): packed sequences, q/k/v/out
+    (total, h, d) and lse (hq, total_q). `views` are `supported`'s result when the caller has it (for varlen, of
+    the tensors with a leading axis of 1); `pingpong` and `tiles` override the automatic choices (tuning)."""
     grid, args, meta = launch_args(q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale, views=views,
-                                   pingpong=pingpong, tiles=tiles)
+                                   pingpong=pingpong, tiles=tiles, varlen=varlen)
     launch(attn_fwd_sm90_kernel, grid, args, meta)
 
 
@@ -569,10 +599,20 @@ def _counter(device):
     return counter
 
 
-def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None, tiles=None):
+def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None, tiles=None, varlen=None):
     """(grid, arguments, meta-parameters) of one launch; `benchmarks/profile_host.py` times the launch alone."""
-    batch, seqlen_q, heads_q, d = q.shape
-    seqlen_k, heads_k, dv = k.shape[1], k.shape[2], v.shape[3]
+    if varlen is None:
+        batch, seqlen_q = q.shape[:2]
+        seqlen_k = k.shape[1]
+        cu_q = cu_k = None
+        o_strides, lse_strides = out.stride()[:3], lse.stride()
+    else:                         # one packed batch for TMA; each sequence's rows from cu_seqlens (`_work_item`)
+        cu_q, cu_k, seqlen_q, seqlen_k = varlen
+        batch = cu_q.shape[0] - 1
+        q, k, v = (t.unsqueeze(0) for t in (q, k, v))
+        o_strides, lse_strides = (0, *out.stride()[:2]), (0, *lse.stride())
+    heads_q, d = q.shape[2:]
+    heads_k, dv = k.shape[2], v.shape[3]
     block_n, stages, q_bufs, regs, wgs = tiles or choose_tiles(d, causal, seqlen_q)
     if pingpong is None:
         # tune_prefill_sm90_h100.json: +0.5-7% at d >= 128, mostly a loss at d = 64. Five later runs at d = 128
@@ -597,9 +637,9 @@ def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpon
         chunk = max(1, L2_BUDGET // (seqlen_k * (d + dv) * k.element_size())) * (heads_q // heads_k)
     part = _QK_PART.get(d, d)
     args = (desc(q, vq, _ROWS, part), desc(k, vk, block_n, part), desc(v, vv, block_n, dv), out, lse, counter,
-            seqlen_q, seqlen_k, heads_q, heads_q // heads_k, batch * heads_q, chunk, q.stride(2), k.stride(2),
-            v.stride(2), out.stride(0), out.stride(1), out.stride(2), *lse.stride(), softmax_scale * LOG2E)
+            cu_q, cu_k, seqlen_q, seqlen_k, heads_q, heads_q // heads_k, batch * heads_q, chunk, q.stride(2),
+            k.stride(2), v.stride(2), *o_strides, *lse_strides, softmax_scale * LOG2E)
     meta = dict(BLOCK_N=block_n, HEAD_D=d, HEAD_DV=dv, STAGES=stages, Q_BUFS=q_bufs, CAUSAL=causal,
                 PINGPONG=pingpong, CONSUMER_REGS=regs, WGS=wgs, OFFSETS_64=max(_extent(out), _extent(lse)) > 2**31,
-                num_warps=4)
+                VARLEN=varlen is not None, num_warps=4)
     return grid, args, meta
