@@ -1,0 +1,76 @@
+"""Packed (varlen) prefill against the same sequences padded, in one process.
+
+    PYTHONPATH=src python3 benchmarks/probe_varlen.py [--dims 64 128 192 256] [--out varlen.json]
+
+Engines call prefill through varlen entry points (`flash_attn_varlen_func`), so `attention_varlen` is what they
+reach. For each head dim, sequence length (1k, 4k) and mask: 16k tokens as b equal sequences, timed as
+`fmha.attention` on (b, s, h, d), as `fmha.attention_varlen` on the same rows packed, and as the portable kernel
+on the packed rows (`backend="triton"`, what varlen calls ran before they reached the Gluon kernel); then a
+mixed batch of unequal lengths packed (no padded peer). TFLOP/s count each sequence's own visible pairs. Each
+packed output is checked against the padded one (or, for the mixed batch, against the portable kernel's).
+"""
+import argparse
+
+import torch
+
+import fmha
+from fmha.bench import PREFILL_VALUE_DIMS, attention_flops, bench_gpu, save_sweep
+from fmha.kernels.forward import attention_forward
+
+
+def portable(q, k, v, cu_q, cu_k, max_q, max_k, causal):
+    out = q.new_empty((*q.shape[:2], v.shape[-1]))
+    lse = torch.empty(q.shape[1], q.shape[0], dtype=torch.float32, device=q.device)
+
+    def call():
+        attention_forward(q, k, v, out, lse, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q,
+                          max_seqlen_k=max_k, softmax_scale=None, window=(-1, 0 if causal else -1), softcap=0.0,
+                          alibi_slopes=None, sinks=None, backend="triton")
+        return out
+    return call
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--dims", type=int, nargs="*", default=[64, 128, 192, 256])
+    p.add_argument("--out", default=None)
+    a = p.parse_args()
+    rows = []
+    for d in a.dims:
+        dv = PREFILL_VALUE_DIMS.get(d, d)
+        h = 2048 // d
+        layouts = [(f"{16384 // s}x{s}", [s] * (16384 // s)) for s in (1024, 4096)]
+        layouts.append(("mixed", [3000, 512, 1700, 64, 4096, 900, 2300, 128, 1500, 2184]))
+        for name, lens in layouts:
+            torch.manual_seed(0)
+            total = sum(lens)
+            q, k = (torch.randn(total, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+            v = torch.randn(total, h, dv, device="cuda", dtype=torch.bfloat16)
+            cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+            for causal in (False, True):
+                flops = sum(attention_flops(1, n, n, h, d, dv, causal=causal) for n in lens)
+                impls = {"varlen": lambda: fmha.attention_varlen(q, k, v, cu, cu, max(lens), max(lens), causal=causal),
+                         "varlen-triton": portable(q, k, v, cu, cu, max(lens), max(lens), causal)}
+                if name != "mixed":
+                    b, s = len(lens), lens[0]
+                    qb, kb, vb = (t.view(b, s, *t.shape[1:]) for t in (q, k, v))
+                    impls["padded"] = lambda: fmha.attention(qb, kb, vb, causal=causal).view(total, h, dv)
+                ref = (impls["padded"] if "padded" in impls else impls["varlen-triton"])().float()
+                err = (impls["varlen"]().float() - ref).abs().max().item()
+                if not err < 0.05:
+                    raise RuntimeError(f"d={d} {name} causal={causal}: varlen disagrees (max abs diff {err})")
+                row = dict(d=d, dv=dv, layout=name, causal=causal, h=h, max_err=err)
+                for impl, fn in impls.items():
+                    row[f"{impl}_tflops"] = flops / bench_gpu(fn) / 1e12
+                for impl in impls:
+                    if impl != "varlen":
+                        row[f"varlen_vs_{impl}"] = row["varlen_tflops"] / row[f"{impl}_tflops"]
+                rows.append(row)
+                print(" ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
+                      flush=True)
+    if a.out:
+        save_sweep(a.out, rows)
+
+
+if __name__ == "__main__":
+    main()
