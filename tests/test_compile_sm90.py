@@ -210,7 +210,7 @@ GLUON_SCRIPT = textwrap.dedent('''
         return f"tensordesc<{dt}[1,{rows},{width}],{layout!r}>"
     consts = dict(BLOCK_N=bn, HEAD_D=d, HEAD_DV=dv, STAGES=stages, Q_BUFS=q_bufs, CAUSAL=causal,
                   PINGPONG=not causal and wgs == 2, CONSUMER_REGS=regs, WGS=wgs, OFFSETS_64=offsets_64)
-    if not causal:                  # as `launch_args` launches it: the atomic counter for causal calls only
+    if not causal and not varlen:   # as `launch_args` launches it: the atomic counter for causal or varlen calls
         consts["COUNTER"] = None
     consts["VARLEN"] = varlen
     if not varlen:

@@ -112,14 +112,31 @@ def _work_item(t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, CU_
 
 
 @gluon.jit
-def _next_item(COUNTER, t, CAUSAL: gl.constexpr):
-    """A program's first item is its own index. Causal items, of unequal lengths: each next one is the first not
-    yet taken (one atomic per item), so programs that drew short items take more of them. Unmasked items, all
-    alike: every grid-th one, with no counter to zero before the launch and no atomics (+0.7% at d = 64 1k,
-    level at 4k: benchmarks/results/history/ab_static_schedule_h100_4172235.json)."""
-    if CAUSAL:
+def _next_item(COUNTER, t, DYNAMIC: gl.constexpr):
+    """A program's first item is its own index. Items of unequal lengths (causal, or packed sequences): each next
+    one is the first not yet taken (one atomic per item), so programs that drew short items take more of them.
+    Unmasked items, all alike: every grid-th one, with no counter to zero before the launch and no atomics (+0.7%
+    at d = 64 1k, level at 4k: benchmarks/results/history/ab_static_schedule_h100_4172235.json)."""
+    if DYNAMIC:
         return gl.num_programs(0) + gl.atomic_add(COUNTER, 1)
     return t + gl.num_programs(0)
+
+
+@gluon.jit
+def _skip_empty(t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, CU_Q, CU_K, COUNTER,
+                BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, WGS: gl.constexpr):
+    """Packed sequences: t, or the first item after it whose rows start inside their sequence. Blocks past a
+    short sequence's end (the grid counts every sequence's blocks up to the longest) are never posted, so the
+    consumers see only items with rows."""
+    go = t < n_m * n_bh
+    while go:
+        _, _, _, m_start, _, sq, _, _, _, _ = _work_item(t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q,
+                                                         seqlen_k, CU_Q, CU_K, BLOCK_N, CAUSAL, WGS, True)
+        go = m_start >= sq
+        if go:
+            t = _next_item(COUNTER, t, True)
+            go = t < n_m * n_bh
+    return t
 
 
 @gluon.jit
@@ -178,6 +195,9 @@ def _producer(args, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, Q_BUFS: gl.cons
     kv = 0                        # K/V tiles loaded so far: position in the ring and its phase
     w = 0                         # work items so far: the Q buffer and its phase
     t = gl.program_id(0)
+    if VARLEN:
+        t = _skip_empty(t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, CU_Q, CU_K, COUNTER, BLOCK_N,
+                        CAUSAL, WGS)
     while t < n_m * n_bh:
         _, h, hk, m_start, n_tiles, _, _, row_q, row_k, tb = _work_item(
             t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, CU_Q, CU_K, BLOCK_N, CAUSAL, WGS, VARLEN)
@@ -204,13 +224,16 @@ def _producer(args, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, Q_BUFS: gl.cons
             kv = _load_kv_tile(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv, tb, row_k, i,
                                hk, stride_kh, stride_vh, BLOCK_N, STAGES, QK_PARTS)
         w += 1
-        t = _next_item(COUNTER, t, CAUSAL)
+        t = _next_item(COUNTER, t, CAUSAL or VARLEN)
+        if VARLEN:
+            t = _skip_empty(t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, CU_Q, CU_K, COUNTER,
+                            BLOCK_N, CAUSAL, WGS)
     # The end: an index past the last item tells the consumers to stop.
     qb = w % Q_BUFS
     mbarrier.wait(q_empty.index(qb), ((w // Q_BUFS) & 1) ^ 1)
     _post_item(items.index(qb), t, gl.num_warps())
     mbarrier.arrive(q_ready.index(qb), count=1)
-    if CAUSAL:
+    if CAUSAL or VARLEN:
         _release_counter(COUNTER)
 
 
@@ -629,9 +652,9 @@ def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpon
     vq, vk, vv = views or (_view3(q), _view3(k), _view3(v))
     n_m = triton.cdiv(seqlen_q, wgs * _ROWS)
     grid = (min(batch * heads_q * n_m, num_sms(q.device)),)
-    # Causal items differ in length: handed out by an atomic counter (`_counter`). Unmasked items are all alike,
-    # so a fixed round-robin balances them as well, with no counter.
-    counter = _counter(q.device) if causal else None
+    # Causal items, and packed sequences' items, differ in length: handed out by an atomic counter (`_counter`).
+    # Unmasked padded items are all alike, so a fixed round-robin balances them as well, with no counter.
+    counter = _counter(q.device) if causal or varlen is not None else None
     chunk = 1
     if causal:                    # query heads whose K/V fit in L2_BUDGET
         chunk = max(1, L2_BUDGET // (seqlen_k * (d + dv) * k.element_size())) * (heads_q // heads_k)
