@@ -123,23 +123,6 @@ def _next_item(COUNTER, t, DYNAMIC: gl.constexpr):
 
 
 @gluon.jit
-def _skip_empty(t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, CU_Q, CU_K, COUNTER,
-                BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, WGS: gl.constexpr):
-    """Packed sequences: t, or the first item after it whose rows start inside their sequence. Blocks past a
-    short sequence's end (the grid counts every sequence's blocks up to the longest) are never posted, so the
-    consumers see only items with rows."""
-    go = t < n_m * n_bh
-    while go:
-        _, _, _, m_start, _, sq, _, _, _, _ = _work_item(t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q,
-                                                         seqlen_k, CU_Q, CU_K, BLOCK_N, CAUSAL, WGS, True)
-        go = m_start >= sq
-        if go:
-            t = _next_item(COUNTER, t, True)
-            go = t < n_m * n_bh
-    return t
-
-
-@gluon.jit
 def _release_counter(COUNTER):
     """COUNTER's two words are the causal items taken past the first grid and the programs done. The last program
     to finish zeroes both: every other one has taken its last item by then, so the next launch on this stream finds
@@ -184,50 +167,60 @@ def _load_kv_tile(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_e
 
 
 @gluon.jit
-def _producer(args, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr,
-              WGS: gl.constexpr, QK_PARTS: gl.constexpr, VARLEN: gl.constexpr):
+def _load_item(args, t, h, hk, m_start, n_tiles, row_q, row_k, tb, kv, w, BLOCK_N: gl.constexpr,
+               STAGES: gl.constexpr, Q_BUFS: gl.constexpr, WGS: gl.constexpr, QK_PARTS: gl.constexpr):
+    """Post work item t (the producer's w-th) and load its Q rows and key tiles; returns (kv, w) after it."""
     (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
-     COUNTER, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, stride_qh, stride_kh, stride_vh, CU_Q,
-     CU_K) = args
+     _, _, _, _, _, _, _, _, stride_qh, stride_kh, stride_vh, _, _) = args
     # The descriptors are 3-D, (batch, seqlen, columns) with boxes (1, rows, head_dim); each box lands in a
     # 2-D slot seen through a (1, rows, head_dim) view.
     q_box: gl.constexpr = q_desc.block_type.shape
+    qb = w % Q_BUFS
+    # With one Q buffer (d = 256) the item's first key tiles go out before its Q: their ring slots free up
+    # while the consumers are still on the previous item, whereas the Q buffer frees only at its end, and
+    # waiting for it first left every item boundary with nothing in flight (d=256 1k causal: 228 -> 344
+    # TFLOP/s, `history/prefill_h100_f93e080.json`). With two Q buffers the Q goes first: it is free early,
+    # and queuing it behind the tiles' slots cost d = 64 / 128 2-9% in that run.
+    head = gl.minimum(n_tiles, STAGES) if Q_BUFS == 1 else 0
+    for i in range(head):
+        kv = _load_kv_tile(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv, tb, row_k, i,
+                           hk, stride_kh, stride_vh, BLOCK_N, STAGES, QK_PARTS)
+    # A buffer is free once every consumer released it; the first pass over a ring waits on nothing.
+    mbarrier.wait(q_empty.index(qb), ((w // Q_BUFS) & 1) ^ 1)
+    _post_item(items.index(qb), t, gl.num_warps())
+    mbarrier.expect(q_ready.index(qb), WGS * QK_PARTS * q_desc.block_type.nbytes)
+    for g in gl.static_range(WGS):
+        for j in gl.static_range(QK_PARTS):
+            tma.async_copy_global_to_shared(q_desc, [tb, row_q + m_start + g * ROWS, h * stride_qh + j * q_box[2]],
+                                            q_ready.index(qb),
+                                            q_smem.index(QK_PARTS * (WGS * qb + g) + j).reshape(q_box))
+    for i in range(head, n_tiles):
+        kv = _load_kv_tile(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv, tb, row_k, i,
+                           hk, stride_kh, stride_vh, BLOCK_N, STAGES, QK_PARTS)
+    return kv, w + 1
+
+
+@gluon.jit
+def _producer(args, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr,
+              WGS: gl.constexpr, QK_PARTS: gl.constexpr, VARLEN: gl.constexpr):
+    (_, _, _, _, _, _, items, q_ready, q_empty, _, _, _, _, COUNTER, n_m, n_bh, head_chunk, heads_q, group, seqlen_q,
+     seqlen_k, _, _, _, CU_Q, CU_K) = args
     kv = 0                        # K/V tiles loaded so far: position in the ring and its phase
     w = 0                         # work items so far: the Q buffer and its phase
     t = gl.program_id(0)
-    if VARLEN:
-        t = _skip_empty(t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, CU_Q, CU_K, COUNTER, BLOCK_N,
-                        CAUSAL, WGS)
     while t < n_m * n_bh:
-        _, h, hk, m_start, n_tiles, _, _, row_q, row_k, tb = _work_item(
+        _, h, hk, m_start, n_tiles, sq, _, row_q, row_k, tb = _work_item(
             t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, CU_Q, CU_K, BLOCK_N, CAUSAL, WGS, VARLEN)
-        qb = w % Q_BUFS
-        # With one Q buffer (d = 256) the item's first key tiles go out before its Q: their ring slots free up
-        # while the consumers are still on the previous item, whereas the Q buffer frees only at its end, and
-        # waiting for it first left every item boundary with nothing in flight (d=256 1k causal: 228 -> 344
-        # TFLOP/s, `history/prefill_h100_f93e080.json`). With two Q buffers the Q goes first: it is free early,
-        # and queuing it behind the tiles' slots cost d = 64 / 128 2-9% in that run.
-        head = gl.minimum(n_tiles, STAGES) if Q_BUFS == 1 else 0
-        for i in range(head):
-            kv = _load_kv_tile(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv, tb, row_k, i,
-                               hk, stride_kh, stride_vh, BLOCK_N, STAGES, QK_PARTS)
-        # A buffer is free once every consumer released it; the first pass over a ring waits on nothing.
-        mbarrier.wait(q_empty.index(qb), ((w // Q_BUFS) & 1) ^ 1)
-        _post_item(items.index(qb), t, gl.num_warps())
-        mbarrier.expect(q_ready.index(qb), WGS * QK_PARTS * q_desc.block_type.nbytes)
-        for g in gl.static_range(WGS):
-            for j in gl.static_range(QK_PARTS):
-                tma.async_copy_global_to_shared(q_desc, [tb, row_q + m_start + g * ROWS, h * stride_qh + j * q_box[2]],
-                                                q_ready.index(qb),
-                                                q_smem.index(QK_PARTS * (WGS * qb + g) + j).reshape(q_box))
-        for i in range(head, n_tiles):
-            kv = _load_kv_tile(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv, tb, row_k, i,
-                               hk, stride_kh, stride_vh, BLOCK_N, STAGES, QK_PARTS)
-        w += 1
-        t = _next_item(COUNTER, t, CAUSAL or VARLEN)
+        # Packed sequences: the grid counts every sequence's blocks up to the longest; a block past its own
+        # sequence's end is never posted, so the consumers see only items with rows.
         if VARLEN:
-            t = _skip_empty(t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, CU_Q, CU_K, COUNTER,
-                            BLOCK_N, CAUSAL, WGS)
+            if m_start < sq:
+                kv, w = _load_item(args, t, h, hk, m_start, n_tiles, row_q, row_k, tb, kv, w, BLOCK_N, STAGES,
+                                   Q_BUFS, WGS, QK_PARTS)
+        else:
+            kv, w = _load_item(args, t, h, hk, m_start, n_tiles, row_q, row_k, tb, kv, w, BLOCK_N, STAGES, Q_BUFS,
+                               WGS, QK_PARTS)
+        t = _next_item(COUNTER, t, CAUSAL or VARLEN)
     # The end: an index past the last item tells the consumers to stop.
     qb = w % Q_BUFS
     mbarrier.wait(q_empty.index(qb), ((w // Q_BUFS) & 1) ^ 1)
