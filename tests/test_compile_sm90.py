@@ -200,7 +200,7 @@ GLUON_SCRIPT = textwrap.dedent('''
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
     from fmha.kernels.forward_sm90 import attn_fwd_sm90_kernel, HEAD_DIMS, _QK_PART, _TILES, _WIDE_TILES, _ROWS
-    d, causal, dt, wide, offsets_64, varlen = (json.loads(sys.argv[1]) + [False])[:6]
+    d, causal, dt, wide, offsets_64, varlen, window, sinks = (json.loads(sys.argv[1]) + [False] * 3)[:8]
     dv = dict(HEAD_DIMS)[d]
     bn, stages, q_bufs, regs, wgs = (_WIDE_TILES if wide else _TILES)[d]
     el = gl.bfloat16 if dt == "bf16" else gl.float16
@@ -210,14 +210,16 @@ GLUON_SCRIPT = textwrap.dedent('''
         return f"tensordesc<{dt}[1,{rows},{width}],{layout!r}>"
     consts = dict(BLOCK_N=bn, HEAD_D=d, HEAD_DV=dv, STAGES=stages, Q_BUFS=q_bufs, CAUSAL=causal,
                   PINGPONG=not causal and wgs == 2, CONSUMER_REGS=regs, WGS=wgs, OFFSETS_64=offsets_64)
-    if not causal and not varlen:   # as `launch_args` launches it: the atomic counter for causal or varlen calls
+    if not causal and not varlen and not window:   # as `launch_args` launches it: the counter for masked or varlen
         consts["COUNTER"] = None
-    consts["VARLEN"] = varlen
+    consts.update(VARLEN=varlen, WINDOW=window, HAS_SINKS=sinks)
     if not varlen:
         consts.update(CU_Q=None, CU_K=None)
+    if not sinks:
+        consts["SINKS"] = None
     part = _QK_PART.get(d, d)
     ptrs = dict(q_desc=desc(_ROWS, part), k_desc=desc(bn, part), v_desc=desc(bn, dv), O=f"*{dt}", LSE="*fp32",
-                COUNTER="*i32", CU_Q="*i32", CU_K="*i32")
+                COUNTER="*i32", CU_Q="*i32", CU_K="*i32", SINKS="*fp32")
     ptrs = {n: v for n, v in ptrs.items() if n not in consts}
     names = list(inspect.signature(attn_fwd_sm90_kernel.fn).parameters)
     sig = {n: ptrs.get(n, "constexpr" if n in consts else ("fp32" if n == "qk_scale_log2" else "i32")) for n in names}
@@ -231,16 +233,20 @@ GLUON_SCRIPT = textwrap.dedent('''
 
 
 @pytest.mark.cpu
-# (head_dim, causal, dtype, three consumer warpgroups, 64-bit output offsets[, varlen])
+# (head_dim, causal, dtype, three consumer warpgroups, 64-bit output offsets[, varlen[, left window[, sinks]]])
 @pytest.mark.parametrize("case", [(128, True, "bf16", False, False), (128, False, "fp16", False, False),
                                   (64, False, "bf16", False, False), (64, False, "fp16", True, False),
                                   (64, True, "bf16", True, False), (256, True, "fp16", False, False),
                                   (128, False, "bf16", False, True), (64, True, "bf16", True, True),
                                   (192, True, "bf16", False, False), (192, False, "fp16", False, False),
-                                  (128, True, "bf16", False, False, True), (64, False, "bf16", True, False, True)],
+                                  (128, True, "bf16", False, False, True), (64, False, "bf16", True, False, True),
+                                  (64, True, "bf16", False, False, True, True, True),
+                                  (128, False, "fp16", False, False, False, True, False),
+                                  (64, True, "bf16", True, False, False, True, True)],
                          ids=["d128-causal", "d128", "d64", "d64-wide", "d64-wide-causal", "d256-causal",
                               "d128-offsets64", "d64-wide-causal-offsets64", "d192-dv128-causal", "d192-dv128",
-                              "d128-causal-varlen", "d64-wide-varlen"])
+                              "d128-causal-varlen", "d64-wide-varlen", "d64-window-sinks-varlen", "d128-left-window",
+                              "d64-wide-window-sinks"])
 def test_gluon_prefill_compiles_for_sm90(case):
     """The Hopper Gluon kernel cannot run in the interpreter; compiling it here catches API drift and shared
     memory over the limit, and checks the warp-specialised shape: wgmma, 3-D TMA loads, per-partition

@@ -103,6 +103,92 @@ def test_gluon_varlen(case, causal):
     assert_matches(got, lse, attention_varlen_ref(q, k, v, cu_q, cu_k, causal=causal), torch.bfloat16)
 
 
+# (shape as SHAPES, window): sliding windows as gpt-oss (128, 0), Mistral and Gemma use them, a right bound past the
+# diagonal, a left bound alone, the diagonal alone; Sq > Sk (rows that see nothing), the causal half-width
+# diagonal tile, 192 / 128.
+WINDOW_CASES = [
+    ((2, 1000, 1500, 16, 4, 128), (128, 0)),
+    ((2, 1000, 1500, 16, 4, 128), (300, 17)),
+    ((2, 1000, 1500, 16, 4, 128), (-1, 50)),
+    ((2, 1000, 1500, 16, 4, 128), (100, -1)),
+    ((2, 129, 65, 2, 2, 128), (0, 0)),
+    ((1, 2048, 2048, 8, 1, 64), (128, 0)),
+    ((3, 700, 300, 4, 1, 64), (64, 0)),
+    ((1, 1000, 1064, 4, 2, 64), (200, 0)),
+    ((1, 1064, 1000, 4, 2, 64), (1, 3)),
+    ((2, 513, 1027, 4, 4, 256), (1000, 0)),
+    ((1, 100, 2000, 2, 1, 256), (700, -1)),
+    ((1, 1000, 1064, 4, 2, 192, 128), (256, 0)),
+]
+
+
+def _spy_gluon(monkeypatch):
+    """Count the launches that reach the Gluon kernel, so that a fall-back to the portable one fails the test."""
+    from fmha.kernels import forward_sm90
+    calls = []
+    real = forward_sm90.attention_forward_sm90
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs.get("window"))
+        return real(*args, **kwargs)
+    monkeypatch.setattr(forward_sm90, "attention_forward_sm90", spy)
+    return calls
+
+
+@pytest.mark.parametrize("sinks", [False, True], ids=["", "sinks"])
+@pytest.mark.parametrize("case", WINDOW_CASES, ids=lambda c: "x".join(map(str, c[0])) + f"-w{c[1][0]},{c[1][1]}")
+def test_gluon_window_sinks(case, sinks, monkeypatch):
+    """Sliding windows (left, right) and attention sinks on the Gluon kernel (SPEC.md's semantics; the LSE leaves
+    the sink out), NaN-poisoned padding and output, fp16 and bf16 by turns."""
+    shape, window = case
+    dtype = torch.float16 if WINDOW_CASES.index(case) % 2 else torch.bfloat16
+    q, k, v = _inputs(shape, dtype)
+    calls = _spy_gluon(monkeypatch)
+    sink = torch.randn(shape[3], device="cuda") * 2 if sinks else None
+    out = torch.full((*q.shape[:3], v.shape[-1]), float("nan"), dtype=dtype, device="cuda")
+    got, lse = fmha.attention(q, k, v, window=window, sinks=sink, return_lse=True, out=out)
+    assert calls == [window]
+    assert_matches(got, lse, attention_ref(q, k, v, window=window, sinks=sink), dtype)
+
+
+@pytest.mark.parametrize("window", [(300, 0), (100, -1), (0, 130)], ids=lambda w: f"w{w[0]},{w[1]}")
+def test_gluon_window_three_consumer_warpgroups(window, monkeypatch):
+    """Windows over the 192-row items of three consumer warpgroups (each trims the tiles past its own rows'
+    horizon; the leading ones its rows do not see run fully masked)."""
+    from fmha.kernels import forward_sm90
+    shape = (1, 2048, 2100, 4, 2, 64)
+    q, k, v = _inputs(shape)
+    monkeypatch.setitem(forward_sm90._TILES, 64, (128, 3, 2, 160, 3))
+    calls = _spy_gluon(monkeypatch)
+    sink = torch.randn(4, device="cuda")
+    got, lse = fmha.attention(q, k, v, window=window, sinks=sink, return_lse=True)
+    assert calls == [window]
+    assert_matches(got, lse, attention_ref(q, k, v, window=window, sinks=sink), torch.bfloat16)
+
+
+@pytest.mark.parametrize("window", [(100, 0), (50, 20)], ids=lambda w: f"w{w[0]},{w[1]}")
+@pytest.mark.parametrize("case", VARLEN_CASES[:2] + VARLEN_CASES[4:], ids=lambda c: f"{len(c[0])}seqs-d{c[4]}")
+def test_gluon_varlen_window_sinks(case, window, monkeypatch):
+    """Packed sequences with a window and sinks: each sequence's diagonal and left bound are its own."""
+    len_q, len_k, hq, hk, d, dv = (*case, case[4])[:6]
+    torch.manual_seed(len(len_q) + d + window[0])
+    cu_q, cu_k = (torch.tensor([0, *torch.tensor(n).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+                  for n in (len_q, len_k))
+    tq, tk = sum(len_q), sum(len_k)
+    q = poisoned((tq, hq, d), tq, torch.bfloat16, "cuda", dim=0)
+    k = poisoned((tk, hk, d), tk, torch.bfloat16, "cuda", dim=0)
+    v = poisoned((tk, hk, dv), tk, torch.bfloat16, "cuda", dim=0)
+    if not _gluon_ok(*(t.unsqueeze(0) for t in (q, k, v))):
+        pytest.skip("not an sm_90 GPU")
+    calls = _spy_gluon(monkeypatch)
+    sink = torch.randn(hq, device="cuda")
+    out = torch.full((tq, hq, dv), float("nan"), dtype=torch.bfloat16, device="cuda")
+    got, lse = fmha.attention_varlen(q, k, v, cu_q, cu_k, max(len_q), max(len_k), window=window, sinks=sink,
+                                     return_lse=True, out=out)
+    assert calls == [window]
+    assert_matches(got, lse, attention_varlen_ref(q, k, v, cu_q, cu_k, window=window, sinks=sink), torch.bfloat16)
+
+
 @pytest.mark.parametrize("ramp", [lambda j: 1 + j / 300, lambda j: 2.0 ** (j // 512), lambda j: 8 - j / 400],
                          ids=["rising", "steps", "falling"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])

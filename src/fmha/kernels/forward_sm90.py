@@ -45,6 +45,7 @@ ROWS = gl.constexpr(_ROWS)        # the same, for the kernels
 LOG2E = 1.4426950408889634
 L2_BUDGET = 24 << 20              # bytes of K/V that causal work items share at a time (H100 L2: 50 MB)
 LN2 = gl.constexpr(0.6931471805599453)
+LOG2E_ = gl.constexpr(LOG2E)
 # The producer warp's register budget (its warpgroup's, with 3 idle warps) beside 2 consumer warpgroups; beside 3 it
 # is the default partition and gets what the consumers leave.
 PRODUCER_REGS = gl.constexpr(40)
@@ -67,15 +68,18 @@ _WIDE_TILES = {64: (128, 3, 2, 160, 3)}
 WIDE_MIN_ROWS = 2048
 WIDE_MIN_ROWS_CAUSAL = 8192
 PINGPONG_MIN_ROWS_D128 = 4096     # causal d = 128 calls from this many query rows take turns (`launch_args`)
+UNBOUNDED = 1 << 30               # a window's left bound of -1 (unbounded) as the kernel takes it: past every key
 
 
 @gluon.jit
-def _work_item(t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, CU_Q, CU_K, BLOCK_N: gl.constexpr,
-               CAUSAL: gl.constexpr, WGS: gl.constexpr, VARLEN: gl.constexpr):
-    """Work item t → (batch, head, kv head, first query row, key tiles, the sequence's query and key lengths,
-    its first query and key rows in the TMA views, its TMA batch coordinate). VARLEN: sequence b's rows are
-    [CU_Q[b], CU_Q[b + 1]) of one packed batch (seqlen_q / seqlen_k are the longest), and a block past its end
-    has no key tiles. Items go out in order of t (see `_next_item`). Without a mask, all row blocks of one head
+def _work_item(t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, CU_Q, CU_K, left, right,
+               BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, WGS: gl.constexpr, VARLEN: gl.constexpr,
+               WINDOW: gl.constexpr):
+    """Work item t → (batch, head, kv head, first query row, first key tile, key tiles, the sequence's query and
+    key lengths, its first query and key rows in the TMA views, its TMA batch coordinate). VARLEN: sequence b's
+    rows are [CU_Q[b], CU_Q[b + 1]) of one packed batch (seqlen_q / seqlen_k are the longest), and a block past
+    its end has no key tiles. CAUSAL: keys up to each row's diagonal, WINDOW: from `left` before it to `right`
+    past it (the item's key tiles start at its first row's first visible key). Items go out in order of t (see `_next_item`). Without a mask, all row blocks of one head
     are next to each other, sharing its K/V in L2. Causal: heads are taken `head_chunk` at a time (as many as keep
     their K/V in L2), and inside a chunk the row blocks with the most key tiles come first, all heads of the chunk
     together, so that short items fill the end."""
@@ -105,10 +109,18 @@ def _work_item(t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, CU_
         tb = b
     hi = sk
     if CAUSAL:
-        hi = gl.maximum(gl.minimum(hi, m_start + WGS * ROWS + sk - sq), 0)
+        diag = sk - sq
+        if WINDOW:
+            diag += right
+        hi = gl.maximum(gl.minimum(hi, m_start + WGS * ROWS + diag), 0)
     if VARLEN:
         hi = gl.where(m_start < sq, hi, 0)
-    return b, h, h // group, m_start, gl.cdiv(hi, BLOCK_N), sq, sk, row_q, row_k, tb
+    lo = 0
+    n_tiles = gl.cdiv(hi, BLOCK_N)
+    if WINDOW:
+        lo = gl.maximum(m_start + sk - sq - left, 0) // BLOCK_N
+        n_tiles = gl.maximum(n_tiles - lo, 0)
+    return b, h, h // group, m_start, lo, n_tiles, sq, sk, row_q, row_k, tb
 
 
 @gluon.jit
@@ -167,11 +179,12 @@ def _load_kv_tile(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_e
 
 
 @gluon.jit
-def _load_item(args, t, h, hk, m_start, n_tiles, row_q, row_k, tb, kv, w, BLOCK_N: gl.constexpr,
+def _load_item(args, t, h, hk, m_start, lo, n_tiles, row_q, row_k, tb, kv, w, BLOCK_N: gl.constexpr,
                STAGES: gl.constexpr, Q_BUFS: gl.constexpr, WGS: gl.constexpr, QK_PARTS: gl.constexpr):
-    """Post work item t (the producer's w-th) and load its Q rows and key tiles; returns (kv, w) after it."""
+    """Post work item t (the producer's w-th) and load its Q rows and key tiles lo .. lo + n_tiles - 1; returns
+    (kv, w) after it."""
     (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
-     _, _, _, _, _, _, _, _, stride_qh, stride_kh, stride_vh, _, _) = args
+     _, _, _, _, _, _, _, _, stride_qh, stride_kh, stride_vh, _, _, _, _) = args
     # The descriptors are 3-D, (batch, seqlen, columns) with boxes (1, rows, head_dim); each box lands in a
     # 2-D slot seen through a (1, rows, head_dim) view.
     q_box: gl.constexpr = q_desc.block_type.shape
@@ -183,8 +196,8 @@ def _load_item(args, t, h, hk, m_start, n_tiles, row_q, row_k, tb, kv, w, BLOCK_
     # and queuing it behind the tiles' slots cost d = 64 / 128 2-9% in that run.
     head = gl.minimum(n_tiles, STAGES) if Q_BUFS == 1 else 0
     for i in range(head):
-        kv = _load_kv_tile(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv, tb, row_k, i,
-                           hk, stride_kh, stride_vh, BLOCK_N, STAGES, QK_PARTS)
+        kv = _load_kv_tile(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv, tb, row_k,
+                           lo + i, hk, stride_kh, stride_vh, BLOCK_N, STAGES, QK_PARTS)
     # A buffer is free once every consumer released it; the first pass over a ring waits on nothing.
     mbarrier.wait(q_empty.index(qb), ((w // Q_BUFS) & 1) ^ 1)
     _post_item(items.index(qb), t, gl.num_warps())
@@ -195,53 +208,65 @@ def _load_item(args, t, h, hk, m_start, n_tiles, row_q, row_k, tb, kv, w, BLOCK_
                                             q_ready.index(qb),
                                             q_smem.index(QK_PARTS * (WGS * qb + g) + j).reshape(q_box))
     for i in range(head, n_tiles):
-        kv = _load_kv_tile(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv, tb, row_k, i,
-                           hk, stride_kh, stride_vh, BLOCK_N, STAGES, QK_PARTS)
+        kv = _load_kv_tile(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv, tb, row_k,
+                           lo + i, hk, stride_kh, stride_vh, BLOCK_N, STAGES, QK_PARTS)
     return kv, w + 1
 
 
 @gluon.jit
 def _producer(args, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr,
-              WGS: gl.constexpr, QK_PARTS: gl.constexpr, VARLEN: gl.constexpr):
+              WGS: gl.constexpr, QK_PARTS: gl.constexpr, VARLEN: gl.constexpr, WINDOW: gl.constexpr):
     (_, _, _, _, _, _, items, q_ready, q_empty, _, _, _, _, COUNTER, n_m, n_bh, head_chunk, heads_q, group, seqlen_q,
-     seqlen_k, _, _, _, CU_Q, CU_K) = args
+     seqlen_k, _, _, _, CU_Q, CU_K, left, right) = args
     kv = 0                        # K/V tiles loaded so far: position in the ring and its phase
     w = 0                         # work items so far: the Q buffer and its phase
     t = gl.program_id(0)
     while t < n_m * n_bh:
-        _, h, hk, m_start, n_tiles, sq, _, row_q, row_k, tb = _work_item(
-            t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, CU_Q, CU_K, BLOCK_N, CAUSAL, WGS, VARLEN)
+        _, h, hk, m_start, lo, n_tiles, sq, _, row_q, row_k, tb = _work_item(
+            t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, CU_Q, CU_K, left, right, BLOCK_N, CAUSAL,
+            WGS, VARLEN, WINDOW)
         # Packed sequences: the grid counts every sequence's blocks up to the longest; a block past its own
         # sequence's end is never posted, so the consumers see only items with rows.
         if VARLEN:
             if m_start < sq:
-                kv, w = _load_item(args, t, h, hk, m_start, n_tiles, row_q, row_k, tb, kv, w, BLOCK_N, STAGES,
+                kv, w = _load_item(args, t, h, hk, m_start, lo, n_tiles, row_q, row_k, tb, kv, w, BLOCK_N, STAGES,
                                    Q_BUFS, WGS, QK_PARTS)
         else:
-            kv, w = _load_item(args, t, h, hk, m_start, n_tiles, row_q, row_k, tb, kv, w, BLOCK_N, STAGES, Q_BUFS,
-                               WGS, QK_PARTS)
-        t = _next_item(COUNTER, t, CAUSAL or VARLEN)
+            kv, w = _load_item(args, t, h, hk, m_start, lo, n_tiles, row_q, row_k, tb, kv, w, BLOCK_N, STAGES,
+                               Q_BUFS, WGS, QK_PARTS)
+        t = _next_item(COUNTER, t, CAUSAL or VARLEN or WINDOW)
     # The end: an index past the last item tells the consumers to stop.
     qb = w % Q_BUFS
     mbarrier.wait(q_empty.index(qb), ((w // Q_BUFS) & 1) ^ 1)
     _post_item(items.index(qb), t, gl.num_warps())
     mbarrier.arrive(q_ready.index(qb), count=1)
-    if CAUSAL or VARLEN:
+    if CAUSAL or VARLEN or WINDOW:
         _release_counter(COUNTER)
 
 
 @gluon.jit
-def _softmax_tile(s, i, m_i, l_i, q_pos, diag, seqlen_k, qk_scale_log2, mask_from,
-                  BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, s_layout: gl.constexpr):
+def _softmax_tile(s, i, m_i, l_i, q_pos, bounds, qk_scale_log2, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
+                  WINDOW: gl.constexpr, s_layout: gl.constexpr):
     """Fold the raw scores of key tile `i` (of BLOCK_N keys; `s` may hold only its first columns) into (m_i, l_i);
-    returns the probabilities and the rescale factor."""
-    if i >= mask_from:            # a tile that crosses the sequence end or the causal diagonal
+    returns the probabilities and the rescale factor. `bounds` = (key count, the diagonal's offset (keys a row sees
+    past its own index, `right` included), first tile that crosses the end or the diagonal, the left bound's offset
+    (a row's first visible key less its index), first tile no row's left bound cuts)."""
+    seqlen_k, diag, mask_from, lead, unmask_from = bounds
+    if WINDOW:
+        masked = (i >= mask_from) | (i < unmask_from)
+    else:
+        masked = i >= mask_from
+    if masked:                    # a tile that crosses the sequence end, the diagonal or the window's left edge
         # One comparison per score: the column against the row's last visible column of this tile.
         cols = gl.arange(0, s.shape[1], layout=gl.SliceLayout(0, s_layout))
         last = gl.full([ROWS], seqlen_k - 1 - i * BLOCK_N, gl.int32, gl.SliceLayout(1, s_layout))
         if CAUSAL:
             last = gl.minimum(last, q_pos + diag - i * BLOCK_N)
-        s = gl.where(cols[None, :] <= last[:, None], s, float("-inf"))
+        if WINDOW:                # and against its first visible column
+            first = q_pos + lead - i * BLOCK_N
+            s = gl.where((cols[None, :] <= last[:, None]) & (cols[None, :] >= first[:, None]), s, float("-inf"))
+        else:
+            s = gl.where(cols[None, :] <= last[:, None], s, float("-inf"))
     m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale_log2)
     # A row that has seen no key yet keeps m = -inf; shift it by 0 so exp2 gives 0, not NaN.
     m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)
@@ -293,13 +318,15 @@ def _scores(q_smem, q0, k_smem, k0, acc, HALF: gl.constexpr, QK_PARTS: gl.conste
 
 @gluon.jit
 def _half_tile(q_smem, q0, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, c, acc, m_i, l_i, p_op,
-               HAS_PREV: gl.constexpr, q_pos, diag, seqlen_k, qk_scale_log2, i, BLOCK_N: gl.constexpr,
-               STAGES: gl.constexpr, CAUSAL: gl.constexpr, p_layout: gl.constexpr, QK_PARTS: gl.constexpr):
+               HAS_PREV: gl.constexpr, q_pos, bounds, qk_scale_log2, i, BLOCK_N: gl.constexpr,
+               STAGES: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, p_layout: gl.constexpr,
+               QK_PARTS: gl.constexpr):
     """The last key tile of a causal item for warpgroup 0 when its rows see only the tile's first ROWS keys
     (the diagonal tile of a 128-row item over 128-key tiles): S and P·V over those keys alone, half the tile's
     work. Ring position c; with HAS_PREV the previous tile's P·V (`p_op` against position c - 1) is issued
-    beside S, as in the main loop (without it `p_op` is None). `p_layout`: P's operand layout for P·V. Returns
-    (acc, m_i, l_i) with this tile's P·V done."""
+    beside S, as in the main loop (without it `p_op` is None). `p_layout`: P's operand layout for P·V; `bounds` as
+    `_softmax_tile`'s (this tile, key tile i, is always masked). Returns (acc, m_i, l_i) with this tile's P·V
+    done."""
     h_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, ROWS, 16])
     slot = c % STAGES
@@ -316,9 +343,10 @@ def _half_tile(q_smem, q0, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, c
     # The row vectors' layout follows the score tile's; the rows sit in the same threads either way.
     row_h: gl.constexpr = gl.SliceLayout(1, h_layout)
     row_s: gl.constexpr = m_i.type.layout
+    seqlen_k, diag, _, lead, unmask_from = bounds
     p, m_h, l_h, alpha = _softmax_tile(s, i, gl.convert_layout(m_i, row_h), gl.convert_layout(l_i, row_h),
-                                       gl.convert_layout(q_pos, row_h), diag, seqlen_k, qk_scale_log2, i, BLOCK_N,
-                                       CAUSAL, h_layout)
+                                       gl.convert_layout(q_pos, row_h), (seqlen_k, diag, i, lead, unmask_from),
+                                       qk_scale_log2, BLOCK_N, CAUSAL, WINDOW, h_layout)
     m_i = gl.convert_layout(m_h, row_s)
     l_i = gl.convert_layout(l_h, row_s)
     if HAS_PREV:
@@ -336,12 +364,13 @@ def _half_tile(q_smem, q0, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, c
 @gluon.jit
 def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.constexpr, STAGES: gl.constexpr,
               Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, WGS: gl.constexpr,
-              OFFSETS_64: gl.constexpr, QK_PARTS: gl.constexpr, VARLEN: gl.constexpr):
+              OFFSETS_64: gl.constexpr, QK_PARTS: gl.constexpr, VARLEN: gl.constexpr, WINDOW: gl.constexpr,
+              HAS_SINKS: gl.constexpr):
     """Consumer warpgroup WG of WGS; `shared` holds the arguments common to all of them (one tuple, so that the
     kernel writes them once for two or three partitions)."""
     (q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, O, LSE, n_m, n_bh,
      head_chunk, heads_q, group, seqlen_q, seqlen_k, qk_scale_log2, stride_ob, stride_os, stride_oh, stride_lb,
-     stride_lh, stride_ls, turn, CU_Q, CU_K) = shared
+     stride_lh, stride_ls, turn, CU_Q, CU_K, left, right, SINKS) = shared
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -360,9 +389,12 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
     mbarrier.wait(q_ready.index(0), 0)
     t = _read_item(items.index(0), 4)
     while t < n_m * n_bh:
-        b, h, hk, m_start, n_tiles, sq, sk, row_q, row_k, tb = _work_item(
-            t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, CU_Q, CU_K, BLOCK_N, CAUSAL, WGS, VARLEN)
-        diag = sk - sq
+        b, h, hk, m_start, lo, n_tiles, sq, sk, row_q, row_k, tb = _work_item(
+            t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, CU_Q, CU_K, left, right, BLOCK_N, CAUSAL,
+            WGS, VARLEN, WINDOW)
+        diag = sk - sq            # a row's last visible key less its index (CAUSAL)
+        if WINDOW:
+            diag += right
         m0 = m_start + WG * ROWS
         q_pos = m0 + gl.arange(0, ROWS, layout=row_s)
         # With three warpgroups, the key tiles this one's rows need: none past the causal horizon of its last
@@ -377,19 +409,29 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
             if m0 >= sq:
                 n_mine = 0
             if CAUSAL:
-                n_mine = gl.minimum(n_mine, gl.cdiv(gl.maximum(m0 + ROWS + diag, 0), BLOCK_N))
+                hi_mine = gl.cdiv(gl.maximum(m0 + ROWS + diag, 0), BLOCK_N)
+                if WINDOW:
+                    hi_mine = gl.maximum(hi_mine - lo, 0)
+                n_mine = gl.minimum(n_mine, hi_mine)
         # Warpgroup 0 of a causal 128-row item over 128-key tiles: when its rows see only the first ROWS keys
         # of its last tile (the diagonal tile), that tile runs at half width (`_half_tile`). Not with ping-pong
         # (both warpgroups must take the same turns) or three warpgroups (whole tiles are trimmed there).
         n_full = n_mine
         half_last = False
         if HALF_DIAG:
-            half_last = (n_mine > 0) & (m0 + ROWS + diag <= (n_mine - 1) * BLOCK_N + ROWS)
+            half_last = (n_mine > 0) & (m0 + ROWS + diag <= (lo + n_mine - 1) * BLOCK_N + ROWS)
             n_full = n_mine - half_last.to(gl.int32)
-        # First key tile that needs a mask for some row of this warpgroup.
+        # First key tile that needs a mask for some row of this warpgroup; with a left bound, also every tile
+        # before the first one that all its rows see from the start.
         mask_from = sk // BLOCK_N
         if CAUSAL:
             mask_from = gl.minimum(mask_from, gl.maximum(m0 + diag + 1, 0) // BLOCK_N)
+        lead = 0
+        unmask_from = 0
+        if WINDOW:
+            lead = sk - sq - left     # a row's first visible key less its index
+            unmask_from = gl.cdiv(gl.maximum(m0 + ROWS - 1 + lead, 0), BLOCK_N)
+        bounds = (sk, diag, mask_from, lead, unmask_from)
         acc = gl.zeros([ROWS, HEAD_DV], gl.float32, o_layout)
         m_i = gl.full([ROWS], float("-inf"), gl.float32, row_s)
         l_i = gl.zeros([ROWS], gl.float32, row_s)
@@ -402,8 +444,8 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
             _give_turn(turn, WG, PINGPONG)
             s = warpgroup_mma_wait(0, deps=(s_tok,))
             mbarrier.arrive(k_empty.index(slot), count=1)
-            p, m_i, l_i, alpha = _softmax_tile(s, 0, m_i, l_i, q_pos, diag, sk, qk_scale_log2, mask_from,
-                                               BLOCK_N, CAUSAL, s_layout)
+            p, m_i, l_i, alpha = _softmax_tile(s, lo, m_i, l_i, q_pos, bounds, qk_scale_log2, BLOCK_N, CAUSAL,
+                                               WINDOW, s_layout)
             for i in range(1, n_full):
                 # Issue S_i = Q·K_iᵀ and O += P_{i-1}·V_{i-1}; the softmax of S_i runs while P·V is on the
                 # tensor cores.
@@ -420,8 +462,8 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
                 _give_turn(turn, WG, PINGPONG)
                 s = warpgroup_mma_wait(1, deps=(s_tok,))
                 mbarrier.arrive(k_empty.index(slot), count=1)
-                p, m_i, l_i, alpha = _softmax_tile(s, i, m_i, l_i, q_pos, diag, sk, qk_scale_log2,
-                                                   mask_from, BLOCK_N, CAUSAL, s_layout)
+                p, m_i, l_i, alpha = _softmax_tile(s, lo + i, m_i, l_i, q_pos, bounds, qk_scale_log2, BLOCK_N,
+                                                   CAUSAL, WINDOW, s_layout)
                 acc = warpgroup_mma_wait(0, deps=(o_tok,))
                 mbarrier.arrive(v_empty.index(prev), count=1)
             c = kv + n_full - 1
@@ -431,8 +473,8 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
             mbarrier.wait(v_ready.index(last), (c // STAGES) & 1)
             if half_last:
                 acc, m_i, l_i = _half_tile(q_smem, q0, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, c + 1,
-                                           acc, m_i, l_i, p_op, True, q_pos, diag, sk, qk_scale_log2, n_full,
-                                           BLOCK_N, STAGES, CAUSAL, p_layout, QK_PARTS)
+                                           acc, m_i, l_i, p_op, True, q_pos, bounds, qk_scale_log2, lo + n_full,
+                                           BLOCK_N, STAGES, CAUSAL, WINDOW, p_layout, QK_PARTS)
             else:
                 turns = _take_turn(turn, turns, WG, PINGPONG)
                 o_tok = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
@@ -441,18 +483,22 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
                 mbarrier.arrive(v_empty.index(last), count=1)
         elif half_last:           # the item's only tile, at half width
             acc, m_i, l_i = _half_tile(q_smem, q0, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv, acc,
-                                       m_i, l_i, None, False, q_pos, diag, sk, qk_scale_log2, 0, BLOCK_N, STAGES,
-                                       CAUSAL, p_layout, QK_PARTS)
+                                       m_i, l_i, None, False, q_pos, bounds, qk_scale_log2, lo, BLOCK_N, STAGES,
+                                       CAUSAL, WINDOW, p_layout, QK_PARTS)
         _skip_tiles(k_ready, k_empty, v_ready, v_empty, kv + n_mine, kv + n_tiles, STAGES)
         mbarrier.arrive(q_empty.index(qb), count=1)
         kv += n_tiles
         w += 1
 
         # Epilogue (overlapping the other warpgroup's tiles and the producer's next loads): normalise and
-        # write the rows that exist; a row with no visible key gives 0 and LSE -inf.
+        # write the rows that exist; a row with no visible key gives 0 and LSE -inf. A sink joins the
+        # denominator only (the LSE leaves it out).
         empty = l_i == 0.0
         lse = gl.where(empty, float("-inf"), (m_i + gl.log2(gl.where(empty, 1.0, l_i))) * LN2)
-        inv_l = gl.convert_layout(1.0 / gl.where(empty, 1.0, l_i), row_o)
+        denom = l_i
+        if HAS_SINKS:
+            denom = l_i + gl.exp2(gl.load(SINKS + h) * LOG2E_ - m_i)
+        inv_l = gl.convert_layout(1.0 / gl.where(empty, 1.0, denom), row_o)
         out = gl.convert_layout((acc * inv_l[:, None]).to(O.dtype.element_ty), store_layout)
         rows = m0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, store_layout))
         cols = gl.arange(0, HEAD_DV, layout=gl.SliceLayout(0, store_layout))
@@ -476,18 +522,21 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
 
 
 @gluon.jit
-def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, CU_Q, CU_K, seqlen_q, seqlen_k, heads_q, group,
-                         n_bh, head_chunk,
+def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, CU_Q, CU_K, SINKS, seqlen_q, seqlen_k, heads_q,
+                         group, n_bh, head_chunk,
                          stride_qh, stride_kh, stride_vh,
-                         stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls, qk_scale_log2,
+                         stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls, qk_scale_log2, left, right,
                          BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, HEAD_DV: gl.constexpr,
                          STAGES: gl.constexpr, Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr,
                          PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr, WGS: gl.constexpr,
-                         OFFSETS_64: gl.constexpr, VARLEN: gl.constexpr):
+                         OFFSETS_64: gl.constexpr, VARLEN: gl.constexpr, WINDOW: gl.constexpr,
+                         HAS_SINKS: gl.constexpr):
     """Persistent: each program runs work items until none is left (`_next_item`); COUNTER is two zeroed int32
-    words (causal calls, `_counter`; None otherwise), which the kernel leaves zeroed. OFFSETS_64: O or LSE reaches
-    past 2^31 elements (the epilogue's offsets in 64 bits). VARLEN: n_bh / heads_q packed sequences, CU_Q / CU_K
-    their row offsets (`_work_item`); seqlen_q / seqlen_k the longest."""
+    words (causal or windowed calls, `_counter`; None otherwise), which the kernel leaves zeroed. OFFSETS_64: O or
+    LSE reaches past 2^31 elements (the epilogue's offsets in 64 bits). VARLEN: n_bh / heads_q packed sequences,
+    CU_Q / CU_K their row offsets (`_work_item`); seqlen_q / seqlen_k the longest. SPEC.md's window (left,
+    right): CAUSAL when right >= 0, WINDOW unless it is (-1, 0) or (-1, -1), with `left` past every key for -1
+    (`launch_args`). HAS_SINKS: SINKS (heads_q,) fp32, one logit a head in the denominator."""
     n_m = gl.cdiv(seqlen_q, WGS * ROWS)
     dtype: gl.constexpr = q_desc.dtype
     D_PART: gl.constexpr = q_desc.block_type.shape[2]     # Q and K columns per TMA box and slot
@@ -519,31 +568,31 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, CU_Q, CU_K, se
 
     shared = (q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, O, LSE, n_m, n_bh,
               head_chunk, heads_q, group, seqlen_q, seqlen_k, qk_scale_log2, stride_ob, stride_os, stride_oh,
-              stride_lb, stride_lh, stride_ls, turn, CU_Q, CU_K)
+              stride_lb, stride_lh, stride_ls, turn, CU_Q, CU_K, left, right, SINKS)
     producer = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready,
                 v_empty, COUNTER, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, stride_qh, stride_kh,
-                stride_vh, CU_Q, CU_K)
+                stride_vh, CU_Q, CU_K, left, right)
     # The tuples above hold no constexpr (a tuple in a variable does not keep them); those go in literally.
     if WGS == 2:
         gl.warp_specialize([
             (_consumer, (shared, 0, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64, QK_PARTS,
-                          VARLEN)),
+                          VARLEN, WINDOW, HAS_SINKS)),
             (_consumer, (shared, 1, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64, QK_PARTS,
-                          VARLEN)),
-            (_producer, (producer, BLOCK_N, STAGES, Q_BUFS, CAUSAL, WGS, QK_PARTS, VARLEN)),
+                          VARLEN, WINDOW, HAS_SINKS)),
+            (_producer, (producer, BLOCK_N, STAGES, Q_BUFS, CAUSAL, WGS, QK_PARTS, VARLEN, WINDOW)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
         # Three consumers run as workers, each at CONSUMER_REGS; the producer is the default partition (4 warps,
         # one issuing) with what is left. As the default partition a consumer was compiled into far more spills
         # than the workers (54 against 9 local loads per key tile at 168 and 160 registers).
         gl.warp_specialize([
-            (_producer, (producer, BLOCK_N, STAGES, Q_BUFS, CAUSAL, WGS, QK_PARTS, VARLEN)),
+            (_producer, (producer, BLOCK_N, STAGES, Q_BUFS, CAUSAL, WGS, QK_PARTS, VARLEN, WINDOW)),
             (_consumer, (shared, 0, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64, QK_PARTS,
-                          VARLEN)),
+                          VARLEN, WINDOW, HAS_SINKS)),
             (_consumer, (shared, 1, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64, QK_PARTS,
-                          VARLEN)),
+                          VARLEN, WINDOW, HAS_SINKS)),
             (_consumer, (shared, 2, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64, QK_PARTS,
-                          VARLEN)),
+                          VARLEN, WINDOW, HAS_SINKS)),
         ], [4, 4, 4], [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS])
 
 
@@ -581,13 +630,14 @@ def supported(q, k, v):
 
 
 def attention_forward_sm90(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None, tiles=None,
-                           varlen=None):
+                           varlen=None, window=None, sinks=None):
     """Launch the Gluon kernel. q/k (b, s, h, d), v (b, sk, hk, dv); out (b, sq, hq, dv); lse (b, hq, sq).
     `varlen` = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k): packed sequences, q/k/v/out
-    (total, h, d) and lse (hq, total_q). `views` are `supported`'s result when the caller has it (for varlen, of
+    (total, h, d) and lse (hq, total_q). `window` (left, right) as SPEC.md's, in place of `causal` when given;
+    `sinks` (hq,) fp32 or None. `views` are `supported`'s result when the caller has it (for varlen, of
     the tensors with a leading axis of 1); `pingpong` and `tiles` override the automatic choices (tuning)."""
     grid, args, meta = launch_args(q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale, views=views,
-                                   pingpong=pingpong, tiles=tiles, varlen=varlen)
+                                   pingpong=pingpong, tiles=tiles, varlen=varlen, window=window, sinks=sinks)
     launch(attn_fwd_sm90_kernel, grid, args, meta)
 
 
@@ -615,8 +665,13 @@ def _counter(device):
     return counter
 
 
-def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None, tiles=None, varlen=None):
+def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None, tiles=None, varlen=None,
+                window=None, sinks=None):
     """(grid, arguments, meta-parameters) of one launch; `benchmarks/profile_host.py` times the launch alone."""
+    left, right = window if window is not None else (-1, 0 if causal else -1)
+    causal = right >= 0           # a right bound (0: causal)
+    window = left >= 0 or right > 0
+    masked = causal or window
     if varlen is None:
         batch, seqlen_q = q.shape[:2]
         seqlen_k = k.shape[1]
@@ -629,7 +684,7 @@ def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpon
         o_strides, lse_strides = (0, *out.stride()[:2]), (0, *lse.stride())
     heads_q, d = q.shape[2:]
     heads_k, dv = k.shape[2], v.shape[3]
-    block_n, stages, q_bufs, regs, wgs = tiles or choose_tiles(d, causal, seqlen_q)
+    block_n, stages, q_bufs, regs, wgs = tiles or choose_tiles(d, masked, seqlen_q)
     if pingpong is None:
         # tune_prefill_sm90_h100.json: +0.5-7% at d >= 128, mostly a loss at d = 64. Five later runs at d = 128
         # (history/tune_prefill_tmastore_h100_*.json, the pointer-store rows) had it 4-7% behind at 16k without
@@ -645,17 +700,19 @@ def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpon
     vq, vk, vv = views or (_view3(q), _view3(k), _view3(v))
     n_m = triton.cdiv(seqlen_q, wgs * _ROWS)
     grid = (min(batch * heads_q * n_m, num_sms(q.device)),)
-    # Causal items, and packed sequences' items, differ in length: handed out by an atomic counter (`_counter`).
-    # Unmasked padded items are all alike, so a fixed round-robin balances them as well, with no counter.
-    counter = _counter(q.device) if causal or varlen is not None else None
+    # Causal or windowed items, and packed sequences' items, differ in length: handed out by an atomic counter
+    # (`_counter`). Unmasked padded items are all alike, so a fixed round-robin balances them as well, with no
+    # counter.
+    counter = _counter(q.device) if masked or varlen is not None else None
     chunk = 1
     if causal:                    # query heads whose K/V fit in L2_BUDGET
         chunk = max(1, L2_BUDGET // (seqlen_k * (d + dv) * k.element_size())) * (heads_q // heads_k)
     part = _QK_PART.get(d, d)
     args = (desc(q, vq, _ROWS, part), desc(k, vk, block_n, part), desc(v, vv, block_n, dv), out, lse, counter,
-            cu_q, cu_k, seqlen_q, seqlen_k, heads_q, heads_q // heads_k, batch * heads_q, chunk, q.stride(2),
-            k.stride(2), v.stride(2), *o_strides, *lse_strides, softmax_scale * LOG2E)
+            cu_q, cu_k, sinks, seqlen_q, seqlen_k, heads_q, heads_q // heads_k, batch * heads_q, chunk, q.stride(2),
+            k.stride(2), v.stride(2), *o_strides, *lse_strides, softmax_scale * LOG2E,
+            left if left >= 0 else UNBOUNDED, max(right, 0))
     meta = dict(BLOCK_N=block_n, HEAD_D=d, HEAD_DV=dv, STAGES=stages, Q_BUFS=q_bufs, CAUSAL=causal,
                 PINGPONG=pingpong, CONSUMER_REGS=regs, WGS=wgs, OFFSETS_64=max(_extent(out), _extent(lse)) > 2**31,
-                VARLEN=varlen is not None, num_warps=4)
+                VARLEN=varlen is not None, WINDOW=window, HAS_SINKS=sinks is not None, num_warps=4)
     return grid, args, meta
