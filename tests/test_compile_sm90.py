@@ -272,6 +272,9 @@ def test_gluon_prefill_tile_choice():
     assert choose_tiles(64, True, WIDE_MIN_ROWS_CAUSAL)[4] == 3
     assert choose_tiles(64, True, WIDE_MIN_ROWS_CAUSAL - 1)[4] == 2
     assert all(choose_tiles(d, causal, 16384)[4] == 2 for d in (128, 256) for causal in (False, True))
+    # A left window bound makes a call as long as its window.
+    assert choose_tiles(64, True, 16384, left=128)[4] == 2
+    assert choose_tiles(64, True, 16384, left=WIDE_MIN_ROWS_CAUSAL)[4] == 3
 
 
 GLUON_MLA_SCRIPT = textwrap.dedent('''

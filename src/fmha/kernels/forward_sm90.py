@@ -641,9 +641,12 @@ def attention_forward_sm90(q, k, v, out, lse, *, causal, softmax_scale, views=No
     launch(attn_fwd_sm90_kernel, grid, args, meta)
 
 
-def choose_tiles(d, causal, seqlen_q):
-    """`_TILES[d]`, or `_WIDE_TILES[d]` for a long call."""
-    wide = d in _WIDE_TILES and seqlen_q >= (WIDE_MIN_ROWS_CAUSAL if causal else WIDE_MIN_ROWS)
+def choose_tiles(d, causal, seqlen_q, left=-1):
+    """`_TILES[d]`, or `_WIDE_TILES[d]` for a long call. A masked call with a left window bound (`left` >= 0) is as
+    long as its window: the 192-row items of a 128-key window at 16k rows (gpt-oss, d = 64) ran at 0.70x the
+    128-row ones (`results/probe_window_h100.json` against `history/probe_window_wide_h100_8fbdafd.json`)."""
+    rows = seqlen_q if left < 0 else min(seqlen_q, left)
+    wide = d in _WIDE_TILES and rows >= (WIDE_MIN_ROWS_CAUSAL if causal else WIDE_MIN_ROWS)
     return _WIDE_TILES[d] if wide else _TILES[d]
 
 
@@ -684,7 +687,7 @@ def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpon
         o_strides, lse_strides = (0, *out.stride()[:2]), (0, *lse.stride())
     heads_q, d = q.shape[2:]
     heads_k, dv = k.shape[2], v.shape[3]
-    block_n, stages, q_bufs, regs, wgs = tiles or choose_tiles(d, masked, seqlen_q)
+    block_n, stages, q_bufs, regs, wgs = tiles or choose_tiles(d, masked, seqlen_q, left)
     if pingpong is None:
         # tune_prefill_sm90_h100.json: +0.5-7% at d >= 128, mostly a loss at d = 64. Five later runs at d = 128
         # (history/tune_prefill_tmastore_h100_*.json, the pointer-store rows) had it 4-7% behind at 16k without
