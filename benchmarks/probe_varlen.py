@@ -1,6 +1,6 @@
 """Packed (varlen) prefill against the same sequences padded, in one process.
 
-    PYTHONPATH=src python3 benchmarks/probe_varlen.py [--dims 64 128 192 256] [--out varlen.json]
+    PYTHONPATH=src python3 benchmarks/probe_varlen.py [--dims 64 128 192 256] [--versions A.py ..] [--out varlen.json]
 
 Engines call prefill through varlen entry points (`flash_attn_varlen_func`), so `attention_varlen` is what they
 reach. For each head dim, sequence length (1k, 4k) and mask: 16k tokens as b equal sequences, timed as
@@ -8,13 +8,17 @@ reach. For each head dim, sequence length (1k, 4k) and mask: 16k tokens as b equ
 on the packed rows (`backend="triton"`, what varlen calls ran before they reached the Gluon kernel); then a
 mixed batch of unequal lengths packed (no padded peer). TFLOP/s count each sequence's own visible pairs. Each
 packed output is checked against the padded one (or, for the mixed batch, against the portable kernel's).
+`--versions` adds other copies of `kernels/forward_sm90.py` (e.g. from an earlier commit) on the same packed rows,
+as "varlen@<file>"; then every entry is timed twice, in the order A B .. B A, and the two averaged, so that a
+drift of the clocks within the process weighs on all alike.
 """
 import argparse
+import os
 
 import torch
 
 import fmha
-from fmha.bench import PREFILL_VALUE_DIMS, attention_flops, bench_gpu, save_sweep
+from fmha.bench import PREFILL_VALUE_DIMS, attention_flops, bench_gpu, load_module_copy, save_sweep
 from fmha.kernels.forward import attention_forward
 
 
@@ -30,11 +34,24 @@ def portable(q, k, v, cu_q, cu_k, max_q, max_k, causal):
     return call
 
 
+def version_call(module, q, k, v, cu, max_len, causal):
+    out = q.new_empty((*q.shape[:2], v.shape[-1]))
+    lse = torch.empty(q.shape[1], q.shape[0], dtype=torch.float32, device=q.device)
+
+    def call():
+        module.attention_forward_sm90(q, k, v, out, lse, causal=causal, softmax_scale=q.shape[-1] ** -0.5,
+                                      varlen=(cu, cu, max_len, max_len))
+        return out
+    return call
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--dims", type=int, nargs="*", default=[64, 128, 192, 256])
+    p.add_argument("--versions", nargs="*", default=[])
     p.add_argument("--out", default=None)
     a = p.parse_args()
+    versions = [(os.path.basename(path), load_module_copy(path)) for path in a.versions]
     rows = []
     for d in a.dims:
         dv = PREFILL_VALUE_DIMS.get(d, d)
@@ -51,17 +68,23 @@ def main():
                 flops = sum(attention_flops(1, n, n, h, d, dv, causal=causal) for n in lens)
                 impls = {"varlen": lambda: fmha.attention_varlen(q, k, v, cu, cu, max(lens), max(lens), causal=causal),
                          "varlen-triton": portable(q, k, v, cu, cu, max(lens), max(lens), causal)}
+                for vname, module in versions:
+                    impls[f"varlen@{vname}"] = version_call(module, q, k, v, cu, max(lens), causal)
                 if name != "mixed":
                     b, s = len(lens), lens[0]
                     qb, kb, vb = (t.view(b, s, *t.shape[1:]) for t in (q, k, v))
                     impls["padded"] = lambda: fmha.attention(qb, kb, vb, causal=causal).view(total, h, dv)
                 ref = (impls["padded"] if "padded" in impls else impls["varlen-triton"])().float()
-                err = (impls["varlen"]().float() - ref).abs().max().item()
+                err = max((impls[n]().float() - ref).abs().max().item() for n in impls if n.startswith("varlen"))
                 if not err < 0.05:
                     raise RuntimeError(f"d={d} {name} causal={causal}: varlen disagrees (max abs diff {err})")
                 row = dict(d=d, dv=dv, layout=name, causal=causal, h=h, max_err=err)
-                for impl, fn in impls.items():
-                    row[f"{impl}_tflops"] = flops / bench_gpu(fn) / 1e12
+                order = list(impls) + (list(impls)[::-1] if versions else [])
+                times = {}
+                for impl in order:
+                    times.setdefault(impl, []).append(bench_gpu(impls[impl]))
+                for impl, ts in times.items():
+                    row[f"{impl}_tflops"] = flops / (sum(ts) / len(ts)) / 1e12
                 for impl in impls:
                     if impl != "varlen":
                         row[f"varlen_vs_{impl}"] = row["varlen_tflops"] / row[f"{impl}_tflops"]
