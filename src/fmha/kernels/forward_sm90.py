@@ -214,6 +214,23 @@ def _load_item(args, t, h, hk, m_start, lo, n_tiles, row_q, row_k, tb, kv, w, BL
 
 
 @gluon.jit
+def _first_with_rows(t, args, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, WGS: gl.constexpr, WINDOW: gl.constexpr):
+    """Packed sequences: (the first item from t on whose rows start inside their sequence, its `_work_item`). The
+    grid counts every sequence's blocks up to the longest; a block past its own sequence's end is never posted, so
+    the consumers see only items with rows. Each item's fields are worked out once; an index past the last item
+    is read as the last one, so that nothing is loaded out of bounds."""
+    (_, _, _, _, _, _, _, _, _, _, _, _, _, COUNTER, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, _, _,
+     _, CU_Q, CU_K, left, right) = args
+    item = _work_item(gl.minimum(t, n_m * n_bh - 1), n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, CU_Q,
+                      CU_K, left, right, BLOCK_N, CAUSAL, WGS, True, WINDOW)
+    while (t < n_m * n_bh) & (item[3] >= item[6]):        # m_start past the sequence's query length
+        t = _next_item(COUNTER, t, True)
+        item = _work_item(gl.minimum(t, n_m * n_bh - 1), n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k,
+                          CU_Q, CU_K, left, right, BLOCK_N, CAUSAL, WGS, True, WINDOW)
+    return t, item
+
+
+@gluon.jit
 def _producer(args, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr,
               WGS: gl.constexpr, QK_PARTS: gl.constexpr, VARLEN: gl.constexpr, WINDOW: gl.constexpr):
     (_, _, _, _, _, _, items, q_ready, q_empty, _, _, _, _, COUNTER, n_m, n_bh, head_chunk, heads_q, group, seqlen_q,
@@ -221,20 +238,21 @@ def _producer(args, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, Q_BUFS: gl.cons
     kv = 0                        # K/V tiles loaded so far: position in the ring and its phase
     w = 0                         # work items so far: the Q buffer and its phase
     t = gl.program_id(0)
-    while t < n_m * n_bh:
-        _, h, hk, m_start, lo, n_tiles, sq, _, row_q, row_k, tb = _work_item(
-            t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, CU_Q, CU_K, left, right, BLOCK_N, CAUSAL,
-            WGS, VARLEN, WINDOW)
-        # Packed sequences: the grid counts every sequence's blocks up to the longest; a block past its own
-        # sequence's end is never posted, so the consumers see only items with rows.
-        if VARLEN:
-            if m_start < sq:
-                kv, w = _load_item(args, t, h, hk, m_start, lo, n_tiles, row_q, row_k, tb, kv, w, BLOCK_N, STAGES,
-                                   Q_BUFS, WGS, QK_PARTS)
-        else:
+    if VARLEN:
+        t, item = _first_with_rows(t, args, BLOCK_N, CAUSAL, WGS, WINDOW)
+        while t < n_m * n_bh:
+            _, h, hk, m_start, lo, n_tiles, _, _, row_q, row_k, tb = item
             kv, w = _load_item(args, t, h, hk, m_start, lo, n_tiles, row_q, row_k, tb, kv, w, BLOCK_N, STAGES,
                                Q_BUFS, WGS, QK_PARTS)
-        t = _next_item(COUNTER, t, CAUSAL or VARLEN or WINDOW)
+            t, item = _first_with_rows(_next_item(COUNTER, t, True), args, BLOCK_N, CAUSAL, WGS, WINDOW)
+    else:
+        while t < n_m * n_bh:
+            _, h, hk, m_start, lo, n_tiles, _, _, row_q, row_k, tb = _work_item(
+                t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, CU_Q, CU_K, left, right, BLOCK_N,
+                CAUSAL, WGS, VARLEN, WINDOW)
+            kv, w = _load_item(args, t, h, hk, m_start, lo, n_tiles, row_q, row_k, tb, kv, w, BLOCK_N, STAGES,
+                               Q_BUFS, WGS, QK_PARTS)
+            t = _next_item(COUNTER, t, CAUSAL or WINDOW)
     # The end: an index past the last item tells the consumers to stop.
     qb = w % Q_BUFS
     mbarrier.wait(q_empty.index(qb), ((w // Q_BUFS) & 1) ^ 1)
