@@ -200,7 +200,7 @@ GLUON_SCRIPT = textwrap.dedent('''
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
     from fmha.kernels.forward_sm90 import attn_fwd_sm90_kernel, HEAD_DIMS, _QK_PART, _TILES, _WIDE_TILES, _ROWS
-    d, causal, dt, wide, offsets_64, varlen, window, sinks = (json.loads(sys.argv[1]) + [False] * 3)[:8]
+    d, causal, dt, wide, offsets_64, varlen, window, sinks, softcap = (json.loads(sys.argv[1]) + [False] * 4)[:9]
     dv = dict(HEAD_DIMS)[d]
     bn, stages, q_bufs, regs, wgs = (_WIDE_TILES if wide else _TILES)[d]
     el = gl.bfloat16 if dt == "bf16" else gl.float16
@@ -212,7 +212,7 @@ GLUON_SCRIPT = textwrap.dedent('''
                   PINGPONG=not causal and wgs == 2, CONSUMER_REGS=regs, WGS=wgs, OFFSETS_64=offsets_64)
     if not causal and not varlen and not window:   # as `launch_args` launches it: the counter for masked or varlen
         consts["COUNTER"] = None
-    consts.update(VARLEN=varlen, WINDOW=window, HAS_SINKS=sinks)
+    consts.update(VARLEN=varlen, WINDOW=window, HAS_SINKS=sinks, SOFTCAP=softcap)
     if not varlen:
         consts.update(CU_Q=None, CU_K=None)
     if not sinks:
@@ -222,7 +222,8 @@ GLUON_SCRIPT = textwrap.dedent('''
                 COUNTER="*i32", CU_Q="*i32", CU_K="*i32", SINKS="*fp32")
     ptrs = {n: v for n, v in ptrs.items() if n not in consts}
     names = list(inspect.signature(attn_fwd_sm90_kernel.fn).parameters)
-    sig = {n: ptrs.get(n, "constexpr" if n in consts else ("fp32" if n == "qk_scale_log2" else "i32")) for n in names}
+    floats = ("qk_scale_log2", "cap_in")
+    sig = {n: ptrs.get(n, "constexpr" if n in consts else ("fp32" if n in floats else "i32")) for n in names}
     src = GluonASTSource(attn_fwd_sm90_kernel, sig, constexprs={(names.index(k),): v for k, v in consts.items()})
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
     ptx = k.asm["ptx"]
@@ -233,7 +234,7 @@ GLUON_SCRIPT = textwrap.dedent('''
 
 
 @pytest.mark.cpu
-# (head_dim, causal, dtype, three consumer warpgroups, 64-bit output offsets[, varlen[, left window[, sinks]]])
+# (head_dim, causal, dtype, three consumer warpgroups, 64-bit output offsets[, varlen[, window[, sinks[, softcap]]]])
 @pytest.mark.parametrize("case", [(128, True, "bf16", False, False), (128, False, "fp16", False, False),
                                   (64, False, "bf16", False, False), (64, False, "fp16", True, False),
                                   (64, True, "bf16", True, False), (256, True, "fp16", False, False),
@@ -241,11 +242,11 @@ GLUON_SCRIPT = textwrap.dedent('''
                                   (192, True, "bf16", False, False), (192, False, "fp16", False, False),
                                   (128, True, "bf16", False, False, True), (64, False, "bf16", True, False, True),
                                   (64, True, "bf16", False, False, True, True, True),
-                                  (64, True, "bf16", True, False, False, True, True)],
+                                  (64, True, "bf16", True, False, False, True, True, True)],
                          ids=["d128-causal", "d128", "d64", "d64-wide", "d64-wide-causal", "d256-causal",
                               "d128-offsets64", "d64-wide-causal-offsets64", "d192-dv128-causal", "d192-dv128",
                               "d128-causal-varlen", "d64-wide-varlen", "d64-window-sinks-varlen",
-                              "d64-wide-window-sinks"])
+                              "d64-wide-window-sinks-softcap"])
 def test_gluon_prefill_compiles_for_sm90(case):
     """The Hopper Gluon kernel cannot run in the interpreter; compiling it here catches API drift and shared
     memory over the limit, and checks the warp-specialised shape: wgmma, 3-D TMA loads, per-partition
@@ -275,6 +276,7 @@ def test_gluon_prefill_tile_choice():
     # A left window bound makes a call as long as its window.
     assert choose_tiles(64, True, 16384, left=128)[4] == 2
     assert choose_tiles(64, True, 16384, left=WIDE_MIN_ROWS_CAUSAL)[4] == 3
+    assert choose_tiles(64, True, 16384, softcap=30.0)[4] == 2      # a softcap's tanh spills at 160 registers
 
 
 GLUON_MLA_SCRIPT = textwrap.dedent('''

@@ -105,8 +105,10 @@ def test_gluon_varlen(case, causal):
 
 # (shape as SHAPES, window): sliding windows as gpt-oss (128, 0), Mistral and Gemma use them, a right bound past the
 # diagonal, a left bound alone, the diagonal alone; Sq > Sk (rows that see nothing), the causal half-width
-# diagonal tile, 192 / 128.
+# diagonal tile, 192 / 128; causal and unmasked calls (for sinks and softcap alone).
 WINDOW_CASES = [
+    ((2, 1000, 1500, 16, 4, 128), (-1, 0)),
+    ((2, 513, 1027, 4, 4, 256), (-1, -1)),
     ((2, 1000, 1500, 16, 4, 128), (128, 0)),
     ((2, 1000, 1500, 16, 4, 128), (300, 17)),
     ((2, 1000, 1500, 16, 4, 128), (-1, 50)),
@@ -135,20 +137,22 @@ def _spy_gluon(monkeypatch):
     return calls
 
 
-@pytest.mark.parametrize("sinks", [False, True], ids=["", "sinks"])
+@pytest.mark.parametrize("extra", ["", "sinks", "softcap", "sinks-softcap"])
 @pytest.mark.parametrize("case", WINDOW_CASES, ids=lambda c: "x".join(map(str, c[0])) + f"-w{c[1][0]},{c[1][1]}")
-def test_gluon_window_sinks(case, sinks, monkeypatch):
-    """Sliding windows (left, right) and attention sinks on the Gluon kernel (SPEC.md's semantics; the LSE leaves
-    the sink out), NaN-poisoned padding and output, fp16 and bf16 by turns."""
+def test_gluon_window_sinks_softcap(case, extra, monkeypatch):
+    """Sliding windows (left, right), attention sinks and softcap on the Gluon kernel (SPEC.md's semantics; the
+    LSE leaves the sink out), NaN-poisoned padding and output, fp16 and bf16 by turns."""
     shape, window = case
     dtype = torch.float16 if WINDOW_CASES.index(case) % 2 else torch.bfloat16
     q, k, v = _inputs(shape, dtype)
+    q.mul_(2)                     # scores reach well into the cap
     calls = _spy_gluon(monkeypatch)
-    sink = torch.randn(shape[3], device="cuda") * 2 if sinks else None
+    sink = torch.randn(shape[3], device="cuda") * 2 if "sinks" in extra else None
+    softcap = 5.0 if "softcap" in extra else 0.0
     out = torch.full((*q.shape[:3], v.shape[-1]), float("nan"), dtype=dtype, device="cuda")
-    got, lse = fmha.attention(q, k, v, window=window, sinks=sink, return_lse=True, out=out)
+    got, lse = fmha.attention(q, k, v, window=window, sinks=sink, softcap=softcap, return_lse=True, out=out)
     assert calls == [window]
-    assert_matches(got, lse, attention_ref(q, k, v, window=window, sinks=sink), dtype)
+    assert_matches(got, lse, attention_ref(q, k, v, window=window, sinks=sink, softcap=softcap), dtype)
 
 
 @pytest.mark.parametrize("window", [(300, 0), (100, -1), (0, 130)], ids=lambda w: f"w{w[0]},{w[1]}")
@@ -164,6 +168,9 @@ def test_gluon_window_three_consumer_warpgroups(window, monkeypatch):
     got, lse = fmha.attention(q, k, v, window=window, sinks=sink, return_lse=True)
     assert calls == [window]
     assert_matches(got, lse, attention_ref(q, k, v, window=window, sinks=sink), torch.bfloat16)
+    # With a softcap the tables never take three warpgroups (registers); forced here, it must still be right.
+    got, lse = fmha.attention(q, k, v, window=window, sinks=sink, softcap=20.0, return_lse=True)
+    assert_matches(got, lse, attention_ref(q, k, v, window=window, sinks=sink, softcap=20.0), torch.bfloat16)
 
 
 @pytest.mark.parametrize("window", [(100, 0), (50, 20)], ids=lambda w: f"w{w[0]},{w[1]}")

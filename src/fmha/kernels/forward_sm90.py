@@ -264,12 +264,18 @@ def _producer(args, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, Q_BUFS: gl.cons
 
 @gluon.jit
 def _softmax_tile(s, i, m_i, l_i, q_pos, bounds, qk_scale_log2, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
-                  WINDOW: gl.constexpr, s_layout: gl.constexpr):
+                  WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, s_layout: gl.constexpr):
     """Fold the raw scores of key tile `i` (of BLOCK_N keys; `s` may hold only its first columns) into (m_i, l_i);
     returns the probabilities and the rescale factor. `bounds` = (key count, the diagonal's offset (keys a row sees
     past its own index, `right` included), first tile that crosses the end or the diagonal, the left bound's offset
-    (a row's first visible key less its index), first tile no row's left bound cuts)."""
-    seqlen_k, diag, mask_from, lead, unmask_from = bounds
+    (a row's first visible key less its index), first tile no row's left bound cuts, SOFTCAP's input scale).
+    SOFTCAP: the scores become tanh(s * scale / softcap) first, and `qk_scale_log2` is softcap * log2(e)."""
+    seqlen_k, diag, mask_from, lead, unmask_from, cap_in = bounds
+    if SOFTCAP:                   # tanh through exp2, as the portable kernel (`common.scores_log2`)
+        x = s * cap_in
+        e = gl.exp2(-2.0 * LOG2E_ * gl.abs(x))
+        t = (1.0 - e) / (1.0 + e)
+        s = gl.where(x >= 0, t, -t)
     if WINDOW:
         masked = (i >= mask_from) | (i < unmask_from)
     else:
@@ -337,8 +343,8 @@ def _scores(q_smem, q0, k_smem, k0, acc, HALF: gl.constexpr, QK_PARTS: gl.conste
 @gluon.jit
 def _half_tile(q_smem, q0, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, c, acc, m_i, l_i, p_op,
                HAS_PREV: gl.constexpr, q_pos, bounds, qk_scale_log2, i, BLOCK_N: gl.constexpr,
-               STAGES: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, p_layout: gl.constexpr,
-               QK_PARTS: gl.constexpr):
+               STAGES: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr,
+               p_layout: gl.constexpr, QK_PARTS: gl.constexpr):
     """The last key tile of a causal item for warpgroup 0 when its rows see only the tile's first ROWS keys
     (the diagonal tile of a 128-row item over 128-key tiles): S and P·V over those keys alone, half the tile's
     work. Ring position c; with HAS_PREV the previous tile's P·V (`p_op` against position c - 1) is issued
@@ -361,10 +367,10 @@ def _half_tile(q_smem, q0, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, c
     # The row vectors' layout follows the score tile's; the rows sit in the same threads either way.
     row_h: gl.constexpr = gl.SliceLayout(1, h_layout)
     row_s: gl.constexpr = m_i.type.layout
-    seqlen_k, diag, _, lead, unmask_from = bounds
+    seqlen_k, diag, _, lead, unmask_from, cap_in = bounds
     p, m_h, l_h, alpha = _softmax_tile(s, i, gl.convert_layout(m_i, row_h), gl.convert_layout(l_i, row_h),
-                                       gl.convert_layout(q_pos, row_h), (seqlen_k, diag, i, lead, unmask_from),
-                                       qk_scale_log2, BLOCK_N, CAUSAL, WINDOW, h_layout)
+                                       gl.convert_layout(q_pos, row_h), (seqlen_k, diag, i, lead, unmask_from, cap_in),
+                                       qk_scale_log2, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, h_layout)
     m_i = gl.convert_layout(m_h, row_s)
     l_i = gl.convert_layout(l_h, row_s)
     if HAS_PREV:
@@ -383,12 +389,12 @@ def _half_tile(q_smem, q0, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, c
 def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.constexpr, STAGES: gl.constexpr,
               Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, WGS: gl.constexpr,
               OFFSETS_64: gl.constexpr, QK_PARTS: gl.constexpr, VARLEN: gl.constexpr, WINDOW: gl.constexpr,
-              HAS_SINKS: gl.constexpr):
+              HAS_SINKS: gl.constexpr, SOFTCAP: gl.constexpr):
     """Consumer warpgroup WG of WGS; `shared` holds the arguments common to all of them (one tuple, so that the
     kernel writes them once for two or three partitions)."""
     (q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, O, LSE, n_m, n_bh,
      head_chunk, heads_q, group, seqlen_q, seqlen_k, qk_scale_log2, stride_ob, stride_os, stride_oh, stride_lb,
-     stride_lh, stride_ls, turn, CU_Q, CU_K, left, right, SINKS) = shared
+     stride_lh, stride_ls, turn, CU_Q, CU_K, left, right, SINKS, cap_in) = shared
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -449,7 +455,7 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
         if WINDOW:
             lead = sk - sq - left     # a row's first visible key less its index
             unmask_from = gl.cdiv(gl.maximum(m0 + ROWS - 1 + lead, 0), BLOCK_N)
-        bounds = (sk, diag, mask_from, lead, unmask_from)
+        bounds = (sk, diag, mask_from, lead, unmask_from, cap_in)
         acc = gl.zeros([ROWS, HEAD_DV], gl.float32, o_layout)
         m_i = gl.full([ROWS], float("-inf"), gl.float32, row_s)
         l_i = gl.zeros([ROWS], gl.float32, row_s)
@@ -463,7 +469,7 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
             s = warpgroup_mma_wait(0, deps=(s_tok,))
             mbarrier.arrive(k_empty.index(slot), count=1)
             p, m_i, l_i, alpha = _softmax_tile(s, lo, m_i, l_i, q_pos, bounds, qk_scale_log2, BLOCK_N, CAUSAL,
-                                               WINDOW, s_layout)
+                                               WINDOW, SOFTCAP, s_layout)
             for i in range(1, n_full):
                 # Issue S_i = Q·K_iᵀ and O += P_{i-1}·V_{i-1}; the softmax of S_i runs while P·V is on the
                 # tensor cores.
@@ -481,7 +487,7 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
                 s = warpgroup_mma_wait(1, deps=(s_tok,))
                 mbarrier.arrive(k_empty.index(slot), count=1)
                 p, m_i, l_i, alpha = _softmax_tile(s, lo + i, m_i, l_i, q_pos, bounds, qk_scale_log2, BLOCK_N,
-                                                   CAUSAL, WINDOW, s_layout)
+                                                   CAUSAL, WINDOW, SOFTCAP, s_layout)
                 acc = warpgroup_mma_wait(0, deps=(o_tok,))
                 mbarrier.arrive(v_empty.index(prev), count=1)
             c = kv + n_full - 1
@@ -492,7 +498,7 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
             if half_last:
                 acc, m_i, l_i = _half_tile(q_smem, q0, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, c + 1,
                                            acc, m_i, l_i, p_op, True, q_pos, bounds, qk_scale_log2, lo + n_full,
-                                           BLOCK_N, STAGES, CAUSAL, WINDOW, p_layout, QK_PARTS)
+                                           BLOCK_N, STAGES, CAUSAL, WINDOW, SOFTCAP, p_layout, QK_PARTS)
             else:
                 turns = _take_turn(turn, turns, WG, PINGPONG)
                 o_tok = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
@@ -502,7 +508,7 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
         elif half_last:           # the item's only tile, at half width
             acc, m_i, l_i = _half_tile(q_smem, q0, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv, acc,
                                        m_i, l_i, None, False, q_pos, bounds, qk_scale_log2, lo, BLOCK_N, STAGES,
-                                       CAUSAL, WINDOW, p_layout, QK_PARTS)
+                                       CAUSAL, WINDOW, SOFTCAP, p_layout, QK_PARTS)
         _skip_tiles(k_ready, k_empty, v_ready, v_empty, kv + n_mine, kv + n_tiles, STAGES)
         mbarrier.arrive(q_empty.index(qb), count=1)
         kv += n_tiles
@@ -543,18 +549,21 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
 def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, CU_Q, CU_K, SINKS, seqlen_q, seqlen_k, heads_q,
                          group, n_bh, head_chunk,
                          stride_qh, stride_kh, stride_vh,
-                         stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls, qk_scale_log2, left, right,
+                         stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls, qk_scale_log2, cap_in,
+                         left, right,
                          BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, HEAD_DV: gl.constexpr,
                          STAGES: gl.constexpr, Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr,
                          PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr, WGS: gl.constexpr,
                          OFFSETS_64: gl.constexpr, VARLEN: gl.constexpr, WINDOW: gl.constexpr,
-                         HAS_SINKS: gl.constexpr):
+                         HAS_SINKS: gl.constexpr, SOFTCAP: gl.constexpr):
     """Persistent: each program runs work items until none is left (`_next_item`); COUNTER is two zeroed int32
     words (causal or windowed calls, `_counter`; None otherwise), which the kernel leaves zeroed. OFFSETS_64: O or
     LSE reaches past 2^31 elements (the epilogue's offsets in 64 bits). VARLEN: n_bh / heads_q packed sequences,
     CU_Q / CU_K their row offsets (`_work_item`); seqlen_q / seqlen_k the longest. SPEC.md's window (left,
     right): CAUSAL when right >= 0, WINDOW unless it is (-1, 0) or (-1, -1), with `left` past every key for -1
-    (`launch_args`). HAS_SINKS: SINKS (heads_q,) fp32, one logit a head in the denominator."""
+    (`launch_args`). HAS_SINKS: SINKS (heads_q,) fp32, one logit a head in the denominator. SOFTCAP: scores
+    capped as softcap * tanh(score / softcap), `cap_in` = softmax_scale / softcap, `qk_scale_log2` = softcap *
+    log2(e)."""
     n_m = gl.cdiv(seqlen_q, WGS * ROWS)
     dtype: gl.constexpr = q_desc.dtype
     D_PART: gl.constexpr = q_desc.block_type.shape[2]     # Q and K columns per TMA box and slot
@@ -586,7 +595,7 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, CU_Q, CU_K, SI
 
     shared = (q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, O, LSE, n_m, n_bh,
               head_chunk, heads_q, group, seqlen_q, seqlen_k, qk_scale_log2, stride_ob, stride_os, stride_oh,
-              stride_lb, stride_lh, stride_ls, turn, CU_Q, CU_K, left, right, SINKS)
+              stride_lb, stride_lh, stride_ls, turn, CU_Q, CU_K, left, right, SINKS, cap_in)
     producer = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready,
                 v_empty, COUNTER, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, stride_qh, stride_kh,
                 stride_vh, CU_Q, CU_K, left, right)
@@ -594,9 +603,9 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, CU_Q, CU_K, SI
     if WGS == 2:
         gl.warp_specialize([
             (_consumer, (shared, 0, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64, QK_PARTS,
-                          VARLEN, WINDOW, HAS_SINKS)),
+                          VARLEN, WINDOW, HAS_SINKS, SOFTCAP)),
             (_consumer, (shared, 1, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64, QK_PARTS,
-                          VARLEN, WINDOW, HAS_SINKS)),
+                          VARLEN, WINDOW, HAS_SINKS, SOFTCAP)),
             (_producer, (producer, BLOCK_N, STAGES, Q_BUFS, CAUSAL, WGS, QK_PARTS, VARLEN, WINDOW)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
@@ -606,11 +615,11 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, CU_Q, CU_K, SI
         gl.warp_specialize([
             (_producer, (producer, BLOCK_N, STAGES, Q_BUFS, CAUSAL, WGS, QK_PARTS, VARLEN, WINDOW)),
             (_consumer, (shared, 0, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64, QK_PARTS,
-                          VARLEN, WINDOW, HAS_SINKS)),
+                          VARLEN, WINDOW, HAS_SINKS, SOFTCAP)),
             (_consumer, (shared, 1, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64, QK_PARTS,
-                          VARLEN, WINDOW, HAS_SINKS)),
+                          VARLEN, WINDOW, HAS_SINKS, SOFTCAP)),
             (_consumer, (shared, 2, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64, QK_PARTS,
-                          VARLEN, WINDOW, HAS_SINKS)),
+                          VARLEN, WINDOW, HAS_SINKS, SOFTCAP)),
         ], [4, 4, 4], [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS])
 
 
@@ -648,23 +657,25 @@ def supported(q, k, v):
 
 
 def attention_forward_sm90(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None, tiles=None,
-                           varlen=None, window=None, sinks=None):
+                           varlen=None, window=None, sinks=None, softcap=0.0):
     """Launch the Gluon kernel. q/k (b, s, h, d), v (b, sk, hk, dv); out (b, sq, hq, dv); lse (b, hq, sq).
     `varlen` = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k): packed sequences, q/k/v/out
     (total, h, d) and lse (hq, total_q). `window` (left, right) as SPEC.md's, in place of `causal` when given;
-    `sinks` (hq,) fp32 or None. `views` are `supported`'s result when the caller has it (for varlen, of
+    `sinks` (hq,) fp32 or None; `softcap` > 0 caps the scores. `views` are `supported`'s result when the caller has it (for varlen, of
     the tensors with a leading axis of 1); `pingpong` and `tiles` override the automatic choices (tuning)."""
     grid, args, meta = launch_args(q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale, views=views,
-                                   pingpong=pingpong, tiles=tiles, varlen=varlen, window=window, sinks=sinks)
+                                   pingpong=pingpong, tiles=tiles, varlen=varlen, window=window, sinks=sinks,
+                                   softcap=softcap)
     launch(attn_fwd_sm90_kernel, grid, args, meta)
 
 
-def choose_tiles(d, causal, seqlen_q, left=-1):
+def choose_tiles(d, causal, seqlen_q, left=-1, softcap=0.0):
     """`_TILES[d]`, or `_WIDE_TILES[d]` for a long call. A masked call with a left window bound (`left` >= 0) is as
     long as its window: the 192-row items of a 128-key window at 16k rows (gpt-oss, d = 64) ran at 0.70x the
-    128-row ones (`results/probe_window_h100.json` against `history/probe_window_wide_h100_8fbdafd.json`)."""
+    128-row ones (`results/probe_window_h100.json` against `history/probe_window_wide_h100_8fbdafd.json`). Not with
+    a softcap: at 160 registers its tanh spilled 1.2 KB a thread (sm_90 compile)."""
     rows = seqlen_q if left < 0 else min(seqlen_q, left)
-    wide = d in _WIDE_TILES and rows >= (WIDE_MIN_ROWS_CAUSAL if causal else WIDE_MIN_ROWS)
+    wide = d in _WIDE_TILES and rows >= (WIDE_MIN_ROWS_CAUSAL if causal else WIDE_MIN_ROWS) and not softcap > 0
     return _WIDE_TILES[d] if wide else _TILES[d]
 
 
@@ -687,7 +698,7 @@ def _counter(device):
 
 
 def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None, tiles=None, varlen=None,
-                window=None, sinks=None):
+                window=None, sinks=None, softcap=0.0):
     """(grid, arguments, meta-parameters) of one launch; `benchmarks/profile_host.py` times the launch alone."""
     left, right = window if window is not None else (-1, 0 if causal else -1)
     causal = right >= 0           # a right bound (0: causal)
@@ -705,7 +716,7 @@ def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpon
         o_strides, lse_strides = (0, *out.stride()[:2]), (0, *lse.stride())
     heads_q, d = q.shape[2:]
     heads_k, dv = k.shape[2], v.shape[3]
-    block_n, stages, q_bufs, regs, wgs = tiles or choose_tiles(d, masked, seqlen_q, left)
+    block_n, stages, q_bufs, regs, wgs = tiles or choose_tiles(d, masked, seqlen_q, left, softcap)
     if pingpong is None:
         # tune_prefill_sm90_h100.json: +0.5-7% at d >= 128, mostly a loss at d = 64. Five later runs at d = 128
         # (history/tune_prefill_tmastore_h100_*.json, the pointer-store rows) had it 4-7% behind at 16k without
@@ -731,9 +742,11 @@ def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpon
     part = _QK_PART.get(d, d)
     args = (desc(q, vq, _ROWS, part), desc(k, vk, block_n, part), desc(v, vv, block_n, dv), out, lse, counter,
             cu_q, cu_k, sinks, seqlen_q, seqlen_k, heads_q, heads_q // heads_k, batch * heads_q, chunk, q.stride(2),
-            k.stride(2), v.stride(2), *o_strides, *lse_strides, softmax_scale * LOG2E,
+            k.stride(2), v.stride(2), *o_strides, *lse_strides,
+            softcap * LOG2E if softcap > 0 else softmax_scale * LOG2E, softmax_scale / softcap if softcap > 0 else 1.0,
             left if left >= 0 else UNBOUNDED, max(right, 0))
     meta = dict(BLOCK_N=block_n, HEAD_D=d, HEAD_DV=dv, STAGES=stages, Q_BUFS=q_bufs, CAUSAL=causal,
                 PINGPONG=pingpong, CONSUMER_REGS=regs, WGS=wgs, OFFSETS_64=max(_extent(out), _extent(lse)) > 2**31,
-                VARLEN=varlen is not None, WINDOW=window, HAS_SINKS=sinks is not None, num_warps=4)
+                VARLEN=varlen is not None, WINDOW=window, HAS_SINKS=sinks is not None, SOFTCAP=softcap > 0,
+                num_warps=4)
     return grid, args, meta
