@@ -1,14 +1,15 @@
 """Hopper (sm_90) fast path of the dense prefill forward, written in Gluon.
 
 The `triton.language` kernel in `forward.py` is the portable path (and the one the CPU tests run); this one
-is what `attention_forward` dispatches to on an H100/H200 for the plain case, padded or packed (varlen): no
-softcap, ALiBi, sinks or left window, `head_dim_qk == head_dim_v` in {64, 128, 256} or DeepSeek's 192 / 128,
-q/k/v strides that TMA accepts (16-byte aligned). The schedule is FlashAttention-3's:
+is what `attention_forward` dispatches to on an H100/H200 for calls padded or packed (varlen), causal or not,
+with or without a sliding window (left, right), sinks and a softcap (no ALiBi, per-sequence window, KV cache or
+FP8), `head_dim_qk == head_dim_v` in {64, 128, 256} or DeepSeek's 192 / 128, q/k/v strides that TMA accepts
+(16-byte aligned). The schedule is FlashAttention-3's:
 
 * persistent: one program per SM runs work items (128 or 192 query rows of one head) until none is left:
   causal items go out in L2-sized chunks of heads, longest first inside a chunk, a program taking the next
-  untaken one when it starts one (an atomic counter); unmasked items, all alike, round-robin (`_work_item`,
-  `_next_item`);
+  untaken one when it starts one (an atomic counter; windowed and packed items too); unmasked items, all alike,
+  round-robin (`_work_item`, `_next_item`); a windowed item's key tiles start at its first row's first visible key;
 * a one-warp producer partition: Q (double-buffered, so the next item's Q lands during this one) and K and
   V tiles through `STAGES`-deep rings of shared-memory slots, each completing on its own mbarrier; K and V
   slots are released separately (K after Q·Kᵀ, V after P·V), so loads run a full tile ahead;
