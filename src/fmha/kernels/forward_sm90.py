@@ -80,10 +80,10 @@ def _work_item(t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, CU_
     key lengths, its first query and key rows in the TMA views, its TMA batch coordinate). VARLEN: sequence b's
     rows are [CU_Q[b], CU_Q[b + 1]) of one packed batch (seqlen_q / seqlen_k are the longest), and a block past
     its end has no key tiles. CAUSAL: keys up to each row's diagonal, WINDOW: from `left` before it to `right`
-    past it (the item's key tiles start at its first row's first visible key). Items go out in order of t (see `_next_item`). Without a mask, all row blocks of one head
-    are next to each other, sharing its K/V in L2. Causal: heads are taken `head_chunk` at a time (as many as keep
-    their K/V in L2), and inside a chunk the row blocks with the most key tiles come first, all heads of the chunk
-    together, so that short items fill the end."""
+    past it (the item's key tiles start at its first row's first visible key). Items go out in order of t (see
+    `_next_item`). Without a mask, all row blocks of one head are next to each other, sharing its K/V in L2.
+    Causal: heads are taken `head_chunk` at a time (as many as keep their K/V in L2), and inside a chunk the row
+    blocks with the most key tiles come first, all heads of the chunk together, so that short items fill the end."""
     if CAUSAL:
         chunk = t // (head_chunk * n_m)
         width = gl.minimum(head_chunk, n_bh - chunk * head_chunk)
@@ -662,8 +662,9 @@ def attention_forward_sm90(q, k, v, out, lse, *, causal, softmax_scale, views=No
     """Launch the Gluon kernel. q/k (b, s, h, d), v (b, sk, hk, dv); out (b, sq, hq, dv); lse (b, hq, sq).
     `varlen` = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k): packed sequences, q/k/v/out
     (total, h, d) and lse (hq, total_q). `window` (left, right) as SPEC.md's, in place of `causal` when given;
-    `sinks` (hq,) fp32 or None; `softcap` > 0 caps the scores. `views` are `supported`'s result when the caller has it (for varlen, of
-    the tensors with a leading axis of 1); `pingpong` and `tiles` override the automatic choices (tuning)."""
+    `sinks` (hq,) fp32 or None; `softcap` > 0 caps the scores. `views` are `supported`'s result when the caller
+    has it (for varlen, of the tensors with a leading axis of 1); `pingpong` and `tiles` override the automatic
+    choices (tuning)."""
     grid, args, meta = launch_args(q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale, views=views,
                                    pingpong=pingpong, tiles=tiles, varlen=varlen, window=window, sinks=sinks,
                                    softcap=softcap)
