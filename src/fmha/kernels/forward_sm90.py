@@ -69,7 +69,9 @@ _WIDE_TILES = {64: (128, 3, 2, 160, 3)}
 WIDE_MIN_ROWS = 2048
 WIDE_MIN_ROWS_CAUSAL = 8192
 PINGPONG_MIN_ROWS_D128 = 4096     # causal d = 128 calls from this many query rows take turns (`launch_args`)
-UNBOUNDED = 1 << 30               # a window's left bound of -1 (unbounded) as the kernel takes it: past every key
+# A window's bound of -1 (unbounded) as the kernel takes it, past every key; larger bounds are clipped to it, so that
+# no row's first or last visible key overflows int32.
+UNBOUNDED = 1 << 30
 
 
 @gluon.jit
@@ -746,7 +748,7 @@ def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpon
             cu_q, cu_k, sinks, seqlen_q, seqlen_k, heads_q, heads_q // heads_k, batch * heads_q, chunk, q.stride(2),
             k.stride(2), v.stride(2), *o_strides, *lse_strides,
             softcap * LOG2E if softcap > 0 else softmax_scale * LOG2E, softmax_scale / softcap if softcap > 0 else 1.0,
-            left if left >= 0 else UNBOUNDED, max(right, 0))
+            min(left, UNBOUNDED) if left >= 0 else UNBOUNDED, min(max(right, 0), UNBOUNDED))
     meta = dict(BLOCK_N=block_n, HEAD_D=d, HEAD_DV=dv, STAGES=stages, Q_BUFS=q_bufs, CAUSAL=causal,
                 PINGPONG=pingpong, CONSUMER_REGS=regs, WGS=wgs, OFFSETS_64=max(_extent(out), _extent(lse)) > 2**31,
                 VARLEN=varlen is not None, WINDOW=window, HAS_SINKS=sinks is not None, SOFTCAP=softcap > 0,
