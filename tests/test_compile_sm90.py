@@ -200,7 +200,8 @@ GLUON_SCRIPT = textwrap.dedent('''
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
     from fmha.kernels.forward_sm90 import attn_fwd_sm90_kernel, HEAD_DIMS, _QK_PART, _TILES, _WIDE_TILES, _ROWS
-    d, causal, dt, wide, offsets_64, varlen, window, sinks, softcap = (json.loads(sys.argv[1]) + [False] * 4)[:9]
+    case = json.loads(sys.argv[1]) + [False] * 5
+    d, causal, dt, wide, offsets_64, varlen, window, sinks, softcap, lefts = case[:10]
     dv = dict(HEAD_DIMS)[d]
     bn, stages, q_bufs, regs, wgs = (_WIDE_TILES if wide else _TILES)[d]
     el = gl.bfloat16 if dt == "bf16" else gl.float16
@@ -217,9 +218,11 @@ GLUON_SCRIPT = textwrap.dedent('''
         consts.update(CU_Q=None, CU_K=None)
     if not sinks:
         consts["SINKS"] = None
+    if not lefts:
+        consts["LEFTS"] = None
     part = _QK_PART.get(d, d)
     ptrs = dict(q_desc=desc(_ROWS, part), k_desc=desc(bn, part), v_desc=desc(bn, dv), O=f"*{dt}", LSE="*fp32",
-                COUNTER="*i32", CU_Q="*i32", CU_K="*i32", SINKS="*fp32")
+                COUNTER="*i32", CU_Q="*i32", CU_K="*i32", SINKS="*fp32", LEFTS="*i32")
     ptrs = {n: v for n, v in ptrs.items() if n not in consts}
     names = list(inspect.signature(attn_fwd_sm90_kernel.fn).parameters)
     floats = ("qk_scale_log2", "cap_in")
@@ -234,18 +237,19 @@ GLUON_SCRIPT = textwrap.dedent('''
 
 
 @pytest.mark.cpu
-# (head_dim, causal, dtype, three consumer warpgroups, 64-bit output offsets[, varlen[, window[, sinks[, softcap]]]])
+# (head_dim, causal, dtype, three consumer warpgroups, 64-bit output offsets[, varlen[, window[, sinks[, softcap[,
+# per-sequence left bounds]]]]])
 @pytest.mark.parametrize("case", [(128, True, "bf16", False, False), (128, False, "fp16", False, False),
                                   (64, False, "bf16", False, False), (64, False, "fp16", True, False),
                                   (64, True, "bf16", True, False), (256, True, "fp16", False, False),
                                   (128, False, "bf16", False, True), (64, True, "bf16", True, True),
                                   (192, True, "bf16", False, False), (192, False, "fp16", False, False),
                                   (128, True, "bf16", False, False, True), (64, False, "bf16", True, False, True),
-                                  (64, True, "bf16", False, False, True, True, True),
+                                  (64, True, "bf16", False, False, True, True, True, False, True),
                                   (64, True, "bf16", True, False, False, True, True, True)],
                          ids=["d128-causal", "d128", "d64", "d64-wide", "d64-wide-causal", "d256-causal",
                               "d128-offsets64", "d64-wide-causal-offsets64", "d192-dv128-causal", "d192-dv128",
-                              "d128-causal-varlen", "d64-wide-varlen", "d64-window-sinks-varlen",
+                              "d128-causal-varlen", "d64-wide-varlen", "d64-window-lefts-sinks-varlen",
                               "d64-wide-window-sinks-softcap"])
 def test_gluon_prefill_compiles_for_sm90(case):
     """The Hopper Gluon kernel cannot run in the interpreter; compiling it here catches API drift and shared

@@ -197,6 +197,33 @@ def test_gluon_varlen_window_sinks(case, window, monkeypatch):
     assert_matches(got, lse, attention_varlen_ref(q, k, v, cu_q, cu_k, window=window, sinks=sink), torch.bfloat16)
 
 
+@pytest.mark.parametrize("right", [0, 40, -1], ids=["causal", "right40", "noright"])
+def test_gluon_window_per_sequence(right, monkeypatch):
+    """One left bound a sequence (a (batch,) int32 tensor; negative, including below -1, for none; past int32's
+    reach of a row), dense and packed, with sinks: DeepSeek-V4's sliding-window branch."""
+    torch.manual_seed(5 + right)
+    lefts = torch.tensor([128, -1, 0, 2**31 - 1, -7, 300], dtype=torch.int32, device="cuda")
+    shape = (6, 700, 1000, 8, 2, 64)
+    q, k, v = _inputs(shape)
+    calls = _spy_gluon(monkeypatch)
+    sink = torch.randn(8, device="cuda")
+    got, lse = fmha.attention(q, k, v, window=(lefts, right), sinks=sink, return_lse=True)
+    assert len(calls) == 1
+    assert_matches(got, lse, attention_ref(q, k, v, window=(lefts, right), sinks=sink), torch.bfloat16)
+    len_q, len_k = [700, 1, 129, 64, 0, 300], [900, 64, 65, 300, 10, 300]
+    cu_q, cu_k = (torch.tensor([0, *torch.tensor(n).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+                  for n in (len_q, len_k))
+    tq, tk = sum(len_q), sum(len_k)
+    qv = poisoned((tq, 8, 128), tq, torch.bfloat16, "cuda", dim=0)
+    kv = poisoned((tk, 2, 128), tk, torch.bfloat16, "cuda", dim=0)
+    vv = poisoned((tk, 2, 128), tk, torch.bfloat16, "cuda", dim=0)
+    got, lse = fmha.attention_varlen(qv, kv, vv, cu_q, cu_k, max(len_q), max(len_k), window=(lefts, right),
+                                     sinks=sink, return_lse=True)
+    assert len(calls) == 2
+    assert_matches(got, lse, attention_varlen_ref(qv, kv, vv, cu_q, cu_k, window=(lefts, right), sinks=sink),
+                   torch.bfloat16)
+
+
 @pytest.mark.parametrize("ramp", [lambda j: 1 + j / 300, lambda j: 2.0 ** (j // 512), lambda j: 8 - j / 400],
                          ids=["rising", "steps", "falling"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])

@@ -72,17 +72,19 @@ PINGPONG_MIN_ROWS_D128 = 4096     # causal d = 128 calls from this many query ro
 # A window's bound of -1 (unbounded) as the kernel takes it, past every key; larger bounds are clipped to it, so that
 # no row's first or last visible key overflows int32.
 UNBOUNDED = 1 << 30
+UNBOUNDED_ = gl.constexpr(UNBOUNDED)
 
 
 @gluon.jit
-def _work_item(t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, CU_Q, CU_K, left, right,
+def _work_item(t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, CU_Q, CU_K, left, LEFTS, right,
                BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, WGS: gl.constexpr, VARLEN: gl.constexpr,
                WINDOW: gl.constexpr):
     """Work item t → (batch, head, kv head, first query row, first key tile, key tiles, the sequence's query and
-    key lengths, its first query and key rows in the TMA views, its TMA batch coordinate). VARLEN: sequence b's
-    rows are [CU_Q[b], CU_Q[b + 1]) of one packed batch (seqlen_q / seqlen_k are the longest), and a block past
-    its end has no key tiles. CAUSAL: keys up to each row's diagonal, WINDOW: from `left` before it to `right`
-    past it (the item's key tiles start at its first row's first visible key). Items go out in order of t (see
+    key lengths, its first query and key rows in the TMA views, its TMA batch coordinate, a row's first visible key
+    less its index). VARLEN: sequence b's rows are [CU_Q[b], CU_Q[b + 1]) of one packed batch (seqlen_q /
+    seqlen_k are the longest), and a block past its end has no key tiles. CAUSAL: keys up to each row's diagonal,
+    WINDOW: from `left` before it (LEFTS[b] instead when LEFTS is not None, negative for none) to `right` past it;
+    the item's key tiles start at its first row's first visible key. Items go out in order of t (see
     `_next_item`). Without a mask, all row blocks of one head are next to each other, sharing its K/V in L2.
     Causal: heads are taken `head_chunk` at a time (as many as keep their K/V in L2), and inside a chunk the row
     blocks with the most key tiles come first, all heads of the chunk together, so that short items fill the end."""
@@ -119,11 +121,16 @@ def _work_item(t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, CU_
     if VARLEN:
         hi = gl.where(m_start < sq, hi, 0)
     lo = 0
+    lead = 0
     n_tiles = gl.cdiv(hi, BLOCK_N)
     if WINDOW:
-        lo = gl.maximum(m_start + sk - sq - left, 0) // BLOCK_N
+        if LEFTS is not None:
+            left = gl.load(LEFTS + b)
+            left = gl.where(left < 0, UNBOUNDED_, gl.minimum(left, UNBOUNDED_))
+        lead = sk - sq - left
+        lo = gl.maximum(m_start + lead, 0) // BLOCK_N
         n_tiles = gl.maximum(n_tiles - lo, 0)
-    return b, h, h // group, m_start, lo, n_tiles, sq, sk, row_q, row_k, tb
+    return b, h, h // group, m_start, lo, n_tiles, sq, sk, row_q, row_k, tb, lead
 
 
 @gluon.jit
@@ -187,7 +194,7 @@ def _load_item(args, t, h, hk, m_start, lo, n_tiles, row_q, row_k, tb, kv, w, BL
     """Post work item t (the producer's w-th) and load its Q rows and key tiles lo .. lo + n_tiles - 1; returns
     (kv, w) after it."""
     (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
-     _, _, _, _, _, _, _, _, stride_qh, stride_kh, stride_vh, _, _, _, _) = args
+     _, _, _, _, _, _, _, _, stride_qh, stride_kh, stride_vh, _, _, _, _, _) = args
     # The descriptors are 3-D, (batch, seqlen, columns) with boxes (1, rows, head_dim); each box lands in a
     # 2-D slot seen through a (1, rows, head_dim) view.
     q_box: gl.constexpr = q_desc.block_type.shape
@@ -223,13 +230,13 @@ def _first_with_rows(t, args, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, WGS: 
     the consumers see only items with rows. Each item's fields are worked out once; an index past the last item
     is read as the last one, so that nothing is loaded out of bounds."""
     (_, _, _, _, _, _, _, _, _, _, _, _, _, COUNTER, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, _, _,
-     _, CU_Q, CU_K, left, right) = args
+     _, CU_Q, CU_K, left, LEFTS, right) = args
     item = _work_item(gl.minimum(t, n_m * n_bh - 1), n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, CU_Q,
-                      CU_K, left, right, BLOCK_N, CAUSAL, WGS, True, WINDOW)
+                      CU_K, left, LEFTS, right, BLOCK_N, CAUSAL, WGS, True, WINDOW)
     while (t < n_m * n_bh) & (item[3] >= item[6]):        # m_start past the sequence's query length
         t = _next_item(COUNTER, t, True)
         item = _work_item(gl.minimum(t, n_m * n_bh - 1), n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k,
-                          CU_Q, CU_K, left, right, BLOCK_N, CAUSAL, WGS, True, WINDOW)
+                          CU_Q, CU_K, left, LEFTS, right, BLOCK_N, CAUSAL, WGS, True, WINDOW)
     return t, item
 
 
@@ -237,21 +244,21 @@ def _first_with_rows(t, args, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, WGS: 
 def _producer(args, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr,
               WGS: gl.constexpr, QK_PARTS: gl.constexpr, VARLEN: gl.constexpr, WINDOW: gl.constexpr):
     (_, _, _, _, _, _, items, q_ready, q_empty, _, _, _, _, COUNTER, n_m, n_bh, head_chunk, heads_q, group, seqlen_q,
-     seqlen_k, _, _, _, CU_Q, CU_K, left, right) = args
+     seqlen_k, _, _, _, CU_Q, CU_K, left, LEFTS, right) = args
     kv = 0                        # K/V tiles loaded so far: position in the ring and its phase
     w = 0                         # work items so far: the Q buffer and its phase
     t = gl.program_id(0)
     if VARLEN:
         t, item = _first_with_rows(t, args, BLOCK_N, CAUSAL, WGS, WINDOW)
         while t < n_m * n_bh:
-            _, h, hk, m_start, lo, n_tiles, _, _, row_q, row_k, tb = item
+            _, h, hk, m_start, lo, n_tiles, _, _, row_q, row_k, tb, _ = item
             kv, w = _load_item(args, t, h, hk, m_start, lo, n_tiles, row_q, row_k, tb, kv, w, BLOCK_N, STAGES,
                                Q_BUFS, WGS, QK_PARTS)
             t, item = _first_with_rows(_next_item(COUNTER, t, True), args, BLOCK_N, CAUSAL, WGS, WINDOW)
     else:
         while t < n_m * n_bh:
-            _, h, hk, m_start, lo, n_tiles, _, _, row_q, row_k, tb = _work_item(
-                t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, CU_Q, CU_K, left, right, BLOCK_N,
+            _, h, hk, m_start, lo, n_tiles, _, _, row_q, row_k, tb, _ = _work_item(
+                t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, CU_Q, CU_K, left, LEFTS, right, BLOCK_N,
                 CAUSAL, WGS, VARLEN, WINDOW)
             kv, w = _load_item(args, t, h, hk, m_start, lo, n_tiles, row_q, row_k, tb, kv, w, BLOCK_N, STAGES,
                                Q_BUFS, WGS, QK_PARTS)
@@ -400,7 +407,7 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
     kernel writes them once for two or three partitions)."""
     (q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, O, LSE, n_m, n_bh,
      head_chunk, heads_q, group, seqlen_q, seqlen_k, qk_scale_log2, stride_ob, stride_os, stride_oh, stride_lb,
-     stride_lh, stride_ls, turn, CU_Q, CU_K, left, right, SINKS, cap_in) = shared
+     stride_lh, stride_ls, turn, CU_Q, CU_K, left, LEFTS, right, SINKS, cap_in) = shared
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -419,9 +426,9 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
     mbarrier.wait(q_ready.index(0), 0)
     t = _read_item(items.index(0), 4)
     while t < n_m * n_bh:
-        b, h, hk, m_start, lo, n_tiles, sq, sk, row_q, row_k, tb = _work_item(
-            t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, CU_Q, CU_K, left, right, BLOCK_N, CAUSAL,
-            WGS, VARLEN, WINDOW)
+        b, h, hk, m_start, lo, n_tiles, sq, sk, row_q, row_k, tb, lead = _work_item(
+            t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, CU_Q, CU_K, left, LEFTS, right, BLOCK_N,
+            CAUSAL, WGS, VARLEN, WINDOW)
         diag = sk - sq            # a row's last visible key less its index (CAUSAL)
         if WINDOW:
             diag += right
@@ -456,10 +463,8 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
         mask_from = sk // BLOCK_N
         if CAUSAL:
             mask_from = gl.minimum(mask_from, gl.maximum(m0 + diag + 1, 0) // BLOCK_N)
-        lead = 0
         unmask_from = 0
         if WINDOW:
-            lead = sk - sq - left     # a row's first visible key less its index
             unmask_from = gl.cdiv(gl.maximum(m0 + ROWS - 1 + lead, 0), BLOCK_N)
         bounds = (sk, diag, mask_from, lead, unmask_from, cap_in)
         acc = gl.zeros([ROWS, HEAD_DV], gl.float32, o_layout)
@@ -552,8 +557,8 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
 
 
 @gluon.jit
-def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, CU_Q, CU_K, SINKS, seqlen_q, seqlen_k, heads_q,
-                         group, n_bh, head_chunk,
+def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, CU_Q, CU_K, SINKS, LEFTS, seqlen_q, seqlen_k,
+                         heads_q, group, n_bh, head_chunk,
                          stride_qh, stride_kh, stride_vh,
                          stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls, qk_scale_log2, cap_in,
                          left, right,
@@ -567,9 +572,9 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, CU_Q, CU_K, SI
     LSE reaches past 2^31 elements (the epilogue's offsets in 64 bits). VARLEN: n_bh / heads_q packed sequences,
     CU_Q / CU_K their row offsets (`_work_item`); seqlen_q / seqlen_k the longest. SPEC.md's window (left,
     right): CAUSAL when right >= 0, WINDOW unless it is (-1, 0) or (-1, -1), with `left` past every key for -1
-    (`launch_args`). HAS_SINKS: SINKS (heads_q,) fp32, one logit a head in the denominator. SOFTCAP: scores
-    capped as softcap * tanh(score / softcap), `cap_in` = softmax_scale / softcap, `qk_scale_log2` = softcap *
-    log2(e)."""
+    (`launch_args`); LEFTS (batch,) int32, or None: one left bound a sequence in place of `left`. HAS_SINKS:
+    SINKS (heads_q,) fp32, one logit a head in the denominator. SOFTCAP: scores capped as softcap * tanh(score /
+    softcap), `cap_in` = softmax_scale / softcap, `qk_scale_log2` = softcap * log2(e)."""
     n_m = gl.cdiv(seqlen_q, WGS * ROWS)
     dtype: gl.constexpr = q_desc.dtype
     D_PART: gl.constexpr = q_desc.block_type.shape[2]     # Q and K columns per TMA box and slot
@@ -601,10 +606,10 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, CU_Q, CU_K, SI
 
     shared = (q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, O, LSE, n_m, n_bh,
               head_chunk, heads_q, group, seqlen_q, seqlen_k, qk_scale_log2, stride_ob, stride_os, stride_oh,
-              stride_lb, stride_lh, stride_ls, turn, CU_Q, CU_K, left, right, SINKS, cap_in)
+              stride_lb, stride_lh, stride_ls, turn, CU_Q, CU_K, left, LEFTS, right, SINKS, cap_in)
     producer = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready,
                 v_empty, COUNTER, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, stride_qh, stride_kh,
-                stride_vh, CU_Q, CU_K, left, right)
+                stride_vh, CU_Q, CU_K, left, LEFTS, right)
     # The tuples above hold no constexpr (a tuple in a variable does not keep them); those go in literally.
     if WGS == 2:
         gl.warp_specialize([
@@ -666,7 +671,8 @@ def attention_forward_sm90(q, k, v, out, lse, *, causal, softmax_scale, views=No
                            varlen=None, window=None, sinks=None, softcap=0.0):
     """Launch the Gluon kernel. q/k (b, s, h, d), v (b, sk, hk, dv); out (b, sq, hq, dv); lse (b, hq, sq).
     `varlen` = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k): packed sequences, q/k/v/out
-    (total, h, d) and lse (hq, total_q). `window` (left, right) as SPEC.md's, in place of `causal` when given;
+    (total, h, d) and lse (hq, total_q). `window` (left, right) as SPEC.md's, in place of `causal` when given,
+    `left` an int or a (batch,) int32 tensor of one bound a sequence (negative: none);
     `sinks` (hq,) fp32 or None; `softcap` > 0 caps the scores. `views` are `supported`'s result when the caller
     has it (for varlen, of the tensors with a leading axis of 1); `pingpong` and `tiles` override the automatic
     choices (tuning)."""
@@ -708,8 +714,11 @@ def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpon
                 window=None, sinks=None, softcap=0.0):
     """(grid, arguments, meta-parameters) of one launch; `benchmarks/profile_host.py` times the launch alone."""
     left, right = window if window is not None else (-1, 0 if causal else -1)
+    lefts = None
+    if isinstance(left, torch.Tensor):            # one left bound a sequence (batch,) int32, read by the kernel
+        lefts, left = left, -1
     causal = right >= 0           # a right bound (0: causal)
-    window = left >= 0 or right > 0
+    window = lefts is not None or left >= 0 or right > 0
     masked = causal or window
     if varlen is None:
         batch, seqlen_q = q.shape[:2]
@@ -748,8 +757,8 @@ def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpon
         chunk = max(1, L2_BUDGET // (seqlen_k * (d + dv) * k.element_size())) * (heads_q // heads_k)
     part = _QK_PART.get(d, d)
     args = (desc(q, vq, _ROWS, part), desc(k, vk, block_n, part), desc(v, vv, block_n, dv), out, lse, counter,
-            cu_q, cu_k, sinks, seqlen_q, seqlen_k, heads_q, heads_q // heads_k, batch * heads_q, chunk, q.stride(2),
-            k.stride(2), v.stride(2), *o_strides, *lse_strides,
+            cu_q, cu_k, sinks, lefts, seqlen_q, seqlen_k, heads_q, heads_q // heads_k, batch * heads_q, chunk,
+            q.stride(2), k.stride(2), v.stride(2), *o_strides, *lse_strides,
             softcap * LOG2E if softcap > 0 else softmax_scale * LOG2E, softmax_scale / softcap if softcap > 0 else 1.0,
             min(left, UNBOUNDED) if left >= 0 else UNBOUNDED, min(max(right, 0), UNBOUNDED))
     meta = dict(BLOCK_N=block_n, HEAD_D=d, HEAD_DV=dv, STAGES=stages, Q_BUFS=q_bufs, CAUSAL=causal,
