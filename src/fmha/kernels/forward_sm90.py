@@ -2,8 +2,8 @@
 
 The `triton.language` kernel in `forward.py` is the portable path (and the one the CPU tests run); this one
 is what `attention_forward` dispatches to on an H100/H200 for calls padded or packed (varlen), causal or not,
-with or without a sliding window (left, right), sinks and a softcap (no ALiBi, per-sequence window, KV cache or
-FP8), `head_dim_qk == head_dim_v` in {64, 128, 256} or DeepSeek's 192 / 128, q/k/v strides that TMA accepts
+with or without a sliding window (left, right; left may be one bound a sequence), sinks and a softcap (no
+ALiBi, KV cache or FP8), `head_dim_qk == head_dim_v` in {64, 128, 256} or DeepSeek's 192 / 128, q/k/v strides that TMA accepts
 (16-byte aligned). The schedule is FlashAttention-3's:
 
 * persistent: one program per SM runs work items (128 or 192 query rows of one head) until none is left:
