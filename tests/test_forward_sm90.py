@@ -61,6 +61,20 @@ def _inputs(shape, dtype=torch.bfloat16):
     return q, k, v
 
 
+def _packed(len_q, len_k, hq, hk, d, dv, device="cuda"):
+    """Packed bf16 q, k, v of sequences with these lengths, NaN past the packed rows, and their cu_seqlens; skips
+    unless the Gluon path takes them."""
+    cu_q, cu_k = (torch.tensor([0, *torch.tensor(n).cumsum(0).tolist()], dtype=torch.int32, device=device)
+                  for n in (len_q, len_k))
+    tq, tk = sum(len_q), sum(len_k)
+    q = poisoned((tq, hq, d), tq, torch.bfloat16, device, dim=0)
+    k = poisoned((tk, hk, d), tk, torch.bfloat16, device, dim=0)
+    v = poisoned((tk, hk, dv), tk, torch.bfloat16, device, dim=0)
+    if device != "cuda" or not _gluon_ok(*(t.unsqueeze(0) for t in (q, k, v))):
+        pytest.skip("not an sm_90 GPU")
+    return q, k, v, cu_q, cu_k
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
@@ -89,15 +103,8 @@ def test_gluon_varlen(case, causal):
     in the output beforehand."""
     len_q, len_k, hq, hk, d, dv = (*case, case[4])[:6]
     torch.manual_seed(len(len_q) + d)
-    cu_q, cu_k = (torch.tensor([0, *torch.tensor(n).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
-                  for n in (len_q, len_k))
-    tq, tk = sum(len_q), sum(len_k)
-    q = poisoned((tq, hq, d), tq, torch.bfloat16, "cuda", dim=0)
-    k = poisoned((tk, hk, d), tk, torch.bfloat16, "cuda", dim=0)
-    v = poisoned((tk, hk, dv), tk, torch.bfloat16, "cuda", dim=0)
-    if not _gluon_ok(*(t.unsqueeze(0) for t in (q, k, v))):
-        pytest.skip("not an sm_90 GPU")
-    out = torch.full((tq, hq, dv), float("nan"), dtype=torch.bfloat16, device="cuda")
+    q, k, v, cu_q, cu_k = _packed(len_q, len_k, hq, hk, d, dv)
+    out = torch.full((q.shape[0], hq, dv), float("nan"), dtype=torch.bfloat16, device="cuda")
     got, lse = fmha.attention_varlen(q, k, v, cu_q, cu_k, max(len_q), max(len_k), causal=causal, return_lse=True,
                                      out=out)
     assert_matches(got, lse, attention_varlen_ref(q, k, v, cu_q, cu_k, causal=causal), torch.bfloat16)
@@ -180,17 +187,10 @@ def test_gluon_varlen_window_sinks(case, window, monkeypatch):
     """Packed sequences with a window and sinks: each sequence's diagonal and left bound are its own."""
     len_q, len_k, hq, hk, d, dv = (*case, case[4])[:6]
     torch.manual_seed(len(len_q) + d + window[0])
-    cu_q, cu_k = (torch.tensor([0, *torch.tensor(n).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
-                  for n in (len_q, len_k))
-    tq, tk = sum(len_q), sum(len_k)
-    q = poisoned((tq, hq, d), tq, torch.bfloat16, "cuda", dim=0)
-    k = poisoned((tk, hk, d), tk, torch.bfloat16, "cuda", dim=0)
-    v = poisoned((tk, hk, dv), tk, torch.bfloat16, "cuda", dim=0)
-    if not _gluon_ok(*(t.unsqueeze(0) for t in (q, k, v))):
-        pytest.skip("not an sm_90 GPU")
+    q, k, v, cu_q, cu_k = _packed(len_q, len_k, hq, hk, d, dv)
     calls = _spy_gluon(monkeypatch)
     sink = torch.randn(hq, device="cuda")
-    out = torch.full((tq, hq, dv), float("nan"), dtype=torch.bfloat16, device="cuda")
+    out = torch.full((q.shape[0], hq, dv), float("nan"), dtype=torch.bfloat16, device="cuda")
     got, lse = fmha.attention_varlen(q, k, v, cu_q, cu_k, max(len_q), max(len_k), window=window, sinks=sink,
                                      return_lse=True, out=out)
     assert calls == [window]
@@ -211,12 +211,7 @@ def test_gluon_window_per_sequence(right, monkeypatch):
     assert len(calls) == 1
     assert_matches(got, lse, attention_ref(q, k, v, window=(lefts, right), sinks=sink), torch.bfloat16)
     len_q, len_k = [700, 1, 129, 64, 0, 300], [900, 64, 65, 300, 10, 300]
-    cu_q, cu_k = (torch.tensor([0, *torch.tensor(n).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
-                  for n in (len_q, len_k))
-    tq, tk = sum(len_q), sum(len_k)
-    qv = poisoned((tq, 8, 128), tq, torch.bfloat16, "cuda", dim=0)
-    kv = poisoned((tk, 2, 128), tk, torch.bfloat16, "cuda", dim=0)
-    vv = poisoned((tk, 2, 128), tk, torch.bfloat16, "cuda", dim=0)
+    qv, kv, vv, cu_q, cu_k = _packed(len_q, len_k, 8, 2, 128, 128)
     got, lse = fmha.attention_varlen(qv, kv, vv, cu_q, cu_k, max(len_q), max(len_k), window=(lefts, right),
                                      sinks=sink, return_lse=True)
     assert len(calls) == 2
