@@ -18,7 +18,7 @@ import os
 import torch
 
 import fmha
-from fmha.bench import PREFILL_VALUE_DIMS, attention_flops, bench_gpu, load_module_copy, save_sweep
+from fmha.bench import PREFILL_VALUE_DIMS, add_probe_row, attention_flops, bench_gpu, load_module_copy, save_sweep
 from fmha.kernels.forward import attention_forward
 
 
@@ -85,12 +85,7 @@ def main():
                     times.setdefault(impl, []).append(bench_gpu(impls[impl]))
                 for impl, ts in times.items():
                     row[f"{impl}_tflops"] = flops / (sum(ts) / len(ts)) / 1e12
-                for impl in impls:
-                    if impl != "varlen":
-                        row[f"varlen_vs_{impl}"] = row["varlen_tflops"] / row[f"{impl}_tflops"]
-                rows.append(row)
-                print(" ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
-                      flush=True)
+                add_probe_row(rows, row, "varlen", impls)
     if a.out:
         save_sweep(a.out, rows)
 

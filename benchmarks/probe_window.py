@@ -15,7 +15,7 @@ import argparse
 import torch
 
 import fmha
-from fmha.bench import attention_flops, bench_gpu, save_sweep
+from fmha.bench import add_probe_row, attention_flops, bench_gpu, save_sweep
 from fmha.kernels.forward import attention_forward
 
 # (name, head_dim, heads_q, heads_k, window, sinks, softcap)
@@ -84,12 +84,7 @@ def main():
                 raise RuntimeError(f"{name} s={s}: outputs disagree: {row}")
             for impl, fn in impls.items():
                 row[f"{impl}_tflops"] = flops / bench_gpu(fn) / 1e12
-            for impl in impls:
-                if impl != "ours":
-                    row[f"ours_vs_{impl}"] = row["ours_tflops"] / row[f"{impl}_tflops"]
-            rows.append(row)
-            print(" ".join(f"{k_}={v:.3f}" if isinstance(v, float) else f"{k_}={v}" for k_, v in row.items()),
-                  flush=True)
+            add_probe_row(rows, row, "ours", impls)
     if a.out:
         save_sweep(a.out, rows)
 

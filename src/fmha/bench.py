@@ -667,6 +667,15 @@ def load_module_copy(path, package="fmha.kernels"):
     return module
 
 
+def add_probe_row(rows, row, base, names):
+    """A probe script's row: `{base}_vs_{name}` for every other name's `_tflops`, appended and printed on one line."""
+    for name in names:
+        if name != base:
+            row[f"{base}_vs_{name}"] = row[f"{base}_tflops"] / row[f"{name}_tflops"]
+    rows.append(row)
+    print(" ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
+
+
 def save_sweep(path, rows):
     """A tuning sweep's rows as JSON, with the GPU, date and commit (FMHA_COMMIT or git) recorded."""
     with open(path, "w") as f:
