@@ -200,8 +200,8 @@ GLUON_SCRIPT = textwrap.dedent('''
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
     from fmha.kernels.forward_sm90 import attn_fwd_sm90_kernel, HEAD_DIMS, _QK_PART, _TILES, _WIDE_TILES, _ROWS
-    case = json.loads(sys.argv[1]) + [False] * 5
-    d, causal, dt, wide, offsets_64, varlen, window, sinks, softcap, lefts = case[:10]
+    case = json.loads(sys.argv[1]) + [False] * 6
+    d, causal, dt, wide, offsets_64, varlen, window, sinks, softcap, lefts, cache = case[:11]
     dv = dict(HEAD_DIMS)[d]
     bn, stages, q_bufs, regs, wgs = (_WIDE_TILES if wide else _TILES)[d]
     el = gl.bfloat16 if dt == "bf16" else gl.float16
@@ -211,9 +211,16 @@ GLUON_SCRIPT = textwrap.dedent('''
         return f"tensordesc<{dt}[1,{rows},{width}],{layout!r}>"
     consts = dict(BLOCK_N=bn, HEAD_D=d, HEAD_DV=dv, STAGES=stages, Q_BUFS=q_bufs, CAUSAL=causal,
                   PINGPONG=not causal and wgs == 2, CONSUMER_REGS=regs, WGS=wgs, OFFSETS_64=offsets_64)
-    if not causal and not varlen and not window:   # as `launch_args` launches it: the counter for masked or varlen
-        consts["COUNTER"] = None
-    consts.update(VARLEN=varlen, WINDOW=window, HAS_SINKS=sinks, SOFTCAP=softcap)
+    if not causal and not varlen and not window and not cache:  # as `launch_args` launches it: the counter for
+        consts["COUNTER"] = None                                # unequal items
+    # cache: 0 none, 1 a contiguous KV cache, 2 a paged one (16-row pages: 16-row TMA boxes)
+    kv_rows = 16 if cache == 2 else bn
+    consts.update(VARLEN=varlen, WINDOW=window, HAS_SINKS=sinks, SOFTCAP=softcap, KV_CACHE=bool(cache),
+                  PAGE_ROWS=kv_rows if cache == 2 else 0)
+    if not cache:
+        consts["SEQLENS"] = None
+    if cache != 2:
+        consts["BLOCK_TABLE"] = None
     if not varlen:
         consts.update(CU_Q=None, CU_K=None)
     if not sinks:
@@ -221,8 +228,9 @@ GLUON_SCRIPT = textwrap.dedent('''
     if not lefts:
         consts["LEFTS"] = None
     part = _QK_PART.get(d, d)
-    ptrs = dict(q_desc=desc(_ROWS, part), k_desc=desc(bn, part), v_desc=desc(bn, dv), O=f"*{dt}", LSE="*fp32",
-                COUNTER="*i32", CU_Q="*i32", CU_K="*i32", SINKS="*fp32", LEFTS="*i32")
+    ptrs = dict(q_desc=desc(_ROWS, part), k_desc=desc(kv_rows, part), v_desc=desc(kv_rows, dv), O=f"*{dt}",
+                LSE="*fp32", COUNTER="*i32", CU_Q="*i32", CU_K="*i32", SINKS="*fp32", LEFTS="*i32", SEQLENS="*i32",
+                BLOCK_TABLE="*i32")
     ptrs = {n: v for n, v in ptrs.items() if n not in consts}
     names = list(inspect.signature(attn_fwd_sm90_kernel.fn).parameters)
     floats = ("qk_scale_log2", "cap_in")
@@ -238,7 +246,7 @@ GLUON_SCRIPT = textwrap.dedent('''
 
 @pytest.mark.cpu
 # (head_dim, causal, dtype, three consumer warpgroups, 64-bit output offsets[, varlen[, window[, sinks[, softcap[,
-# per-sequence left bounds]]]]])
+# per-sequence left bounds[, KV cache: 1 contiguous, 2 paged]]]]]])
 # Flags share cases (64-bit offsets ride on a varlen and a window case) to keep the CPU suite's compiles few.
 @pytest.mark.parametrize("case", [(128, True, "bf16", False, False), (128, False, "fp16", False, False),
                                   (64, False, "bf16", False, False), (64, False, "fp16", True, False),
@@ -246,10 +254,13 @@ GLUON_SCRIPT = textwrap.dedent('''
                                   (192, True, "bf16", False, False), (192, False, "fp16", False, False),
                                   (128, True, "bf16", False, True, True), (64, False, "bf16", True, False, True),
                                   (64, True, "bf16", False, False, True, True, True, False, True),
-                                  (64, True, "bf16", True, True, False, True, True, True)],
+                                  (64, True, "bf16", True, True, False, True, True, True),
+                                  (128, True, "bf16", False, False, False, False, False, False, False, 2),
+                                  (64, False, "fp16", False, False, False, True, True, False, False, 1)],
                          ids=["d128-causal", "d128", "d64", "d64-wide", "d64-wide-causal", "d256-causal",
                               "d192-dv128-causal", "d192-dv128", "d128-causal-varlen-offsets64", "d64-wide-varlen",
-                              "d64-window-lefts-sinks-varlen", "d64-wide-window-sinks-softcap-offsets64"])
+                              "d64-window-lefts-sinks-varlen", "d64-wide-window-sinks-softcap-offsets64",
+                              "d128-causal-paged-cache", "d64-window-sinks-cache"])
 def test_gluon_prefill_compiles_for_sm90(case):
     """The Hopper Gluon kernel cannot run in the interpreter; compiling it here catches API drift and shared
     memory over the limit, and checks the warp-specialised shape: wgmma, 3-D TMA loads, per-partition

@@ -219,6 +219,92 @@ def test_gluon_window_per_sequence(right, monkeypatch):
                    torch.bfloat16)
 
 
+# (cache lengths, capacity, seqlen_q, heads_q, heads_k, head_dim[, head_dim_v], page size or None): chunked prefill
+# over a KV cache, contiguous or paged (pages of 16: eight TMA boxes a 128-key tile; 48: boxes of 16 rows over pages
+# that a tile does not divide; 256: one box, inside a page), lengths off every tile, an empty sequence and ones
+# shorter than the chunk (causal rows that see nothing).
+KVCACHE_CASES = [
+    ([3000, 0, 17, 4096, 1500, 64], 4096, 256, 32, 8, 128, None),
+    ([3000, 0, 17, 4096, 1500, 64], 4096, 256, 32, 8, 128, 16),
+    ([1000, 777, 2048], 2048, 512, 8, 2, 128, 256),
+    ([900, 64, 65, 1100], 1152, 700, 4, 1, 64, 16),
+    ([900, 64, 65, 1100], 1152, 700, 4, 1, 64, None),
+    ([513, 1027, 300], 1152, 300, 4, 4, 256, 64),
+    ([1000, 37, 1064], 1104, 1000, 8, 2, 192, 128, 48),
+]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("case", KVCACHE_CASES, ids=lambda c: f"d{c[5]}-page{c[-1]}-sq{c[2]}")
+def test_gluon_kvcache(case, causal, monkeypatch):
+    """`attention_with_kvcache` with a chunk of queries (chunked prefill) on the Gluon kernel: contiguous and paged
+    caches with shuffled pages, NaN in every slot past each length and in unused pages (V rows past a length are
+    zeroed in shared memory before P·V), NaN in the output beforehand."""
+    from test_kvcache import _cache, _oracle
+    seqlens, capacity, sq, hq, hk, d = case[:6]
+    dv, page = (case[6] if len(case) == 8 else d), case[-1]
+    dtype = torch.float16 if KVCACHE_CASES.index(case) % 2 else torch.bfloat16
+    k_cache, v_cache, table, k, v = _cache(seqlens, capacity, hk, d, dv, dtype, "cuda", page, seed=sq)
+    q = torch.randn(len(seqlens), sq, hq, d, dtype=dtype, device="cuda")
+    if not _gluon_ok(q, k_cache, v_cache):
+        pytest.skip("not an sm_90 GPU")
+    calls = _spy_gluon(monkeypatch)
+    lens = torch.tensor(seqlens, dtype=torch.int32, device="cuda")
+    out = torch.full((*q.shape[:3], dv), float("nan"), dtype=dtype, device="cuda")
+    got, lse = fmha.attention_with_kvcache(q, k_cache, v_cache, lens, block_table=table, causal=causal, num_splits=1,
+                                           return_lse=True, out=out)
+    assert len(calls) == 1
+    assert_matches(got, lse, _oracle(q, k, v, seqlens, causal=causal), dtype)
+
+
+@pytest.mark.parametrize("page", [None, 16], ids=["contiguous", "page16"])
+def test_gluon_kvcache_options(page, monkeypatch):
+    """A KV cache with a window, sinks and softcap, and with one left bound a sequence; the split planner's
+    choice (num_splits=0) keeps a call with enough work items on the Gluon kernel."""
+    from test_kvcache import _cache, _oracle
+    seqlens = [2000, 0, 333, 1500]
+    k_cache, v_cache, table, k, v = _cache(seqlens, 2048, 2, 128, 128, torch.bfloat16, "cuda", page, seed=3)
+    q = torch.randn(4, 384, 16, 128, dtype=torch.bfloat16, device="cuda") * 2
+    if not _gluon_ok(q, k_cache, v_cache):
+        pytest.skip("not an sm_90 GPU")
+    calls = _spy_gluon(monkeypatch)
+    lens = torch.tensor(seqlens, dtype=torch.int32, device="cuda")
+    sink = torch.randn(16, device="cuda")
+    options = dict(window=(200, 0), sinks=sink, softcap=10.0)
+    got, lse = fmha.attention_with_kvcache(q, k_cache, v_cache, lens, block_table=table, return_lse=True, **options)
+    assert len(calls) == 1
+    assert_matches(got, lse, _oracle(q, k, v, seqlens, **options), torch.bfloat16)
+    lefts = torch.tensor([100, -1, 0, 700], dtype=torch.int32, device="cuda")
+    got, lse = fmha.attention_with_kvcache(q, k_cache, v_cache, lens, block_table=table, window=(lefts, 0),
+                                           return_lse=True, num_splits=1)
+    assert len(calls) == 2
+    for i, n in enumerate(seqlens):
+        own = _oracle(q[i:i + 1], k[i:i + 1], v[i:i + 1], [n], window=(int(lefts[i]), 0))
+        assert_matches(got[i:i + 1], lse[i:i + 1], own, torch.bfloat16)
+
+
+def test_gluon_varlen_longer_buffer(monkeypatch):
+    """Packed sequences in k / v buffers longer than cu_seqlens_k[-1], NaN past it: the last sequence's last key
+    tile reaches those rows, and its V rows there are zeroed before P·V."""
+    torch.manual_seed(9)
+    len_q, len_k = [300, 200], [500, 333]
+    cu_q, cu_k = (torch.tensor([0, *torch.tensor(n).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+                  for n in (len_q, len_k))
+    q = torch.randn(sum(len_q), 8, 128, dtype=torch.bfloat16, device="cuda")
+    k, v = (torch.full((sum(len_k) + 100, 2, 128), float("nan"), dtype=torch.bfloat16, device="cuda")
+            for _ in range(2))
+    k[:sum(len_k)].normal_()
+    v[:sum(len_k)].normal_()
+    if not _gluon_ok(*(t.unsqueeze(0) for t in (q, k, v))):
+        pytest.skip("not an sm_90 GPU")
+    calls = _spy_gluon(monkeypatch)
+    for causal in (False, True):
+        got, lse = fmha.attention_varlen(q, k, v, cu_q, cu_k, max(len_q), max(len_k), causal=causal, return_lse=True)
+        ref = attention_varlen_ref(q, k[:sum(len_k)], v[:sum(len_k)], cu_q, cu_k, causal=causal)
+        assert_matches(got, lse, ref, torch.bfloat16)
+    assert len(calls) == 2
+
+
 @pytest.mark.parametrize("ramp", [lambda j: 1 + j / 300, lambda j: 2.0 ** (j // 512), lambda j: 8 - j / 400],
                          ids=["rising", "steps", "falling"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])

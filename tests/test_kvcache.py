@@ -265,3 +265,20 @@ def test_kvcache_gpu_tile_shapes(tiles, page_size, seqlen_q, num_splits, monkeyp
                                            block_table=table, num_splits=num_splits, causal=seqlen_q > 1,
                                            return_lse=True)
     assert_matches(got, lse, _oracle(q, k, v, seqlens, causal=seqlen_q > 1), torch.float16)
+
+
+@pytest.mark.cpu
+def test_gluon_cache_dispatch_rule(monkeypatch):
+    """Which KV-cache calls the Hopper Gluon kernel takes (`forward._gluon_takes`) on a 132-SM GPU: chunks from 64
+    query rows whose 128-row work items fill most of their waves, or any forced unsplit; never a forced split."""
+    from fmha.kernels import forward
+    monkeypatch.setattr(forward, "num_sms", lambda device: 132)
+    lens = torch.zeros(4, dtype=torch.int32)
+    takes = lambda splits, b, hq, sq: forward._gluon_takes(lens, splits, b, hq, sq, None)   # noqa: E731
+    assert not takes(0, 4, 32, forward.GLUON_CACHE_MIN_ROWS - 1)      # decode, speculative decoding: portable
+    assert takes(0, 4, 32, 64)                                        # 128 items, one wave 97% full
+    assert not takes(0, 1, 32, 128)                                   # 32 items: the split path fills the GPU
+    assert takes(1, 1, 32, 128)                                       # forced unsplit
+    assert not takes(2, 4, 32, 512)                                   # forced split
+    assert not takes(0, 1, 140, 64) and takes(0, 1, 140, 256)         # 140 items in two waves; 280 in three
+    assert forward._gluon_takes(None, 1, 1, 1, 1, None) and not forward._gluon_takes(None, 2, 1, 1, 1, None)

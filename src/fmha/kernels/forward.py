@@ -446,6 +446,29 @@ def _page_tile(page_size, block_n):
     return 0
 
 
+# A KV-cache call takes the Gluon kernel from this many query rows a sequence (chunked prefill), when its 128-row work
+# items fill at least GLUON_CACHE_MIN_FILL of the waves they run in: the portable kernel packs a GQA group's rows of
+# a short chunk into one tile and splits the keys to fill the GPU. `results/history/probe_kvcache_planner_rule_h100.json`
+# (b = 4, 32 / 8 heads, d = 128; its `ours` rows followed the split planner instead): at a chunk of 64, the Gluon kernel unsplit (half of each item's rows empty) against the portable
+# split path ran 1.6x and 1.7x at 4k keys (contiguous, 16-key pages) and 1.2x paged at 16k, 0.84x contiguous at 16k;
+# from 128 rows 1.3-1.7x.
+GLUON_CACHE_MIN_ROWS = 64
+GLUON_CACHE_MIN_FILL = 0.6
+
+
+def _gluon_takes(cache_seqlens, num_splits, batch, heads_q, seqlen_q, device):
+    """Whether a call the Gluon kernel can run goes there: every call without a KV cache that asks for no split;
+    a KV-cache call from GLUON_CACHE_MIN_ROWS query rows, unsplit, or left to choose (0) with its work items
+    (128 rows of one head) filling GLUON_CACHE_MIN_FILL of their waves over the SMs."""
+    if cache_seqlens is None:
+        return num_splits <= 1
+    if seqlen_q < GLUON_CACHE_MIN_ROWS or num_splits > 1:
+        return False
+    items = batch * heads_q * triton.cdiv(seqlen_q, 128)
+    sms = num_sms(device)
+    return num_splits == 1 or items >= GLUON_CACHE_MIN_FILL * sms * triton.cdiv(items, sms)
+
+
 def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                       softmax_scale, window, softcap, alibi_slopes, sinks, window_lefts=None, descales=(None,) * 3,
                       cache_seqlens=None, block_table=None,
@@ -462,7 +485,7 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
     `schedule.plan_num_splits` choose from this launch's grid, its key tile and the SM count.
     `pack_gqa`, `use_tma` and `tiles` (BLOCK_M, BLOCK_N, num_warps, num_stages) override the automatic
     choices (tests and tuning); so does `backend`: "triton" forces this file's kernel, None lets a call on Hopper
-    with no ALiBi, KV cache, split or FP8 take the Gluon kernel of `forward_sm90`
+    with no ALiBi, split or FP8 take the Gluon kernel of `forward_sm90` (a KV-cache call: `_gluon_takes`)
     (also turned off by the environment, FMHA_GLUON=0).
     """
     varlen = cu_seqlens_q is not None
@@ -483,17 +506,18 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
         return
     left, right = window               # window_lefts (batch,) int32, when given, replaces `left` per sequence
     scale = softmax_scale if softmax_scale is not None else dqk ** -0.5
-    plain = (k.dtype == q.dtype and cache_seqlens is None and num_splits <= 1
-             and alibi_slopes is None
+    plain = (k.dtype == q.dtype and alibi_slopes is None
              and pack_gqa is None and use_tma is None and tiles is None and backend is None)
-    if plain and not interpret and gluon_enabled():
+    if plain and not interpret and gluon_enabled() and _gluon_takes(cache_seqlens, num_splits, batch, heads_q,
+                                                                    seqlen_q, q.device):
         from . import forward_sm90
         views = forward_sm90.supported(q4, k4, v4)
         if views is not None:
             forward_sm90.attention_forward_sm90(
                 q, k, v, out, lse, causal=right >= 0, softmax_scale=scale, views=views,
                 varlen=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) if varlen else None,
-                window=(left if window_lefts is None else window_lefts, right), sinks=sinks, softcap=softcap)
+                window=(left if window_lefts is None else window_lefts, right), sinks=sinks, softcap=softcap,
+                cache=None if cache_seqlens is None else (cache_seqlens, block_table))
             return
     if pack_gqa is None:
         pack_gqa = _pack_gqa(group, seqlen_q, _tile_config(dqk, dv, interpret)[0])

@@ -1,10 +1,11 @@
 """Hopper (sm_90) fast path of the dense prefill forward, written in Gluon.
 
 The `triton.language` kernel in `forward.py` is the portable path (and the one the CPU tests run); this one
-is what `attention_forward` dispatches to on an H100/H200 for calls padded or packed (varlen), causal or not,
-with or without a sliding window (left, right; left may be one bound a sequence), sinks and a softcap (no
-ALiBi, KV cache or FP8), `head_dim_qk == head_dim_v` in {64, 128, 256} or DeepSeek's 192 / 128, q/k/v strides that TMA accepts
-(16-byte aligned). The schedule is FlashAttention-3's:
+is what `attention_forward` dispatches to on an H100/H200 for calls padded or packed (varlen), or a chunk of queries
+over a KV cache, contiguous or paged (chunked prefill), causal or not, with or without a sliding window (left,
+right; left may be one bound a sequence), sinks and a softcap (no ALiBi or FP8), `head_dim_qk == head_dim_v` in
+{64, 128, 256} or DeepSeek's 192 / 128, q/k/v strides that TMA accepts (16-byte aligned). The schedule is
+FlashAttention-3's:
 
 * persistent: one program per SM runs work items (128 or 192 query rows of one head) until none is left:
   causal items go out in L2-sized chunks of heads, longest first inside a chunk, a program taking the next
@@ -28,6 +29,12 @@ are one batch of (1, total, columns): a sequence's tiles start at its cu_seqlens
 its end reads the next sequence's rows, masked like those past a padded sequence's end. A head_dim_qk that is not a
 power of two (192) is held as QK_PARTS column parts of a power-of-two width (`_QK_PART`), each its own TMA box and
 shared-memory slot, and Q·Kᵀ is one wgmma per part into the same scores (`_scores`).
+
+A KV cache: each sequence's key count from cache_seqlens, its keys at the start of its row of a contiguous cache
+(TMA batch = sequence), or paged: each key tile in boxes of at most a page, each box from the page its block-table
+entry names (`_box_origin`). Rows past a sequence's length are read, masked to -inf in S, and zeroed in V's shared
+memory before P·V (`_wait_v`), since they may hold NaN and 0 * NaN is NaN; so are the rows past the last packed
+sequence, for a buffer longer than cu_seqlens_k[-1].
 """
 from __future__ import annotations
 
@@ -35,7 +42,8 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                              warpgroup_mma_wait)
 
 from ..schedule import num_sms, outside_graph_pools
 from .launch import launch
@@ -76,7 +84,7 @@ UNBOUNDED_ = gl.constexpr(UNBOUNDED)
 
 
 @gluon.jit
-def _work_item(t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, CU_Q, CU_K, left, LEFTS, right,
+def _work_item(t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, CU_Q, CU_K, SEQLENS, left, LEFTS, right,
                BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, WGS: gl.constexpr, VARLEN: gl.constexpr,
                WINDOW: gl.constexpr):
     """Work item t → (batch, head, kv head, first query row, first key tile, key tiles, the sequence's query and
@@ -111,6 +119,8 @@ def _work_item(t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, CU_
         row_k = 0
         sq = seqlen_q
         sk = seqlen_k
+        if SEQLENS is not None:   # a KV cache: each sequence's own key count
+            sk = gl.load(SEQLENS + b)
         tb = b
     hi = sk
     if CAUSAL:
@@ -168,33 +178,66 @@ def _read_item(slot, WARPS: gl.constexpr):
 
 
 @gluon.jit
+def _box_origin(b, key, pages, PAGE_ROWS: gl.constexpr):
+    """(TMA batch coordinate, row) of the box that starts at key `key` of TMA batch b. Paged (PAGE_ROWS > 0): b is
+    the sequence, `pages` = (its block-table row, page_size, its last page), and the box lies inside one page: past
+    the last page it re-reads that page (rows past the sequence's end, masked and zeroed like any others there), so
+    that no block-table entry past the sequence's is read."""
+    tb = b
+    row = key
+    if PAGE_ROWS > 0:
+        table, page_size, last_page = pages
+        page = gl.minimum(key // page_size, last_page)
+        tb = gl.load(table + page)
+        row = key - page * page_size
+    return tb, row
+
+
+@gluon.jit
 def _load_kv_tile(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv, b, row_k, i, hk,
-                  stride_kh, stride_vh, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, QK_PARTS: gl.constexpr):
+                  stride_kh, stride_vh, pages, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, QK_PARTS: gl.constexpr,
+                  PAGE_ROWS: gl.constexpr):
     """Key tile i of (TMA batch b, first row row_k, kv head hk) into ring position kv, K (its QK_PARTS column parts)
-    and V each once its slot is free; returns kv + 1."""
+    and V each once its slot is free; returns kv + 1. Paged (PAGE_ROWS > 0): BLOCK_N // PAGE_ROWS boxes a tile, each
+    from the page the block table names (`_box_origin`)."""
     k_box: gl.constexpr = k_desc.block_type.shape
     v_box: gl.constexpr = v_desc.block_type.shape
+    BOXES: gl.constexpr = 1 if PAGE_ROWS == 0 else BLOCK_N // PAGE_ROWS
     slot = kv % STAGES
     phase = ((kv // STAGES) & 1) ^ 1
     mbarrier.wait(k_empty.index(slot), phase)
-    mbarrier.expect(k_ready.index(slot), QK_PARTS * k_desc.block_type.nbytes)
-    for j in gl.static_range(QK_PARTS):
-        tma.async_copy_global_to_shared(k_desc, [b, row_k + i * BLOCK_N, hk * stride_kh + j * k_box[2]],
-                                        k_ready.index(slot), k_smem.index(QK_PARTS * slot + j).reshape(k_box))
+    mbarrier.expect(k_ready.index(slot), BOXES * QK_PARTS * k_desc.block_type.nbytes)
+    for r in gl.static_range(BOXES):
+        tb, row = _box_origin(b, row_k + i * BLOCK_N + r * k_box[1], pages, PAGE_ROWS)
+        for j in gl.static_range(QK_PARTS):
+            dst = k_smem.index(QK_PARTS * slot + j).reshape([1, BLOCK_N, k_box[2]])
+            if BOXES > 1:
+                dst = dst.slice(r * k_box[1], k_box[1], dim=1)
+            tma.async_copy_global_to_shared(k_desc, [tb, row, hk * stride_kh + j * k_box[2]], k_ready.index(slot),
+                                            dst)
     mbarrier.wait(v_empty.index(slot), phase)
-    mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(v_desc, [b, row_k + i * BLOCK_N, hk * stride_vh], v_ready.index(slot),
-                                    v_smem.index(slot).reshape(v_box))
+    mbarrier.expect(v_ready.index(slot), BOXES * v_desc.block_type.nbytes)
+    for r in gl.static_range(BOXES):
+        tb, row = _box_origin(b, row_k + i * BLOCK_N + r * v_box[1], pages, PAGE_ROWS)
+        dst = v_smem.index(slot).reshape([1, BLOCK_N, v_box[2]])
+        if BOXES > 1:
+            dst = dst.slice(r * v_box[1], v_box[1], dim=1)
+        tma.async_copy_global_to_shared(v_desc, [tb, row, hk * stride_vh], v_ready.index(slot), dst)
     return kv + 1
 
 
 @gluon.jit
-def _load_item(args, t, h, hk, m_start, lo, n_tiles, row_q, row_k, tb, kv, w, BLOCK_N: gl.constexpr,
-               STAGES: gl.constexpr, Q_BUFS: gl.constexpr, WGS: gl.constexpr, QK_PARTS: gl.constexpr):
-    """Post work item t (the producer's w-th) and load its Q rows and key tiles lo .. lo + n_tiles - 1; returns
-    (kv, w) after it."""
+def _load_item(args, t, h, hk, m_start, lo, n_tiles, sk, row_q, row_k, tb, kv, w, BLOCK_N: gl.constexpr,
+               STAGES: gl.constexpr, Q_BUFS: gl.constexpr, WGS: gl.constexpr, QK_PARTS: gl.constexpr,
+               PAGE_ROWS: gl.constexpr):
+    """Post work item t (the producer's w-th) and load its Q rows and key tiles lo .. lo + n_tiles - 1 of its sk
+    keys; returns (kv, w) after it."""
     (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
-     _, _, _, _, _, _, _, _, stride_qh, stride_kh, stride_vh, _, _, _, _, _) = args
+     _, _, _, _, _, _, _, _, stride_qh, stride_kh, stride_vh, _, _, _, _, _, _, BLOCK_TABLE, stride_bt,
+     page_size) = args
+    pages = (None, 0, 0)
+    if PAGE_ROWS > 0:             # a paged KV cache: sequence tb's block-table row and its last page
+        pages = (BLOCK_TABLE + tb * stride_bt, page_size, gl.maximum(gl.cdiv(sk, page_size) - 1, 0))
     # The descriptors are 3-D, (batch, seqlen, columns) with boxes (1, rows, head_dim); each box lands in a
     # 2-D slot seen through a (1, rows, head_dim) view.
     q_box: gl.constexpr = q_desc.block_type.shape
@@ -207,7 +250,7 @@ def _load_item(args, t, h, hk, m_start, lo, n_tiles, row_q, row_k, tb, kv, w, BL
     head = gl.minimum(n_tiles, STAGES) if Q_BUFS == 1 else 0
     for i in range(head):
         kv = _load_kv_tile(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv, tb, row_k,
-                           lo + i, hk, stride_kh, stride_vh, BLOCK_N, STAGES, QK_PARTS)
+                           lo + i, hk, stride_kh, stride_vh, pages, BLOCK_N, STAGES, QK_PARTS, PAGE_ROWS)
     # A buffer is free once every consumer released it; the first pass over a ring waits on nothing.
     mbarrier.wait(q_empty.index(qb), ((w // Q_BUFS) & 1) ^ 1)
     _post_item(items.index(qb), t, gl.num_warps())
@@ -219,7 +262,7 @@ def _load_item(args, t, h, hk, m_start, lo, n_tiles, row_q, row_k, tb, kv, w, BL
                                             q_smem.index(QK_PARTS * (WGS * qb + g) + j).reshape(q_box))
     for i in range(head, n_tiles):
         kv = _load_kv_tile(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv, tb, row_k,
-                           lo + i, hk, stride_kh, stride_vh, BLOCK_N, STAGES, QK_PARTS)
+                           lo + i, hk, stride_kh, stride_vh, pages, BLOCK_N, STAGES, QK_PARTS, PAGE_ROWS)
     return kv, w + 1
 
 
@@ -230,45 +273,47 @@ def _first_with_rows(t, args, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, WGS: 
     the consumers see only items with rows. Each item's fields are worked out once; an index past the last item
     is read as the last one, so that nothing is loaded out of bounds."""
     (_, _, _, _, _, _, _, _, _, _, _, _, _, COUNTER, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, _, _,
-     _, CU_Q, CU_K, left, LEFTS, right) = args
+     _, CU_Q, CU_K, left, LEFTS, right, _, _, _, _) = args
     item = _work_item(gl.minimum(t, n_m * n_bh - 1), n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, CU_Q,
-                      CU_K, left, LEFTS, right, BLOCK_N, CAUSAL, WGS, True, WINDOW)
+                      CU_K, None, left, LEFTS, right, BLOCK_N, CAUSAL, WGS, True, WINDOW)
     while (t < n_m * n_bh) & (item[3] >= item[6]):        # m_start past the sequence's query length
         t = _next_item(COUNTER, t, True)
         item = _work_item(gl.minimum(t, n_m * n_bh - 1), n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k,
-                          CU_Q, CU_K, left, LEFTS, right, BLOCK_N, CAUSAL, WGS, True, WINDOW)
+                          CU_Q, CU_K, None, left, LEFTS, right, BLOCK_N, CAUSAL, WGS, True, WINDOW)
     return t, item
 
 
 @gluon.jit
 def _producer(args, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr,
-              WGS: gl.constexpr, QK_PARTS: gl.constexpr, VARLEN: gl.constexpr, WINDOW: gl.constexpr):
+              WGS: gl.constexpr, QK_PARTS: gl.constexpr, VARLEN: gl.constexpr, WINDOW: gl.constexpr,
+              PAGE_ROWS: gl.constexpr, DYNAMIC: gl.constexpr):
+    """The producer warp. DYNAMIC: items of unequal lengths, taken through the counter (`_next_item`)."""
     (_, _, _, _, _, _, items, q_ready, q_empty, _, _, _, _, COUNTER, n_m, n_bh, head_chunk, heads_q, group, seqlen_q,
-     seqlen_k, _, _, _, CU_Q, CU_K, left, LEFTS, right) = args
+     seqlen_k, _, _, _, CU_Q, CU_K, left, LEFTS, right, SEQLENS, _, _, _) = args
     kv = 0                        # K/V tiles loaded so far: position in the ring and its phase
     w = 0                         # work items so far: the Q buffer and its phase
     t = gl.program_id(0)
     if VARLEN:
         t, item = _first_with_rows(t, args, BLOCK_N, CAUSAL, WGS, WINDOW)
         while t < n_m * n_bh:
-            _, h, hk, m_start, lo, n_tiles, _, _, row_q, row_k, tb, _ = item
-            kv, w = _load_item(args, t, h, hk, m_start, lo, n_tiles, row_q, row_k, tb, kv, w, BLOCK_N, STAGES,
-                               Q_BUFS, WGS, QK_PARTS)
+            _, h, hk, m_start, lo, n_tiles, _, sk, row_q, row_k, tb, _ = item
+            kv, w = _load_item(args, t, h, hk, m_start, lo, n_tiles, sk, row_q, row_k, tb, kv, w, BLOCK_N, STAGES,
+                               Q_BUFS, WGS, QK_PARTS, PAGE_ROWS)
             t, item = _first_with_rows(_next_item(COUNTER, t, True), args, BLOCK_N, CAUSAL, WGS, WINDOW)
     else:
         while t < n_m * n_bh:
-            _, h, hk, m_start, lo, n_tiles, _, _, row_q, row_k, tb, _ = _work_item(
-                t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, CU_Q, CU_K, left, LEFTS, right, BLOCK_N,
-                CAUSAL, WGS, VARLEN, WINDOW)
-            kv, w = _load_item(args, t, h, hk, m_start, lo, n_tiles, row_q, row_k, tb, kv, w, BLOCK_N, STAGES,
-                               Q_BUFS, WGS, QK_PARTS)
-            t = _next_item(COUNTER, t, CAUSAL or WINDOW)
+            _, h, hk, m_start, lo, n_tiles, _, sk, row_q, row_k, tb, _ = _work_item(
+                t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, CU_Q, CU_K, SEQLENS, left, LEFTS, right,
+                BLOCK_N, CAUSAL, WGS, VARLEN, WINDOW)
+            kv, w = _load_item(args, t, h, hk, m_start, lo, n_tiles, sk, row_q, row_k, tb, kv, w, BLOCK_N, STAGES,
+                               Q_BUFS, WGS, QK_PARTS, PAGE_ROWS)
+            t = _next_item(COUNTER, t, DYNAMIC)
     # The end: an index past the last item tells the consumers to stop.
     qb = w % Q_BUFS
     mbarrier.wait(q_empty.index(qb), ((w // Q_BUFS) & 1) ^ 1)
     _post_item(items.index(qb), t, gl.num_warps())
     mbarrier.arrive(q_ready.index(qb), count=1)
-    if CAUSAL or VARLEN or WINDOW:
+    if DYNAMIC:
         _release_counter(COUNTER)
 
 
@@ -342,6 +387,28 @@ def _skip_tiles(k_ready, k_empty, v_ready, v_empty, start, stop, STAGES: gl.cons
 
 
 @gluon.jit
+def _wait_v(v_smem, v_ready, c, i, tail, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CLEAN: gl.constexpr):
+    """Wait for the V tile at ring position c (key tile i). CLEAN (a KV cache, or packed sequences): rows at or past
+    key `tail` may hold anything, NaN too (a cache slot past the sequence's length, rows past the last packed
+    sequence in a longer buffer); their probabilities are 0, but 0 * NaN is NaN in P·V, so a tile that reaches
+    past `tail` has those rows zeroed in shared memory first, 64 columns at a time. Every consumer warpgroup
+    zeroes the same rows and rewrites the others with the values they hold, so whichever writes last, each
+    warpgroup's P·V reads the same values. A constexpr guard: a runtime test alone leaves the code in every form."""
+    slot = c % STAGES
+    mbarrier.wait(v_ready.index(slot), (c // STAGES) & 1)
+    if CLEAN:
+        if (i + 1) * BLOCK_N > tail:
+            v = v_smem.index(slot)
+            layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+            keep = (gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, layout)) < tail - i * BLOCK_N)[:, None]
+            for j in gl.static_range(v.shape[1] // 64):
+                part = v.slice(64 * j, 64, dim=1)
+                part.store(gl.where(keep, part.load(layout), 0.0).to(v.dtype))
+            fence_async_shared()
+            gl.thread_barrier()
+
+
+@gluon.jit
 def _scores(q_smem, q0, k_smem, k0, acc, HALF: gl.constexpr, QK_PARTS: gl.constexpr):
     """Issue S = Q·Kᵀ (async) for the Q parts from slot q0 and the K parts from slot k0, one wgmma per column
     part into `acc` (whose values are not read); HALF: over the tile's first ROWS keys only."""
@@ -355,14 +422,14 @@ def _scores(q_smem, q0, k_smem, k0, acc, HALF: gl.constexpr, QK_PARTS: gl.conste
 
 @gluon.jit
 def _half_tile(q_smem, q0, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, c, acc, m_i, l_i, p_op,
-               HAS_PREV: gl.constexpr, q_pos, bounds, qk_scale_log2, i, BLOCK_N: gl.constexpr,
+               HAS_PREV: gl.constexpr, q_pos, bounds, qk_scale_log2, i, tail, BLOCK_N: gl.constexpr,
                STAGES: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr,
-               p_layout: gl.constexpr, QK_PARTS: gl.constexpr):
+               p_layout: gl.constexpr, QK_PARTS: gl.constexpr, CLEAN: gl.constexpr):
     """The last key tile of a causal item for warpgroup 0 when its rows see only the tile's first ROWS keys
     (the diagonal tile of a 128-row item over 128-key tiles): S and P·V over those keys alone, half the tile's
     work. Ring position c; with HAS_PREV the previous tile's P·V (`p_op` against position c - 1) is issued
     beside S, as in the main loop (without it `p_op` is None). `p_layout`: P's operand layout for P·V; `bounds` as
-    `_softmax_tile`'s (this tile, key tile i, is always masked). Returns (acc, m_i, l_i) with this tile's P·V
+    `_softmax_tile`'s (this tile, key tile i, is always masked); `tail` and CLEAN as `_wait_v`'s. Returns (acc, m_i, l_i) with this tile's P·V
     done."""
     h_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, ROWS, 16])
@@ -391,7 +458,7 @@ def _half_tile(q_smem, q0, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, c
         mbarrier.arrive(v_empty.index(prev), count=1)
     acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None]
     p_half = gl.convert_layout(p.to(q_smem.dtype), p_layout)
-    mbarrier.wait(v_ready.index(slot), (c // STAGES) & 1)
+    _wait_v(v_smem, v_ready, c, i, tail, BLOCK_N, STAGES, CLEAN)
     o_tok = warpgroup_mma(p_half, v_smem.index(slot).slice(0, ROWS, dim=0), acc, is_async=True)
     acc = warpgroup_mma_wait(0, deps=(o_tok,))
     mbarrier.arrive(v_empty.index(slot), count=1)
@@ -402,12 +469,12 @@ def _half_tile(q_smem, q0, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, c
 def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.constexpr, STAGES: gl.constexpr,
               Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, WGS: gl.constexpr,
               OFFSETS_64: gl.constexpr, QK_PARTS: gl.constexpr, VARLEN: gl.constexpr, WINDOW: gl.constexpr,
-              HAS_SINKS: gl.constexpr, SOFTCAP: gl.constexpr):
+              HAS_SINKS: gl.constexpr, SOFTCAP: gl.constexpr, CLEAN: gl.constexpr):
     """Consumer warpgroup WG of WGS; `shared` holds the arguments common to all of them (one tuple, so that the
     kernel writes them once for two or three partitions)."""
     (q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, O, LSE, n_m, n_bh,
      head_chunk, heads_q, group, seqlen_q, seqlen_k, qk_scale_log2, stride_ob, stride_os, stride_oh, stride_lb,
-     stride_lh, stride_ls, turn, CU_Q, CU_K, left, LEFTS, right, SINKS, cap_in) = shared
+     stride_lh, stride_ls, turn, CU_Q, CU_K, left, LEFTS, right, SINKS, cap_in, SEQLENS) = shared
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -427,8 +494,13 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
     t = _read_item(items.index(0), 4)
     while t < n_m * n_bh:
         b, h, hk, m_start, lo, n_tiles, sq, sk, row_q, row_k, tb, lead = _work_item(
-            t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, CU_Q, CU_K, left, LEFTS, right, BLOCK_N,
-            CAUSAL, WGS, VARLEN, WINDOW)
+            t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, CU_Q, CU_K, SEQLENS, left, LEFTS, right,
+            BLOCK_N, CAUSAL, WGS, VARLEN, WINDOW)
+        # CLEAN: V rows from this key on are zeroed before P·V (`_wait_v`): a KV cache's past its length; packed
+        # sequences' past the last one's end (the buffer may be longer), not past the others' (the next one's keys).
+        tail = sk
+        if VARLEN:
+            tail = gl.where(b == n_bh // heads_q - 1, sk, UNBOUNDED_)
         diag = sk - sq            # a row's last visible key less its index (CAUSAL)
         if WINDOW:
             diag += right
@@ -490,7 +562,7 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
                 acc = acc * gl.convert_layout(alpha, row_o)[:, None]
                 p_op = gl.convert_layout(p.to(dtype), p_layout)
                 mbarrier.wait(k_ready.index(slot), (c // STAGES) & 1)
-                mbarrier.wait(v_ready.index(prev), ((c - 1) // STAGES) & 1)
+                _wait_v(v_smem, v_ready, c - 1, lo + i - 1, tail, BLOCK_N, STAGES, CLEAN)
                 turns = _take_turn(turn, turns, WG, PINGPONG)
                 s_tok = _scores(q_smem, q0, k_smem, QK_PARTS * slot, zero_s, False, QK_PARTS)
                 o_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
@@ -505,11 +577,11 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
             last = c % STAGES
             acc = acc * gl.convert_layout(alpha, row_o)[:, None]
             p_op = gl.convert_layout(p.to(dtype), p_layout)
-            mbarrier.wait(v_ready.index(last), (c // STAGES) & 1)
+            _wait_v(v_smem, v_ready, c, lo + n_full - 1, tail, BLOCK_N, STAGES, CLEAN)
             if half_last:
                 acc, m_i, l_i = _half_tile(q_smem, q0, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, c + 1,
-                                           acc, m_i, l_i, p_op, True, q_pos, bounds, qk_scale_log2, lo + n_full,
-                                           BLOCK_N, STAGES, CAUSAL, WINDOW, SOFTCAP, p_layout, QK_PARTS)
+                                           acc, m_i, l_i, p_op, True, q_pos, bounds, qk_scale_log2, lo + n_full, tail,
+                                           BLOCK_N, STAGES, CAUSAL, WINDOW, SOFTCAP, p_layout, QK_PARTS, CLEAN)
             else:
                 turns = _take_turn(turn, turns, WG, PINGPONG)
                 o_tok = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
@@ -518,8 +590,8 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
                 mbarrier.arrive(v_empty.index(last), count=1)
         elif half_last:           # the item's only tile, at half width
             acc, m_i, l_i = _half_tile(q_smem, q0, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv, acc,
-                                       m_i, l_i, None, False, q_pos, bounds, qk_scale_log2, lo, BLOCK_N, STAGES,
-                                       CAUSAL, WINDOW, SOFTCAP, p_layout, QK_PARTS)
+                                       m_i, l_i, None, False, q_pos, bounds, qk_scale_log2, lo, tail, BLOCK_N,
+                                       STAGES, CAUSAL, WINDOW, SOFTCAP, p_layout, QK_PARTS, CLEAN)
         _skip_tiles(k_ready, k_empty, v_ready, v_empty, kv + n_mine, kv + n_tiles, STAGES)
         mbarrier.arrive(q_empty.index(qb), count=1)
         kv += n_tiles
@@ -557,16 +629,18 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
 
 
 @gluon.jit
-def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, CU_Q, CU_K, SINKS, LEFTS, seqlen_q, seqlen_k,
+def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, CU_Q, CU_K, SINKS, LEFTS, SEQLENS, BLOCK_TABLE,
+                         seqlen_q, seqlen_k,
                          heads_q, group, n_bh, head_chunk,
                          stride_qh, stride_kh, stride_vh,
                          stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls, qk_scale_log2, cap_in,
-                         left, right,
+                         left, right, stride_bt, page_size,
                          BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, HEAD_DV: gl.constexpr,
                          STAGES: gl.constexpr, Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr,
                          PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr, WGS: gl.constexpr,
                          OFFSETS_64: gl.constexpr, VARLEN: gl.constexpr, WINDOW: gl.constexpr,
-                         HAS_SINKS: gl.constexpr, SOFTCAP: gl.constexpr):
+                         HAS_SINKS: gl.constexpr, SOFTCAP: gl.constexpr, KV_CACHE: gl.constexpr,
+                         PAGE_ROWS: gl.constexpr):
     """Persistent: each program runs work items until none is left (`_next_item`); COUNTER is two zeroed int32
     words (causal or windowed calls, `_counter`; None otherwise), which the kernel leaves zeroed. OFFSETS_64: O or
     LSE reaches past 2^31 elements (the epilogue's offsets in 64 bits). VARLEN: n_bh / heads_q packed sequences,
@@ -574,7 +648,12 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, CU_Q, CU_K, SI
     right): CAUSAL when right >= 0, WINDOW unless it is (-1, 0) or (-1, -1), with `left` past every key for -1
     (`launch_args`); LEFTS (batch,) int32, or None: one left bound a sequence in place of `left`. HAS_SINKS:
     SINKS (heads_q,) fp32, one logit a head in the denominator. SOFTCAP: scores capped as softcap * tanh(score /
-    softcap), `cap_in` = softmax_scale / softcap, `qk_scale_log2` = softcap * log2(e)."""
+    softcap), `cap_in` = softmax_scale / softcap, `qk_scale_log2` = softcap * log2(e). KV_CACHE: SEQLENS (batch,)
+    int32 gives each sequence's key count, seqlen_k the cache's capacity; the cache is contiguous (k/v descriptors
+    over (batch, capacity, columns)) or, with PAGE_ROWS > 0, paged: descriptors over (pages, page_size, columns)
+    with boxes of PAGE_ROWS rows, key j of sequence b in page BLOCK_TABLE[b * stride_bt + j // page_size]."""
+    CLEAN: gl.constexpr = KV_CACHE or VARLEN             # V rows past a sequence may hold NaN (`_wait_v`)
+    DYNAMIC: gl.constexpr = CAUSAL or WINDOW or VARLEN or KV_CACHE      # items of unequal lengths
     n_m = gl.cdiv(seqlen_q, WGS * ROWS)
     dtype: gl.constexpr = q_desc.dtype
     D_PART: gl.constexpr = q_desc.block_type.shape[2]     # Q and K columns per TMA box and slot
@@ -606,31 +685,33 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, CU_Q, CU_K, SI
 
     shared = (q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, O, LSE, n_m, n_bh,
               head_chunk, heads_q, group, seqlen_q, seqlen_k, qk_scale_log2, stride_ob, stride_os, stride_oh,
-              stride_lb, stride_lh, stride_ls, turn, CU_Q, CU_K, left, LEFTS, right, SINKS, cap_in)
+              stride_lb, stride_lh, stride_ls, turn, CU_Q, CU_K, left, LEFTS, right, SINKS, cap_in, SEQLENS)
     producer = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready,
                 v_empty, COUNTER, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, stride_qh, stride_kh,
-                stride_vh, CU_Q, CU_K, left, LEFTS, right)
+                stride_vh, CU_Q, CU_K, left, LEFTS, right, SEQLENS, BLOCK_TABLE, stride_bt, page_size)
     # The tuples above hold no constexpr (a tuple in a variable does not keep them); those go in literally.
     if WGS == 2:
         gl.warp_specialize([
             (_consumer, (shared, 0, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64, QK_PARTS,
-                          VARLEN, WINDOW, HAS_SINKS, SOFTCAP)),
+                          VARLEN, WINDOW, HAS_SINKS, SOFTCAP, CLEAN)),
             (_consumer, (shared, 1, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64, QK_PARTS,
-                          VARLEN, WINDOW, HAS_SINKS, SOFTCAP)),
-            (_producer, (producer, BLOCK_N, STAGES, Q_BUFS, CAUSAL, WGS, QK_PARTS, VARLEN, WINDOW)),
+                          VARLEN, WINDOW, HAS_SINKS, SOFTCAP, CLEAN)),
+            (_producer, (producer, BLOCK_N, STAGES, Q_BUFS, CAUSAL, WGS, QK_PARTS, VARLEN, WINDOW, PAGE_ROWS,
+                          DYNAMIC)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
         # Three consumers run as workers, each at CONSUMER_REGS; the producer is the default partition (4 warps,
         # one issuing) with what is left. As the default partition a consumer was compiled into far more spills
         # than the workers (54 against 9 local loads per key tile at 168 and 160 registers).
         gl.warp_specialize([
-            (_producer, (producer, BLOCK_N, STAGES, Q_BUFS, CAUSAL, WGS, QK_PARTS, VARLEN, WINDOW)),
+            (_producer, (producer, BLOCK_N, STAGES, Q_BUFS, CAUSAL, WGS, QK_PARTS, VARLEN, WINDOW, PAGE_ROWS,
+                          DYNAMIC)),
             (_consumer, (shared, 0, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64, QK_PARTS,
-                          VARLEN, WINDOW, HAS_SINKS, SOFTCAP)),
+                          VARLEN, WINDOW, HAS_SINKS, SOFTCAP, CLEAN)),
             (_consumer, (shared, 1, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64, QK_PARTS,
-                          VARLEN, WINDOW, HAS_SINKS, SOFTCAP)),
+                          VARLEN, WINDOW, HAS_SINKS, SOFTCAP, CLEAN)),
             (_consumer, (shared, 2, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64, QK_PARTS,
-                          VARLEN, WINDOW, HAS_SINKS, SOFTCAP)),
+                          VARLEN, WINDOW, HAS_SINKS, SOFTCAP, CLEAN)),
         ], [4, 4, 4], [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS])
 
 
@@ -668,17 +749,18 @@ def supported(q, k, v):
 
 
 def attention_forward_sm90(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None, tiles=None,
-                           varlen=None, window=None, sinks=None, softcap=0.0):
+                           varlen=None, window=None, sinks=None, softcap=0.0, cache=None):
     """Launch the Gluon kernel. q/k (b, s, h, d), v (b, sk, hk, dv); out (b, sq, hq, dv); lse (b, hq, sq).
     `varlen` = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k): packed sequences, q/k/v/out
     (total, h, d) and lse (hq, total_q). `window` (left, right) as SPEC.md's, in place of `causal` when given,
     `left` an int or a (batch,) int32 tensor of one bound a sequence (negative: none);
-    `sinks` (hq,) fp32 or None; `softcap` > 0 caps the scores. `views` are `supported`'s result when the caller
+    `sinks` (hq,) fp32 or None; `softcap` > 0 caps the scores. `cache` = (cache_seqlens, block_table or None):
+    k/v are a KV cache, contiguous (b, capacity, hk, d) or paged (pages, page_size, hk, d). `views` are `supported`'s result when the caller
     has it (for varlen, of the tensors with a leading axis of 1); `pingpong` and `tiles` override the automatic
     choices (tuning)."""
     grid, args, meta = launch_args(q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale, views=views,
                                    pingpong=pingpong, tiles=tiles, varlen=varlen, window=window, sinks=sinks,
-                                   softcap=softcap)
+                                   softcap=softcap, cache=cache)
     launch(attn_fwd_sm90_kernel, grid, args, meta)
 
 
@@ -710,8 +792,14 @@ def _counter(device):
     return counter
 
 
+def page_rows(page_size, block_n):
+    """Rows of a paged cache's TMA box: the largest power of two that divides the page, at most a key tile (a page
+    size is a multiple of 16)."""
+    return min(page_size & -page_size, block_n)
+
+
 def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None, tiles=None, varlen=None,
-                window=None, sinks=None, softcap=0.0):
+                window=None, sinks=None, softcap=0.0, cache=None):
     """(grid, arguments, meta-parameters) of one launch; `benchmarks/profile_host.py` times the launch alone."""
     left, right = window if window is not None else (-1, 0 if causal else -1)
     lefts = None
@@ -720,9 +808,10 @@ def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpon
     causal = right >= 0           # a right bound (0: causal)
     window = lefts is not None or left >= 0 or right > 0
     masked = causal or window
+    seqlens, table = cache or (None, None)
     if varlen is None:
         batch, seqlen_q = q.shape[:2]
-        seqlen_k = k.shape[1]
+        seqlen_k = k.shape[1] if table is None else table.shape[1] * k.shape[1]     # a cache's capacity
         cu_q = cu_k = None
         o_strides, lse_strides = out.stride()[:3], lse.stride()
     else:                         # one packed batch for TMA; each sequence's rows from cu_seqlens (`_work_item`)
@@ -751,18 +840,21 @@ def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpon
     # Causal or windowed items, and packed sequences' items, differ in length: handed out by an atomic counter
     # (`_counter`). Unmasked padded items are all alike, so a fixed round-robin balances them as well, with no
     # counter.
-    counter = _counter(q.device) if masked or varlen is not None else None
+    counter = _counter(q.device) if masked or varlen is not None or cache is not None else None
     chunk = 1
     if causal:                    # query heads whose K/V fit in L2_BUDGET
         chunk = max(1, L2_BUDGET // (seqlen_k * (d + dv) * k.element_size())) * (heads_q // heads_k)
     part = _QK_PART.get(d, d)
-    args = (desc(q, vq, _ROWS, part), desc(k, vk, block_n, part), desc(v, vv, block_n, dv), out, lse, counter,
-            cu_q, cu_k, sinks, lefts, seqlen_q, seqlen_k, heads_q, heads_q // heads_k, batch * heads_q, chunk,
+    kv_rows = block_n if table is None else page_rows(k.shape[1], block_n)
+    args = (desc(q, vq, _ROWS, part), desc(k, vk, kv_rows, part), desc(v, vv, kv_rows, dv), out, lse, counter,
+            cu_q, cu_k, sinks, lefts, seqlens, table, seqlen_q, seqlen_k, heads_q, heads_q // heads_k, batch * heads_q,
+            chunk,
             q.stride(2), k.stride(2), v.stride(2), *o_strides, *lse_strides,
             softcap * LOG2E if softcap > 0 else softmax_scale * LOG2E, softmax_scale / softcap if softcap > 0 else 1.0,
-            min(left, UNBOUNDED) if left >= 0 else UNBOUNDED, min(max(right, 0), UNBOUNDED))
+            min(left, UNBOUNDED) if left >= 0 else UNBOUNDED, min(max(right, 0), UNBOUNDED),
+            table.stride(0) if table is not None else 0, k.shape[1] if table is not None else 0)
     meta = dict(BLOCK_N=block_n, HEAD_D=d, HEAD_DV=dv, STAGES=stages, Q_BUFS=q_bufs, CAUSAL=causal,
                 PINGPONG=pingpong, CONSUMER_REGS=regs, WGS=wgs, OFFSETS_64=max(_extent(out), _extent(lse)) > 2**31,
                 VARLEN=varlen is not None, WINDOW=window, HAS_SINKS=sinks is not None, SOFTCAP=softcap > 0,
-                num_warps=4)
+                KV_CACHE=cache is not None, PAGE_ROWS=kv_rows if table is not None else 0, num_warps=4)
     return grid, args, meta
