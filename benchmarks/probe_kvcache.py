@@ -7,7 +7,8 @@ SDPA (bottom-right causal, `causal_lower_right`) on the same keys as one contigu
 Each row: b sequences whose caches hold `context` keys, the last `chunk` of them the chunk's own (the queries are
 the last `chunk` positions), a Llama-3-8B-style layer (32 query heads over 8 at d = 128; 16 over 4 at other
 dims). `page` 0 is a contiguous cache, else shuffled pages of that size (`bench.paged_copy`). TFLOP/s count the
-pairs the causal mask lets through. `ours-unsplit` forces one split (the Gluon kernel from GLUON_CACHE_MIN_ROWS
+pairs the causal mask lets through, every impl timed as CUDA-graph replays (a chunk of 64-128 rows runs for tens of
+microseconds, less than the host's time for a call: timed eagerly, the same call swung 2x between rows). `ours-unsplit` forces one split (the Gluon kernel from GLUON_CACHE_MIN_ROWS
 rows, where `ours` may take the portable split path on too few work items). The peer has no cache: its keys are the contiguous tensor, its row a ceiling
 on what a paged read could cost it.
 """
@@ -16,7 +17,7 @@ import argparse
 import torch
 
 import fmha
-from fmha.bench import _without_gluon, add_probe_row, attention_flops, bench_gpu, paged_copy, save_sweep
+from fmha.bench import _without_gluon, add_probe_row, attention_flops, bench_gpu_graph, paged_copy, save_sweep
 
 
 def fa2_call(q, k, v):
@@ -70,7 +71,7 @@ def main():
                         raise RuntimeError(f"outputs disagree: {row}")
                     flops = attention_flops(b, chunk, context, hq, d, d, causal=True)
                     for name, fn in impls.items():
-                        row[f"{name}_tflops"] = flops / bench_gpu(fn) / 1e12
+                        row[f"{name}_tflops"] = flops / bench_gpu_graph(fn) / 1e12
                     add_probe_row(rows, row, "ours", impls)
     if a.out:
         save_sweep(a.out, rows)
