@@ -448,10 +448,10 @@ def _page_tile(page_size, block_n):
 
 # A KV-cache call takes the Gluon kernel from this many query rows a sequence (chunked prefill), when its 128-row work
 # items fill at least GLUON_CACHE_MIN_FILL of the waves they run in: the portable kernel packs a GQA group's rows of
-# a short chunk into one tile and splits the keys to fill the GPU. `results/history/probe_kvcache_planner_rule_h100.json`
-# (b = 4, 32 / 8 heads, d = 128; its `ours` rows followed the split planner instead): at a chunk of 64, the Gluon kernel unsplit (half of each item's rows empty) against the portable
-# split path ran 1.6x and 1.7x at 4k keys (contiguous, 16-key pages) and 1.2x paged at 16k, 0.84x contiguous at 16k;
-# from 128 rows 1.3-1.7x.
+# a short chunk into one tile and splits the keys to fill the GPU. `results/probe_kvcache_h100.json` (CUDA graphs;
+# b = 4, 32 / 8 heads, d = 128): a chunk of 64 rows (128 items, half of each one's rows empty) ran at 1.05x and 1.22x
+# the portable kernel over 4k keys (contiguous, 16-key pages), 0.82x and 0.97x over 16k; from 128 rows 1.29-1.76x.
+# `results/probe_kvcache_b1_h100.json`: at b = 1 (32 items) the split path ran 2-3x the unsplit Gluon kernel.
 GLUON_CACHE_MIN_ROWS = 64
 GLUON_CACHE_MIN_FILL = 0.6
 
