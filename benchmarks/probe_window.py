@@ -1,14 +1,15 @@
-"""Sliding-window prefill (with and without sinks) on the Gluon kernel, against the portable kernel that ran these
-calls before and against FlexAttention with a sliding-window block mask, in one process.
+"""Sliding-window prefill (with and without sinks), softcap and ALiBi on the Gluon kernel, against the portable kernel
+that ran these calls before and against FlexAttention with a sliding-window block mask, in one process.
 
     PYTHONPATH=src python3 benchmarks/probe_window.py [--out window.json]
 
 Shapes are today's windowed models at 16k tokens: gpt-oss (d = 64, 64 query heads over 8, window 128, sinks),
 a Mistral-style layer (d = 128, 32 over 8, window 4096), a Gemma-3-style local layer (d = 256, 16 over 8, window
-1024) and a Gemma-2-style one (d = 256, 16 over 8, window 4096, softcap 50), as b sequences of s. TFLOP/s count the
+1024), a Gemma-2-style one (d = 256, 16 over 8, window 4096, softcap 50), and an MPT / BLOOM-style causal layer
+with ALiBi (d = 128, 32 heads, the ALiBi paper's slopes), as b sequences of s. TFLOP/s count the
 pairs the window lets through. Ours is checked against the portable kernel (and FlexAttention where there is no
 sink; FlexAttention has no sink term, so with sinks its row is the same window without them: a lower bound on what
-it would cost; the softcap is its score_mod).
+it would cost; the softcap and ALiBi are its score_mod).
 """
 import argparse
 
@@ -16,26 +17,29 @@ import torch
 
 import fmha
 from fmha.bench import add_probe_row, attention_flops, bench_gpu, save_sweep
+from fmha.cli import _alibi_slopes as alibi_slopes
 from fmha.kernels.forward import attention_forward
 
-# (name, head_dim, heads_q, heads_k, window, sinks, softcap)
-MODELS = [("gpt-oss", 64, 64, 8, (128, 0), True, 0.0), ("mistral", 128, 32, 8, (4096, 0), False, 0.0),
-          ("gemma3-local", 256, 16, 8, (1024, 0), False, 0.0), ("gemma2-local", 256, 16, 8, (4096, 0), False, 50.0)]
+# (name, head_dim, heads_q, heads_k, window, sinks, softcap, ALiBi)
+MODELS = [("gpt-oss", 64, 64, 8, (128, 0), True, 0.0, False), ("mistral", 128, 32, 8, (4096, 0), False, 0.0, False),
+          ("gemma3-local", 256, 16, 8, (1024, 0), False, 0.0, False),
+          ("gemma2-local", 256, 16, 8, (4096, 0), False, 50.0, False),
+          ("mpt-alibi", 128, 32, 32, (-1, 0), False, 0.0, True)]
 
 
-def portable(q, k, v, window, sinks, softcap):
+def portable(q, k, v, window, sinks, softcap, slopes):
     out = q.new_empty(*q.shape[:3], v.shape[-1])
     lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], dtype=torch.float32, device=q.device)
 
     def call():
         attention_forward(q, k, v, out, lse, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
-                          max_seqlen_k=None, softmax_scale=None, window=window, softcap=softcap, alibi_slopes=None,
+                          max_seqlen_k=None, softmax_scale=None, window=window, softcap=softcap, alibi_slopes=slopes,
                           sinks=sinks, backend="triton")
         return out
     return call
 
 
-def flex_call(q, k, v, window, softcap):
+def flex_call(q, k, v, window, softcap, slopes):
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
     flex = torch.compile(flex_attention, dynamic=False)
     left, right = window
@@ -49,6 +53,9 @@ def flex_call(q, k, v, window, softcap):
     if softcap > 0:
         def score_mod(score, b, h, i, j):
             return softcap * torch.tanh(score / softcap)
+    if slopes is not None:
+        def score_mod(score, b, h, i, j):
+            return score - slopes[h] * (i + sk - sq - j).abs()
     qt, kt, vt = (t.transpose(1, 2).contiguous() for t in (q, k, v))
     return lambda: flex(qt, kt, vt, block_mask=mask, score_mod=score_mod,
                         enable_gqa=q.shape[2] != k.shape[2]).transpose(1, 2)
@@ -62,7 +69,7 @@ def main():
     a = p.parse_args()
     torch._dynamo.config.cache_size_limit = 4096
     rows = []
-    for name, d, hq, hk, window, with_sinks, softcap in MODELS:
+    for name, d, hq, hk, window, with_sinks, softcap, alibi in MODELS:
         if name not in a.models:
             continue
         for s in a.seqs:
@@ -71,12 +78,15 @@ def main():
             q = torch.randn(b, s, hq, d, device="cuda", dtype=torch.bfloat16)
             k, v = (torch.randn(b, s, hk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
             sinks = torch.randn(hq, device="cuda") if with_sinks else None
+            slopes = alibi_slopes(hq).cuda() if alibi else None
             flops = attention_flops(b, s, s, hq, d, d, window=window)
-            impls = {"ours": lambda: fmha.attention(q, k, v, window=window, sinks=sinks, softcap=softcap),
-                     "ours-triton": portable(q, k, v, window, sinks, softcap),
-                     "flex": flex_call(q, k, v, window, softcap)}
+            impls = {"ours": lambda: fmha.attention(q, k, v, window=window, sinks=sinks, softcap=softcap,
+                                                    alibi_slopes=slopes),
+                     "ours-triton": portable(q, k, v, window, sinks, softcap, slopes),
+                     "flex": flex_call(q, k, v, window, softcap, slopes)}
             ours = impls["ours"]().float()
-            row = dict(model=name, d=d, hq=hq, hk=hk, b=b, s=s, window=list(window), sinks=with_sinks, softcap=softcap)
+            row = dict(model=name, d=d, hq=hq, hk=hk, b=b, s=s, window=list(window), sinks=with_sinks, softcap=softcap,
+                       alibi=alibi)
             row["max_err_vs_triton"] = (ours - impls["ours-triton"]().float()).abs().max().item()
             if not with_sinks:
                 row["max_err_vs_flex"] = (ours - impls["flex"]().float()).abs().max().item()

@@ -200,8 +200,8 @@ GLUON_SCRIPT = textwrap.dedent('''
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
     from fmha.kernels.forward_sm90 import attn_fwd_sm90_kernel, HEAD_DIMS, _QK_PART, _TILES, _WIDE_TILES, _ROWS
-    case = json.loads(sys.argv[1]) + [False] * 6
-    d, causal, dt, wide, offsets_64, varlen, window, sinks, softcap, lefts, cache = case[:11]
+    case = json.loads(sys.argv[1]) + [False] * 7
+    d, causal, dt, wide, offsets_64, varlen, window, sinks, softcap, lefts, cache, alibi = case[:12]
     dv = dict(HEAD_DIMS)[d]
     bn, stages, q_bufs, regs, wgs = (_WIDE_TILES if wide else _TILES)[d]
     el = gl.bfloat16 if dt == "bf16" else gl.float16
@@ -216,7 +216,9 @@ GLUON_SCRIPT = textwrap.dedent('''
     # cache: 0 none, 1 a contiguous KV cache, 2 a paged one (16-row pages: 16-row TMA boxes)
     kv_rows = 16 if cache == 2 else bn
     consts.update(VARLEN=varlen, WINDOW=window, HAS_SINKS=sinks, SOFTCAP=softcap, KV_CACHE=bool(cache),
-                  PAGE_ROWS=kv_rows if cache == 2 else 0)
+                  PAGE_ROWS=kv_rows if cache == 2 else 0, HAS_ALIBI=alibi)
+    if not alibi:
+        consts["SLOPES"] = None
     if not cache:
         consts["SEQLENS"] = None
     if cache != 2:
@@ -230,7 +232,7 @@ GLUON_SCRIPT = textwrap.dedent('''
     part = _QK_PART.get(d, d)
     ptrs = dict(q_desc=desc(_ROWS, part), k_desc=desc(kv_rows, part), v_desc=desc(kv_rows, dv), O=f"*{dt}",
                 LSE="*fp32", COUNTER="*i32", CU_Q="*i32", CU_K="*i32", SINKS="*fp32", LEFTS="*i32", SEQLENS="*i32",
-                BLOCK_TABLE="*i32")
+                BLOCK_TABLE="*i32", SLOPES="*fp32")
     ptrs = {n: v for n, v in ptrs.items() if n not in consts}
     names = list(inspect.signature(attn_fwd_sm90_kernel.fn).parameters)
     floats = ("qk_scale_log2", "cap_in")
@@ -246,7 +248,7 @@ GLUON_SCRIPT = textwrap.dedent('''
 
 @pytest.mark.cpu
 # (head_dim, causal, dtype, three consumer warpgroups, 64-bit output offsets[, varlen[, window[, sinks[, softcap[,
-# per-sequence left bounds[, KV cache: 1 contiguous, 2 paged]]]]]])
+# per-sequence left bounds[, KV cache: 1 contiguous, 2 paged[, ALiBi]]]]]]])
 # Flags share cases (64-bit offsets ride on a varlen and a window case) to keep the CPU suite's compiles few.
 @pytest.mark.parametrize("case", [(128, True, "bf16", False, False), (128, False, "fp16", False, False),
                                   (64, False, "bf16", False, False), (64, False, "fp16", True, False),
@@ -255,12 +257,12 @@ GLUON_SCRIPT = textwrap.dedent('''
                                   (128, True, "bf16", False, True, True), (64, False, "bf16", True, False, True),
                                   (64, True, "bf16", False, False, True, True, True, False, True),
                                   (64, True, "bf16", True, True, False, True, True, True),
-                                  (128, True, "bf16", False, False, False, False, False, False, False, 2),
-                                  (64, False, "fp16", False, False, False, True, True, False, False, 1)],
+                                  (128, True, "bf16", False, False, False, False, False, False, False, 2, True),
+                                  (64, False, "fp16", True, False, False, True, True, False, False, 1, True)],
                          ids=["d128-causal", "d128", "d64", "d64-wide", "d64-wide-causal", "d256-causal",
                               "d192-dv128-causal", "d192-dv128", "d128-causal-varlen-offsets64", "d64-wide-varlen",
                               "d64-window-lefts-sinks-varlen", "d64-wide-window-sinks-softcap-offsets64",
-                              "d128-causal-paged-cache", "d64-window-sinks-cache"])
+                              "d128-causal-paged-cache-alibi", "d64-wide-window-sinks-cache-alibi"])
 def test_gluon_prefill_compiles_for_sm90(case):
     """The Hopper Gluon kernel cannot run in the interpreter; compiling it here catches API drift and shared
     memory over the limit, and checks the warp-specialised shape: wgmma, 3-D TMA loads, per-partition

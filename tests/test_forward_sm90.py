@@ -145,11 +145,11 @@ def _spy_gluon(monkeypatch):
     return calls
 
 
-@pytest.mark.parametrize("extra", ["", "sinks", "softcap", "sinks-softcap"])
+@pytest.mark.parametrize("extra", ["", "sinks", "softcap", "sinks-softcap", "alibi", "alibi-sinks-softcap"])
 @pytest.mark.parametrize("case", WINDOW_CASES, ids=lambda c: "x".join(map(str, c[0])) + f"-w{c[1][0]},{c[1][1]}")
 def test_gluon_window_sinks_softcap(case, extra, monkeypatch):
-    """Sliding windows (left, right), attention sinks and softcap on the Gluon kernel (SPEC.md's semantics; the
-    LSE leaves the sink out), NaN-poisoned padding and output, fp16 and bf16 by turns."""
+    """Sliding windows (left, right), attention sinks, softcap and ALiBi on the Gluon kernel (SPEC.md's semantics;
+    the LSE leaves the sink out), NaN-poisoned padding and output, fp16 and bf16 by turns."""
     shape, window = case
     dtype = torch.float16 if WINDOW_CASES.index(case) % 2 else torch.bfloat16
     q, k, v = _inputs(shape, dtype)
@@ -157,10 +157,12 @@ def test_gluon_window_sinks_softcap(case, extra, monkeypatch):
     calls = _spy_gluon(monkeypatch)
     sink = torch.randn(shape[3], device="cuda") * 2 if "sinks" in extra else None
     softcap = 5.0 if "softcap" in extra else 0.0
+    slopes = torch.rand(shape[3], device="cuda") * 0.2 if "alibi" in extra else None
+    options = dict(window=window, sinks=sink, softcap=softcap, alibi_slopes=slopes)
     out = torch.full((*q.shape[:3], v.shape[-1]), float("nan"), dtype=dtype, device="cuda")
-    got, lse = fmha.attention(q, k, v, window=window, sinks=sink, softcap=softcap, return_lse=True, out=out)
+    got, lse = fmha.attention(q, k, v, return_lse=True, out=out, **options)
     assert calls == [window]
-    assert_matches(got, lse, attention_ref(q, k, v, window=window, sinks=sink, softcap=softcap), dtype)
+    assert_matches(got, lse, attention_ref(q, k, v, **options), dtype)
 
 
 @pytest.mark.parametrize("window", [(300, 0), (100, -1), (0, 130)], ids=lambda w: f"w{w[0]},{w[1]}")
@@ -184,17 +186,16 @@ def test_gluon_window_three_consumer_warpgroups(window, monkeypatch):
 @pytest.mark.parametrize("window", [(100, 0), (50, 20)], ids=lambda w: f"w{w[0]},{w[1]}")
 @pytest.mark.parametrize("case", VARLEN_CASES[:2] + VARLEN_CASES[4:], ids=lambda c: f"{len(c[0])}seqs-d{c[4]}")
 def test_gluon_varlen_window_sinks(case, window, monkeypatch):
-    """Packed sequences with a window and sinks: each sequence's diagonal and left bound are its own."""
+    """Packed sequences with a window, sinks and ALiBi: each sequence's diagonal and left bound are its own."""
     len_q, len_k, hq, hk, d, dv = (*case, case[4])[:6]
     torch.manual_seed(len(len_q) + d + window[0])
     q, k, v, cu_q, cu_k = _packed(len_q, len_k, hq, hk, d, dv)
     calls = _spy_gluon(monkeypatch)
-    sink = torch.randn(hq, device="cuda")
+    options = dict(window=window, sinks=torch.randn(hq, device="cuda"), alibi_slopes=torch.rand(hq, device="cuda") / 8)
     out = torch.full((q.shape[0], hq, dv), float("nan"), dtype=torch.bfloat16, device="cuda")
-    got, lse = fmha.attention_varlen(q, k, v, cu_q, cu_k, max(len_q), max(len_k), window=window, sinks=sink,
-                                     return_lse=True, out=out)
+    got, lse = fmha.attention_varlen(q, k, v, cu_q, cu_k, max(len_q), max(len_k), return_lse=True, out=out, **options)
     assert calls == [window]
-    assert_matches(got, lse, attention_varlen_ref(q, k, v, cu_q, cu_k, window=window, sinks=sink), torch.bfloat16)
+    assert_matches(got, lse, attention_varlen_ref(q, k, v, cu_q, cu_k, **options), torch.bfloat16)
 
 
 @pytest.mark.parametrize("right", [0, 40, -1], ids=["causal", "right40", "noright"])
@@ -259,7 +260,7 @@ def test_gluon_kvcache(case, causal, monkeypatch):
 
 @pytest.mark.parametrize("page", [None, 16], ids=["contiguous", "page16"])
 def test_gluon_kvcache_options(page, monkeypatch):
-    """A KV cache with a window, sinks and softcap, and with one left bound a sequence; the split planner's
+    """A KV cache with a window, sinks, softcap and ALiBi, and with one left bound a sequence; the dispatch's
     choice (num_splits=0) keeps a call with enough work items on the Gluon kernel."""
     from test_kvcache import _cache, _oracle
     seqlens = [2000, 0, 333, 1500]
@@ -270,7 +271,7 @@ def test_gluon_kvcache_options(page, monkeypatch):
     calls = _spy_gluon(monkeypatch)
     lens = torch.tensor(seqlens, dtype=torch.int32, device="cuda")
     sink = torch.randn(16, device="cuda")
-    options = dict(window=(200, 0), sinks=sink, softcap=10.0)
+    options = dict(window=(200, 0), sinks=sink, softcap=10.0, alibi_slopes=torch.rand(16, device="cuda") / 4)
     got, lse = fmha.attention_with_kvcache(q, k_cache, v_cache, lens, block_table=table, return_lse=True, **options)
     assert len(calls) == 1
     assert_matches(got, lse, _oracle(q, k, v, seqlens, **options), torch.bfloat16)

@@ -3,7 +3,7 @@
 The `triton.language` kernel in `forward.py` is the portable path (and the one the CPU tests run); this one
 is what `attention_forward` dispatches to on an H100/H200 for calls padded or packed (varlen), or a chunk of queries
 over a KV cache, contiguous or paged (chunked prefill), causal or not, with or without a sliding window (left,
-right; left may be one bound a sequence), sinks and a softcap (no ALiBi or FP8), `head_dim_qk == head_dim_v` in
+right; left may be one bound a sequence), sinks, a softcap and ALiBi (not FP8), `head_dim_qk == head_dim_v` in
 {64, 128, 256} or DeepSeek's 192 / 128, q/k/v strides that TMA accepts (16-byte aligned). The schedule is
 FlashAttention-3's:
 
@@ -319,13 +319,15 @@ def _producer(args, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, Q_BUFS: gl.cons
 
 @gluon.jit
 def _softmax_tile(s, i, m_i, l_i, q_pos, bounds, qk_scale_log2, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
-                  WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, s_layout: gl.constexpr):
+                  WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, s_layout: gl.constexpr):
     """Fold the raw scores of key tile `i` (of BLOCK_N keys; `s` may hold only its first columns) into (m_i, l_i);
     returns the probabilities and the rescale factor. `bounds` = (key count, the diagonal's offset (keys a row sees
     past its own index, `right` included), first tile that crosses the end or the diagonal, the left bound's offset
-    (a row's first visible key less its index), first tile no row's left bound cuts, SOFTCAP's input scale).
-    SOFTCAP: the scores become tanh(s * scale / softcap) first, and `qk_scale_log2` is softcap * log2(e)."""
-    seqlen_k, diag, mask_from, lead, unmask_from, cap_in = bounds
+    (a row's first visible key less its index), first tile no row's left bound cuts, SOFTCAP's input scale, ALIBI's
+    slope and offset).
+    SOFTCAP: the scores become tanh(s * scale / softcap) first, and `qk_scale_log2` is softcap * log2(e). ALIBI: then
+    less `slope` * |q_pos + `offset` - key| (`bounds`' last two: the head's slope over the scale, the diagonal)."""
+    seqlen_k, diag, mask_from, lead, unmask_from, cap_in, slope, offset = bounds
     # tanh through exp2, as the portable kernel (`common.scores_log2`): two MUFU operations a score (ex2, and the
     # reciprocal in div.full). FlashAttention-3's tanh.approx.f32 is one, but its relative error (2^-11) times a
     # softcap of 50 is up to 0.025 in a row's LSE, where this form is exact to fp32 rounding.
@@ -334,6 +336,10 @@ def _softmax_tile(s, i, m_i, l_i, q_pos, bounds, qk_scale_log2, BLOCK_N: gl.cons
         e = gl.exp2(-2.0 * LOG2E_ * gl.abs(x))
         t = (1.0 - e) / (1.0 + e)
         s = gl.where(x >= 0, t, -t)
+    if ALIBI:                     # less slope * |the row's own key - the key|, in the units of s
+        keys = gl.arange(0, s.shape[1], layout=gl.SliceLayout(0, s_layout)).to(gl.float32)
+        own = (q_pos + offset - i * BLOCK_N).to(gl.float32)
+        s = s - slope * gl.abs(own[:, None] - keys[None, :])
     if WINDOW:
         masked = (i >= mask_from) | (i < unmask_from)
     else:
@@ -424,7 +430,7 @@ def _scores(q_smem, q0, k_smem, k0, acc, HALF: gl.constexpr, QK_PARTS: gl.conste
 def _half_tile(q_smem, q0, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, c, acc, m_i, l_i, p_op,
                HAS_PREV: gl.constexpr, q_pos, bounds, qk_scale_log2, i, tail, BLOCK_N: gl.constexpr,
                STAGES: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr,
-               p_layout: gl.constexpr, QK_PARTS: gl.constexpr, CLEAN: gl.constexpr):
+               ALIBI: gl.constexpr, p_layout: gl.constexpr, QK_PARTS: gl.constexpr, CLEAN: gl.constexpr):
     """The last key tile of a causal item for warpgroup 0 when its rows see only the tile's first ROWS keys
     (the diagonal tile of a 128-row item over 128-key tiles): S and P·V over those keys alone, half the tile's
     work. Ring position c; with HAS_PREV the previous tile's P·V (`p_op` against position c - 1) is issued
@@ -447,10 +453,11 @@ def _half_tile(q_smem, q0, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, c
     # The row vectors' layout follows the score tile's; the rows sit in the same threads either way.
     row_h: gl.constexpr = gl.SliceLayout(1, h_layout)
     row_s: gl.constexpr = m_i.type.layout
-    seqlen_k, diag, _, lead, unmask_from, cap_in = bounds
+    seqlen_k, diag, _, lead, unmask_from, cap_in, slope, offset = bounds
     p, m_h, l_h, alpha = _softmax_tile(s, i, gl.convert_layout(m_i, row_h), gl.convert_layout(l_i, row_h),
-                                       gl.convert_layout(q_pos, row_h), (seqlen_k, diag, i, lead, unmask_from, cap_in),
-                                       qk_scale_log2, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, h_layout)
+                                       gl.convert_layout(q_pos, row_h),
+                                       (seqlen_k, diag, i, lead, unmask_from, cap_in, slope, offset), qk_scale_log2,
+                                       BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, h_layout)
     m_i = gl.convert_layout(m_h, row_s)
     l_i = gl.convert_layout(l_h, row_s)
     if HAS_PREV:
@@ -469,12 +476,12 @@ def _half_tile(q_smem, q0, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, c
 def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.constexpr, STAGES: gl.constexpr,
               Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, WGS: gl.constexpr,
               OFFSETS_64: gl.constexpr, QK_PARTS: gl.constexpr, VARLEN: gl.constexpr, WINDOW: gl.constexpr,
-              HAS_SINKS: gl.constexpr, SOFTCAP: gl.constexpr, CLEAN: gl.constexpr):
+              HAS_SINKS: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, CLEAN: gl.constexpr):
     """Consumer warpgroup WG of WGS; `shared` holds the arguments common to all of them (one tuple, so that the
     kernel writes them once for two or three partitions)."""
     (q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, O, LSE, n_m, n_bh,
      head_chunk, heads_q, group, seqlen_q, seqlen_k, qk_scale_log2, stride_ob, stride_os, stride_oh, stride_lb,
-     stride_lh, stride_ls, turn, CU_Q, CU_K, left, LEFTS, right, SINKS, cap_in, SEQLENS) = shared
+     stride_lh, stride_ls, turn, CU_Q, CU_K, left, LEFTS, right, SINKS, cap_in, SEQLENS, SLOPES) = shared
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -538,7 +545,10 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
         unmask_from = 0
         if WINDOW:
             unmask_from = gl.cdiv(gl.maximum(m0 + ROWS - 1 + lead, 0), BLOCK_N)
-        bounds = (sk, diag, mask_from, lead, unmask_from, cap_in)
+        slope = 0.0
+        if ALIBI:                 # the head's slope in the units of the raw scores (`_softmax_tile`)
+            slope = gl.load(SLOPES + h) * (LOG2E_ / qk_scale_log2)
+        bounds = (sk, diag, mask_from, lead, unmask_from, cap_in, slope, sk - sq)
         acc = gl.zeros([ROWS, HEAD_DV], gl.float32, o_layout)
         m_i = gl.full([ROWS], float("-inf"), gl.float32, row_s)
         l_i = gl.zeros([ROWS], gl.float32, row_s)
@@ -552,7 +562,7 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
             s = warpgroup_mma_wait(0, deps=(s_tok,))
             mbarrier.arrive(k_empty.index(slot), count=1)
             p, m_i, l_i, alpha = _softmax_tile(s, lo, m_i, l_i, q_pos, bounds, qk_scale_log2, BLOCK_N, CAUSAL,
-                                               WINDOW, SOFTCAP, s_layout)
+                                               WINDOW, SOFTCAP, ALIBI, s_layout)
             for i in range(1, n_full):
                 # Issue S_i = Q·K_iᵀ and O += P_{i-1}·V_{i-1}; the softmax of S_i runs while P·V is on the
                 # tensor cores.
@@ -570,7 +580,7 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
                 s = warpgroup_mma_wait(1, deps=(s_tok,))
                 mbarrier.arrive(k_empty.index(slot), count=1)
                 p, m_i, l_i, alpha = _softmax_tile(s, lo + i, m_i, l_i, q_pos, bounds, qk_scale_log2, BLOCK_N,
-                                                   CAUSAL, WINDOW, SOFTCAP, s_layout)
+                                                   CAUSAL, WINDOW, SOFTCAP, ALIBI, s_layout)
                 acc = warpgroup_mma_wait(0, deps=(o_tok,))
                 mbarrier.arrive(v_empty.index(prev), count=1)
             c = kv + n_full - 1
@@ -581,7 +591,7 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
             if half_last:
                 acc, m_i, l_i = _half_tile(q_smem, q0, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, c + 1,
                                            acc, m_i, l_i, p_op, True, q_pos, bounds, qk_scale_log2, lo + n_full, tail,
-                                           BLOCK_N, STAGES, CAUSAL, WINDOW, SOFTCAP, p_layout, QK_PARTS, CLEAN)
+                                           BLOCK_N, STAGES, CAUSAL, WINDOW, SOFTCAP, ALIBI, p_layout, QK_PARTS, CLEAN)
             else:
                 turns = _take_turn(turn, turns, WG, PINGPONG)
                 o_tok = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
@@ -591,7 +601,7 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
         elif half_last:           # the item's only tile, at half width
             acc, m_i, l_i = _half_tile(q_smem, q0, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv, acc,
                                        m_i, l_i, None, False, q_pos, bounds, qk_scale_log2, lo, tail, BLOCK_N,
-                                       STAGES, CAUSAL, WINDOW, SOFTCAP, p_layout, QK_PARTS, CLEAN)
+                                       STAGES, CAUSAL, WINDOW, SOFTCAP, ALIBI, p_layout, QK_PARTS, CLEAN)
         _skip_tiles(k_ready, k_empty, v_ready, v_empty, kv + n_mine, kv + n_tiles, STAGES)
         mbarrier.arrive(q_empty.index(qb), count=1)
         kv += n_tiles
@@ -629,7 +639,7 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
 
 
 @gluon.jit
-def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, CU_Q, CU_K, SINKS, LEFTS, SEQLENS, BLOCK_TABLE,
+def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, CU_Q, CU_K, SINKS, LEFTS, SEQLENS, BLOCK_TABLE, SLOPES,
                          seqlen_q, seqlen_k,
                          heads_q, group, n_bh, head_chunk,
                          stride_qh, stride_kh, stride_vh,
@@ -640,7 +650,7 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, CU_Q, CU_K, SI
                          PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr, WGS: gl.constexpr,
                          OFFSETS_64: gl.constexpr, VARLEN: gl.constexpr, WINDOW: gl.constexpr,
                          HAS_SINKS: gl.constexpr, SOFTCAP: gl.constexpr, KV_CACHE: gl.constexpr,
-                         PAGE_ROWS: gl.constexpr):
+                         PAGE_ROWS: gl.constexpr, HAS_ALIBI: gl.constexpr):
     """Persistent: each program runs work items until none is left (`_next_item`); COUNTER is two zeroed int32
     words (causal or windowed calls, `_counter`; None otherwise), which the kernel leaves zeroed. OFFSETS_64: O or
     LSE reaches past 2^31 elements (the epilogue's offsets in 64 bits). VARLEN: n_bh / heads_q packed sequences,
@@ -651,7 +661,8 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, CU_Q, CU_K, SI
     softcap), `cap_in` = softmax_scale / softcap, `qk_scale_log2` = softcap * log2(e). KV_CACHE: SEQLENS (batch,)
     int32 gives each sequence's key count, seqlen_k the cache's capacity; the cache is contiguous (k/v descriptors
     over (batch, capacity, columns)) or, with PAGE_ROWS > 0, paged: descriptors over (pages, page_size, columns)
-    with boxes of PAGE_ROWS rows, key j of sequence b in page BLOCK_TABLE[b * stride_bt + j // page_size]."""
+    with boxes of PAGE_ROWS rows, key j of sequence b in page BLOCK_TABLE[b * stride_bt + j // page_size].
+    HAS_ALIBI: SLOPES (heads_q,) fp32; a score less slope * |its row's own key (bottom-right aligned) - its key|."""
     CLEAN: gl.constexpr = KV_CACHE or VARLEN             # V rows past a sequence may hold NaN (`_wait_v`)
     DYNAMIC: gl.constexpr = CAUSAL or WINDOW or VARLEN or KV_CACHE      # items of unequal lengths
     n_m = gl.cdiv(seqlen_q, WGS * ROWS)
@@ -685,7 +696,7 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, CU_Q, CU_K, SI
 
     shared = (q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, O, LSE, n_m, n_bh,
               head_chunk, heads_q, group, seqlen_q, seqlen_k, qk_scale_log2, stride_ob, stride_os, stride_oh,
-              stride_lb, stride_lh, stride_ls, turn, CU_Q, CU_K, left, LEFTS, right, SINKS, cap_in, SEQLENS)
+              stride_lb, stride_lh, stride_ls, turn, CU_Q, CU_K, left, LEFTS, right, SINKS, cap_in, SEQLENS, SLOPES)
     producer = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready,
                 v_empty, COUNTER, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, stride_qh, stride_kh,
                 stride_vh, CU_Q, CU_K, left, LEFTS, right, SEQLENS, BLOCK_TABLE, stride_bt, page_size)
@@ -693,9 +704,9 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, CU_Q, CU_K, SI
     if WGS == 2:
         gl.warp_specialize([
             (_consumer, (shared, 0, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64, QK_PARTS,
-                          VARLEN, WINDOW, HAS_SINKS, SOFTCAP, CLEAN)),
+                          VARLEN, WINDOW, HAS_SINKS, SOFTCAP, HAS_ALIBI, CLEAN)),
             (_consumer, (shared, 1, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64, QK_PARTS,
-                          VARLEN, WINDOW, HAS_SINKS, SOFTCAP, CLEAN)),
+                          VARLEN, WINDOW, HAS_SINKS, SOFTCAP, HAS_ALIBI, CLEAN)),
             (_producer, (producer, BLOCK_N, STAGES, Q_BUFS, CAUSAL, WGS, QK_PARTS, VARLEN, WINDOW, PAGE_ROWS,
                           DYNAMIC)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
@@ -707,11 +718,11 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, CU_Q, CU_K, SI
             (_producer, (producer, BLOCK_N, STAGES, Q_BUFS, CAUSAL, WGS, QK_PARTS, VARLEN, WINDOW, PAGE_ROWS,
                           DYNAMIC)),
             (_consumer, (shared, 0, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64, QK_PARTS,
-                          VARLEN, WINDOW, HAS_SINKS, SOFTCAP, CLEAN)),
+                          VARLEN, WINDOW, HAS_SINKS, SOFTCAP, HAS_ALIBI, CLEAN)),
             (_consumer, (shared, 1, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64, QK_PARTS,
-                          VARLEN, WINDOW, HAS_SINKS, SOFTCAP, CLEAN)),
+                          VARLEN, WINDOW, HAS_SINKS, SOFTCAP, HAS_ALIBI, CLEAN)),
             (_consumer, (shared, 2, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64, QK_PARTS,
-                          VARLEN, WINDOW, HAS_SINKS, SOFTCAP, CLEAN)),
+                          VARLEN, WINDOW, HAS_SINKS, SOFTCAP, HAS_ALIBI, CLEAN)),
         ], [4, 4, 4], [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS])
 
 
@@ -749,18 +760,19 @@ def supported(q, k, v):
 
 
 def attention_forward_sm90(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None, tiles=None,
-                           varlen=None, window=None, sinks=None, softcap=0.0, cache=None):
+                           varlen=None, window=None, sinks=None, softcap=0.0, cache=None, alibi_slopes=None):
     """Launch the Gluon kernel. q/k (b, s, h, d), v (b, sk, hk, dv); out (b, sq, hq, dv); lse (b, hq, sq).
     `varlen` = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k): packed sequences, q/k/v/out
     (total, h, d) and lse (hq, total_q). `window` (left, right) as SPEC.md's, in place of `causal` when given,
     `left` an int or a (batch,) int32 tensor of one bound a sequence (negative: none);
     `sinks` (hq,) fp32 or None; `softcap` > 0 caps the scores. `cache` = (cache_seqlens, block_table or None):
-    k/v are a KV cache, contiguous (b, capacity, hk, d) or paged (pages, page_size, hk, d). `views` are `supported`'s result when the caller
+    k/v are a KV cache, contiguous (b, capacity, hk, d) or paged (pages, page_size, hk, d). `alibi_slopes` (hq,)
+    fp32 or None. `views` are `supported`'s result when the caller
     has it (for varlen, of the tensors with a leading axis of 1); `pingpong` and `tiles` override the automatic
     choices (tuning)."""
     grid, args, meta = launch_args(q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale, views=views,
                                    pingpong=pingpong, tiles=tiles, varlen=varlen, window=window, sinks=sinks,
-                                   softcap=softcap, cache=cache)
+                                   softcap=softcap, cache=cache, alibi_slopes=alibi_slopes)
     launch(attn_fwd_sm90_kernel, grid, args, meta)
 
 
@@ -799,7 +811,7 @@ def page_rows(page_size, block_n):
 
 
 def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None, tiles=None, varlen=None,
-                window=None, sinks=None, softcap=0.0, cache=None):
+                window=None, sinks=None, softcap=0.0, cache=None, alibi_slopes=None):
     """(grid, arguments, meta-parameters) of one launch; `benchmarks/profile_host.py` times the launch alone."""
     left, right = window if window is not None else (-1, 0 if causal else -1)
     lefts = None
@@ -847,8 +859,8 @@ def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpon
     part = _QK_PART.get(d, d)
     kv_rows = block_n if table is None else page_rows(k.shape[1], block_n)
     args = (desc(q, vq, _ROWS, part), desc(k, vk, kv_rows, part), desc(v, vv, kv_rows, dv), out, lse, counter,
-            cu_q, cu_k, sinks, lefts, seqlens, table, seqlen_q, seqlen_k, heads_q, heads_q // heads_k, batch * heads_q,
-            chunk,
+            cu_q, cu_k, sinks, lefts, seqlens, table, alibi_slopes, seqlen_q, seqlen_k, heads_q, heads_q // heads_k,
+            batch * heads_q, chunk,
             q.stride(2), k.stride(2), v.stride(2), *o_strides, *lse_strides,
             softcap * LOG2E if softcap > 0 else softmax_scale * LOG2E, softmax_scale / softcap if softcap > 0 else 1.0,
             min(left, UNBOUNDED) if left >= 0 else UNBOUNDED, min(max(right, 0), UNBOUNDED),
@@ -856,5 +868,6 @@ def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpon
     meta = dict(BLOCK_N=block_n, HEAD_D=d, HEAD_DV=dv, STAGES=stages, Q_BUFS=q_bufs, CAUSAL=causal,
                 PINGPONG=pingpong, CONSUMER_REGS=regs, WGS=wgs, OFFSETS_64=max(_extent(out), _extent(lse)) > 2**31,
                 VARLEN=varlen is not None, WINDOW=window, HAS_SINKS=sinks is not None, SOFTCAP=softcap > 0,
-                KV_CACHE=cache is not None, PAGE_ROWS=kv_rows if table is not None else 0, num_warps=4)
+                KV_CACHE=cache is not None, PAGE_ROWS=kv_rows if table is not None else 0,
+                HAS_ALIBI=alibi_slopes is not None, num_warps=4)
     return grid, args, meta
