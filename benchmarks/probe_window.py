@@ -53,9 +53,9 @@ def flex_call(q, k, v, window, softcap, slopes):
     if softcap > 0:
         def score_mod(score, b, h, i, j):
             return softcap * torch.tanh(score / softcap)
-    if slopes is not None:
+    if slopes is not None:        # causal: every visible key is at or before the row's own, so no abs
         def score_mod(score, b, h, i, j):
-            return score - slopes[h] * (i + sk - sq - j).abs()
+            return score + slopes[h] * (j - i - (sk - sq))
     qt, kt, vt = (t.transpose(1, 2).contiguous() for t in (q, k, v))
     return lambda: flex(qt, kt, vt, block_mask=mask, score_mod=score_mod,
                         enable_gqa=q.shape[2] != k.shape[2]).transpose(1, 2)
