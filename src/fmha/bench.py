@@ -676,6 +676,20 @@ def add_probe_row(rows, row, base, names):
     print(" ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
 
 
+def probe_row(rows, row, impls, flops, *, compare, timer=bench_gpu, tol=0.05):
+    """A probe script's row: `ours`'s output against each impl named in `compare` (max abs error, each under `tol`,
+    else RuntimeError), then every impl's TFLOP/s for `flops` as timed by `timer`, appended and printed
+    (`add_probe_row`)."""
+    ours = impls["ours"]().float()
+    for name in compare:
+        row[f"max_err_vs_{name}"] = (ours - impls[name]().float()).abs().max().item()
+    if not all(row[f"max_err_vs_{name}"] < tol for name in compare):
+        raise RuntimeError(f"outputs disagree: {row}")
+    for name, fn in impls.items():
+        row[f"{name}_tflops"] = flops / timer(fn) / 1e12
+    add_probe_row(rows, row, "ours", impls)
+
+
 def save_sweep(path, rows):
     """A tuning sweep's rows as JSON, with the GPU, date and commit (FMHA_COMMIT or git) recorded."""
     with open(path, "w") as f:
