@@ -7,10 +7,11 @@ SDPA (bottom-right causal, `causal_lower_right`) on the same keys as one contigu
 Each row: b sequences whose caches hold `context` keys, the last `chunk` of them the chunk's own (the queries are
 the last `chunk` positions), a Llama-3-8B-style layer (32 query heads over 8 at d = 128; 16 over 4 at other
 dims). `page` 0 is a contiguous cache, else shuffled pages of that size (`bench.paged_copy`). TFLOP/s count the
-pairs the causal mask lets through, every impl timed as CUDA-graph replays (a chunk of 64-128 rows runs for tens of
-microseconds, less than the host's time for a call: timed eagerly, the same call swung 2x between rows). `ours-unsplit` forces one split (the Gluon kernel from GLUON_CACHE_MIN_ROWS
-rows, where `ours` may take the portable split path on too few work items). The peer has no cache: its keys are the contiguous tensor, its row a ceiling
-on what a paged read could cost it.
+pairs the causal mask lets through, every impl timed as CUDA-graph replays (a chunk of 64-128 rows runs for tens
+of microseconds, less than the host's time for a call: timed eagerly, the same call swung 2x between rows).
+`ours-unsplit` forces one split (the Gluon kernel from GLUON_CACHE_MIN_ROWS rows, where `ours` may take the
+portable split path on too few work items). The peer has no cache: its keys are the contiguous tensor, its row a
+ceiling on what a paged read could cost it.
 """
 import argparse
 

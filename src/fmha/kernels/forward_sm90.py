@@ -435,8 +435,8 @@ def _half_tile(q_smem, q0, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, c
     (the diagonal tile of a 128-row item over 128-key tiles): S and P·V over those keys alone, half the tile's
     work. Ring position c; with HAS_PREV the previous tile's P·V (`p_op` against position c - 1) is issued
     beside S, as in the main loop (without it `p_op` is None). `p_layout`: P's operand layout for P·V; `bounds` as
-    `_softmax_tile`'s (this tile, key tile i, is always masked); `tail` and CLEAN as `_wait_v`'s. Returns (acc, m_i, l_i) with this tile's P·V
-    done."""
+    `_softmax_tile`'s (this tile, key tile i, is always masked); `tail` and CLEAN as `_wait_v`'s. Returns (acc, m_i,
+    l_i) with this tile's P·V done."""
     h_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, ROWS, 16])
     slot = c % STAGES
@@ -639,8 +639,8 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
 
 
 @gluon.jit
-def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, CU_Q, CU_K, SINKS, LEFTS, SEQLENS, BLOCK_TABLE, SLOPES,
-                         seqlen_q, seqlen_k,
+def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, CU_Q, CU_K, SINKS, LEFTS, SEQLENS, BLOCK_TABLE,
+                         SLOPES, seqlen_q, seqlen_k,
                          heads_q, group, n_bh, head_chunk,
                          stride_qh, stride_kh, stride_vh,
                          stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls, qk_scale_log2, cap_in,
