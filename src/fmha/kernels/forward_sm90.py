@@ -397,21 +397,29 @@ def _wait_v(v_smem, v_ready, c, i, tail, BLOCK_N: gl.constexpr, STAGES: gl.const
     """Wait for the V tile at ring position c (key tile i). CLEAN (a KV cache, or packed sequences): rows at or past
     key `tail` may hold anything, NaN too (a cache slot past the sequence's length, rows past the last packed
     sequence in a longer buffer); their probabilities are 0, but 0 * NaN is NaN in P·V, so a tile that reaches
-    past `tail` has those rows zeroed in shared memory first, 64 columns at a time. Every consumer warpgroup
-    zeroes the same rows and rewrites the others with the values they hold, so whichever writes last, each
-    warpgroup's P·V reads the same values. A constexpr guard: a runtime test alone leaves the code in every form."""
+    past `tail` has those rows zeroed in shared memory first (`zero_rows_from`; every consumer warpgroup zeroes the
+    same rows, so whichever writes last, each one's P·V reads the same values). A constexpr guard: a runtime test
+    alone leaves the code in every form."""
     slot = c % STAGES
     mbarrier.wait(v_ready.index(slot), (c // STAGES) & 1)
     if CLEAN:
         if (i + 1) * BLOCK_N > tail:
-            v = v_smem.index(slot)
-            layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-            keep = (gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, layout)) < tail - i * BLOCK_N)[:, None]
-            for j in gl.static_range(v.shape[1] // 64):
-                part = v.slice(64 * j, 64, dim=1)
-                part.store(gl.where(keep, part.load(layout), 0.0).to(v.dtype))
-            fence_async_shared()
-            gl.thread_barrier()
+            zero_rows_from(v_smem.index(slot), tail - i * BLOCK_N)
+
+
+@gluon.jit
+def zero_rows_from(v, first):
+    """Zero the rows at or past `first` of the shared-memory tile v (rows, a multiple of 64 columns), 64 columns at a
+    time, and make the stores visible to the tensor cores; run by every thread of one warpgroup. Rows before `first`
+    are written back with the values they hold, so another warpgroup may run it on the same tile meanwhile. Also
+    the MLA kernel's, for its TMA-loaded value tiles (`mla_decode_sm90._zero_tail`)."""
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    keep = (gl.arange(0, v.shape[0], layout=gl.SliceLayout(1, layout)) < first)[:, None]
+    for j in gl.static_range(v.shape[1] // 64):
+        part = v.slice(64 * j, 64, dim=1)
+        part.store(gl.where(keep, part.load(layout), 0.0).to(v.dtype))
+    fence_async_shared()
+    gl.thread_barrier()
 
 
 @gluon.jit

@@ -82,6 +82,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from .._kv_fp8 import MODEL1_ROW, MODEL1_TAIL, model1_parts
 from ..schedule import SCHED_BLOCK, SCHED_FIELDS as _SCHED_FIELDS
+from .forward_sm90 import zero_rows_from
 from .launch import launch
 from .sm90 import capability, descriptor
 
@@ -281,18 +282,11 @@ def _shift(m):
 @gluon.jit
 def _zero_tail(v, n, seqlen, PAGED: gl.constexpr):
     """PAGED (a TMA-loaded tile, which may hold anything past the sequence's end): zero the rows of the
-    (BLOCK_N, HALF) value tile at key n that lie at or past `seqlen`, 64 columns at a time, and make the stores
-    visible to the tensor cores. Gathered tiles arrive with those rows zero-filled: no code at all for them (a
+    (BLOCK_N, HALF) value tile at key n that lie at or past `seqlen` (`forward_sm90.zero_rows_from`). Gathered tiles arrive with those rows zero-filled: no code at all for them (a
     runtime test that never passes still left 1,200 SASS instructions in the gather forms)."""
     if PAGED:
         if n + BLOCK_N > seqlen:
-            layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-            keep = (gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, layout)) < seqlen - n)[:, None]
-            for j in gl.static_range(HALF // 64):
-                part = v.slice(64 * j, 64, dim=1)
-                part.store(gl.where(keep, part.load(layout), 0.0).to(v.dtype))
-            fence_async_shared()
-            gl.thread_barrier()
+            zero_rows_from(v, seqlen - n)
 
 
 @gluon.jit
