@@ -295,6 +295,14 @@ def test_gluon_prefill_tile_choice():
     assert choose_tiles(64, True, 16384, softcap=30.0)[4] == 2      # a softcap's tanh spills at 160 registers
 
 
+@pytest.mark.cpu
+def test_gluon_page_rows():
+    """A paged cache's TMA box: the largest power of two dividing the page (a multiple of 16), at most a key tile."""
+    from fmha.kernels.forward_sm90 import page_rows
+    assert [page_rows(p, 128) for p in (16, 32, 48, 64, 96, 128, 256, 272)] == [16, 32, 16, 64, 32, 128, 128, 16]
+    assert page_rows(256, 64) == 64 and page_rows(80, 64) == 16
+
+
 GLUON_MLA_SCRIPT = textwrap.dedent('''
     import inspect, json, sys
     import triton
