@@ -282,8 +282,9 @@ def _shift(m):
 @gluon.jit
 def _zero_tail(v, n, seqlen, PAGED: gl.constexpr):
     """PAGED (a TMA-loaded tile, which may hold anything past the sequence's end): zero the rows of the
-    (BLOCK_N, HALF) value tile at key n that lie at or past `seqlen` (`forward_sm90.zero_rows_from`). Gathered tiles arrive with those rows zero-filled: no code at all for them (a
-    runtime test that never passes still left 1,200 SASS instructions in the gather forms)."""
+    (BLOCK_N, HALF) value tile at key n that lie at or past `seqlen` (`forward_sm90.zero_rows_from`). Gathered
+    tiles arrive with those rows zero-filled: no code at all for them (a runtime test that never passes still left
+    1,200 SASS instructions in the gather forms)."""
     if PAGED:
         if n + BLOCK_N > seqlen:
             zero_rows_from(v, seqlen - n)
