@@ -8,11 +8,11 @@ Prints one line per (case, variant): TFLOP/s and the ratio to cuDNN; each varian
 cuDNN's before it is timed. `--kernel triton` sweeps `forward.py` (tiles × TMA on/off; fills `_GPU_TILES`),
 `--kernel gluon` the Hopper kernel of `forward_sm90.py` (tiles × ping-pong on/off; fills `_TILES` and
 `_WIDE_TILES`; without `--all-configs` only those tables' own tiles; `--pingpong` keeps one setting of it, which
-three consumer warpgroups ignore; `--tiles` keeps only the named configs). `--versions` times other copies of
-`forward_sm90.py` (e.g. one taken from an earlier commit with `git show REV:src/fmha/kernels/forward_sm90.py >
-/tmp/base.py`) beside the package's own, each with its own tables, in the same process, each variant timed twice
-(A B .. B A) and averaged; `--reverse` starts with the last version. Each row also carries SDPA's FlashAttention-2
-backend (`vs_fa2`).
+three consumer warpgroups ignore; `--tiles` sweeps the named configs instead, in the table or not). `--versions`
+times other copies of `forward_sm90.py` (e.g. one taken from an earlier commit with
+`git show REV:src/fmha/kernels/forward_sm90.py > /tmp/base.py`) beside the package's own, each with its own tables,
+in the same process, each variant timed twice (A B .. B A) and averaged; `--reverse` starts with the last version.
+Each row also carries SDPA's FlashAttention-2 backend (`vs_fa2`).
 """
 import argparse
 import itertools
@@ -42,7 +42,7 @@ GLUON_CONFIGS = {64: [(128, 3, 2, 232, 2), (128, 4, 2, 232, 2), (128, 2, 2, 232,
 
 def variants(kernel, d, all_configs, pingpongs=(True, False), module=None, keep=None):
     """(label, launcher) pairs; a launcher takes (q, k, v, out, lse, causal). `module`: the Gluon kernel's module
-    (default: the package's `forward_sm90`); `keep`: if given, only these Gluon tile configs."""
+    (default: the package's `forward_sm90`); `keep`: if given, these Gluon tile configs instead."""
     if kernel == "triton":
         for tiles, tma in itertools.product(TRITON_CONFIGS[d], (True, False)):
             def run(q, k, v, out, lse, causal, tiles=tiles, tma=tma):
@@ -56,7 +56,8 @@ def variants(kernel, d, all_configs, pingpongs=(True, False), module=None, keep=
         from fmha.kernels import forward_sm90 as module
     configs = GLUON_CONFIGS[d] if all_configs else [module._TILES[d]] + (
         [module._WIDE_TILES[d]] if d in module._WIDE_TILES else [])
-    configs = [c for c in configs if keep is None or c in keep]
+    if keep is not None:          # the named configs, in the table or not
+        configs = keep
     for tiles, pingpong in itertools.product(configs, pingpongs):
         def run(q, k, v, out, lse, causal, tiles=tiles, pingpong=pingpong):
             module.attention_forward_sm90(q, k, v, out, lse, causal=causal, softmax_scale=d ** -0.5,
@@ -77,7 +78,7 @@ def main():
     p.add_argument("--reverse", action="store_true",
                    help="time the versions in reverse order, the package's last (to separate order from version)")
     args = p.parse_args()
-    keep = None if args.tiles is None else {tuple(int(x) for x in t.split(",")) for t in args.tiles}
+    keep = None if args.tiles is None else [tuple(int(x) for x in t.split(",")) for t in args.tiles]
     versions = [("package", None)] + [(os.path.basename(v), load_module_copy(v)) for v in args.versions]
     pingpongs = (True, False) if args.pingpong is None else (args.pingpong == "on",)
     rows = []
