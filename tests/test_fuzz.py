@@ -139,12 +139,13 @@ def _kvcache_case(r, device):
     d, dv = _head_dims(r, device) if r.random() < 0.3 else ((128, 128) if device == "cuda" else (64, 64))
     hk = r.choice([1, 2, 8])
     hq = hk * r.choice([1, 4, 8] if device == "cuda" else [1, 2])
-    page = r.choice([None, 16, 32, 64, 128, 256] if device == "cuda" else [None, 16, 32])
+    page = r.choice([None, 16, 32, 48, 64, 128, 256] if device == "cuda" else [None, 16, 32])
     capacity = (page or 16) * r.randint(1, 4096 // (page or 16) if device == "cuda" else 4)
     b = r.randint(1, 6)
     seqlens = [r.choice([0, capacity, r.randint(0, capacity)]) for _ in range(b)]
-    sq = r.choice([1, 1, 2, r.randint(1, 40)])
-    splits = r.choice([0, 0, 1, 2, 5])
+    # On the GPU also chunks of 64 rows and more (chunked prefill), mostly unsplit: the Hopper kernel takes those.
+    sq = r.choice([1, 1, 2, r.randint(1, 40)] + ([r.randint(64, 400)] if device == "cuda" else []))
+    splits = r.choice([0, 1, 1, 2] if sq >= 64 else [0, 0, 1, 2, 5])
     opts = _options(r, hq, device)
     _show(opts, seqlens=seqlens, capacity=capacity, page=page, sq=sq, splits=splits, hq=hq, hk=hk, d=d, dv=dv)
     return dict(d=d, dv=dv, hk=hk, hq=hq, page=page, capacity=capacity, seqlens=seqlens, sq=sq, splits=splits), opts
