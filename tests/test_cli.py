@@ -8,8 +8,9 @@ import pytest
 @pytest.mark.parametrize("flags", [[], ["--paged", "16", "-s", "64", "-s-q", "3", "--causal", "-h", "4", "-h-kv", "2"],
                                    ["-s", "80", "--window", "8,0", "--sinks", "--alibi", "--softcap", "30"],
                                    ["--dtype", "fp8", "-s", "64", "--causal", "-h", "4", "-h-kv", "2"],
-                                   ["--dtype", "fp8", "--paged", "16", "-s", "48", "-s-q", "5", "--causal"]],
-                         ids=["default", "paged", "options", "fp8", "fp8-paged"])
+                                   ["--dtype", "fp8", "--paged", "16", "-s", "48", "-s-q", "5", "--causal"],
+                                   ["--paged", "16", "-s", "50", "-s-q", "2", "--causal"]],
+                         ids=["default", "paged", "options", "fp8", "fp8-paged", "paged-last-page-part-full"])
 def test_fmha_run(flags):
     proc = subprocess.run([sys.executable, "-m", "fmha.cli", "run", "--runs", "1", "--warmup", "0", *flags],
                           capture_output=True, text=True, timeout=900)
@@ -19,6 +20,6 @@ def test_fmha_run(flags):
 
 
 def test_fmha_run_rejects_bad_page():
-    proc = subprocess.run([sys.executable, "-m", "fmha.cli", "run", "--paged", "7", "-s", "64"],
+    proc = subprocess.run([sys.executable, "-m", "fmha.cli", "run", "--paged", "-4", "-s", "64"],
                           capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 2 and "--paged 7" in proc.stdout
+    assert proc.returncode == 2 and "--paged -4" in proc.stdout

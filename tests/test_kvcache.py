@@ -93,17 +93,20 @@ def test_kvcache_options(target, num_splits):
 
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("page_size", [1, 8, 24])
-@pytest.mark.parametrize("num_splits", [1, 0])
-def test_kvcache_small_pages(target, page_size, num_splits):
+@pytest.mark.parametrize("num_splits,seqlen_q", [(1, 2), (0, 2), (1, 96)])
+def test_kvcache_small_pages(target, page_size, num_splits, seqlen_q):
     """Pages that are not multiples of 16 (SGLang's page of one token; power-of-two pages inside a key tile; a page
-    size that divides nothing), shuffled, split or not."""
+    size that divides nothing), shuffled, split or not; and a chunk of 96 queries unsplit, which on a Hopper GPU
+    the dispatch keeps off the Gluon kernel for these pages (`forward._gluon_takes`)."""
     device, dtype = target
+    if device == "cpu" and seqlen_q > 2:
+        pytest.skip("the chunk case checks a GPU dispatch; the CPU runs the same kernel with 2 queries")
     c = _case(target)
     capacity = min(c["capacity"], 256 * page_size) // page_size * page_size     # <= 256 pages a sequence
     seqlens = [min(n, capacity) for n in c["seqlens"]]
     k_cache, v_cache, table, k, v = _cache(seqlens, capacity, c["hk"], c["d"], c["d"], dtype, device, page_size,
                                            seed=page_size)
-    q = torch.randn(len(seqlens), 2, c["hq"], c["d"], device=device, dtype=dtype)
+    q = torch.randn(len(seqlens), seqlen_q, c["hq"], c["d"], device=device, dtype=dtype)
     lens = torch.tensor(seqlens, dtype=torch.int32, device=device)
     got, lse = fmha.attention_with_kvcache(q, k_cache, v_cache, lens, block_table=table, num_splits=num_splits,
                                            causal=True, return_lse=True)
@@ -270,7 +273,8 @@ def test_kvcache_gpu_tile_shapes(tiles, page_size, seqlen_q, num_splits, monkeyp
 @pytest.mark.cpu
 def test_gluon_cache_dispatch_rule(monkeypatch):
     """Which KV-cache calls the Hopper Gluon kernel takes (`forward._gluon_takes`) on a 132-SM GPU: chunks from 64
-    query rows whose 128-row work items fill most of their waves, or any forced unsplit; never a forced split."""
+    query rows whose 128-row work items fill most of their waves, or any forced unsplit; never a forced split, nor
+    pages of other than a multiple of 16 keys."""
     from fmha.kernels import forward
     monkeypatch.setattr(forward, "num_sms", lambda device: 132)
     lens = torch.zeros(4, dtype=torch.int32)
@@ -282,3 +286,6 @@ def test_gluon_cache_dispatch_rule(monkeypatch):
     assert not takes(2, 4, 32, 512)                                   # forced split
     assert not takes(0, 1, 140, 64) and takes(0, 1, 140, 256)         # 140 items in two waves; 280 in three
     assert forward._gluon_takes(None, 1, 1, 1, 1, None) and not forward._gluon_takes(None, 2, 1, 1, 1, None)
+    # Paged: pages of a multiple of 16 keys only; SGLang's one-key pages and the like stay portable.
+    assert forward._gluon_takes(lens, 1, 4, 32, 256, None, 48)
+    assert not any(forward._gluon_takes(lens, 1, 4, 32, 256, None, p) for p in (1, 8, 24))

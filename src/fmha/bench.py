@@ -298,19 +298,25 @@ def quantize_fp8(x, heads_k):
 
 
 def paged_copy(page_size, *tensors, perm=None):
-    """The same keys as each contiguous `(b, s, h, d)` tensor (s a multiple of page_size) in paged caches whose
-    pages are stored in one shuffled order, or in `perm`'s (page i of the flattened (b, pages) order goes to
-    cache page perm[i]): `(*caches, block_table)`."""
+    """The same keys as each contiguous `(b, s, h, d)` tensor in paged caches whose pages are stored in one
+    shuffled order, or in `perm`'s (page i of the flattened (b, pages) order goes to cache page perm[i]):
+    `(*caches, block_table)`. When s is not a multiple of page_size, each sequence's last page holds NaN past s
+    (which a kernel must not read)."""
     b, s = tensors[0].shape[:2]
-    pages = s // page_size
+    pages = -(-s // page_size)
     if perm is None:
         perm = torch.randperm(b * pages, device=tensors[0].device)
     caches = []
     for t in tensors:
-        # FP8 pages move as bytes: index_put is not implemented for float8 everywhere.
+        # FP8 pages move as bytes: index_put is not implemented for float8 everywhere. 0x7F is e4m3's NaN.
         raw = t.view(torch.uint8) if t.element_size() == 1 else t
+        padded = raw
+        if pages * page_size > s:
+            nan = 0x7F if raw.dtype == torch.uint8 else float("nan")
+            padded = raw.new_full((b, pages * page_size, *t.shape[2:]), nan)
+            padded[:, :s] = raw
         cache = torch.empty(b * pages, page_size, *t.shape[2:], device=t.device, dtype=raw.dtype)
-        cache[perm] = raw.reshape(b * pages, page_size, *t.shape[2:])
+        cache[perm] = padded.reshape(b * pages, page_size, *t.shape[2:])
         caches.append(cache.view(t.dtype))
     return (*caches, perm.view(b, pages).to(torch.int32))
 

@@ -456,13 +456,15 @@ GLUON_CACHE_MIN_ROWS = 64
 GLUON_CACHE_MIN_FILL = 0.6
 
 
-def _gluon_takes(cache_seqlens, num_splits, batch, heads_q, seqlen_q, device):
+def _gluon_takes(cache_seqlens, num_splits, batch, heads_q, seqlen_q, device, page_size=None):
     """Whether a call the Gluon kernel can run goes there: every call without a KV cache that asks for no split;
     a KV-cache call from GLUON_CACHE_MIN_ROWS query rows, unsplit, or left to choose (0) with its work items
-    (128 rows of one head) filling GLUON_CACHE_MIN_FILL of their waves over the SMs."""
+    (128 rows of one head) filling GLUON_CACHE_MIN_FILL of their waves over the SMs. A paged cache only with pages
+    of a multiple of 16 keys (SPEC.md's; smaller ones would take TMA boxes of under 16 rows, never run on a GPU):
+    the portable kernel runs the others."""
     if cache_seqlens is None:
         return num_splits <= 1
-    if seqlen_q < GLUON_CACHE_MIN_ROWS or num_splits > 1:
+    if seqlen_q < GLUON_CACHE_MIN_ROWS or num_splits > 1 or (page_size is not None and page_size % 16):
         return False
     items = batch * heads_q * triton.cdiv(seqlen_q, 128)
     sms = num_sms(device)
@@ -508,8 +510,9 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
     scale = softmax_scale if softmax_scale is not None else dqk ** -0.5
     plain = (k.dtype == q.dtype
              and pack_gqa is None and use_tma is None and tiles is None and backend is None)
-    if plain and not interpret and gluon_enabled() and _gluon_takes(cache_seqlens, num_splits, batch, heads_q,
-                                                                    seqlen_q, q.device):
+    if plain and not interpret and gluon_enabled() and _gluon_takes(
+            cache_seqlens, num_splits, batch, heads_q, seqlen_q, q.device,
+            None if block_table is None else k.shape[1]):
         from . import forward_sm90
         views = forward_sm90.supported(q4, k4, v4)
         if views is not None:
