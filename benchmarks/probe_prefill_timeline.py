@@ -16,30 +16,19 @@ clock there (item slot 0). Phases: `q_wait` (5 of the item before -> 0: the next
 of the next item).
 """
 import argparse
-import os
 import statistics
-import tempfile
 
 import torch
 
 import fmha.kernels.forward_sm90 as own
-from fmha.bench import load_module_copy, save_sweep
+from fmha.bench import save_sweep
+from probe_timeline import CLOCKS, add_stamps, load_source
 
 ITEMS = 16                        # item slots a program (the last one rewritten by every later item)
 SLOTS = 4                         # warpgroup slots an item (up to three consumers)
 POINTS = 16
 
-HELPERS = f'''@gluon.jit
-def _clock():
-    return gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _gtime():
-    return gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)
-
-
-@gluon.jit
+HELPERS = CLOCKS + f'''@gluon.jit
 def _stamp(STAMP, w, WG: gl.constexpr, P: gl.constexpr):
     gl.store(STAMP + ((gl.program_id(0) * {ITEMS} + gl.minimum(w, {ITEMS - 1})) * {SLOTS} + WG) * {POINTS} + P,
              _clock())
@@ -82,16 +71,8 @@ def stamped_source():
     """The package's kernel with the stamps added to the consumers: a STAMP pointer after SLOPES in the kernel's
     arguments and at the end of the `shared` tuple; the launcher allocates it (`_stamp_buffer`) and keeps the last
     one in STAMPS."""
-    src = open(own.__file__).read()
-    anchor = "@gluon.jit\ndef _softmax_tile("
-    assert src.count(anchor) == 1
-    src = src.replace(anchor, HELPERS + anchor)
-    start, end = src.index("def _consumer("), src.index("def attn_fwd_sm90_kernel(")
-    consumer = src[start:end]
-    for old, new, where in EDITS:
-        assert consumer.count(old) == 1, old
-        consumer = consumer.replace(old, new + old if where == "before" else old + new)
-    src = src[:start] + consumer + src[end:]
+    src = add_stamps(open(own.__file__).read(), "@gluon.jit\ndef _softmax_tile(", HELPERS, "def _consumer(",
+                     "def attn_fwd_sm90_kernel(", EDITS)
     for old, new, count in [("SINKS, cap_in, SEQLENS, SLOPES)", "SINKS, cap_in, SEQLENS, SLOPES, STAMP)", 2),
                             ("SLOPES, seqlen_q, seqlen_k,\n", "SLOPES, STAMP, seqlen_q, seqlen_k,\n", 1),
                             ("alibi_slopes, seqlen_q,", "alibi_slopes, _stamp_buffer(grid[0]), seqlen_q,", 1)]:
@@ -133,10 +114,7 @@ def main():
     p.add_argument("--cases", nargs="*", default=list(CASES))
     p.add_argument("--out", default=None)
     args = p.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "forward_sm90_stamped.py")
-        open(path, "w").write(stamped_source())
-        stamped = load_module_copy(path)
+    stamped = load_source("forward_sm90_stamped", stamped_source())
     rows = []
     for name in args.cases:
         b, s, hq, hk, d, window, with_sinks = CASES[name]

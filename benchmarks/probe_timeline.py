@@ -24,7 +24,8 @@ import fmha.kernels.mla_decode_sm90 as own
 import fmha.mla as ours_mla
 from fmha.bench import SPARSE_DECODE_CASES, load_module_copy, save_sweep, sparse_decode_inputs
 
-HELPERS = '''@gluon.jit
+# The SM's cycle counter and the global nanosecond timer, as Gluon functions (also `probe_prefill_timeline`'s).
+CLOCKS = '''@gluon.jit
 def _clock():
     return gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)
 
@@ -34,7 +35,8 @@ def _gtime():
     return gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)
 
 
-@gluon.jit
+'''
+HELPERS = CLOCKS + '''@gluon.jit
 def _stamp(STAMP, w, WG: gl.constexpr, P: gl.constexpr):
     gl.store(STAMP + ((gl.program_id(0) * 4 + gl.minimum(w, 3)) * 2 + WG) * 24 + P, _clock())
 
@@ -75,21 +77,26 @@ PHASES = [("start", None, 14, 16), ("top", None, 16, 0), ("q_free", 0, 0, 1), ("
           ("store", None, 8, 9), ("store_wait", None, 9, 10), ("release", None, 10, 11)]
 
 
+def add_stamps(src, anchor, helpers, start, end, edits):
+    """Kernel source `src` with `helpers` put before `anchor`, and each edit (old, new[, "before"]) made in the text
+    from `start` to `end` (one function): new after old, or before it, where old occurs exactly once."""
+    assert src.count(anchor) == 1
+    src = src.replace(anchor, helpers + anchor)
+    i, j = src.index(start), src.index(end)
+    part = src[i:j]
+    for old, new, *where in edits:
+        assert part.count(old) == 1, old
+        part = part.replace(old, new + old if where == ["before"] else old + new)
+    return src[:i] + part + src[j:]
+
+
 def stamped_source():
     """The package's kernel with the stamps added to the consumers (an extra STAMP pointer after X_VALID in the
     kernel's arguments, at the end of the `outs` the consumers unpack; the launcher allocates it and keeps the last
     one in STAMPS). Stamp 1 follows warpgroup 0's Q load (the Q-free wait and the TMA issue); with the loading
     warpgroup (`uses_loader`) the consumers issue no loads, so phases "q_free" and "issue" do not exist there."""
-    src = open(own.__file__).read()
-    anchor = "@gluon.jit\ndef _score_part("
-    assert src.count(anchor) == 1
-    src = src.replace(anchor, HELPERS + anchor)
-    start, end = src.index("def _consumer("), src.index("def mla_decode_sm90_kernel(")
-    consumer = src[start:end]
-    for old, new in EDITS:
-        assert consumer.count(old) == 1, old
-        consumer = consumer.replace(old, old + new)
-    src = src[:start] + consumer + src[end:]
+    src = add_stamps(open(own.__file__).read(), "@gluon.jit\ndef _score_part(", HELPERS, "def _consumer(",
+                     "def mla_decode_sm90_kernel(", EDITS)
     old = "SPLIT_OFFSETS, SINKS, MAX_LOGITS"
     assert src.count(old) == 2                        # packed into `outs` by the kernel, unpacked by the consumer
     src = src.replace(old, old + ", STAMP")
@@ -108,6 +115,14 @@ def _stamp_buffer(programs):
     STAMPS["last"] = torch.zeros(programs, 4, 2, 24, dtype=torch.int64, device="cuda")
     return STAMPS["last"]
 '''
+
+
+def load_source(name, source):
+    """`source` (a changed copy of a module of `fmha.kernels`) imported as that package's module `name`."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, name + ".py")
+        open(path, "w").write(source)
+        return load_module_copy(path)
 
 
 def phases(st):
@@ -142,10 +157,7 @@ def main():
     p.add_argument("--out", default=None)
     p.add_argument("--rows", type=int, nargs="*", default=list(range(len(SPARSE_DECODE_CASES))))
     args = p.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "mla_decode_sm90_stamped.py")
-        open(path, "w").write(stamped_source())
-        stamped = load_module_copy(path)
+    stamped = load_source("mla_decode_sm90_stamped", stamped_source())
     rows = []
     for i in args.rows:
         case = SPARSE_DECODE_CASES[i]
