@@ -13,7 +13,7 @@ first key tile), 1 the first key tile landed, 2 the first scores waited for, 3 t
 waited for, 5 the output and LSE stores issued. 12 / 13 globaltimer at the consumer's start / end, 14 / 15 the
 clock there (item slot 0). Phases: `q_wait` (5 of the item before -> 0: the next item's Q and index), `bounds`
 (0 -> 6), `k0_wait` (6 -> 1), `s0` (1 -> 2), `loop` (2 -> 3), `tail` (3 -> 4), `epilogue` (4 -> 5), `item` (0 -> 0
-of the next item).
+of the next item). The producer warp stamps its own points (7-9, below) in the same item slots, warpgroup slot 3.
 """
 import argparse
 import statistics
@@ -59,6 +59,13 @@ EDITS = [
     ("        gl.store(lse_ptrs, lse, mask=q_pos < sq)\n", "        _stamp(STAMP, w - 1, WG, 5)\n", "after"),
     ("        t = _read_item(items.index(qb), 4)\n", "    _stamp_time(STAMP, WG, 15, 13)\n", "after"),
 ]
+# The producer's stamps (warpgroup slot 3) in `_load_item`: 7 its item's fields worked out (after the counter), 8 the
+# Q buffer free and the item posted, 9 every key tile's load issued (each after its ring slot freed up).
+PRODUCER_EDITS = [
+    ("     page_size, STAMP) = args\n", "    _stamp(STAMP, w, 3, 7)\n", "after"),
+    ("    _post_item(items.index(qb), t, gl.num_warps())\n", "    _stamp(STAMP, w, 3, 8)\n", "after"),
+    ("    return kv, w + 1\n", "    _stamp(STAMP, w, 3, 9)\n", "before"),
+]
 PHASES = [("bounds", 0, 6), ("k0_wait", 6, 1), ("s0", 1, 2), ("loop", 2, 3), ("tail", 3, 4), ("epilogue", 4, 5)]
 # name -> (b, s, heads_q, heads_k, d, window, sinks): gpt-oss's window layer, and issue 2's short rows
 CASES = {"gpt-oss": (4, 4096, 64, 8, 64, (128, 0), True), "d64-1k-causal": (16, 1024, 32, 32, 64, (-1, 0), False),
@@ -74,10 +81,18 @@ def stamped_source():
     src = add_stamps(open(own.__file__).read(), "@gluon.jit\ndef _softmax_tile(", HELPERS, "def _consumer(",
                      "def attn_fwd_sm90_kernel(", EDITS)
     for old, new, count in [("SINKS, cap_in, SEQLENS, SLOPES)", "SINKS, cap_in, SEQLENS, SLOPES, STAMP)", 2),
+                            # the producer's tuple and its three unpackings
+                            ("BLOCK_TABLE, stride_bt, page_size)\n", "BLOCK_TABLE, stride_bt, page_size, STAMP)\n", 1),
+                            ("     page_size) = args\n", "     page_size, STAMP) = args\n", 1),
+                            # (named: `_` is reassigned as an int in the producer's loop)
+                            ("LEFTS, right, _, _, _, _) = args", "LEFTS, right, _, _, _, _, _stamp_ptr) = args", 1),
+                            ("SEQLENS, _, _, _) = args", "SEQLENS, _, _, _, _stamp_ptr) = args", 1),
                             ("SLOPES, seqlen_q, seqlen_k,\n", "SLOPES, STAMP, seqlen_q, seqlen_k,\n", 1),
                             ("alibi_slopes, seqlen_q,", "alibi_slopes, _stamp_buffer(grid[0]), seqlen_q,", 1)]:
         assert src.count(old) == count, old
         src = src.replace(old, new)
+    src = add_stamps(src, "@gluon.jit\ndef _first_with_rows(", "", "def _load_item(", "def _first_with_rows(",
+                     PRODUCER_EDITS)
     return src + f'''
 
 STAMPS = {{}}
@@ -106,6 +121,18 @@ def phases(st, wgs):
                 vals += ((b_t - a_t).double() * ns)[ok].tolist()
             if vals:
                 out[f"wg{wg}_{name}"] = statistics.median(vals)
+    # The producer: `p_fields` (its last item's tiles issued -> the next item's fields: the counter and
+    # `_work_item`), `p_q_free` (7 -> 8), `p_tiles` (8 -> 9); `p_lead`: how long before a consumer warpgroup 0
+    # reads an item's index the producer posted it.
+    for name, a, b in [("p_fields", 9, 7), ("p_q_free", 7, 8), ("p_tiles", 8, 9), ("p_lead", 8, 0)]:
+        vals = []
+        for w in range(1, ITEMS - 2):
+            a_t = st[:, w - 1, 3, a] if name == "p_fields" else st[:, w, 3, a]
+            b_t = st[:, w, 0, b] if name == "p_lead" else st[:, w, 3, b]
+            ok = ran & (a_t > 0) & (b_t > 0)
+            vals += ((b_t - a_t).double() * ns)[ok].tolist()
+        if vals:
+            out[name] = statistics.median(vals)
     return out
 
 
@@ -140,6 +167,8 @@ def main():
         for wg in range(wgs):
             items = [(key.split("_", 1)[1], val) for key, val in row.items() if key.startswith(f"wg{wg}_")]
             print(f"  wg{wg}: " + ", ".join(f"{key} {val:.0f}" for key, val in items) + " (ns)")
+        print("  producer: " + ", ".join(f"{key[2:]} {val:.0f}" for key, val in row.items() if key.startswith("p_"))
+              + " (ns)")
     if args.out:
         save_sweep(args.out, rows)
 
