@@ -94,13 +94,19 @@ def test_kvcache_options(target, num_splits):
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("page_size", [1, 8, 24])
 @pytest.mark.parametrize("num_splits,seqlen_q", [(1, 2), (0, 2), (1, 96)])
-def test_kvcache_small_pages(target, page_size, num_splits, seqlen_q):
+def test_kvcache_small_pages(target, page_size, num_splits, seqlen_q, monkeypatch):
     """Pages that are not multiples of 16 (SGLang's page of one token; power-of-two pages inside a key tile; a page
     size that divides nothing), shuffled, split or not; and a chunk of 96 queries unsplit, which on a Hopper GPU
-    the dispatch keeps off the Gluon kernel for these pages (`forward._gluon_takes`)."""
+    the dispatch keeps off the Gluon kernel for these pages (`forward._gluon_takes`): a launch there fails it."""
     device, dtype = target
     if device == "cpu" and seqlen_q > 2:
         pytest.skip("the chunk case checks a GPU dispatch; the CPU runs the same kernel with 2 queries")
+    if device == "cuda":
+        from fmha.kernels import forward_sm90
+
+        def refuse(*args, **kwargs):
+            raise AssertionError("a page of other than a multiple of 16 keys reached the Gluon kernel")
+        monkeypatch.setattr(forward_sm90, "attention_forward_sm90", refuse)
     c = _case(target)
     capacity = min(c["capacity"], 256 * page_size) // page_size * page_size     # <= 256 pages a sequence
     seqlens = [min(n, capacity) for n in c["seqlens"]]
