@@ -2,7 +2,8 @@
 against the portable kernel that ran every KV-cache call before, and against the FlashAttention-2 backend of torch
 SDPA (bottom-right causal, `causal_lower_right`) on the same keys as one contiguous tensor, in one process.
 
-    PYTHONPATH=src python3 benchmarks/probe_kvcache.py [--dims 128] [--pages 0 16] [--out kvcache.json]
+    PYTHONPATH=src python3 benchmarks/probe_kvcache.py [--dims 128] [--chunks 64 ...] [--contexts 4096 ...]
+        [--batch 4] [--pages 0 16] [--versions A.py ...] [--out kvcache.json]
 
 Each row: b sequences whose caches hold `context` keys, the last `chunk` of them the chunk's own (the queries are
 the last `chunk` positions), a Llama-3-8B-style layer (32 query heads over 8 at d = 128; 16 over 4 at other
@@ -11,14 +12,18 @@ pairs the causal mask lets through, every impl timed as CUDA-graph replays (a ch
 of microseconds, less than the host's time for a call: timed eagerly, the same call swung 2x between rows).
 `ours-unsplit` forces one split (the Gluon kernel from GLUON_CACHE_MIN_ROWS rows, where `ours` may take the
 portable split path on too few work items). The peer has no cache: its keys are the contiguous tensor, its row a
-ceiling on what a paged read could cost it.
+ceiling on what a paged read could cost it. `--versions` adds rows of other copies of `kernels/forward_sm90.py`
+(e.g. `git show REV:src/fmha/kernels/forward_sm90.py > base.py`), each launched unsplit as `ours-unsplit` is, named
+after the file: an A/B in one process.
 """
 import argparse
+import os
 
 import torch
 
 import fmha
-from fmha.bench import _without_gluon, attention_flops, bench_gpu_graph, paged_copy, probe_row, save_sweep
+from fmha.bench import (_without_gluon, attention_flops, bench_gpu_graph, load_module_copy, paged_copy, probe_row,
+                         save_sweep)
 
 
 def fa2_call(q, k, v):
@@ -35,6 +40,18 @@ def fa2_call(q, k, v):
     return call
 
 
+def gluon_version(module, q, k_cache, v_cache, lens, table):
+    """`module`'s Gluon kernel (a copy of `forward_sm90`) on the chunk, unsplit, causal."""
+    out = q.new_empty(q.shape)
+    lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], device=q.device)
+
+    def call():
+        module.attention_forward_sm90(q, k_cache, v_cache, out, lse, causal=True, softmax_scale=q.shape[-1] ** -0.5,
+                                      cache=(lens, table))
+        return out
+    return call
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--dims", type=int, nargs="*", default=[128])
@@ -42,8 +59,10 @@ def main():
     p.add_argument("--contexts", type=int, nargs="*", default=[4096, 16384])
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--pages", type=int, nargs="*", default=[0, 16])
+    p.add_argument("--versions", nargs="*", default=[])
     p.add_argument("--out", default=None)
     a = p.parse_args()
+    versions = {os.path.basename(f): load_module_copy(f) for f in a.versions}
     rows = []
     for d in a.dims:
         hq, hk = (32, 8) if d == 128 else (16, 4)
@@ -63,10 +82,12 @@ def main():
                         return fmha.attention_with_kvcache(q, k_cache, v_cache, lens, block_table=table, causal=True,
                                                            num_splits=1)
                     impls = {"ours": ours, "ours-unsplit": unsplit, "ours-triton": _without_gluon(ours),
-                             "fa2": fa2_call(q, k, v)}
+                             "fa2": fa2_call(q, k, v),
+                             **{name: gluon_version(module, q, k_cache, v_cache, lens, table)
+                                for name, module in versions.items()}}
                     row = dict(d=d, hq=hq, hk=hk, b=b, context=context, chunk=chunk, page=page)
                     probe_row(rows, row, impls, attention_flops(b, chunk, context, hq, d, d, causal=True),
-                              compare=["ours-triton", "fa2"], timer=bench_gpu_graph)
+                              compare=["ours-triton", "fa2", *versions], timer=bench_gpu_graph)
     if a.out:
         save_sweep(a.out, rows)
 
