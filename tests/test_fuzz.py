@@ -123,6 +123,11 @@ def test_fuzz_attention_varlen(target, seed):
     lens_q = [r.choice([0, 1, r.randint(1, big)]) for _ in range(r.randint(1, 5))]
     lens_k = [r.choice([n, r.randint(0, big)]) for n in lens_q]
     opts = _options(r, hq, device)
+    if r.random() < 0.25:         # one left bound a sequence (negative: none), a right bound for all
+        lefts = [r.choice([-1, 0, r.randint(1, big)]) for _ in lens_q]
+        opts.pop("causal", None)
+        opts["window"] = (torch.tensor(lefts, dtype=torch.int32, device=device), r.choice([-1, 0, 7]))
+        _show(lefts=lefts)
     _show(opts, lens_q=lens_q, lens_k=lens_k, hq=hq, hk=hk, d=d, dv=dv)
     cu_q = torch.tensor([0] + lens_q, device=device).cumsum(0).to(torch.int32)
     cu_k = torch.tensor([0] + lens_k, device=device).cumsum(0).to(torch.int32)
