@@ -152,6 +152,11 @@ def _kvcache_case(r, device):
     sq = r.choice([1, 1, 2, r.randint(1, 40)] + ([r.randint(64, 400)] if device == "cuda" else []))
     splits = r.choice([0, 1, 1, 2] if sq >= 64 else [0, 0, 1, 2, 5])
     opts = _options(r, hq, device)
+    if r.random() < 0.2:          # one left window bound a sequence (negative: none), a right bound for all
+        lefts = [r.choice([-1, 0, r.randint(1, capacity)]) for _ in range(b)]
+        opts.pop("causal", None)
+        opts["window"] = (torch.tensor(lefts, dtype=torch.int32, device=device), r.choice([-1, 0, 7]))
+        _show(lefts=lefts)
     _show(opts, seqlens=seqlens, capacity=capacity, page=page, sq=sq, splits=splits, hq=hq, hk=hk, d=d, dv=dv)
     return dict(d=d, dv=dv, hk=hk, hq=hq, page=page, capacity=capacity, seqlens=seqlens, sq=sq, splits=splits), opts
 

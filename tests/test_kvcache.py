@@ -42,8 +42,10 @@ def _oracle(q, k, v, seqlens, **options):
     options = {n: (o.cpu() if isinstance(o, torch.Tensor) else o) for n, o in options.items()}
     outs, lses = [], []
     for i, n in enumerate(seqlens):
-        # FP8 descales are (batch, heads_k): sequence i's row.
+        # FP8 descales are (batch, heads_k): sequence i's row; a (batch,) tensor of left window bounds: its own.
         own = {name: o[i:i + 1] if name.endswith("_descale") else o for name, o in options.items()}
+        if isinstance(own.get("window", (0,))[0], torch.Tensor):
+            own["window"] = (max(int(own["window"][0][i]), -1), own["window"][1])
         o, lse = attention_ref(q[i:i + 1].cpu(), k[i:i + 1, :n], v[i:i + 1, :n], **own)
         outs.append(o)
         lses.append(lse)
