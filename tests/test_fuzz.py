@@ -58,6 +58,16 @@ def _options(r, hq, device):
     return opts
 
 
+def _per_sequence_window(r, opts, batch, longest, device, chance):
+    """With probability `chance`, opts' window becomes one left bound a sequence (negative: none, up to `longest`)
+    with one right bound for all, as varlen and KV-cache engines pass sliding windows."""
+    if r.random() < chance:
+        lefts = [r.choice([-1, 0, r.randint(1, longest)]) for _ in range(batch)]
+        opts.pop("causal", None)
+        opts["window"] = (torch.tensor(lefts, dtype=torch.int32, device=device), r.choice([-1, 0, 7]))
+        _show(lefts=lefts)
+
+
 def _show(opts=None, **case):
     """Print the drawn case (pytest shows it when the test fails), the options' tensors left out."""
     print(dict(case, **{n: o for n, o in (opts or {}).items() if not isinstance(o, torch.Tensor)}))
@@ -73,6 +83,7 @@ def _dense_case(r, device):
     sq = r.choice([1, r.randint(1, 64), r.randint(1, big)])
     sk = r.choice([sq, r.randint(1, big)])
     opts = _options(r, hq, device)
+    _per_sequence_window(r, opts, b, big, device, 0.15)
     _show(opts, b=b, sq=sq, sk=sk, hq=hq, hk=hk, d=d, dv=dv)
     return (b, sq, sk, hq, hk, d, dv), opts
 
@@ -123,11 +134,7 @@ def test_fuzz_attention_varlen(target, seed):
     lens_q = [r.choice([0, 1, r.randint(1, big)]) for _ in range(r.randint(1, 5))]
     lens_k = [r.choice([n, r.randint(0, big)]) for n in lens_q]
     opts = _options(r, hq, device)
-    if r.random() < 0.25:         # one left bound a sequence (negative: none), a right bound for all
-        lefts = [r.choice([-1, 0, r.randint(1, big)]) for _ in lens_q]
-        opts.pop("causal", None)
-        opts["window"] = (torch.tensor(lefts, dtype=torch.int32, device=device), r.choice([-1, 0, 7]))
-        _show(lefts=lefts)
+    _per_sequence_window(r, opts, len(lens_q), big, device, 0.25)
     _show(opts, lens_q=lens_q, lens_k=lens_k, hq=hq, hk=hk, d=d, dv=dv)
     cu_q = torch.tensor([0] + lens_q, device=device).cumsum(0).to(torch.int32)
     cu_k = torch.tensor([0] + lens_k, device=device).cumsum(0).to(torch.int32)
@@ -152,11 +159,7 @@ def _kvcache_case(r, device):
     sq = r.choice([1, 1, 2, r.randint(1, 40)] + ([r.randint(64, 400)] if device == "cuda" else []))
     splits = r.choice([0, 1, 1, 2] if sq >= 64 else [0, 0, 1, 2, 5])
     opts = _options(r, hq, device)
-    if r.random() < 0.2:          # one left window bound a sequence (negative: none), a right bound for all
-        lefts = [r.choice([-1, 0, r.randint(1, capacity)]) for _ in range(b)]
-        opts.pop("causal", None)
-        opts["window"] = (torch.tensor(lefts, dtype=torch.int32, device=device), r.choice([-1, 0, 7]))
-        _show(lefts=lefts)
+    _per_sequence_window(r, opts, b, capacity, device, 0.2)
     _show(opts, seqlens=seqlens, capacity=capacity, page=page, sq=sq, splits=splits, hq=hq, hk=hk, d=d, dv=dv)
     return dict(d=d, dv=dv, hk=hk, hq=hq, page=page, capacity=capacity, seqlens=seqlens, sq=sq, splits=splits), opts
 
