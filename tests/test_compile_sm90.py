@@ -200,8 +200,8 @@ GLUON_SCRIPT = textwrap.dedent('''
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
     from fmha.kernels.forward_sm90 import attn_fwd_sm90_kernel, HEAD_DIMS, _QK_PART, _TILES, _WIDE_TILES, _ROWS
-    case = json.loads(sys.argv[1]) + [False] * 7
-    d, causal, dt, wide, offsets_64, varlen, window, sinks, softcap, lefts, cache, alibi = case[:12]
+    case = json.loads(sys.argv[1]) + [False] * 8
+    d, causal, dt, wide, offsets_64, varlen, window, sinks, softcap, lefts, cache, alibi, pack = case[:13]
     dv = dict(HEAD_DIMS)[d]
     bn, stages, q_bufs, regs, wgs = (_WIDE_TILES if wide else _TILES)[d]
     el = gl.bfloat16 if dt == "bf16" else gl.float16
@@ -216,7 +216,7 @@ GLUON_SCRIPT = textwrap.dedent('''
     # cache: 0 none, 1 a contiguous KV cache, 2 a paged one (16-row pages: 16-row TMA boxes)
     kv_rows = 16 if cache == 2 else bn
     consts.update(VARLEN=varlen, WINDOW=window, HAS_SINKS=sinks, SOFTCAP=softcap, KV_CACHE=bool(cache),
-                  PAGE_ROWS=kv_rows if cache == 2 else 0, HAS_ALIBI=alibi)
+                  PAGE_ROWS=kv_rows if cache == 2 else 0, HAS_ALIBI=alibi, HEADS=2 if pack else 1)
     if not alibi:
         consts["SLOPES"] = None
     if not cache:
@@ -248,7 +248,7 @@ GLUON_SCRIPT = textwrap.dedent('''
 
 @pytest.mark.cpu
 # (head_dim, causal, dtype, three consumer warpgroups, 64-bit output offsets[, varlen[, window[, sinks[, softcap[,
-# per-sequence left bounds[, KV cache: 1 contiguous, 2 paged[, ALiBi]]]]]]])
+# per-sequence left bounds[, KV cache: 1 contiguous, 2 paged[, ALiBi[, GQA heads paired]]]]]]]])
 # Flags share cases (64-bit offsets ride on a varlen and a window case) to keep the CPU suite's compiles few.
 @pytest.mark.parametrize("case", [(128, True, "bf16", False, False), (128, False, "fp16", False, False),
                                   (64, False, "bf16", False, False), (64, False, "fp16", True, False),
@@ -258,11 +258,13 @@ GLUON_SCRIPT = textwrap.dedent('''
                                   (64, True, "bf16", False, False, True, True, True, False, True),
                                   (64, True, "bf16", True, True, False, True, True, True),
                                   (128, True, "bf16", False, False, False, False, False, False, False, 2, True),
-                                  (64, False, "fp16", True, False, False, True, True, False, False, 1, True)],
+                                  (64, False, "fp16", True, False, False, True, True, False, False, 1, True),
+                                  (128, True, "fp16", False, False, False, True, True, False, False, 2, True, True)],
                          ids=["d128-causal", "d128", "d64", "d64-wide", "d64-wide-causal", "d256-causal",
                               "d192-dv128-causal", "d192-dv128", "d128-causal-varlen-offsets64", "d64-wide-varlen",
                               "d64-window-lefts-sinks-varlen", "d64-wide-window-sinks-softcap-offsets64",
-                              "d128-causal-paged-cache-alibi", "d64-wide-window-sinks-cache-alibi"])
+                              "d128-causal-paged-cache-alibi", "d64-wide-window-sinks-cache-alibi",
+                              "d128-window-sinks-paged-alibi-paired-heads"])
 def test_gluon_prefill_compiles_for_sm90(case):
     """The Hopper Gluon kernel cannot run in the interpreter; compiling it here catches API drift and shared
     memory over the limit, and checks the warp-specialised shape: wgmma, 3-D TMA loads, per-partition
@@ -293,6 +295,17 @@ def test_gluon_prefill_tile_choice():
     assert choose_tiles(64, True, 16384, left=128)[4] == 2
     assert choose_tiles(64, True, 16384, left=WIDE_MIN_ROWS_CAUSAL)[4] == 3
     assert choose_tiles(64, True, 16384, softcap=30.0)[4] == 2      # a softcap's tanh spills at 160 registers
+
+
+@pytest.mark.cpu
+def test_gluon_pack_heads_rule():
+    """GQA heads paired in an item (`pack_heads`): an even group, two consumer warpgroups, a last row block at most
+    half full, padded calls only."""
+    from fmha.kernels.forward_sm90 import pack_heads
+    assert all(pack_heads(4, s, 2) for s in (1, 50, 64, 192, 320))
+    assert not any(pack_heads(4, s, 2) for s in (65, 128, 200, 4096))
+    assert not pack_heads(1, 64, 2) and not pack_heads(3, 64, 2) and not pack_heads(4, 64, 3)
+    assert not pack_heads(4, 64, 2, varlen=True)
 
 
 @pytest.mark.cpu

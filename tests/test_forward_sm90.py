@@ -284,6 +284,54 @@ def test_gluon_kvcache_options(page, monkeypatch):
         assert_matches(got[i:i + 1], lse[i:i + 1], own, torch.bfloat16)
 
 
+# (batch, seqlen_q, seqlen_k, heads_q, heads_k, head_dim[, head_dim_v]): query lengths whose last 128-row block is
+# at most half full, with an even GQA group, where `launch_args` pairs two query heads in an item (`pack_heads`).
+PACK_SHAPES = [(2, 64, 1000, 8, 2, 128), (3, 192, 700, 4, 2, 64), (1, 50, 300, 16, 2, 256), (2, 320, 320, 4, 1, 64),
+               (2, 130, 1500, 8, 4, 192, 128), (2, 1, 700, 8, 2, 128)]
+
+
+@pytest.mark.parametrize("extra", ["", "window-sinks-alibi"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", PACK_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_gluon_pack_heads(shape, causal, extra, monkeypatch):
+    """GQA heads paired in a work item (each consumer warpgroup one query head of a KV head, the same 64 rows), the
+    automatic choice for these lengths: against the oracle, NaN-poisoned; a spy asserts the pairing."""
+    from fmha.kernels import forward_sm90
+    q, k, v = _inputs(shape)
+    heads = []
+    real = forward_sm90.launch_args
+
+    def spy(*args, **kwargs):
+        grid, launch, meta = real(*args, **kwargs)
+        heads.append(meta["HEADS"])
+        return grid, launch, meta
+    monkeypatch.setattr(forward_sm90, "launch_args", spy)
+    hq = shape[3]
+    options = dict(causal=causal)
+    if extra:
+        options = dict(window=(100, 0) if causal else (100, 60), sinks=torch.randn(hq, device="cuda"),
+                       alibi_slopes=torch.rand(hq, device="cuda") / 4)
+    out = torch.full((*q.shape[:3], v.shape[-1]), float("nan"), dtype=q.dtype, device="cuda")
+    got, lse = fmha.attention(q, k, v, return_lse=True, out=out, **options)
+    assert heads == [2]
+    assert_matches(got, lse, attention_ref(q, k, v, **options), q.dtype)
+
+
+def test_gluon_pack_heads_varlen():
+    """Paired heads over packed sequences, forced (the automatic choice keeps packed sequences on single heads):
+    each item's rows and key tiles come from its own sequence."""
+    from fmha.kernels import forward_sm90
+    len_q, len_k = [64, 0, 130, 17], [500, 30, 130, 900]
+    q, k, v, cu_q, cu_k = _packed(len_q, len_k, 8, 2, 128, 128)
+    for causal in (False, True):
+        out = torch.full((q.shape[0], 8, 128), float("nan"), dtype=q.dtype, device="cuda")
+        lse = torch.empty(8, q.shape[0], device="cuda")
+        forward_sm90.attention_forward_sm90(q, k, v, out, lse, causal=causal, softmax_scale=128 ** -0.5,
+                                            varlen=(cu_q, cu_k, max(len_q), max(len_k)), pack=True)
+        ref, ref_lse = attention_varlen_ref(q, k, v, cu_q, cu_k, causal=causal)
+        assert_matches(out, lse, (ref, ref_lse), q.dtype)
+
+
 def test_gluon_varlen_longer_buffer(monkeypatch):
     """Packed sequences in k / v buffers longer than cu_seqlens_k[-1], NaN past it: the last sequence's last key
     tile reaches those rows, and its V rows there are zeroed before P·V."""

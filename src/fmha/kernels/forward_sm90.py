@@ -86,16 +86,19 @@ UNBOUNDED_ = gl.constexpr(UNBOUNDED)
 @gluon.jit
 def _work_item(t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, CU_Q, CU_K, SEQLENS, left, LEFTS, right,
                BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, WGS: gl.constexpr, VARLEN: gl.constexpr,
-               WINDOW: gl.constexpr):
-    """Work item t → (batch, head, kv head, first query row, first key tile, key tiles, the sequence's query and
-    key lengths, its first query and key rows in the TMA views, its TMA batch coordinate, a row's first visible key
-    less its index). VARLEN: sequence b's rows are [CU_Q[b], CU_Q[b + 1]) of one packed batch (seqlen_q /
+               WINDOW: gl.constexpr, HEADS: gl.constexpr):
+    """Work item t → (batch, (first) head, kv head, first query row, first key tile, key tiles, the sequence's query
+    and key lengths, its first query and key rows in the TMA views, its TMA batch coordinate, a row's first visible
+    key less its index). VARLEN: sequence b's rows are [CU_Q[b], CU_Q[b + 1]) of one packed batch (seqlen_q /
     seqlen_k are the longest), and a block past its end has no key tiles. CAUSAL: keys up to each row's diagonal,
     WINDOW: from `left` before it (LEFTS[b] instead when LEFTS is not None, negative for none) to `right` past it;
     the item's key tiles start at its first row's first visible key. Items go out in order of t (see
     `_next_item`). Without a mask, all row blocks of one head are next to each other, sharing its K/V in L2.
     Causal: heads are taken `head_chunk` at a time (as many as keep their K/V in L2), and inside a chunk the row
-    blocks with the most key tiles come first, all heads of the chunk together, so that short items fill the end."""
+    blocks with the most key tiles come first, all heads of the chunk together, so that short items fill the end.
+    HEADS = 2 (GQA heads paired, `launch_args`): an item is ROWS rows of two query heads of one KV head, each
+    consumer warpgroup one head, and "head" counts head pairs in n_bh and head_chunk; otherwise an item is
+    WGS * ROWS rows of one head."""
     if CAUSAL:
         chunk = t // (head_chunk * n_m)
         width = gl.minimum(head_chunk, n_bh - chunk * head_chunk)
@@ -105,9 +108,10 @@ def _work_item(t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, CU_
     else:
         bh = t // n_m
         m_idx = t % n_m
-    b = bh // heads_q
-    h = bh % heads_q
-    m_start = m_idx * (WGS * ROWS)
+    ITEM_ROWS: gl.constexpr = ROWS if HEADS > 1 else WGS * ROWS
+    b = bh // (heads_q // HEADS)
+    h = bh % (heads_q // HEADS) * HEADS
+    m_start = m_idx * ITEM_ROWS
     if VARLEN:
         row_q = gl.load(CU_Q + b)
         row_k = gl.load(CU_K + b)
@@ -127,7 +131,7 @@ def _work_item(t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, CU_
         diag = sk - sq
         if WINDOW:
             diag += right
-        hi = gl.maximum(gl.minimum(hi, m_start + WGS * ROWS + diag), 0)
+        hi = gl.maximum(gl.minimum(hi, m_start + ITEM_ROWS + diag), 0)
     if VARLEN:
         hi = gl.where(m_start < sq, hi, 0)
     lo = 0
@@ -229,9 +233,10 @@ def _load_kv_tile(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_e
 @gluon.jit
 def _load_item(args, t, h, hk, m_start, lo, n_tiles, sk, row_q, row_k, tb, kv, w, BLOCK_N: gl.constexpr,
                STAGES: gl.constexpr, Q_BUFS: gl.constexpr, WGS: gl.constexpr, QK_PARTS: gl.constexpr,
-               PAGE_ROWS: gl.constexpr):
+               PAGE_ROWS: gl.constexpr, HEADS: gl.constexpr):
     """Post work item t (the producer's w-th) and load its Q rows and key tiles lo .. lo + n_tiles - 1 of its sk
-    keys; returns (kv, w) after it."""
+    keys; returns (kv, w) after it. Consumer warpgroup g's Q: rows m_start + g * ROWS of head h, or with HEADS = 2
+    rows m_start of head h + g."""
     (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
      _, _, _, _, _, _, _, _, stride_qh, stride_kh, stride_vh, _, _, _, _, _, _, BLOCK_TABLE, stride_bt,
      page_size) = args
@@ -257,8 +262,13 @@ def _load_item(args, t, h, hk, m_start, lo, n_tiles, sk, row_q, row_k, tb, kv, w
     mbarrier.expect(q_ready.index(qb), WGS * QK_PARTS * q_desc.block_type.nbytes)
     for g in gl.static_range(WGS):
         for j in gl.static_range(QK_PARTS):
-            tma.async_copy_global_to_shared(q_desc, [tb, row_q + m_start + g * ROWS, h * stride_qh + j * q_box[2]],
-                                            q_ready.index(qb),
+            if HEADS > 1:
+                q_row = row_q + m_start
+                q_col = (h + g) * stride_qh + j * q_box[2]
+            else:
+                q_row = row_q + m_start + g * ROWS
+                q_col = h * stride_qh + j * q_box[2]
+            tma.async_copy_global_to_shared(q_desc, [tb, q_row, q_col], q_ready.index(qb),
                                             q_smem.index(QK_PARTS * (WGS * qb + g) + j).reshape(q_box))
     for i in range(head, n_tiles):
         kv = _load_kv_tile(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv, tb, row_k,
@@ -267,7 +277,8 @@ def _load_item(args, t, h, hk, m_start, lo, n_tiles, sk, row_q, row_k, tb, kv, w
 
 
 @gluon.jit
-def _first_with_rows(t, args, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, WGS: gl.constexpr, WINDOW: gl.constexpr):
+def _first_with_rows(t, args, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, WGS: gl.constexpr, WINDOW: gl.constexpr,
+                     HEADS: gl.constexpr):
     """Packed sequences: (the first item from t on whose rows start inside their sequence, its `_work_item`). The
     grid counts every sequence's blocks up to the longest; a block past its own sequence's end is never posted, so
     the consumers see only items with rows. Each item's fields are worked out once; an index past the last item
@@ -275,18 +286,18 @@ def _first_with_rows(t, args, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, WGS: 
     (_, _, _, _, _, _, _, _, _, _, _, _, _, COUNTER, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, _, _,
      _, CU_Q, CU_K, left, LEFTS, right, _, _, _, _) = args
     item = _work_item(gl.minimum(t, n_m * n_bh - 1), n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, CU_Q,
-                      CU_K, None, left, LEFTS, right, BLOCK_N, CAUSAL, WGS, True, WINDOW)
+                      CU_K, None, left, LEFTS, right, BLOCK_N, CAUSAL, WGS, True, WINDOW, HEADS)
     while (t < n_m * n_bh) & (item[3] >= item[6]):        # m_start past the sequence's query length
         t = _next_item(COUNTER, t, True)
         item = _work_item(gl.minimum(t, n_m * n_bh - 1), n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k,
-                          CU_Q, CU_K, None, left, LEFTS, right, BLOCK_N, CAUSAL, WGS, True, WINDOW)
+                          CU_Q, CU_K, None, left, LEFTS, right, BLOCK_N, CAUSAL, WGS, True, WINDOW, HEADS)
     return t, item
 
 
 @gluon.jit
 def _producer(args, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr,
               WGS: gl.constexpr, QK_PARTS: gl.constexpr, VARLEN: gl.constexpr, WINDOW: gl.constexpr,
-              PAGE_ROWS: gl.constexpr, DYNAMIC: gl.constexpr):
+              PAGE_ROWS: gl.constexpr, DYNAMIC: gl.constexpr, HEADS: gl.constexpr):
     """The producer warp. DYNAMIC: items of unequal lengths, taken through the counter (`_next_item`)."""
     (_, _, _, _, _, _, items, q_ready, q_empty, _, _, _, _, COUNTER, n_m, n_bh, head_chunk, heads_q, group, seqlen_q,
      seqlen_k, _, _, _, CU_Q, CU_K, left, LEFTS, right, SEQLENS, _, _, _) = args
@@ -294,19 +305,20 @@ def _producer(args, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, Q_BUFS: gl.cons
     w = 0                         # work items so far: the Q buffer and its phase
     t = gl.program_id(0)
     if VARLEN:
-        t, item = _first_with_rows(t, args, BLOCK_N, CAUSAL, WGS, WINDOW)
+        t, item = _first_with_rows(t, args, BLOCK_N, CAUSAL, WGS, WINDOW, HEADS)
         while t < n_m * n_bh:
             _, h, hk, m_start, lo, n_tiles, _, sk, row_q, row_k, tb, _ = item
             kv, w = _load_item(args, t, h, hk, m_start, lo, n_tiles, sk, row_q, row_k, tb, kv, w, BLOCK_N, STAGES,
-                               Q_BUFS, WGS, QK_PARTS, PAGE_ROWS)
-            t, item = _first_with_rows(_next_item(COUNTER, t, True), args, BLOCK_N, CAUSAL, WGS, WINDOW)
+                               Q_BUFS, WGS, QK_PARTS, PAGE_ROWS, HEADS)
+            t, item = _first_with_rows(_next_item(COUNTER, t, True), args, BLOCK_N, CAUSAL, WGS, WINDOW,
+                                       HEADS)
     else:
         while t < n_m * n_bh:
             _, h, hk, m_start, lo, n_tiles, _, sk, row_q, row_k, tb, _ = _work_item(
                 t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, CU_Q, CU_K, SEQLENS, left, LEFTS, right,
-                BLOCK_N, CAUSAL, WGS, VARLEN, WINDOW)
+                BLOCK_N, CAUSAL, WGS, VARLEN, WINDOW, HEADS)
             kv, w = _load_item(args, t, h, hk, m_start, lo, n_tiles, sk, row_q, row_k, tb, kv, w, BLOCK_N, STAGES,
-                               Q_BUFS, WGS, QK_PARTS, PAGE_ROWS)
+                               Q_BUFS, WGS, QK_PARTS, PAGE_ROWS, HEADS)
             t = _next_item(COUNTER, t, DYNAMIC)
     # The end: an index past the last item tells the consumers to stop.
     qb = w % Q_BUFS
@@ -484,9 +496,10 @@ def _half_tile(q_smem, q0, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, c
 def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.constexpr, STAGES: gl.constexpr,
               Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, WGS: gl.constexpr,
               OFFSETS_64: gl.constexpr, QK_PARTS: gl.constexpr, VARLEN: gl.constexpr, WINDOW: gl.constexpr,
-              HAS_SINKS: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, CLEAN: gl.constexpr):
+              HAS_SINKS: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, CLEAN: gl.constexpr,
+              HEADS: gl.constexpr):
     """Consumer warpgroup WG of WGS; `shared` holds the arguments common to all of them (one tuple, so that the
-    kernel writes them once for two or three partitions)."""
+    kernel writes them once for two or three partitions). HEADS = 2: the item's rows of query head h + WG."""
     (q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, O, LSE, n_m, n_bh,
      head_chunk, heads_q, group, seqlen_q, seqlen_k, qk_scale_log2, stride_ob, stride_os, stride_oh, stride_lb,
      stride_lh, stride_ls, turn, CU_Q, CU_K, left, LEFTS, right, SINKS, cap_in, SEQLENS, SLOPES) = shared
@@ -500,7 +513,9 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
     store_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     dtype: gl.constexpr = q_smem.dtype
     zero_s = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
-    HALF_DIAG: gl.constexpr = CAUSAL and (WGS == 2) and (not PINGPONG) and (BLOCK_N == 2 * ROWS) and (WG == 0)
+    # With paired heads both warpgroups hold the item's rows, so either may need only half of its last tile.
+    HALF_DIAG: gl.constexpr = (CAUSAL and (WGS == 2) and (not PINGPONG) and (BLOCK_N == 2 * ROWS)
+                               and (WG == 0 or HEADS > 1))
     kv = 0                        # the producer's counters, kept in step
     w = 0
     turns = 0                     # wgmma issue rounds so far (PINGPONG)
@@ -508,18 +523,23 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
     mbarrier.wait(q_ready.index(0), 0)
     t = _read_item(items.index(0), 4)
     while t < n_m * n_bh:
-        b, h, hk, m_start, lo, n_tiles, sq, sk, row_q, row_k, tb, lead = _work_item(
+        b, h0, hk, m_start, lo, n_tiles, sq, sk, row_q, row_k, tb, lead = _work_item(
             t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, CU_Q, CU_K, SEQLENS, left, LEFTS, right,
-            BLOCK_N, CAUSAL, WGS, VARLEN, WINDOW)
+            BLOCK_N, CAUSAL, WGS, VARLEN, WINDOW, HEADS)
         # CLEAN: V rows from this key on are zeroed before P·V (`_wait_v`): a KV cache's past its length; packed
         # sequences' past the last one's end (the buffer may be longer), not past the others' (the next one's keys).
         tail = sk
         if VARLEN:
-            tail = gl.where(b == n_bh // heads_q - 1, sk, UNBOUNDED_)
+            tail = gl.where(b == n_bh * HEADS // heads_q - 1, sk, UNBOUNDED_)
         diag = sk - sq            # a row's last visible key less its index (CAUSAL)
         if WINDOW:
             diag += right
-        m0 = m_start + WG * ROWS
+        if HEADS > 1:             # this warpgroup's query head and first row
+            h = h0 + WG
+            m0 = m_start
+        else:
+            h = h0
+            m0 = m_start + WG * ROWS
         q_pos = m0 + gl.arange(0, ROWS, layout=row_s)
         # With three warpgroups, the key tiles this one's rows need: none past the causal horizon of its last
         # row, none when all its rows lie past the sequence's end (the last 192-row block of a sequence whose
@@ -658,22 +678,24 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, CU_Q, CU_K, SI
                          PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr, WGS: gl.constexpr,
                          OFFSETS_64: gl.constexpr, VARLEN: gl.constexpr, WINDOW: gl.constexpr,
                          HAS_SINKS: gl.constexpr, SOFTCAP: gl.constexpr, KV_CACHE: gl.constexpr,
-                         PAGE_ROWS: gl.constexpr, HAS_ALIBI: gl.constexpr):
+                         PAGE_ROWS: gl.constexpr, HAS_ALIBI: gl.constexpr, HEADS: gl.constexpr):
     """Persistent: each program runs work items until none is left (`_next_item`); COUNTER is two zeroed int32
     words (causal or windowed calls, `_counter`; None otherwise), which the kernel leaves zeroed. OFFSETS_64: O or
-    LSE reaches past 2^31 elements (the epilogue's offsets in 64 bits). VARLEN: n_bh / heads_q packed sequences,
-    CU_Q / CU_K their row offsets (`_work_item`); seqlen_q / seqlen_k the longest. SPEC.md's window (left,
-    right): CAUSAL when right >= 0, WINDOW unless it is (-1, 0) or (-1, -1), with `left` past every key for -1
-    (`launch_args`); LEFTS (batch,) int32, or None: one left bound a sequence in place of `left`. HAS_SINKS:
-    SINKS (heads_q,) fp32, one logit a head in the denominator. SOFTCAP: scores capped as softcap * tanh(score /
-    softcap), `cap_in` = softmax_scale / softcap, `qk_scale_log2` = softcap * log2(e). KV_CACHE: SEQLENS (batch,)
-    int32 gives each sequence's key count, seqlen_k the cache's capacity; the cache is contiguous (k/v descriptors
-    over (batch, capacity, columns)) or, with PAGE_ROWS > 0, paged: descriptors over (pages, page_size, columns)
-    with boxes of PAGE_ROWS rows, key j of sequence b in page BLOCK_TABLE[b * stride_bt + j // page_size].
-    HAS_ALIBI: SLOPES (heads_q,) fp32; a score less slope * |its row's own key (bottom-right aligned) - its key|."""
+    LSE reaches past 2^31 elements (the epilogue's offsets in 64 bits). HEADS: query heads an item (1, or 2 for
+    GQA heads paired: ROWS rows of two heads of one KV head; n_bh and head_chunk then count pairs). VARLEN:
+    n_bh * HEADS / heads_q packed sequences, CU_Q / CU_K their row offsets (`_work_item`); seqlen_q / seqlen_k the
+    longest. SPEC.md's window (left, right): CAUSAL when right >= 0, WINDOW unless it is (-1, 0) or (-1, -1),
+    with `left` past every key for -1 (`launch_args`); LEFTS (batch,) int32, or None: one left bound a sequence in
+    place of `left`. HAS_SINKS: SINKS (heads_q,) fp32, one logit a head in the denominator. SOFTCAP: scores capped
+    as softcap * tanh(score / softcap), `cap_in` = softmax_scale / softcap, `qk_scale_log2` = softcap * log2(e).
+    KV_CACHE: SEQLENS (batch,) int32 gives each sequence's key count, seqlen_k the cache's capacity; the cache is
+    contiguous (k/v descriptors over (batch, capacity, columns)) or, with PAGE_ROWS > 0, paged: descriptors over
+    (pages, page_size, columns) with boxes of PAGE_ROWS rows, key j of sequence b in page
+    BLOCK_TABLE[b * stride_bt + j // page_size]. HAS_ALIBI: SLOPES (heads_q,) fp32; a score less
+    slope * |its row's own key (bottom-right aligned) - its key|."""
     CLEAN: gl.constexpr = KV_CACHE or VARLEN             # V rows past a sequence may hold NaN (`_wait_v`)
     DYNAMIC: gl.constexpr = CAUSAL or WINDOW or VARLEN or KV_CACHE      # items of unequal lengths
-    n_m = gl.cdiv(seqlen_q, WGS * ROWS)
+    n_m = gl.cdiv(seqlen_q, ROWS if HEADS > 1 else WGS * ROWS)
     dtype: gl.constexpr = q_desc.dtype
     D_PART: gl.constexpr = q_desc.block_type.shape[2]     # Q and K columns per TMA box and slot
     QK_PARTS: gl.constexpr = HEAD_D // D_PART
@@ -712,11 +734,11 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, CU_Q, CU_K, SI
     if WGS == 2:
         gl.warp_specialize([
             (_consumer, (shared, 0, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64, QK_PARTS,
-                          VARLEN, WINDOW, HAS_SINKS, SOFTCAP, HAS_ALIBI, CLEAN)),
+                          VARLEN, WINDOW, HAS_SINKS, SOFTCAP, HAS_ALIBI, CLEAN, HEADS)),
             (_consumer, (shared, 1, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64, QK_PARTS,
-                          VARLEN, WINDOW, HAS_SINKS, SOFTCAP, HAS_ALIBI, CLEAN)),
+                          VARLEN, WINDOW, HAS_SINKS, SOFTCAP, HAS_ALIBI, CLEAN, HEADS)),
             (_producer, (producer, BLOCK_N, STAGES, Q_BUFS, CAUSAL, WGS, QK_PARTS, VARLEN, WINDOW, PAGE_ROWS,
-                          DYNAMIC)),
+                          DYNAMIC, HEADS)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
         # Three consumers run as workers, each at CONSUMER_REGS; the producer is the default partition (4 warps,
@@ -724,13 +746,13 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, CU_Q, CU_K, SI
         # than the workers (54 against 9 local loads per key tile at 168 and 160 registers).
         gl.warp_specialize([
             (_producer, (producer, BLOCK_N, STAGES, Q_BUFS, CAUSAL, WGS, QK_PARTS, VARLEN, WINDOW, PAGE_ROWS,
-                          DYNAMIC)),
+                          DYNAMIC, HEADS)),
             (_consumer, (shared, 0, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64, QK_PARTS,
-                          VARLEN, WINDOW, HAS_SINKS, SOFTCAP, HAS_ALIBI, CLEAN)),
+                          VARLEN, WINDOW, HAS_SINKS, SOFTCAP, HAS_ALIBI, CLEAN, HEADS)),
             (_consumer, (shared, 1, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64, QK_PARTS,
-                          VARLEN, WINDOW, HAS_SINKS, SOFTCAP, HAS_ALIBI, CLEAN)),
+                          VARLEN, WINDOW, HAS_SINKS, SOFTCAP, HAS_ALIBI, CLEAN, HEADS)),
             (_consumer, (shared, 2, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64, QK_PARTS,
-                          VARLEN, WINDOW, HAS_SINKS, SOFTCAP, HAS_ALIBI, CLEAN)),
+                          VARLEN, WINDOW, HAS_SINKS, SOFTCAP, HAS_ALIBI, CLEAN, HEADS)),
         ], [4, 4, 4], [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS])
 
 
@@ -768,7 +790,8 @@ def supported(q, k, v):
 
 
 def attention_forward_sm90(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None, tiles=None,
-                           varlen=None, window=None, sinks=None, softcap=0.0, cache=None, alibi_slopes=None):
+                           varlen=None, window=None, sinks=None, softcap=0.0, cache=None, alibi_slopes=None,
+                           pack=None):
     """Launch the Gluon kernel. q/k (b, s, h, d), v (b, sk, hk, dv); out (b, sq, hq, dv); lse (b, hq, sq).
     `varlen` = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k): packed sequences, q/k/v/out
     (total, h, d) and lse (hq, total_q). `window` (left, right) as SPEC.md's, in place of `causal` when given,
@@ -776,11 +799,11 @@ def attention_forward_sm90(q, k, v, out, lse, *, causal, softmax_scale, views=No
     `sinks` (hq,) fp32 or None; `softcap` > 0 caps the scores. `cache` = (cache_seqlens, block_table or None):
     k/v are a KV cache, contiguous (b, capacity, hk, d) or paged (pages, page_size, hk, d). `alibi_slopes` (hq,)
     fp32 or None. `views` are `supported`'s result when the caller
-    has it (for varlen, of the tensors with a leading axis of 1); `pingpong` and `tiles` override the automatic
-    choices (tuning)."""
+    has it (for varlen, of the tensors with a leading axis of 1); `pingpong`, `tiles` and `pack` (GQA heads paired
+    in an item, `pack_heads`) override the automatic choices (tuning, tests)."""
     grid, args, meta = launch_args(q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale, views=views,
                                    pingpong=pingpong, tiles=tiles, varlen=varlen, window=window, sinks=sinks,
-                                   softcap=softcap, cache=cache, alibi_slopes=alibi_slopes)
+                                   softcap=softcap, cache=cache, alibi_slopes=alibi_slopes, pack=pack)
     launch(attn_fwd_sm90_kernel, grid, args, meta)
 
 
@@ -812,6 +835,14 @@ def _counter(device):
     return counter
 
 
+def pack_heads(group, seqlen_q, wgs, varlen=False):
+    """Whether an item takes ROWS rows of two query heads of one KV head (each consumer warpgroup one head) instead
+    of 2 * ROWS rows of one head: padded calls (a KV-cache chunk among them) with an even GQA group and two consumer
+    warpgroups whose last row block would be at most half full (64 query rows, 192, ...): the same work in fewer
+    rows. Packed sequences keep single heads."""
+    return wgs == 2 and group % 2 == 0 and not varlen and 0 < seqlen_q % (2 * _ROWS) <= _ROWS
+
+
 def page_rows(page_size, block_n):
     """Rows of a paged cache's TMA box: the largest power of two that divides the page, at most a key tile (a page
     size is a multiple of 16)."""
@@ -819,7 +850,7 @@ def page_rows(page_size, block_n):
 
 
 def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None, tiles=None, varlen=None,
-                window=None, sinks=None, softcap=0.0, cache=None, alibi_slopes=None):
+                window=None, sinks=None, softcap=0.0, cache=None, alibi_slopes=None, pack=None):
     """(grid, arguments, meta-parameters) of one launch; `benchmarks/profile_host.py` times the launch alone."""
     left, right = window if window is not None else (-1, 0 if causal else -1)
     lefts = None
@@ -854,21 +885,27 @@ def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpon
     def desc(t, view, rows, width):
         return descriptor(t, view, [1, rows, width])
 
+    group = heads_q // heads_k
+    if pack is None:
+        pack = pack_heads(group, seqlen_q, wgs, varlen is not None)
+    elif pack and (wgs != 2 or group % 2):
+        raise ValueError(f"pack: needs two consumer warpgroups and an even GQA group, got {wgs} and {group}")
+    heads = 2 if pack else 1      # query heads an item
     vq, vk, vv = views or (_view3(q), _view3(k), _view3(v))
-    n_m = triton.cdiv(seqlen_q, wgs * _ROWS)
-    grid = (min(batch * heads_q * n_m, num_sms(q.device)),)
+    n_m = triton.cdiv(seqlen_q, _ROWS if pack else wgs * _ROWS)
+    grid = (min(batch * heads_q // heads * n_m, num_sms(q.device)),)
     # Causal or windowed items, and packed sequences' items, differ in length: handed out by an atomic counter
     # (`_counter`). Unmasked padded items are all alike, so a fixed round-robin balances them as well, with no
     # counter.
     counter = _counter(q.device) if masked or varlen is not None or cache is not None else None
     chunk = 1
     if causal:                    # query heads whose K/V fit in L2_BUDGET
-        chunk = max(1, L2_BUDGET // (seqlen_k * (d + dv) * k.element_size())) * (heads_q // heads_k)
+        chunk = max(1, L2_BUDGET // (seqlen_k * (d + dv) * k.element_size())) * group // heads
     part = _QK_PART.get(d, d)
     kv_rows = block_n if table is None else page_rows(k.shape[1], block_n)
     args = (desc(q, vq, _ROWS, part), desc(k, vk, kv_rows, part), desc(v, vv, kv_rows, dv), out, lse, counter,
-            cu_q, cu_k, sinks, lefts, seqlens, table, alibi_slopes, seqlen_q, seqlen_k, heads_q, heads_q // heads_k,
-            batch * heads_q, chunk,
+            cu_q, cu_k, sinks, lefts, seqlens, table, alibi_slopes, seqlen_q, seqlen_k, heads_q, group,
+            batch * heads_q // heads, chunk,
             q.stride(2), k.stride(2), v.stride(2), *o_strides, *lse_strides,
             softcap * LOG2E if softcap > 0 else softmax_scale * LOG2E, softmax_scale / softcap if softcap > 0 else 1.0,
             min(left, UNBOUNDED) if left >= 0 else UNBOUNDED, min(max(right, 0), UNBOUNDED),
@@ -877,5 +914,5 @@ def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpon
                 PINGPONG=pingpong, CONSUMER_REGS=regs, WGS=wgs, OFFSETS_64=max(_extent(out), _extent(lse)) > 2**31,
                 VARLEN=varlen is not None, WINDOW=window, HAS_SINKS=sinks is not None, SOFTCAP=softcap > 0,
                 KV_CACHE=cache is not None, PAGE_ROWS=kv_rows if table is not None else 0,
-                HAS_ALIBI=alibi_slopes is not None, num_warps=4)
+                HAS_ALIBI=alibi_slopes is not None, HEADS=heads, num_warps=4)
     return grid, args, meta
