@@ -45,7 +45,7 @@ def _stamp_time(STAMP, WG: gl.constexpr, C: gl.constexpr, G: gl.constexpr):
 EDITS = [
     ("    kv = 0                        # the producer's counters, kept in step\n",
      "    _stamp_time(STAMP, WG, 14, 12)\n", "before"),
-    ("        b, h0, hk, m_start, lo, n_tiles, sq, sk, row_q, row_k, tb, lead = _work_item(\n",
+    ("        b, h0, hk, m_start, lo, n_tiles, sq, sk, row_q, row_k, tb, lead = item\n",
      "        _stamp(STAMP, w, WG, 0)\n", "before"),
     ("        q0 = QK_PARTS * (WGS * qb + WG)         # this warpgroup's Q parts\n",
      "        _stamp(STAMP, w, WG, 6)\n", "after"),
@@ -57,13 +57,13 @@ EDITS = [
     ("        _skip_tiles(k_ready, k_empty, v_ready, v_empty, kv + n_mine, kv + n_tiles, STAGES)\n",
      "        _stamp(STAMP, w, WG, 4)\n", "before"),
     ("        gl.store(lse_ptrs, lse, mask=q_pos < sq)\n", "        _stamp(STAMP, w - 1, WG, 5)\n", "after"),
-    ("        t = _read_item(items.index(qb), 4)\n", "    _stamp_time(STAMP, WG, 15, 13)\n", "after"),
+    ("        t, item = _read_item(items.index(qb), 4)\n", "    _stamp_time(STAMP, WG, 15, 13)\n", "after"),
 ]
 # The producer's stamps (warpgroup slot 3) in `_load_item`: 7 its item's fields worked out (after the counter), 8 the
 # Q buffer free and the item posted, 9 every key tile's load issued (each after its ring slot freed up).
 PRODUCER_EDITS = [
     ("     page_size, STAMP) = args\n", "    _stamp(STAMP, w, 3, 7)\n", "after"),
-    ("    _post_item(items.index(qb), t, gl.num_warps())\n", "    _stamp(STAMP, w, 3, 8)\n", "after"),
+    ("    _post_item(items.index(qb), t, item, gl.num_warps())\n", "    _stamp(STAMP, w, 3, 8)\n", "after"),
     ("    return kv, w + 1\n", "    _stamp(STAMP, w, 3, 9)\n", "before"),
 ]
 PHASES = [("bounds", 0, 6), ("k0_wait", 6, 1), ("s0", 1, 2), ("loop", 2, 3), ("tail", 3, 4), ("epilogue", 4, 5)]

@@ -168,17 +168,41 @@ def _release_counter(COUNTER):
         gl.atomic_xchg(COUNTER + 1, 0)
 
 
+ITEM_WORDS = 16                   # an item slot in shared memory: its index and `_work_item`'s twelve fields
+ITEM_WORDS_ = gl.constexpr(ITEM_WORDS)
+
+
 @gluon.jit
-def _post_item(slot, t, WARPS: gl.constexpr):
-    """The producer hands the item index to the consumers in shared memory, before the Q barrier's arrive."""
-    layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
-    slot.store(gl.full([1], t, gl.int32, layout))
+def _post_item(slot, t, item, WARPS: gl.constexpr):
+    """The producer hands item t and its fields (`_work_item`; None past the last item) to the consumers in shared
+    memory, before the Q barrier's arrive: they read them instead of working them out again, which took a consumer
+    0.16-0.46 us an item between its index and its first scores (`history/probe_prefill_timeline_h100_96ea02e.json`).
+    Every thread holds and writes the whole slot."""
+    layout: gl.constexpr = gl.BlockedLayout([ITEM_WORDS_], [32], [WARPS], [0])
+    word = gl.arange(0, ITEM_WORDS_, layout=layout)
+    v = gl.full([ITEM_WORDS_], t, gl.int32, layout)
+    if item is not None:
+        for i in gl.static_range(len(item)):
+            v = gl.where(word == i + 1, item[i], v)
+    slot.store(v)
+
+
+@gluon.jit
+def _word(v, word, i: gl.constexpr):
+    """Word i of a slot every thread holds whole (the selects fold away: `word` is known in each register)."""
+    return gl.sum(gl.where(word == i, v, 0), axis=0)
 
 
 @gluon.jit
 def _read_item(slot, WARPS: gl.constexpr):
-    layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
-    return gl.max(slot.load(layout), 0)
+    """(item index, its `_work_item` fields) as the producer posted them (`_post_item`)."""
+    layout: gl.constexpr = gl.BlockedLayout([ITEM_WORDS_], [32], [WARPS], [0])
+    word = gl.arange(0, ITEM_WORDS_, layout=layout)
+    v = slot.load(layout)
+    item = (_word(v, word, 1), _word(v, word, 2), _word(v, word, 3), _word(v, word, 4), _word(v, word, 5),
+            _word(v, word, 6), _word(v, word, 7), _word(v, word, 8), _word(v, word, 9), _word(v, word, 10),
+            _word(v, word, 11), _word(v, word, 12))
+    return _word(v, word, 0), item
 
 
 @gluon.jit
@@ -195,6 +219,28 @@ def _box_origin(b, key, pages, PAGE_ROWS: gl.constexpr):
         tb = gl.load(table + page)
         row = key - page * page_size
     return tb, row
+
+
+@gluon.jit
+def _known_fields(item, seqlen_q, seqlen_k, SEQLENS, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
+                  VARLEN: gl.constexpr, WINDOW: gl.constexpr):
+    """A posted item (`_read_item`) with the fields this call's kind fixes put back as the compiler knows them
+    (`_work_item`'s constants and kernel arguments): read from shared memory they are opaque, and an unmasked
+    d = 128 1k call ran 8% slower (`history/tune_prefill_post_fields_h100_34ea477.json`)."""
+    b, h, hk, m_start, lo, n_tiles, sq, sk, row_q, row_k, tb, lead = item
+    if not VARLEN:
+        row_q = 0
+        row_k = 0
+        sq = seqlen_q
+        tb = b
+        if SEQLENS is None:
+            sk = seqlen_k
+    if not WINDOW:
+        lo = 0
+        lead = 0
+        if not CAUSAL and not VARLEN:
+            n_tiles = gl.cdiv(sk, BLOCK_N)
+    return b, h, hk, m_start, lo, n_tiles, sq, sk, row_q, row_k, tb, lead
 
 
 @gluon.jit
@@ -231,15 +277,16 @@ def _load_kv_tile(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_e
 
 
 @gluon.jit
-def _load_item(args, t, h, hk, m_start, lo, n_tiles, sk, row_q, row_k, tb, kv, w, BLOCK_N: gl.constexpr,
+def _load_item(args, t, item, kv, w, BLOCK_N: gl.constexpr,
                STAGES: gl.constexpr, Q_BUFS: gl.constexpr, WGS: gl.constexpr, QK_PARTS: gl.constexpr,
                PAGE_ROWS: gl.constexpr, HEADS: gl.constexpr):
-    """Post work item t (the producer's w-th) and load its Q rows and key tiles lo .. lo + n_tiles - 1 of its sk
-    keys; returns (kv, w) after it. Consumer warpgroup g's Q: rows m_start + g * ROWS of head h, or with HEADS = 2
+    """Post work item t (the producer's w-th; `item`: its `_work_item` fields) and load its Q rows and key tiles
+    lo .. lo + n_tiles - 1 of its sk keys; returns (kv, w) after it. Consumer warpgroup g's Q: rows m_start + g * ROWS of head h, or with HEADS = 2
     rows m_start of head h + g."""
     (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
      _, _, _, _, _, _, _, _, stride_qh, stride_kh, stride_vh, _, _, _, _, _, _, BLOCK_TABLE, stride_bt,
      page_size) = args
+    _, h, hk, m_start, lo, n_tiles, _, sk, row_q, row_k, tb, _ = item
     pages = (None, 0, 0)
     if PAGE_ROWS > 0:             # a paged KV cache: sequence tb's block-table row and its last page
         pages = (BLOCK_TABLE + tb * stride_bt, page_size, gl.maximum(gl.cdiv(sk, page_size) - 1, 0))
@@ -258,7 +305,7 @@ def _load_item(args, t, h, hk, m_start, lo, n_tiles, sk, row_q, row_k, tb, kv, w
                            lo + i, hk, stride_kh, stride_vh, pages, BLOCK_N, STAGES, QK_PARTS, PAGE_ROWS)
     # A buffer is free once every consumer released it; the first pass over a ring waits on nothing.
     mbarrier.wait(q_empty.index(qb), ((w // Q_BUFS) & 1) ^ 1)
-    _post_item(items.index(qb), t, gl.num_warps())
+    _post_item(items.index(qb), t, item, gl.num_warps())
     mbarrier.expect(q_ready.index(qb), WGS * QK_PARTS * q_desc.block_type.nbytes)
     for g in gl.static_range(WGS):
         for j in gl.static_range(QK_PARTS):
@@ -307,23 +354,19 @@ def _producer(args, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, Q_BUFS: gl.cons
     if VARLEN:
         t, item = _first_with_rows(t, args, BLOCK_N, CAUSAL, WGS, WINDOW, HEADS)
         while t < n_m * n_bh:
-            _, h, hk, m_start, lo, n_tiles, _, sk, row_q, row_k, tb, _ = item
-            kv, w = _load_item(args, t, h, hk, m_start, lo, n_tiles, sk, row_q, row_k, tb, kv, w, BLOCK_N, STAGES,
-                               Q_BUFS, WGS, QK_PARTS, PAGE_ROWS, HEADS)
+            kv, w = _load_item(args, t, item, kv, w, BLOCK_N, STAGES, Q_BUFS, WGS, QK_PARTS, PAGE_ROWS, HEADS)
             t, item = _first_with_rows(_next_item(COUNTER, t, True), args, BLOCK_N, CAUSAL, WGS, WINDOW,
                                        HEADS)
     else:
         while t < n_m * n_bh:
-            _, h, hk, m_start, lo, n_tiles, _, sk, row_q, row_k, tb, _ = _work_item(
-                t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, CU_Q, CU_K, SEQLENS, left, LEFTS, right,
-                BLOCK_N, CAUSAL, WGS, VARLEN, WINDOW, HEADS)
-            kv, w = _load_item(args, t, h, hk, m_start, lo, n_tiles, sk, row_q, row_k, tb, kv, w, BLOCK_N, STAGES,
-                               Q_BUFS, WGS, QK_PARTS, PAGE_ROWS, HEADS)
+            item = _work_item(t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, CU_Q, CU_K, SEQLENS, left,
+                              LEFTS, right, BLOCK_N, CAUSAL, WGS, VARLEN, WINDOW, HEADS)
+            kv, w = _load_item(args, t, item, kv, w, BLOCK_N, STAGES, Q_BUFS, WGS, QK_PARTS, PAGE_ROWS, HEADS)
             t = _next_item(COUNTER, t, DYNAMIC)
     # The end: an index past the last item tells the consumers to stop.
     qb = w % Q_BUFS
     mbarrier.wait(q_empty.index(qb), ((w // Q_BUFS) & 1) ^ 1)
-    _post_item(items.index(qb), t, gl.num_warps())
+    _post_item(items.index(qb), t, None, gl.num_warps())
     mbarrier.arrive(q_ready.index(qb), count=1)
     if DYNAMIC:
         _release_counter(COUNTER)
@@ -521,11 +564,10 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
     turns = 0                     # wgmma issue rounds so far (PINGPONG)
     qb = 0
     mbarrier.wait(q_ready.index(0), 0)
-    t = _read_item(items.index(0), 4)
+    t, item = _read_item(items.index(0), 4)
     while t < n_m * n_bh:
-        b, h0, hk, m_start, lo, n_tiles, sq, sk, row_q, row_k, tb, lead = _work_item(
-            t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, CU_Q, CU_K, SEQLENS, left, LEFTS, right,
-            BLOCK_N, CAUSAL, WGS, VARLEN, WINDOW, HEADS)
+        b, h0, hk, m_start, lo, n_tiles, sq, sk, row_q, row_k, tb, lead = _known_fields(
+            item, seqlen_q, seqlen_k, SEQLENS, BLOCK_N, CAUSAL, VARLEN, WINDOW)
         # CLEAN: V rows from this key on are zeroed before P·V (`_wait_v`): a KV cache's past its length; packed
         # sequences' past the last one's end (the buffer may be longer), not past the others' (the next one's keys).
         tail = sk
@@ -663,7 +705,7 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
         gl.store(lse_ptrs, lse, mask=q_pos < sq)
         qb = w % Q_BUFS
         mbarrier.wait(q_ready.index(qb), (w // Q_BUFS) & 1)
-        t = _read_item(items.index(qb), 4)
+        t, item = _read_item(items.index(qb), 4)
 
 
 @gluon.jit
@@ -711,7 +753,7 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, CU_Q, CU_K, SI
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    items = gl.allocate_shared_memory(gl.int32, [Q_BUFS, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    items = gl.allocate_shared_memory(gl.int32, [Q_BUFS, ITEM_WORDS_], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     mbarrier.init(turn.index(0), count=1)
     mbarrier.init(turn.index(1), count=1)
