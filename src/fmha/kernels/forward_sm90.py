@@ -13,7 +13,8 @@ FlashAttention-3's:
   round-robin (`_work_item`, `_next_item`); a windowed item's key tiles start at its first row's first visible key;
 * a one-warp producer partition: Q (double-buffered, so the next item's Q lands during this one) and K and
   V tiles through `STAGES`-deep rings of shared-memory slots, each completing on its own mbarrier; K and V
-  slots are released separately (K after Q·Kᵀ, V after P·V), so loads run a full tile ahead;
+  slots are released separately (K after Q·Kᵀ, V after P·V), so loads run a full tile ahead; it works out
+  each item's fields once and posts them with the item's index beside its Q buffer (`_post_item`);
 * two consumer warpgroups (three for long d = 64 calls, `_WIDE_TILES`, where the producer becomes the
   default partition), each owning 64 of the item's query rows and reading the same K/V slots. Within one
   warpgroup, tile j's softmax runs while the tensor cores do tile j-1's P·V (intra-warpgroup overlap):
@@ -281,8 +282,8 @@ def _load_item(args, t, item, kv, w, BLOCK_N: gl.constexpr,
                STAGES: gl.constexpr, Q_BUFS: gl.constexpr, WGS: gl.constexpr, QK_PARTS: gl.constexpr,
                PAGE_ROWS: gl.constexpr, HEADS: gl.constexpr):
     """Post work item t (the producer's w-th; `item`: its `_work_item` fields) and load its Q rows and key tiles
-    lo .. lo + n_tiles - 1 of its sk keys; returns (kv, w) after it. Consumer warpgroup g's Q: rows m_start + g * ROWS of head h, or with HEADS = 2
-    rows m_start of head h + g."""
+    lo .. lo + n_tiles - 1 of its sk keys; returns (kv, w) after it. Consumer warpgroup g's Q: rows
+    m_start + g * ROWS of head h, or with HEADS = 2 rows m_start of head h + g."""
     (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
      _, _, _, _, _, _, _, _, stride_qh, stride_kh, stride_vh, _, _, _, _, _, _, BLOCK_TABLE, stride_bt,
      page_size) = args
