@@ -45,7 +45,7 @@ def _stamp_time(STAMP, WG: gl.constexpr, C: gl.constexpr, G: gl.constexpr):
 EDITS = [
     ("    kv = 0                        # the producer's counters, kept in step\n",
      "    _stamp_time(STAMP, WG, 14, 12)\n", "before"),
-    ("        b, h0, hk, m_start, lo, n_tiles, sq, sk, row_q, row_k, tb, lead = item\n",
+    ("        b, h0, hk, m_start, lo, n_tiles, sq, sk, row_q, row_k, tb, lead = _known_fields(\n",
      "        _stamp(STAMP, w, WG, 0)\n", "before"),
     ("        q0 = QK_PARTS * (WGS * qb + WG)         # this warpgroup's Q parts\n",
      "        _stamp(STAMP, w, WG, 6)\n", "after"),

@@ -545,8 +545,8 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
     """Consumer warpgroup WG of WGS; `shared` holds the arguments common to all of them (one tuple, so that the
     kernel writes them once for two or three partitions). HEADS = 2: the item's rows of query head h + WG."""
     (q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, O, LSE, n_m, n_bh,
-     head_chunk, heads_q, group, seqlen_q, seqlen_k, qk_scale_log2, stride_ob, stride_os, stride_oh, stride_lb,
-     stride_lh, stride_ls, turn, CU_Q, CU_K, left, LEFTS, right, SINKS, cap_in, SEQLENS, SLOPES) = shared
+     heads_q, seqlen_q, seqlen_k, qk_scale_log2, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls,
+     turn, left, right, SINKS, cap_in, SEQLENS, SLOPES) = shared
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -767,9 +767,10 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, CU_Q, CU_K, SI
         mbarrier.init(v_ready.index(i), count=1)
         mbarrier.init(v_empty.index(i), count=WGS)
 
+    # The consumers take each item's fields from the producer (`_read_item`), not the schedule's arguments.
     shared = (q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, O, LSE, n_m, n_bh,
-              head_chunk, heads_q, group, seqlen_q, seqlen_k, qk_scale_log2, stride_ob, stride_os, stride_oh,
-              stride_lb, stride_lh, stride_ls, turn, CU_Q, CU_K, left, LEFTS, right, SINKS, cap_in, SEQLENS, SLOPES)
+              heads_q, seqlen_q, seqlen_k, qk_scale_log2, stride_ob, stride_os, stride_oh, stride_lb, stride_lh,
+              stride_ls, turn, left, right, SINKS, cap_in, SEQLENS, SLOPES)
     producer = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready,
                 v_empty, COUNTER, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, stride_qh, stride_kh,
                 stride_vh, CU_Q, CU_K, left, LEFTS, right, SEQLENS, BLOCK_TABLE, stride_bt, page_size)
