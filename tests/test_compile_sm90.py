@@ -199,11 +199,14 @@ GLUON_SCRIPT = textwrap.dedent('''
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
-    from fmha.kernels.forward_sm90 import attn_fwd_sm90_kernel, HEAD_DIMS, _QK_PART, _TILES, _WIDE_TILES, _ROWS
+    from fmha.kernels.forward_sm90 import (attn_fwd_sm90_kernel, HEAD_DIMS, PAGED_REGS, _QK_PART, _TILES, _WIDE_TILES,
+                                           _ROWS)
     case = json.loads(sys.argv[1]) + [False] * 8
     d, causal, dt, wide, offsets_64, varlen, window, sinks, softcap, lefts, cache, alibi, pack = case[:13]
     dv = dict(HEAD_DIMS)[d]
     bn, stages, q_bufs, regs, wgs = (_WIDE_TILES if wide else _TILES)[d]
+    if cache == 2:                # as `choose_tiles` for a paged cache
+        regs = min(regs, PAGED_REGS)
     el = gl.bfloat16 if dt == "bf16" else gl.float16
 
     def desc(rows, width):
@@ -284,8 +287,9 @@ def test_gluon_prefill_compiles_for_sm90(case):
 
 @pytest.mark.cpu
 def test_gluon_prefill_tile_choice():
-    """Three consumer warpgroups only where they were measured faster: d = 64, long enough (longer with a mask)."""
-    from fmha.kernels.forward_sm90 import WIDE_MIN_ROWS, WIDE_MIN_ROWS_CAUSAL, choose_tiles
+    """Three consumer warpgroups only where they were measured faster: d = 64, long enough (longer with a mask);
+    paged calls at PAGED_REGS consumer registers at most."""
+    from fmha.kernels.forward_sm90 import PAGED_REGS, WIDE_MIN_ROWS, WIDE_MIN_ROWS_CAUSAL, choose_tiles
     assert choose_tiles(64, False, WIDE_MIN_ROWS)[4] == 3
     assert choose_tiles(64, False, WIDE_MIN_ROWS - 1)[4] == 2
     assert choose_tiles(64, True, WIDE_MIN_ROWS_CAUSAL)[4] == 3
@@ -295,6 +299,8 @@ def test_gluon_prefill_tile_choice():
     assert choose_tiles(64, True, 16384, left=128)[4] == 2
     assert choose_tiles(64, True, 16384, left=WIDE_MIN_ROWS_CAUSAL)[4] == 3
     assert choose_tiles(64, True, 16384, softcap=30.0)[4] == 2      # a softcap's tanh spills at 160 registers
+    # A paged cache leaves the producer warp enough registers for its page arithmetic.
+    assert all(choose_tiles(d, True, 256, paged=True)[3] <= PAGED_REGS for d in (64, 128, 192, 256))
 
 
 @pytest.mark.cpu

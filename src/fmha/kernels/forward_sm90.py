@@ -56,12 +56,18 @@ LOG2E = 1.4426950408889634
 L2_BUDGET = 24 << 20              # bytes of K/V that causal work items share at a time (H100 L2: 50 MB)
 LN2 = gl.constexpr(0.6931471805599453)
 LOG2E_ = gl.constexpr(LOG2E)
-# The producer warp's register budget (its warpgroup's, with 3 idle warps) beside 2 consumer warpgroups; beside 3 it
-# is the default partition and gets what the consumers leave.
-PRODUCER_REGS = gl.constexpr(40)
+# Registers a thread for the three warpgroups of a CTA (65536 / 384, rounded down to a multiple of 8). Beside 2
+# consumer warpgroups the producer warp's warpgroup (3 of its warps idle) gets what they leave: 40 beside 232, 24
+# beside 240; beside 3 it is the default partition and gets what the consumers leave.
+REGS_3WG = gl.constexpr(3 * 168)
 
 # head_dim_qk -> (BLOCK_N, STAGES, Q_BUFS, consumer register budget, consumer warpgroups)
-_TILES = {64: (128, 3, 2, 232, 2), 128: (128, 2, 2, 232, 2), 256: (64, 2, 1, 232, 2), 192: (128, 2, 1, 232, 2)}
+_TILES = {64: (128, 3, 2, 232, 2), 128: (128, 2, 2, 240, 2), 256: (64, 2, 1, 232, 2), 192: (128, 2, 1, 232, 2)}
+# d = 128 at 240 registers against 232 (`history/tune_prefill_regs240*_h100_d6140ea*.json`, four processes): unmasked
+# 4k +4..+7%, 16k +1.5..+6%, 1k +1..+3%; causal level (+-4% both ways at 4k and 16k, ping-pong on or off). At 240
+# d = 64 lost 2% at 1k and d = 256 8% at 4k. A paged KV-cache chunk lost 1.5-5% (16-key pages, chunks of 64-512,
+# `history/probe_kvcache_regs240_h100_d6140ea.json`: the producer spills at 24): paged calls take PAGED_REGS.
+PAGED_REGS = 232
 # 192 (DeepSeek's 192 / 128): one Q buffer to fit 227 KB with 128-key tiles. Against (64, 2, 2) and (64, 3, 1) in one
 # `tune_prefill.py --dims 192 --all-configs` run (826c0e5; its JSON did not come back, the printed lines did) it was
 # ahead by 10% or more at 4k and 16k and within 3% either way at 1k; `results/prefill_d192_h100.json` has it against
@@ -783,7 +789,7 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, CU_Q, CU_K, SI
                           VARLEN, WINDOW, HAS_SINKS, SOFTCAP, HAS_ALIBI, CLEAN, HEADS)),
             (_producer, (producer, BLOCK_N, STAGES, Q_BUFS, CAUSAL, WGS, QK_PARTS, VARLEN, WINDOW, PAGE_ROWS,
                           DYNAMIC, HEADS)),
-        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+        ], [4, 1], [CONSUMER_REGS, REGS_3WG - 2 * CONSUMER_REGS])
     else:
         # Three consumers run as workers, each at CONSUMER_REGS; the producer is the default partition (4 warps,
         # one issuing) with what is left. As the default partition a consumer was compiled into far more spills
@@ -851,14 +857,18 @@ def attention_forward_sm90(q, k, v, out, lse, *, causal, softmax_scale, views=No
     launch(attn_fwd_sm90_kernel, grid, args, meta)
 
 
-def choose_tiles(d, causal, seqlen_q, left=-1, softcap=0.0):
+def choose_tiles(d, causal, seqlen_q, left=-1, softcap=0.0, paged=False):
     """`_TILES[d]`, or `_WIDE_TILES[d]` for a long call. A masked call with a left window bound (`left` >= 0) is as
     long as its window: the 192-row items of a 128-key window at 16k rows (gpt-oss, d = 64) ran at 0.70x the
     128-row ones (`results/probe_window_h100.json` against `history/probe_window_wide_h100_8fbdafd.json`). Not with
-    a softcap: at 160 registers its tanh spilled 1.2 KB a thread (sm_90 compile)."""
+    a softcap: at 160 registers its tanh spilled 1.2 KB a thread (sm_90 compile). A paged cache keeps the consumers
+    at PAGED_REGS: the producer's page arithmetic spills at the 24 registers that 240 leave it."""
     rows = seqlen_q if left < 0 else min(seqlen_q, left)
     wide = d in _WIDE_TILES and rows >= (WIDE_MIN_ROWS_CAUSAL if causal else WIDE_MIN_ROWS) and not softcap > 0
-    return _WIDE_TILES[d] if wide else _TILES[d]
+    tiles = _WIDE_TILES[d] if wide else _TILES[d]
+    if paged and tiles[3] > PAGED_REGS:
+        tiles = (*tiles[:3], PAGED_REGS, *tiles[4:])
+    return tiles
 
 
 _COUNTERS = {}
@@ -916,7 +926,7 @@ def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpon
         o_strides, lse_strides = (0, *out.stride()[:2]), (0, *lse.stride())
     heads_q, d = q.shape[2:]
     heads_k, dv = k.shape[2], v.shape[3]
-    block_n, stages, q_bufs, regs, wgs = tiles or choose_tiles(d, masked, seqlen_q, left, softcap)
+    block_n, stages, q_bufs, regs, wgs = tiles or choose_tiles(d, masked, seqlen_q, left, softcap, table is not None)
     if pingpong is None:
         # tune_prefill_sm90_h100.json: +0.5-7% at d >= 128, mostly a loss at d = 64. Five later runs at d = 128
         # (history/tune_prefill_tmastore_h100_*.json, the pointer-store rows) had it 4-7% behind at 16k without
