@@ -21,7 +21,9 @@ FlashAttention-3's:
   issue S_j = Q·K_jᵀ, issue O += P_{j-1}·V_{j-1}, wait for S_j, softmax, wait for O, release the slots.
   With PINGPONG the two warpgroups take turns issuing (mbarrier hand-off), so one's softmax overlaps the
   other's matrix products. Causal, two warpgroups, no ping-pong, 128-key tiles (d = 64): warpgroup 0's rows
-  see only the first 64 keys of the diagonal tile, which it then runs at half width (`_half_tile`).
+  see only the first 64 keys of the diagonal tile, which it then runs at half width (`_half_tile`). Causal
+  d = 128: the running max moves only past a margin, and a warp whose rows' maxima stayed skips its
+  accumulator's rescale (`_rescale`, a per-warp branch in inline PTX).
 
 Each tensor is seen by TMA as (batch, seqlen, columns), head h starting at column h * head_stride, so a tile
 that runs past a sequence's end gets TMA's zero fill (keys there are masked to -inf; query rows there are
@@ -381,7 +383,8 @@ def _producer(args, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, Q_BUFS: gl.cons
 
 @gluon.jit
 def _softmax_tile(s, i, m_i, l_i, q_pos, bounds, qk_scale_log2, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
-                  WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, s_layout: gl.constexpr):
+                  WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, s_layout: gl.constexpr,
+                  LAZY: gl.constexpr = False):
     """Fold the raw scores of key tile `i` (of BLOCK_N keys; `s` may hold only its first columns) into (m_i, l_i);
     returns the probabilities and the rescale factor. `bounds` = (key count, the diagonal's offset (keys a row sees
     past its own index, `right` included), first tile that crosses the end or the diagonal, the left bound's offset
@@ -417,13 +420,56 @@ def _softmax_tile(s, i, m_i, l_i, q_pos, bounds, qk_scale_log2, BLOCK_N: gl.cons
             s = gl.where((cols[None, :] <= last[:, None]) & (cols[None, :] >= first[:, None]), s, float("-inf"))
         else:
             s = gl.where(cols[None, :] <= last[:, None], s, float("-inf"))
-    m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale_log2)
+    row_max = gl.max(s, 1) * qk_scale_log2
+    if LAZY:                      # the max moves only when passed by more than LAZY_BY (`_rescale`)
+        m_new = gl.where(row_max > m_i + LAZY_BY, row_max, m_i)
+    else:
+        m_new = gl.maximum(m_i, row_max)
     # A row that has seen no key yet keeps m = -inf; shift it by 0 so exp2 gives 0, not NaN.
     m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)
     p = gl.exp2(s * qk_scale_log2 - m_shift[:, None])
     alpha = gl.exp2(m_i - m_shift)
     l_i = l_i * alpha + gl.sum(p, 1)
     return p, m_new, l_i, alpha
+
+
+# FlashAttention-4's conditional rescale (`LAZY` forms, `_consumer`): a row's running max moves only when a tile's
+# scores pass it by more than LAZY_BY (log2 units: probabilities reach 2^LAZY_BY at most; output and LSE are taken
+# against the same max), and each warp skips the rescale of its 16 accumulator rows while none of their maxima
+# moved. Gluon branches per partition (warpgroup), so the per-warp branch is inline PTX: a vote over the warp's
+# factors (`_VOTE`: a thread holds two rows' factors), then the multiplies behind one uniform jump
+# (`_rescale_asm`, outputs tied to the accumulator's registers).
+LAZY_BY = gl.constexpr(8.0)
+_VOTE = gl.constexpr("{ .reg .pred p; setp.neu.f32 p, $2, 0f3F800000; setp.neu.or.f32 p, $3, 0f3F800000, p; "
+                     "vote.sync.any.pred p, p, -1; selp.f32 $0, 0f3F800000, 0f00000000, p; mov.b32 $1, $0; }")
+
+
+@triton.constexpr_function
+def _rescale_asm(n):
+    """PTX over a thread's n accumulator values: operands $0.. the outputs, then the n inputs (tied to them), the n
+    factors and the n warp flags (all equal); the multiplies run unless the first flag is 0."""
+    muls = " ".join(f"mul.f32 ${i}, ${i}, ${2 * n + i};" for i in range(n))
+    return ("{ .reg .pred p; setp.eq.f32 p, $" + str(3 * n) + ", 0f00000000; @p bra.uni SKIP_${:uid}; " + muls
+            + " SKIP_${:uid}: }")
+
+
+@triton.constexpr_function
+def _rescale_constraints(n):
+    return ",".join(["=f"] * n + [str(i) for i in range(n)] + ["f"] * (2 * n))
+
+
+@gluon.jit
+def _rescale(acc, alpha, LAZY: gl.constexpr):
+    """acc * alpha, one factor a row; LAZY: skipped by each warp none of whose rows' factors differ from 1."""
+    a = gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))
+    if LAZY:
+        moved = gl.inline_asm_elementwise(_VOTE, "=f,=f,f,f", [a], gl.float32, True, 2)
+        N: gl.constexpr = ROWS * acc.shape[1] // 128         # accumulator values a thread
+        acc = gl.inline_asm_elementwise(_rescale_asm(N), _rescale_constraints(N), [acc, a[:, None], moved[:, None]],
+                                        gl.float32, True, N)
+    else:
+        acc = acc * a[:, None]
+    return acc
 
 
 @gluon.jit
@@ -563,6 +609,10 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
     store_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     dtype: gl.constexpr = q_smem.dtype
     zero_s = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
+    # The conditional rescale (`_rescale`) where it measured faster: causal d = 128 over two warpgroups, +3% at 1k,
+    # +1..+4% on KV-cache chunks, level at 4k / 16k (`history/tune_prefill_lazy_causal_h100_792bd99.json`); level
+    # or worse elsewhere (`experiments`' former `lazy_rescale_warp.patch`, NOTES.md forty-seventh session).
+    LAZY: gl.constexpr = CAUSAL and HEAD_DV == 128 and WGS == 2
     # With paired heads both warpgroups hold the item's rows, so either may need only half of its last tile.
     HALF_DIAG: gl.constexpr = (CAUSAL and (WGS == 2) and (not PINGPONG) and (BLOCK_N == 2 * ROWS)
                                and (WG == 0 or HEADS > 1))
@@ -639,14 +689,14 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
             s = warpgroup_mma_wait(0, deps=(s_tok,))
             mbarrier.arrive(k_empty.index(slot), count=1)
             p, m_i, l_i, alpha = _softmax_tile(s, lo, m_i, l_i, q_pos, bounds, qk_scale_log2, BLOCK_N, CAUSAL,
-                                               WINDOW, SOFTCAP, ALIBI, s_layout)
+                                               WINDOW, SOFTCAP, ALIBI, s_layout, LAZY)
             for i in range(1, n_full):
                 # Issue S_i = Q·K_iᵀ and O += P_{i-1}·V_{i-1}; the softmax of S_i runs while P·V is on the
                 # tensor cores.
                 c = kv + i
                 slot = c % STAGES
                 prev = (c - 1) % STAGES
-                acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+                acc = _rescale(acc, alpha, LAZY)
                 p_op = gl.convert_layout(p.to(dtype), p_layout)
                 mbarrier.wait(k_ready.index(slot), (c // STAGES) & 1)
                 _wait_v(v_smem, v_ready, c - 1, lo + i - 1, tail, BLOCK_N, STAGES, CLEAN)
@@ -657,12 +707,12 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
                 s = warpgroup_mma_wait(1, deps=(s_tok,))
                 mbarrier.arrive(k_empty.index(slot), count=1)
                 p, m_i, l_i, alpha = _softmax_tile(s, lo + i, m_i, l_i, q_pos, bounds, qk_scale_log2, BLOCK_N,
-                                                   CAUSAL, WINDOW, SOFTCAP, ALIBI, s_layout)
+                                                   CAUSAL, WINDOW, SOFTCAP, ALIBI, s_layout, LAZY)
                 acc = warpgroup_mma_wait(0, deps=(o_tok,))
                 mbarrier.arrive(v_empty.index(prev), count=1)
             c = kv + n_full - 1
             last = c % STAGES
-            acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+            acc = _rescale(acc, alpha, LAZY)
             p_op = gl.convert_layout(p.to(dtype), p_layout)
             _wait_v(v_smem, v_ready, c, lo + n_full - 1, tail, BLOCK_N, STAGES, CLEAN)
             if half_last:
