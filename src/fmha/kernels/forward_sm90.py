@@ -579,7 +579,7 @@ def _half_tile(q_smem, q0, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, c
     if HAS_PREV:
         acc = warpgroup_mma_wait(0, deps=(o_tok,))
         mbarrier.arrive(v_empty.index(prev), count=1)
-    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None]
+    acc = _rescale(acc, alpha, False)
     p_half = gl.convert_layout(p.to(q_smem.dtype), p_layout)
     _wait_v(v_smem, v_ready, c, i, tail, BLOCK_N, STAGES, CLEAN)
     o_tok = warpgroup_mma(p_half, v_smem.index(slot).slice(0, ROWS, dim=0), acc, is_async=True)
@@ -611,7 +611,7 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
     zero_s = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
     # The conditional rescale (`_rescale`) where it measured faster: causal d = 128 over two warpgroups, +3% at 1k,
     # +1..+4% on KV-cache chunks, level at 4k / 16k (`history/tune_prefill_lazy_causal_h100_792bd99.json`); level
-    # or worse elsewhere (`experiments`' former `lazy_rescale_warp.patch`, NOTES.md forty-seventh session).
+    # or worse elsewhere (on every form: `history/tune_prefill_lazy_warp_h100_2078046_*.json`, NOTES.md).
     LAZY: gl.constexpr = CAUSAL and HEAD_DV == 128 and WGS == 2
     # With paired heads both warpgroups hold the item's rows, so either may need only half of its last tile.
     HALF_DIAG: gl.constexpr = (CAUSAL and (WGS == 2) and (not PINGPONG) and (BLOCK_N == 2 * ROWS)
