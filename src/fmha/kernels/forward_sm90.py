@@ -65,7 +65,7 @@ REGS_3WG = gl.constexpr(3 * 168)
 
 # head_dim_qk -> (BLOCK_N, STAGES, Q_BUFS, consumer register budget, consumer warpgroups)
 _TILES = {64: (128, 3, 2, 232, 2), 128: (128, 2, 2, 240, 2), 256: (64, 2, 1, 232, 2), 192: (128, 2, 1, 232, 2)}
-# d = 128 at 240 registers against 232 (`history/tune_prefill_regs240*_h100_d6140ea*.json`, four processes): unmasked
+# d = 128 at 240 registers against 232 (`history/tune_prefill_*regs240*_h100_d6140ea*.json`, four processes): unmasked
 # 4k +4..+7%, 16k +1.5..+6%, 1k +1..+3%; causal level (+-4% both ways at 4k and 16k, ping-pong on or off). At 240
 # d = 64 lost 2% at 1k and d = 256 8% at 4k. A paged KV-cache chunk lost 1.5-5% (16-key pages, chunks of 64-512,
 # `history/probe_kvcache_regs240_h100_d6140ea.json`: the producer spills at 24): paged calls take PAGED_REGS.
