@@ -11,10 +11,11 @@ FlashAttention-3's:
   causal items go out in L2-sized chunks of heads, longest first inside a chunk, a program taking the next
   untaken one when it starts one (an atomic counter; windowed and packed items too); unmasked items, all alike,
   round-robin (`_work_item`, `_next_item`); a windowed item's key tiles start at its first row's first visible key;
-* a one-warp producer partition: Q (double-buffered, so the next item's Q lands during this one) and K and
-  V tiles through `STAGES`-deep rings of shared-memory slots, each completing on its own mbarrier; K and V
-  slots are released separately (K after Q·Kᵀ, V after P·V), so loads run a full tile ahead; it works out
-  each item's fields once and posts them with the item's index beside its Q buffer (`_post_item`);
+* a one-warp producer partition: Q (double-buffered, so the next item's Q lands during this one; d = 256 and 192
+  have one buffer, which each consumer releases after its last Q·Kᵀ) and K and V tiles through `STAGES`-deep
+  rings of shared-memory slots, each completing on its own mbarrier; K and V slots are released separately (K
+  after Q·Kᵀ, V after P·V), so loads run a full tile ahead; it works out each item's fields once and posts them
+  with the item's index beside its Q buffer (`_post_item`);
 * two consumer warpgroups (three for long d = 64 calls, `_WIDE_TILES`, where the producer becomes the
   default partition), each owning 64 of the item's query rows and reading the same K/V slots. Within one
   warpgroup, tile j's softmax runs while the tensor cores do tile j-1's P·V (intra-warpgroup overlap):
@@ -303,12 +304,16 @@ def _load_item(args, t, item, kv, w, BLOCK_N: gl.constexpr,
     # 2-D slot seen through a (1, rows, head_dim) view.
     q_box: gl.constexpr = q_desc.block_type.shape
     qb = w % Q_BUFS
-    # With one Q buffer (d = 256) the item's first key tiles go out before its Q: their ring slots free up
-    # while the consumers are still on the previous item, whereas the Q buffer frees only at its end, and
-    # waiting for it first left every item boundary with nothing in flight (d=256 1k causal: 228 -> 344
-    # TFLOP/s, `history/prefill_h100_f93e080.json`). With two Q buffers the Q goes first: it is free early,
-    # and queuing it behind the tiles' slots cost d = 64 / 128 2-9% in that run.
-    head = gl.minimum(n_tiles, STAGES) if Q_BUFS == 1 else 0
+    # With one Q buffer (d = 256, 192) the item's first key tile goes out before its Q: its ring slots free up
+    # while the consumers are still on the previous item, whereas the Q buffer frees only after their last Q·Kᵀ
+    # (`q_last` in `_consumer`). Waiting for Q first left every item boundary with nothing in flight while Q was
+    # released only at the item's end (d=256 1k causal: 228 -> 344 TFLOP/s, `history/prefill_h100_f93e080.json`);
+    # two tiles first (as then) queue Q behind the slot of the item's last V, which frees only at its end. One
+    # tile first, with the early release, against two and the release at the end (two processes, both orders,
+    # `history/tune_prefill_earlyq_*_h100_0075e25*.json`): 1k +2..+6.5% (d = 256 and 192, masked or not), 4k and
+    # 16k level. With two Q buffers the Q goes first: it is free early, and queuing it behind the tiles' slots
+    # cost d = 64 / 128 2-9% in f93e080's run.
+    head = gl.minimum(n_tiles, 1) if Q_BUFS == 1 else 0
     for i in range(head):
         kv = _load_kv_tile(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv, tb, row_k,
                            lo + i, hk, stride_kh, stride_vh, pages, BLOCK_N, STAGES, QK_PARTS, PAGE_ROWS)
@@ -589,6 +594,14 @@ def _half_tile(q_smem, q0, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, c
 
 
 @gluon.jit
+def _release_q(q_empty, qb, now, Q_BUFS: gl.constexpr):
+    """One Q buffer (Q_BUFS = 1): this warpgroup is done with it if `now` (see `q_last` in `_consumer`)."""
+    if Q_BUFS == 1:
+        if now:
+            mbarrier.arrive(q_empty.index(qb), count=1)
+
+
+@gluon.jit
 def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.constexpr, STAGES: gl.constexpr,
               Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, WGS: gl.constexpr,
               OFFSETS_64: gl.constexpr, QK_PARTS: gl.constexpr, VARLEN: gl.constexpr, WINDOW: gl.constexpr,
@@ -664,6 +677,12 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
         if HALF_DIAG:
             half_last = (n_mine > 0) & (m0 + ROWS + diag <= (lo + n_mine - 1) * BLOCK_N + ROWS)
             n_full = n_mine - half_last.to(gl.int32)
+        # One Q buffer: this warpgroup releases it right after its last Q·Kᵀ (the main loop's tile q_last), not
+        # after the item's last P·V, so the next item's Q loads under this item's last softmax, P·V and epilogue.
+        # -1: at the item's end (no main-loop tile, or a half-width last tile, which reads Q again).
+        q_last = n_full - 1
+        if HALF_DIAG:
+            q_last = gl.where(half_last, -1, q_last)
         # First key tile that needs a mask for some row of this warpgroup; with a left bound, also every tile
         # before the first one that all its rows see from the start.
         mask_from = sk // BLOCK_N
@@ -688,6 +707,7 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
             _give_turn(turn, WG, PINGPONG)
             s = warpgroup_mma_wait(0, deps=(s_tok,))
             mbarrier.arrive(k_empty.index(slot), count=1)
+            _release_q(q_empty, qb, q_last == 0, Q_BUFS)
             p, m_i, l_i, alpha = _softmax_tile(s, lo, m_i, l_i, q_pos, bounds, qk_scale_log2, BLOCK_N, CAUSAL,
                                                WINDOW, SOFTCAP, ALIBI, s_layout, LAZY)
             for i in range(1, n_full):
@@ -706,6 +726,7 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
                 _give_turn(turn, WG, PINGPONG)
                 s = warpgroup_mma_wait(1, deps=(s_tok,))
                 mbarrier.arrive(k_empty.index(slot), count=1)
+                _release_q(q_empty, qb, q_last == i, Q_BUFS)
                 p, m_i, l_i, alpha = _softmax_tile(s, lo + i, m_i, l_i, q_pos, bounds, qk_scale_log2, BLOCK_N,
                                                    CAUSAL, WINDOW, SOFTCAP, ALIBI, s_layout, LAZY)
                 acc = warpgroup_mma_wait(0, deps=(o_tok,))
@@ -730,7 +751,10 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
                                        m_i, l_i, None, False, q_pos, bounds, qk_scale_log2, lo, tail, BLOCK_N,
                                        STAGES, CAUSAL, WINDOW, SOFTCAP, ALIBI, p_layout, QK_PARTS, CLEAN)
         _skip_tiles(k_ready, k_empty, v_ready, v_empty, kv + n_mine, kv + n_tiles, STAGES)
-        mbarrier.arrive(q_empty.index(qb), count=1)
+        if Q_BUFS > 1:
+            mbarrier.arrive(q_empty.index(qb), count=1)
+        else:
+            _release_q(q_empty, qb, q_last < 0, Q_BUFS)
         kv += n_tiles
         w += 1
 
