@@ -25,6 +25,7 @@ SHAPES = [
     (1, 1064, 1000, 4, 2, 64),      # (or not), on every item
     (2, 513, 1027, 4, 4, 256),
     (1, 100, 2000, 2, 1, 256),
+    (2, 129, 40, 2, 2, 256),        # one key tile: the one Q buffer is released after the first Q·Kᵀ
     (2, 1000, 1500, 16, 4, 192, 128),   # DeepSeek's 192 / 128: Q and K in three column parts
     (3, 700, 300, 4, 1, 192, 128),
     (2, 129, 65, 2, 2, 192, 128),
