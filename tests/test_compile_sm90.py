@@ -200,7 +200,7 @@ GLUON_SCRIPT = textwrap.dedent('''
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
     from fmha.kernels.forward_sm90 import (attn_fwd_sm90_kernel, HEAD_DIMS, PAGED_REGS, _QK_PART, _TILES, _WIDE_TILES,
-                                           _ROWS)
+                                           _ROWS, tma_store)
     case = json.loads(sys.argv[1]) + [False] * 8
     d, causal, dt, wide, offsets_64, varlen, window, sinks, softcap, lefts, cache, alibi, pack = case[:13]
     dv = dict(HEAD_DIMS)[d]
@@ -220,6 +220,10 @@ GLUON_SCRIPT = textwrap.dedent('''
     kv_rows = 16 if cache == 2 else bn
     consts.update(VARLEN=varlen, WINDOW=window, HAS_SINKS=sinks, SOFTCAP=softcap, KV_CACHE=bool(cache),
                   PAGE_ROWS=kv_rows if cache == 2 else 0, HAS_ALIBI=alibi, HEADS=2 if pack else 1)
+    # as `launch_args` picks it: the output by TMA store (d = 256, padded calls, offsets under 2^31)
+    consts["TMA_STORE"] = tma_store(d, 1024, wgs, varlen, offsets_64, True)       # a short call
+    if not consts["TMA_STORE"]:
+        consts["o_desc"] = None
     if not alibi:
         consts["SLOPES"] = None
     if not cache:
@@ -233,7 +237,8 @@ GLUON_SCRIPT = textwrap.dedent('''
     if not lefts:
         consts["LEFTS"] = None
     part = _QK_PART.get(d, d)
-    ptrs = dict(q_desc=desc(_ROWS, part), k_desc=desc(kv_rows, part), v_desc=desc(kv_rows, dv), O=f"*{dt}",
+    ptrs = dict(q_desc=desc(_ROWS, part), k_desc=desc(kv_rows, part), v_desc=desc(kv_rows, dv),
+                o_desc=desc(_ROWS, dv), O=f"*{dt}",
                 LSE="*fp32", COUNTER="*i32", CU_Q="*i32", CU_K="*i32", SINKS="*fp32", LEFTS="*i32", SEQLENS="*i32",
                 BLOCK_TABLE="*i32", SLOPES="*fp32")
     ptrs = {n: v for n, v in ptrs.items() if n not in consts}
@@ -283,6 +288,19 @@ def test_gluon_prefill_compiles_for_sm90(case):
     # than any change that causes it could gain.
     assert not info["serialized"], f"ptxas serialised the wgmmas: {info['serialized']}"
     assert info["shared"] <= 232448, f"shared memory {info['shared']} over the H100 limit"
+
+
+@pytest.mark.cpu
+def test_gluon_prefill_tma_store_choice():
+    """The output by TMA store only where it measured faster and the box cannot leave the call's rows: d = 256,
+    short, padded, two warpgroups, offsets under 2^31, an output of the inputs' dtype."""
+    from fmha.kernels.forward_sm90 import TMA_STORE_MAX_ROWS, tma_store
+    assert tma_store(256, 1024, 2, False, False, True)
+    assert not tma_store(256, TMA_STORE_MAX_ROWS, 2, False, False, True)
+    assert not tma_store(128, 1024, 2, False, False, True)
+    assert not tma_store(256, 1024, 2, True, False, True)
+    assert not tma_store(256, 1024, 2, False, True, True)
+    assert not tma_store(256, 1024, 2, False, False, False)
 
 
 @pytest.mark.cpu

@@ -380,21 +380,23 @@ def test_gluon_packed_qkv():
     assert_matches(got, lse, attention_ref(q, k, v, causal=True, softmax_scale=0.07), torch.bfloat16)
 
 
-def test_gluon_fp32_out():
+@pytest.mark.parametrize("d", [64, 256])
+def test_gluon_fp32_out(d):
     torch.manual_seed(1)
-    q, k, v = (torch.randn(1, 300, 4, 64, dtype=torch.float16, device="cuda") for _ in range(3))
+    q, k, v = (torch.randn(1, 300, 4, d, dtype=torch.float16, device="cuda") for _ in range(3))
     if not _gluon_ok(q, k, v):
         pytest.skip("not an sm_90 GPU")
-    out = torch.empty(1, 300, 4, 64, dtype=torch.float32, device="cuda")
+    out = torch.empty(1, 300, 4, d, dtype=torch.float32, device="cuda")
     got, lse = fmha.attention(q, k, v, return_lse=True, out=out)
     assert_matches(got, lse, attention_ref(q, k, v), torch.float16)
 
 
-def test_gluon_out_view():
+@pytest.mark.parametrize("d", [128, 256])
+def test_gluon_out_view(d):
     """`out` a column slice of a wider NaN-filled tensor: each head's rows and columns are written, nothing of
-    the padding (rows past seqlen_q, columns past head_dim)."""
+    the padding (rows past seqlen_q, columns past head_dim). d = 256 writes it by TMA store."""
     torch.manual_seed(2)
-    b, sq, h, d = 2, 333, 4, 128
+    b, sq, h = 2, 333, 4
     q, k, v = (torch.randn(b, sq, h, d, dtype=torch.bfloat16, device="cuda") for _ in range(3))
     if not _gluon_ok(q, k, v):
         pytest.skip("not an sm_90 GPU")

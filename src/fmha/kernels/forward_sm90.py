@@ -28,7 +28,9 @@ FlashAttention-3's:
 
 Each tensor is seen by TMA as (batch, seqlen, columns), head h starting at column h * head_stride, so a tile
 that runs past a sequence's end gets TMA's zero fill (keys there are masked to -inf; query rows there are
-never stored). The output is written with masked pointer stores, one row per query. Packed sequences (VARLEN)
+never stored). The output is written with masked pointer stores, one row per query, except in short padded d = 256
+calls, where it goes through a staging buffer by TMA store (`tma_store`; the box clips rows past the end). Packed
+sequences (VARLEN)
 are one batch of (1, total, columns): a sequence's tiles start at its cu_seqlens row, and a tile that runs past
 its end reads the next sequence's rows, masked like those past a padded sequence's end. A head_dim_qk that is not a
 power of two (192) is held as QK_PARTS column parts of a power-of-two width (`_QK_PART`), each its own TMA box and
@@ -86,6 +88,13 @@ _QK_PART = {192: 64}
 _WIDE_TILES = {64: (128, 3, 2, 160, 3)}
 WIDE_MIN_ROWS = 2048
 WIDE_MIN_ROWS_CAUSAL = 8192
+# The output of padded d = 256 calls shorter than TMA_STORE_MAX_ROWS leaves by TMA store from a staging buffer
+# (`_consumer`'s epilogue) instead of pointer stores: an item's epilogue took 2-3.9 us there, 7-13% of a 1k item
+# (`history/probe_prefill_timeline_d256_h100_b01370f.json`). Against the pointer stores in one process, both orders
+# (`history/tune_prefill_tmastore_d256_h100_cabd962{,_reverse}.json`): 1k +4.7..+6.2% unmasked and causal, 4k
+# -3..+4%, 16k causal -3..-6% (and 16k unmasked -7% / level), hence the bound.
+TMA_STORE_DIMS = (256,)
+TMA_STORE_MAX_ROWS = 4096
 PINGPONG_MIN_ROWS_D128 = 4096     # causal d = 128 calls from this many query rows take turns (`launch_args`)
 # A window's bound of -1 (unbounded) as the kernel takes it, past every key; larger bounds are clipped to it, so that
 # no row's first or last visible key overflows int32.
@@ -606,12 +615,12 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
               Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, WGS: gl.constexpr,
               OFFSETS_64: gl.constexpr, QK_PARTS: gl.constexpr, VARLEN: gl.constexpr, WINDOW: gl.constexpr,
               HAS_SINKS: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, CLEAN: gl.constexpr,
-              HEADS: gl.constexpr):
+              HEADS: gl.constexpr, TMA_STORE: gl.constexpr):
     """Consumer warpgroup WG of WGS; `shared` holds the arguments common to all of them (one tuple, so that the
     kernel writes them once for two or three partitions). HEADS = 2: the item's rows of query head h + WG."""
     (q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, O, LSE, n_m, n_bh,
      heads_q, seqlen_q, seqlen_k, qk_scale_log2, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls,
-     turn, left, right, SINKS, cap_in, SEQLENS, SLOPES) = shared
+     turn, o_desc, o_stage, o_free, left, right, SINKS, cap_in, SEQLENS, SLOPES) = shared
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -767,7 +776,9 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
         if HAS_SINKS:
             denom = l_i + gl.exp2(gl.load(SINKS + h) * LOG2E_ - m_i)
         inv_l = gl.convert_layout(1.0 / gl.where(empty, 1.0, denom), row_o)
-        out = gl.convert_layout((acc * inv_l[:, None]).to(O.dtype.element_ty), store_layout)
+        out = None
+        if not TMA_STORE:
+            out = gl.convert_layout((acc * inv_l[:, None]).to(O.dtype.element_ty), store_layout)
         rows = m0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, store_layout))
         cols = gl.arange(0, HEAD_DV, layout=gl.SliceLayout(0, store_layout))
         # VARLEN: the sequence's rows start at row_q of the packed output (stride_ob and stride_lb are 0).
@@ -782,16 +793,29 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
         else:
             o_ptrs = O + b * stride_ob + h * stride_oh + (row_q + rows)[:, None] * stride_os + cols[None, :]
             lse_ptrs = LSE + b * stride_lb + h * stride_lh + (row_q + q_pos) * stride_ls
-        gl.store(o_ptrs, out, mask=(rows < sq)[:, None])
+        if TMA_STORE:
+            # One staging buffer, the two warpgroups' outputs by turns (warpgroup 0 first each item): wait for the
+            # other's store to have read it, write, and store with TMA, which clips the rows past the end.
+            mbarrier.wait(o_free.index(WG), ((w - 1) & 1) ^ (1 - WG))
+            o_stage.store((acc * inv_l[:, None]).to(O.dtype.element_ty))
+            fence_async_shared()
+            gl.thread_barrier()
+            tma.async_copy_shared_to_global(o_desc, [b, row_q + m0, h * stride_oh],
+                                            o_stage.reshape(o_desc.block_type.shape))
+        else:
+            gl.store(o_ptrs, out, mask=(rows < sq)[:, None])
         gl.store(lse_ptrs, lse, mask=q_pos < sq)
+        if TMA_STORE:
+            tma.store_wait(0)     # the buffer read: the other warpgroup's turn
+            mbarrier.arrive(o_free.index(1 - WG), count=1)
         qb = w % Q_BUFS
         mbarrier.wait(q_ready.index(qb), (w // Q_BUFS) & 1)
         t, item = _read_item(items.index(qb), 4)
 
 
 @gluon.jit
-def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, CU_Q, CU_K, SINKS, LEFTS, SEQLENS, BLOCK_TABLE,
-                         SLOPES, seqlen_q, seqlen_k,
+def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, COUNTER, CU_Q, CU_K, SINKS, LEFTS, SEQLENS,
+                         BLOCK_TABLE, SLOPES, seqlen_q, seqlen_k,
                          heads_q, group, n_bh, head_chunk,
                          stride_qh, stride_kh, stride_vh,
                          stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls, qk_scale_log2, cap_in,
@@ -801,7 +825,8 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, CU_Q, CU_K, SI
                          PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr, WGS: gl.constexpr,
                          OFFSETS_64: gl.constexpr, VARLEN: gl.constexpr, WINDOW: gl.constexpr,
                          HAS_SINKS: gl.constexpr, SOFTCAP: gl.constexpr, KV_CACHE: gl.constexpr,
-                         PAGE_ROWS: gl.constexpr, HAS_ALIBI: gl.constexpr, HEADS: gl.constexpr):
+                         PAGE_ROWS: gl.constexpr, HAS_ALIBI: gl.constexpr, HEADS: gl.constexpr,
+                         TMA_STORE: gl.constexpr):
     """Persistent: each program runs work items until none is left (`_next_item`); COUNTER is two zeroed int32
     words (causal or windowed calls, `_counter`; None otherwise), which the kernel leaves zeroed. OFFSETS_64: O or
     LSE reaches past 2^31 elements (the epilogue's offsets in 64 bits). HEADS: query heads an item (1, or 2 for
@@ -815,7 +840,9 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, CU_Q, CU_K, SI
     contiguous (k/v descriptors over (batch, capacity, columns)) or, with PAGE_ROWS > 0, paged: descriptors over
     (pages, page_size, columns) with boxes of PAGE_ROWS rows, key j of sequence b in page
     BLOCK_TABLE[b * stride_bt + j // page_size]. HAS_ALIBI: SLOPES (heads_q,) fp32; a score less
-    slope * |its row's own key (bottom-right aligned) - its key|."""
+    slope * |its row's own key (bottom-right aligned) - its key|. TMA_STORE (`tma_store`): the output leaves through
+    a staging buffer and `o_desc`, a descriptor over O as (batch, seqlen_q, columns) with (1, ROWS, HEAD_DV) boxes;
+    otherwise `o_desc` is None and the output is stored through pointers."""
     CLEAN: gl.constexpr = KV_CACHE or VARLEN             # V rows past a sequence may hold NaN (`_wait_v`)
     DYNAMIC: gl.constexpr = CAUSAL or WINDOW or VARLEN or KV_CACHE      # items of unequal lengths
     n_m = gl.cdiv(seqlen_q, ROWS if HEADS > 1 else WGS * ROWS)
@@ -836,6 +863,14 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, CU_Q, CU_K, SI
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     items = gl.allocate_shared_memory(gl.int32, [Q_BUFS, ITEM_WORDS_], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    if TMA_STORE:                 # the output's staging buffer and its turns (`_consumer`'s epilogue)
+        o_stage = gl.allocate_shared_memory(dtype, [ROWS, HEAD_DV],
+                                            gl.NVMMASharedLayout.get_default_for([ROWS, HEAD_DV], dtype))
+        o_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(o_free.index(0), count=1)
+        mbarrier.init(o_free.index(1), count=1)
+    else:                         # unused stand-ins: a tuple holds no None
+        o_desc, o_stage, o_free = q_desc, q_smem, turn
     mbarrier.init(turn.index(0), count=1)
     mbarrier.init(turn.index(1), count=1)
     for i in gl.static_range(Q_BUFS):
@@ -850,7 +885,7 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, CU_Q, CU_K, SI
     # The consumers take each item's fields from the producer (`_read_item`), not the schedule's arguments.
     shared = (q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, O, LSE, n_m, n_bh,
               heads_q, seqlen_q, seqlen_k, qk_scale_log2, stride_ob, stride_os, stride_oh, stride_lb, stride_lh,
-              stride_ls, turn, left, right, SINKS, cap_in, SEQLENS, SLOPES)
+              stride_ls, turn, o_desc, o_stage, o_free, left, right, SINKS, cap_in, SEQLENS, SLOPES)
     producer = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready,
                 v_empty, COUNTER, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, stride_qh, stride_kh,
                 stride_vh, CU_Q, CU_K, left, LEFTS, right, SEQLENS, BLOCK_TABLE, stride_bt, page_size)
@@ -858,9 +893,9 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, CU_Q, CU_K, SI
     if WGS == 2:
         gl.warp_specialize([
             (_consumer, (shared, 0, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64, QK_PARTS,
-                          VARLEN, WINDOW, HAS_SINKS, SOFTCAP, HAS_ALIBI, CLEAN, HEADS)),
+                          VARLEN, WINDOW, HAS_SINKS, SOFTCAP, HAS_ALIBI, CLEAN, HEADS, TMA_STORE)),
             (_consumer, (shared, 1, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64, QK_PARTS,
-                          VARLEN, WINDOW, HAS_SINKS, SOFTCAP, HAS_ALIBI, CLEAN, HEADS)),
+                          VARLEN, WINDOW, HAS_SINKS, SOFTCAP, HAS_ALIBI, CLEAN, HEADS, TMA_STORE)),
             (_producer, (producer, BLOCK_N, STAGES, Q_BUFS, CAUSAL, WGS, QK_PARTS, VARLEN, WINDOW, PAGE_ROWS,
                           DYNAMIC, HEADS)),
         ], [4, 1], [CONSUMER_REGS, REGS_3WG - 2 * CONSUMER_REGS])
@@ -872,11 +907,11 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, CU_Q, CU_K, SI
             (_producer, (producer, BLOCK_N, STAGES, Q_BUFS, CAUSAL, WGS, QK_PARTS, VARLEN, WINDOW, PAGE_ROWS,
                           DYNAMIC, HEADS)),
             (_consumer, (shared, 0, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64, QK_PARTS,
-                          VARLEN, WINDOW, HAS_SINKS, SOFTCAP, HAS_ALIBI, CLEAN, HEADS)),
+                          VARLEN, WINDOW, HAS_SINKS, SOFTCAP, HAS_ALIBI, CLEAN, HEADS, TMA_STORE)),
             (_consumer, (shared, 1, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64, QK_PARTS,
-                          VARLEN, WINDOW, HAS_SINKS, SOFTCAP, HAS_ALIBI, CLEAN, HEADS)),
+                          VARLEN, WINDOW, HAS_SINKS, SOFTCAP, HAS_ALIBI, CLEAN, HEADS, TMA_STORE)),
             (_consumer, (shared, 2, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64, QK_PARTS,
-                          VARLEN, WINDOW, HAS_SINKS, SOFTCAP, HAS_ALIBI, CLEAN, HEADS)),
+                          VARLEN, WINDOW, HAS_SINKS, SOFTCAP, HAS_ALIBI, CLEAN, HEADS, TMA_STORE)),
         ], [4, 4, 4], [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS])
 
 
@@ -977,6 +1012,14 @@ def page_rows(page_size, block_n):
     return min(page_size & -page_size, block_n)
 
 
+def tma_store(d, seqlen_q, wgs, varlen, offsets_64, same_dtype):
+    """Whether a call's output leaves by TMA store (`TMA_STORE_DIMS`): padded calls (a packed batch's box would
+    cross into the next sequence), two consumer warpgroups (the staging buffer's turns), offsets under 2^31 and an
+    output of the inputs' dtype; the caller checks TMA's alignment rules (`_view3`)."""
+    return (d in TMA_STORE_DIMS and seqlen_q < TMA_STORE_MAX_ROWS and wgs == 2 and not varlen and not offsets_64
+            and same_dtype)
+
+
 def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None, tiles=None, varlen=None,
                 window=None, sinks=None, softcap=0.0, cache=None, alibi_slopes=None, pack=None):
     """(grid, arguments, meta-parameters) of one launch; `benchmarks/profile_host.py` times the launch alone."""
@@ -1031,7 +1074,10 @@ def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpon
         chunk = max(1, L2_BUDGET // (seqlen_k * (d + dv) * k.element_size())) * group // heads
     part = _QK_PART.get(d, d)
     kv_rows = block_n if table is None else page_rows(k.shape[1], block_n)
-    args = (desc(q, vq, _ROWS, part), desc(k, vk, kv_rows, part), desc(v, vv, kv_rows, dv), out, lse, counter,
+    offsets_64 = max(_extent(out), _extent(lse)) > 2**31
+    vo = _view3(out) if tma_store(d, seqlen_q, wgs, varlen is not None, offsets_64, out.dtype == q.dtype) else None
+    args = (desc(q, vq, _ROWS, part), desc(k, vk, kv_rows, part), desc(v, vv, kv_rows, dv),
+            None if vo is None else desc(out, vo, _ROWS, dv), out, lse, counter,
             cu_q, cu_k, sinks, lefts, seqlens, table, alibi_slopes, seqlen_q, seqlen_k, heads_q, group,
             batch * heads_q // heads, chunk,
             q.stride(2), k.stride(2), v.stride(2), *o_strides, *lse_strides,
@@ -1039,8 +1085,8 @@ def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpon
             min(left, UNBOUNDED) if left >= 0 else UNBOUNDED, min(max(right, 0), UNBOUNDED),
             table.stride(0) if table is not None else 0, k.shape[1] if table is not None else 0)
     meta = dict(BLOCK_N=block_n, HEAD_D=d, HEAD_DV=dv, STAGES=stages, Q_BUFS=q_bufs, CAUSAL=causal,
-                PINGPONG=pingpong, CONSUMER_REGS=regs, WGS=wgs, OFFSETS_64=max(_extent(out), _extent(lse)) > 2**31,
+                PINGPONG=pingpong, CONSUMER_REGS=regs, WGS=wgs, OFFSETS_64=offsets_64,
                 VARLEN=varlen is not None, WINDOW=window, HAS_SINKS=sinks is not None, SOFTCAP=softcap > 0,
                 KV_CACHE=cache is not None, PAGE_ROWS=kv_rows if table is not None else 0,
-                HAS_ALIBI=alibi_slopes is not None, HEADS=heads, num_warps=4)
+                HAS_ALIBI=alibi_slopes is not None, HEADS=heads, TMA_STORE=vo is not None, num_warps=4)
     return grid, args, meta
