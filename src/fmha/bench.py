@@ -228,11 +228,32 @@ def _heat(fns, seconds=HEAT_S):
         torch.cuda.synchronize()
 
 
-def _measure(row, impls, ref, flops, nbytes, *, ratio_of, graph, to_nhd):
+TIMING_ROUNDS = 3                 # timings of each implementation a row, in interleaved rounds (`_measure`)
+
+
+def _time_once(fn, graph, row, name):
+    """Seconds per call of one timing: CUDA-graph replays when `graph` (eager if capture fails; the row says
+    which), else eager calls."""
+    if graph:
+        try:
+            t = bench_gpu_graph(fn)
+            row[f"{name}_timing"] = "cuda-graph"
+            return t
+        except Exception:
+            torch.cuda.synchronize()
+            row[f"{name}_timing"] = "eager"
+    return bench_gpu(fn)
+
+
+def _measure(row, impls, ref, flops, nbytes, *, ratio_of, graph, to_nhd, rounds=TIMING_ROUNDS):
     """Check each peer against ours (same inputs, same answer: never time a wrong kernel), time it, and fill
     `row` with TFLOP/s, GB/s and ours / peer on `ratio_of`. A peer that cannot run is reported, not fatal.
-    The implementations that pass run for a while untimed first (`_heat`). `graph`: time CUDA-graph replays
-    (eager if capture fails; the row says which)."""
+    The implementations that pass run for a while untimed first (`_heat`), then are timed `rounds` times in
+    interleaved rounds (ours, each peer, ours, ...), and each keeps the median of its timings (all of them in
+    `{name}_rounds`, in `ratio_of`'s unit). One timing can read far low when the host stalls (an eager call whose
+    host time outlasts the GPU's work leaves the GPU idle): the d = 256 1k causal prefill read 248 TFLOP/s in one
+    record against 419 in the next process (NOTES.md, fiftieth session); interleaved, such a stall costs one
+    round of one implementation, which the median drops. `graph`: time CUDA-graph replays."""
     ok = {}
     for name, fn in impls.items():
         try:
@@ -246,22 +267,21 @@ def _measure(row, impls, ref, flops, nbytes, *, ratio_of, graph, to_nhd):
         except Exception as e:
             row[f"{name}_error"] = _error_text(e)
     _heat(list(ok.values()))
-    for name, fn in ok.items():
-        try:
-            if graph:
-                try:
-                    t = bench_gpu_graph(fn)
-                    row[f"{name}_timing"] = "cuda-graph"
-                except Exception:
-                    torch.cuda.synchronize()
-                    t = bench_gpu(fn)
-                    row[f"{name}_timing"] = "eager"
-            else:
-                t = bench_gpu(fn)
-            row[f"{name}_tflops"] = flops / t / 1e12
-            row[f"{name}_gbps"] = nbytes / t / 1e9
-        except Exception as e:
-            row[f"{name}_error"] = _error_text(e)
+    times = {name: [] for name in ok}
+    for _ in range(rounds):
+        for name in list(times):
+            try:
+                times[name].append(_time_once(ok[name], graph, row, name))
+            except Exception as e:
+                row[f"{name}_error"] = _error_text(e)
+                del times[name]
+    per_s = flops if ratio_of == "tflops" else nbytes
+    scale = 1e12 if ratio_of == "tflops" else 1e9
+    for name, ts in times.items():
+        t = statistics.median(ts)
+        row[f"{name}_tflops"] = flops / t / 1e12
+        row[f"{name}_gbps"] = nbytes / t / 1e9
+        row[f"{name}_rounds"] = "/".join(f"{per_s / x / scale:.1f}" for x in ts)
     for name in impls:
         if name != "ours" and f"{name}_{ratio_of}" in row and f"ours_{ratio_of}" in row:
             row[f"ours_vs_{name}"] = row[f"ours_{ratio_of}"] / row[f"{name}_{ratio_of}"]

@@ -1,0 +1,60 @@
+"""`fmha bench`'s row measurement (`bench._measure`): every implementation checked against ours before it is timed,
+timed in interleaved rounds, and the median of its rounds kept, so that one stalled timing cannot set a row."""
+import pytest
+import torch
+
+from fmha import bench
+
+
+def _scripted(monkeypatch, seconds):
+    """bench_gpu returns the next of `seconds` each call, after running the call once; the calls' order is kept."""
+    order = []
+    it = iter(seconds)
+
+    def fake(fn):
+        order.append(fn.__name__)
+        fn()
+        return next(it)
+    monkeypatch.setattr(bench, "bench_gpu", fake)
+    monkeypatch.setattr(bench, "_heat", lambda fns: None)
+    return order
+
+
+def _impl(name, value):
+    def fn():
+        return value
+    fn.__name__ = name
+    return fn
+
+
+def test_measure_takes_the_median_of_interleaved_rounds(monkeypatch):
+    x = torch.arange(6.0).reshape(1, 2, 3)
+    # Round by round: ours, peer. Ours stalls in round 2 (5 ms against 1 ms); the peer takes 2 ms throughout.
+    order = _scripted(monkeypatch, [1e-3, 2e-3, 5e-3, 2e-3, 1e-3, 2e-3])
+    row = {}
+    bench._measure(row, {"ours": _impl("ours", x), "peer": _impl("peer", x.clone())}, x, 1e9, 1e6,
+                   ratio_of="tflops", graph=False, to_nhd=lambda o: o)
+    assert order == ["ours", "peer"] * 3
+    assert row["ours_tflops"] == pytest.approx(1e9 / 1e-3 / 1e12)
+    assert row["ours_gbps"] == pytest.approx(1e6 / 1e-3 / 1e9)
+    assert row["ours_vs_peer"] == pytest.approx(2.0)
+    assert row["ours_rounds"] == "1.0/0.2/1.0" and row["peer_rounds"] == "0.5/0.5/0.5"
+
+
+def test_measure_reports_wrong_and_failing_peers(monkeypatch):
+    x = torch.arange(6.0).reshape(1, 2, 3)
+    _scripted(monkeypatch, [1e-3] * 6)
+    row = {}
+
+    calls = []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) > 2:        # the check's call and the first timing pass; the second timing fails
+            raise RuntimeError("launch failed")
+        return x
+    bench._measure(row, {"ours": _impl("ours", x), "wrong": _impl("wrong", x + 1), "flaky": flaky}, x, 1e9, 1e6,
+                   ratio_of="gbps", graph=False, to_nhd=lambda o: o)
+    assert "disagrees" in row["wrong_error"] and "wrong_gbps" not in row
+    assert "launch failed" in row["flaky_error"] and "flaky_gbps" not in row and "ours_vs_flaky" not in row
+    assert row["ours_rounds"] == "1.0/1.0/1.0"
