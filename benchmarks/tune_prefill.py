@@ -2,7 +2,7 @@
 
     PYTHONPATH=src python3 benchmarks/tune_prefill.py [--kernel triton|gluon] [--out tune.json]
         [--dims 64 128 256] [--seqs 4096 16384] [--all-configs] [--tiles 128,4,2,232,2 ...] [--pingpong on|off]
-        [--versions A.py B.py] [--reverse]
+        [--versions A.py B.py] [--reverse] [--rounds N]
 
 Prints one line per (case, variant): TFLOP/s and the ratio to cuDNN; each variant's output is checked against
 cuDNN's before it is timed. `--kernel triton` sweeps `forward.py` (tiles × TMA on/off; fills `_GPU_TILES`),
@@ -11,12 +11,14 @@ cuDNN's before it is timed. `--kernel triton` sweeps `forward.py` (tiles × TMA 
 three consumer warpgroups ignore; `--tiles` sweeps the named configs instead, in the table or not). `--versions`
 times other copies of `forward_sm90.py` (e.g. one taken from an earlier commit with
 `git show REV:src/fmha/kernels/forward_sm90.py > /tmp/base.py`) beside the package's own, each with its own tables,
-in the same process, each variant timed twice (A B .. B A) and averaged; `--reverse` starts with the last version.
+in the same process, each variant timed twice (A B .. B A) and averaged (`--rounds N`: N alternating passes and their
+median); `--reverse` starts with the last version.
 Each row also carries SDPA's FlashAttention-2 backend (`vs_fa2`).
 """
 import argparse
 import itertools
 import os
+import statistics
 
 import torch
 import torch.nn.functional as F
@@ -76,6 +78,8 @@ def main():
     p.add_argument("--pingpong", choices=("on", "off"), default=None)
     p.add_argument("--versions", nargs="*", default=[], help="other copies of forward_sm90.py to time (gluon)")
     p.add_argument("--tiles", nargs="*", default=None, help="gluon: only these configs, e.g. 128,4,2,232,2")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="timings a variant, in alternating order, median kept (default: 2 with --versions, else 1)")
     p.add_argument("--reverse", action="store_true",
                    help="time the versions in reverse order, the package's last (to separate order from version)")
     args = p.parse_args()
@@ -116,15 +120,17 @@ def main():
                       flush=True)
                 continue
             checked.append((case, label, run, err))
-        # With several versions each variant is timed twice, in the order A B .. B A, and the two are averaged: of
-        # two back-to-back timings the second can read several percent low, whichever kernel it is (A/A runs in
-        # benchmarks/NOTES.md, fourteenth session).
-        order = checked + checked[::-1] if len(versions) > 1 else checked
+        # With several versions each variant is timed in `rounds` passes, alternately in the order A B .. and
+        # .. B A, and the median kept (of two, their mean): of two back-to-back timings the second can read several
+        # percent low, whichever kernel it is (A/A runs in benchmarks/NOTES.md, fourteenth session), and one timing
+        # can stall (fiftieth session), which a median of three or more drops.
+        rounds = args.rounds or (2 if len(versions) > 1 else 1)
+        order = [c for i in range(rounds) for c in (checked if i % 2 == 0 else checked[::-1])]
         times = {}
         for case, label, run, err in order:
             times.setdefault(case, []).append(bench_gpu(lambda: run(q, k, v, out, lse, causal)))
         for case, label, run, err in checked:
-            t = sum(times[case]) / len(times[case])
+            t = statistics.median(times[case])
             row = dict(kernel=args.kernel, d=d, s=s, causal=causal, **label, tflops=flops / t / 1e12,
                        cudnn_tflops=flops / t_ref / 1e12, vs_cudnn=t_ref / t, fa2_tflops=flops / t_fa2 / 1e12,
                        vs_fa2=t_fa2 / t, max_err=err, tflops_each=[flops / x / 1e12 for x in times[case]])
