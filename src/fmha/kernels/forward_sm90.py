@@ -90,9 +90,9 @@ WIDE_MIN_ROWS = 2048
 WIDE_MIN_ROWS_CAUSAL = 8192
 # The output of padded d = 256 calls shorter than TMA_STORE_MAX_ROWS leaves by TMA store from a staging buffer
 # (`_consumer`'s epilogue) instead of pointer stores: an item's epilogue took 2-3.9 us there, 7-13% of a 1k item
-# (`history/probe_prefill_timeline_d256_h100_b01370f.json`). Against the pointer stores in one process, both orders
-# (`history/tune_prefill_tmastore_d256_h100_cabd962{,_reverse}.json`): 1k +4.7..+6.2% unmasked and causal, 4k
-# -3..+4%, 16k causal -3..-6% (and 16k unmasked -7% / level), hence the bound.
+# (`history/probe_prefill_timeline_d256_h100_b01370f.json`). Against the pointer stores in one process: 1k +4.7..+6.2%
+# (`history/tune_prefill_tmastore_d256_h100_cabd962*.json`), 2k / 3k +2..+4% (`..._tma_bound_h100_fa7a936.json`);
+# from 4k rows level within noise (`..._tma_bound_rounds5_h100_b20ab8d.json`, medians of five), hence the bound.
 TMA_STORE_DIMS = (256,)
 TMA_STORE_MAX_ROWS = 4096
 PINGPONG_MIN_ROWS_D128 = 4096     # causal d = 128 calls from this many query rows take turns (`launch_args`)
