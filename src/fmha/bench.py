@@ -275,13 +275,12 @@ def _measure(row, impls, ref, flops, nbytes, *, ratio_of, graph, to_nhd, rounds=
             except Exception as e:
                 row[f"{name}_error"] = _error_text(e)
                 del times[name]
-    per_s = flops if ratio_of == "tflops" else nbytes
-    scale = 1e12 if ratio_of == "tflops" else 1e9
+    work, unit = (flops, 1e12) if ratio_of == "tflops" else (nbytes, 1e9)
     for name, ts in times.items():
         t = statistics.median(ts)
         row[f"{name}_tflops"] = flops / t / 1e12
         row[f"{name}_gbps"] = nbytes / t / 1e9
-        row[f"{name}_rounds"] = "/".join(f"{per_s / x / scale:.1f}" for x in ts)
+        row[f"{name}_rounds"] = "/".join(f"{work / x / unit:.1f}" for x in ts)
     for name in impls:
         if name != "ours" and f"{name}_{ratio_of}" in row and f"ours_{ratio_of}" in row:
             row[f"ours_vs_{name}"] = row[f"ours_{ratio_of}"] / row[f"{name}_{ratio_of}"]
