@@ -58,3 +58,19 @@ def test_measure_reports_wrong_and_failing_peers(monkeypatch):
     assert "disagrees" in row["wrong_error"] and "wrong_gbps" not in row
     assert "launch failed" in row["flaky_error"] and "flaky_gbps" not in row and "ours_vs_flaky" not in row
     assert row["ours_rounds"] == "1.0/1.0/1.0"
+
+
+def test_measure_falls_back_to_eager_for_the_whole_row(monkeypatch):
+    """A call that cannot be captured is timed eagerly in every round, and the row says so."""
+    x = torch.arange(6.0).reshape(1, 2, 3)
+    _scripted(monkeypatch, [1e-3] * 3)
+    captures = []
+
+    def no_graph(fn):
+        captures.append(fn.__name__)
+        raise RuntimeError("operation not permitted when stream is capturing")
+    monkeypatch.setattr(bench, "bench_gpu_graph", no_graph)
+    monkeypatch.setattr(bench.torch.cuda, "synchronize", lambda: None)
+    row = {}
+    bench._measure(row, {"ours": _impl("ours", x)}, x, 1e9, 1e6, ratio_of="gbps", graph=True, to_nhd=lambda o: o)
+    assert captures == ["ours"] and row["ours_timing"] == "eager" and row["ours_rounds"] == "1.0/1.0/1.0"

@@ -232,9 +232,9 @@ TIMING_ROUNDS = 3                 # timings of each implementation a row, in int
 
 
 def _time_once(fn, graph, row, name):
-    """Seconds per call of one timing: CUDA-graph replays when `graph` (eager if capture fails; the row says
-    which), else eager calls."""
-    if graph:
+    """Seconds per call of one timing: CUDA-graph replays when `graph` (eager if capture fails, then for the row's
+    later rounds too; the row says which), else eager calls."""
+    if graph and row.get(f"{name}_timing") != "eager":
         try:
             t = bench_gpu_graph(fn)
             row[f"{name}_timing"] = "cuda-graph"
