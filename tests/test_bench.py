@@ -74,3 +74,15 @@ def test_measure_falls_back_to_eager_for_the_whole_row(monkeypatch):
     row = {}
     bench._measure(row, {"ours": _impl("ours", x)}, x, 1e9, 1e6, ratio_of="gbps", graph=True, to_nhd=lambda o: o)
     assert captures == ["ours"] and row["ours_timing"] == "eager" and row["ours_rounds"] == "1.0/1.0/1.0"
+
+
+def test_measure_checks_ours_against_the_reference(monkeypatch):
+    """FP8 prefill rows take their reference from our bf16 path: ours is checked against it like every peer, and
+    a wrong result is reported, not timed."""
+    x = torch.arange(6.0).reshape(1, 2, 3)
+    _scripted(monkeypatch, [1e-3] * 3)
+    row = {}
+    bench._measure(row, {"ours": _impl("ours", x + 1), "ours-bf16": _impl("ours-bf16", x)}, x, 1e9, 1e6,
+                   ratio_of="tflops", graph=False, to_nhd=lambda o: o)
+    assert "disagrees" in row["ours_error"] and "ours_tflops" not in row and "ours_vs_ours-bf16" not in row
+    assert row["ours-bf16_rounds"] == "1.0/1.0/1.0"

@@ -207,7 +207,8 @@ GLUON_SCRIPT = textwrap.dedent('''
     bn, stages, q_bufs, regs, wgs = (_WIDE_TILES if wide else _TILES)[d]
     if cache == 2:                # as `choose_tiles` for a paged cache
         regs = min(regs, PAGED_REGS)
-    el = gl.bfloat16 if dt == "bf16" else gl.float16
+    el = {"bf16": gl.bfloat16, "fp16": gl.float16, "fp8e4nv": gl.float8e4nv}[dt]
+    fp8 = dt == "fp8e4nv"         # FP8 q, k, v: V transposed, the descales, a bf16 output
 
     def desc(rows, width):
         layout = gl.NVMMASharedLayout.get_default_for([1, rows, width], el)
@@ -221,7 +222,7 @@ GLUON_SCRIPT = textwrap.dedent('''
     consts.update(VARLEN=varlen, WINDOW=window, HAS_SINKS=sinks, SOFTCAP=softcap, KV_CACHE=bool(cache),
                   PAGE_ROWS=kv_rows if cache == 2 else 0, HAS_ALIBI=alibi, HEADS=2 if pack else 1)
     # as `launch_args` picks it: the output by TMA store (d = 256, padded calls, offsets under 2^31)
-    consts["TMA_STORE"] = tma_store(d, 1024, wgs, varlen, offsets_64, True)       # a short call
+    consts["TMA_STORE"] = tma_store(d, 1024, wgs, varlen, offsets_64, not fp8)    # a short call
     if not consts["TMA_STORE"]:
         consts["o_desc"] = None
     if not alibi:
@@ -236,11 +237,13 @@ GLUON_SCRIPT = textwrap.dedent('''
         consts["SINKS"] = None
     if not lefts:
         consts["LEFTS"] = None
+    if not fp8:
+        consts["SCALES"] = None
     part = _QK_PART.get(d, d)
-    ptrs = dict(q_desc=desc(_ROWS, part), k_desc=desc(kv_rows, part), v_desc=desc(kv_rows, dv),
-                o_desc=desc(_ROWS, dv), O=f"*{dt}",
-                LSE="*fp32", COUNTER="*i32", CU_Q="*i32", CU_K="*i32", SINKS="*fp32", LEFTS="*i32", SEQLENS="*i32",
-                BLOCK_TABLE="*i32", SLOPES="*fp32")
+    ptrs = dict(q_desc=desc(_ROWS, part), k_desc=desc(kv_rows, part),
+                v_desc=desc(dv, kv_rows) if fp8 else desc(kv_rows, dv), o_desc=desc(_ROWS, dv),
+                O="*bf16" if fp8 else f"*{dt}", LSE="*fp32", COUNTER="*i32", CU_Q="*i32", CU_K="*i32",
+                SINKS="*fp32", LEFTS="*i32", SEQLENS="*i32", BLOCK_TABLE="*i32", SLOPES="*fp32", SCALES="*fp32")
     ptrs = {n: v for n, v in ptrs.items() if n not in consts}
     names = list(inspect.signature(attn_fwd_sm90_kernel.fn).parameters)
     floats = ("qk_scale_log2", "cap_in")
@@ -267,12 +270,15 @@ GLUON_SCRIPT = textwrap.dedent('''
                                   (64, True, "bf16", True, True, False, True, True, True),
                                   (128, True, "bf16", False, False, False, False, False, False, False, 2, True),
                                   (64, False, "fp16", True, False, False, True, True, False, False, 1, True),
-                                  (128, True, "fp16", False, False, False, True, True, False, False, 2, True, True)],
+                                  (128, True, "fp16", False, False, False, True, True, False, False, 2, True, True),
+                                  (128, True, "fp8e4nv", False, False),
+                                  (64, True, "fp8e4nv", False, False, False, True, True, True, False, 0, True, True)],
                          ids=["d128-causal", "d128", "d64", "d64-wide", "d64-wide-causal", "d256-causal",
                               "d192-dv128-causal", "d192-dv128", "d128-causal-varlen-offsets64", "d64-wide-varlen",
                               "d64-window-lefts-sinks-varlen", "d64-wide-window-sinks-softcap-offsets64",
                               "d128-causal-paged-cache-alibi", "d64-wide-window-sinks-cache-alibi",
-                              "d128-window-sinks-paged-alibi-paired-heads"])
+                              "d128-window-sinks-paged-alibi-paired-heads", "d128-causal-fp8",
+                              "d64-window-sinks-softcap-alibi-paired-heads-fp8"])
 def test_gluon_prefill_compiles_for_sm90(case):
     """The Hopper Gluon kernel cannot run in the interpreter; compiling it here catches API drift and shared
     memory over the limit, and checks the warp-specialised shape: wgmma, 3-D TMA loads, per-partition
@@ -288,6 +294,24 @@ def test_gluon_prefill_compiles_for_sm90(case):
     # than any change that causes it could gain.
     assert not info["serialized"], f"ptxas serialised the wgmmas: {info['serialized']}"
     assert info["shared"] <= 232448, f"shared memory {info['shared']} over the H100 limit"
+
+
+@pytest.mark.cpu
+def test_gluon_fp8_host_pieces():
+    """The host side of FP8 calls on the Gluon kernel: V transposed into a copy whose TMA view has the keys as
+    columns (rows 16-byte aligned, the padding outside the view), and the descales folded into (q * k, v) pairs."""
+    from fmha.kernels.forward_sm90 import fp8_scales, transposed_v
+    torch.manual_seed(0)
+    v = (torch.randn(2, 37, 3, 16 + 8)[..., :16] * 4).to(torch.float8_e4m3fn)      # strided, 37 keys
+    vt, (shape, strides) = transposed_v(v, 128)
+    assert vt.shape == (2, 3, 16, 48) and shape == [2, 48, 37] and strides == [3 * 16 * 48, 48, 1]
+    seen = vt.view(torch.uint8).reshape(2, 48, 48)[:, :, :37]
+    assert torch.equal(seen, v.view(torch.uint8).permute(0, 2, 3, 1).reshape(2, 48, 37))
+    q_d, k_d, v_d = (torch.rand(2, 3) + 0.5 for _ in range(3))
+    scales = fp8_scales((q_d, k_d, v_d), 2, 3, "cpu")
+    assert torch.equal(scales[..., 0], q_d * k_d) and torch.equal(scales[..., 1], v_d)
+    assert torch.equal(fp8_scales((None, k_d, None), 2, 3, "cpu"), torch.stack((k_d, torch.ones(2, 3)), -1))
+    assert torch.equal(fp8_scales(None, 2, 3, "cpu"), torch.ones(2, 3, 2))
 
 
 @pytest.mark.cpu

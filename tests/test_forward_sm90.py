@@ -6,7 +6,7 @@ import torch
 
 import fmha
 from fmha.reference import attention_ref, attention_varlen_ref
-from utils import assert_matches, poisoned
+from utils import assert_lse_close, assert_matches, poisoned
 
 pytestmark = pytest.mark.gpu
 
@@ -435,6 +435,85 @@ def test_gluon_causal_half_tiles_d128(shape):
     lse = torch.full((b, hq, sq), float("nan"), device="cuda")
     forward_sm90.attention_forward_sm90(q, k, v, out, lse, causal=True, softmax_scale=d ** -0.5, pingpong=False)
     assert_matches(out, lse, attention_ref(q, k, v, causal=True), torch.bfloat16)
+
+
+FP8 = torch.float8_e4m3fn
+# (batch, seqlen_q, seqlen_k, heads_q, heads_k, head_dim[, head_dim_v]) of the FP8 cases: every tile shape's form.
+FP8_SHAPES = [
+    (2, 1000, 1500, 16, 4, 128),
+    (3, 700, 300, 4, 1, 64),        # Sq > Sk: causal items with no key tile
+    (1, 1000, 1064, 4, 2, 64),      # warpgroup 0's diagonal tile at half width
+    (1, 4096, 4096, 4, 4, 64),      # three consumer warpgroups
+    (2, 513, 1027, 4, 4, 256),      # ping-pong
+    (2, 129, 65, 2, 2, 192, 128),
+    (2, 64, 2000, 8, 2, 128),       # GQA heads paired in an item
+]
+
+
+def _fp8_inputs(shape, scale=2.0):
+    """FP8 q, k, v of `shape` in buffers NaN past seqlen (16 NaN columns past head_dim keep rows 16-byte aligned,
+    as TMA needs) and per-(batch, KV head) descales; skips unless the Gluon path takes them."""
+    torch.manual_seed(sum(shape))
+    b, sq, sk, hq, hk, d, dv = (*shape, shape[-1])[:7]
+    q = poisoned((b, sq, hq, d), sq, FP8, "cuda", pad_cols=16, scale=scale)
+    k = poisoned((b, sk, hk, d), sk, FP8, "cuda", pad_cols=16, scale=scale)
+    v = poisoned((b, sk, hk, dv), sk, FP8, "cuda", pad_cols=16, scale=scale)
+    if not _gluon_ok(q, k, v):
+        pytest.skip("not an sm_90 GPU")
+    descales = {name: torch.rand(b, hk, device="cuda") + 0.5 for name in ("q_descale", "k_descale", "v_descale")}
+    return q, k, v, descales
+
+
+def _assert_matches_fp8_p(got, lse, oracle, v, v_descale):
+    """The Gluon kernel's FP8 P (FlashAttention-3's): each probability, scaled into (0, 256], rounded to e4m3: within
+    2^-4 of itself where normal (from 2^-6), within 2^-10 below that; a row's sum is at least 256. So each output
+    is within (2^-4 + keys * 2^-18) max |v| of the exact attention (its weights sum to 1), plus bf16's rounding of
+    the output. The row sums are taken before the rounding, so the LSE is held to the usual bound. The cosine
+    bound is the bf16 one relaxed to what e4m3's rounding of P allows."""
+    ref, ref_lse = oracle
+    got = got.float()
+    assert not torch.isnan(got).any(), "out: NaN in output"
+    v_max = (v.float() * v_descale[:, None, :, None]).abs().amax()
+    bound = (2.0 ** -4 + v.shape[1] * 2.0 ** -18) * v_max + 2.0 ** -7 * ref.abs()
+    err = (got - ref).abs()
+    assert (err <= bound).all(), f"out: max abs err {err.max().item():.3e}, bound {bound.min().item():.3e}"
+    cos = torch.nn.functional.cosine_similarity(got.flatten().double(), ref.flatten().double(), dim=0)
+    assert 1 - cos.item() < 1e-3, f"out: cos diff {1 - cos.item():.2e}"
+    assert_lse_close(lse, ref_lse)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", FP8_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_gluon_fp8(shape, causal, monkeypatch):
+    """FP8 (e4m3) q, k and v with descales on the Gluon kernel (V transposed into a copy, e4m3 wgmma) against the
+    oracle on the descaled values; the output bf16, NaN-poisoned before."""
+    q, k, v, descales = _fp8_inputs(shape)
+    calls = _spy_gluon(monkeypatch)
+    out = torch.full((*q.shape[:3], v.shape[-1]), float("nan"), dtype=torch.bfloat16, device="cuda")
+    got, lse = fmha.attention(q, k, v, causal=causal, return_lse=True, out=out, **descales)
+    assert len(calls) == 1
+    _assert_matches_fp8_p(got, lse, attention_ref(q, k, v, causal=causal, **descales), v, descales["v_descale"])
+
+
+@pytest.mark.parametrize("extra", ["window-sinks", "softcap-alibi", "window-sinks-softcap-alibi"])
+@pytest.mark.parametrize("descaled", [True, False], ids=["descales", "no-descales"])
+def test_gluon_fp8_options(extra, descaled, monkeypatch):
+    """FP8 with a window, sinks, softcap and ALiBi (the descales go into the softcap's input scale and the slopes'
+    units), with and without descales (each then 1)."""
+    shape = (2, 1000, 1200, 8, 2, 128)
+    q, k, v, descales = _fp8_inputs(shape)
+    if not descaled:
+        descales = {}
+    calls = _spy_gluon(monkeypatch)
+    options = dict(window=(300, 0) if "window" in extra else (-1, -1),
+                   sinks=torch.randn(8, device="cuda") * 2 if "sinks" in extra else None,
+                   softcap=5.0 if "softcap" in extra else 0.0,
+                   alibi_slopes=torch.rand(8, device="cuda") * 0.2 if "alibi" in extra else None)
+    got, lse = fmha.attention(q, k, v, return_lse=True, **options, **descales)
+    assert len(calls) == 1 and got.dtype == torch.bfloat16
+    ones = torch.ones(2, 2, device="cuda")
+    _assert_matches_fp8_p(got, lse, attention_ref(q, k, v, **options, **descales), v,
+                          descales.get("v_descale", ones))
 
 
 def test_gluon_launch_cache_alignment():

@@ -81,19 +81,27 @@ def attention_flops(b, sq, sk, hq, dqk, dv, window=(-1, -1), causal=False):
     return 2 * b * hq * visible_pairs(sq, sk, window, causal) * (dqk + dv)
 
 
-def gpu_ceilings():
-    """This GPU's bf16 matmul rate (8192^3) and device-copy bandwidth (bytes read + written), measured now."""
+def gpu_ceilings(fp8=False):
+    """This GPU's bf16 matmul rate (8192^3) and device-copy bandwidth (bytes read + written), measured now;
+    `fp8`: also its e4m3 matmul rate (`torch._scaled_mm`, bf16 out)."""
     n = 8192
     a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     t_mm = bench_gpu(lambda: torch.matmul(a, b))
+    extra = {}
+    if fp8:
+        a8, b8 = a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn).t().contiguous().t()     # column-major b
+        one = torch.ones((), device="cuda")
+        t8 = bench_gpu(lambda: torch._scaled_mm(a8, b8, scale_a=one, scale_b=one, out_dtype=torch.bfloat16))
+        extra["fp8_matmul_tflops"] = 2 * n ** 3 / t8 / 1e12
+        del a8, b8
     del a, b
     src = torch.randn(256 * 1024 * 1024, device="cuda")          # 1 GiB
     dst = torch.empty_like(src)
     t_cp = bench_gpu(lambda: dst.copy_(src))
     nbytes = 2 * src.numel() * src.element_size()
     del src, dst
-    return dict(matmul_tflops=2 * n ** 3 / t_mm / 1e12, copy_gbps=nbytes / t_cp / 1e9)
+    return dict(matmul_tflops=2 * n ** 3 / t_mm / 1e12, copy_gbps=nbytes / t_cp / 1e9, **extra)
 
 
 # ----------------------------------------------------------------------------------------------- peers
@@ -159,10 +167,13 @@ PREFILL_VALUE_DIMS = {192: 128}
 
 
 def bench_prefill(args, record):
+    """`--dtype fp8`: ours on float8_e4m3fn q, k, v (no descales), the portable kernel on the same, and our bf16
+    path and every (bf16) peer on the same values widened to bf16: the attention they all compute is the same."""
     import fmha
 
     total_tokens, hidden = 16384, 2048
     dtype = torch.bfloat16
+    fp8 = getattr(args, "dtype", "bf16") == "fp8"
     peers = prefill_peers()
     rows = []
     cases = PREFILL_CASES
@@ -174,13 +185,22 @@ def bench_prefill(args, record):
         torch.manual_seed(0)
         q, k, v = (torch.randn(b, s, h, dim, device="cuda", dtype=dtype) for dim in (d, d, dv))
         flops = attention_flops(b, s, s, h, d, dv, causal=causal)
-        nbytes = 2 * (q.numel() + v.numel()) * q.element_size()
-        impls = {"ours": lambda: fmha.attention(q, k, v, causal=causal),
-                 "ours-triton": _portable_prefill(q, k, v, causal)}
+        impls = {}
+        if fp8:
+            q8, k8, v8 = (t.to(torch.float8_e4m3fn) for t in (q, k, v))
+            q, k, v = (t.to(dtype) for t in (q8, k8, v8))
+            impls["ours"] = lambda: fmha.attention(q8, k8, v8, causal=causal)
+            impls["ours-triton"] = _portable_prefill(q8, k8, v8, causal)
+            impls["ours-bf16"] = lambda: fmha.attention(q, k, v, causal=causal)
+        else:
+            impls["ours"] = lambda: fmha.attention(q, k, v, causal=causal)
+            impls["ours-triton"] = _portable_prefill(q, k, v, causal)
+        nbytes = 2 * (q.numel() + v.numel()) * (1 if fp8 else q.element_size())
         for name, build in peers.items():
             impls[name] = build(q, k, v, causal)
-        ref = impls["ours"]().float()
-        row = dict(workload="prefill", d=d, s=s, b=b, h=h, causal=causal, **({"dv": dv} if dv != d else {}))
+        ref = impls["ours-bf16" if fp8 else "ours"]().float()
+        row = dict(workload="prefill", d=d, s=s, b=b, h=h, causal=causal, **({"dv": dv} if dv != d else {}),
+                   **({"dtype": "fp8"} if fp8 else {}))
         _measure(row, impls, ref, flops, nbytes, ratio_of="tflops", graph=False,
                  to_nhd=lambda o: o.transpose(1, 2) if o.shape[1] == h and o.shape[2] == s else o)
         rows.append(row)
@@ -192,9 +212,11 @@ def bench_prefill(args, record):
 
 
 def _portable_prefill(q, k, v, causal):
-    """Our `triton.language` kernel on the same inputs (what runs where the Gluon path does not apply)."""
+    """Our `triton.language` kernel on the same inputs (what runs where the Gluon path does not apply); an FP8 q
+    gives a bf16 output."""
     from .kernels.forward import attention_forward
-    out = q.new_empty((*q.shape[:3], v.shape[-1]))
+    out = torch.empty((*q.shape[:3], v.shape[-1]), device=q.device,
+                      dtype=torch.bfloat16 if q.element_size() == 1 else q.dtype)
     lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], dtype=torch.float32, device=q.device)
 
     def call():
@@ -246,7 +268,8 @@ def _time_once(fn, graph, row, name):
 
 
 def _measure(row, impls, ref, flops, nbytes, *, ratio_of, graph, to_nhd, rounds=TIMING_ROUNDS):
-    """Check each peer against ours (same inputs, same answer: never time a wrong kernel), time it, and fill
+    """Check each implementation against `ref` (ours' output, or our bf16 path's for FP8 prefill rows: same
+    inputs, same answer, never time a wrong kernel), time it, and fill
     `row` with TFLOP/s, GB/s and ours / peer on `ratio_of`. A peer that cannot run is reported, not fatal.
     The implementations that pass run for a while untimed first (`_heat`), then are timed `rounds` times in
     interleaved rounds (ours, each peer, ours, ...), and each keeps the median of its timings (all of them in
@@ -259,10 +282,9 @@ def _measure(row, impls, ref, flops, nbytes, *, ratio_of, graph, to_nhd, rounds=
         try:
             out = fn()
             out = out[0] if isinstance(out, tuple) else out
-            if name != "ours":
-                err = (to_nhd(out).float() - ref).abs().max().item()
-                if err > 0.05:
-                    raise RuntimeError(f"disagrees with ours (max abs diff {err:.3f})")
+            err = (to_nhd(out).float() - ref).abs().max().item()
+            if err > 0.05:
+                raise RuntimeError(f"disagrees with the reference output (max abs diff {err:.3f})")
             ok[name] = fn
         except Exception as e:
             row[f"{name}_error"] = _error_text(e)
@@ -776,11 +798,14 @@ def main(argv):
     p.add_argument("--commit", default=None, help="commit to record (default: git rev-parse HEAD)")
     p.add_argument("--head-dim", type=int, nargs="*", default=None,
                    help="prefill: only these head dims (192: DeepSeek's 192 / 128, not run by default)")
+    p.add_argument("--dtype", choices=("bf16", "fp8"), default="bf16",
+                   help="prefill: fp8 times ours on e4m3 inputs against the bf16 peers on the same values")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("fmha bench needs a CUDA GPU (peers and timings are GPU-only)")
         return 2
-    gpu = dict(name=torch.cuda.get_device_name(), **gpu_ceilings())
+    fp8 = args.dtype == "fp8"
+    gpu = dict(name=torch.cuda.get_device_name(), **gpu_ceilings(fp8=fp8))
     print(f"{gpu['name']}: bf16 matmul {gpu['matmul_tflops']:.0f} TFLOP/s, copy {gpu['copy_gbps']:.0f} GB/s "
           f"(measured now)", flush=True)
     payload = dict(workload=args.workload, gpu=gpu, date=datetime.datetime.now().isoformat(timespec="seconds"),
@@ -791,6 +816,8 @@ def main(argv):
         # Written after every row, so a run cut off by a time limit still leaves what it measured.
         if "ours_tflops" in row:
             row["ours_frac_matmul_peak"] = row["ours_tflops"] / gpu["matmul_tflops"]
+            if fp8:
+                row["ours_frac_fp8_matmul_peak"] = row["ours_tflops"] / gpu["fp8_matmul_tflops"]
             row["ours_frac_copy_bw"] = row["ours_gbps"] / gpu["copy_gbps"]
         payload["rows"].append(row)
         if args.out:

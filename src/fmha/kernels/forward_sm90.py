@@ -286,12 +286,19 @@ def _load_kv_tile(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_e
                                             dst)
     mbarrier.wait(v_empty.index(slot), phase)
     mbarrier.expect(v_ready.index(slot), BOXES * v_desc.block_type.nbytes)
-    for r in gl.static_range(BOXES):
-        tb, row = _box_origin(b, row_k + i * BLOCK_N + r * v_box[1], pages, PAGE_ROWS)
-        dst = v_smem.index(slot).reshape([1, BLOCK_N, v_box[2]])
-        if BOXES > 1:
-            dst = dst.slice(r * v_box[1], v_box[1], dim=1)
-        tma.async_copy_global_to_shared(v_desc, [tb, row, hk * stride_vh], v_ready.index(slot), dst)
+    if v_desc.dtype.primitive_bitwidth == 8:
+        # FP8: V transposed, (batch, kv heads * head_dim_v, keys), kv head hk's rows from hk * stride_vh (its
+        # head_dim_v), one box of (1, head_dim_v, BLOCK_N) (`_pv`); no pages
+        gl.static_assert(BOXES == 1, "FP8 V tiles come from a padded call, not pages")
+        tma.async_copy_global_to_shared(v_desc, [b, hk * stride_vh, row_k + i * BLOCK_N], v_ready.index(slot),
+                                        v_smem.index(slot).reshape(v_box))
+    else:
+        for r in gl.static_range(BOXES):
+            tb, row = _box_origin(b, row_k + i * BLOCK_N + r * v_box[1], pages, PAGE_ROWS)
+            dst = v_smem.index(slot).reshape([1, BLOCK_N, v_box[2]])
+            if BOXES > 1:
+                dst = dst.slice(r * v_box[1], v_box[1], dim=1)
+            tma.async_copy_global_to_shared(v_desc, [tb, row, hk * stride_vh], v_ready.index(slot), dst)
     return kv + 1
 
 
@@ -398,14 +405,15 @@ def _producer(args, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, Q_BUFS: gl.cons
 @gluon.jit
 def _softmax_tile(s, i, m_i, l_i, q_pos, bounds, qk_scale_log2, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
                   WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, s_layout: gl.constexpr,
-                  LAZY: gl.constexpr = False):
+                  LAZY: gl.constexpr = False, P_SHIFT: gl.constexpr = 0.0):
     """Fold the raw scores of key tile `i` (of BLOCK_N keys; `s` may hold only its first columns) into (m_i, l_i);
     returns the probabilities and the rescale factor. `bounds` = (key count, the diagonal's offset (keys a row sees
     past its own index, `right` included), first tile that crosses the end or the diagonal, the left bound's offset
     (a row's first visible key less its index), first tile no row's left bound cuts, SOFTCAP's input scale, ALIBI's
     slope and offset).
     SOFTCAP: the scores become tanh(s * scale / softcap) first, and `qk_scale_log2` is softcap * log2(e). ALIBI: then
-    less `slope` * |q_pos + `offset` - key| (`bounds`' last two: the head's slope over the scale, the diagonal)."""
+    less `slope` * |q_pos + `offset` - key| (`bounds`' last two: the head's slope over the scale, the diagonal).
+    P_SHIFT: the probabilities and l_i come out 2^P_SHIFT times larger (FP8's P, `_consumer`)."""
     seqlen_k, diag, mask_from, lead, unmask_from, cap_in, slope, offset = bounds
     # tanh through exp2, as the portable kernel (`common.scores_log2`): two MUFU operations a score (ex2, and the
     # reciprocal in div.full). FlashAttention-3's tanh.approx.f32 is one, but its relative error (2^-11) times a
@@ -441,7 +449,10 @@ def _softmax_tile(s, i, m_i, l_i, q_pos, bounds, qk_scale_log2, BLOCK_N: gl.cons
         m_new = gl.maximum(m_i, row_max)
     # A row that has seen no key yet keeps m = -inf; shift it by 0 so exp2 gives 0, not NaN.
     m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)
-    p = gl.exp2(s * qk_scale_log2 - m_shift[:, None])
+    if P_SHIFT != 0.0:
+        p = gl.exp2(s * qk_scale_log2 - (m_shift - P_SHIFT)[:, None])
+    else:
+        p = gl.exp2(s * qk_scale_log2 - m_shift[:, None])
     alpha = gl.exp2(m_i - m_shift)
     l_i = l_i * alpha + gl.sum(p, 1)
     return p, m_new, l_i, alpha
@@ -557,25 +568,48 @@ def _scores(q_smem, q0, k_smem, k0, acc, HALF: gl.constexpr, QK_PARTS: gl.conste
 
 
 @gluon.jit
+def _pv(v_smem, slot, KEYS: gl.constexpr):
+    """P·V's B operand: the first KEYS keys of V slot `slot`, seen as (keys, head_dim_v). An FP8 slot holds V
+    transposed, (head_dim_v, keys): wgmma reads 8-bit operands only K-major."""
+    v = v_smem.index(slot)
+    if v_smem.dtype.primitive_bitwidth == 8:
+        if KEYS < v.shape[1]:
+            v = v.slice(0, KEYS, dim=1)
+        v = v.permute((1, 0))
+    elif KEYS < v.shape[0]:
+        v = v.slice(0, KEYS, dim=0)
+    return v
+
+
+@triton.constexpr_function
+def _p_shift(bits):
+    """FP8 (e4m3) P: log2 of the factor its probabilities are scaled by, FlashAttention-3's, so that they lie in
+    (0, 256], inside e4m3's normal range (from 2^-6) for all but the ones under 2^-14; 0 for 16-bit P."""
+    return 8.0 if bits == 8 else 0.0
+
+
+@gluon.jit
 def _half_tile(q_smem, q0, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, c, acc, m_i, l_i, p_op,
                HAS_PREV: gl.constexpr, q_pos, bounds, qk_scale_log2, i, tail, BLOCK_N: gl.constexpr,
                STAGES: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr,
-               ALIBI: gl.constexpr, p_layout: gl.constexpr, QK_PARTS: gl.constexpr, CLEAN: gl.constexpr):
+               ALIBI: gl.constexpr, p_layout: gl.constexpr, QK_PARTS: gl.constexpr, CLEAN: gl.constexpr,
+               P_SHIFT: gl.constexpr):
     """The last key tile of a causal item for warpgroup 0 when its rows see only the tile's first ROWS keys
     (the diagonal tile of a 128-row item over 128-key tiles): S and P·V over those keys alone, half the tile's
     work. Ring position c; with HAS_PREV the previous tile's P·V (`p_op` against position c - 1) is issued
     beside S, as in the main loop (without it `p_op` is None). `p_layout`: P's operand layout for P·V; `bounds` as
     `_softmax_tile`'s (this tile, key tile i, is always masked); `tail` and CLEAN as `_wait_v`'s. Returns (acc, m_i,
     l_i) with this tile's P·V done."""
+    MMA_K: gl.constexpr = 256 // q_smem.dtype.primitive_bitwidth
     h_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, ROWS, 16])
+                                                       instr_shape=[16, ROWS, MMA_K])
     slot = c % STAGES
     mbarrier.wait(k_ready.index(slot), (c // STAGES) & 1)
     s_tok = _scores(q_smem, q0, k_smem, QK_PARTS * slot, gl.zeros([ROWS, ROWS], gl.float32, h_layout), True,
                     QK_PARTS)
     if HAS_PREV:
         prev = (c - 1) % STAGES
-        o_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+        o_tok = warpgroup_mma(p_op, _pv(v_smem, prev, BLOCK_N), acc, is_async=True)
         s = warpgroup_mma_wait(1, deps=(s_tok,))
     else:
         s = warpgroup_mma_wait(0, deps=(s_tok,))
@@ -587,7 +621,7 @@ def _half_tile(q_smem, q0, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, c
     p, m_h, l_h, alpha = _softmax_tile(s, i, gl.convert_layout(m_i, row_h), gl.convert_layout(l_i, row_h),
                                        gl.convert_layout(q_pos, row_h),
                                        (seqlen_k, diag, i, lead, unmask_from, cap_in, slope, offset), qk_scale_log2,
-                                       BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, h_layout)
+                                       BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, h_layout, False, P_SHIFT)
     m_i = gl.convert_layout(m_h, row_s)
     l_i = gl.convert_layout(l_h, row_s)
     if HAS_PREV:
@@ -596,7 +630,7 @@ def _half_tile(q_smem, q0, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, c
     acc = _rescale(acc, alpha, False)
     p_half = gl.convert_layout(p.to(q_smem.dtype), p_layout)
     _wait_v(v_smem, v_ready, c, i, tail, BLOCK_N, STAGES, CLEAN)
-    o_tok = warpgroup_mma(p_half, v_smem.index(slot).slice(0, ROWS, dim=0), acc, is_async=True)
+    o_tok = warpgroup_mma(p_half, _pv(v_smem, slot, ROWS), acc, is_async=True)
     acc = warpgroup_mma_wait(0, deps=(o_tok,))
     mbarrier.arrive(v_empty.index(slot), count=1)
     return acc, m_i, l_i
@@ -620,21 +654,29 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
     kernel writes them once for two or three partitions). HEADS = 2: the item's rows of query head h + WG."""
     (q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, O, LSE, n_m, n_bh,
      heads_q, seqlen_q, seqlen_k, qk_scale_log2, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls,
-     turn, o_desc, o_stage, o_free, left, right, SINKS, cap_in, SEQLENS, SLOPES) = shared
+     turn, o_desc, o_stage, o_free, left, right, SINKS, cap_in, SEQLENS, SLOPES, SCALES, group) = shared
+    dtype: gl.constexpr = q_smem.dtype
+    MMA_K: gl.constexpr = 256 // dtype.primitive_bitwidth      # a wgmma's K: 32 bytes of its operands
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
+                                                       instr_shape=[16, BLOCK_N, MMA_K])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HEAD_DV, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+                                                       instr_shape=[16, HEAD_DV, MMA_K])
+    # FP8 (e4m3 q, k, v): P in e4m3 too, scaled by 2^P_SHIFT (`_p_shift`); the descales per (batch, KV head) from
+    # SCALES (`launch_args`): q's times k's into the scores' scale, v's into the output's.
+    FP8: gl.constexpr = dtype.primitive_bitwidth == 8
+    P_SHIFT: gl.constexpr = _p_shift(dtype.primitive_bitwidth)
+    gl.static_assert(not (FP8 and CLEAN), "FP8 calls are padded: no V rows to zero")
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout,
+                                                 k_width=32 // dtype.primitive_bitwidth)
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     store_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-    dtype: gl.constexpr = q_smem.dtype
     zero_s = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
     # The conditional rescale (`_rescale`) where it measured faster: causal d = 128 over two warpgroups, +3% at 1k,
     # +1..+4% on KV-cache chunks, level at 4k / 16k (`history/tune_prefill_lazy_causal_h100_792bd99.json`); level
     # or worse elsewhere (on every form: `history/tune_prefill_lazy_warp_h100_2078046_*.json`, NOTES.md).
-    LAZY: gl.constexpr = CAUSAL and HEAD_DV == 128 and WGS == 2
+    # Not with FP8's P, whose shift leaves no room for LAZY_BY more.
+    LAZY: gl.constexpr = CAUSAL and HEAD_DV == 128 and WGS == 2 and not FP8
     # With paired heads both warpgroups hold the item's rows, so either may need only half of its last tile.
     HALF_DIAG: gl.constexpr = (CAUSAL and (WGS == 2) and (not PINGPONG) and (BLOCK_N == 2 * ROWS)
                                and (WG == 0 or HEADS > 1))
@@ -700,10 +742,19 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
         unmask_from = 0
         if WINDOW:
             unmask_from = gl.cdiv(gl.maximum(m0 + ROWS - 1 + lead, 0), BLOCK_N)
+        scale = qk_scale_log2
+        cap = cap_in
+        if FP8:                   # this item's descales: (q's * k's, v's) of (batch b, KV head hk)
+            scales = SCALES + (b * (heads_q // group) + hk) * 2
+            if SOFTCAP:
+                cap = cap_in * gl.load(scales)
+            else:
+                scale = qk_scale_log2 * gl.load(scales)
+            v_scale = gl.load(scales + 1)
         slope = 0.0
         if ALIBI:                 # the head's slope in the units of the raw scores (`_softmax_tile`)
-            slope = gl.load(SLOPES + h) * (LOG2E_ / qk_scale_log2)
-        bounds = (sk, diag, mask_from, lead, unmask_from, cap_in, slope, sk - sq)
+            slope = gl.load(SLOPES + h) * (LOG2E_ / scale)
+        bounds = (sk, diag, mask_from, lead, unmask_from, cap, slope, sk - sq)
         acc = gl.zeros([ROWS, HEAD_DV], gl.float32, o_layout)
         m_i = gl.full([ROWS], float("-inf"), gl.float32, row_s)
         l_i = gl.zeros([ROWS], gl.float32, row_s)
@@ -717,8 +768,8 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
             s = warpgroup_mma_wait(0, deps=(s_tok,))
             mbarrier.arrive(k_empty.index(slot), count=1)
             _release_q(q_empty, qb, q_last == 0, Q_BUFS)
-            p, m_i, l_i, alpha = _softmax_tile(s, lo, m_i, l_i, q_pos, bounds, qk_scale_log2, BLOCK_N, CAUSAL,
-                                               WINDOW, SOFTCAP, ALIBI, s_layout, LAZY)
+            p, m_i, l_i, alpha = _softmax_tile(s, lo, m_i, l_i, q_pos, bounds, scale, BLOCK_N, CAUSAL,
+                                               WINDOW, SOFTCAP, ALIBI, s_layout, LAZY, P_SHIFT)
             for i in range(1, n_full):
                 # Issue S_i = Q·K_iᵀ and O += P_{i-1}·V_{i-1}; the softmax of S_i runs while P·V is on the
                 # tensor cores.
@@ -731,13 +782,13 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
                 _wait_v(v_smem, v_ready, c - 1, lo + i - 1, tail, BLOCK_N, STAGES, CLEAN)
                 turns = _take_turn(turn, turns, WG, PINGPONG)
                 s_tok = _scores(q_smem, q0, k_smem, QK_PARTS * slot, zero_s, False, QK_PARTS)
-                o_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+                o_tok = warpgroup_mma(p_op, _pv(v_smem, prev, BLOCK_N), acc, is_async=True)
                 _give_turn(turn, WG, PINGPONG)
                 s = warpgroup_mma_wait(1, deps=(s_tok,))
                 mbarrier.arrive(k_empty.index(slot), count=1)
                 _release_q(q_empty, qb, q_last == i, Q_BUFS)
-                p, m_i, l_i, alpha = _softmax_tile(s, lo + i, m_i, l_i, q_pos, bounds, qk_scale_log2, BLOCK_N,
-                                                   CAUSAL, WINDOW, SOFTCAP, ALIBI, s_layout, LAZY)
+                p, m_i, l_i, alpha = _softmax_tile(s, lo + i, m_i, l_i, q_pos, bounds, scale, BLOCK_N,
+                                                   CAUSAL, WINDOW, SOFTCAP, ALIBI, s_layout, LAZY, P_SHIFT)
                 acc = warpgroup_mma_wait(0, deps=(o_tok,))
                 mbarrier.arrive(v_empty.index(prev), count=1)
             c = kv + n_full - 1
@@ -747,18 +798,19 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
             _wait_v(v_smem, v_ready, c, lo + n_full - 1, tail, BLOCK_N, STAGES, CLEAN)
             if half_last:
                 acc, m_i, l_i = _half_tile(q_smem, q0, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, c + 1,
-                                           acc, m_i, l_i, p_op, True, q_pos, bounds, qk_scale_log2, lo + n_full, tail,
-                                           BLOCK_N, STAGES, CAUSAL, WINDOW, SOFTCAP, ALIBI, p_layout, QK_PARTS, CLEAN)
+                                           acc, m_i, l_i, p_op, True, q_pos, bounds, scale, lo + n_full, tail,
+                                           BLOCK_N, STAGES, CAUSAL, WINDOW, SOFTCAP, ALIBI, p_layout, QK_PARTS, CLEAN,
+                                           P_SHIFT)
             else:
                 turns = _take_turn(turn, turns, WG, PINGPONG)
-                o_tok = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
+                o_tok = warpgroup_mma(p_op, _pv(v_smem, last, BLOCK_N), acc, is_async=True)
                 _give_turn(turn, WG, PINGPONG)
                 acc = warpgroup_mma_wait(0, deps=(o_tok,))
                 mbarrier.arrive(v_empty.index(last), count=1)
         elif half_last:           # the item's only tile, at half width
             acc, m_i, l_i = _half_tile(q_smem, q0, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv, acc,
-                                       m_i, l_i, None, False, q_pos, bounds, qk_scale_log2, lo, tail, BLOCK_N,
-                                       STAGES, CAUSAL, WINDOW, SOFTCAP, ALIBI, p_layout, QK_PARTS, CLEAN)
+                                       m_i, l_i, None, False, q_pos, bounds, scale, lo, tail, BLOCK_N,
+                                       STAGES, CAUSAL, WINDOW, SOFTCAP, ALIBI, p_layout, QK_PARTS, CLEAN, P_SHIFT)
         _skip_tiles(k_ready, k_empty, v_ready, v_empty, kv + n_mine, kv + n_tiles, STAGES)
         if Q_BUFS > 1:
             mbarrier.arrive(q_empty.index(qb), count=1)
@@ -771,11 +823,20 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
         # write the rows that exist; a row with no visible key gives 0 and LSE -inf. A sink joins the
         # denominator only (the LSE leaves it out).
         empty = l_i == 0.0
-        lse = gl.where(empty, float("-inf"), (m_i + gl.log2(gl.where(empty, 1.0, l_i))) * LN2)
+        if FP8:                   # l_i is 2^P_SHIFT times the row's sum
+            lse = gl.where(empty, float("-inf"), (m_i + gl.log2(gl.where(empty, 1.0, l_i)) - P_SHIFT) * LN2)
+        else:
+            lse = gl.where(empty, float("-inf"), (m_i + gl.log2(gl.where(empty, 1.0, l_i))) * LN2)
         denom = l_i
         if HAS_SINKS:
-            denom = l_i + gl.exp2(gl.load(SINKS + h) * LOG2E_ - m_i)
-        inv_l = gl.convert_layout(1.0 / gl.where(empty, 1.0, denom), row_o)
+            if FP8:
+                denom = l_i + gl.exp2(gl.load(SINKS + h) * LOG2E_ - m_i + P_SHIFT)
+            else:
+                denom = l_i + gl.exp2(gl.load(SINKS + h) * LOG2E_ - m_i)
+        if FP8:
+            inv_l = gl.convert_layout(v_scale / gl.where(empty, 1.0, denom), row_o)
+        else:
+            inv_l = gl.convert_layout(1.0 / gl.where(empty, 1.0, denom), row_o)
         out = None
         if not TMA_STORE:
             out = gl.convert_layout((acc * inv_l[:, None]).to(O.dtype.element_ty), store_layout)
@@ -815,7 +876,7 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
 
 @gluon.jit
 def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, COUNTER, CU_Q, CU_K, SINKS, LEFTS, SEQLENS,
-                         BLOCK_TABLE, SLOPES, seqlen_q, seqlen_k,
+                         BLOCK_TABLE, SLOPES, SCALES, seqlen_q, seqlen_k,
                          heads_q, group, n_bh, head_chunk,
                          stride_qh, stride_kh, stride_vh,
                          stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls, qk_scale_log2, cap_in,
@@ -840,7 +901,9 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, COUNTER, CU_Q, 
     contiguous (k/v descriptors over (batch, capacity, columns)) or, with PAGE_ROWS > 0, paged: descriptors over
     (pages, page_size, columns) with boxes of PAGE_ROWS rows, key j of sequence b in page
     BLOCK_TABLE[b * stride_bt + j // page_size]. HAS_ALIBI: SLOPES (heads_q,) fp32; a score less
-    slope * |its row's own key (bottom-right aligned) - its key|. TMA_STORE (`tma_store`): the output leaves through
+    slope * |its row's own key (bottom-right aligned) - its key|. FP8 q, k and v (float8e4nv): v_desc is over V
+    transposed, (batch, kv heads * head_dim_v, keys) with (1, HEAD_DV, BLOCK_N) boxes, stride_vh = HEAD_DV, and
+    SCALES (batch, kv heads, 2) fp32 holds each (q descale * k descale, v descale); None otherwise. TMA_STORE (`tma_store`): the output leaves through
     a staging buffer and `o_desc`, a descriptor over O as (batch, seqlen_q, columns) with (1, ROWS, HEAD_DV) boxes;
     otherwise `o_desc` is None and the output is stored through pointers."""
     CLEAN: gl.constexpr = KV_CACHE or VARLEN             # V rows past a sequence may hold NaN (`_wait_v`)
@@ -851,10 +914,15 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, COUNTER, CU_Q, 
     QK_PARTS: gl.constexpr = HEAD_D // D_PART
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, D_PART], dtype)
     k_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_PART], dtype)
-    v_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DV], dtype)
     q_smem = gl.allocate_shared_memory(dtype, [WGS * Q_BUFS * QK_PARTS, ROWS, D_PART], q_layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES * QK_PARTS, BLOCK_N, D_PART], k_layout)
-    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DV], v_layout)
+    if dtype.primitive_bitwidth == 8:       # FP8: V transposed (`_pv`); the descales (`_consumer`)
+        v_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([HEAD_DV, BLOCK_N], dtype)
+        v_smem = gl.allocate_shared_memory(dtype, [STAGES, HEAD_DV, BLOCK_N], v_layout)
+    else:
+        v_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DV], dtype)
+        v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DV], v_layout)
+        SCALES = LSE              # an unused stand-in
     q_ready = gl.allocate_shared_memory(gl.int64, [Q_BUFS, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [Q_BUFS, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -885,7 +953,7 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, COUNTER, CU_Q, 
     # The consumers take each item's fields from the producer (`_read_item`), not the schedule's arguments.
     shared = (q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, O, LSE, n_m, n_bh,
               heads_q, seqlen_q, seqlen_k, qk_scale_log2, stride_ob, stride_os, stride_oh, stride_lb, stride_lh,
-              stride_ls, turn, o_desc, o_stage, o_free, left, right, SINKS, cap_in, SEQLENS, SLOPES)
+              stride_ls, turn, o_desc, o_stage, o_free, left, right, SINKS, cap_in, SEQLENS, SLOPES, SCALES, group)
     producer = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready,
                 v_empty, COUNTER, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, stride_qh, stride_kh,
                 stride_vh, CU_Q, CU_K, left, LEFTS, right, SEQLENS, BLOCK_TABLE, stride_bt, page_size)
@@ -939,7 +1007,9 @@ def supported(q, k, v):
     TMA views (`_view3`, for `attention_forward_sm90`), or None."""
     if not q.is_cuda or capability(q.device.index)[0] != 9:
         return None
-    if q.dtype not in (torch.float16, torch.bfloat16) or q.dim() != 4:
+    if q.dtype not in (torch.float16, torch.bfloat16, torch.float8_e4m3fn) or q.dim() != 4:
+        return None
+    if q.dtype == torch.float8_e4m3fn and v.dtype != q.dtype:
         return None
     d, dv = q.shape[-1], v.shape[-1]
     if (d, dv) not in HEAD_DIMS or k.shape[1] == 0:
@@ -950,19 +1020,21 @@ def supported(q, k, v):
 
 def attention_forward_sm90(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None, tiles=None,
                            varlen=None, window=None, sinks=None, softcap=0.0, cache=None, alibi_slopes=None,
-                           pack=None):
+                           pack=None, descales=None):
     """Launch the Gluon kernel. q/k (b, s, h, d), v (b, sk, hk, dv); out (b, sq, hq, dv); lse (b, hq, sq).
     `varlen` = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k): packed sequences, q/k/v/out
     (total, h, d) and lse (hq, total_q). `window` (left, right) as SPEC.md's, in place of `causal` when given,
     `left` an int or a (batch,) int32 tensor of one bound a sequence (negative: none);
     `sinks` (hq,) fp32 or None; `softcap` > 0 caps the scores. `cache` = (cache_seqlens, block_table or None):
     k/v are a KV cache, contiguous (b, capacity, hk, d) or paged (pages, page_size, hk, d). `alibi_slopes` (hq,)
-    fp32 or None. `views` are `supported`'s result when the caller
+    fp32 or None. FP8 (float8_e4m3fn q, k and v; padded calls without a cache): `descales` (q, k, v), each None or
+    (b, hk) fp32. `views` are `supported`'s result when the caller
     has it (for varlen, of the tensors with a leading axis of 1); `pingpong`, `tiles` and `pack` (GQA heads paired
     in an item, `pack_heads`) override the automatic choices (tuning, tests)."""
     grid, args, meta = launch_args(q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale, views=views,
                                    pingpong=pingpong, tiles=tiles, varlen=varlen, window=window, sinks=sinks,
-                                   softcap=softcap, cache=cache, alibi_slopes=alibi_slopes, pack=pack)
+                                   softcap=softcap, cache=cache, alibi_slopes=alibi_slopes, pack=pack,
+                                   descales=descales)
     launch(attn_fwd_sm90_kernel, grid, args, meta)
 
 
@@ -1020,8 +1092,30 @@ def tma_store(d, seqlen_q, wgs, varlen, offsets_64, same_dtype):
             and same_dtype)
 
 
+def transposed_v(v, block_n):
+    """An FP8 V (b, sk, hk, dv) as the kernel reads it (`_pv`): a copy (b, hk, dv, sk rounded up to 16) and its TMA
+    view (b, hk * dv, sk), whose keys past sk TMA fills with zeros."""
+    b, sk, hk, dv = v.shape
+    pad = -(-sk // 16) * 16
+    vt = torch.empty((b, hk, dv, pad), dtype=v.dtype, device=v.device)
+    vt.view(torch.uint8)[..., :sk].copy_(v.view(torch.uint8).permute(0, 2, 3, 1))
+    return vt, ([b, hk * dv, sk], [hk * dv * pad, pad, 1])
+
+
+def fp8_scales(descales, batch, heads_k, device):
+    """(batch, heads_k, 2) fp32: each (q descale * k descale, v descale), 1 where a descale is None."""
+    q_d, k_d, v_d = descales or (None, None, None)
+    scales = torch.ones((batch, heads_k, 2), dtype=torch.float32, device=device)
+    for d in (q_d, k_d):
+        if d is not None:
+            scales[..., 0] *= d
+    if v_d is not None:
+        scales[..., 1] = v_d
+    return scales
+
+
 def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None, tiles=None, varlen=None,
-                window=None, sinks=None, softcap=0.0, cache=None, alibi_slopes=None, pack=None):
+                window=None, sinks=None, softcap=0.0, cache=None, alibi_slopes=None, pack=None, descales=None):
     """(grid, arguments, meta-parameters) of one launch; `benchmarks/profile_host.py` times the launch alone."""
     left, right = window if window is not None else (-1, 0 if causal else -1)
     lefts = None
@@ -1076,11 +1170,19 @@ def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpon
     kv_rows = block_n if table is None else page_rows(k.shape[1], block_n)
     offsets_64 = max(_extent(out), _extent(lse)) > 2**31
     vo = _view3(out) if tma_store(d, seqlen_q, wgs, varlen is not None, offsets_64, out.dtype == q.dtype) else None
-    args = (desc(q, vq, _ROWS, part), desc(k, vk, kv_rows, part), desc(v, vv, kv_rows, dv),
+    if q.dtype == torch.float8_e4m3fn:
+        if varlen is not None or cache is not None:
+            raise ValueError("FP8 inputs: padded calls without a KV cache only")
+        vt, view = transposed_v(v, block_n)
+        v_desc, stride_vh = descriptor(vt, view, [1, dv, block_n]), dv
+        scales = fp8_scales(descales, batch, heads_k, q.device)
+    else:
+        v_desc, stride_vh, scales = desc(v, vv, kv_rows, dv), v.stride(2), None
+    args = (desc(q, vq, _ROWS, part), desc(k, vk, kv_rows, part), v_desc,
             None if vo is None else desc(out, vo, _ROWS, dv), out, lse, counter,
-            cu_q, cu_k, sinks, lefts, seqlens, table, alibi_slopes, seqlen_q, seqlen_k, heads_q, group,
+            cu_q, cu_k, sinks, lefts, seqlens, table, alibi_slopes, scales, seqlen_q, seqlen_k, heads_q, group,
             batch * heads_q // heads, chunk,
-            q.stride(2), k.stride(2), v.stride(2), *o_strides, *lse_strides,
+            q.stride(2), k.stride(2), stride_vh, *o_strides, *lse_strides,
             softcap * LOG2E if softcap > 0 else softmax_scale * LOG2E, softmax_scale / softcap if softcap > 0 else 1.0,
             min(left, UNBOUNDED) if left >= 0 else UNBOUNDED, min(max(right, 0), UNBOUNDED),
             table.stride(0) if table is not None else 0, k.shape[1] if table is not None else 0)

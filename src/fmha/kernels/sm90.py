@@ -24,7 +24,8 @@ def capability(index):
 def smem_layout(rows, d, dtype):
     """The shared-memory layout of a (1, rows, d) TMA box of torch dtype `dtype`."""
     from triton.experimental.gluon import language as gl
-    gl_dtype = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16, torch.float32: gl.float32}[dtype]
+    gl_dtype = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16, torch.float32: gl.float32,
+                torch.float8_e4m3fn: gl.float8e4nv}[dtype]
     return gl.NVMMASharedLayout.get_default_for([1, rows, d], gl_dtype)
 
 
