@@ -54,6 +54,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from ..schedule import num_sms, outside_graph_pools
 from .launch import launch
 from .sm90 import capability, descriptor
+from .transpose import transpose_keys
 
 _ROWS = 64                        # query rows per consumer warpgroup; a CTA has two or three
 ROWS = gl.constexpr(_ROWS)        # the same, for the kernels
@@ -1098,7 +1099,7 @@ def transposed_v(v, block_n):
     b, sk, hk, dv = v.shape
     pad = -(-sk // 16) * 16
     vt = torch.empty((b, hk, dv, pad), dtype=v.dtype, device=v.device)
-    vt.view(torch.uint8)[..., :sk].copy_(v.view(torch.uint8).permute(0, 2, 3, 1))
+    transpose_keys(v.view(torch.uint8), vt.view(torch.uint8))
     return vt, ([b, hk * dv, sk], [hk * dv * pad, pad, 1])
 
 
