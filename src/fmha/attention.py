@@ -102,10 +102,14 @@ def attention(q, k, v, *, causal=False, window=(-1, -1), softmax_scale=None, sof
             float8_e4m3fn q, bf16 by default), or fp32 to keep partial results for a merge at full precision.
         q_descale, k_descale, v_descale: FP8 inputs only: `(batch, heads_k)` fp32 factors, FlashAttention-3's
             convention: the attention is that of `q * q_descale[b, h // group]`, `k * k_descale[b, h_k]` and
-            `v * v_descale[b, h_k]` (None: 1). FP8 tiles are widened to fp16 on load (exactly: every e4m3
-            value is an fp16 value) and the descales applied in fp32, so FP8 inputs halve the bytes read while
-            the math is that of fp16; a bf16 q beside an FP8 K/V goes to fp16 scaled by a power of two per
-            program of query rows (its largest |q| at 2^14), which keeps any bf16 magnitude in range.
+            `v * v_descale[b, h_k]` (None: 1). The portable kernel widens FP8 tiles to fp16 on load (exactly:
+            every e4m3 value is an fp16 value) and applies the descales in fp32, so FP8 inputs halve the bytes
+            read while the math is that of fp16; a bf16 q beside an FP8 K/V goes to fp16 scaled by a power of two
+            per program of query rows (its largest |q| at 2^14), which keeps any bf16 magnitude in range. On
+            Hopper, FP8 q, k and v in a padded call (16-byte aligned rows and heads) run the Gluon kernel on
+            e4m3 tensor cores instead, as FlashAttention-3: V transposed into a copy first, scores accumulated
+            by the FP8 MMA (about 14 bits of mantissa), P rounded to e4m3 (scaled by 2^8; within 2^-4 of
+            itself) for P·V; the LSE comes from the unrounded P.
 
     Returns:
         `out`, or `(out, lse)` with `return_lse=True`. Rows that see no key give 0 and LSE -inf.

@@ -3,9 +3,9 @@
 The `triton.language` kernel in `forward.py` is the portable path (and the one the CPU tests run); this one
 is what `attention_forward` dispatches to on an H100/H200 for calls padded or packed (varlen), or a chunk of queries
 over a KV cache, contiguous or paged (chunked prefill), causal or not, with or without a sliding window (left,
-right; left may be one bound a sequence), sinks, a softcap and ALiBi (not FP8), `head_dim_qk == head_dim_v` in
-{64, 128, 256} or DeepSeek's 192 / 128, q/k/v strides that TMA accepts (16-byte aligned). The schedule is
-FlashAttention-3's:
+right; left may be one bound a sequence), sinks, a softcap and ALiBi, `head_dim_qk == head_dim_v` in
+{64, 128, 256} or DeepSeek's 192 / 128, q/k/v strides that TMA accepts (16-byte aligned); fp16 / bf16, or FP8
+(e4m3) q, k and v in padded calls without a cache (below). The schedule is FlashAttention-3's:
 
 * persistent: one program per SM runs work items (128 or 192 query rows of one head) until none is left:
   causal items go out in L2-sized chunks of heads, longest first inside a chunk, a program taking the next
@@ -41,6 +41,12 @@ A KV cache: each sequence's key count from cache_seqlens, its keys at the start 
 entry names (`_box_origin`). Rows past a sequence's length are read, masked to -inf in S, and zeroed in V's shared
 memory before P·V (`_wait_v`), since they may hold NaN and 0 * NaN is NaN; so are the rows past the last packed
 sequence, for a buffer longer than cu_seqlens_k[-1].
+
+FP8, as FlashAttention-3: both products on e4m3 tensor cores, which read 8-bit operands only K-major, so P·V takes
+V transposed, (kv head, head_dim_v, keys), from a copy made before the launch (`transposed_v`, a Triton kernel);
+P is rounded to e4m3 after scaling by 2^8 (`_p_shift`), the row sums kept in fp32 from the unrounded values; the
+descales of each (batch, KV head) scale the scores and the output (`fp8_scales`). No conditional rescale (the
+shift takes its headroom) and no TMA-store epilogue (the output is bf16 or fp16, not the inputs' dtype).
 """
 from __future__ import annotations
 
