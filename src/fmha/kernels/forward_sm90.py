@@ -5,7 +5,7 @@ is what `attention_forward` dispatches to on an H100/H200 for calls padded or pa
 over a KV cache, contiguous or paged (chunked prefill), causal or not, with or without a sliding window (left,
 right; left may be one bound a sequence), sinks, a softcap and ALiBi, `head_dim_qk == head_dim_v` in
 {64, 128, 256} or DeepSeek's 192 / 128, q/k/v strides that TMA accepts (16-byte aligned); fp16 / bf16, or FP8
-(e4m3) q, k and v in calls without a cache (below). The schedule is FlashAttention-3's:
+(e4m3) q, k and v in padded calls without a cache (below). The schedule is FlashAttention-3's:
 
 * persistent: one program per SM runs work items (128 or 192 query rows of one head) until none is left:
   causal items go out in L2-sized chunks of heads, longest first inside a chunk, a program taking the next
@@ -43,8 +43,7 @@ memory before P·V (`_wait_v`), since they may hold NaN and 0 * NaN is NaN; so a
 sequence, for a buffer longer than cu_seqlens_k[-1].
 
 FP8, as FlashAttention-3: both products on e4m3 tensor cores, which read 8-bit operands only K-major, so P·V takes
-V transposed, (kv head, head_dim_v, keys), from a copy made before the launch (`transposed_v`, a Triton kernel,
-which also zeroes a packed buffer's rows past its last sequence, so FP8 calls never clean V tiles);
+V transposed, (kv head, head_dim_v, keys), from a copy made before the launch (`transposed_v`, a Triton kernel);
 P is rounded to e4m3 after scaling by 2^8 (`_p_shift`), the row sums kept in fp32 from the unrounded values; the
 descales of each (batch, KV head) scale the scores and the output (`fp8_scales`). No conditional rescale (the
 shift takes its headroom) and no TMA-store epilogue (the output is bf16 or fp16, not the inputs' dtype).
@@ -673,7 +672,7 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
     # SCALES (`launch_args`): q's times k's into the scores' scale, v's into the output's.
     FP8: gl.constexpr = dtype.primitive_bitwidth == 8
     P_SHIFT: gl.constexpr = _p_shift(dtype.primitive_bitwidth)
-    gl.static_assert(not (FP8 and CLEAN), "an FP8 V's copy has its rows past the end zeroed already")
+    gl.static_assert(not (FP8 and CLEAN), "FP8 calls are padded: no V rows to zero")
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout,
                                                  k_width=32 // dtype.primitive_bitwidth)
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
@@ -914,8 +913,7 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, COUNTER, CU_Q, 
     SCALES (batch, kv heads, 2) fp32 holds each (q descale * k descale, v descale); None otherwise. TMA_STORE (`tma_store`): the output leaves through
     a staging buffer and `o_desc`, a descriptor over O as (batch, seqlen_q, columns) with (1, ROWS, HEAD_DV) boxes;
     otherwise `o_desc` is None and the output is stored through pointers."""
-    # V rows past a sequence may hold NaN (`_wait_v`); an FP8 V's copy has zeros there (`transposed_v`).
-    CLEAN: gl.constexpr = KV_CACHE or (VARLEN and q_desc.dtype.primitive_bitwidth != 8)
+    CLEAN: gl.constexpr = KV_CACHE or VARLEN             # V rows past a sequence may hold NaN (`_wait_v`)
     DYNAMIC: gl.constexpr = CAUSAL or WINDOW or VARLEN or KV_CACHE      # items of unequal lengths
     n_m = gl.cdiv(seqlen_q, ROWS if HEADS > 1 else WGS * ROWS)
     dtype: gl.constexpr = q_desc.dtype
@@ -1039,7 +1037,7 @@ def attention_forward_sm90(q, k, v, out, lse, *, causal, softmax_scale, views=No
     `left` an int or a (batch,) int32 tensor of one bound a sequence (negative: none);
     `sinks` (hq,) fp32 or None; `softcap` > 0 caps the scores. `cache` = (cache_seqlens, block_table or None):
     k/v are a KV cache, contiguous (b, capacity, hk, d) or paged (pages, page_size, hk, d). `alibi_slopes` (hq,)
-    fp32 or None. FP8 (float8_e4m3fn q, k and v; no cache): `descales` (q, k, v), each None or
+    fp32 or None. FP8 (float8_e4m3fn q, k and v; padded calls without a cache): `descales` (q, k, v), each None or
     (b, hk) fp32. `views` are `supported`'s result when the caller
     has it (for varlen, of the tensors with a leading axis of 1); `pingpong`, `tiles` and `pack` (GQA heads paired
     in an item, `pack_heads`) override the automatic choices (tuning, tests)."""
@@ -1104,14 +1102,13 @@ def tma_store(d, seqlen_q, wgs, varlen, offsets_64, same_dtype):
             and same_dtype)
 
 
-def transposed_v(v, limit=None):
+def transposed_v(v, block_n):
     """An FP8 V (b, sk, hk, dv) as the kernel reads it (`_pv`): a copy (b, hk, dv, sk rounded up to 16) and its TMA
-    view (b, hk * dv, sk), whose keys past sk TMA fills with zeros. `limit` (packed sequences: cu_seqlens_k's last
-    element, a one-element tensor): keys from it on are zeros in the copy, so the kernel need not clean them."""
+    view (b, hk * dv, sk), whose keys past sk TMA fills with zeros."""
     b, sk, hk, dv = v.shape
     pad = -(-sk // 16) * 16
     vt = torch.empty((b, hk, dv, pad), dtype=v.dtype, device=v.device)
-    transpose_keys(v.view(torch.uint8), vt.view(torch.uint8), limit)
+    transpose_keys(v.view(torch.uint8), vt.view(torch.uint8))
     return vt, ([b, hk * dv, sk], [hk * dv * pad, pad, 1])
 
 
@@ -1184,9 +1181,9 @@ def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpon
     offsets_64 = max(_extent(out), _extent(lse)) > 2**31
     vo = _view3(out) if tma_store(d, seqlen_q, wgs, varlen is not None, offsets_64, out.dtype == q.dtype) else None
     if q.dtype == torch.float8_e4m3fn:
-        if cache is not None:
-            raise ValueError("FP8 inputs: calls without a KV cache only")
-        vt, view = transposed_v(v, None if varlen is None else cu_k[-1:])
+        if varlen is not None or cache is not None:
+            raise ValueError("FP8 inputs: padded calls without a KV cache only")
+        vt, view = transposed_v(v, block_n)
         v_desc, stride_vh = descriptor(vt, view, [1, dv, block_n]), dv
         scales = fp8_scales(descales, batch, heads_k, q.device)
     else:
