@@ -76,13 +76,24 @@ def test_measure_falls_back_to_eager_for_the_whole_row(monkeypatch):
     assert captures == ["ours"] and row["ours_timing"] == "eager" and row["ours_rounds"] == "1.0/1.0/1.0"
 
 
-def test_measure_checks_ours_against_the_reference(monkeypatch):
+def test_measure_checks_ours_against_another_reference(monkeypatch):
     """FP8 prefill rows take their reference from our bf16 path: ours is checked against it like every peer, and
-    a wrong result is reported, not timed."""
+    a wrong result is reported, not timed; the reference's own output is not put through `to_nhd`."""
     x = torch.arange(6.0).reshape(1, 2, 3)
     _scripted(monkeypatch, [1e-3] * 3)
     row = {}
     bench._measure(row, {"ours": _impl("ours", x + 1), "ours-bf16": _impl("ours-bf16", x)}, x, 1e9, 1e6,
-                   ratio_of="tflops", graph=False, to_nhd=lambda o: o)
+                   ratio_of="tflops", graph=False, to_nhd=lambda o: o, ref_name="ours-bf16")
     assert "disagrees" in row["ours_error"] and "ours_tflops" not in row and "ours_vs_ours-bf16" not in row
     assert row["ours-bf16_rounds"] == "1.0/1.0/1.0"
+
+
+def test_measure_does_not_check_the_reference_against_itself(monkeypatch):
+    """Decode rows put the peers' (b, h, s, d) outputs through `to_nhd` (a transpose); ours, whose output is the
+    reference, must not be (its (b, 1, h, d) transposed would broadcast against itself and read as wrong)."""
+    ours = torch.arange(24.0).reshape(2, 1, 4, 3)
+    _scripted(monkeypatch, [1e-3] * 6)
+    row = {}
+    bench._measure(row, {"ours": _impl("ours", ours), "peer": _impl("peer", ours.transpose(1, 2))}, ours, 1e9, 1e6,
+                   ratio_of="gbps", graph=False, to_nhd=lambda o: o.transpose(1, 2))
+    assert "ours_error" not in row and "peer_error" not in row and row["ours_vs_peer"] == pytest.approx(1.0)
