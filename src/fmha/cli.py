@@ -92,7 +92,8 @@ def run_main(argv):
     torch.manual_seed(args.seed)
     fp8 = dtype_name == "fp8"
     # fp8: FMHA_v2's e4m3 inputs, here quantised per (batch, KV head) with FlashAttention-3's descales; the output
-    # is bf16 (the kernel widens each tile on load and computes in fp16).
+    # is bf16 (the portable kernel widens each tile on load and computes in fp16; on Hopper the Gluon kernel runs
+    # e4m3 tensor cores with P in e4m3, as FlashAttention-3).
     dtype = torch.float32 if fp8 else {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype_name]
     q = torch.randn(b, sq, hq, d, device=device, dtype=dtype)
     k = torch.randn(b, sk, hk, d, device=device, dtype=dtype)
@@ -136,6 +137,11 @@ def run_main(argv):
     max_err = err.max().item() if err.numel() else 0.0
     cos = torch.nn.functional.cosine_similarity(out.double().flatten(), ref.double().flatten(), dim=0).item()
     atol, rtol = (4e-3, 1e-2) if out.dtype == torch.float16 else (3e-2, 3e-2)
+    if fp8:
+        # e4m3 P (the Gluon kernel) is within 2^-4 of the exact one, so an output is within 2^-4 max |v| of the
+        # oracle's (`tests/test_forward_sm90._assert_matches_fp8_p` has the whole bound); a row with few keys (the
+        # first causal rows) can reach it.
+        atol += 2.0 ** -4 * (v.float() * descales["v_descale"][:, None, :, None]).abs().max().item()
     ok = (not torch.isnan(out).any().item() and bool((err <= atol + rtol * ref.abs()).all())
           and torch.equal(torch.isneginf(lse), torch.isneginf(ref_lse)))
     print(f"Checks: {'SUCCESS' if ok else 'FAILED'} (max abs err {max_err:.3e}, cos diff {1 - cos:.3e})")
