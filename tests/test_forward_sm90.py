@@ -6,7 +6,7 @@ import torch
 
 import fmha
 from fmha.reference import attention_ref, attention_varlen_ref
-from utils import LSE_ATOL, assert_matches, poisoned
+from utils import assert_matches, assert_matches_fp8_p, poisoned
 
 pytestmark = pytest.mark.gpu
 
@@ -464,39 +464,6 @@ def _fp8_inputs(shape, scale=2.0):
     return q, k, v, descales
 
 
-def _assert_matches_fp8_p(got, lse, oracle, q, k, v, descales, softmax_scale=None):
-    """Bounds for the Gluon kernel's FP8 math, from its two roundings:
-    - Hopper's e4m3 wgmma accumulates with about 14 bits of mantissa (DeepSeek-V3's report, section 3.3.2), so a
-      score of head_dim / 32 accumulation steps is within (head_dim / 32) 2^-13 of the sum of its |q_i k_i| (a
-      factor of 2 of slack) times the scale: `slack`, the largest such over the call. The LSE moves by at most
-      that (on top of the usual bound), each output by about 2 slack max |v|.
-    - P (FlashAttention-3's): scaled into (0, 256] and rounded to e4m3, within 2^-4 of itself where normal (from
-      2^-6), within 2^-10 below that, and a row's sum is at least 256: each output within (2^-4 + keys 2^-18)
-      max |v| of the attention of its rounded scores (its weights sum to 1), plus bf16's rounding of the output.
-    The cosine bound is the bf16 one relaxed to what the rounding of P allows."""
-    ref, ref_lse = oracle
-    b, sk, hk, d = k.shape
-    group = q.shape[2] // hk
-    ones = torch.ones(b, hk, device=q.device)
-    q_d, k_d, v_d = (descales.get(n, ones) for n in ("q_descale", "k_descale", "v_descale"))
-    scale = softmax_scale if softmax_scale is not None else d ** -0.5
-    qa = q.float().abs() * q_d.repeat_interleave(group, 1)[:, None, :, None]
-    ka = (k.float().abs() * k_d[:, None, :, None]).repeat_interleave(group, 2)
-    slack = d / 32 * 2.0 ** -13 * scale * torch.einsum("bihd,bjhd->bhij", qa, ka).amax().item()
-    got = got.float()
-    assert not torch.isnan(got).any(), "out: NaN in output"
-    v_max = (v.float() * v_d[:, None, :, None]).abs().amax()
-    bound = (2.0 ** -4 + sk * 2.0 ** -18 + 2 * slack) * v_max + 2.0 ** -7 * ref.abs()
-    err = (got - ref).abs()
-    assert (err <= bound).all(), f"out: max abs err {err.max().item():.3e}, bound {bound.min().item():.3e}"
-    cos = torch.nn.functional.cosine_similarity(got.flatten().double(), ref.flatten().double(), dim=0)
-    assert 1 - cos.item() < 1e-3, f"out: cos diff {1 - cos.item():.2e}"
-    assert torch.equal(torch.isneginf(lse), torch.isneginf(ref_lse)), "lse: -inf rows differ from the oracle"
-    finite = torch.isfinite(ref_lse)
-    lse_err = (lse[finite] - ref_lse[finite]).abs().max().item() if finite.any() else 0.0
-    assert lse_err <= LSE_ATOL + slack, f"lse: max abs err {lse_err:.3e}, bound {LSE_ATOL + slack:.3e}"
-
-
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("shape", FP8_SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_gluon_fp8(shape, causal, monkeypatch):
@@ -507,7 +474,7 @@ def test_gluon_fp8(shape, causal, monkeypatch):
     out = torch.full((*q.shape[:3], v.shape[-1]), float("nan"), dtype=torch.bfloat16, device="cuda")
     got, lse = fmha.attention(q, k, v, causal=causal, return_lse=True, out=out, **descales)
     assert len(calls) == 1
-    _assert_matches_fp8_p(got, lse, attention_ref(q, k, v, causal=causal, **descales), q, k, v, descales)
+    assert_matches_fp8_p(got, lse, attention_ref(q, k, v, causal=causal, **descales), q, k, v, descales)
 
 
 @pytest.mark.parametrize("extra", ["window-sinks", "softcap-alibi", "window-sinks-softcap-alibi"])
@@ -526,7 +493,7 @@ def test_gluon_fp8_options(extra, descaled, monkeypatch):
                    alibi_slopes=torch.rand(8, device="cuda") * 0.2 if "alibi" in extra else None)
     got, lse = fmha.attention(q, k, v, return_lse=True, **options, **descales)
     assert len(calls) == 1 and got.dtype == torch.bfloat16
-    _assert_matches_fp8_p(got, lse, attention_ref(q, k, v, **options, **descales), q, k, v, descales)
+    assert_matches_fp8_p(got, lse, attention_ref(q, k, v, **options, **descales), q, k, v, descales)
 
 
 def test_gluon_launch_cache_alignment():

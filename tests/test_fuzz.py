@@ -16,7 +16,7 @@ from fmha._kv_fp8 import LAYOUTS
 from fmha.reference import attention_ref, attention_varlen_ref, mla_decode_ref, mla_sparse_decode_ref
 from test_kvcache import _cache, _oracle
 from test_mla import D_QK, D_V, _check, _dequantized, _paged_cache, _sparse_source, _union_of_sources
-from utils import TARGETS, assert_matches, poisoned
+from utils import TARGETS, assert_matches, assert_matches_fp8_p, poisoned
 
 # Seeds per test and target: the GPU runs real sizes, the interpreter a few small cases. For a longer hunt,
 # FMHA_FUZZ_GPU_CASES / FMHA_FUZZ_CPU_CASES raise the counts and FMHA_FUZZ_FIRST_SEED starts past the seeds
@@ -175,6 +175,28 @@ def _run_kvcache(c, opts, cache_dtype, q_dtype, device, seed, descales=None):
     got, lse = fmha.attention_with_kvcache(q, k_cache, v_cache, lens, block_table=table, num_splits=c["splits"],
                                            return_lse=True, **opts, **descales)
     assert_matches(got, lse, _oracle(q, k, v, c["seqlens"], **opts, **descales), q_dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seed", range(FIRST_SEED, FIRST_SEED + GPU_CASES // 2))
+def test_fuzz_attention_fp8_aligned(seed):
+    """FP8 q, k and v on random cases with 16 NaN columns past each head, so that rows and heads are 16-byte aligned
+    and, on Hopper, every case of a head_dim the Gluon kernel runs takes its e4m3 path (the NaN columns of
+    `test_fuzz_attention_fp8` send FP8 calls to the portable kernel); the FP8 bounds of `assert_matches_fp8_p`."""
+    r = random.Random(1700 + seed)
+    (b, sq, sk, hq, hk, d, dv), opts = _dense_case(r, "cuda")
+    names = [n for n in ("q_descale", "k_descale", "v_descale") if r.random() < 0.8]
+    _show(descales=names)
+    torch.manual_seed(seed)
+    f8 = torch.float8_e4m3fn
+    q = poisoned((b, sq, hq, d), sq, f8, "cuda", pad_cols=16, scale=2.0)
+    k = poisoned((b, sk, hk, d), sk, f8, "cuda", pad_cols=16, scale=2.0)
+    v = poisoned((b, sk, hk, dv), sk, f8, "cuda", pad_cols=16, scale=2.0)
+    descales = {n: torch.rand(b, hk, device="cuda") * 0.4 + 0.05 for n in names}
+    got, lse = fmha.attention(q, k, v, return_lse=True, **opts, **descales)
+    assert got.dtype == torch.bfloat16
+    assert_matches_fp8_p(got, lse, attention_ref(q, k, v, **opts, **descales), q, k, v, descales,
+                         softmax_scale=opts.get("softmax_scale"))
 
 
 @pytest.mark.parametrize("target,seed", _seeds(GPU_CASES, CPU_CASES))
