@@ -456,10 +456,7 @@ def _softmax_tile(s, i, m_i, l_i, q_pos, bounds, qk_scale_log2, BLOCK_N: gl.cons
         m_new = gl.maximum(m_i, row_max)
     # A row that has seen no key yet keeps m = -inf; shift it by 0 so exp2 gives 0, not NaN.
     m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)
-    if P_SHIFT != 0.0:
-        p = gl.exp2(s * qk_scale_log2 - (m_shift - P_SHIFT)[:, None])
-    else:
-        p = gl.exp2(s * qk_scale_log2 - m_shift[:, None])
+    p = gl.exp2(s * qk_scale_log2 - (m_shift - P_SHIFT)[:, None])       # x - 0.0 folds away for 16-bit P
     alpha = gl.exp2(m_i - m_shift)
     l_i = l_i * alpha + gl.sum(p, 1)
     return p, m_new, l_i, alpha
@@ -751,6 +748,7 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
             unmask_from = gl.cdiv(gl.maximum(m0 + ROWS - 1 + lead, 0), BLOCK_N)
         scale = qk_scale_log2
         cap = cap_in
+        v_scale = 1.0
         if FP8:                   # this item's descales: (q's * k's, v's) of (batch b, KV head hk)
             scales = SCALES + (b * (heads_q // group) + hk) * 2
             if SOFTCAP:
@@ -829,21 +827,13 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
         # Epilogue (overlapping the other warpgroup's tiles and the producer's next loads): normalise and
         # write the rows that exist; a row with no visible key gives 0 and LSE -inf. A sink joins the
         # denominator only (the LSE leaves it out).
+        # l_i is 2^P_SHIFT times the row's sum (FP8; P_SHIFT = 0 otherwise, and x - 0.0 folds away).
         empty = l_i == 0.0
-        if FP8:                   # l_i is 2^P_SHIFT times the row's sum
-            lse = gl.where(empty, float("-inf"), (m_i + gl.log2(gl.where(empty, 1.0, l_i)) - P_SHIFT) * LN2)
-        else:
-            lse = gl.where(empty, float("-inf"), (m_i + gl.log2(gl.where(empty, 1.0, l_i))) * LN2)
+        lse = gl.where(empty, float("-inf"), (m_i + gl.log2(gl.where(empty, 1.0, l_i)) - P_SHIFT) * LN2)
         denom = l_i
         if HAS_SINKS:
-            if FP8:
-                denom = l_i + gl.exp2(gl.load(SINKS + h) * LOG2E_ - m_i + P_SHIFT)
-            else:
-                denom = l_i + gl.exp2(gl.load(SINKS + h) * LOG2E_ - m_i)
-        if FP8:
-            inv_l = gl.convert_layout(v_scale / gl.where(empty, 1.0, denom), row_o)
-        else:
-            inv_l = gl.convert_layout(1.0 / gl.where(empty, 1.0, denom), row_o)
+            denom = l_i + gl.exp2(gl.load(SINKS + h) * LOG2E_ - (m_i - P_SHIFT))
+        inv_l = gl.convert_layout(v_scale / gl.where(empty, 1.0, denom), row_o)
         out = None
         if not TMA_STORE:
             out = gl.convert_layout((acc * inv_l[:, None]).to(O.dtype.element_ty), store_layout)
