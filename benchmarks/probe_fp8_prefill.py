@@ -48,7 +48,7 @@ def main():
                     tiles = tuple(int(x) for x in t.split(","))
                     if tiles != default:
                         impls[f"fp8-{t}"] = gluon(tiles=tiles)
-                impls["transpose-v"] = lambda: forward_sm90.transposed_v(v8, 128)
+                impls["transpose-v"] = lambda: forward_sm90.transposed_v(v8)
                 impls["bf16"] = lambda: fmha.attention(q, k, v, causal=causal)
                 ref = fmha.attention(q, k, v, causal=causal).float()
                 row = dict(d=d, s=s, b=b, h=h, causal=causal, tiles=list(default), pingpong=pingpong)

@@ -1,6 +1,6 @@
 """Host time per call of the prefill path, level by level and piece by piece, beside the peers' (cProfile at the end).
 
-    PYTHONPATH=src python3 benchmarks/profile_host.py [--shape B S H D] [--rounds N] [--profile]
+    PYTHONPATH=src python3 benchmarks/profile_host.py [--shape B S H D] [--rounds N] [--profile] [--fp8]
 
 Eager prefill of short sequences can be host-bound: a call that spends more host time than its kernel runs
 leaves the GPU idle (the d = 256 and d = 128 1k causal rows of `fmha bench prefill` swung by a third between runs
@@ -13,7 +13,8 @@ one synchronisation at the end):
 - the peers on the same inputs: torch SDPA's FlashAttention-2 and cuDNN backends (their whole call);
 - the decode entry points at small sizes (`attention_with_kvcache` on a paged cache, `flash_mla_with_kvcache`
   dense and token-sparse).
-Causal and not. Every entry is timed once a round and the least of the rounds printed. With --profile [causal|paged|
+With --fp8, q, k and v are float8_e4m3fn with all three descales (the peers then fail and say so), and the
+transposition of V (`transposed_v`) is timed alone too. Causal and not. Every entry is timed once a round and the least of the rounds printed. With --profile [causal|paged|
 mla|sparse], the top entries of a cProfile of that entry follow (`fmha.attention` causal by default). The launches
 alone are timed without a mask only.
 """
@@ -61,33 +62,38 @@ def sdpa(backend, q, k, v, causal):
     return call
 
 
-def levels(q, k, v, causal):
-    """name -> a call to time."""
+def levels(q, k, v, causal, descales=None):
+    """name -> a call to time; `descales`: FP8 inputs' {q_descale, k_descale, v_descale}."""
     from torch.nn.attention import SDPBackend
     b, s, h, d = q.shape
-    out, lse = torch.empty_like(q), torch.empty(b, h, s, device="cuda")
+    out = torch.empty(q.shape, dtype=torch.bfloat16 if descales else q.dtype, device="cuda")
+    lse = torch.empty(b, h, s, device="cuda")
+    kw = dict(descales=tuple(descales.values())) if descales else {}
     scale = d ** -0.5
     views = forward_sm90.supported(q, k, v)
     fns = {
-        "fmha.attention": lambda: fmha.attention(q, k, v, causal=causal),
+        "fmha.attention": lambda: fmha.attention(q, k, v, causal=causal, **(descales or {})),
         "API layer alone (no launcher)": None,       # filled in below
         "attention_forward (outputs given)": lambda: forward.attention_forward(
             q, k, v, out, lse, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=s, max_seqlen_k=s,
-            softmax_scale=scale, window=(-1, 0 if causal else -1), softcap=0.0, alibi_slopes=None, sinks=None),
+            softmax_scale=scale, window=(-1, 0 if causal else -1), softcap=0.0, alibi_slopes=None, sinks=None,
+            **kw),
         "attention_forward_sm90": lambda: attention_forward_sm90(q, k, v, out, lse, causal=causal,
-                                                                 softmax_scale=scale),
+                                                                 softmax_scale=scale, **kw),
         "launch_args alone": lambda: launch_args(q, k, v, out, lse, causal=causal, softmax_scale=scale,
-                                                 views=views),
+                                                 views=views, **kw),
     }
+    if descales:
+        fns["  transposed_v"] = lambda: forward_sm90.transposed_v(v)
     if not causal:
-        grid, args, meta = launch_args(q, k, v, out, lse, causal=False, softmax_scale=scale, views=views)
+        grid, args, meta = launch_args(q, k, v, out, lse, causal=False, softmax_scale=scale, views=views, **kw)
         fns["the JIT's launch alone"] = lambda: attn_fwd_sm90_kernel[grid](*args, **meta)
         fns["launch.launch alone"] = lambda: launch(attn_fwd_sm90_kernel, grid, args, meta)
         fns["  argument classes"] = lambda: tuple(map(_arg_class, args))
     fns.update({
         "  _prepare (validation, out)": lambda: API._prepare(
             q, k, v, varlen=False, causal=causal, window=(-1, -1), softmax_scale=None, softcap=0.0,
-            alibi_slopes=None, sinks=None, out=None, descales=(None,) * 3),
+            alibi_slopes=None, sinks=None, out=None, descales=kw.get("descales", (None,) * 3)),
         "  check_qkv": lambda: V.check_qkv(q, k, v, varlen=False),
         "  check_options": lambda: V.check_options(q, window=(-1, -1), softmax_scale=None, softcap=0.0,
                                                    alibi_slopes=None, sinks=None, batch=b),
@@ -144,11 +150,16 @@ def main():
     p.add_argument("--rounds", type=int, default=5,
                    help="every entry is timed once a round; the least of its rounds is printed (the host's speed "
                         "drifts by up to 2x within a process)")
+    p.add_argument("--fp8", action="store_true", help="float8_e4m3fn q, k, v with their three descales")
     a = p.parse_args()
     b, s, h, d = a.shape
     q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    descales = None
+    if a.fp8:
+        q, k, v = (t.to(torch.float8_e4m3fn) for t in (q, k, v))
+        descales = {f"{n}_descale": torch.rand(b, h, device="cuda") + 0.5 for n in "qkv"}
     entries = {(f"{'causal' if causal else 'full  '} {name}"): fn
-               for causal in (False, True) for name, fn in levels(q, k, v, causal).items()}
+               for causal in (False, True) for name, fn in levels(q, k, v, causal, descales).items()}
     entries.update({f"decode {name}": fn for name, fn in decode_levels().items()})
     best = {}
     for _ in range(a.rounds):

@@ -238,12 +238,15 @@ GLUON_SCRIPT = textwrap.dedent('''
     if not lefts:
         consts["LEFTS"] = None
     if not fp8:
-        consts["SCALES"] = None
+        consts.update(Q_DESCALE=None, K_DESCALE=None, V_DESCALE=None)
+    if not (fp8 and varlen):
+        consts["V_STARTS"] = None
     part = _QK_PART.get(d, d)
     ptrs = dict(q_desc=desc(_ROWS, part), k_desc=desc(kv_rows, part),
                 v_desc=desc(dv, kv_rows) if fp8 else desc(kv_rows, dv), o_desc=desc(_ROWS, dv),
                 O="*bf16" if fp8 else f"*{dt}", LSE="*fp32", COUNTER="*i32", CU_Q="*i32", CU_K="*i32",
-                SINKS="*fp32", LEFTS="*i32", SEQLENS="*i32", BLOCK_TABLE="*i32", SLOPES="*fp32", SCALES="*fp32")
+                SINKS="*fp32", LEFTS="*i32", SEQLENS="*i32", BLOCK_TABLE="*i32", SLOPES="*fp32", Q_DESCALE="*fp32",
+                K_DESCALE="*fp32", V_DESCALE="*fp32", V_STARTS="*i32")
     ptrs = {n: v for n, v in ptrs.items() if n not in consts}
     names = list(inspect.signature(attn_fwd_sm90_kernel.fn).parameters)
     floats = ("qk_scale_log2", "cap_in")
@@ -299,19 +302,25 @@ def test_gluon_prefill_compiles_for_sm90(case):
 @pytest.mark.cpu
 def test_gluon_fp8_host_pieces():
     """The host side of FP8 calls on the Gluon kernel: V transposed into a copy whose TMA view has the keys as
-    columns (rows 16-byte aligned, the padding outside the view), and the descales folded into (q * k, v) pairs."""
-    from fmha.kernels.forward_sm90 import fp8_scales, transposed_v
+    columns (rows 16-byte aligned, the padding outside the view); packed sequences each from a 16-byte-aligned
+    column (TMA boxes start aligned in their innermost dimension), zeros between them and past the last one (the
+    buffer's rows past cu_seqlens_k[-1] are NaN here)."""
+    from fmha.kernels.forward_sm90 import transposed_v
     torch.manual_seed(0)
     v = (torch.randn(2, 37, 3, 16 + 8)[..., :16] * 4).to(torch.float8_e4m3fn)      # strided, 37 keys
-    vt, (shape, strides) = transposed_v(v, 128)
-    assert vt.shape == (2, 3, 16, 48) and shape == [2, 48, 37] and strides == [3 * 16 * 48, 48, 1]
+    vt, (shape, strides), starts = transposed_v(v)
+    assert vt.shape == (2, 3, 16, 48) and shape == [2, 48, 37] and strides == [3 * 16 * 48, 48, 1] and starts is None
     seen = vt.view(torch.uint8).reshape(2, 48, 48)[:, :, :37]
     assert torch.equal(seen, v.view(torch.uint8).permute(0, 2, 3, 1).reshape(2, 48, 37))
-    q_d, k_d, v_d = (torch.rand(2, 3) + 0.5 for _ in range(3))
-    scales = fp8_scales((q_d, k_d, v_d), 2, 3, "cpu")
-    assert torch.equal(scales[..., 0], q_d * k_d) and torch.equal(scales[..., 1], v_d)
-    assert torch.equal(fp8_scales((None, k_d, None), 2, 3, "cpu"), torch.stack((k_d, torch.ones(2, 3)), -1))
-    assert torch.equal(fp8_scales(None, 2, 3, "cpu"), torch.ones(2, 3, 2))
+    packed = v[:1].clone()
+    packed[:, 30:] = float("nan")
+    cu = torch.tensor([0, 12, 12, 30], dtype=torch.int32)          # 12 keys, none, 18; rows 30..36 not a sequence's
+    vt, (shape, strides), starts = transposed_v(packed, (cu, 18))
+    assert starts.tolist() == [0, 16, 16, 48] and shape[2] == vt.shape[3] >= 48 and strides[1] == vt.shape[3]
+    got = vt.view(torch.uint8)[0]                                   # (heads, dv, columns)
+    want = packed.view(torch.uint8)[0].permute(1, 2, 0)            # (heads, dv, keys)
+    assert torch.equal(got[..., :12], want[..., :12]) and torch.equal(got[..., 16:34], want[..., 12:30])
+    assert not got[..., 12:16].any() and not got[..., 34:].any()
 
 
 @pytest.mark.cpu

@@ -496,6 +496,31 @@ def test_gluon_fp8_options(extra, descaled, monkeypatch):
     assert_matches_fp8_p(got, lse, attention_ref(q, k, v, **options, **descales), q, k, v, descales)
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("case", VARLEN_CASES, ids=lambda c: f"{len(c[0])}seqs-d{c[4]}")
+def test_gluon_fp8_varlen(case, causal, monkeypatch):
+    """FP8 packed sequences (empty ones, Sq > Sk, three warpgroups at d = 64) with one descale row a sequence, in
+    buffers 100 rows longer than the packed keys, NaN there: the copy of V has zeros past cu_seqlens_k[-1]."""
+    len_q, len_k, hq, hk, d, dv = (*case, case[-1])[:6]
+    torch.manual_seed(len(len_q) + d)
+    cu_q, cu_k = (torch.tensor([0, *torch.tensor(n).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+                  for n in (len_q, len_k))
+    tq, tk = sum(len_q), sum(len_k)
+    q = poisoned((tq, hq, d), tq, FP8, "cuda", dim=0, pad_cols=16, scale=2.0)
+    k = poisoned((tk + 100, hk, d), tk, FP8, "cuda", dim=0, pad_cols=16, scale=2.0)
+    v = poisoned((tk + 100, hk, dv), tk, FP8, "cuda", dim=0, pad_cols=16, scale=2.0)
+    if not _gluon_ok(*(t.unsqueeze(0) for t in (q, k, v))):
+        pytest.skip("not an sm_90 GPU")
+    descales = {name: torch.rand(len(len_q), hk, device="cuda") + 0.5
+                for name in ("q_descale", "k_descale", "v_descale")}
+    calls = _spy_gluon(monkeypatch)
+    got, lse = fmha.attention_varlen(q, k, v, cu_q, cu_k, max(len_q), max(len_k), causal=causal, return_lse=True,
+                                     **descales)
+    assert len(calls) == 1 and got.dtype == torch.bfloat16
+    ref = attention_varlen_ref(q, k[:tk], v[:tk], cu_q, cu_k, causal=causal, **descales)
+    assert_matches_fp8_p(got, lse, ref, q, k[:tk], v[:tk], descales)
+
+
 def test_gluon_launch_cache_alignment():
     """One call three times with `out` 16-byte aligned, 2 bytes off, aligned again: the unaligned output is a new
     argument class for `launch.launch`, so it gets its own compile instead of the aligned one's (whose stores assume

@@ -123,10 +123,8 @@ def test_fuzz_attention_fp8(target, seed):
     assert_matches(got, lse, attention_ref(q, k, v, **opts, **descales), torch.bfloat16 if all_fp8 else dtype)
 
 
-@pytest.mark.parametrize("target,seed", _seeds(GPU_CASES // 2, CPU_CASES))
-def test_fuzz_attention_varlen(target, seed):
-    device, dtype = target
-    r = random.Random(2000 + seed)
+def _varlen_case(r, device):
+    """A random packed-sequences case: (lens_q, lens_k, hq, hk, d, dv), cu_seqlens_q / _k and options."""
     d, dv = _head_dims(r, device)
     hk = r.choice([1, 2])
     hq = hk * r.choice([1, 2, 4])
@@ -136,14 +134,44 @@ def test_fuzz_attention_varlen(target, seed):
     opts = _options(r, hq, device)
     _per_sequence_window(r, opts, len(lens_q), big, device, 0.25)
     _show(opts, lens_q=lens_q, lens_k=lens_k, hq=hq, hk=hk, d=d, dv=dv)
-    cu_q = torch.tensor([0] + lens_q, device=device).cumsum(0).to(torch.int32)
-    cu_k = torch.tensor([0] + lens_k, device=device).cumsum(0).to(torch.int32)
+    cu_q, cu_k = (torch.tensor([0] + n, device=device).cumsum(0).to(torch.int32) for n in (lens_q, lens_k))
+    return (lens_q, lens_k, hq, hk, d, dv), (cu_q, cu_k), opts
+
+
+@pytest.mark.parametrize("target,seed", _seeds(GPU_CASES // 2, CPU_CASES))
+def test_fuzz_attention_varlen(target, seed):
+    device, dtype = target
+    (lens_q, lens_k, hq, hk, d, dv), (cu_q, cu_k), opts = _varlen_case(random.Random(2000 + seed), device)
     torch.manual_seed(seed)
     q = poisoned((sum(lens_q), hq, d), sum(lens_q), dtype, device, dim=0)
     k = poisoned((sum(lens_k), hk, d), sum(lens_k), dtype, device, dim=0)
     v = poisoned((sum(lens_k), hk, dv), sum(lens_k), dtype, device, dim=0)
     got, lse = fmha.attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), return_lse=True, **opts)
     assert_matches(got, lse, attention_varlen_ref(q, k, v, cu_q, cu_k, **opts), dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seed", range(FIRST_SEED, FIRST_SEED + GPU_CASES // 2))
+def test_fuzz_attention_varlen_fp8_aligned(seed):
+    """FP8 packed sequences with 16-byte aligned rows (16 NaN columns past each head, NaN rows past the last key),
+    so that on Hopper every head_dim the Gluon kernel runs takes its e4m3 path with V's copy at per-sequence
+    16-aligned columns; one descale row a sequence; the FP8 bounds of `assert_matches_fp8_p`."""
+    r = random.Random(2500 + seed)
+    (lens_q, lens_k, hq, hk, d, dv), (cu_q, cu_k), opts = _varlen_case(r, "cuda")
+    names = [n for n in ("q_descale", "k_descale", "v_descale") if r.random() < 0.8]
+    _show(descales=names)
+    torch.manual_seed(seed)
+    f8 = torch.float8_e4m3fn
+    tq, tk = sum(lens_q), sum(lens_k)
+    q = poisoned((tq, hq, d), tq, f8, "cuda", dim=0, pad_cols=16, scale=2.0)
+    k = poisoned((tk + 37, hk, d), tk, f8, "cuda", dim=0, pad_cols=16, scale=2.0)
+    v = poisoned((tk + 37, hk, dv), tk, f8, "cuda", dim=0, pad_cols=16, scale=2.0)
+    descales = {n: torch.rand(len(lens_q), hk, device="cuda") * 0.4 + 0.05 for n in names}
+    got, lse = fmha.attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), return_lse=True, **opts,
+                                     **descales)
+    assert got.dtype == torch.bfloat16
+    ref = attention_varlen_ref(q, k[:tk], v[:tk], cu_q, cu_k, **opts, **descales)
+    assert_matches_fp8_p(got, lse, ref, q, k[:tk], v[:tk], descales, softmax_scale=opts.get("softmax_scale"))
 
 
 def _kvcache_case(r, device):

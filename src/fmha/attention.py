@@ -106,7 +106,7 @@ def attention(q, k, v, *, causal=False, window=(-1, -1), softmax_scale=None, sof
             every e4m3 value is an fp16 value) and applies the descales in fp32, so FP8 inputs halve the bytes
             read while the math is that of fp16; a bf16 q beside an FP8 K/V goes to fp16 scaled by a power of two
             per program of query rows (its largest |q| at 2^14), which keeps any bf16 magnitude in range. On
-            Hopper, FP8 q, k and v in a padded call (16-byte aligned rows and heads) run the Gluon kernel on
+            Hopper, FP8 q, k and v without a cache (16-byte aligned rows and heads) run the Gluon kernel on
             e4m3 tensor cores instead, as FlashAttention-3: V transposed into a copy first, scores accumulated
             by the FP8 MMA (about 14 bits of mantissa), P rounded to e4m3 (scaled by 2^8; within 2^-4 of
             itself) for P·V; the LSE comes from the unrounded P.

@@ -488,7 +488,7 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
     `pack_gqa`, `use_tma` and `tiles` (BLOCK_M, BLOCK_N, num_warps, num_stages) override the automatic
     choices (tests and tuning); so does `backend`: "triton" forces this file's kernel, None lets a call on Hopper
     with no split take the Gluon kernel of `forward_sm90` (a KV-cache call: `_gluon_takes`; FP8 only all three
-    inputs FP8, padded, no cache)
+    inputs FP8, no cache)
     (also turned off by the environment, FMHA_GLUON=0).
     """
     varlen = cu_seqlens_q is not None
@@ -509,9 +509,9 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
         return
     left, right = window               # window_lefts (batch,) int32, when given, replaces `left` per sequence
     scale = softmax_scale if softmax_scale is not None else dqk ** -0.5
-    # FP8 q, k and v take the Gluon kernel in padded calls without a KV cache (V transposed there, a copy:
-    # `forward_sm90.transposed_v`); an FP8 K/V beside a 16-bit q, packed sequences and caches the portable one.
-    plain = (k.dtype == q.dtype and (q.element_size() > 1 or (not varlen and cache_seqlens is None))
+    # FP8 q, k and v take the Gluon kernel in calls without a KV cache (V transposed there, a copy:
+    # `forward_sm90.transposed_v`); an FP8 K/V beside a 16-bit q, and FP8 caches, the portable one.
+    plain = (k.dtype == q.dtype and (q.element_size() > 1 or cache_seqlens is None)
              and pack_gqa is None and use_tma is None and tiles is None and backend is None)
     if plain and not interpret and gluon_enabled() and _gluon_takes(
             cache_seqlens, num_splits, batch, heads_q, seqlen_q, q.device,

@@ -5,7 +5,7 @@ is what `attention_forward` dispatches to on an H100/H200 for calls padded or pa
 over a KV cache, contiguous or paged (chunked prefill), causal or not, with or without a sliding window (left,
 right; left may be one bound a sequence), sinks, a softcap and ALiBi, `head_dim_qk == head_dim_v` in
 {64, 128, 256} or DeepSeek's 192 / 128, q/k/v strides that TMA accepts (16-byte aligned); fp16 / bf16, or FP8
-(e4m3) q, k and v in padded calls without a cache (below). The schedule is FlashAttention-3's:
+(e4m3) q, k and v in calls without a cache (below). The schedule is FlashAttention-3's:
 
 * persistent: one program per SM runs work items (128 or 192 query rows of one head) until none is left:
   causal items go out in L2-sized chunks of heads, longest first inside a chunk, a program taking the next
@@ -43,9 +43,10 @@ memory before P·V (`_wait_v`), since they may hold NaN and 0 * NaN is NaN; so a
 sequence, for a buffer longer than cu_seqlens_k[-1].
 
 FP8, as FlashAttention-3: both products on e4m3 tensor cores, which read 8-bit operands only K-major, so P·V takes
-V transposed, (kv head, head_dim_v, keys), from a copy made before the launch (`transposed_v`, a Triton kernel);
+V transposed, (kv head, head_dim_v, keys), from a copy made before the launch (`transposed_v`, a Triton kernel,
+which also zeroes a packed buffer's rows past its last sequence, so FP8 calls never clean V tiles);
 P is rounded to e4m3 after scaling by 2^8 (`_p_shift`), the row sums kept in fp32 from the unrounded values; the
-descales of each (batch, KV head) scale the scores and the output (`fp8_scales`). No conditional rescale (the
+descales of each (batch, KV head), read by the kernel, scale the scores and the output. No conditional rescale (the
 shift takes its headroom) and no TMA-store epilogue (the output is bf16 or fp16, not the inputs' dtype).
 """
 from __future__ import annotations
@@ -270,12 +271,13 @@ def _known_fields(item, seqlen_q, seqlen_k, SEQLENS, BLOCK_N: gl.constexpr, CAUS
 
 
 @gluon.jit
-def _load_kv_tile(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv, b, row_k, i, hk,
+def _load_kv_tile(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv, b, row_k, row_v, i, hk,
                   stride_kh, stride_vh, pages, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, QK_PARTS: gl.constexpr,
                   PAGE_ROWS: gl.constexpr):
     """Key tile i of (TMA batch b, first row row_k, kv head hk) into ring position kv, K (its QK_PARTS column parts)
     and V each once its slot is free; returns kv + 1. Paged (PAGE_ROWS > 0): BLOCK_N // PAGE_ROWS boxes a tile, each
-    from the page the block table names (`_box_origin`)."""
+    from the page the block table names (`_box_origin`). An FP8 V's keys start at column row_v of its copy
+    (`transposed_v`; row_k but for packed sequences)."""
     k_box: gl.constexpr = k_desc.block_type.shape
     v_box: gl.constexpr = v_desc.block_type.shape
     BOXES: gl.constexpr = 1 if PAGE_ROWS == 0 else BLOCK_N // PAGE_ROWS
@@ -296,8 +298,8 @@ def _load_kv_tile(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_e
     if v_desc.dtype.primitive_bitwidth == 8:
         # FP8: V transposed, (batch, kv heads * head_dim_v, keys), kv head hk's rows from hk * stride_vh (its
         # head_dim_v), one box of (1, head_dim_v, BLOCK_N) (`_pv`); no pages
-        gl.static_assert(BOXES == 1, "FP8 V tiles come from a padded call, not pages")
-        tma.async_copy_global_to_shared(v_desc, [b, hk * stride_vh, row_k + i * BLOCK_N], v_ready.index(slot),
+        gl.static_assert(BOXES == 1, "FP8 V tiles come from V's copy, not pages")
+        tma.async_copy_global_to_shared(v_desc, [b, hk * stride_vh, row_v + i * BLOCK_N], v_ready.index(slot),
                                         v_smem.index(slot).reshape(v_box))
     else:
         for r in gl.static_range(BOXES):
@@ -318,8 +320,11 @@ def _load_item(args, t, item, kv, w, BLOCK_N: gl.constexpr,
     m_start + g * ROWS of head h, or with HEADS = 2 rows m_start of head h + g."""
     (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
      _, _, _, _, _, _, _, _, stride_qh, stride_kh, stride_vh, _, _, _, _, _, _, BLOCK_TABLE, stride_bt,
-     page_size) = args
-    _, h, hk, m_start, lo, n_tiles, _, sk, row_q, row_k, tb, _ = item
+     page_size, V_STARTS) = args
+    b, h, hk, m_start, lo, n_tiles, _, sk, row_q, row_k, tb, _ = item
+    row_v = row_k
+    if V_STARTS is not None:      # FP8 packed sequences: V's copy has sequence b's keys from an aligned column
+        row_v = gl.load(V_STARTS + b)
     pages = (None, 0, 0)
     if PAGE_ROWS > 0:             # a paged KV cache: sequence tb's block-table row and its last page
         pages = (BLOCK_TABLE + tb * stride_bt, page_size, gl.maximum(gl.cdiv(sk, page_size) - 1, 0))
@@ -339,7 +344,7 @@ def _load_item(args, t, item, kv, w, BLOCK_N: gl.constexpr,
     head = gl.minimum(n_tiles, 1) if Q_BUFS == 1 else 0
     for i in range(head):
         kv = _load_kv_tile(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv, tb, row_k,
-                           lo + i, hk, stride_kh, stride_vh, pages, BLOCK_N, STAGES, QK_PARTS, PAGE_ROWS)
+                           row_v, lo + i, hk, stride_kh, stride_vh, pages, BLOCK_N, STAGES, QK_PARTS, PAGE_ROWS)
     # A buffer is free once every consumer released it; the first pass over a ring waits on nothing.
     mbarrier.wait(q_empty.index(qb), ((w // Q_BUFS) & 1) ^ 1)
     _post_item(items.index(qb), t, item, gl.num_warps())
@@ -356,7 +361,7 @@ def _load_item(args, t, item, kv, w, BLOCK_N: gl.constexpr,
                                             q_smem.index(QK_PARTS * (WGS * qb + g) + j).reshape(q_box))
     for i in range(head, n_tiles):
         kv = _load_kv_tile(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv, tb, row_k,
-                           lo + i, hk, stride_kh, stride_vh, pages, BLOCK_N, STAGES, QK_PARTS, PAGE_ROWS)
+                           row_v, lo + i, hk, stride_kh, stride_vh, pages, BLOCK_N, STAGES, QK_PARTS, PAGE_ROWS)
     return kv, w + 1
 
 
@@ -368,7 +373,7 @@ def _first_with_rows(t, args, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, WGS: 
     the consumers see only items with rows. Each item's fields are worked out once; an index past the last item
     is read as the last one, so that nothing is loaded out of bounds."""
     (_, _, _, _, _, _, _, _, _, _, _, _, _, COUNTER, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, _, _,
-     _, CU_Q, CU_K, left, LEFTS, right, _, _, _, _) = args
+     _, CU_Q, CU_K, left, LEFTS, right, _, _, _, _, _) = args
     item = _work_item(gl.minimum(t, n_m * n_bh - 1), n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, CU_Q,
                       CU_K, None, left, LEFTS, right, BLOCK_N, CAUSAL, WGS, True, WINDOW, HEADS)
     while (t < n_m * n_bh) & (item[3] >= item[6]):        # m_start past the sequence's query length
@@ -384,7 +389,7 @@ def _producer(args, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, Q_BUFS: gl.cons
               PAGE_ROWS: gl.constexpr, DYNAMIC: gl.constexpr, HEADS: gl.constexpr):
     """The producer warp. DYNAMIC: items of unequal lengths, taken through the counter (`_next_item`)."""
     (_, _, _, _, _, _, items, q_ready, q_empty, _, _, _, _, COUNTER, n_m, n_bh, head_chunk, heads_q, group, seqlen_q,
-     seqlen_k, _, _, _, CU_Q, CU_K, left, LEFTS, right, SEQLENS, _, _, _) = args
+     seqlen_k, _, _, _, CU_Q, CU_K, left, LEFTS, right, SEQLENS, _, _, _, _) = args
     kv = 0                        # K/V tiles loaded so far: position in the ring and its phase
     w = 0                         # work items so far: the Q buffer and its phase
     t = gl.program_id(0)
@@ -658,18 +663,19 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
     kernel writes them once for two or three partitions). HEADS = 2: the item's rows of query head h + WG."""
     (q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, O, LSE, n_m, n_bh,
      heads_q, seqlen_q, seqlen_k, qk_scale_log2, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls,
-     turn, o_desc, o_stage, o_free, left, right, SINKS, cap_in, SEQLENS, SLOPES, SCALES, group) = shared
+     turn, o_desc, o_stage, o_free, left, right, SINKS, cap_in, SEQLENS, SLOPES, Q_DESCALE, K_DESCALE, V_DESCALE,
+     group) = shared
     dtype: gl.constexpr = q_smem.dtype
     MMA_K: gl.constexpr = 256 // dtype.primitive_bitwidth      # a wgmma's K: 32 bytes of its operands
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, MMA_K])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, HEAD_DV, MMA_K])
-    # FP8 (e4m3 q, k, v): P in e4m3 too, scaled by 2^P_SHIFT (`_p_shift`); the descales per (batch, KV head) from
-    # SCALES (`launch_args`): q's times k's into the scores' scale, v's into the output's.
+    # FP8 (e4m3 q, k, v): P in e4m3 too, scaled by 2^P_SHIFT (`_p_shift`); the descales per (batch, KV head), each
+    # (batch, kv heads) fp32 or None (1): q's times k's into the scores' scale, v's into the output's.
     FP8: gl.constexpr = dtype.primitive_bitwidth == 8
     P_SHIFT: gl.constexpr = _p_shift(dtype.primitive_bitwidth)
-    gl.static_assert(not (FP8 and CLEAN), "FP8 calls are padded: no V rows to zero")
+    gl.static_assert(not (FP8 and CLEAN), "an FP8 V's copy has its rows past the end zeroed already")
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout,
                                                  k_width=32 // dtype.primitive_bitwidth)
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
@@ -749,13 +755,19 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
         scale = qk_scale_log2
         cap = cap_in
         v_scale = 1.0
-        if FP8:                   # this item's descales: (q's * k's, v's) of (batch b, KV head hk)
-            scales = SCALES + (b * (heads_q // group) + hk) * 2
+        if FP8:                   # this item's descales: those of (batch b, KV head hk)
+            at = b * (heads_q // group) + hk
+            qk = 1.0
+            if Q_DESCALE is not None:
+                qk = gl.load(Q_DESCALE + at)
+            if K_DESCALE is not None:
+                qk = qk * gl.load(K_DESCALE + at)
             if SOFTCAP:
-                cap = cap_in * gl.load(scales)
+                cap = cap_in * qk
             else:
-                scale = qk_scale_log2 * gl.load(scales)
-            v_scale = gl.load(scales + 1)
+                scale = qk_scale_log2 * qk
+            if V_DESCALE is not None:
+                v_scale = gl.load(V_DESCALE + at)
         slope = 0.0
         if ALIBI:                 # the head's slope in the units of the raw scores (`_softmax_tile`)
             slope = gl.load(SLOPES + h) * (LOG2E_ / scale)
@@ -873,7 +885,8 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
 
 @gluon.jit
 def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, COUNTER, CU_Q, CU_K, SINKS, LEFTS, SEQLENS,
-                         BLOCK_TABLE, SLOPES, SCALES, seqlen_q, seqlen_k,
+                         BLOCK_TABLE, SLOPES, Q_DESCALE, K_DESCALE, V_DESCALE, V_STARTS, seqlen_q,
+                         seqlen_k,
                          heads_q, group, n_bh, head_chunk,
                          stride_qh, stride_kh, stride_vh,
                          stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls, qk_scale_log2, cap_in,
@@ -900,10 +913,13 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, COUNTER, CU_Q, 
     BLOCK_TABLE[b * stride_bt + j // page_size]. HAS_ALIBI: SLOPES (heads_q,) fp32; a score less
     slope * |its row's own key (bottom-right aligned) - its key|. FP8 q, k and v (float8e4nv): v_desc is over V
     transposed, (batch, kv heads * head_dim_v, keys) with (1, HEAD_DV, BLOCK_N) boxes, stride_vh = HEAD_DV, and
-    SCALES (batch, kv heads, 2) fp32 holds each (q descale * k descale, v descale); None otherwise. TMA_STORE (`tma_store`): the output leaves through
-    a staging buffer and `o_desc`, a descriptor over O as (batch, seqlen_q, columns) with (1, ROWS, HEAD_DV) boxes;
-    otherwise `o_desc` is None and the output is stored through pointers."""
-    CLEAN: gl.constexpr = KV_CACHE or VARLEN             # V rows past a sequence may hold NaN (`_wait_v`)
+    Q_DESCALE, K_DESCALE, V_DESCALE are each a contiguous (batch, kv heads) fp32 or None (1); with VARLEN,
+    V_STARTS (batch + 1,) int32: sequence b's keys start at column V_STARTS[b] of V's copy (None otherwise).
+    TMA_STORE (`tma_store`): the output leaves through a staging buffer and `o_desc`, a descriptor over O as
+    (batch, seqlen_q, columns) with (1, ROWS, HEAD_DV) boxes; otherwise `o_desc` is None and the output is stored
+    through pointers."""
+    # V rows past a sequence may hold NaN (`_wait_v`); an FP8 V's copy has zeros there (`transposed_v`).
+    CLEAN: gl.constexpr = KV_CACHE or (VARLEN and q_desc.dtype.primitive_bitwidth != 8)
     DYNAMIC: gl.constexpr = CAUSAL or WINDOW or VARLEN or KV_CACHE      # items of unequal lengths
     n_m = gl.cdiv(seqlen_q, ROWS if HEADS > 1 else WGS * ROWS)
     dtype: gl.constexpr = q_desc.dtype
@@ -919,7 +935,6 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, COUNTER, CU_Q, 
     else:
         v_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DV], dtype)
         v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DV], v_layout)
-        SCALES = LSE              # an unused stand-in
     q_ready = gl.allocate_shared_memory(gl.int64, [Q_BUFS, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [Q_BUFS, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -950,10 +965,11 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, COUNTER, CU_Q, 
     # The consumers take each item's fields from the producer (`_read_item`), not the schedule's arguments.
     shared = (q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, O, LSE, n_m, n_bh,
               heads_q, seqlen_q, seqlen_k, qk_scale_log2, stride_ob, stride_os, stride_oh, stride_lb, stride_lh,
-              stride_ls, turn, o_desc, o_stage, o_free, left, right, SINKS, cap_in, SEQLENS, SLOPES, SCALES, group)
+              stride_ls, turn, o_desc, o_stage, o_free, left, right, SINKS, cap_in, SEQLENS, SLOPES, Q_DESCALE, K_DESCALE,
+              V_DESCALE, group)
     producer = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready,
                 v_empty, COUNTER, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, stride_qh, stride_kh,
-                stride_vh, CU_Q, CU_K, left, LEFTS, right, SEQLENS, BLOCK_TABLE, stride_bt, page_size)
+                stride_vh, CU_Q, CU_K, left, LEFTS, right, SEQLENS, BLOCK_TABLE, stride_bt, page_size, V_STARTS)
     # The tuples above hold no constexpr (a tuple in a variable does not keep them); those go in literally.
     if WGS == 2:
         gl.warp_specialize([
@@ -1027,7 +1043,7 @@ def attention_forward_sm90(q, k, v, out, lse, *, causal, softmax_scale, views=No
     `left` an int or a (batch,) int32 tensor of one bound a sequence (negative: none);
     `sinks` (hq,) fp32 or None; `softcap` > 0 caps the scores. `cache` = (cache_seqlens, block_table or None):
     k/v are a KV cache, contiguous (b, capacity, hk, d) or paged (pages, page_size, hk, d). `alibi_slopes` (hq,)
-    fp32 or None. FP8 (float8_e4m3fn q, k and v; padded calls without a cache): `descales` (q, k, v), each None or
+    fp32 or None. FP8 (float8_e4m3fn q, k and v; no cache): `descales` (q, k, v), each None or
     (b, hk) fp32. `views` are `supported`'s result when the caller
     has it (for varlen, of the tensors with a leading axis of 1); `pingpong`, `tiles` and `pack` (GQA heads paired
     in an item, `pack_heads`) override the automatic choices (tuning, tests)."""
@@ -1092,26 +1108,27 @@ def tma_store(d, seqlen_q, wgs, varlen, offsets_64, same_dtype):
             and same_dtype)
 
 
-def transposed_v(v, block_n):
-    """An FP8 V (b, sk, hk, dv) as the kernel reads it (`_pv`): a copy (b, hk, dv, sk rounded up to 16) and its TMA
-    view (b, hk * dv, sk), whose keys past sk TMA fills with zeros."""
+def transposed_v(v, packed=None):
+    """An FP8 V (b, sk, hk, dv) as the kernel reads it (`_pv`): a copy (b, hk, dv, sk rounded up to 16), its TMA view
+    (b, hk * dv, sk), whose keys past sk TMA fills with zeros, and None. `packed` = (cu_seqlens_k, longest): v holds
+    packed sequences (b = 1), and each one's keys start at a 16-byte-aligned column of the copy (a TMA box must
+    start 16-byte aligned in its innermost dimension, here the keys), zeros between them and after the last one
+    (so the kernel need not clean V tiles, whatever the buffer holds past cu_seqlens_k[-1]); the third value is
+    then the sequences' first columns, (batch + 1,) int32 on the device."""
     b, sk, hk, dv = v.shape
-    pad = -(-sk // 16) * 16
-    vt = torch.empty((b, hk, dv, pad), dtype=v.dtype, device=v.device)
-    transpose_keys(v.view(torch.uint8), vt.view(torch.uint8))
-    return vt, ([b, hk * dv, sk], [hk * dv * pad, pad, 1])
-
-
-def fp8_scales(descales, batch, heads_k, device):
-    """(batch, heads_k, 2) fp32: each (q descale * k descale, v descale), 1 where a descale is None."""
-    q_d, k_d, v_d = descales or (None, None, None)
-    scales = torch.ones((batch, heads_k, 2), dtype=torch.float32, device=device)
-    for d in (q_d, k_d):
-        if d is not None:
-            scales[..., 0] *= d
-    if v_d is not None:
-        scales[..., 1] = v_d
-    return scales
+    if packed is None:
+        pad = -(-sk // 16) * 16
+        vt = torch.empty((b, hk, dv, pad), dtype=v.dtype, device=v.device)
+        transpose_keys(v.view(torch.uint8), vt.view(torch.uint8))
+        return vt, ([b, hk * dv, sk], [hk * dv * pad, pad, 1]), None
+    cu, longest = packed
+    n = cu.shape[0] - 1
+    starts = torch.zeros(n + 1, dtype=torch.int32, device=v.device)
+    starts[1:] = torch.cumsum((cu[1:] - cu[:-1] + 15) // 16 * 16, 0, dtype=torch.int32)
+    pad = -(-sk // 16) * 16 + 16 * n            # at least starts[n]
+    vt = torch.zeros((1, hk, dv, pad), dtype=v.dtype, device=v.device)
+    transpose_keys(v.view(torch.uint8), vt.view(torch.uint8), (cu, starts, -(-longest // 16) * 16))
+    return vt, ([1, hk * dv, pad], [hk * dv * pad, pad, 1]), starts
 
 
 def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None, tiles=None, varlen=None,
@@ -1171,16 +1188,17 @@ def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpon
     offsets_64 = max(_extent(out), _extent(lse)) > 2**31
     vo = _view3(out) if tma_store(d, seqlen_q, wgs, varlen is not None, offsets_64, out.dtype == q.dtype) else None
     if q.dtype == torch.float8_e4m3fn:
-        if varlen is not None or cache is not None:
-            raise ValueError("FP8 inputs: padded calls without a KV cache only")
-        vt, view = transposed_v(v, block_n)
+        if cache is not None:
+            raise ValueError("FP8 inputs: calls without a KV cache only")
+        vt, view, v_starts = transposed_v(v, None if varlen is None else (cu_k, seqlen_k))
         v_desc, stride_vh = descriptor(vt, view, [1, dv, block_n]), dv
-        scales = fp8_scales(descales, batch, heads_k, q.device)
+        scales = tuple(None if t is None else t.contiguous() for t in descales or (None,) * 3)
     else:
-        v_desc, stride_vh, scales = desc(v, vv, kv_rows, dv), v.stride(2), None
+        v_desc, stride_vh, scales, v_starts = desc(v, vv, kv_rows, dv), v.stride(2), (None,) * 3, None
     args = (desc(q, vq, _ROWS, part), desc(k, vk, kv_rows, part), v_desc,
             None if vo is None else desc(out, vo, _ROWS, dv), out, lse, counter,
-            cu_q, cu_k, sinks, lefts, seqlens, table, alibi_slopes, scales, seqlen_q, seqlen_k, heads_q, group,
+            cu_q, cu_k, sinks, lefts, seqlens, table, alibi_slopes, *scales, v_starts, seqlen_q, seqlen_k, heads_q,
+            group,
             batch * heads_q // heads, chunk,
             q.stride(2), k.stride(2), stride_vh, *o_strides, *lse_strides,
             softcap * LOG2E if softcap > 0 else softmax_scale * LOG2E, softmax_scale / softcap if softcap > 0 else 1.0,

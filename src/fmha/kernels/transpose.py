@@ -1,6 +1,8 @@
 """V transposed for FP8 prefill on Hopper (`forward_sm90.transposed_v`): wgmma reads 8-bit operands K-major only, so
 P·V needs each KV head's values as (head_dim_v, keys). A tile of keys is loaded row by row (head_dim_v contiguous
-bytes a key), transposed in registers and shared memory, and stored key-contiguous."""
+bytes a key), transposed in registers and shared memory, and stored key-contiguous. Packed sequences: each one's keys
+go to its own 16-byte-aligned run of columns (TMA boxes must start 16-byte aligned in their innermost dimension),
+zeros after them up to the next run."""
 import triton
 import triton.language as tl
 
@@ -10,27 +12,46 @@ BLOCK_KEYS = 64
 
 
 @triton.jit
-def transpose_kernel(V, VT, keys, heads_k, stride_vb, stride_vs, stride_vh, stride_tb, stride_th, stride_td,
-                     DV: tl.constexpr, BLOCK: tl.constexpr):
-    """Program (batch * heads_k + head, key block): V[b, block, head, :] (bytes) into VT[b, head, :, block]."""
+def transpose_kernel(V, VT, CU, STARTS, keys, heads_k, stride_vb, stride_vs, stride_vh, stride_tb, stride_th,
+                     stride_td, DV: tl.constexpr, BLOCK: tl.constexpr):
+    """Program (batch * heads_k + head, key block): V[b, block, head, :] (bytes) into VT[b, head, :, block]. With CU
+    (packed sequences, b the sequence): keys CU[b] + block of V's one batch into columns STARTS[b] + block of VT's,
+    zeros from the sequence's length up to STARTS[b + 1]."""
     bh = tl.program_id(0)
     b = bh // heads_k
     h = bh % heads_k
     n = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     cols = tl.arange(0, DV)
-    ok = n < keys
-    src = V + b.to(tl.int64) * stride_vb + h.to(tl.int64) * stride_vh + n.to(tl.int64)[:, None] * stride_vs
-    tile = tl.load(src + cols[None, :], mask=ok[:, None])
-    dst = VT + b.to(tl.int64) * stride_tb + h.to(tl.int64) * stride_th + cols.to(tl.int64)[:, None] * stride_td
-    tl.store(dst + n[None, :], tl.trans(tile), mask=ok[None, :])
+    if CU is not None:
+        first = tl.load(CU + b)
+        length = tl.load(CU + b + 1) - first
+        col0 = tl.load(STARTS + b)
+        width = tl.load(STARTS + b + 1) - col0
+        src = V + first.to(tl.int64) * stride_vs
+        dst = VT + col0
+        read = n < length
+        write = n < width
+    else:
+        src = V + b.to(tl.int64) * stride_vb
+        dst = VT + b.to(tl.int64) * stride_tb
+        read = n < keys
+        write = read
+    src += h.to(tl.int64) * stride_vh + n.to(tl.int64)[:, None] * stride_vs
+    tile = tl.load(src + cols[None, :], mask=read[:, None], other=0)
+    dst += h.to(tl.int64) * stride_th + cols.to(tl.int64)[:, None] * stride_td
+    tl.store(dst + n[None, :], tl.trans(tile), mask=write[None, :])
 
 
-def transpose_keys(v, vt):
+def transpose_keys(v, vt, packed=None):
     """vt[b, h, :, :keys] = v[b, :, h, :]ᵀ for byte tensors v (b, keys, heads_k, dv) (last dim contiguous) and vt
-    (b, heads_k, dv, >= keys) (last dim contiguous); dv a power of two."""
+    (b, heads_k, dv, >= keys) (last dim contiguous); dv a power of two. `packed` = (cu_seqlens, starts, longest): v
+    and vt have one batch, sequence s's keys (rows cu_seqlens[s] ..) go to columns starts[s] .., zeros after them up
+    to starts[s + 1]; `longest` bounds starts[s + 1] - starts[s]."""
     b, keys, heads_k, dv = v.shape
-    if b * heads_k * keys == 0:
+    cu, starts, longest = packed or (None, None, keys)
+    programs = b * heads_k if cu is None else (cu.shape[0] - 1) * heads_k
+    if programs * longest == 0:
         return
-    grid = (b * heads_k, triton.cdiv(keys, BLOCK_KEYS))
-    launch(transpose_kernel, grid, (v, vt, keys, heads_k, v.stride(0), v.stride(1), v.stride(2), vt.stride(0),
-                                    vt.stride(1), vt.stride(2)), dict(DV=dv, BLOCK=BLOCK_KEYS, num_warps=4))
+    grid = (programs, triton.cdiv(longest, BLOCK_KEYS))
+    launch(transpose_kernel, grid, (v, vt, cu, starts, keys, heads_k, v.stride(0), v.stride(1), v.stride(2),
+                                    vt.stride(0), vt.stride(1), vt.stride(2)), dict(DV=dv, BLOCK=BLOCK_KEYS, num_warps=4))
