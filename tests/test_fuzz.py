@@ -123,13 +123,16 @@ def test_fuzz_attention_fp8(target, seed):
     assert_matches(got, lse, attention_ref(q, k, v, **opts, **descales), torch.bfloat16 if all_fp8 else dtype)
 
 
-def _varlen_case(r, device):
-    """A random packed-sequences case: (lens_q, lens_k, hq, hk, d, dv), cu_seqlens_q / _k and options."""
-    d, dv = _head_dims(r, device)
+def _varlen_case(r, device, dims=None):
+    """A random packed-sequences case: (lens_q, lens_k, hq, hk, d, dv), cu_seqlens_q / _k and options. `dims`: the
+    (d, dv) pairs to draw from, and then at least one query row (otherwise any, and all sequences may be empty)."""
+    d, dv = r.choice(dims) if dims else _head_dims(r, device)
     hk = r.choice([1, 2])
     hq = hk * r.choice([1, 2, 4])
     big = 1500 if device == "cuda" else 60
     lens_q = [r.choice([0, 1, r.randint(1, big)]) for _ in range(r.randint(1, 5))]
+    if dims and not any(lens_q):
+        lens_q[0] = r.randint(1, big)
     lens_k = [r.choice([n, r.randint(0, big)]) for n in lens_q]
     opts = _options(r, hq, device)
     _per_sequence_window(r, opts, len(lens_q), big, device, 0.25)
@@ -153,11 +156,12 @@ def test_fuzz_attention_varlen(target, seed):
 @pytest.mark.gpu
 @pytest.mark.parametrize("seed", range(FIRST_SEED, FIRST_SEED + GPU_CASES // 2))
 def test_fuzz_attention_varlen_fp8_aligned(seed):
-    """FP8 packed sequences with 16-byte aligned rows (16 NaN columns past each head, NaN rows past the last key),
-    so that on Hopper every head_dim the Gluon kernel runs takes its e4m3 path with V's copy at per-sequence
-    16-aligned columns; one descale row a sequence; the FP8 bounds of `assert_matches_fp8_p`."""
+    """FP8 packed sequences with 16-byte aligned rows (16 NaN columns past each head, NaN rows past the last key)
+    and the Gluon kernel's head dims, so that on Hopper every case takes its e4m3 path with V's copy at
+    per-sequence 16-aligned columns; one descale row a sequence; the FP8 bounds of `assert_matches_fp8_p`."""
     r = random.Random(2500 + seed)
-    (lens_q, lens_k, hq, hk, d, dv), (cu_q, cu_k), opts = _varlen_case(r, "cuda")
+    dims = [(64, 64), (128, 128), (256, 256), (192, 128)]
+    (lens_q, lens_k, hq, hk, d, dv), (cu_q, cu_k), opts = _varlen_case(r, "cuda", dims)
     names = [n for n in ("q_descale", "k_descale", "v_descale") if r.random() < 0.8]
     _show(descales=names)
     torch.manual_seed(seed)
