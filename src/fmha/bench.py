@@ -202,7 +202,7 @@ def bench_prefill(args, record):
         ref = impls[ref_name]().float()
         row = dict(workload="prefill", d=d, s=s, b=b, h=h, causal=causal, **({"dv": dv} if dv != d else {}),
                    **({"dtype": "fp8"} if fp8 else {}))
-        # FP8: our e4m3 P is within 2^-4 of the exact one (`test_forward_sm90._assert_matches_fp8_p`), so an output
+        # FP8: our e4m3 P is within 2^-4 of the exact one (`tests/utils.assert_matches_fp8_p`), so an output
         # with few keys (the first causal rows) is within 2^-4 max |v| only; a wrong kernel is off by far more.
         tol = 0.05 + 2.0 ** -3 * v.abs().max().item() if fp8 else 0.05
         _measure(row, impls, ref, flops, nbytes, ratio_of="tflops", graph=False,
