@@ -14,8 +14,9 @@ one synchronisation at the end):
 - the decode entry points at small sizes (`attention_with_kvcache` on a paged cache, `flash_mla_with_kvcache`
   dense and token-sparse).
 With --fp8, q, k and v are float8_e4m3fn with all three descales (the peers then fail and say so), and the
-transposition of V (`transposed_v`) is timed alone too. Causal and not. Every entry is timed once a round and the least of the rounds printed. With --profile [causal|paged|
-mla|sparse], the top entries of a cProfile of that entry follow (`fmha.attention` causal by default). The launches
+transposition of V (`transposed_v`) is timed alone too. Causal and not. Every entry is timed once a round and the
+least of the rounds printed. With --profile [causal|paged|mla|sparse], the top entries of a cProfile of that entry
+follow (`fmha.attention` causal by default). The launches
 alone are timed without a mask only.
 """
 import argparse

@@ -965,8 +965,8 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, COUNTER, CU_Q, 
     # The consumers take each item's fields from the producer (`_read_item`), not the schedule's arguments.
     shared = (q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, O, LSE, n_m, n_bh,
               heads_q, seqlen_q, seqlen_k, qk_scale_log2, stride_ob, stride_os, stride_oh, stride_lb, stride_lh,
-              stride_ls, turn, o_desc, o_stage, o_free, left, right, SINKS, cap_in, SEQLENS, SLOPES, Q_DESCALE, K_DESCALE,
-              V_DESCALE, group)
+              stride_ls, turn, o_desc, o_stage, o_free, left, right, SINKS, cap_in, SEQLENS, SLOPES, Q_DESCALE,
+              K_DESCALE, V_DESCALE, group)
     producer = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready,
                 v_empty, COUNTER, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, stride_qh, stride_kh,
                 stride_vh, CU_Q, CU_K, left, LEFTS, right, SEQLENS, BLOCK_TABLE, stride_bt, page_size, V_STARTS)

@@ -54,4 +54,5 @@ def transpose_keys(v, vt, packed=None):
         return
     grid = (programs, triton.cdiv(longest, BLOCK_KEYS))
     launch(transpose_kernel, grid, (v, vt, cu, starts, keys, heads_k, v.stride(0), v.stride(1), v.stride(2),
-                                    vt.stride(0), vt.stride(1), vt.stride(2)), dict(DV=dv, BLOCK=BLOCK_KEYS, num_warps=4))
+                                    vt.stride(0), vt.stride(1), vt.stride(2)),
+           dict(DV=dv, BLOCK=BLOCK_KEYS, num_warps=4))
