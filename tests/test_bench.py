@@ -88,6 +88,19 @@ def test_measure_checks_ours_against_another_reference(monkeypatch):
     assert row["ours-bf16_rounds"] == "1.0/1.0/1.0"
 
 
+def test_measure_tolerance_per_implementation(monkeypatch):
+    """FP8 rows loosen the check for our FP8 kernels only: a bf16 peer off by as much as ours may be is still
+    reported, not timed."""
+    x = torch.arange(6.0).reshape(1, 2, 3)
+    _scripted(monkeypatch, [1e-3] * 6)
+    row = {}
+    bench._measure(row, {"ours": _impl("ours", x + 0.3), "ours-bf16": _impl("ours-bf16", x),
+                         "peer": _impl("peer", x + 0.3)}, x, 1e9, 1e6, ratio_of="tflops", graph=False,
+                   to_nhd=lambda o: o, ref_name="ours-bf16", tol={"ours": 0.5})
+    assert "ours_error" not in row and row["ours_vs_ours-bf16"] == pytest.approx(1.0)
+    assert "disagrees" in row["peer_error"] and "peer_tflops" not in row
+
+
 def test_measure_does_not_check_the_reference_against_itself(monkeypatch):
     """Decode rows put the peers' (b, h, s, d) outputs through `to_nhd` (a transpose); ours, whose output is the
     reference, must not be (its (b, 1, h, d) transposed would broadcast against itself and read as wrong)."""

@@ -139,7 +139,7 @@ def run_main(argv):
     atol, rtol = (4e-3, 1e-2) if out.dtype == torch.float16 else (3e-2, 3e-2)
     if fp8:
         # e4m3 P (the Gluon kernel) is within 2^-4 of the exact one, so an output is within 2^-4 max |v| of the
-        # oracle's (`tests/test_forward_sm90._assert_matches_fp8_p` has the whole bound); a row with few keys (the
+        # oracle's (`tests/utils.assert_matches_fp8_p` has the whole bound); a row with few keys (the
         # first causal rows) can reach it.
         atol += 2.0 ** -4 * (v.float() * descales["v_descale"][:, None, :, None]).abs().max().item()
     ok = (not torch.isnan(out).any().item() and bool((err <= atol + rtol * ref.abs()).all())
