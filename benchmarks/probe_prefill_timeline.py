@@ -2,11 +2,12 @@
 `kernels/forward_sm90.py` with clock stamps (`%clock64`; `%globaltimer` at a consumer's start and end, to turn
 cycles into ns) written by each consumer warpgroup at fixed points of its first ITEMS - 1 work items (later items
 all write the last slot). Usage:
-    PYTHONPATH=src python3 benchmarks/probe_prefill_timeline.py [--cases gpt-oss d64-1k-causal ...] [--out F.json]
+    PYTHONPATH=src python3 benchmarks/probe_prefill_timeline.py [--cases gpt-oss d64-1k-causal ...] [--fp8]
+        [--out F.json]
 prints, per case and consumer warpgroup, the median over programs and over items 1 .. ITEMS - 3 (the first item's
 start and the last slot left out) of each phase, in ns, and the kernel's span. The stamps add instructions and
 stores, so the phases are of a slightly different binary; they say where an item's time goes, not what the
-package's kernel takes.
+package's kernel takes. `--fp8`: q, k and v in e4m3 (the same values in bf16 for the output's dtype).
 
 Points (P), in a consumer warpgroup's item: 0 its index read (the loop's top), 6 its bounds worked out (before the
 first key tile), 1 the first key tile landed, 2 the first scores waited for, 3 the main loop done, 4 the last P·V
@@ -71,6 +72,7 @@ PHASES = [("bounds", 0, 6), ("k0_wait", 6, 1), ("s0", 1, 2), ("loop", 2, 3), ("t
 CASES = {"gpt-oss": (4, 4096, 64, 8, 64, (128, 0), True), "d64-1k-causal": (16, 1024, 32, 32, 64, (-1, 0), False),
          "d64-1k-full": (16, 1024, 32, 32, 64, (-1, -1), False),
          "d128-1k-causal": (16, 1024, 16, 16, 128, (-1, 0), False),
+         "d128-1k-full": (16, 1024, 16, 16, 128, (-1, -1), False),
          "d128-4k-full": (4, 4096, 16, 16, 128, (-1, -1), False),
          "d256-1k-causal": (16, 1024, 8, 8, 256, (-1, 0), False),
          "d256-1k-full": (16, 1024, 8, 8, 256, (-1, -1), False)}
@@ -141,6 +143,7 @@ def phases(st, wgs):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--cases", nargs="*", default=list(CASES))
+    p.add_argument("--fp8", action="store_true")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     stamped = load_source("forward_sm90_stamped", stamped_source())
@@ -150,10 +153,12 @@ def main():
         torch.manual_seed(0)
         q = torch.randn(b, s, hq, d, device="cuda", dtype=torch.bfloat16)
         k, v = (torch.randn(b, s, hk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        if args.fp8:
+            q, k, v = (t.to(torch.float8_e4m3fn) for t in (q, k, v))
         sinks = torch.randn(hq, device="cuda") if with_sinks else None
         outs = []
         for module in (own, stamped):
-            out = torch.full_like(q, float("nan"))
+            out = torch.full(q.shape, float("nan"), device="cuda", dtype=torch.bfloat16)
             lse = torch.empty(b, hq, s, device="cuda")
             for _ in range(3):
                 module.attention_forward_sm90(q, k, v, out, lse, causal=window[1] >= 0, softmax_scale=d ** -0.5,
@@ -162,7 +167,7 @@ def main():
             outs.append(out.float())
         assert (outs[0] - outs[1]).abs().max().item() < 1e-2, "the stamped kernel disagrees with the package's"
         wgs = own.choose_tiles(d, window[1] >= 0, s, window[0])[4]
-        row = dict(case=name, b=b, s=s, hq=hq, hk=hk, d=d, window=list(window), sinks=with_sinks, wgs=wgs,
+        row = dict(case=name, fp8=args.fp8, b=b, s=s, hq=hq, hk=hk, d=d, window=list(window), sinks=with_sinks, wgs=wgs,
                    **phases(stamped.STAMPS["last"], wgs))
         rows.append(row)
         print(f"{name}: span {row['span_us']:.1f} us, {row['ns_per_cycle']:.3f} ns/cycle")

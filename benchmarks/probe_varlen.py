@@ -1,6 +1,7 @@
 """Packed (varlen) prefill against the same sequences padded, in one process.
 
-    PYTHONPATH=src python3 benchmarks/probe_varlen.py [--dims 64 128 192 256] [--versions A.py ..] [--out varlen.json]
+    PYTHONPATH=src python3 benchmarks/probe_varlen.py [--dims 64 128 192 256] [--versions A.py ..] [--fp8]
+        [--out varlen.json]
 
 Engines call prefill through varlen entry points (`flash_attn_varlen_func`), so `attention_varlen` is what they
 reach. For each head dim, sequence length (1k, 4k) and mask: 16k tokens as b equal sequences, timed as
@@ -10,7 +11,8 @@ mixed batch of unequal lengths packed (no padded peer). TFLOP/s count each seque
 packed output is checked against the padded one (or, for the mixed batch, against the portable kernel's).
 `--versions` adds other copies of `kernels/forward_sm90.py` (e.g. from an earlier commit) on the same packed rows,
 as "varlen@<file>"; then every entry is timed twice, in the order A B .. B A, and the two averaged, so that a
-drift of the clocks within the process weighs on all alike.
+drift of the clocks within the process weighs on all alike. `--fp8`: q, k and v in e4m3 (the same values in bf16
+give the reference, our bf16 path, within the FP8 bound of `fmha bench prefill --dtype fp8`), no portable entry.
 """
 import argparse
 import os
@@ -49,6 +51,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--dims", type=int, nargs="*", default=[64, 128, 192, 256])
     p.add_argument("--versions", nargs="*", default=[])
+    p.add_argument("--fp8", action="store_true")
     p.add_argument("--out", default=None)
     a = p.parse_args()
     versions = [(os.path.basename(path), load_module_copy(path)) for path in a.versions]
@@ -63,20 +66,35 @@ def main():
             total = sum(lens)
             q, k = (torch.randn(total, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
             v = torch.randn(total, h, dv, device="cuda", dtype=torch.bfloat16)
+            if a.fp8:
+                q8, k8, v8 = (t.to(torch.float8_e4m3fn) for t in (q, k, v))
+                q, k, v = (t.to(torch.bfloat16) for t in (q8, k8, v8))
             cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
             for causal in (False, True):
                 flops = sum(attention_flops(1, n, n, h, d, dv, causal=causal) for n in lens)
-                impls = {"varlen": lambda: fmha.attention_varlen(q, k, v, cu, cu, max(lens), max(lens), causal=causal),
-                         "varlen-triton": portable(q, k, v, cu, cu, max(lens), max(lens), causal)}
-                for vname, module in versions:
-                    impls[f"varlen@{vname}"] = version_call(module, q, k, v, cu, max(lens), causal)
-                if name != "mixed":
+                if a.fp8:
+                    impls = {"varlen": lambda: fmha.attention_varlen(q8, k8, v8, cu, cu, max(lens), max(lens),
+                                                                     causal=causal),
+                             "varlen-bf16": lambda: fmha.attention_varlen(q, k, v, cu, cu, max(lens), max(lens),
+                                                                          causal=causal)}
+                    for vname, module in versions:
+                        impls[f"varlen@{vname}"] = version_call(module, q8, k8, v8, cu, max(lens), causal)
+                    reference, tol = "varlen-bf16", 0.05 + 2.0 ** -3 * v.abs().max().item()
+                else:
+                    impls = {"varlen": lambda: fmha.attention_varlen(q, k, v, cu, cu, max(lens), max(lens),
+                                                                     causal=causal),
+                             "varlen-triton": portable(q, k, v, cu, cu, max(lens), max(lens), causal)}
+                    reference, tol = "varlen-triton", 0.05
+                    for vname, module in versions:
+                        impls[f"varlen@{vname}"] = version_call(module, q, k, v, cu, max(lens), causal)
+                if name != "mixed" and not a.fp8:
                     b, s = len(lens), lens[0]
                     qb, kb, vb = (t.view(b, s, *t.shape[1:]) for t in (q, k, v))
                     impls["padded"] = lambda: fmha.attention(qb, kb, vb, causal=causal).view(total, h, dv)
-                ref = (impls["padded"] if "padded" in impls else impls["varlen-triton"])().float()
+                    reference = "padded"
+                ref = impls[reference]().float()
                 err = max((impls[n]().float() - ref).abs().max().item() for n in impls if n.startswith("varlen"))
-                if not err < 0.05:
+                if not err < tol:
                     raise RuntimeError(f"d={d} {name} causal={causal}: varlen disagrees (max abs diff {err})")
                 row = dict(d=d, dv=dv, layout=name, causal=causal, h=h, max_err=err)
                 order = list(impls) + (list(impls)[::-1] if versions else [])

@@ -300,12 +300,21 @@ def test_gluon_prefill_compiles_for_sm90(case):
 
 
 @pytest.mark.cpu
-def test_gluon_fp8_host_pieces():
+def test_gluon_fp8_host_pieces(monkeypatch):
     """The host side of FP8 calls on the Gluon kernel: V transposed into a copy whose TMA view has the keys as
     columns (rows 16-byte aligned, the padding outside the view); packed sequences each from a 16-byte-aligned
     column (TMA boxes start aligned in their innermost dimension), zeros between them and past the last one (the
-    buffer's rows past cu_seqlens_k[-1] are NaN here)."""
+    buffer's rows past cu_seqlens_k[-1] are NaN here) as far as the kernel's key tiles reach (`transpose.TAIL`);
+    new buffers come filled with e4m3 NaN here, so that a column the transposition leaves out shows."""
     from fmha.kernels.forward_sm90 import transposed_v
+    from fmha.kernels.transpose import TAIL
+    empty = torch.empty
+
+    def poisoned_empty(*args, **kwargs):
+        t = empty(*args, **kwargs)
+        t.view(torch.uint8).fill_(0x7F)
+        return t
+    monkeypatch.setattr(torch, "empty", poisoned_empty)
     torch.manual_seed(0)
     v = (torch.randn(2, 37, 3, 16 + 8)[..., :16] * 4).to(torch.float8_e4m3fn)      # strided, 37 keys
     vt, (shape, strides), starts = transposed_v(v)
@@ -321,6 +330,13 @@ def test_gluon_fp8_host_pieces():
     want = packed.view(torch.uint8)[0].permute(1, 2, 0)            # (heads, dv, keys)
     assert torch.equal(got[..., :12], want[..., :12]) and torch.equal(got[..., 16:34], want[..., 12:30])
     assert not got[..., 12:16].any() and not got[..., 34:].any()
+    long = (torch.randn(1, 300, 2, 16) * 4).to(torch.float8_e4m3fn)            # 5 keys, then 295 rows of no one's
+    long[:, 5:] = float("nan")
+    vt, (shape, strides), starts = transposed_v(long, (torch.tensor([0, 5], dtype=torch.int32), 5))
+    got = vt.view(torch.uint8)[0]
+    assert starts.tolist() == [0, 16] and vt.shape[3] >= 16 + TAIL
+    assert torch.equal(got[..., :5], long.view(torch.uint8)[0, :5].permute(1, 2, 0))
+    assert not got[..., 5:16 + TAIL].any()          # as far as a tile that starts inside the sequence reads
 
 
 @pytest.mark.cpu

@@ -61,7 +61,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from ..schedule import num_sms, outside_graph_pools
 from .launch import launch
 from .sm90 import capability, descriptor
-from .transpose import transpose_keys
+from .transpose import TAIL, transpose_keys
 
 _ROWS = 64                        # query rows per consumer warpgroup; a CTA has two or three
 ROWS = gl.constexpr(_ROWS)        # the same, for the kernels
@@ -1112,9 +1112,10 @@ def transposed_v(v, packed=None):
     """An FP8 V (b, sk, hk, dv) as the kernel reads it (`_pv`): a copy (b, hk, dv, sk rounded up to 16), its TMA view
     (b, hk * dv, sk), whose keys past sk TMA fills with zeros, and None. `packed` = (cu_seqlens_k, longest): v holds
     packed sequences (b = 1), and each one's keys start at a 16-byte-aligned column of the copy (a TMA box must
-    start 16-byte aligned in its innermost dimension, here the keys), zeros between them and after the last one
-    (so the kernel need not clean V tiles, whatever the buffer holds past cu_seqlens_k[-1]); the third value is
-    then the sequences' first columns, (batch + 1,) int32 on the device."""
+    start 16-byte aligned in its innermost dimension, here the keys), zeros between them and for `transpose.TAIL`
+    columns after the last one, as far as a key tile starting inside a sequence reads (so the kernel need not clean
+    V tiles, whatever the buffer holds past cu_seqlens_k[-1]); the third value is then the sequences' first
+    columns, (batch + 1,) int32 on the device."""
     b, sk, hk, dv = v.shape
     if packed is None:
         pad = -(-sk // 16) * 16
@@ -1126,7 +1127,7 @@ def transposed_v(v, packed=None):
     starts = torch.zeros(n + 1, dtype=torch.int32, device=v.device)
     starts[1:] = torch.cumsum((cu[1:] - cu[:-1] + 15) // 16 * 16, 0, dtype=torch.int32)
     pad = -(-sk // 16) * 16 + 16 * n            # at least starts[n]
-    vt = torch.zeros((1, hk, dv, pad), dtype=v.dtype, device=v.device)
+    vt = torch.empty((1, hk, dv, pad), dtype=v.dtype, device=v.device)       # no memset: see `transpose.TAIL`
     transpose_keys(v.view(torch.uint8), vt.view(torch.uint8), (cu, starts, -(-longest // 16) * 16))
     return vt, ([1, hk * dv, pad], [hk * dv * pad, pad, 1]), starts
 
@@ -1190,6 +1191,8 @@ def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpon
     if q.dtype == torch.float8_e4m3fn:
         if cache is not None:
             raise ValueError("FP8 inputs: calls without a KV cache only")
+        if varlen is not None and block_n > TAIL:       # the zeros past the last sequence (`transposed_v`)
+            raise ValueError(f"tiles: FP8 packed sequences take key tiles of at most {TAIL}, got {block_n}")
         vt, view, v_starts = transposed_v(v, None if varlen is None else (cu_k, seqlen_k))
         v_desc, stride_vh = descriptor(vt, view, [1, dv, block_n]), dv
         scales = tuple(None if t is None else t.contiguous() for t in descales or (None,) * 3)

@@ -2,21 +2,24 @@
 P·V needs each KV head's values as (head_dim_v, keys). A tile of keys is loaded row by row (head_dim_v contiguous
 bytes a key), transposed in registers and shared memory, and stored key-contiguous. Packed sequences: each one's keys
 go to its own 16-byte-aligned run of columns (TMA boxes must start 16-byte aligned in their innermost dimension),
-zeros after them up to the next run."""
+zeros after them up to the next run, and TAIL columns of zeros after the last run: a key tile of at most TAIL keys
+that starts inside a sequence reads no further (the rest of the copy is left as it was allocated)."""
 import triton
 import triton.language as tl
 
 from .launch import launch
 
 BLOCK_KEYS = 64
+TAIL = 128                        # the longest key tile of the FP8 kernel (`forward_sm90`)
 
 
 @triton.jit
 def transpose_kernel(V, VT, CU, STARTS, keys, heads_k, stride_vb, stride_vs, stride_vh, stride_tb, stride_th,
-                     stride_td, DV: tl.constexpr, BLOCK: tl.constexpr):
+                     stride_td, columns, DV: tl.constexpr, BLOCK: tl.constexpr, TAIL: tl.constexpr):
     """Program (batch * heads_k + head, key block): V[b, block, head, :] (bytes) into VT[b, head, :, block]. With CU
     (packed sequences, b the sequence): keys CU[b] + block of V's one batch into columns STARTS[b] + block of VT's,
-    zeros from the sequence's length up to STARTS[b + 1]."""
+    zeros from the sequence's length up to STARTS[b + 1], the last sequence's up to TAIL columns past that (at most
+    `columns`, the copy's width)."""
     bh = tl.program_id(0)
     b = bh // heads_k
     h = bh % heads_k
@@ -26,7 +29,10 @@ def transpose_kernel(V, VT, CU, STARTS, keys, heads_k, stride_vb, stride_vs, str
         first = tl.load(CU + b)
         length = tl.load(CU + b + 1) - first
         col0 = tl.load(STARTS + b)
-        width = tl.load(STARTS + b + 1) - col0
+        end = tl.load(STARTS + b + 1)
+        if b == tl.num_programs(0) // heads_k - 1:
+            end = tl.minimum(end + TAIL, columns)
+        width = end - col0
         src = V + first.to(tl.int64) * stride_vs
         dst = VT + col0
         read = n < length
@@ -46,13 +52,14 @@ def transpose_keys(v, vt, packed=None):
     """vt[b, h, :, :keys] = v[b, :, h, :]ᵀ for byte tensors v (b, keys, heads_k, dv) (last dim contiguous) and vt
     (b, heads_k, dv, >= keys) (last dim contiguous); dv a power of two. `packed` = (cu_seqlens, starts, longest): v
     and vt have one batch, sequence s's keys (rows cu_seqlens[s] ..) go to columns starts[s] .., zeros after them up
-    to starts[s + 1]; `longest` bounds starts[s + 1] - starts[s]."""
+    to starts[s + 1], and after the last one for TAIL columns (as far as vt goes); `longest` bounds
+    starts[s + 1] - starts[s]."""
     b, keys, heads_k, dv = v.shape
     cu, starts, longest = packed or (None, None, keys)
     programs = b * heads_k if cu is None else (cu.shape[0] - 1) * heads_k
     if programs * longest == 0:
         return
-    grid = (programs, triton.cdiv(longest, BLOCK_KEYS))
+    grid = (programs, triton.cdiv(longest if cu is None else longest + TAIL, BLOCK_KEYS))
     launch(transpose_kernel, grid, (v, vt, cu, starts, keys, heads_k, v.stride(0), v.stride(1), v.stride(2),
-                                    vt.stride(0), vt.stride(1), vt.stride(2)),
-           dict(DV=dv, BLOCK=BLOCK_KEYS, num_warps=4))
+                                    vt.stride(0), vt.stride(1), vt.stride(2), vt.shape[3]),
+           dict(DV=dv, BLOCK=BLOCK_KEYS, TAIL=TAIL, num_warps=4))
