@@ -1,7 +1,7 @@
 """Packed (varlen) prefill against the same sequences padded, in one process.
 
     PYTHONPATH=src python3 benchmarks/probe_varlen.py [--dims 64 128 192 256] [--versions A.py ..] [--fp8]
-        [--out varlen.json]
+        [--graph] [--out varlen.json]
 
 Engines call prefill through varlen entry points (`flash_attn_varlen_func`), so `attention_varlen` is what they
 reach. For each head dim, sequence length (1k, 4k) and mask: 16k tokens as b equal sequences, timed as
@@ -13,6 +13,8 @@ packed output is checked against the padded one (or, for the mixed batch, agains
 as "varlen@<file>"; then every entry is timed twice, in the order A B .. B A, and the two averaged, so that a
 drift of the clocks within the process weighs on all alike. `--fp8`: q, k and v in e4m3 (the same values in bf16
 give the reference, our bf16 path, within the FP8 bound of `fmha bench prefill --dtype fp8`), no portable entry.
+`--graph`: each call replayed from a CUDA graph (`bench_gpu_graph`), the host's time per call left out; without
+it, eager calls as `fmha bench` times them, where a call that spends more host time than its kernels shows.
 """
 import argparse
 import os
@@ -20,7 +22,8 @@ import os
 import torch
 
 import fmha
-from fmha.bench import PREFILL_VALUE_DIMS, add_probe_row, attention_flops, bench_gpu, load_module_copy, save_sweep
+from fmha.bench import (PREFILL_VALUE_DIMS, add_probe_row, attention_flops, bench_gpu, bench_gpu_graph,
+                         load_module_copy, save_sweep)
 from fmha.kernels.forward import attention_forward
 
 
@@ -52,6 +55,7 @@ def main():
     p.add_argument("--dims", type=int, nargs="*", default=[64, 128, 192, 256])
     p.add_argument("--versions", nargs="*", default=[])
     p.add_argument("--fp8", action="store_true")
+    p.add_argument("--graph", action="store_true")
     p.add_argument("--out", default=None)
     a = p.parse_args()
     versions = [(os.path.basename(path), load_module_copy(path)) for path in a.versions]
@@ -96,11 +100,11 @@ def main():
                 err = max((impls[n]().float() - ref).abs().max().item() for n in impls if n.startswith("varlen"))
                 if not err < tol:
                     raise RuntimeError(f"d={d} {name} causal={causal}: varlen disagrees (max abs diff {err})")
-                row = dict(d=d, dv=dv, layout=name, causal=causal, h=h, max_err=err)
+                row = dict(d=d, dv=dv, layout=name, causal=causal, h=h, max_err=err, graph=a.graph)
                 order = list(impls) + (list(impls)[::-1] if versions else [])
                 times = {}
                 for impl in order:
-                    times.setdefault(impl, []).append(bench_gpu(impls[impl]))
+                    times.setdefault(impl, []).append((bench_gpu_graph if a.graph else bench_gpu)(impls[impl]))
                 for impl, ts in times.items():
                     row[f"{impl}_tflops"] = flops / (sum(ts) / len(ts)) / 1e12
                 add_probe_row(rows, row, "varlen", impls)

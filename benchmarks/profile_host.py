@@ -6,9 +6,9 @@ Eager prefill of short sequences can be host-bound: a call that spends more host
 leaves the GPU idle (the d = 256 and d = 128 1k causal rows of `fmha bench prefill` swung by a third between runs
 that way: NOTES.md, thirty-ninth session). Prints microseconds of host time per call (calls issued back to back,
 one synchronisation at the end):
-- levels: `fmha.attention`, the API layer alone (the kernel's launcher replaced by a no-op), `attention_forward`
-  with outputs given, the Gluon launcher, building its arguments alone, the launch alone (the JIT's, and
-  `launch.launch`'s direct one);
+- levels: `fmha.attention` (and `fmha.attention_varlen` on the same rows packed), the API layer alone (the
+  kernel's launcher replaced by a no-op), `attention_forward` with outputs given, the Gluon launcher, building its
+  arguments alone, the launch alone (the JIT's, and `launch.launch`'s direct one);
 - pieces of the API layer and the launcher (validation, allocations, the causal counter, descriptors);
 - the peers on the same inputs: torch SDPA's FlashAttention-2 and cuDNN backends (their whole call);
 - the decode entry points at small sizes (`attention_with_kvcache` on a paged cache, `flash_mla_with_kvcache`
@@ -84,8 +84,13 @@ def levels(q, k, v, causal, descales=None):
         "launch_args alone": lambda: launch_args(q, k, v, out, lse, causal=causal, softmax_scale=scale,
                                                  views=views, **kw),
     }
+    cu = torch.arange(0, (b + 1) * s, s, dtype=torch.int32, device="cuda")
+    packed = tuple(t.reshape(b * s, *t.shape[2:]) for t in (q, k, v))
+    fns["fmha.attention_varlen (the same rows packed)"] = lambda: fmha.attention_varlen(
+        *packed, cu, cu, s, s, causal=causal, **(descales or {}))
     if descales:
         fns["  transposed_v"] = lambda: forward_sm90.transposed_v(v)
+        fns["  transposed_v (packed)"] = lambda: forward_sm90.transposed_v(packed[2][None], (cu, s))
     if not causal:
         grid, args, meta = launch_args(q, k, v, out, lse, causal=False, softmax_scale=scale, views=views, **kw)
         fns["the JIT's launch alone"] = lambda: attn_fwd_sm90_kernel[grid](*args, **meta)

@@ -240,13 +240,13 @@ GLUON_SCRIPT = textwrap.dedent('''
     if not fp8:
         consts.update(Q_DESCALE=None, K_DESCALE=None, V_DESCALE=None)
     if not (fp8 and varlen):
-        consts["V_STARTS"] = None
+        consts["V_PACKED"] = None
     part = _QK_PART.get(d, d)
     ptrs = dict(q_desc=desc(_ROWS, part), k_desc=desc(kv_rows, part),
                 v_desc=desc(dv, kv_rows) if fp8 else desc(kv_rows, dv), o_desc=desc(_ROWS, dv),
                 O="*bf16" if fp8 else f"*{dt}", LSE="*fp32", COUNTER="*i32", CU_Q="*i32", CU_K="*i32",
                 SINKS="*fp32", LEFTS="*i32", SEQLENS="*i32", BLOCK_TABLE="*i32", SLOPES="*fp32", Q_DESCALE="*fp32",
-                K_DESCALE="*fp32", V_DESCALE="*fp32", V_STARTS="*i32")
+                K_DESCALE="*fp32", V_DESCALE="*fp32", V_PACKED="*i32")
     ptrs = {n: v for n, v in ptrs.items() if n not in consts}
     names = list(inspect.signature(attn_fwd_sm90_kernel.fn).parameters)
     floats = ("qk_scale_log2", "cap_in")
@@ -274,13 +274,13 @@ GLUON_SCRIPT = textwrap.dedent('''
                                   (128, True, "bf16", False, False, False, False, False, False, False, 2, True),
                                   (64, False, "fp16", True, False, False, True, True, False, False, 1, True),
                                   (128, True, "fp16", False, False, False, True, True, False, False, 2, True, True),
-                                  (128, True, "fp8e4nv", False, False),
+                                  (128, True, "fp8e4nv", False, False, True),
                                   (64, True, "fp8e4nv", False, False, False, True, True, True, False, 0, True, True)],
                          ids=["d128-causal", "d128", "d64", "d64-wide", "d64-wide-causal", "d256-causal",
                               "d192-dv128-causal", "d192-dv128", "d128-causal-varlen-offsets64", "d64-wide-varlen",
                               "d64-window-lefts-sinks-varlen", "d64-wide-window-sinks-softcap-offsets64",
                               "d128-causal-paged-cache-alibi", "d64-wide-window-sinks-cache-alibi",
-                              "d128-window-sinks-paged-alibi-paired-heads", "d128-causal-fp8",
+                              "d128-window-sinks-paged-alibi-paired-heads", "d128-causal-fp8-varlen",
                               "d64-window-sinks-softcap-alibi-paired-heads-fp8"])
 def test_gluon_prefill_compiles_for_sm90(case):
     """The Hopper Gluon kernel cannot run in the interpreter; compiling it here catches API drift and shared
@@ -307,7 +307,7 @@ def test_gluon_fp8_host_pieces(monkeypatch):
     buffer's rows past cu_seqlens_k[-1] are NaN here) as far as the kernel's key tiles reach (`transpose.TAIL`);
     new buffers come filled with e4m3 NaN here, so that a column the transposition leaves out shows."""
     from fmha.kernels.forward_sm90 import transposed_v
-    from fmha.kernels.transpose import TAIL
+    from fmha.kernels.transpose import TAIL, packed_start
     empty = torch.empty
 
     def poisoned_empty(*args, **kwargs):
@@ -317,26 +317,27 @@ def test_gluon_fp8_host_pieces(monkeypatch):
     monkeypatch.setattr(torch, "empty", poisoned_empty)
     torch.manual_seed(0)
     v = (torch.randn(2, 37, 3, 16 + 8)[..., :16] * 4).to(torch.float8_e4m3fn)      # strided, 37 keys
-    vt, (shape, strides), starts = transposed_v(v)
-    assert vt.shape == (2, 3, 16, 48) and shape == [2, 48, 37] and strides == [3 * 16 * 48, 48, 1] and starts is None
+    vt, (shape, strides) = transposed_v(v)
+    assert vt.shape == (2, 3, 16, 48) and shape == [2, 48, 37] and strides == [3 * 16 * 48, 48, 1]
     seen = vt.view(torch.uint8).reshape(2, 48, 48)[:, :, :37]
     assert torch.equal(seen, v.view(torch.uint8).permute(0, 2, 3, 1).reshape(2, 48, 37))
     packed = v[:1].clone()
     packed[:, 30:] = float("nan")
     cu = torch.tensor([0, 12, 12, 30], dtype=torch.int32)          # 12 keys, none, 18; rows 30..36 not a sequence's
-    vt, (shape, strides), starts = transposed_v(packed, (cu, 18))
-    assert starts.tolist() == [0, 16, 16, 48] and shape[2] == vt.shape[3] >= 48 and strides[1] == vt.shape[3]
+    vt, (shape, strides) = transposed_v(packed, (cu, 18))
+    starts = [packed_start(first, b) for b, first in enumerate(cu.tolist())]
+    assert starts == [0, 32, 48, 80] and shape[2] == vt.shape[3] >= 80 and strides[1] == vt.shape[3]
     got = vt.view(torch.uint8)[0]                                   # (heads, dv, columns)
     want = packed.view(torch.uint8)[0].permute(1, 2, 0)            # (heads, dv, keys)
-    assert torch.equal(got[..., :12], want[..., :12]) and torch.equal(got[..., 16:34], want[..., 12:30])
-    assert not got[..., 12:16].any() and not got[..., 34:].any()
+    assert torch.equal(got[..., :12], want[..., :12]) and torch.equal(got[..., 48:66], want[..., 12:30])
+    assert not got[..., 12:48].any() and not got[..., 66:].any()
     long = (torch.randn(1, 300, 2, 16) * 4).to(torch.float8_e4m3fn)            # 5 keys, then 295 rows of no one's
     long[:, 5:] = float("nan")
-    vt, (shape, strides), starts = transposed_v(long, (torch.tensor([0, 5], dtype=torch.int32), 5))
+    vt, (shape, strides) = transposed_v(long, (torch.tensor([0, 5], dtype=torch.int32), 5))
     got = vt.view(torch.uint8)[0]
-    assert starts.tolist() == [0, 16] and vt.shape[3] >= 16 + TAIL
+    assert packed_start(5, 1) == 32 and vt.shape[3] >= 32 + TAIL
     assert torch.equal(got[..., :5], long.view(torch.uint8)[0, :5].permute(1, 2, 0))
-    assert not got[..., 5:16 + TAIL].any()          # as far as a tile that starts inside the sequence reads
+    assert not got[..., 5:32 + TAIL].any()          # as far as a tile that starts inside the sequence reads
 
 
 @pytest.mark.cpu

@@ -61,7 +61,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from ..schedule import num_sms, outside_graph_pools
 from .launch import launch
 from .sm90 import capability, descriptor
-from .transpose import TAIL, transpose_keys
+from .transpose import TAIL, packed_start, transpose_keys
 
 _ROWS = 64                        # query rows per consumer warpgroup; a CTA has two or three
 ROWS = gl.constexpr(_ROWS)        # the same, for the kernels
@@ -320,11 +320,11 @@ def _load_item(args, t, item, kv, w, BLOCK_N: gl.constexpr,
     m_start + g * ROWS of head h, or with HEADS = 2 rows m_start of head h + g."""
     (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
      _, _, _, _, _, _, _, _, stride_qh, stride_kh, stride_vh, _, _, _, _, _, _, BLOCK_TABLE, stride_bt,
-     page_size, V_STARTS) = args
+     page_size, V_PACKED) = args
     b, h, hk, m_start, lo, n_tiles, _, sk, row_q, row_k, tb, _ = item
     row_v = row_k
-    if V_STARTS is not None:      # FP8 packed sequences: V's copy has sequence b's keys from an aligned column
-        row_v = gl.load(V_STARTS + b)
+    if V_PACKED is not None:      # FP8 packed sequences: V's copy has sequence b's keys from an aligned column,
+        row_v = (row_k + 15) // 16 * 16 + 16 * b        # `transpose.packed_start` (row_k = CU_K[b])
     pages = (None, 0, 0)
     if PAGE_ROWS > 0:             # a paged KV cache: sequence tb's block-table row and its last page
         pages = (BLOCK_TABLE + tb * stride_bt, page_size, gl.maximum(gl.cdiv(sk, page_size) - 1, 0))
@@ -885,7 +885,7 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
 
 @gluon.jit
 def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, COUNTER, CU_Q, CU_K, SINKS, LEFTS, SEQLENS,
-                         BLOCK_TABLE, SLOPES, Q_DESCALE, K_DESCALE, V_DESCALE, V_STARTS, seqlen_q,
+                         BLOCK_TABLE, SLOPES, Q_DESCALE, K_DESCALE, V_DESCALE, V_PACKED, seqlen_q,
                          seqlen_k,
                          heads_q, group, n_bh, head_chunk,
                          stride_qh, stride_kh, stride_vh,
@@ -914,7 +914,7 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, COUNTER, CU_Q, 
     slope * |its row's own key (bottom-right aligned) - its key|. FP8 q, k and v (float8e4nv): v_desc is over V
     transposed, (batch, kv heads * head_dim_v, keys) with (1, HEAD_DV, BLOCK_N) boxes, stride_vh = HEAD_DV, and
     Q_DESCALE, K_DESCALE, V_DESCALE are each a contiguous (batch, kv heads) fp32 or None (1); with VARLEN,
-    V_STARTS (batch + 1,) int32: sequence b's keys start at column V_STARTS[b] of V's copy (None otherwise).
+    V_PACKED is CU_K again (None otherwise): sequence b's keys start at column `transpose.packed_start` of V's copy.
     TMA_STORE (`tma_store`): the output leaves through a staging buffer and `o_desc`, a descriptor over O as
     (batch, seqlen_q, columns) with (1, ROWS, HEAD_DV) boxes; otherwise `o_desc` is None and the output is stored
     through pointers."""
@@ -969,7 +969,7 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, COUNTER, CU_Q, 
               K_DESCALE, V_DESCALE, group)
     producer = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready,
                 v_empty, COUNTER, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, stride_qh, stride_kh,
-                stride_vh, CU_Q, CU_K, left, LEFTS, right, SEQLENS, BLOCK_TABLE, stride_bt, page_size, V_STARTS)
+                stride_vh, CU_Q, CU_K, left, LEFTS, right, SEQLENS, BLOCK_TABLE, stride_bt, page_size, V_PACKED)
     # The tuples above hold no constexpr (a tuple in a variable does not keep them); those go in literally.
     if WGS == 2:
         gl.warp_specialize([
@@ -1109,27 +1109,23 @@ def tma_store(d, seqlen_q, wgs, varlen, offsets_64, same_dtype):
 
 
 def transposed_v(v, packed=None):
-    """An FP8 V (b, sk, hk, dv) as the kernel reads it (`_pv`): a copy (b, hk, dv, sk rounded up to 16), its TMA view
-    (b, hk * dv, sk), whose keys past sk TMA fills with zeros, and None. `packed` = (cu_seqlens_k, longest): v holds
+    """An FP8 V (b, sk, hk, dv) as the kernel reads it (`_pv`): a copy (b, hk, dv, sk rounded up to 16) and its TMA
+    view (b, hk * dv, sk), whose keys past sk TMA fills with zeros. `packed` = (cu_seqlens_k, longest): v holds
     packed sequences (b = 1), and each one's keys start at a 16-byte-aligned column of the copy (a TMA box must
-    start 16-byte aligned in its innermost dimension, here the keys), zeros between them and for `transpose.TAIL`
-    columns after the last one, as far as a key tile starting inside a sequence reads (so the kernel need not clean
-    V tiles, whatever the buffer holds past cu_seqlens_k[-1]); the third value is then the sequences' first
-    columns, (batch + 1,) int32 on the device."""
+    start 16-byte aligned in its innermost dimension, here the keys), `transpose.packed_start`, zeros between them
+    and for `transpose.TAIL` columns after the last one, as far as a key tile starting inside a sequence reads (so
+    the kernel need not clean V tiles, whatever the buffer holds past cu_seqlens_k[-1])."""
     b, sk, hk, dv = v.shape
     if packed is None:
         pad = -(-sk // 16) * 16
         vt = torch.empty((b, hk, dv, pad), dtype=v.dtype, device=v.device)
         transpose_keys(v.view(torch.uint8), vt.view(torch.uint8))
-        return vt, ([b, hk * dv, sk], [hk * dv * pad, pad, 1]), None
+        return vt, ([b, hk * dv, sk], [hk * dv * pad, pad, 1])
     cu, longest = packed
-    n = cu.shape[0] - 1
-    starts = torch.zeros(n + 1, dtype=torch.int32, device=v.device)
-    starts[1:] = torch.cumsum((cu[1:] - cu[:-1] + 15) // 16 * 16, 0, dtype=torch.int32)
-    pad = -(-sk // 16) * 16 + 16 * n            # at least starts[n]
+    pad = packed_start(sk, cu.shape[0] - 1)     # at least the last sequence's end
     vt = torch.empty((1, hk, dv, pad), dtype=v.dtype, device=v.device)       # no memset: see `transpose.TAIL`
-    transpose_keys(v.view(torch.uint8), vt.view(torch.uint8), (cu, starts, -(-longest // 16) * 16))
-    return vt, ([1, hk * dv, pad], [hk * dv * pad, pad, 1]), starts
+    transpose_keys(v.view(torch.uint8), vt.view(torch.uint8), (cu, longest))
+    return vt, ([1, hk * dv, pad], [hk * dv * pad, pad, 1])
 
 
 def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None, tiles=None, varlen=None,
@@ -1193,14 +1189,14 @@ def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpon
             raise ValueError("FP8 inputs: calls without a KV cache only")
         if varlen is not None and block_n > TAIL:       # the zeros past the last sequence (`transposed_v`)
             raise ValueError(f"tiles: FP8 packed sequences take key tiles of at most {TAIL}, got {block_n}")
-        vt, view, v_starts = transposed_v(v, None if varlen is None else (cu_k, seqlen_k))
-        v_desc, stride_vh = descriptor(vt, view, [1, dv, block_n]), dv
+        vt, view = transposed_v(v, None if varlen is None else (cu_k, seqlen_k))
+        v_desc, stride_vh, v_packed = descriptor(vt, view, [1, dv, block_n]), dv, cu_k
         scales = tuple(None if t is None else t.contiguous() for t in descales or (None,) * 3)
     else:
-        v_desc, stride_vh, scales, v_starts = desc(v, vv, kv_rows, dv), v.stride(2), (None,) * 3, None
+        v_desc, stride_vh, scales, v_packed = desc(v, vv, kv_rows, dv), v.stride(2), (None,) * 3, None
     args = (desc(q, vq, _ROWS, part), desc(k, vk, kv_rows, part), v_desc,
             None if vo is None else desc(out, vo, _ROWS, dv), out, lse, counter,
-            cu_q, cu_k, sinks, lefts, seqlens, table, alibi_slopes, *scales, v_starts, seqlen_q, seqlen_k, heads_q,
+            cu_q, cu_k, sinks, lefts, seqlens, table, alibi_slopes, *scales, v_packed, seqlen_q, seqlen_k, heads_q,
             group,
             batch * heads_q // heads, chunk,
             q.stride(2), k.stride(2), stride_vh, *o_strides, *lse_strides,

@@ -2,8 +2,9 @@
 P·V needs each KV head's values as (head_dim_v, keys). A tile of keys is loaded row by row (head_dim_v contiguous
 bytes a key), transposed in registers and shared memory, and stored key-contiguous. Packed sequences: each one's keys
 go to its own 16-byte-aligned run of columns (TMA boxes must start 16-byte aligned in their innermost dimension),
-zeros after them up to the next run, and TAIL columns of zeros after the last run: a key tile of at most TAIL keys
-that starts inside a sequence reads no further (the rest of the copy is left as it was allocated)."""
+from `packed_start`, zeros after them up to the next run, and TAIL columns of zeros after the last run: a key tile
+of at most TAIL keys that starts inside a sequence reads no further (the rest of the copy is left as it was
+allocated)."""
 import triton
 import triton.language as tl
 
@@ -13,13 +14,22 @@ BLOCK_KEYS = 64
 TAIL = 128                        # the longest key tile of the FP8 kernel (`forward_sm90`)
 
 
+def packed_start(first, b):
+    """The column of V's copy where packed sequence b's keys start, `first` = cu_seqlens[b] (ints or tensors): first
+    rounded up to 16, plus 16 per sequence before it. Aligned, and past sequence b - 1's last key (its start is at
+    most first - len(b - 1) + 15 + 16 (b - 1)), with 1-31 columns between; a closed form, so that no prefix sum over
+    the lengths (host launches) is needed: `transpose_kernel` and the Gluon kernel's producer (`_load_item`) work
+    it out the same way."""
+    return (first + 15) // 16 * 16 + 16 * b
+
+
 @triton.jit
-def transpose_kernel(V, VT, CU, STARTS, keys, heads_k, stride_vb, stride_vs, stride_vh, stride_tb, stride_th,
+def transpose_kernel(V, VT, CU, keys, heads_k, stride_vb, stride_vs, stride_vh, stride_tb, stride_th,
                      stride_td, columns, DV: tl.constexpr, BLOCK: tl.constexpr, TAIL: tl.constexpr):
     """Program (batch * heads_k + head, key block): V[b, block, head, :] (bytes) into VT[b, head, :, block]. With CU
-    (packed sequences, b the sequence): keys CU[b] + block of V's one batch into columns STARTS[b] + block of VT's,
-    zeros from the sequence's length up to STARTS[b + 1], the last sequence's up to TAIL columns past that (at most
-    `columns`, the copy's width)."""
+    (packed sequences, b the sequence): keys CU[b] + block of V's one batch into columns `packed_start` + block of
+    VT's, zeros from the sequence's length up to the next one's start, the last sequence's up to TAIL columns past
+    that (at most `columns`, the copy's width)."""
     bh = tl.program_id(0)
     b = bh // heads_k
     h = bh % heads_k
@@ -27,9 +37,10 @@ def transpose_kernel(V, VT, CU, STARTS, keys, heads_k, stride_vb, stride_vs, str
     cols = tl.arange(0, DV)
     if CU is not None:
         first = tl.load(CU + b)
-        length = tl.load(CU + b + 1) - first
-        col0 = tl.load(STARTS + b)
-        end = tl.load(STARTS + b + 1)
+        after = tl.load(CU + b + 1)
+        length = after - first
+        col0 = (first + 15) // 16 * 16 + 16 * b                 # `packed_start`
+        end = (after + 15) // 16 * 16 + 16 * (b + 1)
         if b == tl.num_programs(0) // heads_k - 1:
             end = tl.minimum(end + TAIL, columns)
         width = end - col0
@@ -50,16 +61,17 @@ def transpose_kernel(V, VT, CU, STARTS, keys, heads_k, stride_vb, stride_vs, str
 
 def transpose_keys(v, vt, packed=None):
     """vt[b, h, :, :keys] = v[b, :, h, :]ᵀ for byte tensors v (b, keys, heads_k, dv) (last dim contiguous) and vt
-    (b, heads_k, dv, >= keys) (last dim contiguous); dv a power of two. `packed` = (cu_seqlens, starts, longest): v
-    and vt have one batch, sequence s's keys (rows cu_seqlens[s] ..) go to columns starts[s] .., zeros after them up
-    to starts[s + 1], and after the last one for TAIL columns (as far as vt goes); `longest` bounds
-    starts[s + 1] - starts[s]."""
+    (b, heads_k, dv, >= keys) (last dim contiguous); dv a power of two. `packed` = (cu_seqlens, longest): v and vt
+    have one batch, sequence s's keys (rows cu_seqlens[s] ..) go to columns packed_start(cu_seqlens[s], s) ..,
+    zeros after them up to the next sequence's start, and after the last one for TAIL columns (as far as vt goes);
+    `longest` bounds the lengths."""
     b, keys, heads_k, dv = v.shape
-    cu, starts, longest = packed or (None, None, keys)
+    cu, longest = packed or (None, keys)
     programs = b * heads_k if cu is None else (cu.shape[0] - 1) * heads_k
     if programs * longest == 0:
         return
-    grid = (programs, triton.cdiv(longest if cu is None else longest + TAIL, BLOCK_KEYS))
-    launch(transpose_kernel, grid, (v, vt, cu, starts, keys, heads_k, v.stride(0), v.stride(1), v.stride(2),
+    # a sequence's columns up to the next start: at most its length + 31 (`packed_start`), the last one's + TAIL
+    grid = (programs, triton.cdiv(longest if cu is None else longest + 31 + TAIL, BLOCK_KEYS))
+    launch(transpose_kernel, grid, (v, vt, cu, keys, heads_k, v.stride(0), v.stride(1), v.stride(2),
                                     vt.stride(0), vt.stride(1), vt.stride(2), vt.shape[3]),
            dict(DV=dv, BLOCK=BLOCK_KEYS, TAIL=TAIL, num_warps=4))
