@@ -40,7 +40,8 @@ def portable(q, k, v, cu_q, cu_k, max_q, max_k, causal):
 
 
 def version_call(module, q, k, v, cu, max_len, causal):
-    out = q.new_empty((*q.shape[:2], v.shape[-1]))
+    fp8 = q.dtype == torch.float8_e4m3fn                # FP8 inputs give a bf16 output
+    out = q.new_empty((*q.shape[:2], v.shape[-1]), dtype=torch.bfloat16 if fp8 else q.dtype)
     lse = torch.empty(q.shape[1], q.shape[0], dtype=torch.float32, device=q.device)
 
     def call():
