@@ -14,10 +14,10 @@ one synchronisation at the end):
 - the decode entry points at small sizes (`attention_with_kvcache` on a paged cache, `flash_mla_with_kvcache`
   dense and token-sparse).
 With --fp8, q, k and v are float8_e4m3fn with all three descales (the peers then fail and say so), and the
-transposition of V (`transposed_v`) is timed alone too. Causal and not. Every entry is timed once a round and the
-least of the rounds printed. With --profile [causal|paged|mla|sparse], the top entries of a cProfile of that entry
-follow (`fmha.attention` causal by default). The launches
-alone are timed without a mask only.
+transposition of V (`transposed_v`, and its packed form) is timed alone too. Causal and not. Every entry is timed
+once a round and the least of the rounds printed. With --profile [causal|varlen|paged|mla|sparse], the top
+entries of a cProfile of that entry follow (`fmha.attention` causal by default). The launches alone are timed
+without a mask only.
 """
 import argparse
 import cProfile
@@ -141,7 +141,8 @@ def decode_levels():
     }
 
 
-PROFILED = {"causal": None, "paged": "decode attention_with_kvcache (paged)",
+PROFILED = {"causal": None, "varlen": "causal fmha.attention_varlen (the same rows packed)",
+            "paged": "decode attention_with_kvcache (paged)",
             "mla": "decode flash_mla_with_kvcache (h_q 128)",
             "sparse": "decode flash_mla_with_kvcache sparse (h_q 64)"}
 
@@ -151,8 +152,8 @@ def main():
     p.add_argument("--shape", type=int, nargs=4, default=[1, 128, 8, 256], metavar=("B", "S", "H", "D"),
                    help="a small call by default, so that the GPU is never what the host waits for")
     p.add_argument("--profile", nargs="?", const="causal", choices=PROFILED,
-                   help="also print a cProfile of one entry: fmha.attention causal (the default) or one of the "
-                        "decode entries")
+                   help="also print a cProfile of one entry: fmha.attention causal (the default), "
+                        "attention_varlen causal, or one of the decode entries")
     p.add_argument("--rounds", type=int, default=5,
                    help="every entry is timed once a round; the least of its rounds is printed (the host's speed "
                         "drifts by up to 2x within a process)")
