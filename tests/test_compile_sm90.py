@@ -619,3 +619,15 @@ def test_launch_cache_classes():
     assert not mixed, f"one class, several specializations: {mixed}"
     assert len(classes) >= 10             # the classes do separate what Triton separates
     assert _arg_class(True) is None and _arg_class("x") is None     # unknown kinds take the JIT's own path
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("probe", ["probe_timeline", "probe_prefill_timeline"])
+def test_timeline_probes_still_apply(probe, monkeypatch):
+    """The timeline probes (`benchmarks/`) insert clock stamps into a copy of a Gluon kernel by exact text edits,
+    each asserted to match; a change of the kernel's arguments broke `probe_prefill_timeline` for two sessions
+    unnoticed. Here every edit must still apply and the stamped source must parse."""
+    import ast
+    import importlib
+    monkeypatch.syspath_prepend(os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+    ast.parse(importlib.import_module(probe).stamped_source())
