@@ -63,7 +63,7 @@ EDITS = [
 # The producer's stamps (warpgroup slot 3) in `_load_item`: 7 its item's fields worked out (after the counter), 8 the
 # Q buffer free and the item posted, 9 every key tile's load issued (each after its ring slot freed up).
 PRODUCER_EDITS = [
-    ("     page_size, V_PACKED, STAMP) = args\n", "    _stamp(STAMP, w, 3, 7)\n", "after"),
+    ("     page_size, STAMP) = args\n", "    _stamp(STAMP, w, 3, 7)\n", "after"),
     ("    _post_item(items.index(qb), t, item, gl.num_warps())\n", "    _stamp(STAMP, w, 3, 8)\n", "after"),
     ("    return kv, w + 1\n", "    _stamp(STAMP, w, 3, 9)\n", "before"),
 ]
@@ -79,7 +79,7 @@ CASES = {"gpt-oss": (4, 4096, 64, 8, 64, (128, 0), True), "d64-1k-causal": (16, 
 
 
 def stamped_source():
-    """The package's kernel with the stamps added to the consumers: a STAMP pointer after V_PACKED in the kernel's
+    """The package's kernel with the stamps added to the consumers: a STAMP pointer after V_DESCALE in the kernel's
     arguments and at the end of the `shared` tuple; the launcher allocates it (`_stamp_buffer`) and keeps the last
     one in STAMPS."""
     src = add_stamps(open(own.__file__).read(), "@gluon.jit\ndef _softmax_tile(", HELPERS, "def _consumer(",
@@ -87,14 +87,13 @@ def stamped_source():
     for old, new, count in [("V_DESCALE,\n     group) = shared", "V_DESCALE,\n     group, STAMP) = shared", 1),
                             ("K_DESCALE, V_DESCALE, group)\n", "K_DESCALE, V_DESCALE, group, STAMP)\n", 1),
                             # the producer's tuple and its three unpackings
-                            ("stride_bt, page_size, V_PACKED)\n", "stride_bt, page_size, V_PACKED, STAMP)\n", 1),
-                            ("     page_size, V_PACKED) = args\n", "     page_size, V_PACKED, STAMP) = args\n", 1),
+                            ("stride_bt, page_size)\n", "stride_bt, page_size, STAMP)\n", 1),
+                            ("     page_size) = args\n", "     page_size, STAMP) = args\n", 1),
                             # (named: `_` is reassigned as an int in the producer's loop)
-                            ("LEFTS, right, _, _, _, _, _) = args", "LEFTS, right, _, _, _, _, _, _stamp_ptr) = args",
-                             1),
-                            ("SEQLENS, _, _, _, _) = args", "SEQLENS, _, _, _, _, _stamp_ptr) = args", 1),
-                            ("V_DESCALE, V_PACKED, seqlen_q,\n", "V_DESCALE, V_PACKED, STAMP, seqlen_q,\n", 1),
-                            ("*scales, v_packed, seqlen_q,", "*scales, v_packed, _stamp_buffer(grid[0]), seqlen_q,", 1)]:
+                            ("LEFTS, right, _, _, _, _) = args", "LEFTS, right, _, _, _, _, _stamp_ptr) = args", 1),
+                            ("SEQLENS, _, _, _) = args", "SEQLENS, _, _, _, _stamp_ptr) = args", 1),
+                            ("V_DESCALE, seqlen_q,\n", "V_DESCALE, STAMP, seqlen_q,\n", 1),
+                            ("*scales, seqlen_q,", "*scales, _stamp_buffer(grid[0]), seqlen_q,", 1)]:
         assert src.count(old) == count, old
         src = src.replace(old, new)
     src = add_stamps(src, "@gluon.jit\ndef _first_with_rows(", "", "def _load_item(", "def _first_with_rows(",

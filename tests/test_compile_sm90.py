@@ -239,14 +239,12 @@ GLUON_SCRIPT = textwrap.dedent('''
         consts["LEFTS"] = None
     if not fp8:
         consts.update(Q_DESCALE=None, K_DESCALE=None, V_DESCALE=None)
-    if not (fp8 and varlen):
-        consts["V_PACKED"] = None
     part = _QK_PART.get(d, d)
     ptrs = dict(q_desc=desc(_ROWS, part), k_desc=desc(kv_rows, part),
                 v_desc=desc(dv, kv_rows) if fp8 else desc(kv_rows, dv), o_desc=desc(_ROWS, dv),
                 O="*bf16" if fp8 else f"*{dt}", LSE="*fp32", COUNTER="*i32", CU_Q="*i32", CU_K="*i32",
                 SINKS="*fp32", LEFTS="*i32", SEQLENS="*i32", BLOCK_TABLE="*i32", SLOPES="*fp32", Q_DESCALE="*fp32",
-                K_DESCALE="*fp32", V_DESCALE="*fp32", V_PACKED="*i32")
+                K_DESCALE="*fp32", V_DESCALE="*fp32")
     ptrs = {n: v for n, v in ptrs.items() if n not in consts}
     names = list(inspect.signature(attn_fwd_sm90_kernel.fn).parameters)
     floats = ("qk_scale_log2", "cap_in")
@@ -325,7 +323,7 @@ def test_gluon_fp8_host_pieces(monkeypatch):
     packed[:, 30:] = float("nan")
     cu = torch.tensor([0, 12, 12, 30], dtype=torch.int32)          # 12 keys, none, 18; rows 30..36 not a sequence's
     vt, (shape, strides) = transposed_v(packed, (cu, 18))
-    starts = [packed_start(first, b) for b, first in enumerate(cu.tolist())]
+    starts = [packed_start.fn(first, b) for b, first in enumerate(cu.tolist())]
     assert starts == [0, 32, 48, 80] and shape[2] == vt.shape[3] >= 80 and strides[1] == vt.shape[3]
     got = vt.view(torch.uint8)[0]                                   # (heads, dv, columns)
     want = packed.view(torch.uint8)[0].permute(1, 2, 0)            # (heads, dv, keys)
@@ -335,7 +333,7 @@ def test_gluon_fp8_host_pieces(monkeypatch):
     long[:, 5:] = float("nan")
     vt, (shape, strides) = transposed_v(long, (torch.tensor([0, 5], dtype=torch.int32), 5))
     got = vt.view(torch.uint8)[0]
-    assert packed_start(5, 1) == 32 and vt.shape[3] >= 32 + TAIL
+    assert packed_start.fn(5, 1) == 32 and vt.shape[3] >= 32 + TAIL
     assert torch.equal(got[..., :5], long.view(torch.uint8)[0, :5].permute(1, 2, 0))
     assert not got[..., 5:32 + TAIL].any()          # as far as a tile that starts inside the sequence reads
 

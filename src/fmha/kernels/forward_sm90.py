@@ -314,17 +314,18 @@ def _load_kv_tile(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_e
 @gluon.jit
 def _load_item(args, t, item, kv, w, BLOCK_N: gl.constexpr,
                STAGES: gl.constexpr, Q_BUFS: gl.constexpr, WGS: gl.constexpr, QK_PARTS: gl.constexpr,
-               PAGE_ROWS: gl.constexpr, HEADS: gl.constexpr):
+               PAGE_ROWS: gl.constexpr, HEADS: gl.constexpr, VARLEN: gl.constexpr):
     """Post work item t (the producer's w-th; `item`: its `_work_item` fields) and load its Q rows and key tiles
     lo .. lo + n_tiles - 1 of its sk keys; returns (kv, w) after it. Consumer warpgroup g's Q: rows
     m_start + g * ROWS of head h, or with HEADS = 2 rows m_start of head h + g."""
     (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
      _, _, _, _, _, _, _, _, stride_qh, stride_kh, stride_vh, _, _, _, _, _, _, BLOCK_TABLE, stride_bt,
-     page_size, V_PACKED) = args
+     page_size) = args
     b, h, hk, m_start, lo, n_tiles, _, sk, row_q, row_k, tb, _ = item
     row_v = row_k
-    if V_PACKED is not None:      # FP8 packed sequences: V's copy has sequence b's keys from an aligned column,
-        row_v = (row_k + 15) // 16 * 16 + 16 * b        # `transpose.packed_start` (row_k = CU_K[b])
+    if VARLEN and v_desc.dtype.primitive_bitwidth == 8:
+        # FP8 packed sequences: V's copy has sequence b's keys from an aligned column, `transpose.packed_start`
+        row_v = (row_k + 15) // 16 * 16 + 16 * b        # (row_k = CU_K[b])
     pages = (None, 0, 0)
     if PAGE_ROWS > 0:             # a paged KV cache: sequence tb's block-table row and its last page
         pages = (BLOCK_TABLE + tb * stride_bt, page_size, gl.maximum(gl.cdiv(sk, page_size) - 1, 0))
@@ -373,7 +374,7 @@ def _first_with_rows(t, args, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, WGS: 
     the consumers see only items with rows. Each item's fields are worked out once; an index past the last item
     is read as the last one, so that nothing is loaded out of bounds."""
     (_, _, _, _, _, _, _, _, _, _, _, _, _, COUNTER, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, _, _,
-     _, CU_Q, CU_K, left, LEFTS, right, _, _, _, _, _) = args
+     _, CU_Q, CU_K, left, LEFTS, right, _, _, _, _) = args
     item = _work_item(gl.minimum(t, n_m * n_bh - 1), n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, CU_Q,
                       CU_K, None, left, LEFTS, right, BLOCK_N, CAUSAL, WGS, True, WINDOW, HEADS)
     while (t < n_m * n_bh) & (item[3] >= item[6]):        # m_start past the sequence's query length
@@ -389,21 +390,23 @@ def _producer(args, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, Q_BUFS: gl.cons
               PAGE_ROWS: gl.constexpr, DYNAMIC: gl.constexpr, HEADS: gl.constexpr):
     """The producer warp. DYNAMIC: items of unequal lengths, taken through the counter (`_next_item`)."""
     (_, _, _, _, _, _, items, q_ready, q_empty, _, _, _, _, COUNTER, n_m, n_bh, head_chunk, heads_q, group, seqlen_q,
-     seqlen_k, _, _, _, CU_Q, CU_K, left, LEFTS, right, SEQLENS, _, _, _, _) = args
+     seqlen_k, _, _, _, CU_Q, CU_K, left, LEFTS, right, SEQLENS, _, _, _) = args
     kv = 0                        # K/V tiles loaded so far: position in the ring and its phase
     w = 0                         # work items so far: the Q buffer and its phase
     t = gl.program_id(0)
     if VARLEN:
         t, item = _first_with_rows(t, args, BLOCK_N, CAUSAL, WGS, WINDOW, HEADS)
         while t < n_m * n_bh:
-            kv, w = _load_item(args, t, item, kv, w, BLOCK_N, STAGES, Q_BUFS, WGS, QK_PARTS, PAGE_ROWS, HEADS)
+            kv, w = _load_item(args, t, item, kv, w, BLOCK_N, STAGES, Q_BUFS, WGS, QK_PARTS, PAGE_ROWS, HEADS,
+                               VARLEN)
             t, item = _first_with_rows(_next_item(COUNTER, t, True), args, BLOCK_N, CAUSAL, WGS, WINDOW,
                                        HEADS)
     else:
         while t < n_m * n_bh:
             item = _work_item(t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, CU_Q, CU_K, SEQLENS, left,
                               LEFTS, right, BLOCK_N, CAUSAL, WGS, VARLEN, WINDOW, HEADS)
-            kv, w = _load_item(args, t, item, kv, w, BLOCK_N, STAGES, Q_BUFS, WGS, QK_PARTS, PAGE_ROWS, HEADS)
+            kv, w = _load_item(args, t, item, kv, w, BLOCK_N, STAGES, Q_BUFS, WGS, QK_PARTS, PAGE_ROWS, HEADS,
+                               VARLEN)
             t = _next_item(COUNTER, t, DYNAMIC)
     # The end: an index past the last item tells the consumers to stop.
     qb = w % Q_BUFS
@@ -885,7 +888,7 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
 
 @gluon.jit
 def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, COUNTER, CU_Q, CU_K, SINKS, LEFTS, SEQLENS,
-                         BLOCK_TABLE, SLOPES, Q_DESCALE, K_DESCALE, V_DESCALE, V_PACKED, seqlen_q,
+                         BLOCK_TABLE, SLOPES, Q_DESCALE, K_DESCALE, V_DESCALE, seqlen_q,
                          seqlen_k,
                          heads_q, group, n_bh, head_chunk,
                          stride_qh, stride_kh, stride_vh,
@@ -914,7 +917,7 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, COUNTER, CU_Q, 
     slope * |its row's own key (bottom-right aligned) - its key|. FP8 q, k and v (float8e4nv): v_desc is over V
     transposed, (batch, kv heads * head_dim_v, keys) with (1, HEAD_DV, BLOCK_N) boxes, stride_vh = HEAD_DV, and
     Q_DESCALE, K_DESCALE, V_DESCALE are each a contiguous (batch, kv heads) fp32 or None (1); with VARLEN,
-    V_PACKED is CU_K again (None otherwise): sequence b's keys start at column `transpose.packed_start` of V's copy.
+    sequence b's keys start at column `transpose.packed_start` of V's copy (`_load_item`).
     TMA_STORE (`tma_store`): the output leaves through a staging buffer and `o_desc`, a descriptor over O as
     (batch, seqlen_q, columns) with (1, ROWS, HEAD_DV) boxes; otherwise `o_desc` is None and the output is stored
     through pointers."""
@@ -969,7 +972,7 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, COUNTER, CU_Q, 
               K_DESCALE, V_DESCALE, group)
     producer = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready,
                 v_empty, COUNTER, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, stride_qh, stride_kh,
-                stride_vh, CU_Q, CU_K, left, LEFTS, right, SEQLENS, BLOCK_TABLE, stride_bt, page_size, V_PACKED)
+                stride_vh, CU_Q, CU_K, left, LEFTS, right, SEQLENS, BLOCK_TABLE, stride_bt, page_size)
     # The tuples above hold no constexpr (a tuple in a variable does not keep them); those go in literally.
     if WGS == 2:
         gl.warp_specialize([
@@ -1122,7 +1125,7 @@ def transposed_v(v, packed=None):
         transpose_keys(v.view(torch.uint8), vt.view(torch.uint8))
         return vt, ([b, hk * dv, sk], [hk * dv * pad, pad, 1])
     cu, longest = packed
-    pad = packed_start(sk, cu.shape[0] - 1)     # at least the last sequence's end
+    pad = packed_start.fn(sk, cu.shape[0] - 1)      # at least the last sequence's end
     vt = torch.empty((1, hk, dv, pad), dtype=v.dtype, device=v.device)       # no memset: see `transpose.TAIL`
     transpose_keys(v.view(torch.uint8), vt.view(torch.uint8), (cu, longest))
     return vt, ([1, hk * dv, pad], [hk * dv * pad, pad, 1])
@@ -1190,13 +1193,13 @@ def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpon
         if varlen is not None and block_n > TAIL:       # the zeros past the last sequence (`transposed_v`)
             raise ValueError(f"tiles: FP8 packed sequences take key tiles of at most {TAIL}, got {block_n}")
         vt, view = transposed_v(v, None if varlen is None else (cu_k, seqlen_k))
-        v_desc, stride_vh, v_packed = descriptor(vt, view, [1, dv, block_n]), dv, cu_k
+        v_desc, stride_vh = descriptor(vt, view, [1, dv, block_n]), dv
         scales = tuple(None if t is None else t.contiguous() for t in descales or (None,) * 3)
     else:
-        v_desc, stride_vh, scales, v_packed = desc(v, vv, kv_rows, dv), v.stride(2), (None,) * 3, None
+        v_desc, stride_vh, scales = desc(v, vv, kv_rows, dv), v.stride(2), (None,) * 3
     args = (desc(q, vq, _ROWS, part), desc(k, vk, kv_rows, part), v_desc,
             None if vo is None else desc(out, vo, _ROWS, dv), out, lse, counter,
-            cu_q, cu_k, sinks, lefts, seqlens, table, alibi_slopes, *scales, v_packed, seqlen_q, seqlen_k, heads_q,
+            cu_q, cu_k, sinks, lefts, seqlens, table, alibi_slopes, *scales, seqlen_q, seqlen_k, heads_q,
             group,
             batch * heads_q // heads, chunk,
             q.stride(2), k.stride(2), stride_vh, *o_strides, *lse_strides,

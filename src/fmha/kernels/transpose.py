@@ -14,12 +14,13 @@ BLOCK_KEYS = 128                  # `benchmarks/probe_transpose.py`: 0.87-0.95 o
 TAIL = 128                        # the longest key tile of the FP8 kernel (`forward_sm90`)
 
 
+@triton.jit
 def packed_start(first, b):
-    """The column of V's copy where packed sequence b's keys start, `first` = cu_seqlens[b] (ints or tensors): first
-    rounded up to 16, plus 16 per sequence before it. Aligned, and past sequence b - 1's last key (its start is at
-    most first - len(b - 1) + 15 + 16 (b - 1)), with 1-31 columns between; a closed form, so that no prefix sum over
-    the lengths (host launches) is needed: `transpose_kernel` and the Gluon kernel's producer (`_load_item`) work
-    it out the same way."""
+    """The column of V's copy where packed sequence b's keys start, `first` = cu_seqlens[b]: first rounded up to 16,
+    plus 16 per sequence before it. Aligned, and past sequence b - 1's last key (its start is at most
+    first - len(b - 1) + 15 + 16 (b - 1)), with 1-31 columns between; a closed form, so that no prefix sum over the
+    lengths (host launches) is needed. `transpose_kernel` calls it, the host its plain form (`packed_start.fn`), and
+    the Gluon kernel's producer (`forward_sm90._load_item`) works it out the same way."""
     return (first + 15) // 16 * 16 + 16 * b
 
 
@@ -39,8 +40,8 @@ def transpose_kernel(V, VT, CU, keys, heads_k, stride_vb, stride_vs, stride_vh, 
         first = tl.load(CU + b)
         after = tl.load(CU + b + 1)
         length = after - first
-        col0 = (first + 15) // 16 * 16 + 16 * b                 # `packed_start`
-        end = (after + 15) // 16 * 16 + 16 * (b + 1)
+        col0 = packed_start(first, b)
+        end = packed_start(after, b + 1)
         if b == tl.num_programs(0) // heads_k - 1:
             end = tl.minimum(end + TAIL, columns)
         width = end - col0
