@@ -457,7 +457,7 @@ def _softmax_tile(s, i, m_i, l_i, q_pos, bounds, qk_scale_log2, BLOCK_N: gl.cons
             s = gl.where((cols[None, :] <= last[:, None]) & (cols[None, :] >= first[:, None]), s, float("-inf"))
         else:
             s = gl.where(cols[None, :] <= last[:, None], s, float("-inf"))
-    row_max = row_max(s) * qk_scale_log2
+    row_max = gl.max(s, 1) * qk_scale_log2
     if LAZY:                      # the max moves only when passed by more than LAZY_BY (`_rescale`)
         m_new = gl.where(row_max > m_i + LAZY_BY, row_max, m_i)
     else:
@@ -466,43 +466,8 @@ def _softmax_tile(s, i, m_i, l_i, q_pos, bounds, qk_scale_log2, BLOCK_N: gl.cons
     m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)
     p = gl.exp2(s * qk_scale_log2 - (m_shift - P_SHIFT)[:, None])       # x - 0.0 folds away for 16-bit P
     alpha = gl.exp2(m_i - m_shift)
-    l_i = l_i * alpha + row_sum(p)
+    l_i = l_i * alpha + gl.sum(p, 1)
     return p, m_new, l_i, alpha
-
-
-@gluon.jit
-def row_max(x):
-    """gl.max(x, 1) as a tree (`_row_tree`)."""
-    return _row_tree(x, True)
-
-
-@gluon.jit
-def row_sum(x):
-    """gl.sum(x, 1) as a tree (`_row_tree`)."""
-    return _row_tree(x, False)
-
-
-@gluon.jit
-def _row_tree(x, MAX: gl.constexpr):
-    """Row max (MAX) or sum of a wgmma accumulator x, as a tree: x's columns halved (the upper half folded onto the
-    lower, element by element) while more than 8 remain, then reduced. Triton reduces a thread's own values one
-    after another, a chain of dependent instructions as long as the thread's part of a row (32 at 128 columns,
-    ~130 cycles before the first exponential can start); halving by the column bits the layout holds in registers
-    cuts its depth to 5. The result comes back in x's row layout (the same registers and lanes: no data moves)."""
-    rows: gl.constexpr = gl.SliceLayout(1, x.type.layout)
-    for _ in gl.static_range(_halvings(x.shape[1])):
-        lo, hi = x.reshape([x.shape[0], 2, x.shape[1] // 2]).permute(0, 2, 1).split()
-        x = gl.maximum(lo, hi) if MAX else lo + hi
-    return gl.convert_layout(gl.max(x, 1) if MAX else gl.sum(x, 1), rows)
-
-
-@triton.constexpr_function
-def _halvings(width):
-    n = 0
-    while width > 8:
-        width //= 2
-        n += 1
-    return n
 
 
 # FlashAttention-4's conditional rescale (`LAZY` forms, `_consumer`): a row's running max moves only when a tile's

@@ -82,7 +82,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from .._kv_fp8 import MODEL1_ROW, MODEL1_TAIL, model1_parts
 from ..schedule import SCHED_BLOCK, SCHED_FIELDS as _SCHED_FIELDS
-from .forward_sm90 import row_max, row_sum, zero_rows_from
+from .forward_sm90 import zero_rows_from
 from .launch import launch
 from .sm90 import capability, descriptor
 
@@ -255,7 +255,7 @@ def _raise_max(m, s, LAZY: gl.constexpr):
     tile's max exceeds it by at most LAZY_BY (log2 units). The probabilities are then taken against a stale max
     and reach 2^LAZY_BY at most; the output and LSE are unchanged (both are relative to the same max), and the
     accumulator's rescale is skipped whenever no row's max moved (`_rescale`)."""
-    mx = gl.maximum(m, row_max(s))
+    mx = gl.maximum(m, gl.max(s, 1))
     if LAZY:
         mx = gl.where(mx > m + LAZY_BY, mx, m)
     return mx
@@ -833,7 +833,7 @@ def _consumer(descs, q_lat, q_rope, bufs, k_free, q_ready, q_free, xchg, kidx, o
                     _put_rows(sm_mine, m_new)
                     _put_rows(sa_mine, alpha)
                     _signal(handoff[0])
-                    l_i = l_i * alpha + row_sum(p)
+                    l_i = l_i * alpha + gl.sum(p, 1)
                     acc = _rescale(acc, alpha, m_new != m_i, row_o, LAZY)
                     v0 = k_lat.index(2 * (c % STAGES))
                     _zero_tail(v0, n0, seqlen, not GATHER)
@@ -903,7 +903,7 @@ def _consumer(descs, q_lat, q_rope, bufs, k_free, q_ready, q_free, xchg, kidx, o
                         fence_async_shared()
                     _signal(handoff[3])
                     scale = alpha0 * alpha1
-                    l_i = l_i * scale + row_sum(p)
+                    l_i = l_i * scale + gl.sum(p, 1)
                     # Not skipped when no max moved (LAZY): that doubled the spills here.
                     o_tok = warpgroup_mma_init(acc * gl.convert_layout(scale, row_o)[:, None])
                     m_i = m_new

@@ -34,7 +34,6 @@ from . import mla_decode_sm90
 from .mla_decode_sm90 import (BLOCK_N, DT, HALF, LN2, LOG2E, MODEL1, MODEL1_NOPE, O_LAYOUT, P_LAYOUT, ROWS,
                               S_LAYOUT, STAGES, V32, _E4M3_TO_BF16, _gather_bases, _signal, ue8m0_multipliers)
 from .cluster_sm90 import THREADS, cluster_free, cluster_sync
-from .forward_sm90 import row_max, row_sum
 from .launch import launch
 from .sm90 import descriptor, launch_pairs
 
@@ -342,11 +341,11 @@ def _scorer(q_lat, q_rope, k_lat, k_rope, p_smem, rows_smem, q_ready, k_ready, k
             s = warpgroup_mma(q_rope, k_rope.index(slot).permute((1, 0)), s, is_async=True)
         s = warpgroup_mma_wait(0, deps=(s,))
         s = gl.where(key_ok[None, :], s * qk_scale_log2, float("-inf"))
-        m_new = gl.maximum(m_i, row_max(s))
+        m_new = gl.maximum(m_i, gl.max(s, 1))
         m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = gl.exp2(m_i - m_shift)
         p = gl.exp2(s - m_shift[:, None])
-        l_i = l_i * alpha + row_sum(p)
+        l_i = l_i * alpha + gl.sum(p, 1)
         m_i = m_new
         pb = p.to(dtype)
         if j > 0:
