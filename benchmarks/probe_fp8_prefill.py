@@ -2,7 +2,8 @@
 
 For `fmha bench prefill`'s shapes (16k tokens, hidden 2048), in one process: the Gluon kernel on FP8 q, k, v with the
 launcher's choices, with ping-pong flipped, and with each `--tiles` config; the transposition of V alone
-(`forward_sm90.transposed_v`, which every FP8 call runs first); and our bf16 path on the same values. TFLOP/s, the
+(`forward_sm90.transposed_v`, which FP8 calls without the in-kernel transposition run first); V transposed in the
+kernel and copied first, each forced (`transpose`); and our bf16 path on the same values. TFLOP/s, the
 median of `--rounds` interleaved timings.
 
     PYTHONPATH=src python3 benchmarks/probe_fp8_prefill.py [--dims 64 128 256] [--seqs 1024 4096 16384]
@@ -39,11 +40,14 @@ def main():
                 default = forward_sm90.choose_tiles(d, causal, s)
                 pingpong = d == 256 or (d == 128 and causal and s >= forward_sm90.PINGPONG_MIN_ROWS_D128)
 
-                def gluon(tiles=None, pp=None):
+                def gluon(tiles=None, pp=None, transpose=None):
                     return lambda: forward_sm90.attention_forward_sm90(q8, k8, v8, out, lse, causal=causal,
                                                                        softmax_scale=d ** -0.5, tiles=tiles,
-                                                                       pingpong=pp)
+                                                                       pingpong=pp, transpose=transpose)
                 impls = {"fp8": gluon(), f"fp8-pingpong-{'off' if pingpong else 'on'}": gluon(pp=not pingpong)}
+                if default[4] == 2:       # V transposed in the kernel, and copied first
+                    impls["fp8-in-kernel"] = gluon(transpose=True)
+                    impls["fp8-copy"] = gluon(transpose=False)
                 for t in args.tiles:
                     tiles = tuple(int(x) for x in t.split(","))
                     if tiles != default:

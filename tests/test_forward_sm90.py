@@ -464,12 +464,16 @@ def _fp8_inputs(shape, scale=2.0):
     return q, k, v, descales
 
 
+@pytest.mark.parametrize("v_path", ["in-kernel", "copy"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("shape", FP8_SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_gluon_fp8(shape, causal, monkeypatch):
-    """FP8 (e4m3) q, k and v with descales on the Gluon kernel (V transposed into a copy, e4m3 wgmma) against the
-    oracle on the descaled values; the output bf16, NaN-poisoned before."""
+def test_gluon_fp8(shape, causal, v_path, monkeypatch):
+    """FP8 (e4m3) q, k and v with descales on the Gluon kernel (e4m3 wgmma; V transposed in the kernel where it
+    can be, or into a copy first) against the oracle on the descaled values; the output bf16, NaN-poisoned before."""
+    from fmha.kernels import forward_sm90
     q, k, v, descales = _fp8_inputs(shape)
+    if v_path == "copy":
+        monkeypatch.setattr(forward_sm90, "TRANSPOSE_DIMS", ())
     calls = _spy_gluon(monkeypatch)
     out = torch.full((*q.shape[:3], v.shape[-1]), float("nan"), dtype=torch.bfloat16, device="cuda")
     got, lse = fmha.attention(q, k, v, causal=causal, return_lse=True, out=out, **descales)

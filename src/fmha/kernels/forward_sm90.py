@@ -104,6 +104,12 @@ WIDE_MIN_ROWS_CAUSAL = 8192
 TMA_STORE_DIMS = (256,)
 TMA_STORE_MAX_ROWS = 4096
 PINGPONG_MIN_ROWS_D128 = 4096     # causal d = 128 calls from this many query rows take turns (`launch_args`)
+# FP8 head dims whose V the kernel transposes itself (`transpose_in_kernel`), and the consumers' registers then: the
+# transposer shares the producer warp's warpgroup, whose budget is what the consumers leave; at 232 (40 left) and 240
+# (24) ptxas spilled the shared-memory base for the whole kernel (34-73 local loads and stores, sm_90 compile), at 224
+# (56 left) nothing.
+TRANSPOSE_DIMS = (64, 128, 256, 192)
+TRANSPOSE_REGS = 224
 # A window's bound of -1 (unbounded) as the kernel takes it, past every key; larger bounds are clipped to it, so that
 # no row's first or last visible key overflows int32.
 UNBOUNDED = 1 << 30
@@ -273,11 +279,12 @@ def _known_fields(item, seqlen_q, seqlen_k, SEQLENS, BLOCK_N: gl.constexpr, CAUS
 @gluon.jit
 def _load_kv_tile(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv, b, row_k, row_v, i, hk,
                   stride_kh, stride_vh, pages, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, QK_PARTS: gl.constexpr,
-                  PAGE_ROWS: gl.constexpr):
+                  PAGE_ROWS: gl.constexpr, V_COPY: gl.constexpr):
     """Key tile i of (TMA batch b, first row row_k, kv head hk) into ring position kv, K (its QK_PARTS column parts)
     and V each once its slot is free; returns kv + 1. Paged (PAGE_ROWS > 0): BLOCK_N // PAGE_ROWS boxes a tile, each
-    from the page the block table names (`_box_origin`). An FP8 V's keys start at column row_v of its copy
-    (`transposed_v`; row_k but for packed sequences)."""
+    from the page the block table names (`_box_origin`). V_COPY: V comes from its transposed FP8 copy
+    (`transposed_v`), its keys from column row_v (row_k but for packed sequences); otherwise as K (with TRANSPOSE,
+    into the staging ring that `_transposer` reads, v_smem and its barriers being that ring's)."""
     k_box: gl.constexpr = k_desc.block_type.shape
     v_box: gl.constexpr = v_desc.block_type.shape
     BOXES: gl.constexpr = 1 if PAGE_ROWS == 0 else BLOCK_N // PAGE_ROWS
@@ -295,7 +302,7 @@ def _load_kv_tile(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_e
                                             dst)
     mbarrier.wait(v_empty.index(slot), phase)
     mbarrier.expect(v_ready.index(slot), BOXES * v_desc.block_type.nbytes)
-    if v_desc.dtype.primitive_bitwidth == 8:
+    if V_COPY:
         # FP8: V transposed, (batch, kv heads * head_dim_v, keys), kv head hk's rows from hk * stride_vh (its
         # head_dim_v), one box of (1, head_dim_v, BLOCK_N) (`_pv`); no pages
         gl.static_assert(BOXES == 1, "FP8 V tiles come from V's copy, not pages")
@@ -314,7 +321,7 @@ def _load_kv_tile(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_e
 @gluon.jit
 def _load_item(args, t, item, kv, w, BLOCK_N: gl.constexpr,
                STAGES: gl.constexpr, Q_BUFS: gl.constexpr, WGS: gl.constexpr, QK_PARTS: gl.constexpr,
-               PAGE_ROWS: gl.constexpr, HEADS: gl.constexpr, VARLEN: gl.constexpr):
+               PAGE_ROWS: gl.constexpr, HEADS: gl.constexpr, VARLEN: gl.constexpr, V_COPY: gl.constexpr):
     """Post work item t (the producer's w-th; `item`: its `_work_item` fields) and load its Q rows and key tiles
     lo .. lo + n_tiles - 1 of its sk keys; returns (kv, w) after it. Consumer warpgroup g's Q: rows
     m_start + g * ROWS of head h, or with HEADS = 2 rows m_start of head h + g."""
@@ -323,7 +330,7 @@ def _load_item(args, t, item, kv, w, BLOCK_N: gl.constexpr,
      page_size) = args
     b, h, hk, m_start, lo, n_tiles, _, sk, row_q, row_k, tb, _ = item
     row_v = row_k
-    if VARLEN and v_desc.dtype.primitive_bitwidth == 8:
+    if VARLEN and V_COPY:
         # FP8 packed sequences: V's copy has sequence b's keys from an aligned column, `transpose.packed_start`
         row_v = (row_k + 15) // 16 * 16 + 16 * b        # (row_k = CU_K[b])
     pages = (None, 0, 0)
@@ -345,7 +352,8 @@ def _load_item(args, t, item, kv, w, BLOCK_N: gl.constexpr,
     head = gl.minimum(n_tiles, 1) if Q_BUFS == 1 else 0
     for i in range(head):
         kv = _load_kv_tile(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv, tb, row_k,
-                           row_v, lo + i, hk, stride_kh, stride_vh, pages, BLOCK_N, STAGES, QK_PARTS, PAGE_ROWS)
+                           row_v, lo + i, hk, stride_kh, stride_vh, pages, BLOCK_N, STAGES, QK_PARTS, PAGE_ROWS,
+                           V_COPY)
     # A buffer is free once every consumer released it; the first pass over a ring waits on nothing.
     mbarrier.wait(q_empty.index(qb), ((w // Q_BUFS) & 1) ^ 1)
     _post_item(items.index(qb), t, item, gl.num_warps())
@@ -362,7 +370,8 @@ def _load_item(args, t, item, kv, w, BLOCK_N: gl.constexpr,
                                             q_smem.index(QK_PARTS * (WGS * qb + g) + j).reshape(q_box))
     for i in range(head, n_tiles):
         kv = _load_kv_tile(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv, tb, row_k,
-                           row_v, lo + i, hk, stride_kh, stride_vh, pages, BLOCK_N, STAGES, QK_PARTS, PAGE_ROWS)
+                           row_v, lo + i, hk, stride_kh, stride_vh, pages, BLOCK_N, STAGES, QK_PARTS, PAGE_ROWS,
+                           V_COPY)
     return kv, w + 1
 
 
@@ -385,20 +394,25 @@ def _first_with_rows(t, args, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, WGS: 
 
 
 @gluon.jit
-def _producer(args, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr,
+def _producer(args, staging, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr,
               WGS: gl.constexpr, QK_PARTS: gl.constexpr, VARLEN: gl.constexpr, WINDOW: gl.constexpr,
-              PAGE_ROWS: gl.constexpr, DYNAMIC: gl.constexpr, HEADS: gl.constexpr):
-    """The producer warp. DYNAMIC: items of unequal lengths, taken through the counter (`_next_item`)."""
+              PAGE_ROWS: gl.constexpr, DYNAMIC: gl.constexpr, HEADS: gl.constexpr, V_COPY: gl.constexpr,
+              TRANSPOSE: gl.constexpr):
+    """The producer warp. DYNAMIC: items of unequal lengths, taken through the counter (`_next_item`).
+    TRANSPOSE: V tiles go to the staging ring (`args` holds it in V's place), and after the last one the producer
+    marks the next position as the end for `_transposer` (`staging`: that ring's barriers and the end flag)."""
     (_, _, _, _, _, _, items, q_ready, q_empty, _, _, _, _, COUNTER, n_m, n_bh, head_chunk, heads_q, group, seqlen_q,
      seqlen_k, _, _, _, CU_Q, CU_K, left, LEFTS, right, SEQLENS, _, _, _) = args
     kv = 0                        # K/V tiles loaded so far: position in the ring and its phase
     w = 0                         # work items so far: the Q buffer and its phase
     t = gl.program_id(0)
+    if TRANSPOSE:                 # read by the transposer once a staging slot's barrier says it landed
+        _set_flag(staging[2], 0)
     if VARLEN:
         t, item = _first_with_rows(t, args, BLOCK_N, CAUSAL, WGS, WINDOW, HEADS)
         while t < n_m * n_bh:
             kv, w = _load_item(args, t, item, kv, w, BLOCK_N, STAGES, Q_BUFS, WGS, QK_PARTS, PAGE_ROWS, HEADS,
-                               VARLEN)
+                               VARLEN, V_COPY)
             t, item = _first_with_rows(_next_item(COUNTER, t, True), args, BLOCK_N, CAUSAL, WGS, WINDOW,
                                        HEADS)
     else:
@@ -406,15 +420,55 @@ def _producer(args, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, Q_BUFS: gl.cons
             item = _work_item(t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, CU_Q, CU_K, SEQLENS, left,
                               LEFTS, right, BLOCK_N, CAUSAL, WGS, VARLEN, WINDOW, HEADS)
             kv, w = _load_item(args, t, item, kv, w, BLOCK_N, STAGES, Q_BUFS, WGS, QK_PARTS, PAGE_ROWS, HEADS,
-                               VARLEN)
+                               VARLEN, V_COPY)
             t = _next_item(COUNTER, t, DYNAMIC)
     # The end: an index past the last item tells the consumers to stop.
     qb = w % Q_BUFS
     mbarrier.wait(q_empty.index(qb), ((w // Q_BUFS) & 1) ^ 1)
     _post_item(items.index(qb), t, None, gl.num_warps())
     mbarrier.arrive(q_ready.index(qb), count=1)
+    if TRANSPOSE:                 # the end: the next staging slot, once free, arrives with the flag set
+        raw_ready, raw_empty, stop = staging
+        mbarrier.wait(raw_empty.index(kv % STAGES), ((kv // STAGES) & 1) ^ 1)
+        _set_flag(stop, 1)
+        mbarrier.arrive(raw_ready.index(kv % STAGES), count=1)
     if DYNAMIC:
         _release_counter(COUNTER)
+
+
+@gluon.jit
+def _set_flag(flag, value):
+    """Write a one-word shared flag (every thread of a one-warp partition, the same value)."""
+    flag.store(gl.full([1], value, gl.int32, gl.BlockedLayout([1], [32], [gl.num_warps()], [0])))
+
+
+@gluon.jit
+def _transposer(raw, staging, v_smem, v_ready, v_empty, BLOCK_N: gl.constexpr, HEAD_DV: gl.constexpr,
+                STAGES: gl.constexpr):
+    """FP8 V transposed in the kernel (TRANSPOSE), by two warps: each (keys, head_dim_v) tile that the producer's
+    TMA lands in the staging ring `raw` is written (head_dim_v, keys) into V's slot of the same ring position
+    (`_pv`) once the consumers have freed it, in chunks of CH keys (64 bytes a thread; blocks of 4 keys x 16
+    columns, `benchmarks/probe_transpose_layouts.py`: Triton turns them into byte permutes), then marked ready and
+    its staging slot released. Stops at the position the producer flags as the end (`_producer`)."""
+    raw_ready, raw_empty, stop = staging
+    TPW_D: gl.constexpr = HEAD_DV // 32       # threads across head_dim_v, 16 columns each, the two warps side by side
+    CH: gl.constexpr = 4 * (32 // TPW_D)      # keys a chunk
+    blk: gl.constexpr = gl.BlockedLayout([4, 16], [32 // TPW_D, TPW_D], [1, 2], [1, 0])
+    flag: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+    kv = 0
+    mbarrier.wait(raw_ready.index(0), 0)
+    while gl.max(stop.load(flag), 0) == 0:
+        slot = kv % STAGES
+        mbarrier.wait(v_empty.index(slot), ((kv // STAGES) & 1) ^ 1)
+        for c in gl.static_range(BLOCK_N // CH):
+            x = raw.index(slot).slice(c * CH, CH, dim=0).load(blk)
+            v_smem.index(slot).slice(c * CH, CH, dim=1).store(gl.permute(x, [1, 0]))
+        fence_async_shared()      # the stores before the consumers' wgmma reads
+        gl.thread_barrier()
+        mbarrier.arrive(v_ready.index(slot), count=1)
+        mbarrier.arrive(raw_empty.index(slot), count=1)
+        kv += 1
+        mbarrier.wait(raw_ready.index(kv % STAGES), (kv // STAGES) & 1)
 
 
 @gluon.jit
@@ -900,7 +954,7 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, COUNTER, CU_Q, 
                          OFFSETS_64: gl.constexpr, VARLEN: gl.constexpr, WINDOW: gl.constexpr,
                          HAS_SINKS: gl.constexpr, SOFTCAP: gl.constexpr, KV_CACHE: gl.constexpr,
                          PAGE_ROWS: gl.constexpr, HAS_ALIBI: gl.constexpr, HEADS: gl.constexpr,
-                         TMA_STORE: gl.constexpr):
+                         TMA_STORE: gl.constexpr, TRANSPOSE: gl.constexpr):
     """Persistent: each program runs work items until none is left (`_next_item`); COUNTER is two zeroed int32
     words (causal or windowed calls, `_counter`; None otherwise), which the kernel leaves zeroed. OFFSETS_64: O or
     LSE reaches past 2^31 elements (the epilogue's offsets in 64 bits). HEADS: query heads an item (1, or 2 for
@@ -917,7 +971,9 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, COUNTER, CU_Q, 
     slope * |its row's own key (bottom-right aligned) - its key|. FP8 q, k and v (float8e4nv): v_desc is over V
     transposed, (batch, kv heads * head_dim_v, keys) with (1, HEAD_DV, BLOCK_N) boxes, stride_vh = HEAD_DV, and
     Q_DESCALE, K_DESCALE, V_DESCALE are each a contiguous (batch, kv heads) fp32 or None (1); with VARLEN,
-    sequence b's keys start at column `transpose.packed_start` of V's copy (`_load_item`).
+    sequence b's keys start at column `transpose.packed_start` of V's copy (`_load_item`). TRANSPOSE (FP8, two
+    consumer warpgroups, no VARLEN): v_desc is over V as given, like K's, and the kernel transposes it
+    (`_transposer`) instead.
     TMA_STORE (`tma_store`): the output leaves through a staging buffer and `o_desc`, a descriptor over O as
     (batch, seqlen_q, columns) with (1, ROWS, HEAD_DV) boxes; otherwise `o_desc` is None and the output is stored
     through pointers."""
@@ -932,12 +988,12 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, COUNTER, CU_Q, 
     k_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_PART], dtype)
     q_smem = gl.allocate_shared_memory(dtype, [WGS * Q_BUFS * QK_PARTS, ROWS, D_PART], q_layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES * QK_PARTS, BLOCK_N, D_PART], k_layout)
+    raw_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DV], dtype)
     if dtype.primitive_bitwidth == 8:       # FP8: V transposed (`_pv`); the descales (`_consumer`)
         v_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([HEAD_DV, BLOCK_N], dtype)
         v_smem = gl.allocate_shared_memory(dtype, [STAGES, HEAD_DV, BLOCK_N], v_layout)
     else:
-        v_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DV], dtype)
-        v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DV], v_layout)
+        v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DV], raw_layout)
     q_ready = gl.allocate_shared_memory(gl.int64, [Q_BUFS, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [Q_BUFS, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -954,6 +1010,18 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, COUNTER, CU_Q, 
         mbarrier.init(o_free.index(1), count=1)
     else:                         # unused stand-ins: a tuple holds no None
         o_desc, o_stage, o_free = q_desc, q_smem, turn
+    if TRANSPOSE:                 # V as given, staged for `_transposer`: its ring, barriers and end flag
+        raw = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DV], raw_layout)
+        raw_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        raw_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        stop = gl.allocate_shared_memory(gl.int32, [1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+        for i in gl.static_range(STAGES):
+            mbarrier.init(raw_ready.index(i), count=1)
+            mbarrier.init(raw_empty.index(i), count=1)
+        staging = (raw_ready, raw_empty, stop)
+    else:                         # V's own ring; `staging` an unused stand-in
+        raw, raw_ready, raw_empty = v_smem, v_ready, v_empty
+        staging = (v_ready, v_empty, items)
     mbarrier.init(turn.index(0), count=1)
     mbarrier.init(turn.index(1), count=1)
     for i in gl.static_range(Q_BUFS):
@@ -970,26 +1038,41 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, COUNTER, CU_Q, 
               heads_q, seqlen_q, seqlen_k, qk_scale_log2, stride_ob, stride_os, stride_oh, stride_lb, stride_lh,
               stride_ls, turn, o_desc, o_stage, o_free, left, right, SINKS, cap_in, SEQLENS, SLOPES, Q_DESCALE,
               K_DESCALE, V_DESCALE, group)
-    producer = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready,
-                v_empty, COUNTER, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, stride_qh, stride_kh,
+    # The producer's V tiles go to `raw`: V's own ring, or with TRANSPOSE the staging ring.
+    producer = (q_desc, k_desc, v_desc, q_smem, k_smem, raw, items, q_ready, q_empty, k_ready, k_empty, raw_ready,
+                raw_empty, COUNTER, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, stride_qh, stride_kh,
                 stride_vh, CU_Q, CU_K, left, LEFTS, right, SEQLENS, BLOCK_TABLE, stride_bt, page_size)
     # The tuples above hold no constexpr (a tuple in a variable does not keep them); those go in literally.
-    if WGS == 2:
+    V_COPY: gl.constexpr = dtype.primitive_bitwidth == 8 and not TRANSPOSE
+    if WGS == 2 and TRANSPOSE:
+        # The transposer's two warps share the producer warp's warpgroup (Triton's warp-group allocation packs
+        # them), at its register budget.
         gl.warp_specialize([
             (_consumer, (shared, 0, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64, QK_PARTS,
                           VARLEN, WINDOW, HAS_SINKS, SOFTCAP, HAS_ALIBI, CLEAN, HEADS, TMA_STORE)),
             (_consumer, (shared, 1, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64, QK_PARTS,
                           VARLEN, WINDOW, HAS_SINKS, SOFTCAP, HAS_ALIBI, CLEAN, HEADS, TMA_STORE)),
-            (_producer, (producer, BLOCK_N, STAGES, Q_BUFS, CAUSAL, WGS, QK_PARTS, VARLEN, WINDOW, PAGE_ROWS,
-                          DYNAMIC, HEADS)),
+            (_producer, (producer, staging, BLOCK_N, STAGES, Q_BUFS, CAUSAL, WGS, QK_PARTS, VARLEN, WINDOW, PAGE_ROWS,
+                          DYNAMIC, HEADS, V_COPY, TRANSPOSE)),
+            (_transposer, (raw, staging, v_smem, v_ready, v_empty, BLOCK_N, HEAD_DV, STAGES)),
+        ], [4, 1, 2], [CONSUMER_REGS, REGS_3WG - 2 * CONSUMER_REGS, REGS_3WG - 2 * CONSUMER_REGS])
+    elif WGS == 2:
+        gl.warp_specialize([
+            (_consumer, (shared, 0, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64, QK_PARTS,
+                          VARLEN, WINDOW, HAS_SINKS, SOFTCAP, HAS_ALIBI, CLEAN, HEADS, TMA_STORE)),
+            (_consumer, (shared, 1, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64, QK_PARTS,
+                          VARLEN, WINDOW, HAS_SINKS, SOFTCAP, HAS_ALIBI, CLEAN, HEADS, TMA_STORE)),
+            (_producer, (producer, staging, BLOCK_N, STAGES, Q_BUFS, CAUSAL, WGS, QK_PARTS, VARLEN, WINDOW, PAGE_ROWS,
+                          DYNAMIC, HEADS, V_COPY, TRANSPOSE)),
         ], [4, 1], [CONSUMER_REGS, REGS_3WG - 2 * CONSUMER_REGS])
     else:
         # Three consumers run as workers, each at CONSUMER_REGS; the producer is the default partition (4 warps,
         # one issuing) with what is left. As the default partition a consumer was compiled into far more spills
         # than the workers (54 against 9 local loads per key tile at 168 and 160 registers).
+        gl.static_assert(not TRANSPOSE, "an FP8 V is transposed in the kernel beside two consumer warpgroups only")
         gl.warp_specialize([
-            (_producer, (producer, BLOCK_N, STAGES, Q_BUFS, CAUSAL, WGS, QK_PARTS, VARLEN, WINDOW, PAGE_ROWS,
-                          DYNAMIC, HEADS)),
+            (_producer, (producer, staging, BLOCK_N, STAGES, Q_BUFS, CAUSAL, WGS, QK_PARTS, VARLEN, WINDOW, PAGE_ROWS,
+                          DYNAMIC, HEADS, V_COPY, TRANSPOSE)),
             (_consumer, (shared, 0, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64, QK_PARTS,
                           VARLEN, WINDOW, HAS_SINKS, SOFTCAP, HAS_ALIBI, CLEAN, HEADS, TMA_STORE)),
             (_consumer, (shared, 1, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64, QK_PARTS,
@@ -1039,7 +1122,7 @@ def supported(q, k, v):
 
 def attention_forward_sm90(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None, tiles=None,
                            varlen=None, window=None, sinks=None, softcap=0.0, cache=None, alibi_slopes=None,
-                           pack=None, descales=None):
+                           pack=None, descales=None, transpose=None):
     """Launch the Gluon kernel. q/k (b, s, h, d), v (b, sk, hk, dv); out (b, sq, hq, dv); lse (b, hq, sq).
     `varlen` = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k): packed sequences, q/k/v/out
     (total, h, d) and lse (hq, total_q). `window` (left, right) as SPEC.md's, in place of `causal` when given,
@@ -1049,11 +1132,12 @@ def attention_forward_sm90(q, k, v, out, lse, *, causal, softmax_scale, views=No
     fp32 or None. FP8 (float8_e4m3fn q, k and v; no cache): `descales` (q, k, v), each None or
     (b, hk) fp32. `views` are `supported`'s result when the caller
     has it (for varlen, of the tensors with a leading axis of 1); `pingpong`, `tiles` and `pack` (GQA heads paired
-    in an item, `pack_heads`) override the automatic choices (tuning, tests)."""
+    in an item, `pack_heads`) override the automatic choices (tuning, tests); so does `transpose` (an FP8 V
+    transposed in the kernel, `transpose_in_kernel`, or copied first)."""
     grid, args, meta = launch_args(q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale, views=views,
                                    pingpong=pingpong, tiles=tiles, varlen=varlen, window=window, sinks=sinks,
                                    softcap=softcap, cache=cache, alibi_slopes=alibi_slopes, pack=pack,
-                                   descales=descales)
+                                   descales=descales, transpose=transpose)
     launch(attn_fwd_sm90_kernel, grid, args, meta)
 
 
@@ -1111,6 +1195,13 @@ def tma_store(d, seqlen_q, wgs, varlen, offsets_64, same_dtype):
             and same_dtype)
 
 
+def transpose_in_kernel(d, wgs, varlen):
+    """Whether an FP8 call's V is transposed in the kernel (`_transposer`) rather than copied first
+    (`transposed_v`): padded calls with two consumer warpgroups, head dims in TRANSPOSE_DIMS. Packed sequences keep
+    the copy, whose zeros past each sequence's keys stand in for the cleaning of V tiles."""
+    return d in TRANSPOSE_DIMS and wgs == 2 and not varlen
+
+
 def transposed_v(v, packed=None):
     """An FP8 V (b, sk, hk, dv) as the kernel reads it (`_pv`): a copy (b, hk, dv, sk rounded up to 16) and its TMA
     view (b, hk * dv, sk), whose keys past sk TMA fills with zeros. `packed` = (cu_seqlens_k, longest): v holds
@@ -1132,7 +1223,8 @@ def transposed_v(v, packed=None):
 
 
 def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None, tiles=None, varlen=None,
-                window=None, sinks=None, softcap=0.0, cache=None, alibi_slopes=None, pack=None, descales=None):
+                window=None, sinks=None, softcap=0.0, cache=None, alibi_slopes=None, pack=None, descales=None,
+                transpose=None):
     """(grid, arguments, meta-parameters) of one launch; `benchmarks/profile_host.py` times the launch alone."""
     left, right = window if window is not None else (-1, 0 if causal else -1)
     lefts = None
@@ -1187,16 +1279,26 @@ def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpon
     kv_rows = block_n if table is None else page_rows(k.shape[1], block_n)
     offsets_64 = max(_extent(out), _extent(lse)) > 2**31
     vo = _view3(out) if tma_store(d, seqlen_q, wgs, varlen is not None, offsets_64, out.dtype == q.dtype) else None
-    if q.dtype == torch.float8_e4m3fn:
+    fp8 = q.dtype == torch.float8_e4m3fn
+    if transpose is None:
+        transpose = fp8 and transpose_in_kernel(d, wgs, varlen is not None)
+    elif transpose and not (fp8 and wgs == 2 and varlen is None):
+        raise ValueError("transpose: FP8 padded calls with two consumer warpgroups only")
+    if transpose and tiles is None:
+        regs = min(regs, TRANSPOSE_REGS)
+    if fp8:
         if cache is not None:
             raise ValueError("FP8 inputs: calls without a KV cache only")
         if varlen is not None and block_n > TAIL:       # the zeros past the last sequence (`transposed_v`)
             raise ValueError(f"tiles: FP8 packed sequences take key tiles of at most {TAIL}, got {block_n}")
-        vt, view = transposed_v(v, None if varlen is None else (cu_k, seqlen_k))
-        v_desc, stride_vh = descriptor(vt, view, [1, dv, block_n]), dv
         scales = tuple(None if t is None else t.contiguous() for t in descales or (None,) * 3)
     else:
-        v_desc, stride_vh, scales = desc(v, vv, kv_rows, dv), v.stride(2), (None,) * 3
+        scales = (None,) * 3
+    if fp8 and not transpose:
+        vt, view = transposed_v(v, None if varlen is None else (cu_k, seqlen_k))
+        v_desc, stride_vh = descriptor(vt, view, [1, dv, block_n]), dv
+    else:
+        v_desc, stride_vh = desc(v, vv, kv_rows, dv), v.stride(2)
     args = (desc(q, vq, _ROWS, part), desc(k, vk, kv_rows, part), v_desc,
             None if vo is None else desc(out, vo, _ROWS, dv), out, lse, counter,
             cu_q, cu_k, sinks, lefts, seqlens, table, alibi_slopes, *scales, seqlen_q, seqlen_k, heads_q,
@@ -1210,5 +1312,6 @@ def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpon
                 PINGPONG=pingpong, CONSUMER_REGS=regs, WGS=wgs, OFFSETS_64=offsets_64,
                 VARLEN=varlen is not None, WINDOW=window, HAS_SINKS=sinks is not None, SOFTCAP=softcap > 0,
                 KV_CACHE=cache is not None, PAGE_ROWS=kv_rows if table is not None else 0,
-                HAS_ALIBI=alibi_slopes is not None, HEADS=heads, TMA_STORE=vo is not None, num_warps=4)
+                HAS_ALIBI=alibi_slopes is not None, HEADS=heads, TMA_STORE=vo is not None, TRANSPOSE=transpose,
+                num_warps=4)
     return grid, args, meta
