@@ -175,9 +175,6 @@ def test_mla_compiles_for_sm90(tma, causal, rows, sparse, fp8):
 # ("wgmma.mma_async instructions are serialized due to ...", its C751x warnings: a wait after every wgmma) and
 # about spills.
 SERIALIZED = textwrap.dedent('''
-    import functools
-
-    @functools.lru_cache(maxsize=None)
     def ptxas_log(ptx):
         import os, subprocess, tempfile
         ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
@@ -261,7 +258,7 @@ GLUON_SCRIPT = textwrap.dedent('''
     ptx = k.asm["ptx"]
     print(json.dumps(dict(shared=k.metadata.shared, warps=k.metadata.num_warps, wgmma="wgmma.mma_async" in ptx,
                           tma="cp.async.bulk.tensor.3d" in ptx, setmaxnreg="setmaxnreg" in ptx,
-                          serialized=serialized(ptx), spills=spills(ptx))))
+                          serialized=serialized(ptx), transpose=bool(transpose))))
 ''')
 
 
@@ -297,15 +294,11 @@ def test_gluon_prefill_compiles_for_sm90(case):
     assert proc.returncode == 0, proc.stderr[-3000:]
     info = json.loads(proc.stdout.strip().splitlines()[-1])
     assert info["wgmma"] and info["tma"] and info["setmaxnreg"], info
-    assert info["warps"] == (16 if case[3] else 12), info
+    assert info["warps"] == (16 if case[3] or info["transpose"] else 12), info      # three consumers, a transposer
     # A wait after every wgmma (an accumulator in flight across a branch, too few registers, ...) costs far more
     # than any change that causes it could gain.
     assert not info["serialized"], f"ptxas serialised the wgmmas: {info['serialized']}"
     assert info["shared"] <= 232448, f"shared memory {info['shared']} over the H100 limit"
-    if case[2] == "fp8e4nv" and len(case) == 5:
-        # V transposed in the kernel: the transposer's registers come from the producer's warpgroup, and too few
-        # made ptxas spill across the whole kernel (`forward_sm90.TRANSPOSE_REGS`).
-        assert info["spills"] == 0, f"{info['spills']} bytes spilled"
 
 
 @pytest.mark.cpu

@@ -105,10 +105,11 @@ TMA_STORE_DIMS = (256,)
 TMA_STORE_MAX_ROWS = 4096
 PINGPONG_MIN_ROWS_D128 = 4096     # causal d = 128 calls from this many query rows take turns (`launch_args`)
 # FP8 head dims whose V the kernel transposes itself (`transpose_in_kernel`), and the consumers' registers then: the
-# transposer shares the producer warp's warpgroup, whose budget is what the consumers leave; at 232 (40 left) and 240
-# (24) ptxas spilled the shared-memory base for the whole kernel (34-73 local loads and stores, sm_90 compile), at 224
-# (56 left) nothing.
-TRANSPOSE_DIMS = (64, 128, 256, 192)
+# transposer's warpgroup has what the consumers and the producer's leave, 40 beside 224. Not d = 256: with a fourth
+# warpgroup ptxas cannot fit its 64 x 256 accumulator in the 128 registers a thread it compiles the kernel for
+# (C7602, sm_90 compile). The sm_90 compile spills 36 bytes at d = 128 (20 at 192), the shared-memory base reloaded
+# from local memory, as the three-consumer d = 64 kernel does (376).
+TRANSPOSE_DIMS = (64, 128, 192)
 TRANSPOSE_REGS = 224
 # A window's bound of -1 (unbounded) as the kernel takes it, past every key; larger bounds are clipped to it, so that
 # no row's first or last visible key overflows int32.
@@ -445,15 +446,16 @@ def _set_flag(flag, value):
 @gluon.jit
 def _transposer(raw, staging, v_smem, v_ready, v_empty, BLOCK_N: gl.constexpr, HEAD_DV: gl.constexpr,
                 STAGES: gl.constexpr):
-    """FP8 V transposed in the kernel (TRANSPOSE), by two warps: each (keys, head_dim_v) tile that the producer's
-    TMA lands in the staging ring `raw` is written (head_dim_v, keys) into V's slot of the same ring position
-    (`_pv`) once the consumers have freed it, in chunks of CH keys (64 bytes a thread; blocks of 4 keys x 16
-    columns, `benchmarks/probe_transpose_layouts.py`: Triton turns them into byte permutes), then marked ready and
-    its staging slot released. Stops at the position the producer flags as the end (`_producer`)."""
+    """FP8 V transposed in the kernel (TRANSPOSE), by a warpgroup of its own: each (keys, head_dim_v) tile that
+    the producer's TMA lands in the staging ring `raw` is written (head_dim_v, keys) into V's slot of the same ring
+    position (`_pv`) once the consumers have freed it, in chunks of CH keys (32 bytes a thread, blocks of 4 keys x
+    8 columns: at 128 x 128, 62 instructions a thread and 48 shared-memory wavefronts a warp a chunk, 3x the ideal,
+    `benchmarks/probe_transpose_layouts.py`; Triton turns them into byte permutes), then marked ready and its
+    staging slot released. Stops at the position the producer flags as the end (`_producer`)."""
     raw_ready, raw_empty, stop = staging
-    TPW_D: gl.constexpr = HEAD_DV // 32       # threads across head_dim_v, 16 columns each, the two warps side by side
+    TPW_D: gl.constexpr = HEAD_DV // 32       # threads across head_dim_v, 8 columns each, the four warps side by side
     CH: gl.constexpr = 4 * (32 // TPW_D)      # keys a chunk
-    blk: gl.constexpr = gl.BlockedLayout([4, 16], [32 // TPW_D, TPW_D], [1, 2], [1, 0])
+    blk: gl.constexpr = gl.BlockedLayout([4, 8], [32 // TPW_D, TPW_D], [1, 4], [1, 0])
     flag: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
     kv = 0
     mbarrier.wait(raw_ready.index(0), 0)
@@ -1045,8 +1047,10 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, COUNTER, CU_Q, 
     # The tuples above hold no constexpr (a tuple in a variable does not keep them); those go in literally.
     V_COPY: gl.constexpr = dtype.primitive_bitwidth == 8 and not TRANSPOSE
     if WGS == 2 and TRANSPOSE:
-        # The transposer's two warps share the producer warp's warpgroup (Triton's warp-group allocation packs
-        # them), at its register budget.
+        # The transposer is a fourth warpgroup: warps of one warpgroup must all run the same setmaxnreg, so two
+        # partitions packed into one (the producer warp and a two-warp transposer, as Triton's warp-group
+        # allocation packs them) hung on the GPU. 16 warps share 512 registers a thread of warpgroups: the
+        # producer's 24 and what the consumers leave for the transposer.
         gl.warp_specialize([
             (_consumer, (shared, 0, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64, QK_PARTS,
                           VARLEN, WINDOW, HAS_SINKS, SOFTCAP, HAS_ALIBI, CLEAN, HEADS, TMA_STORE)),
@@ -1055,7 +1059,7 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, COUNTER, CU_Q, 
             (_producer, (producer, staging, BLOCK_N, STAGES, Q_BUFS, CAUSAL, WGS, QK_PARTS, VARLEN, WINDOW, PAGE_ROWS,
                           DYNAMIC, HEADS, V_COPY, TRANSPOSE)),
             (_transposer, (raw, staging, v_smem, v_ready, v_empty, BLOCK_N, HEAD_DV, STAGES)),
-        ], [4, 1, 2], [CONSUMER_REGS, REGS_3WG - 2 * CONSUMER_REGS, REGS_3WG - 2 * CONSUMER_REGS])
+        ], [4, 1, 4], [CONSUMER_REGS, 24, 512 - 24 - 2 * CONSUMER_REGS])
     elif WGS == 2:
         gl.warp_specialize([
             (_consumer, (shared, 0, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64, QK_PARTS,
