@@ -408,7 +408,8 @@ def _producer(args, staging, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, Q_BUFS
     w = 0                         # work items so far: the Q buffer and its phase
     t = gl.program_id(0)
     if TRANSPOSE:                 # read by the transposer once a staging slot's barrier says it landed
-        _set_flag(staging[2], 0)
+        for i in gl.static_range(STAGES):
+            _set_flag(staging[2].index(i), 0)
     if VARLEN:
         t, item = _first_with_rows(t, args, BLOCK_N, CAUSAL, WGS, WINDOW, HEADS)
         while t < n_m * n_bh:
@@ -428,10 +429,14 @@ def _producer(args, staging, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, Q_BUFS
     mbarrier.wait(q_empty.index(qb), ((w // Q_BUFS) & 1) ^ 1)
     _post_item(items.index(qb), t, None, gl.num_warps())
     mbarrier.arrive(q_ready.index(qb), count=1)
-    if TRANSPOSE:                 # the end: the next staging slot, once free, arrives with the flag set
+    if TRANSPOSE:
+        # The end: the next staging slot arrives, once free, with its flag set. One flag a slot: the transposer
+        # reads slot s's flag before it releases the slot, so the producer sets it only after the transposer has
+        # read it for every earlier tile of that slot (with one flag for all, the end could be read at the last
+        # tile, still untransposed, and the consumers would wait for it forever).
         raw_ready, raw_empty, stop = staging
         mbarrier.wait(raw_empty.index(kv % STAGES), ((kv // STAGES) & 1) ^ 1)
-        _set_flag(stop, 1)
+        _set_flag(stop.index(kv % STAGES), 1)
         mbarrier.arrive(raw_ready.index(kv % STAGES), count=1)
     if DYNAMIC:
         _release_counter(COUNTER)
@@ -439,7 +444,7 @@ def _producer(args, staging, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, Q_BUFS
 
 @gluon.jit
 def _set_flag(flag, value):
-    """Write a one-word shared flag (every thread of a one-warp partition, the same value)."""
+    """Write a one-word shared flag (every thread of the partition, the same value)."""
     flag.store(gl.full([1], value, gl.int32, gl.BlockedLayout([1], [32], [gl.num_warps()], [0])))
 
 
@@ -451,7 +456,7 @@ def _transposer(raw, staging, v_smem, v_ready, v_empty, BLOCK_N: gl.constexpr, H
     position (`_pv`) once the consumers have freed it, in chunks of CH keys (32 bytes a thread, blocks of 4 keys x
     8 columns: at 128 x 128, 62 instructions a thread and 48 shared-memory wavefronts a warp a chunk, 3x the ideal,
     `benchmarks/probe_transpose_layouts.py`; Triton turns them into byte permutes), then marked ready and its
-    staging slot released. Stops at the position the producer flags as the end (`_producer`)."""
+    staging slot released. Stops at the ring position whose flag the producer sets (`_producer`)."""
     raw_ready, raw_empty, stop = staging
     TPW_D: gl.constexpr = HEAD_DV // 32       # threads across head_dim_v, 8 columns each, the four warps side by side
     CH: gl.constexpr = 4 * (32 // TPW_D)      # keys a chunk
@@ -459,7 +464,7 @@ def _transposer(raw, staging, v_smem, v_ready, v_empty, BLOCK_N: gl.constexpr, H
     flag: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
     kv = 0
     mbarrier.wait(raw_ready.index(0), 0)
-    while gl.max(stop.load(flag), 0) == 0:
+    while gl.max(stop.index(kv % STAGES).load(flag), 0) == 0:
         slot = kv % STAGES
         mbarrier.wait(v_empty.index(slot), ((kv // STAGES) & 1) ^ 1)
         for c in gl.static_range(BLOCK_N // CH):
@@ -1016,7 +1021,7 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, COUNTER, CU_Q, 
         raw = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DV], raw_layout)
         raw_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         raw_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        stop = gl.allocate_shared_memory(gl.int32, [1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+        stop = gl.allocate_shared_memory(gl.int32, [STAGES, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
         for i in gl.static_range(STAGES):
             mbarrier.init(raw_ready.index(i), count=1)
             mbarrier.init(raw_empty.index(i), count=1)
