@@ -201,15 +201,15 @@ GLUON_SCRIPT = textwrap.dedent('''
     from triton.experimental.gluon._runtime import GluonASTSource
     from fmha.kernels.forward_sm90 import (attn_fwd_sm90_kernel, HEAD_DIMS, PAGED_REGS, _QK_PART, _TILES, _WIDE_TILES,
                                            _ROWS, TRANSPOSE_REGS, tma_store, transpose_in_kernel)
-    case = json.loads(sys.argv[1]) + [False] * 8
-    d, causal, dt, wide, offsets_64, varlen, window, sinks, softcap, lefts, cache, alibi, pack = case[:13]
+    case = json.loads(sys.argv[1]) + [False] * 9
+    d, causal, dt, wide, offsets_64, varlen, window, sinks, softcap, lefts, cache, alibi, pack, transpose = case[:14]
     dv = dict(HEAD_DIMS)[d]
     bn, stages, q_bufs, regs, wgs = (_WIDE_TILES if wide else _TILES)[d]
     if cache == 2:                # as `choose_tiles` for a paged cache
         regs = min(regs, PAGED_REGS)
     el = {"bf16": gl.bfloat16, "fp16": gl.float16, "fp8e4nv": gl.float8e4nv}[dt]
     fp8 = dt == "fp8e4nv"         # FP8 q, k, v: V transposed, the descales, a bf16 output
-    transpose = fp8 and transpose_in_kernel(d, wgs, varlen)       # in the kernel, or from a copy
+    assert not transpose or (fp8 and transpose_in_kernel(d, wgs, varlen))   # FP8 V transposed in the kernel
     if transpose:
         regs = min(regs, TRANSPOSE_REGS)
 
@@ -264,7 +264,8 @@ GLUON_SCRIPT = textwrap.dedent('''
 
 @pytest.mark.cpu
 # (head_dim, causal, dtype, three consumer warpgroups, 64-bit output offsets[, varlen[, window[, sinks[, softcap[,
-# per-sequence left bounds[, KV cache: 1 contiguous, 2 paged[, ALiBi[, GQA heads paired]]]]]]]])
+# per-sequence left bounds[, KV cache: 1 contiguous, 2 paged[, ALiBi[, GQA heads paired[, FP8 V transposed in the
+# kernel]]]]]]]]])
 # Flags share cases (64-bit offsets ride on a varlen and a window case) to keep the CPU suite's compiles few.
 @pytest.mark.parametrize("case", [(128, True, "bf16", False, False), (128, False, "fp16", False, False),
                                   (64, False, "bf16", False, False), (64, False, "fp16", True, False),
@@ -276,13 +277,15 @@ GLUON_SCRIPT = textwrap.dedent('''
                                   (128, True, "bf16", False, False, False, False, False, False, False, 2, True),
                                   (64, False, "fp16", True, False, False, True, True, False, False, 1, True),
                                   (128, True, "fp16", False, False, False, True, True, False, False, 2, True, True),
-                                  (128, True, "fp8e4nv", False, False, True), (128, False, "fp8e4nv", False, False),
+                                  (128, True, "fp8e4nv", False, False, True),
+                                  (128, False, "fp8e4nv", False, False, False, False, False, False, False, 0, False,
+                                   False, True),
                                   (64, True, "fp8e4nv", False, False, False, True, True, True, False, 0, True, True)],
                          ids=["d128-causal", "d128", "d64", "d64-wide", "d64-wide-causal", "d256-causal",
                               "d192-dv128-causal", "d192-dv128", "d128-causal-varlen-offsets64", "d64-wide-varlen",
                               "d64-window-lefts-sinks-varlen", "d64-wide-window-sinks-softcap-offsets64",
                               "d128-causal-paged-cache-alibi", "d64-wide-window-sinks-cache-alibi",
-                              "d128-window-sinks-paged-alibi-paired-heads", "d128-causal-fp8-varlen", "d128-fp8",
+                              "d128-window-sinks-paged-alibi-paired-heads", "d128-causal-fp8-varlen", "d128-fp8-v-in-kernel",
                               "d64-window-sinks-softcap-alibi-paired-heads-fp8"])
 def test_gluon_prefill_compiles_for_sm90(case):
     """The Hopper Gluon kernel cannot run in the interpreter; compiling it here catches API drift and shared

@@ -472,8 +472,9 @@ def test_gluon_fp8(shape, causal, v_path, monkeypatch):
     can be, or into a copy first) against the oracle on the descaled values; the output bf16, NaN-poisoned before."""
     from fmha.kernels import forward_sm90
     q, k, v, descales = _fp8_inputs(shape)
-    if v_path == "copy":
-        monkeypatch.setattr(forward_sm90, "TRANSPOSE_DIMS", ())
+    # The launcher's default either way (`forward_sm90.TRANSPOSE_BY_DEFAULT`); where the in-kernel form cannot run
+    # (three consumer warpgroups, d = 256), the copy in both.
+    monkeypatch.setattr(forward_sm90, "TRANSPOSE_BY_DEFAULT", forward_sm90.TRANSPOSE_DIMS if v_path == "in-kernel" else ())
     calls = _spy_gluon(monkeypatch)
     out = torch.full((*q.shape[:3], v.shape[-1]), float("nan"), dtype=torch.bfloat16, device="cuda")
     got, lse = fmha.attention(q, k, v, causal=causal, return_lse=True, out=out, **descales)

@@ -44,7 +44,8 @@ sequence, for a buffer longer than cu_seqlens_k[-1].
 
 FP8, as FlashAttention-3: both products on e4m3 tensor cores, which read 8-bit operands only K-major, so P·V takes
 V transposed, (kv head, head_dim_v, keys), from a copy made before the launch (`transposed_v`, a Triton kernel,
-which also zeroes a packed buffer's rows past its last sequence, so FP8 calls never clean V tiles);
+which also zeroes a packed buffer's rows past its last sequence, so FP8 calls never clean V tiles), or, asked for
+(`TRANSPOSE`, padded calls), transposed in the kernel by a fourth warpgroup from a staging ring (`_transposer`);
 P is rounded to e4m3 after scaling by 2^8 (`_p_shift`), the row sums kept in fp32 from the unrounded values; the
 descales of each (batch, KV head), read by the kernel, scale the scores and the output. No conditional rescale (the
 shift takes its headroom) and no TMA-store epilogue (the output is bf16 or fp16, not the inputs' dtype).
@@ -104,12 +105,16 @@ WIDE_MIN_ROWS_CAUSAL = 8192
 TMA_STORE_DIMS = (256,)
 TMA_STORE_MAX_ROWS = 4096
 PINGPONG_MIN_ROWS_D128 = 4096     # causal d = 128 calls from this many query rows take turns (`launch_args`)
-# FP8 head dims whose V the kernel transposes itself (`transpose_in_kernel`), and the consumers' registers then: the
-# transposer's warpgroup has what the consumers and the producer's leave, 40 beside 224. Not d = 256: with a fourth
-# warpgroup ptxas cannot fit its 64 x 256 accumulator in the 128 registers a thread it compiles the kernel for
-# (C7602, sm_90 compile). The sm_90 compile spills 36 bytes at d = 128 (20 at 192), the shared-memory base reloaded
-# from local memory, as the three-consumer d = 64 kernel does (376).
+# FP8 V transposed in the kernel (`_transposer`) instead of copied first (`transposed_v`): the head dims it runs at
+# (`transpose_in_kernel`), those where it is the default (none: against the copy in one process at d = 128,
+# `history/probe_fp8_inkernel_d128_h100_52ae987.txt`, 1k causal 1.12x, 1k unmasked 0.95x, 4k unmasked 0.87x; a
+# launch's `transpose` asks for it), and the consumers' registers then: the transposer's warpgroup has what the
+# consumers and the producer's leave, 40 beside 224. Not d = 256: with a fourth warpgroup ptxas cannot fit its
+# 64 x 256 accumulator in the 128 registers a thread it compiles the kernel for (C7602, sm_90 compile). The sm_90
+# compile spills 36 bytes at d = 128 (20 at 192), the shared-memory base reloaded from local memory, as the
+# three-consumer d = 64 kernel does (376).
 TRANSPOSE_DIMS = (64, 128, 192)
+TRANSPOSE_BY_DEFAULT = ()
 TRANSPOSE_REGS = 224
 # A window's bound of -1 (unbounded) as the kernel takes it, past every key; larger bounds are clipped to it, so that
 # no row's first or last visible key overflows int32.
@@ -1205,9 +1210,10 @@ def tma_store(d, seqlen_q, wgs, varlen, offsets_64, same_dtype):
 
 
 def transpose_in_kernel(d, wgs, varlen):
-    """Whether an FP8 call's V is transposed in the kernel (`_transposer`) rather than copied first
-    (`transposed_v`): padded calls with two consumer warpgroups, head dims in TRANSPOSE_DIMS. Packed sequences keep
-    the copy, whose zeros past each sequence's keys stand in for the cleaning of V tiles."""
+    """Whether an FP8 call's V can be transposed in the kernel (`_transposer`) rather than copied first
+    (`transposed_v`): padded calls with two consumer warpgroups, head dims in TRANSPOSE_DIMS (the default:
+    TRANSPOSE_BY_DEFAULT). Packed sequences keep the copy, whose zeros past each sequence's keys stand in for the
+    cleaning of V tiles."""
     return d in TRANSPOSE_DIMS and wgs == 2 and not varlen
 
 
@@ -1290,9 +1296,10 @@ def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpon
     vo = _view3(out) if tma_store(d, seqlen_q, wgs, varlen is not None, offsets_64, out.dtype == q.dtype) else None
     fp8 = q.dtype == torch.float8_e4m3fn
     if transpose is None:
-        transpose = fp8 and transpose_in_kernel(d, wgs, varlen is not None)
-    elif transpose and not (fp8 and wgs == 2 and varlen is None):
-        raise ValueError("transpose: FP8 padded calls with two consumer warpgroups only")
+        transpose = fp8 and d in TRANSPOSE_BY_DEFAULT and transpose_in_kernel(d, wgs, varlen is not None)
+    elif transpose and not (fp8 and transpose_in_kernel(d, wgs, varlen is not None)):
+        raise ValueError(f"transpose: FP8 padded calls with two consumer warpgroups and head_dim in "
+                         f"{TRANSPOSE_DIMS} only")
     if transpose and tiles is None:
         regs = min(regs, TRANSPOSE_REGS)
     if fp8:
