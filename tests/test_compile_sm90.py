@@ -285,8 +285,8 @@ GLUON_SCRIPT = textwrap.dedent('''
                               "d192-dv128-causal", "d192-dv128", "d128-causal-varlen-offsets64", "d64-wide-varlen",
                               "d64-window-lefts-sinks-varlen", "d64-wide-window-sinks-softcap-offsets64",
                               "d128-causal-paged-cache-alibi", "d64-wide-window-sinks-cache-alibi",
-                              "d128-window-sinks-paged-alibi-paired-heads", "d128-causal-fp8-varlen", "d128-fp8-v-in-kernel",
-                              "d64-window-sinks-softcap-alibi-paired-heads-fp8"])
+                              "d128-window-sinks-paged-alibi-paired-heads", "d128-causal-fp8-varlen",
+                              "d128-fp8-v-in-kernel", "d64-window-sinks-softcap-alibi-paired-heads-fp8"])
 def test_gluon_prefill_compiles_for_sm90(case):
     """The Hopper Gluon kernel cannot run in the interpreter; compiling it here catches API drift and shared
     memory over the limit, and checks the warp-specialised shape: wgmma, 3-D TMA loads, per-partition

@@ -474,7 +474,8 @@ def test_gluon_fp8(shape, causal, v_path, monkeypatch):
     q, k, v, descales = _fp8_inputs(shape)
     # The launcher's default either way (`forward_sm90.TRANSPOSE_BY_DEFAULT`); where the in-kernel form cannot run
     # (three consumer warpgroups, d = 256), the copy in both.
-    monkeypatch.setattr(forward_sm90, "TRANSPOSE_BY_DEFAULT", forward_sm90.TRANSPOSE_DIMS if v_path == "in-kernel" else ())
+    by_default = forward_sm90.TRANSPOSE_DIMS if v_path == "in-kernel" else ()
+    monkeypatch.setattr(forward_sm90, "TRANSPOSE_BY_DEFAULT", by_default)
     calls = _spy_gluon(monkeypatch)
     out = torch.full((*q.shape[:3], v.shape[-1]), float("nan"), dtype=torch.bfloat16, device="cuda")
     got, lse = fmha.attention(q, k, v, causal=causal, return_lse=True, out=out, **descales)

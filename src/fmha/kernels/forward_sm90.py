@@ -1057,10 +1057,11 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, COUNTER, CU_Q, 
     # The tuples above hold no constexpr (a tuple in a variable does not keep them); those go in literally.
     V_COPY: gl.constexpr = dtype.primitive_bitwidth == 8 and not TRANSPOSE
     if WGS == 2 and TRANSPOSE:
-        # The transposer is a fourth warpgroup: warps of one warpgroup must all run the same setmaxnreg, so two
-        # partitions packed into one (the producer warp and a two-warp transposer, as Triton's warp-group
-        # allocation packs them) hung on the GPU. 16 warps share 512 registers a thread of warpgroups: the
-        # producer's 24 and what the consumers leave for the transposer.
+        # The transposer is a fourth warpgroup (16 warps share 512 registers a thread of warpgroups: the producer's
+        # 24, and what the consumers leave for the transposer). As two warps beside the producer warp, in its
+        # warpgroup, it needed the consumers at 224 as well and has not run since the end flag's race was fixed
+        # (NOTES.md, fifty-fourth session). Gluon takes each partition list as written (no list built from two),
+        # hence the consumers written out in both branches.
         gl.warp_specialize([
             (_consumer, (shared, 0, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64, QK_PARTS,
                           VARLEN, WINDOW, HAS_SINKS, SOFTCAP, HAS_ALIBI, CLEAN, HEADS, TMA_STORE)),
