@@ -2,8 +2,9 @@
 
 For `fmha bench prefill`'s shapes (16k tokens, hidden 2048), in one process: the Gluon kernel on FP8 q, k, v with the
 launcher's choices, with ping-pong flipped, and with each `--tiles` config; the transposition of V alone
-(`forward_sm90.transposed_v`, which FP8 calls without the in-kernel transposition run first); V transposed in the
-kernel and copied first, each forced (`transpose`); and our bf16 path on the same values. TFLOP/s, the
+(`forward_sm90.transposed_v`, which FP8 calls without the in-kernel transposition run first); V's other form
+where the kernel can transpose it (`fp8-in-kernel` or `fp8-copy`, forced by `transpose`); and our bf16 path on the
+same values. TFLOP/s, the
 median of `--rounds` interleaved timings.
 
     PYTHONPATH=src python3 benchmarks/probe_fp8_prefill.py [--dims 64 128 256] [--seqs 1024 4096 16384]
@@ -45,9 +46,10 @@ def main():
                                                                        softmax_scale=d ** -0.5, tiles=tiles,
                                                                        pingpong=pp, transpose=transpose)
                 impls = {"fp8": gluon(), f"fp8-pingpong-{'off' if pingpong else 'on'}": gluon(pp=not pingpong)}
-                if default[4] == 2:       # V transposed in the kernel, and copied first
-                    impls["fp8-in-kernel"] = gluon(transpose=True)
-                    impls["fp8-copy"] = gluon(transpose=False)
+                if forward_sm90.transpose_in_kernel(d, default[4], False):
+                    # V's other form beside the launcher's: transposed in the kernel, or copied first
+                    in_kernel = d in forward_sm90.TRANSPOSE_BY_DEFAULT
+                    impls["fp8-copy" if in_kernel else "fp8-in-kernel"] = gluon(transpose=not in_kernel)
                 for t in args.tiles:
                     tiles = tuple(int(x) for x in t.split(","))
                     if tiles != default:
