@@ -48,7 +48,7 @@ def main():
                 impls = {"fp8": gluon(), f"fp8-pingpong-{'off' if pingpong else 'on'}": gluon(pp=not pingpong)}
                 if forward_sm90.transpose_in_kernel(d, default[4], False):
                     # V's other form beside the launcher's: transposed in the kernel, or copied first
-                    in_kernel = d in forward_sm90.TRANSPOSE_BY_DEFAULT
+                    in_kernel = forward_sm90.transpose_by_default(d, causal, s, s, 1)
                     impls["fp8-copy" if in_kernel else "fp8-in-kernel"] = gluon(transpose=not in_kernel)
                 for t in args.tiles:
                     tiles = tuple(int(x) for x in t.split(","))

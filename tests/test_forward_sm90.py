@@ -472,14 +472,31 @@ def test_gluon_fp8(shape, causal, v_path, monkeypatch):
     can be, or into a copy first) against the oracle on the descaled values; the output bf16, NaN-poisoned before."""
     from fmha.kernels import forward_sm90
     q, k, v, descales = _fp8_inputs(shape)
-    # The launcher's default either way (`forward_sm90.TRANSPOSE_BY_DEFAULT`); where the in-kernel form cannot run
+    # The launcher's default either way (`forward_sm90.transpose_by_default`); where the in-kernel form cannot run
     # (three consumer warpgroups, d = 256), the copy in both.
-    by_default = forward_sm90.TRANSPOSE_DIMS if v_path == "in-kernel" else ()
-    monkeypatch.setattr(forward_sm90, "TRANSPOSE_BY_DEFAULT", by_default)
+    monkeypatch.setattr(forward_sm90, "transpose_by_default", lambda *shape: v_path == "in-kernel")
     calls = _spy_gluon(monkeypatch)
     out = torch.full((*q.shape[:3], v.shape[-1]), float("nan"), dtype=torch.bfloat16, device="cuda")
     got, lse = fmha.attention(q, k, v, causal=causal, return_lse=True, out=out, **descales)
     assert len(calls) == 1
+    assert_matches_fp8_p(got, lse, attention_ref(q, k, v, causal=causal, **descales), q, k, v, descales)
+
+
+@pytest.mark.parametrize("case", [((2, 1000, 1000, 4, 4, 128), True, True), ((2, 1000, 1000, 4, 4, 128), False, False),
+                                  ((2, 1000, 1000, 4, 2, 64), True, False), ((1, 2048, 2048, 4, 4, 64), True, False)],
+                         ids=["causal-mha", "full", "causal-gqa", "causal-2k"])
+def test_gluon_fp8_default_v_path(case, monkeypatch):
+    """The launcher's own choice of V's form (`forward_sm90.transpose_by_default`): short causal MHA calls transpose
+    V in the kernel and make no copy; the others copy it (`transposed_v` called once). Checked against the oracle."""
+    from fmha.kernels import forward_sm90
+    shape, causal, in_kernel = case
+    q, k, v, descales = _fp8_inputs(shape)
+    copies = []
+    real = forward_sm90.transposed_v
+    monkeypatch.setattr(forward_sm90, "transposed_v", lambda *a, **kw: copies.append(1) or real(*a, **kw))
+    calls = _spy_gluon(monkeypatch)
+    got, lse = fmha.attention(q, k, v, causal=causal, return_lse=True, **descales)
+    assert len(calls) == 1 and len(copies) == (0 if in_kernel else 1)
     assert_matches_fp8_p(got, lse, attention_ref(q, k, v, causal=causal, **descales), q, k, v, descales)
 
 

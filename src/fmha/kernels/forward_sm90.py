@@ -106,16 +106,12 @@ TMA_STORE_DIMS = (256,)
 TMA_STORE_MAX_ROWS = 4096
 PINGPONG_MIN_ROWS_D128 = 4096     # causal d = 128 calls from this many query rows take turns (`launch_args`)
 # FP8 V transposed in the kernel (`_transposer`) instead of copied first (`transposed_v`): the head dims it runs at
-# (`transpose_in_kernel`), those where it is the default (none: against the copy in one process at d = 128,
-# `history/probe_fp8_inkernel_d128_h100_52ae987.txt`, 1k causal 1.12x, 1k unmasked 0.95x, 4k unmasked 0.87x; a
-# launch's `transpose` asks for it), and the consumers' registers then: the transposer's warpgroup has what the
-# consumers and the producer's leave, 40 beside 224. Not d = 256: with a fourth warpgroup ptxas cannot fit its
-# 64 x 256 accumulator in the 128 registers a thread it compiles the kernel for (C7602, sm_90 compile). The sm_90
-# compile spills 36 bytes at d = 128 (20 at 192), the shared-memory base reloaded from local memory, as the
-# three-consumer d = 64 kernel does (376).
+# (`transpose_in_kernel`), and the consumers' registers then (`attn_fwd_sm90_kernel`'s partitions; with the
+# transposer as the default partition nothing spills at 232). Not d = 256: with a fourth warpgroup ptxas cannot fit
+# its 64 x 256 accumulator in the 128 registers a thread it compiles the kernel for (C7602, sm_90 compile). Where it
+# is the default: `transpose_by_default`.
 TRANSPOSE_DIMS = (64, 128, 192)
-TRANSPOSE_BY_DEFAULT = ()
-TRANSPOSE_REGS = 224
+TRANSPOSE_REGS = 232
 # A window's bound of -1 (unbounded) as the kernel takes it, past every key; larger bounds are clipped to it, so that
 # no row's first or last visible key overflows int32.
 UNBOUNDED = 1 << 30
@@ -1057,20 +1053,21 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, COUNTER, CU_Q, 
     # The tuples above hold no constexpr (a tuple in a variable does not keep them); those go in literally.
     V_COPY: gl.constexpr = dtype.primitive_bitwidth == 8 and not TRANSPOSE
     if WGS == 2 and TRANSPOSE:
-        # The transposer is a fourth warpgroup (16 warps share 512 registers a thread of warpgroups: the producer's
-        # 24, and what the consumers leave for the transposer). As two warps beside the producer warp, in its
-        # warpgroup, it needed the consumers at 224 as well and has not run since the end flag's race was fixed
-        # (NOTES.md, fifty-fourth session). Gluon takes each partition list as written (no list built from two),
-        # hence the consumers written out in both branches.
+        # The transposer is a fourth warpgroup and the default partition, the consumers and the producer workers
+        # (16 warps share 512 registers a thread of warpgroups: 2 x 232, the producer's 24, the transposer's 24).
+        # With consumer 0 as the default partition, compiled at the function's 128, the consumers needed 224 and
+        # still spilled 36 bytes at d = 128 (NOTES.md, fifty-fourth session); this way nothing spills at 232.
+        # Gluon takes each partition list as written (no list built from two), hence the consumers written out in
+        # both branches.
         gl.warp_specialize([
+            (_transposer, (raw, staging, v_smem, v_ready, v_empty, BLOCK_N, HEAD_DV, STAGES)),
             (_consumer, (shared, 0, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64, QK_PARTS,
                           VARLEN, WINDOW, HAS_SINKS, SOFTCAP, HAS_ALIBI, CLEAN, HEADS, TMA_STORE)),
             (_consumer, (shared, 1, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64, QK_PARTS,
                           VARLEN, WINDOW, HAS_SINKS, SOFTCAP, HAS_ALIBI, CLEAN, HEADS, TMA_STORE)),
             (_producer, (producer, staging, BLOCK_N, STAGES, Q_BUFS, CAUSAL, WGS, QK_PARTS, VARLEN, WINDOW, PAGE_ROWS,
                           DYNAMIC, HEADS, V_COPY, TRANSPOSE)),
-            (_transposer, (raw, staging, v_smem, v_ready, v_empty, BLOCK_N, HEAD_DV, STAGES)),
-        ], [4, 1, 4], [CONSUMER_REGS, 24, 512 - 24 - 2 * CONSUMER_REGS])
+        ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
     elif WGS == 2:
         gl.warp_specialize([
             (_consumer, (shared, 0, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64, QK_PARTS,
@@ -1213,9 +1210,21 @@ def tma_store(d, seqlen_q, wgs, varlen, offsets_64, same_dtype):
 def transpose_in_kernel(d, wgs, varlen):
     """Whether an FP8 call's V can be transposed in the kernel (`_transposer`) rather than copied first
     (`transposed_v`): padded calls with two consumer warpgroups, head dims in TRANSPOSE_DIMS (the default:
-    TRANSPOSE_BY_DEFAULT). Packed sequences keep the copy, whose zeros past each sequence's keys stand in for the
+    `transpose_by_default`). Packed sequences keep the copy, whose zeros past each sequence's keys stand in for the
     cleaning of V tiles."""
     return d in TRANSPOSE_DIMS and wgs == 2 and not varlen
+
+
+def transpose_by_default(d, causal, seqlen_q, seqlen_k, group):
+    """Whether a call that can transpose its FP8 V in the kernel (`transpose_in_kernel`) does so by default rather
+    than copy it first: causal MHA calls of at most 1024 query and key rows at d = 64 or 128. Against the copy in
+    one process (`probe_fp8_prefill.py`, 16k tokens, hidden 2048; history/probe_fp8_inkernel_default_partition_*):
+    causal 1k 1.10x (d = 128) and 1.08x (d = 64), causal 2k 0.98x / 1.02x, unmasked 1k 0.99x / 1.02x, and from 2k
+    unmasked 0.78-0.91x. The copy's time goes with V's size (29 us there, beside a 126 us kernel at d = 128, 1k
+    causal), the transposer's with the kernel's (it slows the loop by ~12% there: its shared-memory traffic beside
+    the products), so the copy weighs most in short causal calls and shrinks with the GQA group (one V a KV head):
+    MHA only. d = 192 is not measured."""
+    return causal and group == 1 and d in (64, 128) and max(seqlen_q, seqlen_k) <= 1024
 
 
 def transposed_v(v, packed=None):
@@ -1297,7 +1306,8 @@ def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpon
     vo = _view3(out) if tma_store(d, seqlen_q, wgs, varlen is not None, offsets_64, out.dtype == q.dtype) else None
     fp8 = q.dtype == torch.float8_e4m3fn
     if transpose is None:
-        transpose = fp8 and d in TRANSPOSE_BY_DEFAULT and transpose_in_kernel(d, wgs, varlen is not None)
+        transpose = (fp8 and transpose_in_kernel(d, wgs, varlen is not None)
+                     and transpose_by_default(d, causal, seqlen_q, seqlen_k, group))
     elif transpose and not (fp8 and transpose_in_kernel(d, wgs, varlen is not None)):
         raise ValueError(f"transpose: FP8 padded calls with two consumer warpgroups and head_dim in "
                          f"{TRANSPOSE_DIMS} only")
