@@ -483,21 +483,27 @@ def test_gluon_fp8(shape, causal, v_path, monkeypatch):
 
 
 @pytest.mark.parametrize("case", [((2, 1000, 1000, 4, 4, 128), True, True), ((2, 1000, 1000, 4, 4, 128), False, False),
-                                  ((2, 1000, 1000, 4, 2, 64), True, False), ((1, 2048, 2048, 4, 4, 64), True, False)],
-                         ids=["causal-mha", "full", "causal-gqa", "causal-2k"])
+                                  ((2, 1000, 1000, 4, 2, 64), True, False), ((1, 2048, 2048, 4, 4, 64), True, False),
+                                  ((2, 900, 1000, 4, 4, 64), "options", True)],
+                         ids=["causal-mha", "full", "causal-gqa", "causal-2k", "window-sinks-softcap-alibi-mha"])
 def test_gluon_fp8_default_v_path(case, monkeypatch):
-    """The launcher's own choice of V's form (`forward_sm90.transpose_by_default`): short causal MHA calls transpose
-    V in the kernel and make no copy; the others copy it (`transposed_v` called once). Checked against the oracle."""
+    """The launcher's own choice of V's form (`forward_sm90.transpose_by_default`): short causal MHA calls (a window
+    with a right bound counts) transpose V in the kernel and make no copy; the others copy it (`transposed_v`
+    called once). Checked against the oracle."""
     from fmha.kernels import forward_sm90
     shape, causal, in_kernel = case
     q, k, v, descales = _fp8_inputs(shape)
+    options = dict(causal=causal)
+    if causal == "options":
+        options = dict(window=(300, 0), sinks=torch.randn(4, device="cuda") * 2, softcap=5.0,
+                       alibi_slopes=torch.rand(4, device="cuda") * 0.2)
     copies = []
     real = forward_sm90.transposed_v
     monkeypatch.setattr(forward_sm90, "transposed_v", lambda *a, **kw: copies.append(1) or real(*a, **kw))
     calls = _spy_gluon(monkeypatch)
-    got, lse = fmha.attention(q, k, v, causal=causal, return_lse=True, **descales)
+    got, lse = fmha.attention(q, k, v, return_lse=True, **options, **descales)
     assert len(calls) == 1 and len(copies) == (0 if in_kernel else 1)
-    assert_matches_fp8_p(got, lse, attention_ref(q, k, v, causal=causal, **descales), q, k, v, descales)
+    assert_matches_fp8_p(got, lse, attention_ref(q, k, v, **options, **descales), q, k, v, descales)
 
 
 @pytest.mark.parametrize("extra", ["window-sinks", "softcap-alibi", "window-sinks-softcap-alibi"])
