@@ -44,8 +44,9 @@ sequence, for a buffer longer than cu_seqlens_k[-1].
 
 FP8, as FlashAttention-3: both products on e4m3 tensor cores, which read 8-bit operands only K-major, so P·V takes
 V transposed, (kv head, head_dim_v, keys), from a copy made before the launch (`transposed_v`, a Triton kernel,
-which also zeroes a packed buffer's rows past its last sequence, so FP8 calls never clean V tiles), or, asked for
-(`TRANSPOSE`, padded calls), transposed in the kernel by a fourth warpgroup from a staging ring (`_transposer`);
+which also zeroes a packed buffer's rows past its last sequence, so FP8 calls never clean V tiles), or, in short
+causal calls (`transpose_by_default`) or when asked for (`TRANSPOSE`, padded calls), transposed in the kernel by a
+fourth warpgroup from a staging ring (`_transposer`);
 P is rounded to e4m3 after scaling by 2^8 (`_p_shift`), the row sums kept in fp32 from the unrounded values; the
 descales of each (batch, KV head), read by the kernel, scale the scores and the output. No conditional rescale (the
 shift takes its headroom) and no TMA-store epilogue (the output is bf16 or fp16, not the inputs' dtype).
