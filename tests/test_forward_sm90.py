@@ -482,19 +482,23 @@ def test_gluon_fp8(shape, causal, v_path, monkeypatch):
     assert_matches_fp8_p(got, lse, attention_ref(q, k, v, causal=causal, **descales), q, k, v, descales)
 
 
-@pytest.mark.parametrize("case", [((2, 1000, 1000, 4, 4, 128), True, True), ((2, 1000, 1000, 4, 4, 128), False, False),
-                                  ((2, 1000, 1000, 4, 2, 64), True, False), ((1, 2048, 2048, 4, 4, 64), True, False),
-                                  ((2, 900, 1000, 4, 4, 64), "options", True)],
-                         ids=["causal-mha", "full", "causal-gqa", "causal-2k", "window-sinks-softcap-alibi-mha"])
+# (shape, mask, whether V is transposed in the kernel by default) of `test_gluon_fp8_default_v_path`
+FP8_DEFAULT_V_CASES = [((2, 1000, 1000, 4, 4, 128), "causal", True), ((2, 1000, 1000, 4, 4, 128), "full", False),
+                       ((2, 1000, 1000, 4, 2, 64), "causal", False), ((1, 2048, 2048, 4, 4, 64), "causal", False),
+                       ((2, 900, 1000, 4, 4, 64), "window-sinks-softcap-alibi", True)]
+
+
+@pytest.mark.parametrize("case", FP8_DEFAULT_V_CASES, ids=["causal-mha", "full", "causal-gqa", "causal-2k",
+                                                           "window-sinks-softcap-alibi-mha"])
 def test_gluon_fp8_default_v_path(case, monkeypatch):
     """The launcher's own choice of V's form (`forward_sm90.transpose_by_default`): short causal MHA calls (a window
     with a right bound counts) transpose V in the kernel and make no copy; the others copy it (`transposed_v`
     called once). Checked against the oracle."""
     from fmha.kernels import forward_sm90
-    shape, causal, in_kernel = case
+    shape, mask, in_kernel = case
     q, k, v, descales = _fp8_inputs(shape)
-    options = dict(causal=causal)
-    if causal == "options":
+    options = dict(causal=mask == "causal")
+    if mask == "window-sinks-softcap-alibi":
         options = dict(window=(300, 0), sinks=torch.randn(4, device="cuda") * 2, softcap=5.0,
                        alibi_slopes=torch.rand(4, device="cuda") * 0.2)
     copies = []

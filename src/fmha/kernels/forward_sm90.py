@@ -1220,11 +1220,11 @@ def transpose_by_default(d, causal, seqlen_q, seqlen_k, group):
     """Whether a call that can transpose its FP8 V in the kernel (`transpose_in_kernel`) does so by default rather
     than copy it first: causal MHA calls of at most 1024 query and key rows at d = 64 or 128. Against the copy in
     one process (`probe_fp8_prefill.py`, 16k tokens, hidden 2048; history/probe_fp8_inkernel_default_partition_*):
-    causal 1k 1.10x (d = 128) and 1.08x (d = 64), causal 2k 0.98x / 1.02x, unmasked 1k 0.99x / 1.02x, and from 2k
-    unmasked 0.78-0.91x. The copy's time goes with V's size (29 us there, beside a 126 us kernel at d = 128, 1k
-    causal), the transposer's with the kernel's (it slows the loop by ~12% there: its shared-memory traffic beside
-    the products), so the copy weighs most in short causal calls and shrinks with the GQA group (one V a KV head):
-    MHA only. d = 192 is not measured."""
+    causal 1k 1.10x (d = 128) and 1.08x (d = 64), causal 2k 0.98x / 1.02x, unmasked 1k 0.99x / 1.02x; d = 128 from
+    2k unmasked 0.78-0.91x, causal 4k / 16k 0.91x / 0.83x. The copy's time goes with V's size (29 us there, beside
+    a 126 us kernel at d = 128, 1k causal), the transposer's with the kernel's (it slows the loop by ~12% there: its
+    shared-memory traffic beside the products), so the copy weighs most in short causal calls and shrinks with the
+    GQA group (one V a KV head): MHA only. d = 192 is not measured."""
     return causal and group == 1 and d in (64, 128) and max(seqlen_q, seqlen_k) <= 1024
 
 
