@@ -334,8 +334,8 @@ def _load_item(args, t, item, kv, w, BLOCK_N: gl.constexpr,
     b, h, hk, m_start, lo, n_tiles, _, sk, row_q, row_k, tb, _ = item
     row_v = row_k
     if VARLEN and V_COPY:
-        # FP8 packed sequences: V's copy has sequence b's keys from an aligned column, `transpose.packed_start`
-        row_v = (row_k + 15) // 16 * 16 + 16 * b        # (row_k = CU_K[b])
+        # FP8 packed sequences: V's copy has sequence b's keys from an aligned column (row_k = CU_K[b])
+        row_v = packed_start(row_k, b)
     pages = (None, 0, 0)
     if PAGE_ROWS > 0:             # a paged KV cache: sequence tb's block-table row and its last page
         pages = (BLOCK_TABLE + tb * stride_bt, page_size, gl.maximum(gl.cdiv(sk, page_size) - 1, 0))

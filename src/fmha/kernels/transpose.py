@@ -19,8 +19,8 @@ def packed_start(first, b):
     """The column of V's copy where packed sequence b's keys start, `first` = cu_seqlens[b]: first rounded up to 16,
     plus 16 per sequence before it. Aligned, and past sequence b - 1's last key (its start is at most
     first - len(b - 1) + 15 + 16 (b - 1)), with 1-31 columns between; a closed form, so that no prefix sum over the
-    lengths (host launches) is needed. `transpose_kernel` calls it, the host its plain form (`packed_start.fn`), and
-    the Gluon kernel's producer (`forward_sm90._load_item`) works it out the same way."""
+    lengths (host launches) is needed. `transpose_kernel` and the Gluon kernel's producer (`forward_sm90._load_item`)
+    call it, the host its plain form (`packed_start.fn`)."""
     return (first + 15) // 16 * 16 + 16 * b
 
 
