@@ -201,8 +201,9 @@ GLUON_SCRIPT = textwrap.dedent('''
     from triton.experimental.gluon._runtime import GluonASTSource
     from fmha.kernels.forward_sm90 import (attn_fwd_sm90_kernel, HEAD_DIMS, PAGED_REGS, _QK_PART, _TILES, _WIDE_TILES,
                                            _ROWS, TRANSPOSE_REGS, tma_store, transpose_in_kernel)
-    case = json.loads(sys.argv[1]) + [False] * 9
+    case = json.loads(sys.argv[1]) + [False] * 10
     d, causal, dt, wide, offsets_64, varlen, window, sinks, softcap, lefts, cache, alibi, pack, transpose = case[:14]
+    store = case[14]              # a head dim run padded to d (`padded_dims`): its own (0: d's own); 4-D boxes
     dv = dict(HEAD_DIMS)[d]
     bn, stages, q_bufs, regs, wgs = (_WIDE_TILES if wide else _TILES)[d]
     if cache == 2:                # as `choose_tiles` for a paged cache
@@ -214,9 +215,10 @@ GLUON_SCRIPT = textwrap.dedent('''
         regs = min(regs, TRANSPOSE_REGS)
 
     def desc(rows, width):
-        layout = gl.NVMMASharedLayout.get_default_for([1, rows, width], el)
-        return f"tensordesc<{dt}[1,{rows},{width}],{layout!r}>"
-    consts = dict(BLOCK_N=bn, HEAD_D=d, HEAD_DV=dv, STAGES=stages, Q_BUFS=q_bufs, CAUSAL=causal,
+        box = [1, rows, 1, width] if store else [1, rows, width]
+        layout = gl.NVMMASharedLayout.get_default_for(box, el)
+        return f"tensordesc<{dt}[{','.join(map(str, box))}],{layout!r}>"
+    consts = dict(BLOCK_N=bn, HEAD_D=d, HEAD_DV=dv, DV_STORE=store or dv, STAGES=stages, Q_BUFS=q_bufs, CAUSAL=causal,
                   PINGPONG=not causal and wgs == 2, CONSUMER_REGS=regs, WGS=wgs, OFFSETS_64=offsets_64,
                   TRANSPOSE=transpose)
     if not causal and not varlen and not window and not cache:  # as `launch_args` launches it: the counter for
@@ -257,7 +259,7 @@ GLUON_SCRIPT = textwrap.dedent('''
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
     ptx = k.asm["ptx"]
     print(json.dumps(dict(shared=k.metadata.shared, warps=k.metadata.num_warps, wgmma="wgmma.mma_async" in ptx,
-                          tma="cp.async.bulk.tensor.3d" in ptx, setmaxnreg="setmaxnreg" in ptx,
+                          tma=f"cp.async.bulk.tensor.{4 if store else 3}d" in ptx, setmaxnreg="setmaxnreg" in ptx,
                           serialized=serialized(ptx), transpose=bool(transpose))))
 ''')
 
@@ -265,7 +267,7 @@ GLUON_SCRIPT = textwrap.dedent('''
 @pytest.mark.cpu
 # (head_dim, causal, dtype, three consumer warpgroups, 64-bit output offsets[, varlen[, window[, sinks[, softcap[,
 # per-sequence left bounds[, KV cache: 1 contiguous, 2 paged[, ALiBi[, GQA heads paired[, FP8 V transposed in the
-# kernel]]]]]]]]])
+# kernel[, the real head dim of a call run padded to head_dim]]]]]]]]]])
 # Flags share cases (64-bit offsets ride on a varlen and a window case) to keep the CPU suite's compiles few.
 @pytest.mark.parametrize("case", [(128, True, "bf16", False, False), (128, False, "fp16", False, False),
                                   (64, False, "bf16", False, False), (64, False, "fp16", True, False),
@@ -280,17 +282,23 @@ GLUON_SCRIPT = textwrap.dedent('''
                                   (128, True, "fp8e4nv", False, False, True),
                                   (128, False, "fp8e4nv", False, False, False, False, False, False, False, 0, False,
                                    False, True),
-                                  (64, True, "fp8e4nv", False, False, False, True, True, True, False, 0, True, True)],
+                                  (64, True, "fp8e4nv", False, False, False, True, True, True, False, 0, True, True),
+                                  (128, True, "bf16", False, False, False, False, False, False, False, 2, False, False,
+                                   False, 96),
+                                  (256, False, "fp16", False, False, False, False, False, False, False, 0, False, False,
+                                   False, 160)],
                          ids=["d128-causal", "d128", "d64", "d64-wide", "d64-wide-causal", "d256-causal",
                               "d192-dv128-causal", "d192-dv128", "d128-causal-varlen-offsets64", "d64-wide-varlen",
                               "d64-window-lefts-sinks-varlen", "d64-wide-window-sinks-softcap-offsets64",
                               "d128-causal-paged-cache-alibi", "d64-wide-window-sinks-cache-alibi",
                               "d128-window-sinks-paged-alibi-paired-heads", "d128-causal-fp8-varlen",
-                              "d128-fp8-v-in-kernel", "d64-window-sinks-softcap-alibi-paired-heads-fp8"])
+                              "d128-fp8-v-in-kernel", "d64-window-sinks-softcap-alibi-paired-heads-fp8",
+                              "d96-as-128-causal-paged", "d160-as-256-tma-store"])
 def test_gluon_prefill_compiles_for_sm90(case):
     """The Hopper Gluon kernel cannot run in the interpreter; compiling it here catches API drift and shared
-    memory over the limit, and checks the warp-specialised shape: wgmma, 3-D TMA loads, per-partition
-    register budgets (setmaxnreg), two or three consumer warpgroups and one with the producer warp."""
+    memory over the limit, and checks the warp-specialised shape: wgmma, 3-D TMA loads (4-D for a padded head
+    dim), per-partition register budgets (setmaxnreg), two or three consumer warpgroups and one with the producer
+    warp."""
     env = dict(os.environ, TRITON_INTERPRET="0")
     proc = subprocess.run([sys.executable, "-c", SERIALIZED + GLUON_SCRIPT, json.dumps(case)], env=env,
                           capture_output=True, text=True, timeout=600)
@@ -385,6 +393,22 @@ def test_gluon_pack_heads_rule():
     assert not any(pack_heads(4, s, 2) for s in (65, 128, 200, 4096))
     assert not pack_heads(1, 64, 2) and not pack_heads(3, 64, 2) and not pack_heads(4, 64, 3)
     assert not pack_heads(4, 64, 2, varlen=True)
+
+
+@pytest.mark.cpu
+def test_gluon_padded_dims():
+    """Head dims without tiles of their own run padded to a pair that has them (`padded_dims`), each over 4-D TMA
+    views whose last dimension is the real head dim (`_view`), so the box's columns past it read as zeros."""
+    from fmha.kernels.forward_sm90 import HEAD_DIMS, PAD_MIN, _view, padded_dims
+    assert all(padded_dims(*pair) == pair for pair in HEAD_DIMS)
+    assert [padded_dims(d, d) for d in (40, 48, 56, 72, 80, 96, 112, 136, 160, 200, 248)] == \
+        [(64, 64)] * 3 + [(128, 128)] * 4 + [(256, 256)] * 4
+    assert padded_dims(128, 96) == (128, 128) and padded_dims(96, 64) is None        # no (128, 64) tiles
+    assert padded_dims(PAD_MIN - 8, PAD_MIN - 8) is None and padded_dims(512, 512) is None
+    t = torch.zeros(2, 300, 4, 104, dtype=torch.bfloat16)[..., :96]                   # heads 104 columns apart
+    assert _view(t, True) == ([2, 300, 4, 96], [300 * 4 * 104, 4 * 104, 104, 1])
+    assert _view(t) == ([2, 300, 3 * 104 + 96], [300 * 4 * 104, 4 * 104, 1])
+    assert _view(torch.zeros(2, 300, 4, 100, dtype=torch.bfloat16)[..., :96], True) is None   # 200-byte heads
 
 
 @pytest.mark.cpu

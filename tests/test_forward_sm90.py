@@ -31,6 +31,15 @@ SHAPES = [
     (2, 129, 65, 2, 2, 192, 128),
     (1, 1000, 1064, 4, 2, 192, 128),    # the causal half-width diagonal tile over three parts
     (1, 2048, 2048, 8, 8, 192, 128),
+    # head dims run padded (`padded_dims`: zeros past the real columns, TMA's fill over 4-D views; NaN columns
+    # between the heads here): to 128, to 64 (three warpgroups at 4k rows) and to 256 (the TMA-store epilogue)
+    (2, 1000, 1500, 16, 4, 96),
+    (3, 700, 300, 4, 1, 80),
+    (2, 129, 65, 2, 2, 112),
+    (1, 4096, 4096, 4, 4, 40),
+    (2, 700, 900, 8, 1, 56),
+    (2, 513, 1027, 4, 4, 160),
+    (1, 1000, 1064, 4, 2, 128, 96),     # head_dim_v alone padded
 ]
 
 
@@ -94,6 +103,7 @@ VARLEN_CASES = [
     ([2500, 300], [2500, 3000], 4, 2, 64),
     ([300, 2048], [100, 2048], 4, 4, 256),
     ([1000, 37, 513], [1064, 0, 600], 8, 2, 192, 128),
+    ([150, 0, 1000, 37, 513], [200, 5, 1000, 37, 300], 8, 2, 96),
 ]
 
 
@@ -130,6 +140,7 @@ WINDOW_CASES = [
     ((1, 100, 2000, 2, 1, 256), (700, -1)),
     ((1, 1000, 1064, 4, 2, 192, 128), (256, 0)),
     ((1, 300, 500, 4, 2, 64), (2**31 - 1, 2**31 - 1)),    # bounds past every key, near int32's end
+    ((2, 1000, 1500, 16, 4, 96), (128, 0)),
 ]
 
 
@@ -233,6 +244,8 @@ KVCACHE_CASES = [
     ([900, 64, 65, 1100], 1152, 700, 4, 1, 64, None),
     ([513, 1027, 300], 1152, 300, 4, 4, 256, 64),
     ([1000, 37, 1064], 1104, 1000, 8, 2, 192, 128, 48),
+    ([900, 64, 65, 1100], 1152, 700, 4, 1, 80, 16),
+    ([3000, 0, 17, 1500], 4096, 256, 32, 8, 96, None),
 ]
 
 
@@ -288,7 +301,7 @@ def test_gluon_kvcache_options(page, monkeypatch):
 # (batch, seqlen_q, seqlen_k, heads_q, heads_k, head_dim[, head_dim_v]): query lengths whose last 128-row block is
 # at most half full, with an even GQA group, where `launch_args` pairs two query heads in an item (`pack_heads`).
 PACK_SHAPES = [(2, 64, 1000, 8, 2, 128), (3, 192, 700, 4, 2, 64), (1, 50, 300, 16, 2, 256), (2, 320, 320, 4, 1, 64),
-               (2, 130, 1500, 8, 4, 192, 128), (2, 1, 700, 8, 2, 128)]
+               (2, 130, 1500, 8, 4, 192, 128), (2, 1, 700, 8, 2, 128), (2, 64, 1000, 8, 2, 96)]
 
 
 @pytest.mark.parametrize("extra", ["", "window-sinks-alibi"])
@@ -391,10 +404,11 @@ def test_gluon_fp32_out(d):
     assert_matches(got, lse, attention_ref(q, k, v), torch.float16)
 
 
-@pytest.mark.parametrize("d", [128, 256])
+@pytest.mark.parametrize("d", [128, 256, 96, 160])
 def test_gluon_out_view(d):
     """`out` a column slice of a wider NaN-filled tensor: each head's rows and columns are written, nothing of
-    the padding (rows past seqlen_q, columns past head_dim). d = 256 writes it by TMA store."""
+    the padding (rows past seqlen_q, columns past head_dim). d = 256 writes it by TMA store; 96 and 160 run padded
+    to 128 (pointer stores, masked) and 256 (TMA store, clipped by the 4-D view)."""
     torch.manual_seed(2)
     b, sq, h = 2, 333, 4
     q, k, v = (torch.randn(b, sq, h, d, dtype=torch.bfloat16, device="cuda") for _ in range(3))

@@ -91,6 +91,26 @@ PAGED_REGS = 232
 # not a power of two (Gluon's tiles must be): 192 as three parts of 64.
 HEAD_DIMS = {(64, 64), (128, 128), (256, 256), (192, 128)}
 _QK_PART = {192: 64}
+# Other head dims from PAD_MIN run padded to the next of PAD_TO (`padded_dims`). Against the portable kernel in one
+# `fmha bench prefill` run (H200, `history/prefill_padded_h200_wip56a.json`, 1k-16k, causal or not): 96 -> 128
+# 1.28-1.67x (1.00-1.06x cuDNN), 80 -> 128 1.19-1.69x, 48 -> 64 1.51-1.65x, 160 -> 256 1.12-1.50x (0.83-0.89x cuDNN);
+# 32 -> 64 0.93-1.05x, so smaller dims keep the portable kernel.
+PAD_TO = (64, 128, 256)
+PAD_MIN = 40
+
+
+def padded_dims(d, dv):
+    """The (head_dim_qk, head_dim_v) pair of `HEAD_DIMS` that a call of (d, dv) runs as, or None: its own, or each
+    dim of at least PAD_MIN padded to the next of PAD_TO. A padded call's TMA boxes are the padded widths over 4-D
+    views (batch, seqlen, heads, head_dim) whose last dimension is the real one (`_view`), so TMA fills the columns
+    past it with zeros: they add nothing to Q·Kᵀ, and the output columns P·V makes of V's are zeros that are not
+    stored (`DV_STORE`)."""
+    if (d, dv) in HEAD_DIMS:
+        return d, dv
+    if min(d, dv) < PAD_MIN:
+        return None
+    pair = tuple(next((p for p in PAD_TO if x <= p), 0) for x in (d, dv))
+    return pair if pair in HEAD_DIMS else None
 # head_dim -> the same, for long calls: 192-row work items over three consumer warpgroups, FlashAttention-3's d = 64
 # shape, from WIDE_MIN_ROWS query rows without a mask and WIDE_MIN_ROWS_CAUSAL with one. Against two warpgroups in
 # one run (`history/tune_prefill_mask_d64_h100_9a27bd9.json`, `..._mask_long_d64_h100_9a27bd9_{a,b}.json`):
@@ -258,6 +278,27 @@ def _box_origin(b, key, pages, PAGE_ROWS: gl.constexpr):
 
 
 @gluon.jit
+def _at(desc, tb, row, head, stride_h, col):
+    """TMA coordinates of column `col` of head `head` at (TMA batch tb, row) in desc's view: (batch, seqlen,
+    columns), head h from column h * stride_h, or, for a padded head dim (`padded_dims`), (batch, seqlen, heads,
+    head_dim)."""
+    if len(desc.block_type.shape) == 4:
+        return [tb, row, head, col]
+    else:
+        return [tb, row, head * stride_h + col]
+
+
+@gluon.jit
+def _as_box(smem, desc, rows: gl.constexpr):
+    """A (rows, columns) shared-memory slot seen as a TMA box of desc's rank with `rows` rows."""
+    box: gl.constexpr = desc.block_type.shape
+    if len(box) == 4:
+        return smem.reshape([1, rows, 1, box[3]])
+    else:
+        return smem.reshape([1, rows, box[2]])
+
+
+@gluon.jit
 def _known_fields(item, seqlen_q, seqlen_k, SEQLENS, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
                   VARLEN: gl.constexpr, WINDOW: gl.constexpr):
     """A posted item (`_read_item`) with the fields this call's kind fixes put back as the compiler knows them
@@ -298,11 +339,11 @@ def _load_kv_tile(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_e
     for r in gl.static_range(BOXES):
         tb, row = _box_origin(b, row_k + i * BLOCK_N + r * k_box[1], pages, PAGE_ROWS)
         for j in gl.static_range(QK_PARTS):
-            dst = k_smem.index(QK_PARTS * slot + j).reshape([1, BLOCK_N, k_box[2]])
+            dst = _as_box(k_smem.index(QK_PARTS * slot + j), k_desc, BLOCK_N)
             if BOXES > 1:
                 dst = dst.slice(r * k_box[1], k_box[1], dim=1)
-            tma.async_copy_global_to_shared(k_desc, [tb, row, hk * stride_kh + j * k_box[2]], k_ready.index(slot),
-                                            dst)
+            tma.async_copy_global_to_shared(k_desc, _at(k_desc, tb, row, hk, stride_kh, j * k_box[-1]),
+                                            k_ready.index(slot), dst)
     mbarrier.wait(v_empty.index(slot), phase)
     mbarrier.expect(v_ready.index(slot), BOXES * v_desc.block_type.nbytes)
     if V_COPY:
@@ -314,10 +355,10 @@ def _load_kv_tile(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_e
     else:
         for r in gl.static_range(BOXES):
             tb, row = _box_origin(b, row_k + i * BLOCK_N + r * v_box[1], pages, PAGE_ROWS)
-            dst = v_smem.index(slot).reshape([1, BLOCK_N, v_box[2]])
+            dst = _as_box(v_smem.index(slot), v_desc, BLOCK_N)
             if BOXES > 1:
                 dst = dst.slice(r * v_box[1], v_box[1], dim=1)
-            tma.async_copy_global_to_shared(v_desc, [tb, row, hk * stride_vh], v_ready.index(slot), dst)
+            tma.async_copy_global_to_shared(v_desc, _at(v_desc, tb, row, hk, stride_vh, 0), v_ready.index(slot), dst)
     return kv + 1
 
 
@@ -339,8 +380,8 @@ def _load_item(args, t, item, kv, w, BLOCK_N: gl.constexpr,
     pages = (None, 0, 0)
     if PAGE_ROWS > 0:             # a paged KV cache: sequence tb's block-table row and its last page
         pages = (BLOCK_TABLE + tb * stride_bt, page_size, gl.maximum(gl.cdiv(sk, page_size) - 1, 0))
-    # The descriptors are 3-D, (batch, seqlen, columns) with boxes (1, rows, head_dim); each box lands in a
-    # 2-D slot seen through a (1, rows, head_dim) view.
+    # The descriptors are 3-D, (batch, seqlen, columns) with boxes (1, rows, head_dim), or 4-D for a padded head
+    # dim (`_at`); each box lands in a 2-D slot seen through a view of the box's shape (`_as_box`).
     q_box: gl.constexpr = q_desc.block_type.shape
     qb = w % Q_BUFS
     # With one Q buffer (d = 256, 192) the item's first key tile goes out before its Q: its ring slots free up
@@ -365,11 +406,12 @@ def _load_item(args, t, item, kv, w, BLOCK_N: gl.constexpr,
         for j in gl.static_range(QK_PARTS):
             if HEADS > 1:
                 q_row = row_q + m_start
-                q_col = (h + g) * stride_qh + j * q_box[2]
+                q_head = h + g
             else:
                 q_row = row_q + m_start + g * ROWS
-                q_col = h * stride_qh + j * q_box[2]
-            tma.async_copy_global_to_shared(q_desc, [tb, q_row, q_col], q_ready.index(qb),
+                q_head = h
+            tma.async_copy_global_to_shared(q_desc, _at(q_desc, tb, q_row, q_head, stride_qh, j * q_box[-1]),
+                                            q_ready.index(qb),
                                             q_smem.index(QK_PARTS * (WGS * qb + g) + j).reshape(q_box))
     for i in range(head, n_tiles):
         kv = _load_kv_tile(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv, tb, row_k,
@@ -720,13 +762,14 @@ def _release_q(q_empty, qb, now, Q_BUFS: gl.constexpr):
 
 
 @gluon.jit
-def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.constexpr, STAGES: gl.constexpr,
-              Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, WGS: gl.constexpr,
-              OFFSETS_64: gl.constexpr, QK_PARTS: gl.constexpr, VARLEN: gl.constexpr, WINDOW: gl.constexpr,
-              HAS_SINKS: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, CLEAN: gl.constexpr,
-              HEADS: gl.constexpr, TMA_STORE: gl.constexpr):
+def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.constexpr, DV_STORE: gl.constexpr,
+              STAGES: gl.constexpr, Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr,
+              WGS: gl.constexpr, OFFSETS_64: gl.constexpr, QK_PARTS: gl.constexpr, VARLEN: gl.constexpr,
+              WINDOW: gl.constexpr, HAS_SINKS: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
+              CLEAN: gl.constexpr, HEADS: gl.constexpr, TMA_STORE: gl.constexpr):
     """Consumer warpgroup WG of WGS; `shared` holds the arguments common to all of them (one tuple, so that the
-    kernel writes them once for two or three partitions). HEADS = 2: the item's rows of query head h + WG."""
+    kernel writes them once for two or three partitions). HEADS = 2: the item's rows of query head h + WG.
+    DV_STORE: the output's columns, HEAD_DV or fewer for a padded head_dim_v (`padded_dims`)."""
     (q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, O, LSE, n_m, n_bh,
      heads_q, seqlen_q, seqlen_k, qk_scale_log2, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls,
      turn, o_desc, o_stage, o_free, left, right, SINKS, cap_in, SEQLENS, SLOPES, Q_DESCALE, K_DESCALE, V_DESCALE,
@@ -936,8 +979,10 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
             o_stage.store((acc * inv_l[:, None]).to(O.dtype.element_ty))
             fence_async_shared()
             gl.thread_barrier()
-            tma.async_copy_shared_to_global(o_desc, [b, row_q + m0, h * stride_oh],
+            tma.async_copy_shared_to_global(o_desc, _at(o_desc, b, row_q + m0, h, stride_oh, 0),
                                             o_stage.reshape(o_desc.block_type.shape))
+        elif DV_STORE < HEAD_DV:  # a padded head_dim_v: its last columns are zeros (`padded_dims`)
+            gl.store(o_ptrs, out, mask=(rows < sq)[:, None] & (cols < DV_STORE)[None, :])
         else:
             gl.store(o_ptrs, out, mask=(rows < sq)[:, None])
         gl.store(lse_ptrs, lse, mask=q_pos < sq)
@@ -957,7 +1002,7 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, COUNTER, CU_Q, 
                          stride_qh, stride_kh, stride_vh,
                          stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls, qk_scale_log2, cap_in,
                          left, right, stride_bt, page_size,
-                         BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, HEAD_DV: gl.constexpr,
+                         BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, HEAD_DV: gl.constexpr, DV_STORE: gl.constexpr,
                          STAGES: gl.constexpr, Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr,
                          PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr, WGS: gl.constexpr,
                          OFFSETS_64: gl.constexpr, VARLEN: gl.constexpr, WINDOW: gl.constexpr,
@@ -991,7 +1036,7 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, COUNTER, CU_Q, 
     DYNAMIC: gl.constexpr = CAUSAL or WINDOW or VARLEN or KV_CACHE      # items of unequal lengths
     n_m = gl.cdiv(seqlen_q, ROWS if HEADS > 1 else WGS * ROWS)
     dtype: gl.constexpr = q_desc.dtype
-    D_PART: gl.constexpr = q_desc.block_type.shape[2]     # Q and K columns per TMA box and slot
+    D_PART: gl.constexpr = q_desc.block_type.shape[-1]    # Q and K columns per TMA box and slot
     QK_PARTS: gl.constexpr = HEAD_D // D_PART
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, D_PART], dtype)
     k_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_PART], dtype)
@@ -1062,19 +1107,23 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, COUNTER, CU_Q, 
         # both branches.
         gl.warp_specialize([
             (_transposer, (raw, staging, v_smem, v_ready, v_empty, BLOCK_N, HEAD_DV, STAGES)),
-            (_consumer, (shared, 0, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64, QK_PARTS,
-                          VARLEN, WINDOW, HAS_SINKS, SOFTCAP, HAS_ALIBI, CLEAN, HEADS, TMA_STORE)),
-            (_consumer, (shared, 1, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64, QK_PARTS,
-                          VARLEN, WINDOW, HAS_SINKS, SOFTCAP, HAS_ALIBI, CLEAN, HEADS, TMA_STORE)),
+            (_consumer, (shared, 0, BLOCK_N, HEAD_DV, DV_STORE, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS,
+                          OFFSETS_64, QK_PARTS, VARLEN, WINDOW, HAS_SINKS, SOFTCAP, HAS_ALIBI, CLEAN, HEADS,
+                          TMA_STORE)),
+            (_consumer, (shared, 1, BLOCK_N, HEAD_DV, DV_STORE, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS,
+                          OFFSETS_64, QK_PARTS, VARLEN, WINDOW, HAS_SINKS, SOFTCAP, HAS_ALIBI, CLEAN, HEADS,
+                          TMA_STORE)),
             (_producer, (producer, staging, BLOCK_N, STAGES, Q_BUFS, CAUSAL, WGS, QK_PARTS, VARLEN, WINDOW, PAGE_ROWS,
                           DYNAMIC, HEADS, V_COPY, TRANSPOSE)),
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
     elif WGS == 2:
         gl.warp_specialize([
-            (_consumer, (shared, 0, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64, QK_PARTS,
-                          VARLEN, WINDOW, HAS_SINKS, SOFTCAP, HAS_ALIBI, CLEAN, HEADS, TMA_STORE)),
-            (_consumer, (shared, 1, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64, QK_PARTS,
-                          VARLEN, WINDOW, HAS_SINKS, SOFTCAP, HAS_ALIBI, CLEAN, HEADS, TMA_STORE)),
+            (_consumer, (shared, 0, BLOCK_N, HEAD_DV, DV_STORE, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS,
+                          OFFSETS_64, QK_PARTS, VARLEN, WINDOW, HAS_SINKS, SOFTCAP, HAS_ALIBI, CLEAN, HEADS,
+                          TMA_STORE)),
+            (_consumer, (shared, 1, BLOCK_N, HEAD_DV, DV_STORE, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS,
+                          OFFSETS_64, QK_PARTS, VARLEN, WINDOW, HAS_SINKS, SOFTCAP, HAS_ALIBI, CLEAN, HEADS,
+                          TMA_STORE)),
             (_producer, (producer, staging, BLOCK_N, STAGES, Q_BUFS, CAUSAL, WGS, QK_PARTS, VARLEN, WINDOW, PAGE_ROWS,
                           DYNAMIC, HEADS, V_COPY, TRANSPOSE)),
         ], [4, 1], [CONSUMER_REGS, REGS_3WG - 2 * CONSUMER_REGS])
@@ -1086,26 +1135,32 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, COUNTER, CU_Q, 
         gl.warp_specialize([
             (_producer, (producer, staging, BLOCK_N, STAGES, Q_BUFS, CAUSAL, WGS, QK_PARTS, VARLEN, WINDOW, PAGE_ROWS,
                           DYNAMIC, HEADS, V_COPY, TRANSPOSE)),
-            (_consumer, (shared, 0, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64, QK_PARTS,
-                          VARLEN, WINDOW, HAS_SINKS, SOFTCAP, HAS_ALIBI, CLEAN, HEADS, TMA_STORE)),
-            (_consumer, (shared, 1, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64, QK_PARTS,
-                          VARLEN, WINDOW, HAS_SINKS, SOFTCAP, HAS_ALIBI, CLEAN, HEADS, TMA_STORE)),
-            (_consumer, (shared, 2, BLOCK_N, HEAD_DV, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS, OFFSETS_64, QK_PARTS,
-                          VARLEN, WINDOW, HAS_SINKS, SOFTCAP, HAS_ALIBI, CLEAN, HEADS, TMA_STORE)),
+            (_consumer, (shared, 0, BLOCK_N, HEAD_DV, DV_STORE, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS,
+                          OFFSETS_64, QK_PARTS, VARLEN, WINDOW, HAS_SINKS, SOFTCAP, HAS_ALIBI, CLEAN, HEADS,
+                          TMA_STORE)),
+            (_consumer, (shared, 1, BLOCK_N, HEAD_DV, DV_STORE, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS,
+                          OFFSETS_64, QK_PARTS, VARLEN, WINDOW, HAS_SINKS, SOFTCAP, HAS_ALIBI, CLEAN, HEADS,
+                          TMA_STORE)),
+            (_consumer, (shared, 2, BLOCK_N, HEAD_DV, DV_STORE, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS,
+                          OFFSETS_64, QK_PARTS, VARLEN, WINDOW, HAS_SINKS, SOFTCAP, HAS_ALIBI, CLEAN, HEADS,
+                          TMA_STORE)),
         ], [4, 4, 4], [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS])
 
 
-def _view3(t):
-    """(shape, strides) of the 3-D TMA view (batch, seqlen, columns) of a (batch, seqlen, heads, dim) tensor,
-    or None when TMA's rules (16-byte aligned base and strides, unit last stride) are not met. A head's first
-    column must be 16-byte aligned too: FP8 rows of 136-byte heads (8 NaN columns past 128 in the tests) crashed
-    the kernel with its boxes starting between (NOTES.md, fifty-first session)."""
+def _view(t, padded=False):
+    """(shape, strides) of the 3-D TMA view (batch, seqlen, columns) of a (batch, seqlen, heads, dim) tensor, or
+    with `padded` (a head dim run padded, `padded_dims`) the 4-D view (batch, seqlen, heads, dim), whose boxes get
+    zeros past the head's last column; None when TMA's rules (16-byte aligned base and strides, unit last stride)
+    are not met. A head's first column must be 16-byte aligned too: FP8 rows of 136-byte heads (8 NaN columns past
+    128 in the tests) crashed the kernel with its boxes starting between (NOTES.md, fifty-first session)."""
     b, s, h, d = t.shape
     sb, ss, sh, sd = t.stride()
     el = t.element_size()
     if (sd != 1 or (el * sb) % 16 or (el * ss) % 16 or t.data_ptr() % 16
             or (h > 1 and (sh < d or (el * sh) % 16))):
         return None
+    if padded:
+        return [b, s, h, d], [sb, ss, sh, 1]
     return [b, s, (h - 1) * sh + d], [sb, ss, 1]
 
 
@@ -1118,18 +1173,20 @@ def _extent(t):
 
 def supported(q, k, v):
     """Whether a plain dense call (the caller has checked the options) can take this path: Hopper, fp16/bf16,
-    (head_dim_qk, head_dim_v) in `HEAD_DIMS`, keys present, and q/k/v strides that TMA accepts. Returns the three
-    TMA views (`_view3`, for `attention_forward_sm90`), or None."""
+    (head_dim_qk, head_dim_v) in `HEAD_DIMS` (FP8) or run padded to a pair there (`padded_dims`, fp16 / bf16),
+    keys present, and q/k/v strides that TMA accepts. Returns the three TMA views (`_view`, for
+    `attention_forward_sm90`), or None."""
     if not q.is_cuda or capability(q.device.index)[0] != 9:
         return None
     if q.dtype not in (torch.float16, torch.bfloat16, torch.float8_e4m3fn) or q.dim() != 4:
         return None
     if q.dtype == torch.float8_e4m3fn and v.dtype != q.dtype:
         return None
-    d, dv = q.shape[-1], v.shape[-1]
-    if (d, dv) not in HEAD_DIMS or k.shape[1] == 0:
+    dims = (q.shape[-1], v.shape[-1])
+    pad = padded_dims(*dims) if q.dtype != torch.float8_e4m3fn else dims if dims in HEAD_DIMS else None
+    if pad is None or k.shape[1] == 0:
         return None
-    views = tuple(_view3(t) for t in (q, k, v))
+    views = tuple(_view(t, pad != dims) for t in (q, k, v))
     return None if None in views else views
 
 
@@ -1203,7 +1260,7 @@ def page_rows(page_size, block_n):
 def tma_store(d, seqlen_q, wgs, varlen, offsets_64, same_dtype):
     """Whether a call's output leaves by TMA store (`TMA_STORE_DIMS`): padded calls (a packed batch's box would
     cross into the next sequence), two consumer warpgroups (the staging buffer's turns), offsets under 2^31 and an
-    output of the inputs' dtype; the caller checks TMA's alignment rules (`_view3`)."""
+    output of the inputs' dtype; the caller checks TMA's alignment rules (`_view`)."""
     return (d in TMA_STORE_DIMS and seqlen_q < TMA_STORE_MAX_ROWS and wgs == 2 and not varlen and not offsets_64
             and same_dtype)
 
@@ -1272,6 +1329,9 @@ def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpon
         o_strides, lse_strides = (0, *out.stride()[:2]), (0, *lse.stride())
     heads_q, d = q.shape[2:]
     heads_k, dv = k.shape[2], v.shape[3]
+    dv_store = dv                 # the output's columns; d and dv from here on are the kernel's (`padded_dims`)
+    d, dv = padded_dims(d, dv)
+    padded = dv_store != dv or d != q.shape[3]
     block_n, stages, q_bufs, regs, wgs = tiles or choose_tiles(d, masked, seqlen_q, left, softcap, table is not None)
     if pingpong is None:
         # tune_prefill_sm90_h100.json: +0.5-7% at d >= 128, mostly a loss at d = 64. Five later runs at d = 128
@@ -1283,7 +1343,7 @@ def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpon
     pingpong = pingpong and wgs == 2              # the hand-off is between two warpgroups
 
     def desc(t, view, rows, width):
-        return descriptor(t, view, [1, rows, width])
+        return descriptor(t, view, [1, rows, 1, width] if padded else [1, rows, width])
 
     group = heads_q // heads_k
     if pack is None:
@@ -1291,7 +1351,7 @@ def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpon
     elif pack and (wgs != 2 or group % 2):
         raise ValueError(f"pack: needs two consumer warpgroups and an even GQA group, got {wgs} and {group}")
     heads = 2 if pack else 1      # query heads an item
-    vq, vk, vv = views or (_view3(q), _view3(k), _view3(v))
+    vq, vk, vv = views or tuple(_view(t, padded) for t in (q, k, v))
     n_m = triton.cdiv(seqlen_q, _ROWS if pack else wgs * _ROWS)
     grid = (min(batch * heads_q // heads * n_m, num_sms(q.device)),)
     # Causal or windowed items, and packed sequences' items, differ in length: handed out by an atomic counter
@@ -1304,7 +1364,7 @@ def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpon
     part = _QK_PART.get(d, d)
     kv_rows = block_n if table is None else page_rows(k.shape[1], block_n)
     offsets_64 = max(_extent(out), _extent(lse)) > 2**31
-    vo = _view3(out) if tma_store(d, seqlen_q, wgs, varlen is not None, offsets_64, out.dtype == q.dtype) else None
+    vo = _view(out, padded) if tma_store(d, seqlen_q, wgs, varlen is not None, offsets_64, out.dtype == q.dtype) else None
     fp8 = q.dtype == torch.float8_e4m3fn
     if transpose is None:
         transpose = (fp8 and transpose_in_kernel(d, wgs, varlen is not None)
@@ -1336,7 +1396,7 @@ def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpon
             softcap * LOG2E if softcap > 0 else softmax_scale * LOG2E, softmax_scale / softcap if softcap > 0 else 1.0,
             min(left, UNBOUNDED) if left >= 0 else UNBOUNDED, min(max(right, 0), UNBOUNDED),
             table.stride(0) if table is not None else 0, k.shape[1] if table is not None else 0)
-    meta = dict(BLOCK_N=block_n, HEAD_D=d, HEAD_DV=dv, STAGES=stages, Q_BUFS=q_bufs, CAUSAL=causal,
+    meta = dict(BLOCK_N=block_n, HEAD_D=d, HEAD_DV=dv, DV_STORE=dv_store, STAGES=stages, Q_BUFS=q_bufs, CAUSAL=causal,
                 PINGPONG=pingpong, CONSUMER_REGS=regs, WGS=wgs, OFFSETS_64=offsets_64,
                 VARLEN=varlen is not None, WINDOW=window, HAS_SINKS=sinks is not None, SOFTCAP=softcap > 0,
                 KV_CACHE=cache is not None, PAGE_ROWS=kv_rows if table is not None else 0,

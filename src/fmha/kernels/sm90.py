@@ -21,23 +21,24 @@ def capability(index):
 
 
 @functools.lru_cache(maxsize=None)
-def smem_layout(rows, d, dtype):
-    """The shared-memory layout of a (1, rows, d) TMA box of torch dtype `dtype`."""
+def smem_layout(block, dtype):
+    """The shared-memory layout of a TMA box `block` (a tuple: (1, rows, d), or (1, rows, 1, d)) of torch dtype
+    `dtype`."""
     from triton.experimental.gluon import language as gl
     gl_dtype = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16, torch.float32: gl.float32,
                 torch.float8_e4m3fn: gl.float8e4nv}[dtype]
-    return gl.NVMMASharedLayout.get_default_for([1, rows, d], gl_dtype)
+    return gl.NVMMASharedLayout.get_default_for(list(block), gl_dtype)
 
 
 def descriptor(t, view, block):
-    """A Gluon TensorDescriptor over tensor t seen as `view` = (shape, strides), box `block` = [1, rows, d],
-    without the constructor's checks: the caller's view function has made them (16-byte alignment, unit last
-    stride), and on a slow host they cost more than the kernel of a short call."""
+    """A Gluon TensorDescriptor over tensor t seen as `view` = (shape, strides), box `block` = [1, rows, d] (or
+    [1, rows, 1, d] over a 4-D view), without the constructor's checks: the caller's view function has made them
+    (16-byte alignment, unit last stride), and on a slow host they cost more than the kernel of a short call."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     shape, strides = view
     desc = object.__new__(TensorDescriptor)
     desc.base, desc.shape, desc.strides, desc.block_shape, desc.padding = t, shape, strides, block, "zero"
-    desc.layout = smem_layout(block[1], block[2], t.dtype)
+    desc.layout = smem_layout(tuple(block), t.dtype)
     return desc
 
 
