@@ -1364,7 +1364,8 @@ def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpon
     part = _QK_PART.get(d, d)
     kv_rows = block_n if table is None else page_rows(k.shape[1], block_n)
     offsets_64 = max(_extent(out), _extent(lse)) > 2**31
-    vo = _view(out, padded) if tma_store(d, seqlen_q, wgs, varlen is not None, offsets_64, out.dtype == q.dtype) else None
+    stored = tma_store(d, seqlen_q, wgs, varlen is not None, offsets_64, out.dtype == q.dtype)
+    vo = _view(out, padded) if stored else None
     fp8 = q.dtype == torch.float8_e4m3fn
     if transpose is None:
         transpose = (fp8 and transpose_in_kernel(d, wgs, varlen is not None)
