@@ -544,7 +544,7 @@ def test_gluon_fp8_options(extra, descaled, monkeypatch):
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("case", VARLEN_CASES, ids=lambda c: f"{len(c[0])}seqs-d{c[4]}")
+@pytest.mark.parametrize("case", VARLEN_CASES[:5], ids=lambda c: f"{len(c[0])}seqs-d{c[4]}")   # FP8: no padded dims
 def test_gluon_fp8_varlen(case, causal, monkeypatch):
     """FP8 packed sequences (empty ones, Sq > Sk, three warpgroups at d = 64) with one descale row a sequence, in
     buffers 100 rows longer than the packed keys, NaN there: the copy of V has zeros past cu_seqlens_k[-1]."""

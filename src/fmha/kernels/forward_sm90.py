@@ -4,8 +4,9 @@ The `triton.language` kernel in `forward.py` is the portable path (and the one t
 is what `attention_forward` dispatches to on an H100/H200 for calls padded or packed (varlen), or a chunk of queries
 over a KV cache, contiguous or paged (chunked prefill), causal or not, with or without a sliding window (left,
 right; left may be one bound a sequence), sinks, a softcap and ALiBi, `head_dim_qk == head_dim_v` in
-{64, 128, 256} or DeepSeek's 192 / 128, q/k/v strides that TMA accepts (16-byte aligned); fp16 / bf16, or FP8
-(e4m3) q, k and v in calls without a cache (below). The schedule is FlashAttention-3's:
+{64, 128, 256} or DeepSeek's 192 / 128 (fp16 / bf16: also other head dims from 40, run padded to those,
+`padded_dims`), q/k/v strides that TMA accepts (16-byte aligned); fp16 / bf16, or FP8 (e4m3) q, k and v in calls
+without a cache (below). The schedule is FlashAttention-3's:
 
 * persistent: one program per SM runs work items (128 or 192 query rows of one head) until none is left:
   causal items go out in L2-sized chunks of heads, longest first inside a chunk, a program taking the next
@@ -34,7 +35,9 @@ sequences (VARLEN)
 are one batch of (1, total, columns): a sequence's tiles start at its cu_seqlens row, and a tile that runs past
 its end reads the next sequence's rows, masked like those past a padded sequence's end. A head_dim_qk that is not a
 power of two (192) is held as QK_PARTS column parts of a power-of-two width (`_QK_PART`), each its own TMA box and
-shared-memory slot, and Q·Kᵀ is one wgmma per part into the same scores (`_scores`).
+shared-memory slot, and Q·Kᵀ is one wgmma per part into the same scores (`_scores`). A head dim run padded (96 as
+128, ...) is seen as (batch, seqlen, heads, head_dim) instead, whose boxes get TMA's zeros past the head's last
+column (`_at`, `_as_box`); the output's extra columns, zeros, are not stored (`DV_STORE`).
 
 A KV cache: each sequence's key count from cache_seqlens, its keys at the start of its row of a contiguous cache
 (TMA batch = sequence), or paged: each key tile in boxes of at most a page, each box from the page its block-table
