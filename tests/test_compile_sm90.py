@@ -409,6 +409,8 @@ def test_gluon_padded_dims():
     assert _view(t, True) == ([2, 300, 4, 96], [300 * 4 * 104, 4 * 104, 104, 1])
     assert _view(t) == ([2, 300, 3 * 104 + 96], [300 * 4 * 104, 4 * 104, 1])
     assert _view(torch.zeros(2, 300, 4, 100, dtype=torch.bfloat16)[..., :96], True) is None   # 200-byte heads
+    one = torch.zeros(2, 300, 4, 104, dtype=torch.bfloat16)[:, :, 1:2, :96]       # one head: its stride unused
+    assert _view(one, True) == ([2, 300, 1, 96], [300 * 4 * 104, 4 * 104, 96, 1])
 
 
 @pytest.mark.cpu

@@ -1162,8 +1162,8 @@ def _view(t, padded=False):
     if (sd != 1 or (el * sb) % 16 or (el * ss) % 16 or t.data_ptr() % 16
             or (h > 1 and (sh < d or (el * sh) % 16))):
         return None
-    if padded:
-        return [b, s, h, d], [sb, ss, sh, 1]
+    if padded:                    # one head: its stride is never stepped, but TMA wants it 16-byte aligned
+        return [b, s, h, d], [sb, ss, sh if h > 1 else d, 1]
     return [b, s, (h - 1) * sh + d], [sb, ss, 1]
 
 
@@ -1381,6 +1381,8 @@ def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpon
     if fp8:
         if cache is not None:
             raise ValueError("FP8 inputs: calls without a KV cache only")
+        if padded:
+            raise ValueError(f"FP8 inputs: head dims in {sorted(HEAD_DIMS)} only, got {(q.shape[3], dv_store)}")
         if varlen is not None and block_n > TAIL:       # the zeros past the last sequence (`transposed_v`)
             raise ValueError(f"tiles: FP8 packed sequences take key tiles of at most {TAIL}, got {block_n}")
         scales = tuple(None if t is None else t.contiguous() for t in descales or (None,) * 3)
