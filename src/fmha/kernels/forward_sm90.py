@@ -100,20 +100,6 @@ _QK_PART = {192: 64}
 # 32 -> 64 0.93-1.05x, so smaller dims keep the portable kernel.
 PAD_TO = (64, 128, 256)
 PAD_MIN = 40
-
-
-def padded_dims(d, dv):
-    """The (head_dim_qk, head_dim_v) pair of `HEAD_DIMS` that a call of (d, dv) runs as, or None: its own, or each
-    dim of at least PAD_MIN padded to the next of PAD_TO. A padded call's TMA boxes are the padded widths over 4-D
-    views (batch, seqlen, heads, head_dim) whose last dimension is the real one (`_view`), so TMA fills the columns
-    past it with zeros: they add nothing to Q·Kᵀ, and the output columns P·V makes of V's are zeros that are not
-    stored (`DV_STORE`)."""
-    if (d, dv) in HEAD_DIMS:
-        return d, dv
-    if min(d, dv) < PAD_MIN:
-        return None
-    pair = tuple(next((p for p in PAD_TO if x <= p), 0) for x in (d, dv))
-    return pair if pair in HEAD_DIMS else None
 # head_dim -> the same, for long calls: 192-row work items over three consumer warpgroups, FlashAttention-3's d = 64
 # shape, from WIDE_MIN_ROWS query rows without a mask and WIDE_MIN_ROWS_CAUSAL with one. Against two warpgroups in
 # one run (`history/tune_prefill_mask_d64_h100_9a27bd9.json`, `..._mask_long_d64_h100_9a27bd9_{a,b}.json`):
@@ -1150,6 +1136,20 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, COUNTER, CU_Q, 
         ], [4, 4, 4], [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS])
 
 
+def padded_dims(d, dv):
+    """The (head_dim_qk, head_dim_v) pair of `HEAD_DIMS` that a call of (d, dv) runs as, or None: its own, or each
+    dim of at least PAD_MIN padded to the next of PAD_TO. A padded call's TMA boxes are the padded widths over 4-D
+    views (batch, seqlen, heads, head_dim) whose last dimension is the real one (`_view`), so TMA fills the columns
+    past it with zeros: they add nothing to Q·Kᵀ, and the output columns P·V makes of V's are zeros that are not
+    stored (`DV_STORE`)."""
+    if (d, dv) in HEAD_DIMS:
+        return d, dv
+    if min(d, dv) < PAD_MIN:
+        return None
+    pair = tuple(next((p for p in PAD_TO if x <= p), 0) for x in (d, dv))
+    return pair if pair in HEAD_DIMS else None
+
+
 def _view(t, padded=False):
     """(shape, strides) of the 3-D TMA view (batch, seqlen, columns) of a (batch, seqlen, heads, dim) tensor, or
     with `padded` (a head dim run padded, `padded_dims`) the 4-D view (batch, seqlen, heads, dim), whose boxes get
@@ -1186,7 +1186,7 @@ def supported(q, k, v):
     if q.dtype == torch.float8_e4m3fn and v.dtype != q.dtype:
         return None
     dims = (q.shape[-1], v.shape[-1])
-    pad = padded_dims(*dims) if q.dtype != torch.float8_e4m3fn else dims if dims in HEAD_DIMS else None
+    pad = padded_dims(*dims) if q.dtype != torch.float8_e4m3fn else (dims if dims in HEAD_DIMS else None)
     if pad is None or k.shape[1] == 0:
         return None
     views = tuple(_view(t, pad != dims) for t in (q, k, v))
@@ -1333,8 +1333,11 @@ def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpon
     heads_q, d = q.shape[2:]
     heads_k, dv = k.shape[2], v.shape[3]
     dv_store = dv                 # the output's columns; d and dv from here on are the kernel's (`padded_dims`)
-    d, dv = padded_dims(d, dv)
-    padded = dv_store != dv or d != q.shape[3]
+    pair = padded_dims(d, dv)
+    if pair is None:
+        raise ValueError(f"head dims: no tiles for {(d, dv)} (`padded_dims`)")
+    padded = pair != (d, dv)
+    d, dv = pair
     block_n, stages, q_bufs, regs, wgs = tiles or choose_tiles(d, masked, seqlen_q, left, softcap, table is not None)
     if pingpong is None:
         # tune_prefill_sm90_h100.json: +0.5-7% at d >= 128, mostly a loss at d = 64. Five later runs at d = 128
