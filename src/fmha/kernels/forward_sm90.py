@@ -94,12 +94,13 @@ PAGED_REGS = 232
 # not a power of two (Gluon's tiles must be): 192 as three parts of 64.
 HEAD_DIMS = {(64, 64), (128, 128), (256, 256), (192, 128)}
 _QK_PART = {192: 64}
-# Other head dims from PAD_MIN run padded to the next of PAD_TO (`padded_dims`). Against the portable kernel in one
-# `fmha bench prefill` run (H200, `history/prefill_padded_h200_wip56a.json`, 1k-16k, causal or not): 96 -> 128
-# 1.28-1.67x (1.00-1.06x cuDNN), 80 -> 128 1.19-1.69x, 48 -> 64 1.51-1.65x, 160 -> 256 1.12-1.50x (0.83-0.89x cuDNN);
-# 32 -> 64 0.93-1.05x, so smaller dims keep the portable kernel.
+# Other head dims run padded to the next of PAD_TO (`padded_dims`) when that widens them by at most PAD_MAX. Against
+# the portable kernel in one `fmha bench prefill` run (H200, `history/prefill_padded_h200_wip56a.json`, 1k-16k, causal
+# or not): 96 -> 128 1.28-1.67x (1.00-1.06x cuDNN), 80 -> 128 1.19-1.69x, 48 -> 64 1.51-1.65x, 160 -> 256 1.12-1.50x
+# (0.83-0.89x cuDNN); 32 -> 64 (twice the products) 0.93-1.05x. Widenings between 1.6 and 2 (72, 136-152) are not
+# measured and keep the portable kernel.
 PAD_TO = (64, 128, 256)
-PAD_MIN = 40
+PAD_MAX = 1.6
 # head_dim -> the same, for long calls: 192-row work items over three consumer warpgroups, FlashAttention-3's d = 64
 # shape, from WIDE_MIN_ROWS query rows without a mask and WIDE_MIN_ROWS_CAUSAL with one. Against two warpgroups in
 # one run (`history/tune_prefill_mask_d64_h100_9a27bd9.json`, `..._mask_long_d64_h100_9a27bd9_{a,b}.json`):
@@ -1138,16 +1139,16 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, COUNTER, CU_Q, 
 
 def padded_dims(d, dv):
     """The (head_dim_qk, head_dim_v) pair of `HEAD_DIMS` that a call of (d, dv) runs as, or None: its own, or each
-    dim of at least PAD_MIN padded to the next of PAD_TO. A padded call's TMA boxes are the padded widths over 4-D
+    dim padded to the next of PAD_TO, at most PAD_MAX times its own. A padded call's TMA boxes are the padded widths over 4-D
     views (batch, seqlen, heads, head_dim) whose last dimension is the real one (`_view`), so TMA fills the columns
     past it with zeros: they add nothing to Q·Kᵀ, and the output columns P·V makes of V's are zeros that are not
     stored (`DV_STORE`)."""
     if (d, dv) in HEAD_DIMS:
         return d, dv
-    if min(d, dv) < PAD_MIN:
-        return None
     pair = tuple(next((p for p in PAD_TO if x <= p), 0) for x in (d, dv))
-    return pair if pair in HEAD_DIMS else None
+    if pair not in HEAD_DIMS or pair[0] > PAD_MAX * d or pair[1] > PAD_MAX * dv:
+        return None
+    return pair
 
 
 def _view(t, padded=False):
