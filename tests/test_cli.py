@@ -23,3 +23,19 @@ def test_fmha_run_rejects_bad_page():
     proc = subprocess.run([sys.executable, "-m", "fmha.cli", "run", "--paged", "-4", "-s", "64"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "--paged -4" in proc.stdout
+
+
+def test_fmha_run_verbose_names_the_kernels():
+    """`-v` prints what the call launched: on Hopper a d = 96 call runs the Gluon kernel padded to 128 (its output's
+    96 columns stored), elsewhere the portable kernel at its own head dim."""
+    import torch
+    proc = subprocess.run([sys.executable, "-m", "fmha.cli", "run", "-v", "--runs", "1", "--warmup", "0", "-d", "96",
+                           "-s", "64", "--causal"], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
+    launches = [line for line in proc.stdout.splitlines() if line.startswith("launch: ")]
+    if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9:
+        assert len(launches) == 1 and "attn_fwd_sm90_kernel" in launches[0], proc.stdout
+        assert "HEAD_D=128" in launches[0] and "DV_STORE=96" in launches[0], proc.stdout
+    else:
+        assert len(launches) == 1 and launches[0].startswith("launch: attn_fwd_kernel "), proc.stdout
+        assert "HEAD_DIM_QK=96" in launches[0], proc.stdout

@@ -44,7 +44,7 @@ def _run_parser():
     p.add_argument("--runs", type=int, default=20, help="timed runs")
     p.add_argument("--warmup", type=int, default=5, help="untimed runs first")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("-v", action="store_true", dest="verbose", help="print the case and the tile setup")
+    p.add_argument("-v", action="store_true", dest="verbose", help="print each kernel the call launches, with its grid and constexprs")
     return p
 
 
@@ -115,9 +115,6 @@ def run_main(argv):
           + " ".join(f"{k}={v}" for k, v in options.items() if k in ("causal", "window", "softcap") and v not in
                      (False, (-1, -1), 0.0)) + (" alibi" if args.alibi else "") + (" sinks" if args.sinks else "")
           + (f" paged={args.paged}" if args.paged else ""))
-    if args.verbose:
-        from .kernels.forward import _tile_config
-        print("tiles (BLOCK_M, BLOCK_N, warps, stages):", _tile_config(d, dv, not gpu))
 
     if not args.paged:
         def ours():
@@ -131,7 +128,17 @@ def run_main(argv):
             return fmha.attention_with_kvcache(q, k_cache, v_cache, seqlens, block_table=table, return_lse=True,
                                                **options, **descales)
 
-    out, lse = ours()
+    if args.verbose:              # the kernels the call launches, each with its grid and constexprs
+        from .kernels import launch
+        launch.RECORD = []
+        try:
+            out, lse = ours()
+        finally:
+            record, launch.RECORD = launch.RECORD, None
+        for name, grid, meta in record:
+            print(f"launch: {name} grid {grid} " + " ".join(f"{k}={v}" for k, v in meta.items()))
+    else:
+        out, lse = ours()
     ref, ref_lse = attention_ref(q, k, v, **options, **descales)
     err = (out.float() - ref).abs()
     max_err = err.max().item() if err.numel() else 0.0

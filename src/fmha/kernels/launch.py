@@ -29,6 +29,8 @@ def _arg_class(a):
 
 
 _COMPILED = {}
+# While a list (`fmha run -v`), every launch appends (kernel name, grid, meta) to it: what a call really ran.
+RECORD = None
 
 
 def launch(fn, grid, args, meta):
@@ -37,6 +39,8 @@ def launch(fn, grid, args, meta):
     an argument class compiles through the JIT; later ones launch the compiled kernel directly. Arguments of a kind
     `_arg_class` does not know, and the interpreter, take the JIT's own path every time. (The prefill's binding
     cost 10-20 us of an eager call's 100-240 us; NOTES.md, thirty-ninth and fortieth sessions.)"""
+    if RECORD is not None:
+        RECORD.append((getattr(fn, "__name__", repr(fn)), tuple(grid), dict(meta)))
     classes = tuple(map(_arg_class, args)) if isinstance(fn, JITFunction) else (None,)
     if None in classes:
         fn[grid](*args, **meta)
