@@ -44,7 +44,8 @@ def _run_parser():
     p.add_argument("--runs", type=int, default=20, help="timed runs")
     p.add_argument("--warmup", type=int, default=5, help="untimed runs first")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("-v", action="store_true", dest="verbose", help="print each kernel the call launches, with its grid and constexprs")
+    p.add_argument("-v", action="store_true", dest="verbose",
+                   help="print each kernel the call launches, with its grid and constexprs")
     return p
 
 
