@@ -401,10 +401,10 @@ def test_gluon_padded_dims():
     views whose last dimension is the real head dim (`_view`), so the box's columns past it read as zeros."""
     from fmha.kernels.forward_sm90 import HEAD_DIMS, _view, padded_dims
     assert all(padded_dims(*pair) == pair for pair in HEAD_DIMS)
-    assert [padded_dims(d, d) for d in (40, 48, 56, 80, 96, 112, 160, 200, 248)] == \
-        [(64, 64)] * 3 + [(128, 128)] * 3 + [(256, 256)] * 3
-    # widened more than PAD_MAX (1.6) times, or no tiles to widen to: the portable kernel
-    assert all(padded_dims(d, d) is None for d in (8, 32, 72, 136, 152, 264, 512))
+    assert [padded_dims(d, d) for d in (40, 48, 56, 72, 80, 96, 112, 136, 152, 160, 200, 248)] == \
+        [(64, 64)] * 3 + [(128, 128)] * 4 + [(256, 256)] * 5
+    # widened more than PAD_MAX (1.9) times, or no tiles to widen to: the portable kernel
+    assert all(padded_dims(d, d) is None for d in (8, 32, 264, 512))
     assert padded_dims(128, 96) == (128, 128) and padded_dims(96, 64) is None        # no (128, 64) tiles
     t = torch.zeros(2, 300, 4, 104, dtype=torch.bfloat16)[..., :96]                   # heads 104 columns apart
     assert _view(t, True) == ([2, 300, 4, 96], [300 * 4 * 104, 4 * 104, 104, 1])

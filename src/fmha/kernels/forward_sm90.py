@@ -97,10 +97,11 @@ _QK_PART = {192: 64}
 # Other head dims run padded to the next of PAD_TO (`padded_dims`) when that widens them by at most PAD_MAX. Against
 # the portable kernel in one `fmha bench prefill` run (H200, `history/prefill_padded_h200_wip56a.json`, 1k-16k, causal
 # or not): 96 -> 128 1.28-1.67x (1.00-1.06x cuDNN), 80 -> 128 1.19-1.69x, 48 -> 64 1.51-1.65x, 160 -> 256 1.12-1.50x
-# (0.83-0.89x cuDNN); 32 -> 64 (twice the products) 0.93-1.05x. Widenings between 1.6 and 2 (72, 136-152) are not
-# measured and keep the portable kernel.
+# (0.83-0.89x cuDNN); 32 -> 64 (twice the products) 0.93-1.05x. The widest below 2 (H200,
+# `history/prefill_pad72_152_h200_a0623e5.json`): 72 -> 128 1.84-2.17x (0.71-0.98x cuDNN), 136 / 144 / 152 -> 256
+# 2.16-3.34x / 1.14-1.51x / 2.01-3.18x (0.72-0.87x cuDNN). So every multiple of 8 from 40 to 256 runs padded.
 PAD_TO = (64, 128, 256)
-PAD_MAX = 1.6
+PAD_MAX = 1.9
 # head_dim -> the same, for long calls: 192-row work items over three consumer warpgroups, FlashAttention-3's d = 64
 # shape, from WIDE_MIN_ROWS query rows without a mask and WIDE_MIN_ROWS_CAUSAL with one. Against two warpgroups in
 # one run (`history/tune_prefill_mask_d64_h100_9a27bd9.json`, `..._mask_long_d64_h100_9a27bd9_{a,b}.json`):
@@ -1139,8 +1140,8 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, COUNTER, CU_Q, 
 
 def padded_dims(d, dv):
     """The (head_dim_qk, head_dim_v) pair of `HEAD_DIMS` that a call of (d, dv) runs as, or None: its own, or each
-    dim padded to the next of PAD_TO, at most PAD_MAX times its own. A padded call's TMA boxes are the padded widths over 4-D
-    views (batch, seqlen, heads, head_dim) whose last dimension is the real one (`_view`), so TMA fills the columns
+    dim padded to the next of PAD_TO, at most PAD_MAX times its own. A padded call's TMA boxes are the padded widths over
+    4-D views (batch, seqlen, heads, head_dim) whose last dimension is the real one (`_view`), so TMA fills the columns
     past it with zeros: they add nothing to Q·Kᵀ, and the output columns P·V makes of V's are zeros that are not
     stored (`DV_STORE`)."""
     if (d, dv) in HEAD_DIMS:
