@@ -110,3 +110,24 @@ def test_measure_does_not_check_the_reference_against_itself(monkeypatch):
     bench._measure(row, {"ours": _impl("ours", ours), "peer": _impl("peer", ours.transpose(1, 2))}, ours, 1e9, 1e6,
                    ratio_of="gbps", graph=False, to_nhd=lambda o: o.transpose(1, 2))
     assert "ours_error" not in row and "peer_error" not in row and row["ours_vs_peer"] == pytest.approx(1.0)
+
+
+def test_measure_reports_host_time_of_eager_timings(monkeypatch):
+    """Eager rows carry each implementation's host time a call (calls issued back to back), which says when a
+    timing measured the host; CUDA-graph rows do not (a replay has no host work a call)."""
+    import time
+    x = torch.arange(6.0).reshape(1, 2, 3)
+
+    def slow():
+        time.sleep(2e-3)
+        return x
+    for graph in (False, True):
+        _scripted(monkeypatch, [1e-3] * 6)
+        monkeypatch.setattr(bench, "bench_gpu_graph", lambda fn: 1e-3)
+        row = {}
+        bench._measure(row, {"ours": slow, "peer": _impl("peer", x)}, x, 1e9, 1e6, ratio_of="gbps", graph=graph,
+                       to_nhd=lambda o: o)
+        if graph:
+            assert "ours_host_us" not in row and "peer_host_us" not in row
+        else:
+            assert row["ours_host_us"] >= 2000 and 0 < row["peer_host_us"] < 1000, row

@@ -259,6 +259,22 @@ def _heat(fns, seconds=HEAT_S):
 
 
 TIMING_ROUNDS = 3                 # timings of each implementation a row, in interleaved rounds (`_measure`)
+HOST_CALLS = 20                   # calls issued back to back for an eager row's host time a call (`_host_us`)
+
+
+def _host_us(fn, calls=HOST_CALLS):
+    """Microseconds of host time a call: `calls` calls issued back to back (fewer than the GPU's launch queue holds, so
+    none waits for the GPU), then one synchronisation. An eager timing runs at the GPU's speed only while this stays
+    under the GPU's time for the call and do_bench's L2 clear; above it, the timing measures the host (the d = 256 1k
+    causal prefill row: NOTES.md, thirty-ninth and fifty-seventh sessions)."""
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - t0
+    sync()
+    return elapsed / calls * 1e6
 
 
 def _time_once(fn, graph, row, name):
@@ -287,7 +303,8 @@ def _measure(row, impls, ref, flops, nbytes, *, ratio_of, graph, to_nhd, rounds=
     `{name}_rounds`, in `ratio_of`'s unit). One timing can read far low when the host stalls (an eager call whose
     host time outlasts the GPU's work leaves the GPU idle): the d = 256 1k causal prefill read 248 TFLOP/s in one
     record against 419 in the next process (NOTES.md, fiftieth session); interleaved, such a stall costs one
-    round of one implementation, which the median drops. `graph`: time CUDA-graph replays."""
+    round of one implementation, which the median drops. `graph`: time CUDA-graph replays. An eagerly timed
+    implementation's host time a call goes in `{name}_host_us` (`_host_us`)."""
     ok = {}
     for name, fn in impls.items():
         try:
@@ -309,6 +326,12 @@ def _measure(row, impls, ref, flops, nbytes, *, ratio_of, graph, to_nhd, rounds=
             except Exception as e:
                 row[f"{name}_error"] = _error_text(e)
                 del times[name]
+    for name in times:
+        if not graph or row.get(f"{name}_timing") == "eager":
+            try:
+                row[f"{name}_host_us"] = _host_us(ok[name])
+            except Exception as e:
+                row[f"{name}_error"] = _error_text(e)
     work, unit = (flops, 1e12) if ratio_of == "tflops" else (nbytes, 1e9)
     for name, ts in times.items():
         t = statistics.median(ts)
@@ -329,7 +352,9 @@ def _print_row(row, names):
         else:
             cells.append(f"{n} n/a")
     ratios = [f"x{n} {row[f'ours_vs_{n}']:.2f}" for n in names if f"ours_vs_{n}" in row]
-    print(head + " | TFLOP/s " + "  ".join(cells) + " | " + " ".join(ratios), flush=True)
+    host = [f"{n} {row[f'{n}_host_us']:.0f}" for n in names if f"{n}_host_us" in row]
+    print(head + " | TFLOP/s " + "  ".join(cells) + " | " + " ".join(ratios) + " | host us " + " ".join(host),
+          flush=True)
 
 
 # ----------------------------------------------------------------------------------------------- decode
