@@ -9,7 +9,7 @@ contiguous one, byte for byte), shuffled in runs of pages that fill 2 MB, or shu
 `fmha bench decode` does). It separates the cost of the paged code path from the cost of scattered pages.
 
     PYTHONPATH=src python3 benchmarks/probe_decode.py [--rounds 2] [--placement] [--variants 64,64,4,5 ...]
-        [--out probe.json]
+        [--contiguous] [--out probe.json]
 """
 import argparse
 
@@ -101,6 +101,7 @@ def main():
                    help="instead: the table's own tiles on b=64's shape at these batch sizes (pages 16, 64 and a "
                         "contiguous cache), to see the cost of a partly filled last wave of programs")
     p.add_argument("--variants", nargs="*", default=None, help="tiles to compare instead, e.g. 16,64,4,5")
+    p.add_argument("--contiguous", action="store_true", help="every case's shape on a contiguous cache only")
     p.add_argument("--out", default=None, help="also write the rows as JSON (GPU, date, commit recorded)")
     args = p.parse_args()
     cases, variants = CASES, VARIANTS
@@ -109,6 +110,8 @@ def main():
     if args.batches:
         cases = [(b, 32, 8, 4096, page) for b in args.batches for page in (16, 64, None)]
         variants = [None]             # each table's own tiles
+    if args.contiguous:
+        cases = list(dict.fromkeys((b, hq, hk, sk, None) for b, hq, hk, sk, _ in cases))
     rows = []
     if args.placement:
         probe_placement(args, rows)

@@ -199,13 +199,13 @@ GLUON_SCRIPT = textwrap.dedent('''
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
-    from fmha.kernels.forward_sm90 import (attn_fwd_sm90_kernel, HEAD_DIMS, PAGED_REGS, _QK_PART, _TILES, _WIDE_TILES,
-                                           _ROWS, TRANSPOSE_REGS, tma_store, transpose_in_kernel)
-    case = json.loads(sys.argv[1]) + [False] * 10
+    from fmha.kernels.forward_sm90 import (attn_fwd_sm90_kernel, PAGED_REGS, _PAIR_TILES, _QK_PART, _TILES,
+                                           _WIDE_TILES, _ROWS, TRANSPOSE_REGS, tma_store, transpose_in_kernel)
+    case = json.loads(sys.argv[1]) + [False] * 11
     d, causal, dt, wide, offsets_64, varlen, window, sinks, softcap, lefts, cache, alibi, pack, transpose = case[:14]
     store = case[14]              # a head dim run padded to d (`padded_dims`): its own (0: d's own); 4-D boxes
-    dv = dict(HEAD_DIMS)[d]
-    bn, stages, q_bufs, regs, wgs = (_WIDE_TILES if wide else _TILES)[d]
+    dv = case[15] or {192: 128}.get(d, d)         # head_dim_v: d's, 128 beside 192, or the case's
+    bn, stages, q_bufs, regs, wgs = _PAIR_TILES.get((d, dv)) or (_WIDE_TILES if wide else _TILES)[d]
     if cache == 2:                # as `choose_tiles` for a paged cache
         regs = min(regs, PAGED_REGS)
     el = {"bf16": gl.bfloat16, "fp16": gl.float16, "fp8e4nv": gl.float8e4nv}[dt]
@@ -228,7 +228,7 @@ GLUON_SCRIPT = textwrap.dedent('''
     consts.update(VARLEN=varlen, WINDOW=window, HAS_SINKS=sinks, SOFTCAP=softcap, KV_CACHE=bool(cache),
                   PAGE_ROWS=kv_rows if cache == 2 else 0, HAS_ALIBI=alibi, HEADS=2 if pack else 1)
     # as `launch_args` picks it: the output by TMA store (d = 256, padded calls, offsets under 2^31)
-    consts["TMA_STORE"] = tma_store(d, 1024, wgs, varlen, offsets_64, not fp8)    # a short call
+    consts["TMA_STORE"] = tma_store(dv, 1024, wgs, varlen, offsets_64, not fp8)   # a short call
     if not consts["TMA_STORE"]:
         consts["o_desc"] = None
     if not alibi:
@@ -286,14 +286,17 @@ GLUON_SCRIPT = textwrap.dedent('''
                                   (128, True, "bf16", False, False, False, False, False, False, False, 2, False, False,
                                    False, 96),
                                   (256, False, "fp16", False, False, False, False, False, False, False, 0, False, False,
-                                   False, 160)],
+                                   False, 200),
+                                  (192, True, "bf16", False, False, False, False, False, False, False, 0, False, False,
+                                   False, 160, 256)],
                          ids=["d128-causal", "d128", "d64", "d64-wide", "d64-wide-causal", "d256-causal",
                               "d192-dv128-causal", "d192-dv128", "d128-causal-varlen-offsets64", "d64-wide-varlen",
                               "d64-window-lefts-sinks-varlen", "d64-wide-window-sinks-softcap-offsets64",
                               "d128-causal-paged-cache-alibi", "d64-wide-window-sinks-cache-alibi",
                               "d128-window-sinks-paged-alibi-paired-heads", "d128-causal-fp8-varlen",
                               "d128-fp8-v-in-kernel", "d64-window-sinks-softcap-alibi-paired-heads-fp8",
-                              "d96-as-128-causal-paged", "d160-as-256-tma-store"])
+                              "d96-as-128-causal-paged", "d200-as-256-tma-store",
+                              "d160-as-192-256-causal-tma-store"])
 def test_gluon_prefill_compiles_for_sm90(case):
     """The Hopper Gluon kernel cannot run in the interpreter; compiling it here catches API drift and shared
     memory over the limit, and checks the warp-specialised shape: wgmma, 3-D TMA loads (4-D for a padded head
@@ -401,8 +404,9 @@ def test_gluon_padded_dims():
     views whose last dimension is the real head dim (`_view`), so the box's columns past it read as zeros."""
     from fmha.kernels.forward_sm90 import HEAD_DIMS, _view, padded_dims
     assert all(padded_dims(*pair) == pair for pair in HEAD_DIMS)
-    assert [padded_dims(d, d) for d in (40, 48, 56, 72, 80, 96, 112, 136, 152, 160, 200, 248)] == \
-        [(64, 64)] * 3 + [(128, 128)] * 4 + [(256, 256)] * 5
+    assert [padded_dims(d, d) for d in (40, 48, 56, 72, 80, 96, 112, 136, 152, 160, 184, 200, 248)] == \
+        [(64, 64)] * 3 + [(128, 128)] * 4 + [(192, 256)] * 4 + [(256, 256)] * 2
+    assert padded_dims(160, 128) == (192, 128) and padded_dims(192, 192) == (192, 256)     # the fewest products
     # widened more than PAD_MAX (1.9) times, or no tiles to widen to: the portable kernel
     assert all(padded_dims(d, d) is None for d in (8, 32, 264, 512))
     assert padded_dims(128, 96) == (128, 128) and padded_dims(96, 64) is None        # no (128, 64) tiles

@@ -91,22 +91,29 @@ PAGED_REGS = 232
 # ahead by 10% or more at 4k and 16k and within 3% either way at 1k; `results/prefill_d192_h100.json` has it against
 # cuDNN.
 # (head_dim_qk, head_dim_v) pairs this path runs, and the column part Q and K are loaded in where head_dim_qk is
-# not a power of two (Gluon's tiles must be): 192 as three parts of 64.
-HEAD_DIMS = {(64, 64), (128, 128), (256, 256), (192, 128)}
+# not a power of two (Gluon's tiles must be): 192 as three parts of 64. (192, 256) is for head dims 136-192 run
+# padded (`padded_dims`): a quarter fewer Q·Kᵀ products than (256, 256), in `_PAIR_TILES`' tiles.
+HEAD_DIMS = {(64, 64), (128, 128), (256, 256), (192, 128), (192, 256)}
+FP8_HEAD_DIMS = HEAD_DIMS - {(192, 256)}
 _QK_PART = {192: 64}
-# Other head dims run padded to the next of PAD_TO (`padded_dims`) when that widens them by at most PAD_MAX. Against
+# Other head dims run padded to a pair of HEAD_DIMS (`padded_dims`) that widens each by at most PAD_MAX. Against
 # the portable kernel in one `fmha bench prefill` run (H200, `history/prefill_padded_h200_wip56a.json`, 1k-16k, causal
 # or not): 96 -> 128 1.28-1.67x (1.00-1.06x cuDNN), 80 -> 128 1.19-1.69x, 48 -> 64 1.51-1.65x, 160 -> 256 1.12-1.50x
 # (0.83-0.89x cuDNN); 32 -> 64 (twice the products) 0.93-1.05x. The widest below 2 (H200,
 # `history/prefill_pad72_152_h200_a0623e5.json`): 72 -> 128 1.84-2.17x (0.71-0.98x cuDNN), 136 / 144 / 152 -> 256
 # 2.16-3.34x / 1.14-1.51x / 2.01-3.18x (0.72-0.87x cuDNN). So every multiple of 8 from 40 to 256 runs padded.
-PAD_TO = (64, 128, 256)
 PAD_MAX = 1.9
 # head_dim -> the same, for long calls: 192-row work items over three consumer warpgroups, FlashAttention-3's d = 64
 # shape, from WIDE_MIN_ROWS query rows without a mask and WIDE_MIN_ROWS_CAUSAL with one. Against two warpgroups in
 # one run (`history/tune_prefill_mask_d64_h100_9a27bd9.json`, `..._mask_long_d64_h100_9a27bd9_{a,b}.json`):
 # unmasked +8..+11% at 8k-16k, +6% at 4k, -2% at 1k; causal +3..+5% at 8k-16k, level at 4k, -19% at 1k.
 _WIDE_TILES = {64: (128, 3, 2, 160, 3)}
+# (head_dim_qk, head_dim_v) -> tiles, where the pair's differ from head_dim_qk's: (192, 256) takes d = 256's (64-key
+# tiles, one Q buffer: 197 KB of shared memory; sm_90 compile spills 56-64 bytes, as (256, 256)'s 44-96). Against
+# padding to (256, 256), in two processes (H200, `history/prefill_pair192_256_h200_5a4b978.json` against
+# `history/prefill_pad72_152_h200_a0623e5.json` and `prefill_padded_h200_wip56a.json`; 1k-16k, causal or not):
+# d = 136 1.07-1.12x (0.81-0.93x cuDNN, from 0.72-0.87x), d = 160 1.04-1.09x (0.87-0.96x cuDNN, from 0.83-0.89x).
+_PAIR_TILES = {(192, 256): (64, 2, 1, 232, 2)}
 WIDE_MIN_ROWS = 2048
 WIDE_MIN_ROWS_CAUSAL = 8192
 # The output of padded d = 256 calls shorter than TMA_STORE_MAX_ROWS leaves by TMA store from a staging buffer
@@ -1139,17 +1146,16 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, COUNTER, CU_Q, 
 
 
 def padded_dims(d, dv):
-    """The (head_dim_qk, head_dim_v) pair of `HEAD_DIMS` that a call of (d, dv) runs as, or None: its own, or each
-    dim padded to the next of PAD_TO, at most PAD_MAX times its own. A padded call's TMA boxes are the padded widths over
-    4-D views (batch, seqlen, heads, head_dim) whose last dimension is the real one (`_view`), so TMA fills the columns
-    past it with zeros: they add nothing to Q·Kᵀ, and the output columns P·V makes of V's are zeros that are not
+    """The (head_dim_qk, head_dim_v) pair of `HEAD_DIMS` that a call of (d, dv) runs as, or None: its own, or of the
+    pairs that widen each dim at most PAD_MAX times, the one with the fewest products (160 runs as (192, 256), 96 as
+    (128, 128), (160, 128) as (192, 128)). A padded call's TMA boxes are the padded widths over 4-D views (batch,
+    seqlen, heads, head_dim) whose last dimension is the real one (`_view`), so TMA fills the columns past it with
+    zeros: they add nothing to Q·Kᵀ, and the output columns P·V makes of V's are zeros that are not
     stored (`DV_STORE`)."""
     if (d, dv) in HEAD_DIMS:
         return d, dv
-    pair = tuple(next((p for p in PAD_TO if x <= p), 0) for x in (d, dv))
-    if pair not in HEAD_DIMS or pair[0] > PAD_MAX * d or pair[1] > PAD_MAX * dv:
-        return None
-    return pair
+    fits = [p for p in HEAD_DIMS if d <= p[0] <= PAD_MAX * d and dv <= p[1] <= PAD_MAX * dv]
+    return min(fits, key=sum, default=None)       # the fewest products
 
 
 def _view(t, padded=False):
@@ -1188,7 +1194,7 @@ def supported(q, k, v):
     if q.dtype == torch.float8_e4m3fn and v.dtype != q.dtype:
         return None
     dims = (q.shape[-1], v.shape[-1])
-    pad = padded_dims(*dims) if q.dtype != torch.float8_e4m3fn else (dims if dims in HEAD_DIMS else None)
+    pad = padded_dims(*dims) if q.dtype != torch.float8_e4m3fn else (dims if dims in FP8_HEAD_DIMS else None)
     if pad is None or k.shape[1] == 0:
         return None
     views = tuple(_view(t, pad != dims) for t in (q, k, v))
@@ -1216,15 +1222,15 @@ def attention_forward_sm90(q, k, v, out, lse, *, causal, softmax_scale, views=No
     launch(attn_fwd_sm90_kernel, grid, args, meta)
 
 
-def choose_tiles(d, causal, seqlen_q, left=-1, softcap=0.0, paged=False):
-    """`_TILES[d]`, or `_WIDE_TILES[d]` for a long call. A masked call with a left window bound (`left` >= 0) is as
-    long as its window: the 192-row items of a 128-key window at 16k rows (gpt-oss, d = 64) ran at 0.70x the
-    128-row ones (`results/probe_window_h100.json` against `history/probe_window_wide_h100_8fbdafd.json`). Not with
-    a softcap: at 160 registers its tanh spilled 1.2 KB a thread (sm_90 compile). A paged cache keeps the consumers
-    at PAGED_REGS: the producer's page arithmetic spills at the 24 registers that 240 leave it."""
+def choose_tiles(d, causal, seqlen_q, left=-1, softcap=0.0, paged=False, dv=None):
+    """`_PAIR_TILES[d, dv]`, `_TILES[d]`, or `_WIDE_TILES[d]` for a long call. A masked call with a left window bound
+    (`left` >= 0) is as long as its window: the 192-row items of a 128-key window at 16k rows (gpt-oss, d = 64) ran
+    at 0.70x the 128-row ones (`results/probe_window_h100.json` against `history/probe_window_wide_h100_8fbdafd.json`).
+    Not with a softcap: at 160 registers its tanh spilled 1.2 KB a thread (sm_90 compile). A paged cache keeps the
+    consumers at PAGED_REGS: the producer's page arithmetic spills at the 24 registers that 240 leave it."""
     rows = seqlen_q if left < 0 else min(seqlen_q, left)
     wide = d in _WIDE_TILES and rows >= (WIDE_MIN_ROWS_CAUSAL if causal else WIDE_MIN_ROWS) and not softcap > 0
-    tiles = _WIDE_TILES[d] if wide else _TILES[d]
+    tiles = _PAIR_TILES.get((d, dv)) or (_WIDE_TILES[d] if wide else _TILES[d])
     if paged and tiles[3] > PAGED_REGS:
         tiles = (*tiles[:3], PAGED_REGS, *tiles[4:])
     return tiles
@@ -1262,11 +1268,11 @@ def page_rows(page_size, block_n):
     return min(page_size & -page_size, block_n)
 
 
-def tma_store(d, seqlen_q, wgs, varlen, offsets_64, same_dtype):
+def tma_store(dv, seqlen_q, wgs, varlen, offsets_64, same_dtype):
     """Whether a call's output leaves by TMA store (`TMA_STORE_DIMS`): padded calls (a packed batch's box would
     cross into the next sequence), two consumer warpgroups (the staging buffer's turns), offsets under 2^31 and an
     output of the inputs' dtype; the caller checks TMA's alignment rules (`_view`)."""
-    return (d in TMA_STORE_DIMS and seqlen_q < TMA_STORE_MAX_ROWS and wgs == 2 and not varlen and not offsets_64
+    return (dv in TMA_STORE_DIMS and seqlen_q < TMA_STORE_MAX_ROWS and wgs == 2 and not varlen and not offsets_64
             and same_dtype)
 
 
@@ -1340,14 +1346,15 @@ def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpon
         raise ValueError(f"head dims: no tiles for {(d, dv)} (`padded_dims`)")
     padded = pair != (d, dv)
     d, dv = pair
-    block_n, stages, q_bufs, regs, wgs = tiles or choose_tiles(d, masked, seqlen_q, left, softcap, table is not None)
+    block_n, stages, q_bufs, regs, wgs = tiles or choose_tiles(d, masked, seqlen_q, left, softcap, table is not None,
+                                                               dv)
     if pingpong is None:
         # tune_prefill_sm90_h100.json: +0.5-7% at d >= 128, mostly a loss at d = 64. Five later runs at d = 128
         # (history/tune_prefill_tmastore_h100_*.json, the pointer-store rows) had it 4-7% behind at 16k without
         # a mask and level with it at 4k: on for d = 256 and causal d = 128 only. Causal d = 128 at 1k was 1.5%
         # faster without it (every set of the thirty-ninth session's probes, every pair average of
         # history/ab_pingpong_d128_h100_6fcb181_{a,b}.json), level at 4k and 16k: on from PINGPONG_MIN_ROWS_D128.
-        pingpong = d == 256 or (d == 128 and causal and seqlen_q >= PINGPONG_MIN_ROWS_D128)
+        pingpong = dv == 256 or (d == 128 and causal and seqlen_q >= PINGPONG_MIN_ROWS_D128)
     pingpong = pingpong and wgs == 2              # the hand-off is between two warpgroups
 
     def desc(t, view, rows, width):
@@ -1372,7 +1379,7 @@ def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpon
     part = _QK_PART.get(d, d)
     kv_rows = block_n if table is None else page_rows(k.shape[1], block_n)
     offsets_64 = max(_extent(out), _extent(lse)) > 2**31
-    stored = tma_store(d, seqlen_q, wgs, varlen is not None, offsets_64, out.dtype == q.dtype)
+    stored = tma_store(dv, seqlen_q, wgs, varlen is not None, offsets_64, out.dtype == q.dtype)
     vo = _view(out, padded) if stored else None
     fp8 = q.dtype == torch.float8_e4m3fn
     if transpose is None:
@@ -1387,7 +1394,7 @@ def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpon
         if cache is not None:
             raise ValueError("FP8 inputs: calls without a KV cache only")
         if padded:
-            raise ValueError(f"FP8 inputs: head dims in {sorted(HEAD_DIMS)} only, got {(q.shape[3], dv_store)}")
+            raise ValueError(f"FP8 inputs: head dims in {sorted(FP8_HEAD_DIMS)} only, got {(q.shape[3], dv_store)}")
         if varlen is not None and block_n > TAIL:       # the zeros past the last sequence (`transposed_v`)
             raise ValueError(f"tiles: FP8 packed sequences take key tiles of at most {TAIL}, got {block_n}")
         scales = tuple(None if t is None else t.contiguous() for t in descales or (None,) * 3)
