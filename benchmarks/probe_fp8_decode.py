@@ -45,7 +45,7 @@ def _with_tiles(fn, tiles=None):
     def call():
         saved = [dict(t) for t in forward._GPU_DECODE_TABLES]
         if tiles is None:
-            for t in (forward._GPU_PAGED_NARROW_TILES, forward._GPU_FP8_DECODE_TILES,
+            for t in (forward._GPU_NARROW_DECODE_TILES, forward._GPU_FP8_DECODE_TILES,
                       forward._GPU_FP8_PAGED_DECODE_TILES):
                 t.clear()
         else:

@@ -252,25 +252,26 @@ def test_page_tile():
     assert _page_tile(48, 64) == 0 and _page_tile(24, 64) == 0 and _page_tile(96, 64) == 0
 
 
-def _gpu_paged_decode_tiles():
+def _gpu_decode_tiles():
     from fmha.kernels import forward
-    tiles = {t for table in (forward._GPU_PAGED_NARROW_TILES, forward._GPU_PAGED_DECODE_TILES) for t in table.values()}
-    return sorted(tiles)
+    tables = (forward._GPU_NARROW_DECODE_TILES, forward._GPU_PAGED_DECODE_TILES)
+    return sorted({t for table in tables for t in table.values()})
 
 
 @pytest.mark.cpu
-@pytest.mark.parametrize("tiles", _gpu_paged_decode_tiles(), ids=lambda t: "x".join(map(str, t)))
-@pytest.mark.parametrize("page_size", [16, 64, 256])
+@pytest.mark.parametrize("tiles", _gpu_decode_tiles(), ids=lambda t: "x".join(map(str, t)))
+@pytest.mark.parametrize("page_size", [16, 64, 256, None])
 @pytest.mark.parametrize("seqlen_q,num_splits", [(1, 1), (1, 3), (4, 2)])
 def test_kvcache_gpu_tile_shapes(tiles, page_size, seqlen_q, num_splits, monkeypatch):
-    """The interpreter runs its own small tiles; this runs the tile shapes the GPU tables pick for paged decode
-    (16-row / 128-key and 64-row / 64-key tiles, so 1 to 8 pages per key tile, or a tile inside one page) on a
-    GQA group of 4 (4 or, with 4 causal query tokens, 16 packed rows) with shuffled pages and NaN in every slot
-    the kernel must not read."""
+    """The interpreter runs its own small tiles; this runs the tile shapes the GPU tables pick for decode (16-row /
+    128-key and 64-row / 64-key tiles, so 1 to 8 pages per key tile, or a tile inside one page, or a contiguous
+    cache) on a GQA group of 4 (4 or, with 4 causal query tokens, 16 packed rows) with shuffled pages and NaN in
+    every slot the kernel must not read."""
     from fmha.kernels import forward
     monkeypatch.setattr(forward, "_INTERPRET_TILES", tiles)
     seqlens = [300, 0, 17, 512]
-    k_cache, v_cache, table, k, v = _cache(seqlens, 512, 2, 128, 128, torch.float16, "cpu", page_size, seed=page_size)
+    k_cache, v_cache, table, k, v = _cache(seqlens, 512, 2, 128, 128, torch.float16, "cpu", page_size,
+                                           seed=page_size or 0)
     q = torch.randn(len(seqlens), seqlen_q, 8, 128, dtype=torch.float16)
     got, lse = fmha.attention_with_kvcache(q, k_cache, v_cache, torch.tensor(seqlens, dtype=torch.int32),
                                            block_table=table, num_splits=num_splits, causal=seqlen_q > 1,

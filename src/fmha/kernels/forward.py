@@ -362,12 +362,15 @@ _GPU_DECODE_TILES = {16: (64, 64, 4, 2), 32: (64, 64, 4, 2), 64: (64, 64, 4, 2),
 # and page 64 / b=4 by 0.3-1.1%; on contiguous caches it lost 3.5%, so they keep the table above.
 _GPU_PAGED_DECODE_TILES = {16: (64, 64, 4, 5), 32: (64, 64, 4, 5), 64: (64, 64, 4, 5), 128: (64, 64, 4, 5),
                            256: (64, 64, 4, 2)}
-# Paged calls with at most NARROW_ROWS packed rows (one query token, GQA groups up to 16): 16-row tiles (mma.sync;
-# wgmma cannot go below 64 rows, 60 of them padding for a group of 4) and 128-key tiles. In two processes
+# Calls with at most NARROW_ROWS packed rows (one query token, GQA groups up to 16): 16-row tiles (mma.sync; wgmma
+# cannot go below 64 rows, 60 of them padding for a group of 4) and 128-key tiles. Paged: in two processes
 # (benchmarks/results/history/probe_decode_m16*_h100_3e7c534.json, ratio to cuDNN on a contiguous cache) they
 # beat the 64-row tiles above by 0.6% at page 16 (0.975 / 0.969 in both) and 0.9-1.0% at page 64 (0.986 / 0.976,
-# 0.984 / 0.975), and were level or ahead on the long-context and MHA cases; only d=128 was measured.
-_GPU_PAGED_NARROW_TILES = {128: (16, 128, 4, 3)}
+# 0.984 / 0.975), and were level or ahead on the long-context and MHA cases. Contiguous, on the H200
+# (`history/probe_decode_contig_h200_b24d05f.json`, 2 rounds, CUDA graphs): 0.978 / 1.001 / 0.950 / 1.007 of cuDNN
+# (b = 64 at 4k, b = 4 and 1 at 131k, MHA b = 32 at 8k) against the 64-row tiles' 0.943 / 0.943 / 0.936 / 0.957;
+# 16-row tiles of 64 keys and 4 stages 0.985 / 0.975 / 0.972 / 0.997. Only d = 128 was measured.
+_GPU_NARROW_DECODE_TILES = {128: (16, 128, 4, 3)}
 NARROW_ROWS = 16
 # An FP8 (e4m3) KV cache, at most NARROW_ROWS packed rows, contiguous / paged: its tiles are half the bytes, and
 # widening them costs instructions, so the tables above, tuned for bf16, do not carry over. Re-swept on the fp16
@@ -381,7 +384,7 @@ NARROW_ROWS = 16
 _GPU_FP8_DECODE_TILES = {128: (16, 128, 4, 3)}
 _GPU_FP8_PAGED_DECODE_TILES = {128: (16, 64, 4, 6)}
 # Every decode tile table, for the benchmark scripts that substitute tiles in all of them.
-_GPU_DECODE_TABLES = (_GPU_DECODE_TILES, _GPU_PAGED_DECODE_TILES, _GPU_PAGED_NARROW_TILES, _GPU_FP8_DECODE_TILES,
+_GPU_DECODE_TABLES = (_GPU_DECODE_TILES, _GPU_PAGED_DECODE_TILES, _GPU_NARROW_DECODE_TILES, _GPU_FP8_DECODE_TILES,
                       _GPU_FP8_PAGED_DECODE_TILES)
 
 
@@ -396,8 +399,8 @@ def _tile_config(dqk, dv, interpret, rows=None, paged=False, kv_fp8=False):
     if kv_fp8 and narrow and key in fp8:
         return fp8[key]
     decode = _GPU_PAGED_DECODE_TILES if paged else _GPU_DECODE_TILES
-    if paged and narrow and key in _GPU_PAGED_NARROW_TILES:
-        return _GPU_PAGED_NARROW_TILES[key]
+    if narrow and key in _GPU_NARROW_DECODE_TILES:
+        return _GPU_NARROW_DECODE_TILES[key]
     if rows is not None and rows <= 64 and key in decode:
         return decode[key]
     return _GPU_TILES[key]
