@@ -42,3 +42,13 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
         if "cpu" in item.keywords and ON_GPU:
             item.add_marker(skip_cpu)
+
+
+@pytest.fixture(autouse=True)
+def fresh_launch_plans():
+    """The Gluon prefill keeps a launch plan per call key (`forward_sm90._PLANS`), made from its tables, which tests
+    patch: each test starts with none, so a test's patches reach its calls."""
+    import sys
+    module = sys.modules.get("fmha.kernels.forward_sm90")
+    if module is not None:
+        module._PLANS.clear()

@@ -667,3 +667,32 @@ def test_timeline_probes_still_apply(probe, monkeypatch):
     import importlib
     monkeypatch.syspath_prepend(os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
     ast.parse(importlib.import_module(probe).stamped_source())
+
+
+@pytest.mark.cpu
+def test_gluon_plan_key():
+    """A launch plan's key (`forward_sm90._plan_key`) is the same for new tensors of the same shapes, strides,
+    dtypes and 16-byte alignment with the same options, and differs when any of those, or which optional tensors a
+    call has, differ."""
+    from fmha.kernels.forward_sm90 import _plan_key
+    b, s, h, d = 2, 64, 4, 128
+
+    def key(q=None, out=None, **options):
+        q = torch.zeros(b, s, h, d, dtype=torch.float16) if q is None else q
+        k, v = torch.zeros_like(q), torch.zeros_like(q)
+        out = torch.empty_like(q) if out is None else out
+        options = dict(dict(causal=True, softmax_scale=0.1, varlen=None, window=None, sinks=None, softcap=0.0,
+                            cache=None, alibi_slopes=None, descales=None), **options)
+        return _plan_key(q, k, v, out, torch.empty(b, h, s), **options)
+    base = key()
+    assert key() == base
+    buf = torch.zeros(b * s * h * d + 8, dtype=torch.float16)
+    lens, table = torch.zeros(b, dtype=torch.int32), torch.zeros(b, 4, dtype=torch.int32)
+    others = [key(q=buf[8:].view(b, s, h, d)), key(q=buf[1:-7].view(b, s, h, d)),        # aligned; 2 bytes off
+              key(q=torch.zeros(b, s, h, 2 * d, dtype=torch.float16)[..., :d]), key(q=torch.zeros(b, s, h, d)),
+              key(out=torch.empty(b, s, h, d, dtype=torch.float32)), key(causal=False), key(softmax_scale=0.2),
+              key(window=(100, 0)), key(window=(torch.zeros(b, dtype=torch.int32), 0)), key(softcap=5.0),
+              key(sinks=torch.zeros(h)), key(alibi_slopes=torch.zeros(h)), key(cache=(lens, None)),
+              key(cache=(lens, table)), key(cache=(lens, table[:, :2])),
+              key(descales=(torch.ones(b, h), None, None))]
+    assert others[0] == base and len({base, *others[1:]}) == len(others)

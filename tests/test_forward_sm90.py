@@ -69,10 +69,10 @@ def _dense_inputs(seed, b, s, h, d):
     return q, k, v
 
 
-def _inputs(shape, dtype=torch.bfloat16):
-    """q, k, v of `shape` (seeded by it), with batch and sequence strides padded with NaN rows and columns the
-    kernel must not read; skips unless the Gluon path takes them."""
-    torch.manual_seed(sum(shape))
+def _inputs(shape, dtype=torch.bfloat16, seed=None):
+    """q, k, v of `shape` (seeded by it, or by `seed`), with batch and sequence strides padded with NaN rows and
+    columns the kernel must not read; skips unless the Gluon path takes them."""
+    torch.manual_seed(sum(shape) if seed is None else seed)
     b, sq, sk, hq, hk, d, dv = (*shape, shape[-1])[:7]
     q = poisoned((b, sq, hq, d), sq, dtype, "cuda")
     k = poisoned((b, sk, hk, d), sk, dtype, "cuda")
@@ -104,6 +104,43 @@ def test_gluon_prefill(shape, causal, dtype):
     out = torch.full((*q.shape[:3], v.shape[-1]), float("nan"), dtype=dtype, device="cuda")
     got, lse = fmha.attention(q, k, v, causal=causal, return_lse=True, out=out)
     assert_matches(got, lse, attention_ref(q, k, v, causal=causal), dtype)
+
+
+def test_gluon_launch_plan_reuse(monkeypatch):
+    """A launch plan (`forward_sm90._PLANS`) serves later calls of its key only: new tensors of the same shapes and
+    strides take it (the output theirs, not the first call's); other strides, head dims, options, and a q whose
+    address is not 16-byte aligned (which TMA cannot read: the portable kernel then) make their own."""
+    from fmha.kernels import forward_sm90
+    plans = []
+    real = forward_sm90._plan
+    monkeypatch.setattr(forward_sm90, "_plan", lambda *a, **kw: plans.append(1) or real(*a, **kw))
+    shape = (2, 300, 500, 8, 2, 128)
+    sink = torch.randn(8, device="cuda")
+
+    def check(q, k, v, **options):
+        got, lse = fmha.attention(q, k, v, return_lse=True, **options)
+        assert_matches(got, lse, attention_ref(q, k, v, **options), torch.bfloat16)
+    q, k, v = _inputs(shape)
+    check(q, k, v, causal=True, sinks=sink)
+    for seed in (1, 2):                                      # new data and buffers, the same key: the plan kept
+        check(*_inputs(shape, seed=seed), causal=True, sinks=sink)
+    assert len(plans) == 1
+    check(*(t.contiguous() for t in (q, k, v)), causal=True, sinks=sink)    # other strides
+    check(q, k, v, window=(100, 0), sinks=sink)                              # other options
+    check(q, k, v, causal=True)
+    assert len(plans) == 4
+    buf = torch.randn(q.numel() + 1, dtype=q.dtype, device="cuda")
+    q_off = buf[1:].view(q.shape)                            # 2 bytes past an aligned address
+    assert forward_sm90.supported(q_off, k.contiguous(), v.contiguous()) is None
+    gluon = []
+    launched = forward_sm90.attention_forward_sm90
+
+    def spy(*args, **kwargs):
+        gluon.append(launched(*args, **kwargs))
+        return gluon[-1]
+    monkeypatch.setattr(forward_sm90, "attention_forward_sm90", spy)
+    check(q_off, k.contiguous(), v.contiguous(), causal=True, sinks=sink)     # the contiguous call's key, unaligned
+    assert gluon == [False]
 
 
 # (lengths_q, lengths_k, heads_q, heads_k, head_dim[, head_dim_v when it differs]): packed sequences with empty
@@ -326,13 +363,13 @@ def test_gluon_pack_heads(shape, causal, extra, monkeypatch):
     from fmha.kernels import forward_sm90
     q, k, v = _inputs(shape)
     heads = []
-    real = forward_sm90.launch_args
+    real = forward_sm90._plan
 
     def spy(*args, **kwargs):
-        grid, launch, meta = real(*args, **kwargs)
-        heads.append(meta["HEADS"])
-        return grid, launch, meta
-    monkeypatch.setattr(forward_sm90, "launch_args", spy)
+        plan = real(*args, **kwargs)
+        heads.append(plan.meta["HEADS"])
+        return plan
+    monkeypatch.setattr(forward_sm90, "_plan", spy)
     hq = shape[3]
     options = dict(causal=causal)
     if extra:

@@ -520,14 +520,12 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
             cache_seqlens, num_splits, batch, heads_q, seqlen_q, q.device,
             None if block_table is None else k.shape[1]):
         from . import forward_sm90
-        views = forward_sm90.supported(q4, k4, v4)
-        if views is not None:
-            forward_sm90.attention_forward_sm90(
-                q, k, v, out, lse, causal=right >= 0, softmax_scale=scale, views=views,
+        if forward_sm90.attention_forward_sm90(
+                q, k, v, out, lse, causal=right >= 0, softmax_scale=scale,
                 varlen=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) if varlen else None,
                 window=(left if window_lefts is None else window_lefts, right), sinks=sinks, softcap=softcap,
                 cache=None if cache_seqlens is None else (cache_seqlens, block_table), alibi_slopes=alibi_slopes,
-                descales=descales)
+                descales=descales):
             return
     if pack_gqa is None:
         pack_gqa = _pack_gqa(group, seqlen_q, _tile_config(dqk, dv, interpret)[0])

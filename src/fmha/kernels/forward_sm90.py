@@ -64,8 +64,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from ..schedule import num_sms, outside_graph_pools
-from .launch import launch
-from .sm90 import capability, descriptor
+from .launch import fixed_classes, launch
+from .sm90 import capability, descriptor, descriptor_in, smem_layout
 from .transpose import TAIL, packed_start, transpose_keys
 
 _ROWS = 64                        # query rows per consumer warpgroup; a CTA has two or three
@@ -1201,10 +1201,19 @@ def supported(q, k, v):
     return None if None in views else views
 
 
+# Launch plans (`_Plan`) of automatic calls, by `_plan_key`; False for a call `supported` refuses. A call whose key
+# was seen skips `supported` and `_plan`: 20-30 us of an eager call's host time on the device's hosts, where a short
+# prefill's kernel runs 100-200 us (NOTES.md, fifty-eighth session). Emptied when PLANS_MAX keys are held (packed
+# sequences key on their longest lengths).
+_PLANS = {}
+PLANS_MAX = 1024
+
+
 def attention_forward_sm90(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None, tiles=None,
                            varlen=None, window=None, sinks=None, softcap=0.0, cache=None, alibi_slopes=None,
                            pack=None, descales=None, transpose=None):
-    """Launch the Gluon kernel. q/k (b, s, h, d), v (b, sk, hk, dv); out (b, sq, hq, dv); lse (b, hq, sq).
+    """Launch the Gluon kernel, or return False, launching nothing, for a call this path does not run (`supported`);
+    True when launched. q/k (b, s, h, d), v (b, sk, hk, dv); out (b, sq, hq, dv); lse (b, hq, sq).
     `varlen` = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k): packed sequences, q/k/v/out
     (total, h, d) and lse (hq, total_q). `window` (left, right) as SPEC.md's, in place of `causal` when given,
     `left` an int or a (batch,) int32 tensor of one bound a sequence (negative: none);
@@ -1214,12 +1223,43 @@ def attention_forward_sm90(q, k, v, out, lse, *, causal, softmax_scale, views=No
     (b, hk) fp32. `views` are `supported`'s result when the caller
     has it (for varlen, of the tensors with a leading axis of 1); `pingpong`, `tiles` and `pack` (GQA heads paired
     in an item, `pack_heads`) override the automatic choices (tuning, tests); so does `transpose` (an FP8 V
-    transposed in the kernel, `transpose_in_kernel`, or copied first)."""
-    grid, args, meta = launch_args(q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale, views=views,
-                                   pingpong=pingpong, tiles=tiles, varlen=varlen, window=window, sinks=sinks,
-                                   softcap=softcap, cache=cache, alibi_slopes=alibi_slopes, pack=pack,
-                                   descales=descales, transpose=transpose)
-    launch(attn_fwd_sm90_kernel, grid, args, meta)
+    transposed in the kernel, `transpose_in_kernel`, or copied first). Calls with none of these five take a plan
+    kept from an earlier call of the same key (`_PLANS`)."""
+    options = dict(causal=causal, softmax_scale=softmax_scale, varlen=varlen, window=window, sinks=sinks,
+                   softcap=softcap, cache=cache, alibi_slopes=alibi_slopes, descales=descales)
+    automatic = views is None and pingpong is None and tiles is None and pack is None and transpose is None
+    key = _plan_key(q, k, v, out, lse, **options) if automatic else None
+    plan = _PLANS.get(key) if automatic else None
+    if plan is None:
+        if views is None:
+            views = supported(*((q, k, v) if varlen is None else (t.unsqueeze(0) for t in (q, k, v))))
+        plan = views is not None and _plan(q, k, v, out, lse, views=views, pingpong=pingpong, tiles=tiles, pack=pack,
+                                           transpose=transpose, **options)
+        if automatic:
+            if len(_PLANS) >= PLANS_MAX:
+                _PLANS.clear()
+            _PLANS[key] = plan
+    if not plan:
+        return False
+    launch(attn_fwd_sm90_kernel, plan.grid, plan.bind(q, k, v, out, lse, varlen, window, sinks, cache, alibi_slopes,
+                                                      descales), plan.meta, plan.fixed)
+    return True
+
+
+def _plan_key(q, k, v, out, lse, *, causal, softmax_scale, varlen, window, sinks, softcap, cache, alibi_slopes,
+              descales):
+    """All that `supported` and `_plan` read of a call: its tensors' shapes, strides, dtypes, device and 16-byte
+    alignment (the data's addresses are `_Plan.bind`'s), which optional tensors it has (a block table's shape and
+    strides), and its scalar options."""
+    left, right = window if window is not None else (-1, 0 if causal else -1)
+    seqlens, table = cache or (None, None)
+    return (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), out.shape, out.stride(), lse.shape,
+            lse.stride(), q.dtype, k.dtype, v.dtype, out.dtype, q.device,
+            q.data_ptr() % 16, k.data_ptr() % 16, v.data_ptr() % 16, out.data_ptr() % 16,
+            causal, softmax_scale, softcap, None if isinstance(left, torch.Tensor) else left, right,
+            sinks is None, alibi_slopes is None, seqlens is None, table is None or (table.shape, table.stride()),
+            varlen is None or (varlen[0].shape, varlen[2], varlen[3]),
+            descales is None or tuple(t is None for t in descales))
 
 
 def choose_tiles(d, causal, seqlen_q, left=-1, softcap=0.0, paged=False, dv=None):
@@ -1320,6 +1360,55 @@ def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpon
                 window=None, sinks=None, softcap=0.0, cache=None, alibi_slopes=None, pack=None, descales=None,
                 transpose=None):
     """(grid, arguments, meta-parameters) of one launch; `benchmarks/profile_host.py` times the launch alone."""
+    plan = _plan(q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale, views=views, pingpong=pingpong,
+                 tiles=tiles, varlen=varlen, window=window, sinks=sinks, softcap=softcap, cache=cache,
+                 alibi_slopes=alibi_slopes, pack=pack, descales=descales, transpose=transpose)
+    return plan.grid, plan.bind(q, k, v, out, lse, varlen, window, sinks, cache, alibi_slopes, descales), plan.meta
+
+
+_TENSOR_ARGS = 17                 # `_Plan.bind`'s arguments before the scalars: descriptors, tensors, descales
+
+
+class _Plan:
+    """What a launch's arguments are made of, given its tensors' shapes, strides, dtypes and 16-byte alignment and
+    its options (`_plan`): the grid, the meta-parameters, the TMA boxes of q, k, v and the output, and the scalar
+    arguments. `bind` makes the arguments of one call from its tensors."""
+    __slots__ = ("grid", "meta", "boxes", "copy_v", "counter", "fp8", "scalars", "fixed")
+
+    def __init__(self, grid, meta, boxes, copy_v, counter, fp8, scalars):
+        self.grid, self.meta, self.boxes, self.copy_v = grid, meta, boxes, copy_v
+        self.counter, self.fp8, self.scalars = counter, fp8, scalars
+        self.fixed = fixed_classes(_TENSOR_ARGS, scalars, meta)
+
+    def bind(self, q, k, v, out, lse, varlen, window, sinks, cache, alibi_slopes, descales):
+        """The kernel's arguments for these tensors (those of a call with the plan's key, `_plan_key`): TMA
+        descriptors over them in the plan's boxes ((view, box, layout) each, or None), the tensors, the causal
+        schedule's counter, the scalars."""
+        cu_q = cu_k = lefts = None
+        if varlen is not None:
+            cu_q, cu_k = varlen[:2]
+            q, k, v = q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0)
+        if window is not None and isinstance(window[0], torch.Tensor):
+            lefts = window[0]
+        seqlens, table = cache or (None, None)
+        bq, bk, bv, bo = self.boxes
+        if self.copy_v is not None:        # an FP8 V transposed into a copy first (`transposed_v`)
+            vt, view = transposed_v(v, None if varlen is None else (cu_k, self.copy_v))
+            v_desc = descriptor(vt, view, bv[1])
+        else:
+            v_desc = descriptor_in(v, bv)
+        scales = (None,) * 3
+        if self.fp8 and descales is not None:
+            scales = tuple(None if t is None else t.contiguous() for t in descales)
+        return (descriptor_in(q, bq), descriptor_in(k, bk), v_desc, None if bo is None else descriptor_in(out, bo),
+                out, lse, _counter(q.device) if self.counter else None, cu_q, cu_k, sinks, lefts, seqlens, table,
+                alibi_slopes, *scales, *self.scalars)
+
+
+def _plan(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None, tiles=None, varlen=None,
+          window=None, sinks=None, softcap=0.0, cache=None, alibi_slopes=None, pack=None, descales=None,
+          transpose=None):
+    """`_Plan` of a launch (`launch_args`' arguments)."""
     left, right = window if window is not None else (-1, 0 if causal else -1)
     lefts = None
     if isinstance(left, torch.Tensor):            # one left bound a sequence (batch,) int32, read by the kernel
@@ -1327,14 +1416,13 @@ def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpon
     causal = right >= 0           # a right bound (0: causal)
     window = lefts is not None or left >= 0 or right > 0
     masked = causal or window
-    seqlens, table = cache or (None, None)
+    table = None if cache is None else cache[1]
     if varlen is None:
         batch, seqlen_q = q.shape[:2]
         seqlen_k = k.shape[1] if table is None else table.shape[1] * k.shape[1]     # a cache's capacity
-        cu_q = cu_k = None
         o_strides, lse_strides = out.stride()[:3], lse.stride()
     else:                         # one packed batch for TMA; each sequence's rows from cu_seqlens (`_work_item`)
-        cu_q, cu_k, seqlen_q, seqlen_k = varlen
+        cu_q, _, seqlen_q, seqlen_k = varlen
         batch = cu_q.shape[0] - 1
         q, k, v = (t.unsqueeze(0) for t in (q, k, v))
         o_strides, lse_strides = (0, *out.stride()[:2]), (0, *lse.stride())
@@ -1357,8 +1445,9 @@ def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpon
         pingpong = dv == 256 or (d == 128 and causal and seqlen_q >= PINGPONG_MIN_ROWS_D128)
     pingpong = pingpong and wgs == 2              # the hand-off is between two warpgroups
 
-    def desc(t, view, rows, width):
-        return descriptor(t, view, [1, rows, 1, width] if padded else [1, rows, width])
+    def box(t, view, rows, width):
+        block = [1, rows, 1, width] if padded else [1, rows, width]
+        return view, block, smem_layout(tuple(block), t.dtype)
 
     group = heads_q // heads_k
     if pack is None:
@@ -1372,7 +1461,7 @@ def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpon
     # Causal or windowed items, and packed sequences' items, differ in length: handed out by an atomic counter
     # (`_counter`). Unmasked padded items are all alike, so a fixed round-robin balances them as well, with no
     # counter.
-    counter = _counter(q.device) if masked or varlen is not None or cache is not None else None
+    counter = masked or varlen is not None or cache is not None
     chunk = 1
     if causal:                    # query heads whose K/V fit in L2_BUDGET
         chunk = max(1, L2_BUDGET // (seqlen_k * (d + dv) * k.element_size())) * group // heads
@@ -1397,27 +1486,21 @@ def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpon
             raise ValueError(f"FP8 inputs: head dims in {sorted(FP8_HEAD_DIMS)} only, got {(q.shape[3], dv_store)}")
         if varlen is not None and block_n > TAIL:       # the zeros past the last sequence (`transposed_v`)
             raise ValueError(f"tiles: FP8 packed sequences take key tiles of at most {TAIL}, got {block_n}")
-        scales = tuple(None if t is None else t.contiguous() for t in descales or (None,) * 3)
+    copy_v = seqlen_k if fp8 and not transpose else None
+    if copy_v is not None:        # the copy's view and box are made with it, in `_Plan.bind`
+        bv, stride_vh = (None, [1, dv, block_n]), dv
     else:
-        scales = (None,) * 3
-    if fp8 and not transpose:
-        vt, view = transposed_v(v, None if varlen is None else (cu_k, seqlen_k))
-        v_desc, stride_vh = descriptor(vt, view, [1, dv, block_n]), dv
-    else:
-        v_desc, stride_vh = desc(v, vv, kv_rows, dv), v.stride(2)
-    args = (desc(q, vq, _ROWS, part), desc(k, vk, kv_rows, part), v_desc,
-            None if vo is None else desc(out, vo, _ROWS, dv), out, lse, counter,
-            cu_q, cu_k, sinks, lefts, seqlens, table, alibi_slopes, *scales, seqlen_q, seqlen_k, heads_q,
-            group,
-            batch * heads_q // heads, chunk,
-            q.stride(2), k.stride(2), stride_vh, *o_strides, *lse_strides,
-            softcap * LOG2E if softcap > 0 else softmax_scale * LOG2E, softmax_scale / softcap if softcap > 0 else 1.0,
-            min(left, UNBOUNDED) if left >= 0 else UNBOUNDED, min(max(right, 0), UNBOUNDED),
-            table.stride(0) if table is not None else 0, k.shape[1] if table is not None else 0)
+        bv, stride_vh = box(v, vv, kv_rows, dv), v.stride(2)
+    boxes = (box(q, vq, _ROWS, part), box(k, vk, kv_rows, part), bv, None if vo is None else box(out, vo, _ROWS, dv))
+    scalars = (seqlen_q, seqlen_k, heads_q, group, batch * heads_q // heads, chunk,
+               q.stride(2), k.stride(2), stride_vh, *o_strides, *lse_strides,
+               softcap * LOG2E if softcap > 0 else softmax_scale * LOG2E, softmax_scale / softcap if softcap > 0 else 1.0,
+               min(left, UNBOUNDED) if left >= 0 else UNBOUNDED, min(max(right, 0), UNBOUNDED),
+               table.stride(0) if table is not None else 0, k.shape[1] if table is not None else 0)
     meta = dict(BLOCK_N=block_n, HEAD_D=d, HEAD_DV=dv, DV_STORE=dv_store, STAGES=stages, Q_BUFS=q_bufs, CAUSAL=causal,
                 PINGPONG=pingpong, CONSUMER_REGS=regs, WGS=wgs, OFFSETS_64=offsets_64,
                 VARLEN=varlen is not None, WINDOW=window, HAS_SINKS=sinks is not None, SOFTCAP=softcap > 0,
                 KV_CACHE=cache is not None, PAGE_ROWS=kv_rows if table is not None else 0,
                 HAS_ALIBI=alibi_slopes is not None, HEADS=heads, TMA_STORE=vo is not None, TRANSPOSE=transpose,
                 num_warps=4)
-    return grid, args, meta
+    return _Plan(grid, meta, boxes, copy_v, counter, fp8, scalars)

@@ -33,19 +33,26 @@ _COMPILED = {}
 RECORD = None
 
 
-def launch(fn, grid, args, meta):
+def launch(fn, grid, args, meta, fixed=None):
     """`fn[grid](*args, **meta)`: `args` are the kernel's runtime arguments in order (tensors, ints, floats, None,
     tensor descriptors), `meta` its constexprs (those left out take their defaults) and options. The first call of
     an argument class compiles through the JIT; later ones launch the compiled kernel directly. Arguments of a kind
     `_arg_class` does not know, and the interpreter, take the JIT's own path every time. (The prefill's binding
-    cost 10-20 us of an eager call's 100-240 us; NOTES.md, thirty-ninth and fortieth sessions.)"""
+    cost 10-20 us of an eager call's 100-240 us; NOTES.md, thirty-ninth and fortieth sessions.) `fixed` =
+    (n, classes of args[n:], tuple(meta.items())), made once by a caller whose later arguments and meta do not
+    change between calls (`fixed_classes`: a launch plan's scalars)."""
     if RECORD is not None:
         RECORD.append((getattr(fn, "__name__", repr(fn)), tuple(grid), dict(meta)))
-    classes = tuple(map(_arg_class, args)) if isinstance(fn, JITFunction) else (None,)
+    if fixed is not None:
+        n, tail, items = fixed
+        classes = (*map(_arg_class, args[:n]), *tail)
+    else:
+        classes = tuple(map(_arg_class, args)) if isinstance(fn, JITFunction) else (None,)
+        items = tuple(meta.items())
     if None in classes:
         fn[grid](*args, **meta)
         return
-    key = (fn, torch.cuda.current_device(), classes, tuple(meta.items()))
+    key = (fn, torch.cuda.current_device(), classes, items)
     hit = _COMPILED.get(key)
     if hit is None:
         kernel = fn[grid](*args, **meta)
@@ -53,3 +60,8 @@ def launch(fn, grid, args, meta):
         return
     kernel, constexprs = hit
     kernel[(*grid, 1, 1)[:3]](*args, *constexprs)
+
+
+def fixed_classes(n, tail, meta):
+    """`launch`'s `fixed` for calls whose arguments from the n-th on are `tail` and whose meta is `meta`, each time."""
+    return n, tuple(map(_arg_class, tail)), tuple(meta.items())

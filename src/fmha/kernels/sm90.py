@@ -34,11 +34,16 @@ def descriptor(t, view, block):
     """A Gluon TensorDescriptor over tensor t seen as `view` = (shape, strides), box `block` = [1, rows, d] (or
     [1, rows, 1, d] over a 4-D view), without the constructor's checks: the caller's view function has made them
     (16-byte alignment, unit last stride), and on a slow host they cost more than the kernel of a short call."""
+    return descriptor_in(t, (view, block, smem_layout(tuple(block), t.dtype)))
+
+
+def descriptor_in(t, box):
+    """`descriptor` of t in `box` = (view, block, layout), its shared-memory layout found beforehand (a launch plan
+    keeps it)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    shape, strides = view
     desc = object.__new__(TensorDescriptor)
-    desc.base, desc.shape, desc.strides, desc.block_shape, desc.padding = t, shape, strides, block, "zero"
-    desc.layout = smem_layout(tuple(block), t.dtype)
+    (desc.shape, desc.strides), desc.block_shape, desc.layout = box
+    desc.base, desc.padding = t, "zero"
     return desc
 
 
