@@ -93,7 +93,10 @@ def stamped_source():
                             ("LEFTS, right, _, _, _, _) = args", "LEFTS, right, _, _, _, _, _stamp_ptr) = args", 1),
                             ("SEQLENS, _, _, _) = args", "SEQLENS, _, _, _, _stamp_ptr) = args", 1),
                             ("V_DESCALE, seqlen_q,\n", "V_DESCALE, STAMP, seqlen_q,\n", 1),
-                            ("*scales, seqlen_q,", "*scales, _stamp_buffer(grid[0]), seqlen_q,", 1)]:
+                            # `_Plan.bind`'s arguments: the buffer after the descales, before the plan's scalars
+                            ("alibi_slopes, *scales, *self.scalars)",
+                             "alibi_slopes, *scales, _stamp_buffer(self.grid[0]), *self.scalars)", 1),
+                            ("_TENSOR_ARGS = 17 ", "_TENSOR_ARGS = 18 ", 1)]:
         assert src.count(old) == count, old
         src = src.replace(old, new)
     src = add_stamps(src, "@gluon.jit\ndef _first_with_rows(", "", "def _load_item(", "def _first_with_rows(",
