@@ -696,3 +696,55 @@ def test_gluon_plan_key():
               key(cache=(lens, table)), key(cache=(lens, table[:, :2])),
               key(descales=(torch.ones(b, h), None, None))]
     assert others[0] == base and len({base, *others[1:]}) == len(others)
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("case", ["dense-causal", "packed-window-sinks", "paged"])
+def test_gluon_launch_plan_binds_each_call(case, monkeypatch):
+    """A kept launch plan (`forward_sm90._PLANS`) gives a later call of its key that call's own tensors: the same
+    arguments, field for field, as planning it afresh (`launch_args`), and not the first call's. The host side
+    only (capability, SM count and launch replaced), so it runs without a GPU."""
+    from fmha.kernels import forward_sm90 as F
+    counter = torch.zeros(2, dtype=torch.int32)
+    monkeypatch.setattr(F, "supported", lambda q, k, v: tuple(F._view(t) for t in (q, k, v)))
+    monkeypatch.setattr(F, "num_sms", lambda device: 132)
+    monkeypatch.setattr(F, "_counter", lambda device: counter)
+    launches, plans = [], []
+    monkeypatch.setattr(F, "launch", lambda fn, grid, args, meta, fixed: launches.append((grid, args, meta)))
+    real_plan = F._plan
+    monkeypatch.setattr(F, "_plan", lambda *a, **kw: plans.append(1) or real_plan(*a, **kw))
+    b, s, hq, hk, d = 2, 200, 8, 2, 128
+
+    def call(seed):
+        g = torch.Generator().manual_seed(seed)
+        q, k, v = (torch.randn(b, s, h, d, generator=g, dtype=torch.float16) for h in (hq, hk, hk))
+        out, lse = torch.empty_like(q), torch.empty(b, hq, s)
+        options = dict(causal=True, softmax_scale=0.1)
+        if case == "packed-window-sinks":
+            q, k, v, out = (t.flatten(0, 1) for t in (q, k, v, out))
+            lse = torch.empty(hq, b * s)
+            cu = torch.arange(0, (b + 1) * s, s, dtype=torch.int32)
+            options.update(varlen=(cu, cu, s, s), window=(50, 0), sinks=torch.randn(hq, generator=g))
+        if case == "paged":
+            k, v = (t.view(b * s // 40, 40, hk, d) for t in (k, v))       # 10 pages of 40 keys
+            options.update(cache=(torch.full((b,), s, dtype=torch.int32),
+                                  torch.randperm(b * s // 40, generator=g).view(b, -1).to(torch.int32)))
+        assert F.attention_forward_sm90(q, k, v, out, lse, **options)
+        return (q, k, v, out, lse), options
+    call(0)
+    tensors, options = call(1)
+    assert len(plans) == 1 and len(launches) == 2
+    grid, args, meta = launches[1]
+    want_grid, want, want_meta = F.launch_args(*tensors, **options)
+    assert grid == want_grid and meta == want_meta and len(args) == len(want)
+    for got, exp in zip(args, want):
+        if hasattr(exp, "block_shape"):             # a TMA descriptor: over this call's tensor, in the same box
+            assert got.base.data_ptr() == exp.base.data_ptr() and got.base.shape == exp.base.shape
+            assert (got.shape, got.strides, got.block_shape, got.layout) == \
+                (exp.shape, exp.strides, exp.block_shape, exp.layout)
+        elif isinstance(exp, torch.Tensor):
+            assert got is exp
+        else:
+            assert type(got) is type(exp) and got == exp
+    q, k, v, out, lse = tensors
+    assert args[0].base.data_ptr() == q.data_ptr() and args[4] is out and args[5] is lse
