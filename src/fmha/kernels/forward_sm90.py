@@ -1204,7 +1204,7 @@ def supported(q, k, v):
 # Launch plans (`_Plan`) of automatic calls, by `_plan_key`; False for a call `supported` refuses. A call whose key
 # was seen skips `supported` and `_plan`: 20-30 us of an eager call's host time on the device's hosts, where a short
 # prefill's kernel runs 100-200 us (NOTES.md, fifty-eighth session). Emptied when PLANS_MAX keys are held (packed
-# sequences key on their longest lengths).
+# sequences key on their token counts and longest lengths).
 _PLANS = {}
 PLANS_MAX = 1024
 
@@ -1225,12 +1225,15 @@ def attention_forward_sm90(q, k, v, out, lse, *, causal, softmax_scale, views=No
     in an item, `pack_heads`) override the automatic choices (tuning, tests); so does `transpose` (an FP8 V
     transposed in the kernel, `transpose_in_kernel`, or copied first). Calls with none of these five take a plan
     kept from an earlier call of the same key (`_PLANS`)."""
-    options = dict(causal=causal, softmax_scale=softmax_scale, varlen=varlen, window=window, sinks=sinks,
-                   softcap=softcap, cache=cache, alibi_slopes=alibi_slopes, descales=descales)
     automatic = views is None and pingpong is None and tiles is None and pack is None and transpose is None
-    key = _plan_key(q, k, v, out, lse, **options) if automatic else None
+    key = None
+    if automatic:
+        key = _plan_key(q, k, v, out, lse, causal, softmax_scale, varlen, window, sinks, softcap, cache,
+                        alibi_slopes, descales)
     plan = _PLANS.get(key) if automatic else None
     if plan is None:
+        options = dict(causal=causal, softmax_scale=softmax_scale, varlen=varlen, window=window, sinks=sinks,
+                       softcap=softcap, cache=cache, alibi_slopes=alibi_slopes, descales=descales)
         if views is None:
             views = supported(*((q, k, v) if varlen is None else (t.unsqueeze(0) for t in (q, k, v))))
         plan = views is not None and _plan(q, k, v, out, lse, views=views, pingpong=pingpong, tiles=tiles, pack=pack,
@@ -1246,7 +1249,7 @@ def attention_forward_sm90(q, k, v, out, lse, *, causal, softmax_scale, views=No
     return True
 
 
-def _plan_key(q, k, v, out, lse, *, causal, softmax_scale, varlen, window, sinks, softcap, cache, alibi_slopes,
+def _plan_key(q, k, v, out, lse, causal, softmax_scale, varlen, window, sinks, softcap, cache, alibi_slopes,
               descales):
     """All that `supported` and `_plan` read of a call: its tensors' shapes, strides, dtypes, device and 16-byte
     alignment (the data's addresses are `_Plan.bind`'s), which optional tensors it has (a block table's shape and
@@ -1366,9 +1369,6 @@ def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpon
     return plan.grid, plan.bind(q, k, v, out, lse, varlen, window, sinks, cache, alibi_slopes, descales), plan.meta
 
 
-_TENSOR_ARGS = 17                 # `_Plan.bind`'s arguments before the scalars: descriptors, tensors, descales
-
-
 class _Plan:
     """What a launch's arguments are made of, given its tensors' shapes, strides, dtypes and 16-byte alignment and
     its options (`_plan`): the grid, the meta-parameters, the TMA boxes of q, k, v and the output, and the scalar
@@ -1378,7 +1378,7 @@ class _Plan:
     def __init__(self, grid, meta, boxes, copy_v, counter, fp8, scalars):
         self.grid, self.meta, self.boxes, self.copy_v = grid, meta, boxes, copy_v
         self.counter, self.fp8, self.scalars = counter, fp8, scalars
-        self.fixed = fixed_classes(_TENSOR_ARGS, scalars, meta)
+        self.fixed = fixed_classes(scalars, meta)      # `bind` ends with the scalars
 
     def bind(self, q, k, v, out, lse, varlen, window, sinks, cache, alibi_slopes, descales):
         """The kernel's arguments for these tensors (those of a call with the plan's key, `_plan_key`): TMA

@@ -39,13 +39,13 @@ def launch(fn, grid, args, meta, fixed=None):
     an argument class compiles through the JIT; later ones launch the compiled kernel directly. Arguments of a kind
     `_arg_class` does not know, and the interpreter, take the JIT's own path every time. (The prefill's binding
     cost 10-20 us of an eager call's 100-240 us; NOTES.md, thirty-ninth and fortieth sessions.) `fixed` =
-    (n, classes of args[n:], tuple(meta.items())), made once by a caller whose later arguments and meta do not
-    change between calls (`fixed_classes`: a launch plan's scalars)."""
+    (classes of the last arguments, tuple(meta.items())), made once by a caller whose last arguments and meta do
+    not change between calls (`fixed_classes`: a launch plan's scalars)."""
     if RECORD is not None:
         RECORD.append((getattr(fn, "__name__", repr(fn)), tuple(grid), dict(meta)))
     if fixed is not None:
-        n, tail, items = fixed
-        classes = (*map(_arg_class, args[:n]), *tail)
+        tail, items = fixed
+        classes = (*map(_arg_class, args[:len(args) - len(tail)]), *tail)
     else:
         classes = tuple(map(_arg_class, args)) if isinstance(fn, JITFunction) else (None,)
         items = tuple(meta.items())
@@ -62,6 +62,6 @@ def launch(fn, grid, args, meta, fixed=None):
     kernel[(*grid, 1, 1)[:3]](*args, *constexprs)
 
 
-def fixed_classes(n, tail, meta):
-    """`launch`'s `fixed` for calls whose arguments from the n-th on are `tail` and whose meta is `meta`, each time."""
-    return n, tuple(map(_arg_class, tail)), tuple(meta.items())
+def fixed_classes(tail, meta):
+    """`launch`'s `fixed` for calls whose arguments end with `tail` and whose meta is `meta`, each time."""
+    return tuple(map(_arg_class, tail)), tuple(meta.items())

@@ -37,11 +37,17 @@ def descriptor(t, view, block):
     return descriptor_in(t, (view, block, smem_layout(tuple(block), t.dtype)))
 
 
+@functools.lru_cache(maxsize=None)
+def _descriptor_type():
+    """Gluon's TensorDescriptor class, imported once (an import statement costs ~1 us a call, four a launch)."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    return TensorDescriptor
+
+
 def descriptor_in(t, box):
     """`descriptor` of t in `box` = (view, block, layout), its shared-memory layout found beforehand (a launch plan
     keeps it)."""
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    desc = object.__new__(TensorDescriptor)
+    desc = object.__new__(_descriptor_type())
     (desc.shape, desc.strides), desc.block_shape, desc.layout = box
     desc.base, desc.padding = t, "zero"
     return desc
