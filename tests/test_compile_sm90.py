@@ -699,18 +699,21 @@ def test_gluon_plan_key():
 
 
 @pytest.mark.cpu
-@pytest.mark.parametrize("case", ["dense-causal", "packed-window-sinks", "paged"])
+@pytest.mark.parametrize("case", ["dense-causal", "packed-window-sinks", "packed-other-lengths", "paged"])
 def test_gluon_launch_plan_binds_each_call(case, monkeypatch):
     """A kept launch plan (`forward_sm90._PLANS`) gives a later call of its key that call's own tensors: the same
-    arguments, field for field, as planning it afresh (`launch_args`), and not the first call's. The host side
-    only (capability, SM count and launch replaced), so it runs without a GPU."""
+    arguments, field for field, as planning it afresh (`launch_args`), and not the first call's; packed sequences
+    of other token counts and longest lengths take the same plan, with their own grid and scalars. The argument
+    classes the plan keeps are those of the call's own arguments. The host side only (capability, SM count and
+    launch replaced), so it runs without a GPU."""
+    from fmha.kernels.launch import _arg_class
     from fmha.kernels import forward_sm90 as F
     counter = torch.zeros(2, dtype=torch.int32)
     monkeypatch.setattr(F, "supported", lambda q, k, v: tuple(F._view(t) for t in (q, k, v)))
     monkeypatch.setattr(F, "num_sms", lambda device: 132)
     monkeypatch.setattr(F, "_counter", lambda device: counter)
     launches, plans = [], []
-    monkeypatch.setattr(F, "launch", lambda fn, grid, args, meta, fixed: launches.append((grid, args, meta)))
+    monkeypatch.setattr(F, "launch", lambda fn, grid, args, meta, fixed: launches.append((grid, args, meta, fixed)))
     real_plan = F._plan
     monkeypatch.setattr(F, "_plan", lambda *a, **kw: plans.append(1) or real_plan(*a, **kw))
     b, s, hq, hk, d = 2, 200, 8, 2, 128
@@ -725,6 +728,13 @@ def test_gluon_launch_plan_binds_each_call(case, monkeypatch):
             lse = torch.empty(hq, b * s)
             cu = torch.arange(0, (b + 1) * s, s, dtype=torch.int32)
             options.update(varlen=(cu, cu, s, s), window=(50, 0), sinks=torch.randn(hq, generator=g))
+        if case == "packed-other-lengths":     # the second: fewer tokens, other longest lengths, multiples of 16
+            lens_q, lens_k = ((200, 150), (180, 200)) if seed == 0 else ((32, 128), (90, 130))
+            q, out = (t[:, :max(lens_q)].flatten(0, 1)[:sum(lens_q)] for t in (q, out))
+            k, v = (t.flatten(0, 1)[:sum(lens_k)] for t in (k, v))
+            lse = torch.empty(hq, sum(lens_q))
+            cu_q, cu_k = (torch.tensor([0, n[0], sum(n)], dtype=torch.int32) for n in (lens_q, lens_k))
+            options.update(varlen=(cu_q, cu_k, max(lens_q), max(lens_k)))
         if case == "paged":
             k, v = (t.view(b * s // 40, 40, hk, d) for t in (k, v))       # 10 pages of 40 keys
             options.update(cache=(torch.full((b,), s, dtype=torch.int32),
@@ -734,7 +744,8 @@ def test_gluon_launch_plan_binds_each_call(case, monkeypatch):
     call(0)
     tensors, options = call(1)
     assert len(plans) == 1 and len(launches) == 2
-    grid, args, meta = launches[1]
+    grid, args, meta, (kept, _) = launches[1]
+    assert kept == tuple(map(_arg_class, args[len(args) - len(kept):]))
     want_grid, want, want_meta = F.launch_args(*tensors, **options)
     assert grid == want_grid and meta == want_meta and len(args) == len(want)
     for got, exp in zip(args, want):

@@ -143,6 +143,28 @@ def test_gluon_launch_plan_reuse(monkeypatch):
     assert gluon == [False]
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gluon_packed_plan_other_lengths(causal, monkeypatch):
+    """Packed batches of other token counts and longest lengths (a server's prefill batches) share one launch plan
+    (`forward_sm90._plan_key`) and each gets its own grid, views and scalars: every batch against the oracle, NaN
+    past its rows and in its output beforehand. Unmasked, the last two batches' longest queries reach the wide
+    tiles' bound (WIDE_MIN_ROWS): one more plan, which both take."""
+    from fmha.kernels import forward_sm90
+    plans = []
+    real = forward_sm90._plan
+    monkeypatch.setattr(forward_sm90, "_plan", lambda *a, **kw: plans.append(1) or real(*a, **kw))
+    batches = [([300, 1000, 17], [300, 1200, 40]), ([64, 5, 700], [2000, 64, 700]), ([1, 129, 1], [1, 129, 3000]),
+               ([1500, 0, 2048], [1500, 0, 2048]), ([100, 3000, 40], [100, 3000, 40])]
+    for i, (len_q, len_k) in enumerate(batches):
+        torch.manual_seed(i)
+        q, k, v, cu_q, cu_k = _packed(len_q, len_k, 8, 2, 64, 64)
+        out = torch.full((q.shape[0], 8, 64), float("nan"), dtype=torch.bfloat16, device="cuda")
+        got, lse = fmha.attention_varlen(q, k, v, cu_q, cu_k, max(len_q), max(len_k), causal=causal,
+                                         return_lse=True, out=out)
+        assert_matches(got, lse, attention_varlen_ref(q, k, v, cu_q, cu_k, causal=causal), torch.bfloat16)
+    assert len(plans) == (1 if causal else 2)
+
+
 # (lengths_q, lengths_k, heads_q, heads_k, head_dim[, head_dim_v when it differs]): packed sequences with empty
 # ones, Sq > Sk (causal rows that see nothing), lengths off every tile, a long one (three warpgroups at d = 64).
 VARLEN_CASES = [

@@ -1203,8 +1203,8 @@ def supported(q, k, v):
 
 # Launch plans (`_Plan`) of automatic calls, by `_plan_key`; False for a call `supported` refuses. A call whose key
 # was seen skips `supported` and `_plan`: 20-30 us of an eager call's host time on the device's hosts, where a short
-# prefill's kernel runs 100-200 us (NOTES.md, fifty-eighth session). Emptied when PLANS_MAX keys are held (packed
-# sequences key on their token counts and longest lengths).
+# prefill's kernel runs 100-200 us (NOTES.md, fifty-eighth session). Packed sequences' batches of other token
+# counts and longest lengths share a plan (`_plan_key`). Emptied when PLANS_MAX keys are held.
 _PLANS = {}
 PLANS_MAX = 1024
 
@@ -1244,8 +1244,8 @@ def attention_forward_sm90(q, k, v, out, lse, *, causal, softmax_scale, views=No
             _PLANS[key] = plan
     if not plan:
         return False
-    launch(attn_fwd_sm90_kernel, plan.grid, plan.bind(q, k, v, out, lse, varlen, window, sinks, cache, alibi_slopes,
-                                                      descales), plan.meta, plan.fixed)
+    launch(attn_fwd_sm90_kernel, plan.grid_of(varlen),
+           plan.bind(q, k, v, out, lse, varlen, window, sinks, cache, alibi_slopes, descales), plan.meta, plan.fixed)
     return True
 
 
@@ -1253,15 +1253,23 @@ def _plan_key(q, k, v, out, lse, causal, softmax_scale, varlen, window, sinks, s
               descales):
     """All that `supported` and `_plan` read of a call: its tensors' shapes, strides, dtypes, device and 16-byte
     alignment (the data's addresses are `_Plan.bind`'s), which optional tensors it has (a block table's shape and
-    strides), and its scalar options."""
+    strides), and its scalar options. Packed sequences: not their token counts nor their longest lengths, which
+    change from batch to batch of a server (`_Plan.bind` and `grid_of` take those of each call), but what `_plan`
+    decides from them: whether any keys are there, whether the output's offsets need 64 bits, and which of the
+    row bounds of the tile and ping-pong choices the longest query length reaches."""
     left, right = window if window is not None else (-1, 0 if causal else -1)
     seqlens, table = cache or (None, None)
-    return (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), out.shape, out.stride(), lse.shape,
-            lse.stride(), q.dtype, k.dtype, v.dtype, out.dtype, q.device,
+    if varlen is None:
+        shapes = (q.shape, k.shape, v.shape, out.shape, lse.shape, lse.stride())
+    else:
+        longest = varlen[2]
+        shapes = (q.shape[1:], k.shape[1:], v.shape[1:], out.shape[1:], lse.shape[0], lse.stride(1),
+                  varlen[0].shape, k.shape[0] == 0, max(_extent(out), _extent(lse)) > 2**31,
+                  longest >= WIDE_MIN_ROWS, longest >= WIDE_MIN_ROWS_CAUSAL, longest >= PINGPONG_MIN_ROWS_D128)
+    return (*shapes, q.stride(), k.stride(), v.stride(), out.stride(), q.dtype, k.dtype, v.dtype, out.dtype, q.device,
             q.data_ptr() % 16, k.data_ptr() % 16, v.data_ptr() % 16, out.data_ptr() % 16,
             causal, softmax_scale, softcap, None if isinstance(left, torch.Tensor) else left, right,
             sinks is None, alibi_slopes is None, seqlens is None, table is None or (table.shape, table.stride()),
-            varlen is None or (varlen[0].shape, varlen[2], varlen[3]),
             descales is None or tuple(t is None for t in descales))
 
 
@@ -1366,34 +1374,59 @@ def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpon
     plan = _plan(q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale, views=views, pingpong=pingpong,
                  tiles=tiles, varlen=varlen, window=window, sinks=sinks, softcap=softcap, cache=cache,
                  alibi_slopes=alibi_slopes, pack=pack, descales=descales, transpose=transpose)
-    return plan.grid, plan.bind(q, k, v, out, lse, varlen, window, sinks, cache, alibi_slopes, descales), plan.meta
+    return (plan.grid_of(varlen), plan.bind(q, k, v, out, lse, varlen, window, sinks, cache, alibi_slopes, descales),
+            plan.meta)
+
+
+# A packed call's scalar arguments that follow its token count and longest lengths (`_Plan.bind`): seqlen_q and
+# seqlen_k (the first two of `_Plan.scalars`), and head_chunk and stride_lh (`attn_fwd_sm90_kernel`) at these
+# indices; the scalars from PACKED_FIXED on are the same for every call of a plan's key.
+HEAD_CHUNK, STRIDE_LH = 5, 13
+PACKED_FIXED = STRIDE_LH + 1
 
 
 class _Plan:
     """What a launch's arguments are made of, given its tensors' shapes, strides, dtypes and 16-byte alignment and
     its options (`_plan`): the grid, the meta-parameters, the TMA boxes of q, k, v and the output, and the scalar
-    arguments. `bind` makes the arguments of one call from its tensors."""
-    __slots__ = ("grid", "meta", "boxes", "copy_v", "counter", "fp8", "scalars", "fixed")
+    arguments. `bind` makes the arguments of one call from its tensors. A plan of packed sequences (`packed` =
+    (items a row block, rows an item, programs at most, the causal chunk's bytes a key, query heads an item's
+    chunk counts), `_chunk`) serves calls of other token counts and longest lengths: `grid_of` and `bind` take
+    theirs (`_plan_key`)."""
+    __slots__ = ("grid", "meta", "boxes", "copy_v", "counter", "fp8", "scalars", "fixed", "packed", "padded")
 
-    def __init__(self, grid, meta, boxes, copy_v, counter, fp8, scalars):
+    def __init__(self, grid, meta, boxes, copy_v, counter, fp8, scalars, packed, padded):
         self.grid, self.meta, self.boxes, self.copy_v = grid, meta, boxes, copy_v
-        self.counter, self.fp8, self.scalars = counter, fp8, scalars
-        self.fixed = fixed_classes(scalars, meta)      # `bind` ends with the scalars
+        self.counter, self.fp8, self.scalars, self.packed, self.padded = counter, fp8, scalars, packed, padded
+        # `bind` ends with the scalars; a packed call's first ones are its own
+        self.fixed = fixed_classes(scalars if packed is None else scalars[PACKED_FIXED:], meta)
+
+    def grid_of(self, varlen):
+        """The grid of a call with the plan's key (`varlen` as `attention_forward_sm90` takes it)."""
+        if self.packed is None:
+            return self.grid
+        items, rows, programs = self.packed[:3]
+        return (min(items * triton.cdiv(varlen[2], rows), programs),)
 
     def bind(self, q, k, v, out, lse, varlen, window, sinks, cache, alibi_slopes, descales):
         """The kernel's arguments for these tensors (those of a call with the plan's key, `_plan_key`): TMA
         descriptors over them in the plan's boxes ((view, box, layout) each, or None), the tensors, the causal
         schedule's counter, the scalars."""
         cu_q = cu_k = lefts = None
-        if varlen is not None:
-            cu_q, cu_k = varlen[:2]
+        bq, bk, bv, bo = self.boxes
+        scalars = self.scalars
+        if varlen is not None:        # views over this call's tokens; scalars of its lengths
+            cu_q, cu_k, seqlen_q, seqlen_k = varlen
             q, k, v = q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0)
+            bq, bk = (_view(q, self.padded), *bq[1:]), (_view(k, self.padded), *bk[1:])
+            if not self.copy_v:
+                bv = (_view(v, self.padded), *bv[1:])
+            scalars = (seqlen_q, seqlen_k, *scalars[2:HEAD_CHUNK], _chunk(*self.packed[3:], seqlen_k),
+                       *scalars[HEAD_CHUNK + 1:STRIDE_LH], lse.stride(0), *scalars[STRIDE_LH + 1:])
         if window is not None and isinstance(window[0], torch.Tensor):
             lefts = window[0]
         seqlens, table = cache or (None, None)
-        bq, bk, bv, bo = self.boxes
-        if self.copy_v is not None:        # an FP8 V transposed into a copy first (`transposed_v`)
-            vt, view = transposed_v(v, None if varlen is None else (cu_k, self.copy_v))
+        if self.copy_v:                    # an FP8 V transposed into a copy first (`transposed_v`)
+            vt, view = transposed_v(v, None if varlen is None else (cu_k, seqlen_k))
             v_desc = descriptor(vt, view, bv[1])
         else:
             v_desc = descriptor_in(v, bv)
@@ -1402,7 +1435,15 @@ class _Plan:
             scales = tuple(None if t is None else t.contiguous() for t in descales)
         return (descriptor_in(q, bq), descriptor_in(k, bk), v_desc, None if bo is None else descriptor_in(out, bo),
                 out, lse, _counter(q.device) if self.counter else None, cu_q, cu_k, sinks, lefts, seqlens, table,
-                alibi_slopes, *scales, *self.scalars)
+                alibi_slopes, *scales, *scalars)
+
+
+def _chunk(key_bytes, heads, seqlen_k):
+    """Query heads (items' heads, `heads` a KV head) whose causal work items share one K/V in L2 at a time: as many
+    KV heads as fit in L2_BUDGET at `key_bytes` a key; 1 without a causal mask (`key_bytes` 0)."""
+    if not key_bytes:
+        return 1
+    return max(1, L2_BUDGET // (max(seqlen_k, 1) * key_bytes)) * heads
 
 
 def _plan(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None, tiles=None, varlen=None,
@@ -1456,15 +1497,13 @@ def _plan(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None
         raise ValueError(f"pack: needs two consumer warpgroups and an even GQA group, got {wgs} and {group}")
     heads = 2 if pack else 1      # query heads an item
     vq, vk, vv = views or tuple(_view(t, padded) for t in (q, k, v))
-    n_m = triton.cdiv(seqlen_q, _ROWS if pack else wgs * _ROWS)
-    grid = (min(batch * heads_q // heads * n_m, num_sms(q.device)),)
+    packed = (batch * heads_q // heads, _ROWS if pack else wgs * _ROWS, num_sms(q.device),
+              (d + dv) * k.element_size() if causal else 0, group // heads)     # `_Plan.packed`
+    grid = (min(packed[0] * triton.cdiv(seqlen_q, packed[1]), packed[2]),)
     # Causal or windowed items, and packed sequences' items, differ in length: handed out by an atomic counter
     # (`_counter`). Unmasked padded items are all alike, so a fixed round-robin balances them as well, with no
     # counter.
     counter = masked or varlen is not None or cache is not None
-    chunk = 1
-    if causal:                    # query heads whose K/V fit in L2_BUDGET
-        chunk = max(1, L2_BUDGET // (seqlen_k * (d + dv) * k.element_size())) * group // heads
     part = _QK_PART.get(d, d)
     kv_rows = block_n if table is None else page_rows(k.shape[1], block_n)
     offsets_64 = max(_extent(out), _extent(lse)) > 2**31
@@ -1486,13 +1525,13 @@ def _plan(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None
             raise ValueError(f"FP8 inputs: head dims in {sorted(FP8_HEAD_DIMS)} only, got {(q.shape[3], dv_store)}")
         if varlen is not None and block_n > TAIL:       # the zeros past the last sequence (`transposed_v`)
             raise ValueError(f"tiles: FP8 packed sequences take key tiles of at most {TAIL}, got {block_n}")
-    copy_v = seqlen_k if fp8 and not transpose else None
-    if copy_v is not None:        # the copy's view and box are made with it, in `_Plan.bind`
+    copy_v = fp8 and not transpose
+    if copy_v:                    # the copy's view and box are made with it, in `_Plan.bind`
         bv, stride_vh = (None, [1, dv, block_n]), dv
     else:
         bv, stride_vh = box(v, vv, kv_rows, dv), v.stride(2)
     boxes = (box(q, vq, _ROWS, part), box(k, vk, kv_rows, part), bv, None if vo is None else box(out, vo, _ROWS, dv))
-    scalars = (seqlen_q, seqlen_k, heads_q, group, batch * heads_q // heads, chunk,
+    scalars = (seqlen_q, seqlen_k, heads_q, group, packed[0], _chunk(*packed[3:], seqlen_k),
                q.stride(2), k.stride(2), stride_vh, *o_strides, *lse_strides,
                softcap * LOG2E if softcap > 0 else softmax_scale * LOG2E, softmax_scale / softcap if softcap > 0 else 1.0,
                min(left, UNBOUNDED) if left >= 0 else UNBOUNDED, min(max(right, 0), UNBOUNDED),
@@ -1503,4 +1542,4 @@ def _plan(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None
                 KV_CACHE=cache is not None, PAGE_ROWS=kv_rows if table is not None else 0,
                 HAS_ALIBI=alibi_slopes is not None, HEADS=heads, TMA_STORE=vo is not None, TRANSPOSE=transpose,
                 num_warps=4)
-    return _Plan(grid, meta, boxes, copy_v, counter, fp8, scalars)
+    return _Plan(grid, meta, boxes, copy_v, counter, fp8, scalars, None if varlen is None else packed, padded)
