@@ -105,7 +105,7 @@ def stamped_source():
     src = src.replace(old, "X_VALID, STAMP,\n                           batch,")
     old = "second_base, valid_lens, max_logits, *x_args,"
     assert src.count(old) == 1
-    src = src.replace(old, old + " _stamp_buffer(metadata.shape[0] * triton.cdiv(rows_per_k, rows)),")
+    src = src.replace(old, old + " _stamp_buffer(metadata.shape[0] * cdiv(rows_per_k, rows)),")
     return src + '''
 
 STAMPS = {}

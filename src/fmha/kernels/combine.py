@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from .common import LOG2E, lse_ptrs, sink_keep
-from .launch import launch
+from .launch import cdiv, launch, next_pow2
 
 
 @triton.jit
@@ -97,14 +97,14 @@ def combine(out, lse, o_part, lse_part, *, rows_per_k, group, split_offsets=None
     batch, dv = out.shape[0], out.shape[-1]
     total_rows = o_part.shape[-2]
     per_batch = split_offsets is None
-    block_dv = triton.next_power_of_2(dv)
+    block_dv = next_pow2(dv)
     # Parts per batch: exact for uniform splits, the average for the scheduler's (a batch with more loops).
     parts = num_splits if per_batch else -(-o_part.shape[0] // max(batch, 1))
-    block_s = min(_MAX_GROUP, triton.next_power_of_2(max(parts, 2)))
+    block_s = min(_MAX_GROUP, next_pow2(max(parts, 2)))
     # Rows per program: as many as the in-flight budget allows while the grid still covers every SM twice.
     block_r = max(1, min(_IN_FLIGHT // (block_s * block_dv), batch * total_rows // (2 * num_sms(out.device)), 8))
     block_r = 1 << (block_r.bit_length() - 1)
-    launch(combine_kernel, (batch, triton.cdiv(total_rows, block_r)), (
+    launch(combine_kernel, (batch, cdiv(total_rows, block_r)), (
         out, lse, o_part, lse_part, split_offsets, sinks,
         num_splits, group, rows_per_k, total_rows, empty_lse,
         out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1), lse.stride(2),

@@ -15,7 +15,7 @@ import triton.language as tl
 from ..schedule import num_sms, plan_num_splits
 from .combine import combine
 from .common import LN2, LOG2E, online_softmax_step, scores_log2, visible
-from .launch import launch
+from .launch import cdiv, launch, next_pow2
 from .sm90 import gluon_enabled
 
 
@@ -322,17 +322,13 @@ def attn_fwd_kernel(
 # ----------------------------------------------------------------------------------------------------------
 # Launch: tile table, grid, descriptors. Callers pass validated tensors; nothing here checks arguments.
 
-def _next_pow2(x):
-    return 1 << (max(int(x), 1) - 1).bit_length()
-
-
 def _split_head_dim(d):
     """head_dim → (BLOCK_D, BLOCK_DT): a power-of-two main part and a power-of-two tail (576 = 512 + 64)."""
-    main = max(16, _next_pow2(d))      # tl.dot needs K >= 16
+    main = max(16, next_pow2(d))      # tl.dot needs K >= 16
     if main == d or d < 64:
         return main, 0
     main //= 2
-    return main, max(16, _next_pow2(d - main))
+    return main, max(16, next_pow2(d - main))
 
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) keyed by the padded head dim, on sm_90. Picked from
@@ -393,7 +389,7 @@ def _tile_config(dqk, dv, interpret, rows=None, paged=False, kv_fp8=False):
     or not, FP8 or not."""
     if interpret:
         return _INTERPRET_TILES
-    key = max(16, _next_pow2(dqk), _next_pow2(dv))
+    key = max(16, next_pow2(dqk), next_pow2(dv))
     narrow = rows is not None and rows <= NARROW_ROWS
     fp8 = _GPU_FP8_PAGED_DECODE_TILES if paged else _GPU_FP8_DECODE_TILES
     if kv_fp8 and narrow and key in fp8:
@@ -469,9 +465,9 @@ def _gluon_takes(cache_seqlens, num_splits, batch, heads_q, seqlen_q, device, pa
         return num_splits <= 1
     if seqlen_q < GLUON_CACHE_MIN_ROWS or num_splits > 1 or (page_size is not None and page_size % 16):
         return False
-    items = batch * heads_q * triton.cdiv(seqlen_q, 128)
+    items = batch * heads_q * cdiv(seqlen_q, 128)
     sms = num_sms(device)
-    return num_splits == 1 or items >= GLUON_CACHE_MIN_FILL * sms * triton.cdiv(items, sms)
+    return num_splits == 1 or items >= GLUON_CACHE_MIN_FILL * sms * cdiv(items, sms)
 
 
 def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -535,7 +531,7 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
                                                                     paged=paged, kv_fp8=k.element_size() == 1)
     heads_eff = heads_q // gp
     block_d, block_dt = _split_head_dim(dqk)
-    block_dv = _next_pow2(dv)
+    block_dv = next_pow2(dv)
     if use_tma is None:
         # TMA descriptors cannot describe an empty tensor (seqlen_k = 0), a page gather, or a length that
         # stops inside the tensor (cache_seqlens): pointer loads then.
@@ -551,7 +547,7 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
         tma = 2
         k_desc = TensorDescriptor(k, list(k.shape), list(k.stride()), [1, block_n, 1, block_d])
         v_desc = TensorDescriptor(v, list(v.shape), list(v.stride()), [1, block_n, 1, block_dv])
-    programs = batch * heads_eff * triton.cdiv(seqlen_q * gp, block_m)
+    programs = batch * heads_eff * cdiv(seqlen_q * gp, block_m)
     if num_splits == 0:
         num_splits = plan_num_splits(programs, max_seqlen_k, block_n, num_sms(q.device))   # cache capacity for KV caches
     o_dst, lse_dst, split_strides = o4, lse, (0, 0)
@@ -562,7 +558,7 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
         lse_parts = torch.empty((num_splits, batch, seqlen_q, heads_q), dtype=torch.float32, device=q.device)
         o_dst, lse_dst = o_parts[0], lse_parts[0].transpose(1, 2)
         split_strides = (o_parts.stride(0), lse_parts.stride(0))
-    grid = (batch * heads_eff, triton.cdiv(seqlen_q * gp, block_m), num_splits)
+    grid = (batch * heads_eff, cdiv(seqlen_q * gp, block_m), num_splits)
     args = (q4, k4, v4, o_dst, lse_dst, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks, k_desc, v_desc,
             cache_seqlens, block_table, window_lefts, *(None if d is None else d.contiguous() for d in descales),
             seqlen_q, seqlen_k, block_table.stride(0) if paged else 0, k.shape[1] if paged else 1, *split_strides,

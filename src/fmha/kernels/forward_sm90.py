@@ -64,7 +64,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from ..schedule import num_sms, outside_graph_pools
-from .launch import fixed_classes, launch
+from .launch import cdiv, fixed_classes, launch
 from .sm90 import capability, descriptor, descriptor_in, smem_layout
 from .transpose import TAIL, packed_start, transpose_keys
 
@@ -1405,7 +1405,7 @@ class _Plan:
         if self.packed is None:
             return self.grid
         items, rows, programs = self.packed[:3]
-        return (min(items * triton.cdiv(varlen[2], rows), programs),)
+        return (min(items * cdiv(varlen[2], rows), programs),)
 
     def bind(self, q, k, v, out, lse, varlen, window, sinks, cache, alibi_slopes, descales):
         """The kernel's arguments for these tensors (those of a call with the plan's key, `_plan_key`): TMA
@@ -1499,7 +1499,7 @@ def _plan(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None
     vq, vk, vv = views or tuple(_view(t, padded) for t in (q, k, v))
     packed = (batch * heads_q // heads, _ROWS if pack else wgs * _ROWS, num_sms(q.device),
               (d + dv) * k.element_size() if causal else 0, group // heads)     # `_Plan.packed`
-    grid = (min(packed[0] * triton.cdiv(seqlen_q, packed[1]), packed[2]),)
+    grid = (min(packed[0] * cdiv(seqlen_q, packed[1]), packed[2]),)
     # Causal or windowed items, and packed sequences' items, differ in length: handed out by an atomic counter
     # (`_counter`). Unmasked padded items are all alike, so a fixed round-robin balances them as well, with no
     # counter.

@@ -20,6 +20,7 @@ import triton.language as tl
 
 from ..schedule import SCHED_BLOCK, SCHED_FIELDS
 from .combine import combine
+from .launch import cdiv, next_pow2
 from .common import LN2, lse_ptrs, sink_keep
 from .sm90 import gluon_enabled
 
@@ -350,7 +351,7 @@ _INTERPRET_TRANSPOSED_TILES = {16: (16, 32, 4, 1), 32: (32, 32, 4, 1)}
 
 def _tile_config(rows_per_k, interpret):
     """(BLOCK_M, BLOCK_N, num_warps, num_stages, transposed) for `rows_per_k` packed query rows."""
-    rows = max(16, triton.next_power_of_2(rows_per_k))
+    rows = max(16, next_pow2(rows_per_k))
     table = _INTERPRET_TRANSPOSED_TILES if interpret else _GPU_TRANSPOSED_TILES
     if rows in table:
         return (*table[rows], True)
@@ -450,7 +451,7 @@ def mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens
             rope_desc = TensorDescriptor(k_rope, [rows, dt], [k_rope.stride(1), 1], [block_n, dt])
     rope_strides = (k_rope.stride(0), k_rope.stride(1), k_rope.stride(2)) if has_rope else (0, 0, 0)
     q_rope_strides = (q_rope.stride(0), q_rope.stride(1), q_rope.stride(2)) if has_rope else (0, 0, 0)
-    num_m_blocks = triton.cdiv(rows_per_k, block_m)
+    num_m_blocks = cdiv(rows_per_k, block_m)
     if extra is not None:
         x_lat, x_rope, x_table, x_valid, main_span = extra
         x_rope_strides = (x_rope.stride(0), x_rope.stride(1), x_rope.stride(2)) if has_rope else (0, 0, 0)

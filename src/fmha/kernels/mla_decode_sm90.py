@@ -73,7 +73,6 @@ own half.
 from __future__ import annotations
 
 import torch
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
@@ -83,7 +82,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from .._kv_fp8 import MODEL1_ROW, MODEL1_TAIL, model1_parts
 from ..schedule import SCHED_BLOCK, SCHED_FIELDS as _SCHED_FIELDS
 from .forward_sm90 import zero_rows_from
-from .launch import launch
+from .launch import cdiv, launch
 from .sm90 import capability, descriptor
 
 ROWS = gl.constexpr(64)           # packed query rows per program (wgmma's M)
@@ -1235,9 +1234,9 @@ def mla_decode_forward_sm90(views, q_lat, q_rope, kv_lat, k_rope, block_table, c
             lse_part.stride(0), kv_lat.shape[0] * page_size, *strides,
             *((max_logits.stride(0), max_logits.stride(1)) if max_logits is not None else (0, 0)),
             x_sizes[0], block_table.shape[-1], *x_sizes[1:])
-    grid = (metadata.shape[0] * triton.cdiv(rows_per_k, rows),)
+    grid = (metadata.shape[0] * cdiv(rows_per_k, rows),)
     row_keys = main_span + x_table.shape[-1] if extra is not None else block_table.shape[-1]
-    loader = uses_loader(fp8_layout, sparse, row_keys, triton.cdiv(rows_per_k, rows))
+    loader = uses_loader(fp8_layout, sparse, row_keys, cdiv(rows_per_k, rows))
     launch(mla_decode_sm90_kernel, grid, args,
            dict(CAUSAL=causal, HAS_SINKS=sinks is not None, SPARSE=SHIFTED.value if shifted else int(sparse),
                 FP8={None: 0, "v32": V32.value, "model1": MODEL1.value}[fp8_layout], HAS_MAX=max_logits is not None,
@@ -1254,7 +1253,7 @@ def uses_loader(fp8_layout, sparse, row_keys, row_blocks=1):
         return True
     least = MODEL1_LOADER_TILES[min(row_blocks, len(MODEL1_LOADER_TILES)) - 1]
     return (fp8_layout == "model1" and sparse and least is not None
-            and triton.cdiv(row_keys, BLOCK_N.value) >= least)
+            and cdiv(row_keys, BLOCK_N.value) >= least)
 
 
 assert SCHED_BLOCK == BLOCK_N.value, "a key tile is one scheduling block"

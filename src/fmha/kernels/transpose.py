@@ -8,7 +8,7 @@ allocated)."""
 import triton
 import triton.language as tl
 
-from .launch import launch
+from .launch import cdiv, launch
 
 BLOCK_KEYS = 128                  # `benchmarks/probe_transpose.py`: 0.87-0.95 of a copy's GB/s, 64 keys 0.77-0.93
 TAIL = 128                        # the longest key tile of the FP8 kernel (`forward_sm90`)
@@ -72,7 +72,7 @@ def transpose_keys(v, vt, packed=None):
     if programs * longest == 0:
         return
     # a sequence's columns up to the next start: at most its length + 31 (`packed_start`), the last one's + TAIL
-    grid = (programs, triton.cdiv(longest if cu is None else longest + 31 + TAIL, BLOCK_KEYS))
+    grid = (programs, cdiv(longest if cu is None else longest + 31 + TAIL, BLOCK_KEYS))
     launch(transpose_kernel, grid, (v, vt, cu, keys, heads_k, v.stride(0), v.stride(1), v.stride(2),
                                     vt.stride(0), vt.stride(1), vt.stride(2), vt.shape[3]),
            dict(DV=dv, BLOCK=BLOCK_KEYS, TAIL=TAIL, num_warps=4))
