@@ -6,9 +6,10 @@ Eager prefill of short sequences can be host-bound: a call that spends more host
 leaves the GPU idle (the d = 256 and d = 128 1k causal rows of `fmha bench prefill` swung by a third between runs
 that way: NOTES.md, thirty-ninth session). Prints microseconds of host time per call (calls issued back to back,
 one synchronisation at the end):
-- levels: `fmha.attention` (and `fmha.attention_varlen` on the same rows packed), the API layer alone (the
-  kernel's launcher replaced by a no-op), `attention_forward` with outputs given, the Gluon launcher, building its
-  arguments alone, the launch alone (the JIT's, and `launch.launch`'s direct one);
+- levels: `fmha.attention` (and `fmha.attention_varlen` on the same rows packed, and cut into other lengths each
+  call, as a server's batches are), the API layer alone (the kernel's launcher replaced by a no-op),
+  `attention_forward` with outputs given, the Gluon launcher, building its arguments alone, the launch alone (the
+  JIT's, and `launch.launch`'s direct one);
 - pieces of the API layer and the launcher (validation, allocations, the causal counter, descriptors);
 - the peers on the same inputs: torch SDPA's FlashAttention-2 and cuDNN backends (their whole call);
 - the decode entry points at small sizes (`attention_with_kvcache` on a paged cache, `flash_mla_with_kvcache`
@@ -96,6 +97,18 @@ def levels(q, k, v, causal, descales=None):
     packed = tuple(t.reshape(b * s, *t.shape[2:]) for t in (q, k, v))
     fns["fmha.attention_varlen (the same rows packed)"] = lambda: fmha.attention_varlen(
         *packed, cu, cu, s, s, causal=causal, **(descales or {}))
+    batches = []                # packed batches of the same tokens cut into other lengths: a server's prefill
+    for i in range(8):
+        cuts = torch.randperm(b * s - 1, generator=torch.Generator().manual_seed(i))[:b - 1] + 1
+        bounds = [0, *sorted(cuts.tolist()), b * s]
+        longest = max(y - x for x, y in zip(bounds, bounds[1:]))
+        batches.append((torch.tensor(bounds, dtype=torch.int32, device="cuda"), longest))
+    turn = iter(range(1 << 62))
+
+    def other_lengths():
+        cu_i, longest = batches[next(turn) % len(batches)]
+        return fmha.attention_varlen(*packed, cu_i, cu_i, longest, longest, causal=causal, **(descales or {}))
+    fns["fmha.attention_varlen (other lengths each call)"] = other_lengths
     if descales:
         fns["  transposed_v"] = lambda: forward_sm90.transposed_v(v)
         fns["  transposed_v (packed)"] = lambda: forward_sm90.transposed_v(packed[2][None], (cu, s))
