@@ -94,8 +94,8 @@ def stamped_source():
                             ("SEQLENS, _, _, _) = args", "SEQLENS, _, _, _, _stamp_ptr) = args", 1),
                             ("V_DESCALE, seqlen_q,\n", "V_DESCALE, STAMP, seqlen_q,\n", 1),
                             # `_Plan.bind`'s arguments: the buffer after the descales, before the plan's scalars
-                            ("alibi_slopes, *scales, *scalars)",
-                             "alibi_slopes, *scales, _stamp_buffer(self.grid_of(varlen)[0]), *scalars)", 1)]:
+                            ("alibi_slopes, *scales, *self.scalars)",
+                             "alibi_slopes, *scales, _stamp_buffer(self.grid[0]), *self.scalars)", 1)]:
         assert src.count(old) == count, old
         src = src.replace(old, new)
     src = add_stamps(src, "@gluon.jit\ndef _first_with_rows(", "", "def _load_item(", "def _first_with_rows(",

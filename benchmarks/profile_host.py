@@ -97,8 +97,8 @@ def levels(q, k, v, causal, descales=None):
     packed = tuple(t.reshape(b * s, *t.shape[2:]) for t in (q, k, v))
     fns["fmha.attention_varlen (the same rows packed)"] = lambda: fmha.attention_varlen(
         *packed, cu, cu, s, s, causal=causal, **(descales or {}))
-    batches = []                # packed batches of the same tokens cut into other lengths: a server's prefill
-    for i in range(8):
+    batches = []                # the same tokens cut into other lengths each call (a server's prefill batches),
+    for i in range(400):        # more than a round of calls, so that no call's lengths were seen before
         cuts = torch.randperm(b * s - 1, generator=torch.Generator().manual_seed(i))[:b - 1] + 1
         bounds = [0, *sorted(cuts.tolist()), b * s]
         longest = max(y - x for x, y in zip(bounds, bounds[1:]))

@@ -145,10 +145,11 @@ def test_gluon_launch_plan_reuse(monkeypatch):
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_gluon_packed_plan_other_lengths(causal, monkeypatch):
-    """Packed batches of other token counts and longest lengths (a server's prefill batches) share one launch plan
-    (`forward_sm90._plan_key`) and each gets its own grid, views and scalars: every batch against the oracle, NaN
-    past its rows and in its output beforehand. Unmasked, the last two batches' longest queries reach the wide
-    tiles' bound (WIDE_MIN_ROWS): one more plan, which both take."""
+    """Packed batches of other token counts and longest lengths (a server's prefill batches) take their launch
+    plans from one (`forward_sm90._Plan.with_lengths`), each with its own grid, views and scalars: every batch
+    against the oracle, NaN past its rows and in its output beforehand. The last two batches' longest queries reach
+    WIDE_MIN_ROWS (a row bound of the tile choice, which the key holds whether or not it changes the tiles): one
+    more plan, which both take."""
     from fmha.kernels import forward_sm90
     plans = []
     real = forward_sm90._plan
@@ -162,7 +163,7 @@ def test_gluon_packed_plan_other_lengths(causal, monkeypatch):
         got, lse = fmha.attention_varlen(q, k, v, cu_q, cu_k, max(len_q), max(len_k), causal=causal,
                                          return_lse=True, out=out)
         assert_matches(got, lse, attention_varlen_ref(q, k, v, cu_q, cu_k, causal=causal), torch.bfloat16)
-    assert len(plans) == (1 if causal else 2)
+    assert len(plans) == 2
 
 
 # (lengths_q, lengths_k, heads_q, heads_k, head_dim[, head_dim_v when it differs]): packed sequences with empty

@@ -64,7 +64,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from ..schedule import num_sms, outside_graph_pools
-from .launch import cdiv, fixed_classes, launch
+from .launch import _arg_class, cdiv, fixed_classes, launch
 from .sm90 import capability, descriptor, descriptor_in, smem_layout
 from .transpose import TAIL, packed_start, transpose_keys
 
@@ -1203,8 +1203,9 @@ def supported(q, k, v):
 
 # Launch plans (`_Plan`) of automatic calls, by `_plan_key`; False for a call `supported` refuses. A call whose key
 # was seen skips `supported` and `_plan`: 20-30 us of an eager call's host time on the device's hosts, where a short
-# prefill's kernel runs 100-200 us (NOTES.md, fifty-eighth session). Packed sequences' batches of other token
-# counts and longest lengths share a plan (`_plan_key`). Emptied when PLANS_MAX keys are held.
+# prefill's kernel runs 100-200 us (NOTES.md, fifty-eighth session). A packed call of new token counts or longest
+# lengths takes its plan from one of other lengths where there is one (`_Plan.with_lengths`) and keeps it too.
+# Emptied when PLANS_MAX keys are held.
 _PLANS = {}
 PLANS_MAX = 1024
 
@@ -1226,41 +1227,54 @@ def attention_forward_sm90(q, k, v, out, lse, *, causal, softmax_scale, views=No
     transposed in the kernel, `transpose_in_kernel`, or copied first). Calls with none of these five take a plan
     kept from an earlier call of the same key (`_PLANS`)."""
     automatic = views is None and pingpong is None and tiles is None and pack is None and transpose is None
-    key = None
+    key = shared = None
     if automatic:
         key = _plan_key(q, k, v, out, lse, causal, softmax_scale, varlen, window, sinks, softcap, cache,
                         alibi_slopes, descales)
     plan = _PLANS.get(key) if automatic else None
     if plan is None:
-        options = dict(causal=causal, softmax_scale=softmax_scale, varlen=varlen, window=window, sinks=sinks,
-                       softcap=softcap, cache=cache, alibi_slopes=alibi_slopes, descales=descales)
-        if views is None:
-            views = supported(*((q, k, v) if varlen is None else (t.unsqueeze(0) for t in (q, k, v))))
-        plan = views is not None and _plan(q, k, v, out, lse, views=views, pingpong=pingpong, tiles=tiles, pack=pack,
-                                           transpose=transpose, **options)
+        if automatic and varlen is not None:      # packed: a plan of other lengths, made this call's
+            shared = _plan_key(q, k, v, out, lse, causal, softmax_scale, varlen, window, sinks, softcap, cache,
+                               alibi_slopes, descales, lengths=False)
+            plan = _PLANS.get(shared)
+            plan = plan and plan.with_lengths(q, k, v, lse, varlen)        # None, False (refused) or a plan
+        if plan is None:
+            options = dict(causal=causal, softmax_scale=softmax_scale, varlen=varlen, window=window, sinks=sinks,
+                           softcap=softcap, cache=cache, alibi_slopes=alibi_slopes, descales=descales)
+            if views is None:
+                views = supported(*((q, k, v) if varlen is None else (t.unsqueeze(0) for t in (q, k, v))))
+            plan = views is not None and _plan(q, k, v, out, lse, views=views, pingpong=pingpong, tiles=tiles,
+                                               pack=pack, transpose=transpose, **options)
+            if shared is not None:
+                _keep(shared, plan)
         if automatic:
-            if len(_PLANS) >= PLANS_MAX:
-                _PLANS.clear()
-            _PLANS[key] = plan
+            _keep(key, plan)
     if not plan:
         return False
-    launch(attn_fwd_sm90_kernel, plan.grid_of(varlen),
+    launch(attn_fwd_sm90_kernel, plan.grid,
            plan.bind(q, k, v, out, lse, varlen, window, sinks, cache, alibi_slopes, descales), plan.meta, plan.fixed)
     return True
 
 
+def _keep(key, plan):
+    if len(_PLANS) >= PLANS_MAX:
+        _PLANS.clear()
+    _PLANS[key] = plan
+
+
 def _plan_key(q, k, v, out, lse, causal, softmax_scale, varlen, window, sinks, softcap, cache, alibi_slopes,
-              descales):
+              descales, lengths=True):
     """All that `supported` and `_plan` read of a call: its tensors' shapes, strides, dtypes, device and 16-byte
     alignment (the data's addresses are `_Plan.bind`'s), which optional tensors it has (a block table's shape and
-    strides), and its scalar options. Packed sequences: not their token counts nor their longest lengths, which
-    change from batch to batch of a server (`_Plan.bind` and `grid_of` take those of each call), but what `_plan`
-    decides from them: whether any keys are there, whether the output's offsets need 64 bits, and which of the
-    row bounds of the tile and ping-pong choices the longest query length reaches."""
+    strides), and its scalar options. Packed sequences with `lengths` False: not their token counts nor their
+    longest lengths, which change from batch to batch of a server, but what `_plan` decides from them (whether
+    any keys are there, whether the output's offsets need 64 bits, which row bounds of the tile and ping-pong
+    choices the longest query length reaches): the key of a plan that `_Plan.with_lengths` makes a call's from."""
     left, right = window if window is not None else (-1, 0 if causal else -1)
     seqlens, table = cache or (None, None)
-    if varlen is None:
-        shapes = (q.shape, k.shape, v.shape, out.shape, lse.shape, lse.stride())
+    if lengths:
+        shapes = (q.shape, k.shape, v.shape, out.shape, lse.shape, lse.stride(),
+                  varlen is None or (varlen[0].shape, varlen[2], varlen[3]))
     else:
         longest = varlen[2]
         shapes = (q.shape[1:], k.shape[1:], v.shape[1:], out.shape[1:], lse.shape[0], lse.stride(1),
@@ -1374,59 +1388,61 @@ def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpon
     plan = _plan(q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale, views=views, pingpong=pingpong,
                  tiles=tiles, varlen=varlen, window=window, sinks=sinks, softcap=softcap, cache=cache,
                  alibi_slopes=alibi_slopes, pack=pack, descales=descales, transpose=transpose)
-    return (plan.grid_of(varlen), plan.bind(q, k, v, out, lse, varlen, window, sinks, cache, alibi_slopes, descales),
-            plan.meta)
+    return plan.grid, plan.bind(q, k, v, out, lse, varlen, window, sinks, cache, alibi_slopes, descales), plan.meta
 
 
-# A packed call's scalar arguments that follow its token count and longest lengths (`_Plan.bind`): seqlen_q and
-# seqlen_k (the first two of `_Plan.scalars`), and head_chunk and stride_lh (`attn_fwd_sm90_kernel`) at these
-# indices; the scalars from PACKED_FIXED on are the same for every call of a plan's key.
+# A packed call's scalar arguments that follow its token count and longest lengths (`_Plan.with_lengths`): seqlen_q
+# and seqlen_k (the first two of `_Plan.scalars`), and head_chunk and stride_lh (`attn_fwd_sm90_kernel`) at these
+# indices.
 HEAD_CHUNK, STRIDE_LH = 5, 13
-PACKED_FIXED = STRIDE_LH + 1
 
 
 class _Plan:
     """What a launch's arguments are made of, given its tensors' shapes, strides, dtypes and 16-byte alignment and
     its options (`_plan`): the grid, the meta-parameters, the TMA boxes of q, k, v and the output, and the scalar
-    arguments. `bind` makes the arguments of one call from its tensors. A plan of packed sequences (`packed` =
-    (items a row block, rows an item, programs at most, the causal chunk's bytes a key, query heads an item's
-    chunk counts), `_chunk`) serves calls of other token counts and longest lengths: `grid_of` and `bind` take
-    theirs (`_plan_key`)."""
+    arguments. `bind` makes the arguments of one call from its tensors. Packed sequences' plans also keep
+    `packed` = (items a row block, rows an item, programs at most, the causal chunk's bytes a key, query heads an
+    item's chunk counts), from which `with_lengths` makes the plan of a call of other token counts and longest
+    lengths."""
     __slots__ = ("grid", "meta", "boxes", "copy_v", "counter", "fp8", "scalars", "fixed", "packed", "padded")
 
-    def __init__(self, grid, meta, boxes, copy_v, counter, fp8, scalars, packed, padded):
+    def __init__(self, grid, meta, boxes, copy_v, counter, fp8, scalars, packed, padded, fixed=None):
         self.grid, self.meta, self.boxes, self.copy_v = grid, meta, boxes, copy_v
         self.counter, self.fp8, self.scalars, self.packed, self.padded = counter, fp8, scalars, packed, padded
-        # `bind` ends with the scalars; a packed call's first ones are its own
-        self.fixed = fixed_classes(scalars if packed is None else scalars[PACKED_FIXED:], meta)
+        self.fixed = fixed or fixed_classes(scalars, meta)      # `bind` ends with the scalars
 
-    def grid_of(self, varlen):
-        """The grid of a call with the plan's key (`varlen` as `attention_forward_sm90` takes it)."""
-        if self.packed is None:
-            return self.grid
-        items, rows, programs = self.packed[:3]
-        return (min(items * cdiv(varlen[2], rows), programs),)
+    def with_lengths(self, q, k, v, lse, varlen):
+        """The plan of a packed call whose key without lengths (`_plan_key`) is this plan's: TMA views over its
+        tokens, its grid, and the scalars that follow its lengths."""
+        _, _, seqlen_q, seqlen_k = varlen
+        items, rows, programs, key_bytes, heads = self.packed
+        q, k, v = q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0)
+        bq, bk, bv, bo = self.boxes
+        boxes = ((_view(q, self.padded), *bq[1:]), (_view(k, self.padded), *bk[1:]),
+                 bv if self.copy_v else (_view(v, self.padded), *bv[1:]), bo)
+        moved = (seqlen_q, seqlen_k, _chunk(key_bytes, heads, seqlen_k), lse.stride(0))
+        classes, meta_items = self.fixed
+        # the scalars and their argument classes, the moved ones in their places
+        scalars, classes = ((*m[:2], *kept[2:HEAD_CHUNK], m[2], *kept[HEAD_CHUNK + 1:STRIDE_LH], m[3],
+                             *kept[STRIDE_LH + 1:])
+                            for kept, m in ((self.scalars, moved), (classes, tuple(map(_arg_class, moved)))))
+        return _Plan((min(items * cdiv(seqlen_q, rows), programs),), self.meta, boxes, self.copy_v, self.counter,
+                     self.fp8, scalars, self.packed, self.padded, (classes, meta_items))
 
     def bind(self, q, k, v, out, lse, varlen, window, sinks, cache, alibi_slopes, descales):
         """The kernel's arguments for these tensors (those of a call with the plan's key, `_plan_key`): TMA
         descriptors over them in the plan's boxes ((view, box, layout) each, or None), the tensors, the causal
         schedule's counter, the scalars."""
         cu_q = cu_k = lefts = None
-        bq, bk, bv, bo = self.boxes
-        scalars = self.scalars
-        if varlen is not None:        # views over this call's tokens; scalars of its lengths
-            cu_q, cu_k, seqlen_q, seqlen_k = varlen
+        if varlen is not None:
+            cu_q, cu_k = varlen[:2]
             q, k, v = q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0)
-            bq, bk = (_view(q, self.padded), *bq[1:]), (_view(k, self.padded), *bk[1:])
-            if not self.copy_v:
-                bv = (_view(v, self.padded), *bv[1:])
-            scalars = (seqlen_q, seqlen_k, *scalars[2:HEAD_CHUNK], _chunk(*self.packed[3:], seqlen_k),
-                       *scalars[HEAD_CHUNK + 1:STRIDE_LH], lse.stride(0), *scalars[STRIDE_LH + 1:])
         if window is not None and isinstance(window[0], torch.Tensor):
             lefts = window[0]
         seqlens, table = cache or (None, None)
+        bq, bk, bv, bo = self.boxes
         if self.copy_v:                    # an FP8 V transposed into a copy first (`transposed_v`)
-            vt, view = transposed_v(v, None if varlen is None else (cu_k, seqlen_k))
+            vt, view = transposed_v(v, None if varlen is None else (cu_k, varlen[3]))
             v_desc = descriptor(vt, view, bv[1])
         else:
             v_desc = descriptor_in(v, bv)
@@ -1435,7 +1451,7 @@ class _Plan:
             scales = tuple(None if t is None else t.contiguous() for t in descales)
         return (descriptor_in(q, bq), descriptor_in(k, bk), v_desc, None if bo is None else descriptor_in(out, bo),
                 out, lse, _counter(q.device) if self.counter else None, cu_q, cu_k, sinks, lefts, seqlens, table,
-                alibi_slopes, *scales, *scalars)
+                alibi_slopes, *scales, *self.scalars)
 
 
 def _chunk(key_bytes, heads, seqlen_k):
