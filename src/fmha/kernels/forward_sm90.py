@@ -1257,6 +1257,7 @@ def attention_forward_sm90(q, k, v, out, lse, *, causal, softmax_scale, views=No
 
 
 def _keep(key, plan):
+    """Keep `plan` (or False) under `key` in `_PLANS`, emptied first when it holds PLANS_MAX."""
     if len(_PLANS) >= PLANS_MAX:
         _PLANS.clear()
     _PLANS[key] = plan
