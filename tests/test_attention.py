@@ -245,7 +245,7 @@ def test_varlen_gpu_tile_shapes(dims, mask, monkeypatch):
     dim (`_GPU_TILES`: 128 x 128 down to 64 x 16) on varlen sequences shorter and longer than a tile, one empty."""
     from fmha.kernels import forward
     dqk, dv = dims
-    monkeypatch.setattr(forward, "_INTERPRET_TILES", forward._GPU_TILES[forward._next_pow2(max(dqk, dv))])
+    monkeypatch.setattr(forward, "_INTERPRET_TILES", forward._GPU_TILES[forward.next_pow2(max(dqk, dv))])
     torch.manual_seed(5)
     len_q, len_k = [150, 0, 37], [200, 5, 130]
     cu_q = torch.tensor([0, 150, 150, 187], dtype=torch.int32)
