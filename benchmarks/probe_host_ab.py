@@ -1,0 +1,112 @@
+"""Host time of the Gluon prefill's launcher, this tree's against another revision's, in one process: separate
+processes on the device's hosts differ by 10-15% on unchanged code (NOTES.md, fifty-ninth session), more than the
+changes being measured. The other revision's `forward_sm90.py` (a file: `git show REV:src/fmha/kernels/forward_sm90.py
+> benchmarks/experiments/forward_sm90_REV.py`) is loaded as a second module of `fmha.kernels`; rounds alternate the
+two, and the least microseconds a call of each entry are printed.
+
+Entries, each causal and not, calling `attention_forward_sm90` directly (outputs given): a padded batch; its rows
+packed, the same lengths each call; the same tokens cut into new lengths each call (a server's prefill batches,
+`--batches` of them, more than a round's calls, so that no call's lengths were seen before in its round: each round
+starts with the launch plans emptied but for one call, as a running server's are).
+
+    PYTHONPATH=src python3 benchmarks/probe_host_ab.py --old benchmarks/experiments/forward_sm90_26d3b18.py
+        [--shape 16 1024 8 128] [--rounds 8] [--calls 200] [--out probe.json]
+"""
+import argparse
+import importlib.util
+import json
+import sys
+import time
+
+import torch
+
+from fmha.kernels import forward_sm90
+
+
+def load(path, name="fmha.kernels._ab_other_forward_sm90"):
+    """The module at `path` as a submodule of fmha.kernels (its relative imports resolve there)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def cuts(total, parts, n, seed=0):
+    """n ways of cutting `total` tokens into `parts` sequences: (cu_seqlens on the GPU, longest) each."""
+    out = []
+    for i in range(n):
+        g = torch.Generator().manual_seed(seed + i)
+        bounds = [0, *sorted((torch.randperm(total - 1, generator=g)[:parts - 1] + 1).tolist()), total]
+        longest = max(y - x for x, y in zip(bounds, bounds[1:]))
+        out.append((torch.tensor(bounds, dtype=torch.int32, device="cuda"), longest))
+    return out
+
+
+def entries(shape, batches):
+    """name -> (args, [kwargs of each call]) for `attention_forward_sm90`."""
+    b, s, h, d = shape
+    q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    out, lse = torch.empty_like(q), torch.empty(b, h, s, device="cuda")
+    packed = tuple(t.reshape(b * s, h, d) for t in (q, k, v, out))
+    lse_packed = torch.empty(h, b * s, device="cuda")
+    cu = torch.arange(0, (b + 1) * s, s, dtype=torch.int32, device="cuda")
+    found = {}
+    for causal in (False, True):
+        mask = "causal" if causal else "full"
+        opts = dict(causal=causal, softmax_scale=d ** -0.5)
+        found[f"{mask} padded batch"] = ((q, k, v, out, lse), [opts])
+        found[f"{mask} packed, the same lengths"] = ((*packed, lse_packed), [dict(opts, varlen=(cu, cu, s, s))])
+        found[f"{mask} packed, new lengths each call"] = (
+            (*packed, lse_packed), [dict(opts, varlen=(c, c, n, n)) for c, n in batches])
+    return found
+
+
+def per_call_us(module, args, calls, n):
+    """Host microseconds a call over n calls cycling through `calls` (issue time; one synchronisation after)."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for i in range(n):
+        assert module.attention_forward_sm90(*args, **calls[i % len(calls)])
+    issue = (time.perf_counter() - t0) / n * 1e6
+    torch.cuda.synchronize()
+    return issue
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--old", required=True, help="another revision's forward_sm90.py")
+    p.add_argument("--shape", type=int, nargs=4, default=[16, 1024, 8, 128], metavar=("B", "S", "H", "D"))
+    p.add_argument("--rounds", type=int, default=8)
+    p.add_argument("--calls", type=int, default=200)
+    p.add_argument("--batches", type=int, default=400)
+    p.add_argument("--out", default=None)
+    a = p.parse_args()
+    assert a.batches > a.calls, "--batches must exceed --calls: each call of a round takes new lengths"
+    modules = {"this tree": forward_sm90, "other": load(a.old)}
+    b, s = a.shape[:2]
+    found = entries(a.shape, cuts(b * s, b, a.batches))
+    best = {}
+    for name, (args, calls) in found.items():         # compile and warm every kernel and path first
+        for module in modules.values():
+            per_call_us(module, args, calls[:1], 3)
+    for _ in range(a.rounds):
+        for label, module in modules.items():
+            for name, (args, calls) in found.items():
+                module._PLANS.clear()
+                per_call_us(module, args, calls[-1:], 1)        # the plan a running server would hold
+                us = per_call_us(module, args, calls, a.calls)
+                best[name, label] = min(best.get((name, label), float("inf")), us)
+    rows = []
+    for name in found:
+        new, old = best[name, "this tree"], best[name, "other"]
+        rows.append(dict(entry=name, this_tree_us=new, other_us=old, ratio=new / old))
+        print(f"{name:40s} this tree {new:7.1f} us   other {old:7.1f} us   ratio {new / old:.3f}")
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(dict(shape=a.shape, rounds=a.rounds, calls=a.calls, other=a.old, gpu=torch.cuda.get_device_name(),
+                           rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
