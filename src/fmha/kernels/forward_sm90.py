@@ -1182,6 +1182,11 @@ def _extent(t):
     return sum((n - 1) * st for n, st in zip(t.shape, t.stride())) + 1
 
 
+def _offsets_64(out, lse):
+    """Whether the output's or the LSE's offsets reach past 2^31 elements (the epilogue's in 64 bits then)."""
+    return max(_extent(out), _extent(lse)) > 2**31
+
+
 def supported(q, k, v):
     """Whether a plain dense call (the caller has checked the options) can take this path: Hopper, fp16/bf16,
     (head_dim_qk, head_dim_v) in `HEAD_DIMS` (FP8) or run padded to a pair there (`padded_dims`, fp16 / bf16),
@@ -1279,7 +1284,7 @@ def _plan_key(q, k, v, out, lse, causal, softmax_scale, varlen, window, sinks, s
     else:
         longest = varlen[2]
         shapes = (q.shape[1:], k.shape[1:], v.shape[1:], out.shape[1:], lse.shape[0], lse.stride(1),
-                  varlen[0].shape, k.shape[0] == 0, max(_extent(out), _extent(lse)) > 2**31,
+                  varlen[0].shape, k.shape[0] == 0, _offsets_64(out, lse),
                   longest >= WIDE_MIN_ROWS, longest >= WIDE_MIN_ROWS_CAUSAL, longest >= PINGPONG_MIN_ROWS_D128)
     return (*shapes, q.stride(), k.stride(), v.stride(), out.stride(), q.dtype, k.dtype, v.dtype, out.dtype, q.device,
             q.data_ptr() % 16, k.data_ptr() % 16, v.data_ptr() % 16, out.data_ptr() % 16,
@@ -1405,11 +1410,11 @@ class _Plan:
     `packed` = (items a row block, rows an item, programs at most, the causal chunk's bytes a key, query heads an
     item's chunk counts), from which `with_lengths` makes the plan of a call of other token counts and longest
     lengths."""
-    __slots__ = ("grid", "meta", "boxes", "copy_v", "counter", "fp8", "scalars", "fixed", "packed", "padded")
+    __slots__ = ("grid", "meta", "boxes", "copy_v", "counter", "fp8", "scalars", "fixed", "packed")
 
-    def __init__(self, grid, meta, boxes, copy_v, counter, fp8, scalars, packed, padded, fixed=None):
+    def __init__(self, grid, meta, boxes, copy_v, counter, fp8, scalars, packed, fixed=None):
         self.grid, self.meta, self.boxes, self.copy_v = grid, meta, boxes, copy_v
-        self.counter, self.fp8, self.scalars, self.packed, self.padded = counter, fp8, scalars, packed, padded
+        self.counter, self.fp8, self.scalars, self.packed = counter, fp8, scalars, packed
         self.fixed = fixed or fixed_classes(scalars, meta)      # `bind` ends with the scalars
 
     def with_lengths(self, q, k, v, lse, varlen):
@@ -1419,16 +1424,14 @@ class _Plan:
         items, rows, programs, key_bytes, heads = self.packed
         q, k, v = q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0)
         bq, bk, bv, bo = self.boxes
-        boxes = ((_view(q, self.padded), *bq[1:]), (_view(k, self.padded), *bk[1:]),
-                 bv if self.copy_v else (_view(v, self.padded), *bv[1:]), bo)
+        padded = len(bq[1]) == 4                    # a padded call's boxes are 4-D (`_view`)
+        boxes = ((_view(q, padded), *bq[1:]), (_view(k, padded), *bk[1:]),
+                 bv if self.copy_v else (_view(v, padded), *bv[1:]), bo)
         moved = (seqlen_q, seqlen_k, _chunk(key_bytes, heads, seqlen_k), lse.stride(0))
         classes, meta_items = self.fixed
-        # the scalars and their argument classes, the moved ones in their places
-        scalars, classes = ((*m[:2], *kept[2:HEAD_CHUNK], m[2], *kept[HEAD_CHUNK + 1:STRIDE_LH], m[3],
-                             *kept[STRIDE_LH + 1:])
-                            for kept, m in ((self.scalars, moved), (classes, tuple(map(_arg_class, moved)))))
         return _Plan((min(items * cdiv(seqlen_q, rows), programs),), self.meta, boxes, self.copy_v, self.counter,
-                     self.fp8, scalars, self.packed, self.padded, (classes, meta_items))
+                     self.fp8, _with_moved(self.scalars, moved), self.packed,
+                     (_with_moved(classes, tuple(map(_arg_class, moved))), meta_items))
 
     def bind(self, q, k, v, out, lse, varlen, window, sinks, cache, alibi_slopes, descales):
         """The kernel's arguments for these tensors (those of a call with the plan's key, `_plan_key`): TMA
@@ -1453,6 +1456,14 @@ class _Plan:
         return (descriptor_in(q, bq), descriptor_in(k, bk), v_desc, None if bo is None else descriptor_in(out, bo),
                 out, lse, _counter(q.device) if self.counter else None, cu_q, cu_k, sinks, lefts, seqlens, table,
                 alibi_slopes, *scales, *self.scalars)
+
+
+def _with_moved(values, moved):
+    """A plan's scalars, or their argument classes, with the four of a packed call that follow its lengths (`moved`
+    = seqlen_q, seqlen_k, head_chunk, stride_lh) in their places."""
+    seqlen_q, seqlen_k, chunk, stride_lh = moved
+    return (seqlen_q, seqlen_k, *values[2:HEAD_CHUNK], chunk, *values[HEAD_CHUNK + 1:STRIDE_LH], stride_lh,
+            *values[STRIDE_LH + 1:])
 
 
 def _chunk(key_bytes, heads, seqlen_k):
@@ -1523,7 +1534,7 @@ def _plan(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None
     counter = masked or varlen is not None or cache is not None
     part = _QK_PART.get(d, d)
     kv_rows = block_n if table is None else page_rows(k.shape[1], block_n)
-    offsets_64 = max(_extent(out), _extent(lse)) > 2**31
+    offsets_64 = _offsets_64(out, lse)
     stored = tma_store(dv, seqlen_q, wgs, varlen is not None, offsets_64, out.dtype == q.dtype)
     vo = _view(out, padded) if stored else None
     fp8 = q.dtype == torch.float8_e4m3fn
@@ -1559,4 +1570,4 @@ def _plan(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None
                 KV_CACHE=cache is not None, PAGE_ROWS=kv_rows if table is not None else 0,
                 HAS_ALIBI=alibi_slopes is not None, HEADS=heads, TMA_STORE=vo is not None, TRANSPOSE=transpose,
                 num_warps=4)
-    return _Plan(grid, meta, boxes, copy_v, counter, fp8, scalars, None if varlen is None else packed, padded)
+    return _Plan(grid, meta, boxes, copy_v, counter, fp8, scalars, None if varlen is None else packed)
