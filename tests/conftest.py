@@ -46,9 +46,11 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True)
 def fresh_launch_plans():
-    """The Gluon prefill keeps a launch plan per call key (`forward_sm90._PLANS`), made from its tables, which tests
-    patch: each test starts with none, so a test's patches reach its calls."""
+    """The Gluon prefill and the portable kernel keep a launch plan per call key (`forward_sm90._PLANS`,
+    `forward._PLANS`), made from their tables, which tests patch: each test starts with none, so a test's patches
+    reach its calls."""
     import sys
-    module = sys.modules.get("fmha.kernels.forward_sm90")
-    if module is not None:
-        module._PLANS.clear()
+    for name in ("fmha.kernels.forward_sm90", "fmha.kernels.forward"):
+        module = sys.modules.get(name)
+        if module is not None:
+            module._PLANS.clear()

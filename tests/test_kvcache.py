@@ -76,6 +76,38 @@ def test_kvcache(target, page_size, seqlen_q, num_splits):
 
 
 @pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("page_size", [None, 16], ids=lambda p: f"page{p}" if p else "contiguous")
+def test_kvcache_launch_plan_reuse(target, page_size, monkeypatch):
+    """The portable kernel's launch plan (`forward._PLANS`) serves later calls of its key with their own tensors:
+    three calls of one key on new caches, queries, lengths and tables (a decode loop's), each against the oracle,
+    one plan made; a patched tile table makes a new key."""
+    from fmha.kernels import forward
+    device, dtype = target
+    c = _case(target)
+    plans = []
+    real = forward._portable_plan
+    monkeypatch.setattr(forward, "_portable_plan", lambda *a, **kw: plans.append(1) or real(*a, **kw))
+    for seed in range(3):
+        torch.manual_seed(seed)
+        lens = [max(1, n - 7 * seed) for n in c["seqlens"]]
+        k_cache, v_cache, table, k, v = _cache(lens, c["capacity"], c["hk"], c["d"], c["d"], dtype, device,
+                                               page_size, seed=seed)
+        q = torch.randn(len(lens), 1, c["hq"], c["d"], device=device, dtype=dtype)
+        got, lse = fmha.attention_with_kvcache(q, k_cache, v_cache, torch.tensor(lens, dtype=torch.int32,
+                                               device=device), block_table=table, num_splits=2, return_lse=True)
+        assert_matches(got, lse, _oracle(q, k, v, lens), dtype)
+    assert len(plans) == 1
+    tiles = (16, 64, 4, 2)                     # interpreter and GPU tables alike: a new key, a new plan
+    monkeypatch.setattr(forward, "_INTERPRET_TILES", tiles)
+    for table_ in forward._GPU_DECODE_TABLES:
+        monkeypatch.setitem(table_, 128, tiles)
+    got, lse = fmha.attention_with_kvcache(q, k_cache, v_cache, torch.tensor(lens, dtype=torch.int32, device=device),
+                                           block_table=table, num_splits=2, return_lse=True)
+    assert_matches(got, lse, _oracle(q, k, v, lens), dtype)
+    assert len(plans) == 2
+
+
+@pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("num_splits", [1, 4])
 def test_kvcache_options(target, num_splits):
     """Window, softcap, ALiBi and sinks through the split merge (the sink is applied after merging)."""

@@ -15,7 +15,7 @@ import triton.language as tl
 from ..schedule import num_sms, plan_num_splits
 from .combine import combine
 from .common import LN2, LOG2E, online_softmax_step, scores_log2, visible
-from .launch import cdiv, launch, next_pow2
+from .launch import cdiv, fixed_classes, launch, next_pow2
 from .sm90 import gluon_enabled
 
 
@@ -526,9 +526,75 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
     if pack_gqa is None:
         pack_gqa = _pack_gqa(group, seqlen_q, _tile_config(dqk, dv, interpret)[0])
     gp = group if pack_gqa else 1
+    tiles = tuple(tiles or _tile_config(dqk, dv, interpret, rows=seqlen_q * gp, paged=block_table is not None,
+                                        kv_fp8=k.element_size() == 1))
+    key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), out.shape, out.stride(), lse.shape,
+           lse.stride(), q.dtype, k.dtype, v.dtype, out.dtype, q.device, k.data_ptr() % 16, v.data_ptr() % 16,
+           varlen and cu_seqlens_q.shape, max_seqlen_q, max_seqlen_k, scale, float(softcap), left, right,
+           window_lefts is None, alibi_slopes is None, sinks is None, tuple(d is None for d in descales),
+           cache_seqlens is None, block_table is None or (block_table.shape, block_table.stride()), num_splits,
+           gp, tiles, use_tma, interpret)
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _portable_plan(q4, k, v, o4, lse, lse_strides, varlen=varlen, batch=batch, seqlen_q=seqlen_q,
+                              seqlen_k=seqlen_k, max_seqlen_k=max_seqlen_k, gp=gp, tiles=tiles, use_tma=use_tma,
+                              scale=scale, softcap=softcap, left=left, right=right, window_lefts=window_lefts,
+                              alibi_slopes=alibi_slopes, sinks=sinks, cache_seqlens=cache_seqlens,
+                              block_table=block_table, num_splits=num_splits, interpret=interpret)
+        if len(_PLANS) >= PLANS_MAX:
+            _PLANS.clear()
+        _PLANS[key] = plan
+    k_desc = v_desc = None
+    if plan.tma == 1:
+        _ensure_allocator(q.device)
+    elif plan.tma == 2:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+        k_desc = TensorDescriptor(k, list(k.shape), list(k.stride()), list(plan.boxes[0]))
+        v_desc = TensorDescriptor(v, list(v.shape), list(v.stride()), list(plan.boxes[1]))
+    o_dst, lse_dst = o4, lse
+    if plan.splits > 1:
+        o_parts = torch.empty(plan.parts[0], dtype=torch.float32, device=q.device)
+        lse_parts = torch.empty(plan.parts[1], dtype=torch.float32, device=q.device)
+        o_dst, lse_dst = o_parts[0], lse_parts[0].transpose(1, 2)
+    args = (q4, k4, v4, o_dst, lse_dst, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks, k_desc, v_desc,
+            cache_seqlens, block_table, window_lefts, *(None if d is None else d.contiguous() for d in descales),
+            *plan.scalars)
+    launch(attn_fwd_kernel, plan.grid, args, plan.meta, plan.fixed)
+    if plan.splits > 1:
+        rows = seqlen_q * heads_q
+        combine(out, lse, o_parts.view(plan.splits, batch, rows, dv), lse_parts.view(plan.splits, batch, rows),
+                rows_per_k=rows, group=heads_q, num_splits=plan.splits, sinks=sinks)
+
+
+# Launch plans of the portable kernel (`_PortablePlan`), by the call key `attention_forward` makes: its tensors'
+# shapes, strides, dtypes, device and K/V alignment, its options and its tiles (so a patched tile table makes new
+# keys). A later call of a key skips the planning and the argument classes of the plan's scalars: ~20 us of a
+# decode call's ~90 of host time on the device's hosts (NOTES.md, fifty-ninth session). Emptied at PLANS_MAX keys.
+_PLANS = {}
+PLANS_MAX = 1024
+
+
+class _PortablePlan:
+    """A portable launch without its tensors: the grid, the meta-parameters and their `launch` classes, the scalar
+    arguments after the tensors, the key splits, TMA (0, 1: per-sequence descriptors made in the kernel, 2: K and V
+    descriptors made on the host in `boxes`) and the split buffers' shapes (`parts`)."""
+    __slots__ = ("grid", "meta", "scalars", "fixed", "splits", "tma", "boxes", "parts")
+
+    def __init__(self, grid, meta, scalars, splits, tma, boxes, parts):
+        self.grid, self.meta, self.scalars, self.splits = grid, meta, scalars, splits
+        self.tma, self.boxes, self.parts = tma, boxes, parts
+        self.fixed = fixed_classes(scalars, meta)
+
+
+def _portable_plan(q4, k, v, o4, lse, lse_strides, *, varlen, batch, seqlen_q, seqlen_k, max_seqlen_k, gp, tiles,
+                   use_tma, scale, softcap, left, right, window_lefts, alibi_slopes, sinks, cache_seqlens, block_table,
+                   num_splits, interpret):
+    """`_PortablePlan` of an `attention_forward` call that the portable kernel runs (q4 and o4 with a batch axis)."""
+    heads_q, dqk = q4.shape[-2], q4.shape[-1]
+    group = heads_q // k.shape[-2]
+    dv = v.shape[-1]
     paged = block_table is not None
-    block_m, block_n, num_warps, num_stages = tiles or _tile_config(dqk, dv, interpret, rows=seqlen_q * gp,
-                                                                    paged=paged, kv_fp8=k.element_size() == 1)
+    block_m, block_n, num_warps, num_stages = tiles
     heads_eff = heads_q // gp
     block_d, block_dt = _split_head_dim(dqk)
     block_dv = next_pow2(dv)
@@ -537,36 +603,27 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
         # stops inside the tensor (cache_seqlens): pointer loads then.
         use_tma = (not interpret and cache_seqlens is None and block_dt == 0 and k.numel() > 0
                    and _tma_ok(k, dqk, block_d) and _tma_ok(v, dv, block_dv))
-    tma, k_desc, v_desc = 0, None, None
-    if use_tma and varlen:
-        tma = 1                       # per-sequence descriptors built in the kernel
-        _ensure_allocator(q.device)
-    elif use_tma:
-        # Dense: descriptors built once on the host; building them per program cost ~10-20% at s <= 4k.
-        from triton.tools.tensor_descriptor import TensorDescriptor
-        tma = 2
-        k_desc = TensorDescriptor(k, list(k.shape), list(k.stride()), [1, block_n, 1, block_d])
-        v_desc = TensorDescriptor(v, list(v.shape), list(v.stride()), [1, block_n, 1, block_dv])
+    # Varlen: per-sequence descriptors built in the kernel. Dense: descriptors built once on the host (building
+    # them per program cost ~10-20% at s <= 4k).
+    tma = (1 if varlen else 2) if use_tma else 0
     programs = batch * heads_eff * cdiv(seqlen_q * gp, block_m)
     if num_splits == 0:
-        num_splits = plan_num_splits(programs, max_seqlen_k, block_n, num_sms(q.device))   # cache capacity for KV caches
-    o_dst, lse_dst, split_strides = o4, lse, (0, 0)
+        num_splits = plan_num_splits(programs, max_seqlen_k, block_n, num_sms(q4.device))   # cache capacity for KV caches
+    o_dst, lse_dst, split_strides, parts = o4, lse, (0, 0), None
     if num_splits > 1:
-        # Partial results in fp32, one slab per split, merged below. The LSE slab is (b, sq, hq) so that each
-        # query row has the same index in both slabs; the kernel writes it through a (b, hq, sq) view.
-        o_parts = torch.empty((num_splits, *o4.shape), dtype=torch.float32, device=q.device)
-        lse_parts = torch.empty((num_splits, batch, seqlen_q, heads_q), dtype=torch.float32, device=q.device)
+        # Partial results in fp32, one slab per split, merged after. The LSE slab is (b, sq, hq) so that each
+        # query row has the same index in both slabs; the kernel writes it through a (b, hq, sq) view. Their
+        # strides from meta tensors of the shapes `attention_forward` allocates.
+        parts = ((num_splits, *o4.shape), (num_splits, batch, seqlen_q, heads_q))
+        o_parts, lse_parts = (torch.empty(shape, dtype=torch.float32, device="meta") for shape in parts)
         o_dst, lse_dst = o_parts[0], lse_parts[0].transpose(1, 2)
         split_strides = (o_parts.stride(0), lse_parts.stride(0))
-    grid = (batch * heads_eff, cdiv(seqlen_q * gp, block_m), num_splits)
-    args = (q4, k4, v4, o_dst, lse_dst, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks, k_desc, v_desc,
-            cache_seqlens, block_table, window_lefts, *(None if d is None else d.contiguous() for d in descales),
-            seqlen_q, seqlen_k, block_table.stride(0) if paged else 0, k.shape[1] if paged else 1, *split_strides,
-            *_strides(q4, varlen), *_strides(k4, varlen), *_strides(v4, varlen), *_strides(o_dst, varlen),
-            *(lse_dst.stride() if not varlen else lse_strides),
-            gp, group, heads_eff,
-            scale * 1.4426950408889634, float(softcap), left, right)
-    launch(attn_fwd_kernel, grid, args, dict(
+    k4, v4 = (t.unsqueeze(0) if varlen else t for t in (k, v))
+    scalars = (seqlen_q, seqlen_k, block_table.stride(0) if paged else 0, k.shape[1] if paged else 1, *split_strides,
+               *_strides(q4, varlen), *_strides(k4, varlen), *_strides(v4, varlen), *_strides(o_dst, varlen),
+               *(lse_dst.stride() if not varlen else lse_strides),
+               gp, group, heads_eff, scale * 1.4426950408889634, float(softcap), left, right)
+    meta = dict(
         HEAD_DIM_QK=dqk, HEAD_DIM_V=dv, BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_D=block_d, BLOCK_DT=max(block_dt, 16), BLOCK_DV=block_dv, HAS_TAIL=block_dt > 0,
         IS_VARLEN=varlen, MASK_LEFT=left >= 0 or window_lefts is not None, MASK_RIGHT=right >= 0,
@@ -575,8 +632,7 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
         HAS_SEQLENS_K=cache_seqlens is not None, PAGED=paged, SPLIT=num_splits > 1,
         LEFT_PER_BATCH=window_lefts is not None, PAGE_TILE=_page_tile(k.shape[1], block_n) if paged else 0,
         num_warps=num_warps, num_stages=num_stages,
-    ))
-    if num_splits > 1:
-        rows = seqlen_q * heads_q
-        combine(out, lse, o_parts.view(num_splits, batch, rows, dv), lse_parts.view(num_splits, batch, rows),
-                rows_per_k=rows, group=heads_q, num_splits=num_splits, sinks=sinks)
+    )
+    grid = (batch * heads_eff, cdiv(seqlen_q * gp, block_m), num_splits)
+    boxes = ([1, block_n, 1, block_d], [1, block_n, 1, block_dv])
+    return _PortablePlan(grid, meta, scalars, num_splits, tma, boxes, parts)

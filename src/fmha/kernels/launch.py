@@ -43,11 +43,14 @@ def launch(fn, grid, args, meta, fixed=None):
     not change between calls (`fixed_classes`: a launch plan's scalars)."""
     if RECORD is not None:
         RECORD.append((getattr(fn, "__name__", repr(fn)), tuple(grid), dict(meta)))
+    if not isinstance(fn, JITFunction):       # the interpreter's
+        fn[grid](*args, **meta)
+        return
     if fixed is not None:
         tail, items = fixed
         classes = (*map(_arg_class, args[:len(args) - len(tail)]), *tail)
     else:
-        classes = tuple(map(_arg_class, args)) if isinstance(fn, JITFunction) else (None,)
+        classes = tuple(map(_arg_class, args))
         items = tuple(meta.items())
     if None in classes:
         fn[grid](*args, **meta)
