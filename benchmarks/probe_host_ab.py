@@ -1,16 +1,23 @@
-"""Host time of the Gluon prefill's launcher, this tree's against another revision's, in one process: separate
+"""Host time of the Gluon prefill's launcher (or, `--portable`, the portable kernel's: `forward.attention_forward` on
+decode calls), this tree's against another revision's, in one process: separate
 processes on the device's hosts differ by 10-15% on unchanged code (NOTES.md, fifty-ninth session), more than the
 changes being measured. The other revision's `forward_sm90.py` (a file: `git show REV:src/fmha/kernels/forward_sm90.py
 > benchmarks/experiments/forward_sm90_REV.py`) is loaded as a second module of `fmha.kernels`; rounds alternate the
-two, and the least microseconds a call of each entry are printed.
+two (and which of them goes first), and the least microseconds a call of each entry are printed.
 
 Entries, each causal and not, calling `attention_forward_sm90` directly (outputs given): a padded batch; its rows
 packed, the same lengths each call; the same tokens cut into new lengths each call (a server's prefill batches,
 `--batches` of them, more than a round's calls, so that no call's lengths were seen before in its round: each round
 starts with the launch plans emptied but for one call, as a running server's are).
 
+With `--portable` the other file is a revision's `forward.py` and the entries are decode calls of
+`attention_forward` (b sequences of one query token, 32 / 8 heads, d = 128, 4096 keys: paged by 16 and by 64, and a
+contiguous cache; the split count left to the planner, as `attention_with_kvcache` leaves it).
+
     PYTHONPATH=src python3 benchmarks/probe_host_ab.py --old benchmarks/experiments/forward_sm90_26d3b18.py
         [--shape 16 1024 8 128] [--rounds 8] [--calls 200] [--out probe.json]
+    PYTHONPATH=src python3 benchmarks/probe_host_ab.py --portable --old benchmarks/experiments/forward_43b861a.py
+        [--decode-batch 4]
 """
 import argparse
 import importlib.util
@@ -20,7 +27,7 @@ import time
 
 import torch
 
-from fmha.kernels import forward_sm90
+from fmha.kernels import forward, forward_sm90
 
 
 def load(path, name="fmha.kernels._ab_other_forward_sm90"):
@@ -62,12 +69,38 @@ def entries(shape, batches):
     return found
 
 
+def decode_entries(b, hq=32, hk=8, d=128, keys=4096):
+    """name -> (args, [kwargs]) for `forward.attention_forward`: one query token a sequence over a full cache."""
+    q = torch.randn(b, 1, hq, d, device="cuda", dtype=torch.bfloat16)
+    out, lse = torch.empty_like(q), torch.empty(b, hq, 1, device="cuda")
+    seqlens = torch.full((b,), keys, dtype=torch.int32, device="cuda")
+    opts = dict(cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=1, max_seqlen_k=keys, softmax_scale=d ** -0.5,
+                window=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None, cache_seqlens=seqlens, num_splits=0)
+    found = {}
+    for page in (16, 64, 0):
+        if page:
+            k, v = (torch.randn(b * keys // page, page, hk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+            table = torch.randperm(b * keys // page, device="cuda", dtype=torch.int32).view(b, -1)
+        else:
+            k, v = (torch.randn(b, keys, hk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+            table = None
+        found[f"decode b={b} " + (f"page {page}" if page else "contiguous")] = (
+            (q, k, v, out, lse), [dict(opts, block_table=table, max_seqlen_k=keys if table is None else
+                                       table.shape[1] * page)])
+    return found
+
+
 def per_call_us(module, args, calls, n):
     """Host microseconds a call over n calls cycling through `calls` (issue time; one synchronisation after)."""
+    call = getattr(module, "attention_forward_sm90", None)
+    if call is None:                       # a forward.py: returns None
+        def call(*a, **kw):
+            module.attention_forward(*a, **kw)
+            return True
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     for i in range(n):
-        assert module.attention_forward_sm90(*args, **calls[i % len(calls)])
+        assert call(*args, **calls[i % len(calls)])
     issue = (time.perf_counter() - t0) / n * 1e6
     torch.cuda.synchronize()
     return issue
@@ -75,7 +108,9 @@ def per_call_us(module, args, calls, n):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--old", required=True, help="another revision's forward_sm90.py")
+    p.add_argument("--old", required=True, help="another revision's forward_sm90.py (forward.py with --portable)")
+    p.add_argument("--portable", action="store_true", help="decode calls of the portable kernel's attention_forward")
+    p.add_argument("--decode-batch", type=int, default=4)
     p.add_argument("--shape", type=int, nargs=4, default=[16, 1024, 8, 128], metavar=("B", "S", "H", "D"))
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--calls", type=int, default=200)
@@ -83,17 +118,22 @@ def main():
     p.add_argument("--out", default=None)
     a = p.parse_args()
     assert a.batches > a.calls, "--batches must exceed --calls: each call of a round takes new lengths"
-    modules = {"this tree": forward_sm90, "other": load(a.old)}
-    b, s = a.shape[:2]
-    found = entries(a.shape, cuts(b * s, b, a.batches))
+    if a.portable:
+        modules = {"this tree": forward, "other": load(a.old, "fmha.kernels._ab_other_forward")}
+        found = decode_entries(a.decode_batch)
+    else:
+        modules = {"this tree": forward_sm90, "other": load(a.old)}
+        b, s = a.shape[:2]
+        found = entries(a.shape, cuts(b * s, b, a.batches))
     best = {}
     for name, (args, calls) in found.items():         # compile and warm every kernel and path first
         for module in modules.values():
             per_call_us(module, args, calls[:1], 3)
-    for _ in range(a.rounds):
-        for label, module in modules.items():
+    for r in range(a.rounds):
+        order = list(modules.items())
+        for label, module in order[::-1] if r % 2 else order:       # each module first in half the rounds
             for name, (args, calls) in found.items():
-                module._PLANS.clear()
+                getattr(module, "_PLANS", {}).clear()
                 per_call_us(module, args, calls[-1:], 1)        # the plan a running server would hold
                 us = per_call_us(module, args, calls, a.calls)
                 best[name, label] = min(best.get((name, label), float("inf")), us)
@@ -104,7 +144,7 @@ def main():
         print(f"{name:40s} this tree {new:7.1f} us   other {old:7.1f} us   ratio {new / old:.3f}")
     if a.out:
         with open(a.out, "w") as f:
-            json.dump(dict(shape=a.shape, rounds=a.rounds, calls=a.calls, other=a.old, gpu=torch.cuda.get_device_name(),
+            json.dump(dict(shape=a.shape, portable=a.portable, decode_batch=a.decode_batch, rounds=a.rounds, calls=a.calls, other=a.old, gpu=torch.cuda.get_device_name(),
                            rows=rows), f, indent=1)
 
 
