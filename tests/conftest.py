@@ -46,11 +46,12 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True)
 def fresh_launch_plans():
-    """The Gluon prefill and the portable kernel keep a launch plan per call key (`forward_sm90._PLANS`,
-    `forward._PLANS`), made from their tables, which tests patch: each test starts with none, so a test's patches
-    reach its calls."""
+    """The Gluon prefill, the portable kernel, MLA decode and the combine keep a launch plan (a route) per call key
+    (`forward_sm90._PLANS`, `forward._PLANS`, `mla_decode._ROUTES`, `combine._PLANS`), made from their tables and the
+    SM count, which tests patch: each test starts with none, so a test's patches reach its calls."""
     import sys
-    for name in ("fmha.kernels.forward_sm90", "fmha.kernels.forward"):
+    for name, plans in (("fmha.kernels.forward_sm90", "_PLANS"), ("fmha.kernels.forward", "_PLANS"),
+                        ("fmha.kernels.mla_decode", "_ROUTES"), ("fmha.kernels.combine", "_PLANS")):
         module = sys.modules.get(name)
         if module is not None:
-            module._PLANS.clear()
+            getattr(module, plans).clear()

@@ -759,3 +759,109 @@ def test_gluon_launch_plan_binds_each_call(case, monkeypatch):
             assert type(got) is type(exp) and got == exp
     q, k, v, out, lse = tensors
     assert args[0].base.data_ptr() == q.data_ptr() and args[4] is out and args[5] is lse
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("case", ["dense", "sparse", "fp8-v32-paged", "model1-extra"])
+def test_mla_launch_plan_binds_each_call(case, monkeypatch):
+    """A kept MLA route (`mla_decode._ROUTES`: the Gluon kernel's launch plan) and the combine's plan
+    (`combine._PLANS`) give a later call of their key that call's own tensors: the same launches, argument for
+    argument, as routing and planning it afresh, and not the first call's; the argument classes the plans keep are
+    those of the call's own arguments. The host side only (capability, `is_cuda` and the launches replaced), so it
+    runs without a GPU."""
+    import fmha.mla as flash_mla
+    from fmha.kernels import combine, mla_decode, mla_decode_sm90
+    from fmha.kernels.launch import _arg_class
+    launches = []
+
+    def record(fn, grid, args, meta, fixed=None):
+        launches.append((fn, grid, args, meta, fixed))
+    monkeypatch.setattr(mla_decode_sm90, "launch", record)
+    monkeypatch.setattr(combine, "launch", record)
+    monkeypatch.setattr(mla_decode_sm90, "capability", lambda index: (9, 0))
+    monkeypatch.setattr(mla_decode, "gluon_enabled", lambda: True)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))
+    forward = mla_decode.mla_decode_forward
+    monkeypatch.setattr(flash_mla, "mla_decode_forward", lambda *a, **kw: forward(*a, **dict(kw, interpret=False)))
+    b, s_q, h_q, page = 3, 2, 32, 64
+    d = 512 if case == "model1-extra" else 576
+
+    inputs, firsts = set(), set()
+
+    def made(run, *tensors):
+        storages = {t.untyped_storage().data_ptr() for t in tensors if isinstance(t, torch.Tensor)}
+        firsts.update(() if inputs else storages)
+        inputs.update(storages)
+        return run
+
+    def call(seed):
+        """A call of the case's key on tensors of this seed, to be made by calling it."""
+        g = torch.Generator().manual_seed(seed)
+        q = torch.randn(b, s_q, h_q, d, generator=g).to(torch.bfloat16)
+        cache = torch.randn(12, page, 1, d, generator=g).to(torch.bfloat16)
+        lens = torch.tensor([300, 5, 190] if seed == 0 else [7, 320, 64], dtype=torch.int32)
+        kw = dict(attn_sink=torch.randn(h_q, generator=g))
+        if case in ("dense", "fp8-v32-paged"):
+            table = torch.randperm(12, generator=g)[:3 * 4].view(3, 4).to(torch.int32)
+            meta, splits = flash_mla.get_mla_metadata(lens, s_q * h_q, 1)
+            if case == "fp8-v32-paged":
+                cache = flash_mla.quantize_kv_cache(cache, "v32")
+            return made(lambda: flash_mla.flash_mla_with_kvcache(q, cache, table, lens, 512, meta, splits,
+                                                                 causal=True, is_fp8_kvcache=case != "dense", **kw),
+                        q, cache, table, lens, meta, splits, *kw.values())
+        topk = 96
+        indices = torch.randint(-1, 12 * page, (b, s_q, topk), generator=g, dtype=torch.int32)
+        kw.update(indices=indices, topk_length=torch.randint(0, topk + 1, (b,), generator=g, dtype=torch.int32))
+        if case == "model1-extra":
+            cache = flash_mla.quantize_kv_cache(cache, "model1")
+            extra = torch.randn(5, 32, 1, d, generator=g).to(torch.bfloat16)
+            kw.update(is_fp8_kvcache=True, extra_k_cache=flash_mla.quantize_kv_cache(extra, "model1"),
+                      extra_indices_in_kvcache=torch.randint(-1, 5 * 32, (b, s_q, 24), generator=g,
+                                                             dtype=torch.int32))
+        meta, splits = flash_mla.get_mla_metadata(lens, s_q * h_q, 1, num_heads_q=h_q, topk=topk)
+        return made(lambda: flash_mla.flash_mla_with_kvcache(q, cache, None, lens, 512, meta, splits, **kw),
+                    q, cache, lens, meta, splits, *kw.values())
+
+    outputs = {}
+
+    def tensor(a):
+        """A tensor by its place in the test's inputs or in the call's outputs (`outputs`: storage -> name), or by
+        its layout alone where the call allocated it otherwise (split buffers)."""
+        base = a.untyped_storage().data_ptr()
+        where = (base if base in inputs else outputs.get(base), a.data_ptr() - base)
+        return where if where[0] is not None else None, tuple(a.shape), a.stride(), a.dtype
+
+    def tensor_of(a):
+        """`tensor` of an argument, or of a descriptor's tensor; (None,) for other arguments."""
+        a = a.base if hasattr(a, "block_shape") else a
+        return tensor(a) if isinstance(a, torch.Tensor) else (None,)
+
+    def canonical(args, outs):
+        """Arguments as comparable values: a descriptor by its tensor and box, a tensor by `tensor` (the call's
+        outputs `outs`)."""
+        outputs.clear()
+        outputs.update({t.untyped_storage().data_ptr(): name for name, t in zip(("out", "lse"), outs)})
+        return [(tensor(a.base), list(a.shape), list(a.strides), list(a.block_shape), a.layout)
+                if hasattr(a, "block_shape") else tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
+    first = call(0)                     # kept alive: no later allocation takes its tensors' addresses
+    first()
+    routes = dict(mla_decode._ROUTES)
+    assert len(routes) == 1 and routes[next(iter(routes))] is not None
+    launches.clear()
+    second = call(1)
+    kept_outs = second()
+    assert mla_decode._ROUTES.keys() == routes.keys()       # the first call's key: its route taken
+    kept = launches[:]
+    launches.clear()
+    mla_decode._ROUTES.clear()
+    combine._PLANS.clear()
+    outs = second()                                         # the same call, routed and planned afresh
+    assert len(kept) == len(launches) == 2                 # the kernel and the combine (the tokens are split)
+    for (fn, grid, args, meta, fixed), (fn0, grid0, args0, meta0, _) in zip(kept, launches):
+        assert fn is fn0 and grid == grid0 and meta == meta0 and len(args) == len(args0)
+        if fixed is not None:
+            assert fixed[0] == tuple(map(_arg_class, args[len(args) - len(fixed[0]):]))
+        want = canonical(args0, outs)
+        assert canonical(args, kept_outs) == want             # `outputs` is the kept call's from here on
+        assert {"out", "lse"} <= {where[0] for where, *_ in map(tensor_of, args) if where}    # its own outputs
+        assert not firsts & {where[0] for where, *_ in map(tensor_of, args) if where}     # none of the first call's

@@ -94,6 +94,20 @@ def test_gluon_mla_moving_max(gluon_calls, ramp, h_q, s_q):
     assert gluon_calls
 
 
+def test_gluon_mla_launch_plan_reuse(gluon_calls, monkeypatch):
+    """A decode loop's steps of one call key (new caches, queries, lengths, tables and schedules each step) take the
+    launch plan the first made (`mla_decode._ROUTES`, and the combine's, `combine._PLANS`), each against the
+    oracle."""
+    from fmha.kernels import combine, mla_decode
+    plans = []
+    real = mla_decode_sm90._plan
+    monkeypatch.setattr(mla_decode_sm90, "_plan", lambda *a, **kw: plans.append(1) or real(*a, **kw))
+    for seed, seqlens in enumerate([[1000, 700, 1100, 64, 0], [1100, 5, 900, 1090, 300], [3, 1100, 1100, 2, 640]]):
+        _run(seqlens, 64, 2, 64, torch.bfloat16, seed=seed, sinks=True)
+    assert len(gluon_calls) == 3 and len(plans) == 1
+    assert len(mla_decode._ROUTES) == 1 and len(combine._PLANS) == 1
+
+
 def test_gluon_mla_causal_short(gluon_calls):
     """s_q = 4 with caches shorter than s_q: queries that see no key give 0 and LSE +inf."""
     _run([2, 0, 1, 4, 3 * 64 + 5], 16, 4, 64, torch.bfloat16, seed=3)

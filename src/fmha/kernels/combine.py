@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from .common import LOG2E, lse_ptrs, sink_keep
-from .launch import cdiv, launch, next_pow2
+from .launch import cdiv, fixed_classes, launch, next_pow2
 
 
 @triton.jit
@@ -92,11 +92,32 @@ def combine(out, lse, o_part, lse_part, *, rows_per_k, group, split_offsets=None
     splits (`num_splits` slots per batch), without it when `split_offsets (b + 1,)` numbers each batch's slots.
     A row's packed index is `kv_head * rows_per_k + q_pos * group + (q_head % group)`.
     """
+    key = (out.shape, out.stride(), lse.shape, lse.stride(), o_part.shape, o_part.stride(), lse_part.shape,
+           lse_part.stride(), out.device, rows_per_k, group, split_offsets is None, num_splits, sinks is None,
+           empty_lse)
+    plan = _PLANS.get(key)
+    if plan is None:
+        if len(_PLANS) >= PLANS_MAX:
+            _PLANS.clear()
+        plan = _PLANS[key] = _plan(out, lse, o_part, lse_part, rows_per_k=rows_per_k, group=group,
+                                   per_batch=split_offsets is None, num_splits=num_splits, sinks=sinks,
+                                   empty_lse=empty_lse)
+    grid, scalars, meta, fixed = plan
+    launch(combine_kernel, grid, (out, lse, o_part, lse_part, split_offsets, sinks, *scalars), meta, fixed)
+
+
+# Launch plans of `combine` (grid, scalar arguments, meta, `launch`'s fixed classes) by its tensors' shapes, strides
+# and device and its options: a decode step's combine is planned once. Emptied at PLANS_MAX keys.
+_PLANS = {}
+PLANS_MAX = 1024
+
+
+def _plan(out, lse, o_part, lse_part, *, rows_per_k, group, per_batch, num_splits, sinks, empty_lse):
+    """`combine`'s launch without its tensors."""
     from ..schedule import num_sms
 
     batch, dv = out.shape[0], out.shape[-1]
     total_rows = o_part.shape[-2]
-    per_batch = split_offsets is None
     block_dv = next_pow2(dv)
     # Parts per batch: exact for uniform splits, the average for the scheduler's (a batch with more loops).
     parts = num_splits if per_batch else -(-o_part.shape[0] // max(batch, 1))
@@ -104,11 +125,10 @@ def combine(out, lse, o_part, lse_part, *, rows_per_k, group, split_offsets=None
     # Rows per program: as many as the in-flight budget allows while the grid still covers every SM twice.
     block_r = max(1, min(_IN_FLIGHT // (block_s * block_dv), batch * total_rows // (2 * num_sms(out.device)), 8))
     block_r = 1 << (block_r.bit_length() - 1)
-    launch(combine_kernel, (batch, cdiv(total_rows, block_r)), (
-        out, lse, o_part, lse_part, split_offsets, sinks,
-        num_splits, group, rows_per_k, total_rows, empty_lse,
-        out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1), lse.stride(2),
-        batch // max(lse.shape[0], 1), o_part.stride(0), o_part.stride(1) if per_batch else 0, o_part.stride(-2),
-        lse_part.stride(0), lse_part.stride(1) if per_batch else 0),
-        dict(DV=dv, BLOCK_DV=block_dv, BLOCK_R=block_r, BLOCK_S=block_s, VARIABLE_SPLITS=not per_batch,
-             HAS_SINKS=sinks is not None, num_warps=4))
+    scalars = (num_splits, group, rows_per_k, total_rows, empty_lse,
+               out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1), lse.stride(2),
+               batch // max(lse.shape[0], 1), o_part.stride(0), o_part.stride(1) if per_batch else 0,
+               o_part.stride(-2), lse_part.stride(0), lse_part.stride(1) if per_batch else 0)
+    meta = dict(DV=dv, BLOCK_DV=block_dv, BLOCK_R=block_r, BLOCK_S=block_s, VARIABLE_SPLITS=not per_batch,
+                HAS_SINKS=sinks is not None, num_warps=4)
+    return (batch, cdiv(total_rows, block_r)), scalars, meta, fixed_classes(scalars, meta)

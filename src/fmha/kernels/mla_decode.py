@@ -366,6 +366,25 @@ def _tma_ok(t, heads_k):
             and (t.stride(1) * es) % 16 == 0)
 
 
+# The Gluon kernel a call of `mla_decode_forward` takes on Hopper, by `mla_decode_sm90.plan_key`: ("sparse",
+# `sparse_decode_sm90`'s views), ("sm90", `mla_decode_sm90`'s views, then its launch plan), or None (the portable
+# kernel). A later call of a key skips both `supported`s and the planning. Emptied at ROUTES_MAX keys.
+_ROUTES = {}
+ROUTES_MAX = 1024
+
+
+def _route(q_lat, q_rope, kv_lat, k_rope, out, rows_per_k, *, sparse, fp8_layout, extra, max_logits, whole, causal):
+    """The `_ROUTES` entry of a call no earlier call of its key has routed."""
+    from . import mla_decode_sm90, sparse_decode_sm90
+    views = sparse_decode_sm90.supported(q_lat, q_rope, kv_lat, out, sparse=sparse, fp8_layout=fp8_layout,
+                                         extra=extra, max_logits=max_logits, whole=whole, causal=causal)
+    if views is not None:
+        return "sparse", views
+    views = mla_decode_sm90.supported(q_lat, q_rope, kv_lat, k_rope, out, rows_per_k, sparse=sparse,
+                                      fp8_layout=fp8_layout, extra=extra)
+    return None if views is None else ("sm90", views)
+
+
 def mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens, metadata, split_offsets,
                        out, lse, *, softmax_scale, causal, sinks=None, valid_lens=None, fp8_layout=None,
                        max_logits=None, extra=None, whole=False, tiles=None, use_tma=None, backend=None,
@@ -408,23 +427,33 @@ def mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens
     if not overridden and not interpret and gluon_enabled():
         # One KV head, >= 16 packed rows on Hopper (bf16/fp16 or FP8 caches, paged or token-sparse, with an extra
         # source or not; `supported` decides): the Gluon kernel (no duplicated score tile). Decided before the
-        # portable kernel's tiles and descriptors.
+        # portable kernel's tiles and descriptors, and kept by call key (`_ROUTES`).
         from . import mla_decode_sm90, sparse_decode_sm90
-        views = sparse_decode_sm90.supported(q_lat, q_rope, kv_lat, out, sparse=sparse, fp8_layout=fp8_layout,
-                                             extra=extra, max_logits=max_logits, whole=whole, causal=causal)
-        if views is not None:         # FP8 sparse decode, run whole: a dequantising loader (its module)
-            sparse_decode_sm90.sparse_decode_forward_sm90(views, q_lat, q_rope, kv_lat, block_table, valid_lens, out,
+        key = mla_decode_sm90.plan_key(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens, metadata,
+                                       split_offsets, out, lse, sinks, valid_lens, max_logits, extra,
+                                       softmax_scale=softmax_scale, causal=causal, fp8_layout=fp8_layout, whole=whole)
+        route = _ROUTES.get(key, False)
+        if route is False:
+            route = _route(q_lat, q_rope, kv_lat, k_rope, out, rows_per_k, sparse=sparse, fp8_layout=fp8_layout,
+                           extra=extra, max_logits=max_logits, whole=whole, causal=causal)
+            if len(_ROUTES) >= ROUTES_MAX:
+                _ROUTES.clear()
+            _ROUTES[key] = route
+        if route is not None and route[0] == "sparse":
+            # FP8 sparse decode, run whole: a dequantising loader (its module)
+            sparse_decode_sm90.sparse_decode_forward_sm90(route[1], q_lat, q_rope, kv_lat, block_table, valid_lens, out,
                                                           lse, softmax_scale=softmax_scale, sinks=sinks,
                                                           fp8_layout=fp8_layout, extra=extra)
             return None
-        views = mla_decode_sm90.supported(q_lat, q_rope, kv_lat, k_rope, out, rows_per_k, sparse=sparse,
-                                          fp8_layout=fp8_layout, extra=extra)
-        if views is not None:
-            mla_decode_sm90.mla_decode_forward_sm90(views, q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens,
-                                                    metadata, split_offsets, out, lse, o_part, lse_part,
-                                                    softmax_scale=softmax_scale, causal=causal, sinks=sinks,
-                                                    valid_lens=valid_lens, max_logits=max_logits,
-                                                    fp8_layout=fp8_layout, extra=extra)
+        if route is not None:
+            # route[1]: supported's views on a key's first call, its launch plan after
+            plan = mla_decode_sm90.mla_decode_forward_sm90(route[1], q_lat, q_rope, kv_lat, k_rope, block_table,
+                                                           cache_seqlens, metadata, split_offsets, out, lse, o_part,
+                                                           lse_part, softmax_scale=softmax_scale, causal=causal,
+                                                           sinks=sinks, valid_lens=valid_lens, max_logits=max_logits,
+                                                           fp8_layout=fp8_layout, extra=extra)
+            if route[1] is not plan:
+                _ROUTES[key] = ("sm90", plan)
             if not whole:
                 combine(out, lse, o_part, lse_part, rows_per_k=rows_per_k, group=group, split_offsets=split_offsets,
                         sinks=sinks, empty_lse=float("inf"))

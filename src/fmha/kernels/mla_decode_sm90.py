@@ -82,8 +82,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from .._kv_fp8 import MODEL1_ROW, MODEL1_TAIL, model1_parts
 from ..schedule import SCHED_BLOCK, SCHED_FIELDS as _SCHED_FIELDS
 from .forward_sm90 import zero_rows_from
-from .launch import cdiv, launch
-from .sm90 import capability, descriptor
+from .launch import cdiv, fixed_classes, launch
+from .sm90 import capability, descriptor_in, smem_layout
 
 ROWS = gl.constexpr(64)           # packed query rows per program (wgmma's M)
 BLOCK_N = gl.constexpr(64)        # keys per tile: one scheduling block
@@ -1196,52 +1196,111 @@ def mla_decode_forward_sm90(views, q_lat, q_rope, kv_lat, k_rope, block_table, c
     `max_logits (b, h_q)`: also write each row's largest scaled score (the plan runs every token whole).
     `fp8_layout` "v32" / "model1": the cache is packed FP8 rows (kv_lat = k_rope = the uint8 tensor), gathered
     and dequantised. `extra` = (x_lat, x_rope, x_table, x_valid, main_span): a second sparse source, as
-    `mla_decode.mla_decode_forward` takes it."""
+    `mla_decode.mla_decode_forward` takes it. `views` is `supported`'s result, or the `_Plan` this function returned
+    for an earlier call of the same `plan_key`; returns the call's `_Plan`."""
+    tensors = (q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens, metadata, split_offsets, out, lse, o_part,
+               lse_part, sinks, valid_lens, max_logits, extra)
+    plan = views if isinstance(views, _Plan) else _plan(views, *tensors, softmax_scale=softmax_scale, causal=causal,
+                                                        fp8_layout=fp8_layout)
+    launch(mla_decode_sm90_kernel, plan.grid, plan.bind(*tensors), plan.meta, plan.fixed)
+    return plan
+
+
+def plan_key(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens, metadata, split_offsets, out, lse, sinks,
+             valid_lens, max_logits, extra, *, softmax_scale, causal, fp8_layout, whole):
+    """All that `supported` (this module's and `sparse_decode_sm90`'s) and `_plan` read of a call of
+    `mla_decode.mla_decode_forward`'s Gluon branch: the layouts (shapes, strides, dtypes) of q, the caches, out and
+    their 16-byte alignment, the other tensors' shapes and strides or absence, the device and the options. The
+    data's addresses are `_Plan.bind`'s."""
+    def laid(t):            # read by the views and the gathers' row alignment
+        return None if t is None else (t.shape, t.stride(), t.dtype, t.data_ptr() % 16)
+
+    def shaped(t):          # read for sizes and strides only
+        return None if t is None else (t.shape, t.stride())
+    x = extra and (laid(extra[0]), laid(extra[1]), shaped(extra[2]), extra[3] is None, extra[4])
+    return (laid(q_lat), laid(q_rope), laid(kv_lat), laid(k_rope), laid(out), shaped(block_table), shaped(lse),
+            shaped(metadata), shaped(max_logits), x, cache_seqlens is None, split_offsets is None, sinks is None,
+            valid_lens is None, q_lat.device, softmax_scale, causal, fp8_layout, whole)
+
+
+class _Plan:
+    """A launch of `mla_decode_sm90_kernel` without its tensors (`_plan`): the grid, the meta-parameters, the scalar
+    arguments after the tensors and their `launch` classes (`fixed`), the (view, box, layout) of each descriptor
+    (q latent, q RoPE, cache latent, cache RoPE, out, partials; None where the call has none), and whether the
+    cache is seen as pages of one key (`_one_key_pages`). `bind` makes a call's arguments from its tensors."""
+    __slots__ = ("grid", "meta", "scalars", "fixed", "boxes", "one_key", "fp8_layout")
+
+    def __init__(self, grid, meta, scalars, boxes, one_key, fp8_layout):
+        self.grid, self.meta, self.scalars, self.boxes = grid, meta, scalars, boxes
+        self.one_key, self.fp8_layout = one_key, fp8_layout
+        self.fixed = fixed_classes(scalars, meta)
+
+    def bind(self, q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens, metadata, split_offsets, out, lse,
+             o_part, lse_part, sinks, valid_lens, max_logits, extra):
+        """The kernel's arguments for these tensors (a call of the plan's key)."""
+        descs = tuple(None if box is None else descriptor_in(t, box)
+                      for t, box in zip((q_lat, q_rope, kv_lat, k_rope, out, o_part), self.boxes))
+        if self.one_key:
+            kv_lat, k_rope = _one_key_pages(kv_lat, k_rope)
+            if extra is not None:
+                extra = (*_one_key_pages(extra[0], extra[1]), *extra[2:])
+        lat_base, second_base, _ = _gather_bases(kv_lat, k_rope, self.fp8_layout)
+        x_args = (None, None, None, None)
+        if extra is not None:
+            x_args = (*_gather_bases(extra[0], extra[1], self.fp8_layout)[:2], extra[2], extra[3])
+        return (*descs, lse, lse_part, metadata, cache_seqlens, split_offsets, sinks, block_table, lat_base,
+                second_base, valid_lens, max_logits, *x_args, *self.scalars)
+
+
+def _plan(views, q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens, metadata, split_offsets, out, lse,
+          o_part, lse_part, sinks, valid_lens, max_logits, extra, *, softmax_scale, causal, fp8_layout):
+    """`_Plan` of a `mla_decode_forward_sm90` call (its arguments; `views` from `supported`)."""
     batch, seqlen_q, heads_q, _ = q_lat.shape
     rows_per_k = seqlen_q * heads_q
     sparse = valid_lens is not None
     gather = sparse or fp8_layout is not None
     rope = q_rope is not None
     vq, vr, vk, vkr, vo = views
-    if sparse and fp8_layout != "model1":
+    one_key = sparse and fp8_layout != "model1"
+    if one_key:
         kv_lat, k_rope = _one_key_pages(kv_lat, k_rope)
         if extra is not None:
             extra = (*_one_key_pages(extra[0], extra[1]), *extra[2:])
     rows, half, dt = ROWS.value, HALF.value, DT.value
     part_view = ([o_part.shape[0], rows_per_k, 2 * half], [o_part.stride(0), o_part.stride(1), 1])
+
+    def box(t, view, block):
+        return view, block, smem_layout(tuple(block), t.dtype)
+    boxes = (box(q_lat, vq, [1, rows, half]), box(q_rope, vr, [1, rows, dt]) if rope else None,
+             None if gather else box(kv_lat, vk, [1, BLOCK_N.value, half]),
+             box(k_rope, vkr, [1, BLOCK_N.value, dt]) if rope and not gather else None,
+             box(out, vo, [1, rows, half]), box(o_part, part_view, [1, rows, half]))
     page_size = kv_lat.shape[1]
-    descs = (descriptor(q_lat, vq, [1, rows, half]), descriptor(q_rope, vr, [1, rows, dt]) if rope else None,
-             None if gather else descriptor(kv_lat, vk, [1, BLOCK_N.value, half]),
-             descriptor(k_rope, vkr, [1, BLOCK_N.value, dt]) if rope and not gather else None,
-             descriptor(out, vo, [1, rows, half]), descriptor(o_part, part_view, [1, rows, half]))
-    lat_base, second_base, strides = _gather_bases(kv_lat, k_rope, fp8_layout)
+    strides = _gather_bases(kv_lat, k_rope, fp8_layout)[2]
     if extra is not None:
         x_lat, x_rope, x_table, x_valid, main_span = extra
-        x_lat, x_second, x_strides = _gather_bases(x_lat, x_rope, fp8_layout)
-        x_args = (x_lat, x_second, x_table, x_valid)
+        x_strides = _gather_bases(x_lat, x_rope, fp8_layout)[2]
         x_sizes = (main_span, x_lat.shape[1], x_lat.shape[0] * x_lat.shape[1], x_table.stride(0), *x_strides)
     else:
-        x_args, x_sizes = (None, None, None, None), (1 << 30, 1, 0, 0, 0, 0, 0, 0)
+        x_sizes = (1 << 30, 1, 0, 0, 0, 0, 0, 0)
     # Page sizes of powers of two (above 1, which the JIT specialises on) go in as shifts (SHIFTED).
     shifted = sparse and page_size > 1 and _pow2(page_size) and (extra is None or _pow2(x_sizes[1]))
     if shifted:
         x_sizes = (x_sizes[0], x_sizes[1].bit_length() - 1, *x_sizes[2:])
-    args = (*descs, lse, lse_part, metadata, cache_seqlens, split_offsets, sinks, block_table, lat_base,
-            second_base, valid_lens, max_logits, *x_args,
-            batch, seqlen_q, heads_q, rows_per_k, page_size.bit_length() - 1 if shifted else page_size,
-            block_table.stride(0),
-            softmax_scale * LOG2E.value, lse.stride(0), lse.stride(1), lse.stride(2), batch // lse.shape[0],
-            lse_part.stride(0), kv_lat.shape[0] * page_size, *strides,
-            *((max_logits.stride(0), max_logits.stride(1)) if max_logits is not None else (0, 0)),
-            x_sizes[0], block_table.shape[-1], *x_sizes[1:])
+    scalars = (batch, seqlen_q, heads_q, rows_per_k, page_size.bit_length() - 1 if shifted else page_size,
+               block_table.stride(0),
+               softmax_scale * LOG2E.value, lse.stride(0), lse.stride(1), lse.stride(2), batch // lse.shape[0],
+               lse_part.stride(0), kv_lat.shape[0] * page_size, *strides,
+               *((max_logits.stride(0), max_logits.stride(1)) if max_logits is not None else (0, 0)),
+               x_sizes[0], block_table.shape[-1], *x_sizes[1:])
     grid = (metadata.shape[0] * cdiv(rows_per_k, rows),)
-    row_keys = main_span + x_table.shape[-1] if extra is not None else block_table.shape[-1]
+    row_keys = extra[4] + extra[2].shape[-1] if extra is not None else block_table.shape[-1]
     loader = uses_loader(fp8_layout, sparse, row_keys, cdiv(rows_per_k, rows))
-    launch(mla_decode_sm90_kernel, grid, args,
-           dict(CAUSAL=causal, HAS_SINKS=sinks is not None, SPARSE=SHIFTED.value if shifted else int(sparse),
+    meta = dict(CAUSAL=causal, HAS_SINKS=sinks is not None, SPARSE=SHIFTED.value if shifted else int(sparse),
                 FP8={None: 0, "v32": V32.value, "model1": MODEL1.value}[fp8_layout], HAS_MAX=max_logits is not None,
                 HAS_ROPE=rope, EXTRA=extra is not None, LOADER=loader, CONSUMER_REGS=CONSUMER_REGS,
-                PRODUCER_CONSUMER_REGS=PRODUCER_CONSUMER_REGS[fp8_layout], num_warps=4))
+                PRODUCER_CONSUMER_REGS=PRODUCER_CONSUMER_REGS[fp8_layout], num_warps=4)
+    return _Plan(grid, meta, scalars, boxes, one_key, fp8_layout)
 
 
 def uses_loader(fp8_layout, sparse, row_keys, row_blocks=1):
