@@ -20,6 +20,7 @@ contiguous cache; the split count left to the planner, as `attention_with_kvcach
         [--decode-batch 4]
 """
 import argparse
+import datetime
 import importlib.util
 import json
 import sys
@@ -27,6 +28,7 @@ import time
 
 import torch
 
+from fmha.bench import _commit
 from fmha.kernels import forward, forward_sm90
 
 
@@ -144,8 +146,9 @@ def main():
         print(f"{name:40s} this tree {new:7.1f} us   other {old:7.1f} us   ratio {new / old:.3f}")
     if a.out:
         with open(a.out, "w") as f:
-            json.dump(dict(shape=a.shape, portable=a.portable, decode_batch=a.decode_batch, rounds=a.rounds, calls=a.calls, other=a.old, gpu=torch.cuda.get_device_name(),
-                           rows=rows), f, indent=1)
+            json.dump(dict(gpu=torch.cuda.get_device_name(), date=datetime.date.today().isoformat(),
+                           commit=_commit(None), shape=a.shape, portable=a.portable, decode_batch=a.decode_batch,
+                           rounds=a.rounds, calls=a.calls, other=a.old, rows=rows), f, indent=1)
 
 
 if __name__ == "__main__":
