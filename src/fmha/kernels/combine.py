@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from .common import LOG2E, lse_ptrs, sink_keep
-from .launch import cdiv, fixed_classes, launch, next_pow2
+from .launch import Plans, cdiv, fixed_classes, launch, next_pow2
 
 
 @triton.jit
@@ -97,19 +97,16 @@ def combine(out, lse, o_part, lse_part, *, rows_per_k, group, split_offsets=None
            empty_lse)
     plan = _PLANS.get(key)
     if plan is None:
-        if len(_PLANS) >= PLANS_MAX:
-            _PLANS.clear()
-        plan = _PLANS[key] = _plan(out, lse, o_part, lse_part, rows_per_k=rows_per_k, group=group,
-                                   per_batch=split_offsets is None, num_splits=num_splits, sinks=sinks,
-                                   empty_lse=empty_lse)
+        plan = _PLANS.keep(key, _plan(out, lse, o_part, lse_part, rows_per_k=rows_per_k, group=group,
+                                      per_batch=split_offsets is None, num_splits=num_splits, sinks=sinks,
+                                      empty_lse=empty_lse))
     grid, scalars, meta, fixed = plan
     launch(combine_kernel, grid, (out, lse, o_part, lse_part, split_offsets, sinks, *scalars), meta, fixed)
 
 
 # Launch plans of `combine` (grid, scalar arguments, meta, `launch`'s fixed classes) by its tensors' shapes, strides
-# and device and its options: a decode step's combine is planned once. Emptied at PLANS_MAX keys.
-_PLANS = {}
-PLANS_MAX = 1024
+# and device and its options: a decode step's combine is planned once.
+_PLANS = Plans()
 
 
 def _plan(out, lse, o_part, lse_part, *, rows_per_k, group, per_batch, num_splits, sinks, empty_lse):

@@ -15,7 +15,7 @@ import triton.language as tl
 from ..schedule import num_sms, plan_num_splits
 from .combine import combine
 from .common import LN2, LOG2E, online_softmax_step, scores_log2, visible
-from .launch import cdiv, fixed_classes, launch, next_pow2
+from .launch import Plans, cdiv, fixed_classes, launch, next_pow2
 from .sm90 import gluon_enabled
 
 
@@ -541,9 +541,7 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
                               scale=scale, softcap=softcap, left=left, right=right, window_lefts=window_lefts,
                               alibi_slopes=alibi_slopes, sinks=sinks, cache_seqlens=cache_seqlens,
                               block_table=block_table, num_splits=num_splits, interpret=interpret)
-        if len(_PLANS) >= PLANS_MAX:
-            _PLANS.clear()
-        _PLANS[key] = plan
+        _PLANS.keep(key, plan)
     k_desc = v_desc = None
     if plan.tma == 1:
         _ensure_allocator(q.device)
@@ -569,9 +567,8 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
 # Launch plans of the portable kernel (`_PortablePlan`), by the call key `attention_forward` makes: its tensors'
 # shapes, strides, dtypes, device and K/V alignment, its options and its tiles (so a patched tile table makes new
 # keys). A later call of a key skips the planning and the argument classes of the plan's scalars: ~20 us of a
-# decode call's ~90 of host time on the device's hosts (NOTES.md, fifty-ninth session). Emptied at PLANS_MAX keys.
-_PLANS = {}
-PLANS_MAX = 1024
+# decode call's ~90 of host time on the device's hosts (NOTES.md, fifty-ninth session).
+_PLANS = Plans()
 
 
 class _PortablePlan:

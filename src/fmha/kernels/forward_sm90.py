@@ -64,7 +64,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from ..schedule import num_sms, outside_graph_pools
-from .launch import _arg_class, cdiv, fixed_classes, launch
+from .launch import Plans, _arg_class, cdiv, fixed_classes, launch
 from .sm90 import capability, descriptor, descriptor_in, smem_layout
 from .transpose import TAIL, packed_start, transpose_keys
 
@@ -1210,9 +1210,7 @@ def supported(q, k, v):
 # was seen skips `supported` and `_plan`: 20-30 us of an eager call's host time on the device's hosts, where a short
 # prefill's kernel runs 100-200 us (NOTES.md, fifty-eighth session). A packed call of new token counts or longest
 # lengths takes its plan from one of other lengths where there is one (`_Plan.with_lengths`) and keeps it too.
-# Emptied when PLANS_MAX keys are held.
-_PLANS = {}
-PLANS_MAX = 1024
+_PLANS = Plans()
 
 
 def attention_forward_sm90(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None, tiles=None,
@@ -1251,21 +1249,14 @@ def attention_forward_sm90(q, k, v, out, lse, *, causal, softmax_scale, views=No
             plan = views is not None and _plan(q, k, v, out, lse, views=views, pingpong=pingpong, tiles=tiles,
                                                pack=pack, transpose=transpose, **options)
             if shared is not None:
-                _keep(shared, plan)
+                _PLANS.keep(shared, plan)
         if automatic:
-            _keep(key, plan)
+            _PLANS.keep(key, plan)
     if not plan:
         return False
     launch(attn_fwd_sm90_kernel, plan.grid,
            plan.bind(q, k, v, out, lse, varlen, window, sinks, cache, alibi_slopes, descales), plan.meta, plan.fixed)
     return True
-
-
-def _keep(key, plan):
-    """Keep `plan` (or False) under `key` in `_PLANS`, emptied first when it holds PLANS_MAX."""
-    if len(_PLANS) >= PLANS_MAX:
-        _PLANS.clear()
-    _PLANS[key] = plan
 
 
 def _plan_key(q, k, v, out, lse, causal, softmax_scale, varlen, window, sinks, softcap, cache, alibi_slopes,

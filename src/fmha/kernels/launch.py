@@ -65,6 +65,23 @@ def launch(fn, grid, args, meta, fixed=None):
     kernel[(*grid, 1, 1)[:3]](*args, *constexprs)
 
 
+class Plans(dict):
+    """Launch plans (or routes) by call key, for callers that make a call's launch once per key of shapes, strides
+    and options and bind each call's tensors to it. Emptied when `limit` keys are held: a server's shapes come and
+    go, and a plan costs little to make again."""
+
+    def __init__(self, limit=1024):
+        super().__init__()
+        self.limit = limit
+
+    def keep(self, key, plan):
+        """`plan` under `key` (emptying the dict first when it is full); returns `plan`."""
+        if len(self) >= self.limit:
+            self.clear()
+        self[key] = plan
+        return plan
+
+
 def cdiv(a, b):
     """ceil(a / b) of ints, for grids: `triton.cdiv` is a constexpr function, ~2.5 us a host call (one to five a
     launch)."""

@@ -20,7 +20,7 @@ import triton.language as tl
 
 from ..schedule import SCHED_BLOCK, SCHED_FIELDS
 from .combine import combine
-from .launch import cdiv, next_pow2
+from .launch import Plans, cdiv, next_pow2
 from .common import LN2, lse_ptrs, sink_keep
 from .sm90 import gluon_enabled
 
@@ -368,9 +368,8 @@ def _tma_ok(t, heads_k):
 
 # The Gluon kernel a call of `mla_decode_forward` takes on Hopper, by `mla_decode_sm90.plan_key`: ("sparse",
 # `sparse_decode_sm90`'s views), ("sm90", `mla_decode_sm90`'s views, then its launch plan), or None (the portable
-# kernel). A later call of a key skips both `supported`s and the planning. Emptied at ROUTES_MAX keys.
-_ROUTES = {}
-ROUTES_MAX = 1024
+# kernel). A later call of a key skips both `supported`s and the planning.
+_ROUTES = Plans()
 
 
 def _route(q_lat, q_rope, kv_lat, k_rope, out, rows_per_k, *, sparse, fp8_layout, extra, max_logits, whole, causal):
@@ -436,9 +435,7 @@ def mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens
         if route is False:
             route = _route(q_lat, q_rope, kv_lat, k_rope, out, rows_per_k, sparse=sparse, fp8_layout=fp8_layout,
                            extra=extra, max_logits=max_logits, whole=whole, causal=causal)
-            if len(_ROUTES) >= ROUTES_MAX:
-                _ROUTES.clear()
-            _ROUTES[key] = route
+            _ROUTES.keep(key, route)
         if route is not None and route[0] == "sparse":
             # FP8 sparse decode, run whole: a dequantising loader (its module)
             sparse_decode_sm90.sparse_decode_forward_sm90(route[1], q_lat, q_rope, kv_lat, block_table, valid_lens, out,
