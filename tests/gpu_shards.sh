@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The GPU suite (`pytest -m gpu`) in parallel shards on the device, with one summary file to bring back (a device call
+# returns at most 8 files, so per-shard logs get lost).
+#
+#   tests/gpu_shards.sh N FIRST LAST OUTDIR [pytest arguments...]
+#
+# Runs shards FIRST..LAST of N (`--shard i/N`, conftest.py: every N-th collected test) at once, one process each (the
+# kernels' compiles are CPU-bound: about one process a core), each killed after SHARD_TIMEOUT seconds (default 540),
+# then writes OUTDIR/summary.txt: each shard's last line, every FAILED / ERROR line, the test a killed shard was in,
+# and the slowest tests. The whole suite in two device calls of 13 processes: FIRST..LAST = 0..12, then 13..25 of 26.
+set -u
+n=$1 first=$2 last=$3 out=$4
+shift 4
+logs=$(mktemp -d)
+for i in $(seq "$first" "$last"); do
+    timeout -s KILL "${SHARD_TIMEOUT:-540}" python -m pytest tests -m gpu -v -p no:cacheprovider --durations=8 \
+        --shard "$i/$n" "$@" > "$logs/$i.log" 2>&1 &
+done
+wait
+{
+    for i in $(seq "$first" "$last"); do
+        end=$(grep -E "^=+ .*(passed|failed|error|skipped|deselected).* in [0-9.]+s" "$logs/$i.log" | tail -1)
+        echo "shard $i/$n: ${end:-KILLED or crashed; last line: $(grep -E '::' "$logs/$i.log" | tail -1)}"
+    done
+    echo "--- failures"
+    grep -h -E "^(FAILED|ERROR) " "$logs"/*.log
+    echo "--- slowest"
+    grep -h -E "^[0-9.]+s (call|setup|teardown) " "$logs"/*.log | sort -rn | head -25
+} > "$out/summary.txt"
+cat "$out/summary.txt"
