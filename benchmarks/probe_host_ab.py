@@ -14,10 +14,14 @@ With `--portable` the other file is a revision's `forward.py` and the entries ar
 `attention_forward` (b sequences of one query token, 32 / 8 heads, d = 128, 4096 keys: paged by 16 and by 64, and a
 contiguous cache; the split count left to the planner, as `attention_with_kvcache` leaves it).
 
+With `--launch` the other file is a revision's `kernels/launch.py`, whose `launch` replaces this tree's in every
+kernel module for the other's rounds; the entries are the decode calls and the padded-batch prefill calls.
+
     PYTHONPATH=src python3 benchmarks/probe_host_ab.py --old benchmarks/experiments/forward_sm90_26d3b18.py
         [--shape 16 1024 8 128] [--rounds 8] [--calls 200] [--out probe.json]
     PYTHONPATH=src python3 benchmarks/probe_host_ab.py --portable --old benchmarks/experiments/forward_43b861a.py
         [--decode-batch 4]
+    PYTHONPATH=src python3 benchmarks/probe_host_ab.py --launch --old benchmarks/experiments/launch_REV.py
 """
 import argparse
 import datetime
@@ -29,7 +33,7 @@ import time
 import torch
 
 from fmha.bench import _commit
-from fmha.kernels import forward, forward_sm90
+from fmha.kernels import combine, forward, forward_sm90, launch, mla_decode_sm90, sparse_decode_sm90, transpose
 
 
 def load(path, name="fmha.kernels._ab_other_forward_sm90"):
@@ -92,6 +96,30 @@ def decode_entries(b, hq=32, hk=8, d=128, keys=4096):
     return found
 
 
+class LaunchedBy:
+    """`forward` and `forward_sm90`'s entries with `fn` as every kernel module's `launch` (`--launch`): a decode
+    call's args (5 tensors) go to `forward.attention_forward`, a prefill call's to `attention_forward_sm90`, a
+    function (a public entry) is called."""
+    _PLANS = {}
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def attention_forward_sm90(self, *args, **kw):
+        if callable(args[0]):                           # a public entry (`profile_host.decode_levels`)
+            args[0]()
+            return True
+        if "cache_seqlens" in kw:
+            forward.attention_forward(*args, **kw)
+            return True
+        return forward_sm90.attention_forward_sm90(*args, **kw)
+
+    def use(self):
+        """Makes `fn` every kernel module's `launch` (before each of this launcher's measurements)."""
+        for module in (combine, forward, forward_sm90, mla_decode_sm90, sparse_decode_sm90, transpose):
+            module.launch = self.fn
+
+
 def per_call_us(module, args, calls, n):
     """Host microseconds a call over n calls cycling through `calls` (issue time; one synchronisation after)."""
     call = getattr(module, "attention_forward_sm90", None)
@@ -112,6 +140,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--old", required=True, help="another revision's forward_sm90.py (forward.py with --portable)")
     p.add_argument("--portable", action="store_true", help="decode calls of the portable kernel's attention_forward")
+    p.add_argument("--launch", action="store_true", help="--old is a launch.py: every kernel's launcher A/B")
     p.add_argument("--decode-batch", type=int, default=4)
     p.add_argument("--shape", type=int, nargs=4, default=[16, 1024, 8, 128], metavar=("B", "S", "H", "D"))
     p.add_argument("--rounds", type=int, default=8)
@@ -120,7 +149,14 @@ def main():
     p.add_argument("--out", default=None)
     a = p.parse_args()
     assert a.batches > a.calls, "--batches must exceed --calls: each call of a round takes new lengths"
-    if a.portable:
+    if a.launch:
+        launchers = {"this tree": launch.launch, "other": load(a.old, "fmha.kernels._ab_other_launch").launch}
+        modules = {label: LaunchedBy(fn) for label, fn in launchers.items()}
+        from profile_host import decode_levels          # the public decode entries, small sizes
+        found = {**decode_entries(a.decode_batch),
+                 **{name: (args, calls) for name, (args, calls) in entries(a.shape, []).items() if "padded" in name},
+                 **{name: ((fn,), [{}]) for name, fn in decode_levels().items()}}
+    elif a.portable:
         modules = {"this tree": forward, "other": load(a.old, "fmha.kernels._ab_other_forward")}
         found = decode_entries(a.decode_batch)
     else:
@@ -130,10 +166,12 @@ def main():
     best = {}
     for name, (args, calls) in found.items():         # compile and warm every kernel and path first
         for module in modules.values():
+            getattr(module, "use", lambda: None)()
             per_call_us(module, args, calls[:1], 3)
     for r in range(a.rounds):
         order = list(modules.items())
         for label, module in order[::-1] if r % 2 else order:       # each module first in half the rounds
+            getattr(module, "use", lambda: None)()
             for name, (args, calls) in found.items():
                 getattr(module, "_PLANS", {}).clear()
                 per_call_us(module, args, calls[-1:], 1)        # the plan a running server would hold
@@ -147,8 +185,9 @@ def main():
     if a.out:
         with open(a.out, "w") as f:
             json.dump(dict(gpu=torch.cuda.get_device_name(), date=datetime.date.today().isoformat(),
-                           commit=_commit(None), shape=a.shape, portable=a.portable, decode_batch=a.decode_batch,
-                           rounds=a.rounds, calls=a.calls, other=a.old, rows=rows), f, indent=1)
+                           commit=_commit(None), shape=a.shape, portable=a.portable, launch=a.launch,
+                           decode_batch=a.decode_batch, rounds=a.rounds, calls=a.calls, other=a.old, rows=rows),
+                      f, indent=1)
 
 
 if __name__ == "__main__":

@@ -658,6 +658,53 @@ def test_launch_cache_classes():
 
 
 @pytest.mark.cpu
+def test_launch_direct(monkeypatch):
+    """A compiled kernel's later launches (`launch._direct`) call its launcher as Triton's runner would: the grid
+    padded to three axes, the current stream, the function and its metadata, no launch metadata or hooks, then every
+    argument in order, a tensor as its address, and the constexprs; with a launch hook set (a profiler), Triton's own
+    runner instead, with the tensors themselves. Here a stand-in kernel records both."""
+    from triton import knobs
+    from triton.runtime.jit import JITFunction
+    from fmha.kernels import launch
+
+    def body(x):
+        pass
+
+    class Kernel:
+        function, packed_metadata, calls = "function", "metadata", []
+
+        def run(self, *a):
+            self.calls.append(("run", a))
+
+        def __getitem__(self, grid):
+            return lambda *a: self.calls.append(("runner", grid, a))
+
+    class Descriptor:                     # a tensor descriptor (`_arg_class` knows it): passed as it is
+        base, block_shape = torch.zeros(4), [1, 64]
+
+    fn, kernel, t, desc = JITFunction(body), Kernel(), torch.arange(8.0), Descriptor()
+    args, meta = (t[2:], None, 7, 0.5, desc), dict(BLOCK=64)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 1000 + device, raising=False)
+    classes = tuple(map(launch._arg_class, args))
+    monkeypatch.setitem(launch._COMPILED, (fn, 3, classes, tuple(meta.items())), (kernel, (64,)))
+    for fixed in (None, (classes[2:], tuple(meta.items()))):       # the last three as a launch plan's scalars
+        launch.launch(fn, (5, 2), args, meta, fixed)
+        assert kernel.calls.pop() == ("run", (5, 2, 1, 1003, "function", "metadata", None, None, None,
+                                              t.data_ptr() + 8, None, 7, 0.5, desc, 64))
+    hooks = knobs.runtime.launch_enter_hook
+    if hasattr(hooks, "add"):
+        hook = lambda metadata: None      # noqa: E731
+        hooks.add(hook)
+        try:
+            launch.launch(fn, (5,), args, meta)
+        finally:
+            hooks.remove(hook)
+        assert kernel.calls.pop() == ("runner", (5, 1, 1), (*args, 64))
+    assert not kernel.calls
+
+
+@pytest.mark.cpu
 @pytest.mark.parametrize("probe", ["probe_timeline", "probe_prefill_timeline"])
 def test_timeline_probes_still_apply(probe, monkeypatch):
     """The timeline probes (`benchmarks/`) insert clock stamps into a copy of a Gluon kernel by exact text edits,

@@ -3,11 +3,14 @@
 `kernel[grid](*args, **meta)` binds every argument through Triton's specializer, builds a cache key and checks the
 kernel's globals on each call: 30-70 us of host time for our kernels' 25-50 arguments on the device's hosts, more
 than a short prefill's or a decode step's kernel runs. Once a compile exists for arguments of one class
-(`_arg_class`, at least as fine as Triton's specialization), `launch` launches that compiled kernel directly.
+(`_arg_class`, at least as fine as Triton's specialization), `launch` launches that compiled kernel directly, and
+calls its launcher itself (`_direct`): Triton's runner around it, and its driver check of each tensor's address, cost
+another 10-40 us a call (`benchmarks/results/history/probe_host_ab_launch_*.json`).
 """
 from __future__ import annotations
 
 import torch
+from triton import knobs
 from triton.runtime.jit import JITFunction
 
 
@@ -36,11 +39,11 @@ RECORD = None
 def launch(fn, grid, args, meta, fixed=None):
     """`fn[grid](*args, **meta)`: `args` are the kernel's runtime arguments in order (tensors, ints, floats, None,
     tensor descriptors), `meta` its constexprs (those left out take their defaults) and options. The first call of
-    an argument class compiles through the JIT; later ones launch the compiled kernel directly. Arguments of a kind
-    `_arg_class` does not know, and the interpreter, take the JIT's own path every time. (The prefill's binding
-    cost 10-20 us of an eager call's 100-240 us; NOTES.md, thirty-ninth and fortieth sessions.) `fixed` =
-    (classes of the last arguments, tuple(meta.items())), made once by a caller whose last arguments and meta do
-    not change between calls (`fixed_classes`: a launch plan's scalars)."""
+    an argument class compiles through the JIT; later ones launch the compiled kernel directly (`_direct`).
+    Arguments of a kind `_arg_class` does not know, and the interpreter, take the JIT's own path every time. (The
+    prefill's binding cost 10-20 us of an eager call's 100-240 us; NOTES.md, thirty-ninth and fortieth sessions.)
+    `fixed` = (classes of the last arguments, tuple(meta.items())), made once by a caller whose last arguments and
+    meta do not change between calls (`fixed_classes`: a launch plan's scalars)."""
     if RECORD is not None:
         RECORD.append((getattr(fn, "__name__", repr(fn)), tuple(grid), dict(meta)))
     if not isinstance(fn, JITFunction):       # the interpreter's
@@ -55,14 +58,36 @@ def launch(fn, grid, args, meta, fixed=None):
     if None in classes:
         fn[grid](*args, **meta)
         return
-    key = (fn, torch.cuda.current_device(), classes, items)
+    device = torch.cuda.current_device()
+    key = (fn, device, classes, items)
     hit = _COMPILED.get(key)
     if hit is None:
         kernel = fn[grid](*args, **meta)
         _COMPILED[key] = (kernel, tuple(meta.get(p.name, p.default) for p in fn.params[len(args):]))
         return
     kernel, constexprs = hit
-    kernel[(*grid, 1, 1)[:3]](*args, *constexprs)
+    if _hooked(knobs.runtime.launch_enter_hook) or _hooked(knobs.runtime.launch_exit_hook):
+        kernel[(*grid, 1, 1)[:3]](*args, *constexprs)  # a profiler's hooks (proton): Triton's own runner calls them
+        return
+    _direct(kernel, grid, device, args, constexprs)
+
+
+def _hooked(hook):
+    """Whether a Triton launch hook is set: a `HookChain` (Triton 3.6 always has one) holding calls, or a
+    function."""
+    return bool(getattr(hook, "calls", hook))
+
+
+def _direct(kernel, grid, device, args, constexprs):
+    """What `kernel[grid](*args, *constexprs)` does with no launch hooks set, for less host time: the compiled
+    launcher called on the current stream with no launch metadata (Triton builds a dict of it each launch, and calls
+    its empty hook chains) and each tensor passed as its address. Given a tensor, Triton's launcher
+    asks the driver (`cuPointerGetAttribute`) whether the address is a device one, a call per tensor argument; our
+    entries check every tensor's device before they launch, and this kernel was first launched through the JIT
+    with tensors of this argument class."""
+    gx, gy, gz = (*grid, 1, 1)[:3]
+    kernel.run(gx, gy, gz, torch._C._cuda_getCurrentRawStream(device), kernel.function, kernel.packed_metadata,
+               None, None, None, *[a.data_ptr() if type(a) is torch.Tensor else a for a in args], *constexprs)
 
 
 class Plans(dict):
