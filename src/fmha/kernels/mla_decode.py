@@ -384,6 +384,15 @@ def _route(q_lat, q_rope, kv_lat, k_rope, out, rows_per_k, *, sparse, fp8_layout
     return None if views is None else ("sm90", views)
 
 
+def _split_buffers(shape, device):
+    """The split decode's fp32 partial outputs `shape` = (pieces, rows, dv) and their LSEs (pieces, rows): every part
+    boundary of the plan adds at most one piece to one batch, so batch + parts pieces; one when every sequence runs
+    whole (nothing is combined; the kernels still take the addresses). Made once the route is known: the FP8
+    sparse decode run whole (`sparse_decode_sm90`) takes none."""
+    return (torch.empty(shape, dtype=torch.float32, device=device),
+            torch.empty(shape[:2], dtype=torch.float32, device=device))
+
+
 def mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens, metadata, split_offsets,
                        out, lse, *, softmax_scale, causal, sinks=None, valid_lens=None, fp8_layout=None,
                        max_logits=None, extra=None, whole=False, tiles=None, use_tma=None, backend=None,
@@ -415,11 +424,8 @@ def mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens
     rows_per_k = seqlen_q * group
     sparse = valid_lens is not None
     num_parts = metadata.shape[0]
-    # Split buffers: every part boundary adds at most one piece to one batch.
     whole = whole or max_logits is not None
-    parts_rows = 0 if whole else batch + num_parts
-    o_part = torch.empty((max(parts_rows, 1), heads_k * rows_per_k, dv), dtype=torch.float32, device=q_lat.device)
-    lse_part = torch.empty((max(parts_rows, 1), heads_k * rows_per_k), dtype=torch.float32, device=q_lat.device)
+    parts_shape = (1 if whole else batch + num_parts, heads_k * rows_per_k, dv)
     overridden = backend == "triton" or tiles is not None or use_tma is not None
     if block_table.dim() == 3 and heads_k == 1:
         block_table = block_table[:, 0]           # sparse prefill's (tokens, h_kv = 1, topk) index rows
@@ -444,6 +450,7 @@ def mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens
             return None
         if route is not None:
             # route[1]: supported's views on a key's first call, its launch plan after
+            o_part, lse_part = _split_buffers(parts_shape, q_lat.device)
             plan = mla_decode_sm90.mla_decode_forward_sm90(route[1], q_lat, q_rope, kv_lat, k_rope, block_table,
                                                            cache_seqlens, metadata, split_offsets, out, lse, o_part,
                                                            lse_part, softmax_scale=softmax_scale, causal=causal,
@@ -455,6 +462,7 @@ def mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens
                 combine(out, lse, o_part, lse_part, rows_per_k=rows_per_k, group=group, split_offsets=split_offsets,
                         sinks=sinks, empty_lse=float("inf"))
             return None
+    o_part, lse_part = _split_buffers(parts_shape, q_lat.device)
     block_m, block_n, num_warps, num_stages, transposed = tiles or _tile_config(rows_per_k, interpret)
     has_rope = q_rope is not None
     dt = q_rope.shape[-1] if has_rope else 16
