@@ -20,6 +20,8 @@ def _arg_class(a):
     alignment; a tensor descriptor's dtype and box (a Gluon descriptor's layout follows from them, `sm90.descriptor`);
     a float's or None's type alone."""
     kind = type(a)
+    if kind is torch.Tensor:                  # the common case first
+        return (a.dtype, a.data_ptr() % 16 == 0)
     if kind is int:
         return (a == 1, a % 16 == 0, -(1 << 31) <= a < (1 << 31))
     if kind is float or a is None:
