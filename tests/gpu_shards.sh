@@ -12,6 +12,8 @@ set -u
 n=$1 first=$2 last=$3 out=$4
 shift 4
 logs=$(mktemp -d)
+# Each process's torch would start a thread a core for the oracles' CPU work: 13 processes on 16 cores oversubscribe.
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 for i in $(seq "$first" "$last"); do
     timeout -s KILL "${SHARD_TIMEOUT:-540}" python -m pytest tests -m gpu -v -p no:cacheprovider --durations=8 \
         --shard "$i/$n" "$@" > "$logs/$i.log" 2>&1 &
