@@ -5,7 +5,7 @@ kernel's globals on each call: 30-70 us of host time for our kernels' 25-50 argu
 than a short prefill's or a decode step's kernel runs. Once a compile exists for arguments of one class
 (`_arg_class`, at least as fine as Triton's specialization), `launch` launches that compiled kernel directly, and
 calls its launcher itself (`_direct`): Triton's runner around it, and its driver check of each tensor's address, cost
-another 3-15 us a decode or prefill launch and 20-40 us an MLA decode call on the device's hosts
+another 2-15 us a decode or prefill call and 20-50 us an MLA decode call on the device's hosts
 (`benchmarks/results/history/probe_host_ab_launch_*.json`, two processes).
 """
 from __future__ import annotations
