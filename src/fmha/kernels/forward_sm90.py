@@ -65,7 +65,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from ..schedule import num_sms, outside_graph_pools
 from .launch import Plans, _arg_class, cdiv, fixed_classes, launch
-from .sm90 import capability, descriptor, descriptor_in, smem_layout
+from .sm90 import box as sm90_box, capability, descriptor, descriptor_in
 from .transpose import TAIL, packed_start, transpose_keys
 
 _ROWS = 64                        # query rows per consumer warpgroup; a CTA has two or three
@@ -1506,8 +1506,7 @@ def _plan(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None
     pingpong = pingpong and wgs == 2              # the hand-off is between two warpgroups
 
     def box(t, view, rows, width):
-        block = [1, rows, 1, width] if padded else [1, rows, width]
-        return view, block, smem_layout(tuple(block), t.dtype)
+        return sm90_box(t, view, [1, rows, 1, width] if padded else [1, rows, width])
 
     group = heads_q // heads_k
     if pack is None:

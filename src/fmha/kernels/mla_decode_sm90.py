@@ -83,7 +83,7 @@ from .._kv_fp8 import MODEL1_ROW, MODEL1_TAIL, model1_parts
 from ..schedule import SCHED_BLOCK, SCHED_FIELDS as _SCHED_FIELDS
 from .forward_sm90 import zero_rows_from
 from .launch import cdiv, fixed_classes, launch
-from .sm90 import capability, descriptor_in, smem_layout
+from .sm90 import box, capability, descriptor_in
 
 ROWS = gl.constexpr(64)           # packed query rows per program (wgmma's M)
 BLOCK_N = gl.constexpr(64)        # keys per tile: one scheduling block
@@ -1238,8 +1238,8 @@ class _Plan:
     def bind(self, q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens, metadata, split_offsets, out, lse,
              o_part, lse_part, sinks, valid_lens, max_logits, extra):
         """The kernel's arguments for these tensors (a call of the plan's key)."""
-        descs = tuple(None if box is None else descriptor_in(t, box)
-                      for t, box in zip((q_lat, q_rope, kv_lat, k_rope, out, o_part), self.boxes))
+        descs = tuple(None if kept is None else descriptor_in(t, kept)
+                      for t, kept in zip((q_lat, q_rope, kv_lat, k_rope, out, o_part), self.boxes))
         if self.one_key:
             kv_lat, k_rope = _one_key_pages(kv_lat, k_rope)
             if extra is not None:
@@ -1268,9 +1268,6 @@ def _plan(views, q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens, meta
             extra = (*_one_key_pages(extra[0], extra[1]), *extra[2:])
     rows, half, dt = ROWS.value, HALF.value, DT.value
     part_view = ([o_part.shape[0], rows_per_k, 2 * half], [o_part.stride(0), o_part.stride(1), 1])
-
-    def box(t, view, block):
-        return view, block, smem_layout(tuple(block), t.dtype)
     boxes = (box(q_lat, vq, [1, rows, half]), box(q_rope, vr, [1, rows, dt]) if rope else None,
              None if gather else box(kv_lat, vk, [1, BLOCK_N.value, half]),
              box(k_rope, vkr, [1, BLOCK_N.value, dt]) if rope and not gather else None,

@@ -34,7 +34,13 @@ def descriptor(t, view, block):
     """A Gluon TensorDescriptor over tensor t seen as `view` = (shape, strides), box `block` = [1, rows, d] (or
     [1, rows, 1, d] over a 4-D view), without the constructor's checks: the caller's view function has made them
     (16-byte alignment, unit last stride), and on a slow host they cost more than the kernel of a short call."""
-    return descriptor_in(t, (view, block, smem_layout(tuple(block), t.dtype)))
+    return descriptor_in(t, box(t, view, block))
+
+
+def box(t, view, block):
+    """(view, block, shared-memory layout) of a descriptor over t (`descriptor`'s arguments), for a launch plan to
+    keep and `descriptor_in` to use."""
+    return view, block, smem_layout(tuple(block), t.dtype)
 
 
 @functools.lru_cache(maxsize=None)
