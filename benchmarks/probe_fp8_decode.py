@@ -11,7 +11,7 @@ time, NOTES.md thirty-sixth session). Every call is checked first: bf16 against 
 oracle on the same FP8 values.
 
     PYTHONPATH=src python3 benchmarks/probe_fp8_decode.py [--rounds 2] [--out probe.json] [--fp8-tiles 64,128,4,3 ..]
-        [--versions base.py ..]
+        [--versions base.py ..] [--cases 3 4]
 """
 import argparse
 import importlib
@@ -82,10 +82,11 @@ def main():
                    help="also time the FP8 cache with these decode tiles in place of the tables' own")
     p.add_argument("--versions", nargs="*", default=[], metavar="FORWARD.py",
                    help="also time the FP8 cache with these copies of kernels/forward.py (an A/B in one process)")
+    p.add_argument("--cases", type=int, nargs="*", default=None, metavar="I", help="only these of CASES (indices)")
     args = p.parse_args()
     versions = {os.path.splitext(os.path.basename(path))[0]: load_module_copy(path) for path in args.versions}
     rows = []
-    for b, hq, hk, sk, page in CASES:
+    for b, hq, hk, sk, page in [CASES[i] for i in args.cases] if args.cases is not None else CASES:
         torch.manual_seed(0)
         q = torch.randn(b, 1, hq, D, device="cuda", dtype=torch.bfloat16)
         k = torch.randn(b, sk, hk, D, device="cuda", dtype=torch.bfloat16)

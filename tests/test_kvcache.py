@@ -234,6 +234,9 @@ def test_planner():
     assert plan_num_splits(programs=8, max_seqlen_k=256, block_n=128, sms=132) == 1   # too short to split
     assert plan_num_splits(programs=1, max_seqlen_k=10 ** 7, block_n=128, sms=132) == 64
     assert plan_num_splits(programs=0, max_seqlen_k=0, block_n=128, sms=132) == 1
+    # 2-warp programs (the FP8 paged tiles) take four slots an SM, 8-warp ones still two
+    assert plan_num_splits(programs=32, max_seqlen_k=131072, block_n=64, sms=132, num_warps=2) == 16
+    assert plan_num_splits(programs=32, max_seqlen_k=131072, block_n=64, sms=132, num_warps=8) == 8
 
 
 def test_kvcache_bad_input():

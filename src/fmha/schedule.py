@@ -1,8 +1,8 @@
 """Split-KV planning: how many programs share one sequence's keys. Pure Python, unit-testable on CPU.
 
 Decode-like calls have few (batch, head, query-block) programs; without splitting, most SMs idle while a
-few walk the whole cache. The planner splits keys until the grid fills one wave of two programs per SM, but never
-into chunks shorter than a few key tiles (each split costs a partial write and a merge).
+few walk the whole cache. The planner splits keys until the grid fills one wave of 8 warps per SM (two 4-warp
+programs), but never into chunks shorter than a few key tiles (each split costs a partial write and a merge).
 It uses only shapes (the cache capacity, not `cache_seqlens`), so it needs no host synchronisation.
 """
 from __future__ import annotations
@@ -29,14 +29,16 @@ def _cuda_sms(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-def plan_num_splits(programs: int, max_seqlen_k: int, block_n: int, sms: int) -> int:
-    """Splits for a grid of `programs` (batch x heads x query blocks) over keys up to `max_seqlen_k`."""
+def plan_num_splits(programs: int, max_seqlen_k: int, block_n: int, sms: int, num_warps: int = 4) -> int:
+    """Splits for a grid of `programs` (batch x heads x query blocks) of `num_warps` warps each over keys up to
+    `max_seqlen_k`."""
     if programs <= 0 or max_seqlen_k <= 0:
         return 1
-    # At most one wave of two programs per SM (decode tiles fit two per SM): 288 programs on 264 slots run a
+    # At most one wave of two 4-warp programs per SM (decode tiles fit two per SM): 288 programs on 264 slots run a
     # second, nearly empty wave. `benchmarks/tune_decode.py --splits` (results/sweep_splits_h100.json): b=4,
-    # sk=131072 at 9 splits ran at 0.67x the speed of 8 splits.
-    want = 2 * sms // programs
+    # sk=131072 at 9 splits ran at 0.67x the speed of 8 splits. Narrower programs take more slots, so that an
+    # SM still holds 8 warps.
+    want = max(2, 8 // num_warps) * sms // programs
     most = max(1, max_seqlen_k // (MIN_TILES_PER_SPLIT * block_n))
     return max(1, min(want, most, MAX_SPLITS))
 

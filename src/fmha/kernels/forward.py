@@ -377,8 +377,14 @@ NARROW_ROWS = 16
 # (history/probe_fp8_decode_confirm_h100_d86c752.json) held it: 2773 / 2694 / 2755 / 2851 / 2617 against 2703 /
 # 2567 / 2720 / 2777 / 2537. Only d = 128 was measured. (The tiles before, picked while the math was bf16:
 # benchmarks/results/history/probe_fp8_decode_tiles*_h100_*.json.)
+# On the H200, whose reads are 1.4x faster, the paged form was instruction-bound at 0.62 of its read. Programs of
+# 2 warps (fewer warps sharing each tile's row reductions and P's relayout: the likely reason, not profiled), with
+# `plan_num_splits` giving such narrow programs four slots an SM, took it, new / old tiles in one process each,
+# from 2799 / 2784 to 3640 / 3566 GB/s at pages 16 / 64 (history/probe_fp8_decode_warps_planner_h200.json) and
+# from 2906 / 2684 to 3488 / 3124 at b = 4 / 1 with 131k keys (history/probe_fp8_decode_long_2warps_h200.json).
+# Not re-measured on an H100, where the 4-warp form read at 0.90-0.97 of the cache's read.
 _GPU_FP8_DECODE_TILES = {128: (16, 128, 4, 3)}
-_GPU_FP8_PAGED_DECODE_TILES = {128: (16, 64, 4, 6)}
+_GPU_FP8_PAGED_DECODE_TILES = {128: (16, 64, 2, 6)}
 # Every decode tile table, for the benchmark scripts that substitute tiles in all of them.
 _GPU_DECODE_TABLES = (_GPU_DECODE_TILES, _GPU_PAGED_DECODE_TILES, _GPU_NARROW_DECODE_TILES, _GPU_FP8_DECODE_TILES,
                       _GPU_FP8_PAGED_DECODE_TILES)
@@ -605,7 +611,8 @@ def _portable_plan(q4, k, v, o4, lse, lse_strides, *, varlen, batch, seqlen_q, s
     tma = (1 if varlen else 2) if use_tma else 0
     programs = batch * heads_eff * cdiv(seqlen_q * gp, block_m)
     if num_splits == 0:
-        num_splits = plan_num_splits(programs, max_seqlen_k, block_n, num_sms(q4.device))   # cache capacity for KV caches
+        # Planned on the cache's capacity, not its lengths (no host sync).
+        num_splits = plan_num_splits(programs, max_seqlen_k, block_n, num_sms(q4.device), num_warps)
     o_dst, lse_dst, split_strides, parts = o4, lse, (0, 0), None
     if num_splits > 1:
         # Partial results in fp32, one slab per split, merged after. The LSE slab is (b, sq, hq) so that each
