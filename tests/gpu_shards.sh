@@ -7,7 +7,9 @@
 # Runs shards FIRST..LAST of N (`--shard i/N`, conftest.py: every N-th collected test) at once, one process each (the
 # kernels' compiles are CPU-bound: about one process a core), each killed after SHARD_TIMEOUT seconds (default 540),
 # then writes OUTDIR/summary.txt: each shard's last line, every FAILED / ERROR line, the test a killed shard was in,
-# and the slowest tests. The whole suite in two device calls of 13 processes: FIRST..LAST = 0..12, then 13..25 of 26.
+# and the slowest tests. The whole suite in one device call of 16 processes: `SHARD_TIMEOUT=470 tests/gpu_shards.sh 16
+# 0 15 $OUT` (on the H200, 2026-11-28: shards 309-406 s, and test_cli's 75 s after them fit the same call), or in two
+# calls of 13: FIRST..LAST = 0..12, then 13..25 of 26.
 set -u
 n=$1 first=$2 last=$3 out=$4
 shift 4
