@@ -37,7 +37,7 @@ def sweep_tiles(rows):
         for tiles in TILE_CONFIGS:
             gp = hq // hk
             programs = b * (hq // gp) * -(-gp // tiles[0])
-            for splits in sorted({plan_num_splits(programs, sk, tiles[1], num_sms(q.device)), 1}):
+            for splits in sorted({plan_num_splits(programs, sk, tiles[1], num_sms(q.device), tiles[2]), 1}):
                 def run():
                     attention_forward(q, kc, vc, out, lse, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=1,
                                       max_seqlen_k=sk, softmax_scale=None, window=(-1, -1), softcap=0.0,
