@@ -29,6 +29,9 @@ from fmha.reference import attention_ref
 
 CASES = [(64, 32, 8, 4096, None), (64, 32, 8, 4096, 16), (64, 32, 8, 4096, 64), (4, 32, 8, 131072, 64),
          (1, 32, 8, 131072, 64)]
+# Not run unless named with --cases 5: 32 query heads a KV head, 32 packed rows (what speculative decoding's 4
+# tokens give a GQA group of 8), past the 16-row tables: the 64-row forms unless --fp8-tiles gives others.
+EXTRA_CASES = [(64, 256, 8, 4096, 64)]
 D = 128
 
 
@@ -82,11 +85,12 @@ def main():
                    help="also time the FP8 cache with these decode tiles in place of the tables' own")
     p.add_argument("--versions", nargs="*", default=[], metavar="FORWARD.py",
                    help="also time the FP8 cache with these copies of kernels/forward.py (an A/B in one process)")
-    p.add_argument("--cases", type=int, nargs="*", default=None, metavar="I", help="only these of CASES (indices)")
+    p.add_argument("--cases", type=int, nargs="*", default=None, metavar="I",
+                   help="only these of CASES + EXTRA_CASES (indices)")
     args = p.parse_args()
     versions = {os.path.splitext(os.path.basename(path))[0]: load_module_copy(path) for path in args.versions}
     rows = []
-    for b, hq, hk, sk, page in [CASES[i] for i in args.cases] if args.cases is not None else CASES:
+    for b, hq, hk, sk, page in [(CASES + EXTRA_CASES)[i] for i in args.cases] if args.cases is not None else CASES:
         torch.manual_seed(0)
         q = torch.randn(b, 1, hq, D, device="cuda", dtype=torch.bfloat16)
         k = torch.randn(b, sk, hk, D, device="cuda", dtype=torch.bfloat16)
