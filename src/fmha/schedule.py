@@ -12,6 +12,7 @@ import threading
 
 MAX_SPLITS = 64
 MIN_TILES_PER_SPLIT = 4
+WARPS_PER_SM = 8       # a wave's warps an SM: two 4-warp programs (decode tiles fit two an SM), four 2-warp ones
 
 
 def num_sms(device) -> int:
@@ -34,11 +35,10 @@ def plan_num_splits(programs: int, max_seqlen_k: int, block_n: int, sms: int, nu
     `max_seqlen_k`."""
     if programs <= 0 or max_seqlen_k <= 0:
         return 1
-    # At most one wave of two 4-warp programs per SM (decode tiles fit two per SM): 288 programs on 264 slots run a
+    # At most one wave of WARPS_PER_SM, and of two programs at least, per SM: 288 4-warp programs on 264 slots run a
     # second, nearly empty wave. `benchmarks/tune_decode.py --splits` (results/sweep_splits_h100.json): b=4,
-    # sk=131072 at 9 splits ran at 0.67x the speed of 8 splits. Narrower programs take more slots, so that an
-    # SM still holds 8 warps.
-    want = max(2, 8 // num_warps) * sms // programs
+    # sk=131072 at 9 splits ran at 0.67x the speed of 8 splits.
+    want = max(2, WARPS_PER_SM // num_warps) * sms // programs
     most = max(1, max_seqlen_k // (MIN_TILES_PER_SPLIT * block_n))
     return max(1, min(want, most, MAX_SPLITS))
 
