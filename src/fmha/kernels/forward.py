@@ -383,11 +383,21 @@ NARROW_ROWS = 16
 # from 2799 / 2784 to 3640 / 3566 GB/s at pages 16 / 64 (history/probe_fp8_decode_warps_planner_h200.json) and
 # from 2906 / 2684 to 3488 / 3124 at b = 4 / 1 with 131k keys (history/probe_fp8_decode_long_2warps_h200.json).
 # Not re-measured on an H100, where the 4-warp form read at 0.90-0.97 of the cache's read.
-_GPU_FP8_DECODE_TILES = {128: (16, 128, 4, 3)}
+# The contiguous form took 2-warp programs later, with 4 stages: (16, 128, 4, 3) -> (16, 64, 2, 4) read 3173 / 3242 /
+# 2938 -> 3314 / 3443 / 3026 GB/s of FP8 bytes at b = 64 with 4k keys and b = 4 / 1 with 131k, in one process
+# (history/probe_fp8_contig_tiles_h200.json), where the paged table's (16, 64, 2, 6) lost (2606 / 2861 / 2309).
+_GPU_FP8_DECODE_TILES = {128: (16, 64, 2, 4)}
 _GPU_FP8_PAGED_DECODE_TILES = {128: (16, 64, 2, 6)}
+# A paged FP8 cache with NARROW_ROWS to FP8_MID_ROWS packed rows (speculative decoding's 2-4 tokens a GQA group of
+# 8, 16 heads a KV head): 32-row mma.sync tiles of 2 warps, in place of the 64-row wgmma form, which read 2038 GB/s
+# of FP8 bytes (0.45 of the cache's read) at b = 64, 256 query heads over 8, page 64, 4k keys; (32, 64, 2, 6) read
+# 2480 there, (32, 128, 4, 3) 2323, (32, 64, 4, 6) 1982 (history/probe_fp8_32rows_h200.json, one process). Only
+# that shape was measured; the bf16 and contiguous calls of these rows keep the 64-row forms.
+_GPU_FP8_PAGED_MID_DECODE_TILES = {128: (32, 64, 2, 6)}
+FP8_MID_ROWS = 32
 # Every decode tile table, for the benchmark scripts that substitute tiles in all of them.
 _GPU_DECODE_TABLES = (_GPU_DECODE_TILES, _GPU_PAGED_DECODE_TILES, _GPU_NARROW_DECODE_TILES, _GPU_FP8_DECODE_TILES,
-                      _GPU_FP8_PAGED_DECODE_TILES)
+                      _GPU_FP8_PAGED_DECODE_TILES, _GPU_FP8_PAGED_MID_DECODE_TILES)
 
 
 def _tile_config(dqk, dv, interpret, rows=None, paged=False, kv_fp8=False):
@@ -400,6 +410,9 @@ def _tile_config(dqk, dv, interpret, rows=None, paged=False, kv_fp8=False):
     fp8 = _GPU_FP8_PAGED_DECODE_TILES if paged else _GPU_FP8_DECODE_TILES
     if kv_fp8 and narrow and key in fp8:
         return fp8[key]
+    if (kv_fp8 and paged and rows is not None and rows <= FP8_MID_ROWS
+            and key in _GPU_FP8_PAGED_MID_DECODE_TILES):
+        return _GPU_FP8_PAGED_MID_DECODE_TILES[key]
     decode = _GPU_PAGED_DECODE_TILES if paged else _GPU_DECODE_TILES
     if narrow and key in _GPU_NARROW_DECODE_TILES:
         return _GPU_NARROW_DECODE_TILES[key]
