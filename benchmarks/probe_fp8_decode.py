@@ -11,7 +11,7 @@ time, NOTES.md thirty-sixth session). Every call is checked first: bf16 against 
 oracle on the same FP8 values.
 
     PYTHONPATH=src python3 benchmarks/probe_fp8_decode.py [--rounds 2] [--out probe.json] [--fp8-tiles 64,128,4,3 ..]
-        [--versions base.py ..] [--cases 3 4]
+        [--versions base.py ..] [--cases 3 4] [--bf16-tiles 32,64,4,5 ..]
 """
 import argparse
 import importlib
@@ -85,6 +85,8 @@ def main():
     p.add_argument("--out", default=None)
     p.add_argument("--fp8-tiles", nargs="*", default=[], metavar="M,N,W,S",
                    help="also time the FP8 cache with these decode tiles in place of the tables' own")
+    p.add_argument("--bf16-tiles", nargs="*", default=[], metavar="M,N,W,S",
+                   help="also time the bf16 cache with these decode tiles in place of the tables' own")
     p.add_argument("--versions", nargs="*", default=[], metavar="FORWARD.py",
                    help="also time the FP8 cache with these copies of kernels/forward.py (an A/B in one process)")
     p.add_argument("--cases", type=int, nargs="*", default=None, metavar="I",
@@ -125,6 +127,9 @@ def main():
         for spec in args.fp8_tiles:
             calls[f"ours_fp8_t{spec.replace(',', '_')}"] = _with_tiles(calls["ours_fp8"],
                                                                        tuple(int(x) for x in spec.split(",")))
+        for spec in args.bf16_tiles:
+            calls[f"ours_bf16_t{spec.replace(',', '_')}"] = _with_tiles(calls["ours_bf16"],
+                                                                        tuple(int(x) for x in spec.split(",")))
         for vname, module in versions.items():
             calls[f"ours_fp8@{vname}"] = _with_forward(calls["ours_fp8"], module)
         ref = cudnn().transpose(1, 2).float()
@@ -134,7 +139,7 @@ def main():
             try:
                 got = calls[name]()
             except Exception as e:     # a swept tile config that does not fit (shared memory): drop it
-                if not name.startswith("ours_fp8_t"):
+                if not name.startswith(("ours_fp8_t", "ours_bf16_t")):
                     raise
                 print(f"  {name}: {type(e).__name__}: {str(e)[:120]}", flush=True)
                 del calls[name]
@@ -161,7 +166,8 @@ def main():
               + (f" | 64-row tiles: bf16 {row['ours_bf16_wide_gbps']:7.1f} fp8 {row['ours_fp8_wide_gbps']:7.1f}"
                  if page else "")
               + "".join(f" | {n[9:]} {row[n + '_gbps']:7.1f}" for n in calls
-                        if n.startswith(("ours_fp8_t", "ours_fp8@"))),
+                        if n.startswith(("ours_fp8_t", "ours_fp8@"))) +
+              "".join(f" | bf16 {n[10:]} {row[n + '_gbps']:7.1f}" for n in calls if n.startswith("ours_bf16_t")),
               flush=True)
         del q, k, v, k8, v8, kc, vc, kc8, vc8, calls
         torch.cuda.empty_cache()
