@@ -31,8 +31,8 @@ CASES = [(64, 32, 8, 4096, None), (64, 32, 8, 4096, 16), (64, 32, 8, 4096, 64), 
          (1, 32, 8, 131072, 64)]
 # Not run unless named with --cases: 5, 32 query heads a KV head, 32 packed rows (what speculative decoding's 4
 # tokens give a GQA group of 8), past the 16-row tables: the 64-row forms unless --fp8-tiles gives others; 6 and 7,
-# the long-context cases on contiguous caches (the contiguous FP8 table's other shapes).
-EXTRA_CASES = [(64, 256, 8, 4096, 64), (4, 32, 8, 131072, None), (1, 32, 8, 131072, None)]
+# the long-context cases on contiguous caches (the contiguous FP8 table's other shapes); 8, case 5 contiguous.
+EXTRA_CASES = [(64, 256, 8, 4096, 64), (4, 32, 8, 131072, None), (1, 32, 8, 131072, None), (64, 256, 8, 4096, None)]
 D = 128
 
 
@@ -51,7 +51,8 @@ def _with_tiles(fn, tiles=None):
         saved = [dict(t) for t in forward._GPU_DECODE_TABLES]
         if tiles is None:
             for t in (forward._GPU_NARROW_DECODE_TILES, forward._GPU_FP8_DECODE_TILES,
-                      forward._GPU_FP8_PAGED_DECODE_TILES, forward._GPU_FP8_PAGED_MID_DECODE_TILES):
+                      forward._GPU_FP8_PAGED_DECODE_TILES, forward._GPU_FP8_PAGED_MID_DECODE_TILES,
+                      forward._GPU_FP8_MID_DECODE_TILES):
                 t.clear()
         else:
             for t in forward._GPU_DECODE_TABLES:

@@ -159,8 +159,7 @@ def test_kvcache_small_pages(target, page_size, num_splits, seqlen_q, monkeypatc
 def test_kvcache_fp8(target, page_size, seqlen_q, num_splits):
     """An FP8 KV cache (float8_e4m3fn, NaN past every length and in unused pages) beside fp16/bf16 queries, with
     per-(batch, KV head) k and v descales, split or not: the attention of the descaled cache. On the GPU 4 or 16
-    packed rows take the 16-row tables, 24 and 32 rows a paged cache's 32-row one and a contiguous cache's 64-row
-    form."""
+    packed rows take the 16-row tables, 24 and 32 rows the 32-row ones."""
     device, dtype = target
     c = _case(target)
     k_cache, v_cache, table, k, v = _cache(c["seqlens"], c["capacity"], c["hk"], c["d"], c["d"],
