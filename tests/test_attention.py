@@ -296,6 +296,20 @@ def test_fp8(target, kind, mask, shape_index):
 
 
 @pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("seqlen_q", [1, 6, 8, 9])
+def test_fp8_kv_decode_rows(target, seqlen_q):
+    """FP8 k and v beside fp16/bf16 q with few packed rows (a GQA group of 4): on the GPU 4 and 16 rows take the
+    16-row FP8 decode tiles, 24 and 32 the 32-row ones, 36 the 64-row form, on a dense (not KV-cache) call."""
+    device, dtype = target
+    sk, d = (3000, 128) if device == "cuda" else (70, 64)
+    shape = (3, seqlen_q, sk, 16, 4, d, d)
+    q, k, v, descales = _fp8_inputs(shape, "kv", dtype, device, seed=300 + seqlen_q)
+    for mask in (dict(), dict(causal=True)):
+        got, lse = fmha.attention(q, k, v, return_lse=True, **mask, **descales)
+        assert_matches(got, lse, attention_ref(q, k, v, **mask, **descales), dtype)
+
+
+@pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("use_tma", [False, True])
 @pytest.mark.parametrize("kind", ["qkv", "kv"], ids=["fp8-qkv", "fp8-kv"])
 def test_fp8_load_paths(target, use_tma, kind):
