@@ -50,9 +50,7 @@ def _with_tiles(fn, tiles=None):
     def call():
         saved = [dict(t) for t in forward._GPU_DECODE_TABLES]
         if tiles is None:
-            for t in (forward._GPU_NARROW_DECODE_TILES, forward._GPU_FP8_DECODE_TILES,
-                      forward._GPU_FP8_PAGED_DECODE_TILES, forward._GPU_FP8_PAGED_MID_DECODE_TILES,
-                      forward._GPU_FP8_MID_DECODE_TILES):
+            for t in (forward._GPU_NARROW_DECODE_TILES, *forward._GPU_FP8_DECODE_TABLES.values()):
                 t.clear()
         else:
             for t in forward._GPU_DECODE_TABLES:
@@ -125,12 +123,10 @@ def main():
         if page:
             calls["ours_bf16_wide"] = _with_tiles(calls["ours_bf16"])
             calls["ours_fp8_wide"] = _with_tiles(calls["ours_fp8"])
-        for spec in args.fp8_tiles:
-            calls[f"ours_fp8_t{spec.replace(',', '_')}"] = _with_tiles(calls["ours_fp8"],
-                                                                       tuple(int(x) for x in spec.split(",")))
-        for spec in args.bf16_tiles:
-            calls[f"ours_bf16_t{spec.replace(',', '_')}"] = _with_tiles(calls["ours_bf16"],
-                                                                        tuple(int(x) for x in spec.split(",")))
+        for cache, specs in (("fp8", args.fp8_tiles), ("bf16", args.bf16_tiles)):
+            for spec in specs:
+                calls[f"ours_{cache}_t{spec.replace(',', '_')}"] = _with_tiles(
+                    calls[f"ours_{cache}"], tuple(int(x) for x in spec.split(",")))
         for vname, module in versions.items():
             calls[f"ours_fp8@{vname}"] = _with_forward(calls["ours_fp8"], module)
         ref = cudnn().transpose(1, 2).float()
@@ -166,9 +162,8 @@ def main():
               f"  cudnn {row['cudnn_gbps']:7.1f} | fp8 speedup {row['fp8_speedup']:.2f}x"
               + (f" | 64-row tiles: bf16 {row['ours_bf16_wide_gbps']:7.1f} fp8 {row['ours_fp8_wide_gbps']:7.1f}"
                  if page else "")
-              + "".join(f" | {n[9:]} {row[n + '_gbps']:7.1f}" for n in calls
-                        if n.startswith(("ours_fp8_t", "ours_fp8@"))) +
-              "".join(f" | bf16 {n[10:]} {row[n + '_gbps']:7.1f}" for n in calls if n.startswith("ours_bf16_t")),
+              + "".join(f" | {n[5:]} {row[n + '_gbps']:7.1f}" for n in calls
+                        if n.startswith(("ours_fp8_t", "ours_fp8@", "ours_bf16_t"))),
               flush=True)
         del q, k, v, k8, v8, kc, vc, kc8, vc8, calls
         torch.cuda.empty_cache()

@@ -386,8 +386,6 @@ NARROW_ROWS = 16
 # The contiguous form took 2-warp programs later, with 4 stages: (16, 128, 4, 3) -> (16, 64, 2, 4) read 3173 / 3242 /
 # 2938 -> 3314 / 3443 / 3026 GB/s of FP8 bytes at b = 64 with 4k keys and b = 4 / 1 with 131k, in one process
 # (history/probe_fp8_contig_tiles_h200.json), where the paged table's (16, 64, 2, 6) lost (2606 / 2861 / 2309).
-_GPU_FP8_DECODE_TILES = {128: (16, 64, 2, 4)}
-_GPU_FP8_PAGED_DECODE_TILES = {128: (16, 64, 2, 6)}
 # An FP8 cache with NARROW_ROWS to FP8_MID_ROWS packed rows (speculative decoding's 2-4 tokens a GQA group of
 # 8, 16 heads a KV head): 32-row mma.sync tiles in place of the 64-row wgmma form, which read 2038 GB/s of FP8
 # bytes (0.45 of the cache's read) at b = 64, 256 query heads over 8, page 64, 4k keys; paged, (32, 64, 2, 6) read
@@ -396,12 +394,17 @@ _GPU_FP8_PAGED_DECODE_TILES = {128: (16, 64, 2, 6)}
 # (32, 128, 4, 3) 2449, (32, 64, 2, 4) 1965, (32, 64, 2, 6) 1878 (history/probe_fp8_32rows_contig_h200.json), and
 # with the table in place 2445 against 1808 (..._confirm_h200.json). Only that shape was measured; bf16 calls of
 # these rows keep the 64-row forms (32-row tiles lost there: history/probe_bf16_32rows_h200.json).
-_GPU_FP8_PAGED_MID_DECODE_TILES = {128: (32, 64, 2, 6)}
-_GPU_FP8_MID_DECODE_TILES = {128: (32, 128, 4, 3)}
 FP8_MID_ROWS = 32
+# The FP8 tables above, by (paged, at most this many packed rows), the smaller bound first: {head dim: tiles}.
+_GPU_FP8_DECODE_TABLES = {
+    (False, NARROW_ROWS): {128: (16, 64, 2, 4)},
+    (True, NARROW_ROWS): {128: (16, 64, 2, 6)},
+    (False, FP8_MID_ROWS): {128: (32, 128, 4, 3)},
+    (True, FP8_MID_ROWS): {128: (32, 64, 2, 6)},
+}
 # Every decode tile table, for the benchmark scripts that substitute tiles in all of them.
-_GPU_DECODE_TABLES = (_GPU_DECODE_TILES, _GPU_PAGED_DECODE_TILES, _GPU_NARROW_DECODE_TILES, _GPU_FP8_DECODE_TILES,
-                      _GPU_FP8_PAGED_DECODE_TILES, _GPU_FP8_PAGED_MID_DECODE_TILES, _GPU_FP8_MID_DECODE_TILES)
+_GPU_DECODE_TABLES = (_GPU_DECODE_TILES, _GPU_PAGED_DECODE_TILES, _GPU_NARROW_DECODE_TILES,
+                      *_GPU_FP8_DECODE_TABLES.values())
 
 
 def _tile_config(dqk, dv, interpret, rows=None, paged=False, kv_fp8=False):
@@ -411,12 +414,10 @@ def _tile_config(dqk, dv, interpret, rows=None, paged=False, kv_fp8=False):
         return _INTERPRET_TILES
     key = max(16, next_pow2(dqk), next_pow2(dv))
     narrow = rows is not None and rows <= NARROW_ROWS
-    fp8 = _GPU_FP8_PAGED_DECODE_TILES if paged else _GPU_FP8_DECODE_TILES
-    if kv_fp8 and narrow and key in fp8:
-        return fp8[key]
-    mid = _GPU_FP8_PAGED_MID_DECODE_TILES if paged else _GPU_FP8_MID_DECODE_TILES
-    if kv_fp8 and rows is not None and rows <= FP8_MID_ROWS and key in mid:
-        return mid[key]
+    if kv_fp8 and rows is not None:
+        for (table_paged, bound), table in _GPU_FP8_DECODE_TABLES.items():
+            if table_paged == paged and rows <= bound and key in table:
+                return table[key]
     decode = _GPU_PAGED_DECODE_TILES if paged else _GPU_DECODE_TILES
     if narrow and key in _GPU_NARROW_DECODE_TILES:
         return _GPU_NARROW_DECODE_TILES[key]
