@@ -1,5 +1,6 @@
 """Experiment: a decode kernel whose warps each own their own key tiles (a batched 3-D `tl.dot`, warps on the
-batch dimension), so the online softmax never crosses warps inside the loop; the warps' partial (m, l, acc)
+batch dimension; an FP8 cache is converted to q's dtype
+after the load, descales 1), so the online softmax never crosses warps inside the loop; the warps' partial (m, l, acc)
 merge once at the end. bf16 / fp16, seqlen_q = 1, packed GQA rows <= M, paged or contiguous, no options."""
 import triton
 import triton.language as tl
@@ -32,8 +33,11 @@ def warp_split_decode(Q, K, V, O, LENS, BT, stride_qb, stride_qh, stride_kp, str
         pos = n + key
         if PAGED:
             if PAGE_TILE > 0:
-                # BN keys of one warp's tile lie in BN // PAGE_TILE whole pages (or one page)
-                page = tl.load(bt_row + pos // page_size).to(tl.int64)
+                # each warp's BN keys are BN // PAGE_TILE whole pages (or lie in one page): one lookup a page
+                PAGES: tl.constexpr = BN // PAGE_TILE
+                first = n + tl.arange(0, W)[:, None] * BN + tl.arange(0, PAGES)[None, :] * PAGE_TILE
+                pages = tl.load(bt_row + first // page_size).to(tl.int64)
+                page = tl.reshape(tl.broadcast_to(pages[:, :, None], (W, PAGES, PAGE_TILE)), (W, BN))
             else:
                 page = tl.load(bt_row + pos // page_size).to(tl.int64)
             slot = pos % page_size
@@ -42,8 +46,8 @@ def warp_split_decode(Q, K, V, O, LENS, BT, stride_qb, stride_qh, stride_kp, str
             slot = pos.to(tl.int64)
         kp = k_base + page * stride_kp + slot * stride_ks
         vp = v_base + page * stride_vp + slot * stride_vs
-        k3 = tl.load(kp[:, :, None] + offs_d[None, None, :])
-        v3 = tl.load(vp[:, :, None] + offs_d[None, None, :])
+        k3 = tl.load(kp[:, :, None] + offs_d[None, None, :]).to(q.dtype)
+        v3 = tl.load(vp[:, :, None] + offs_d[None, None, :]).to(q.dtype)
         s = tl.dot(q3, tl.trans(k3, (0, 2, 1))) * qk_scale_log2
         m_new = tl.maximum(m_i, tl.max(s, 2))
         p = tl.exp2(s - m_new[:, :, None])
@@ -62,8 +66,8 @@ def warp_split_decode(Q, K, V, O, LENS, BT, stride_qb, stride_qh, stride_kp, str
             slot = pos.to(tl.int64)
         kp = k_base + page * stride_kp + slot * stride_ks
         vp = v_base + page * stride_vp + slot * stride_vs
-        k3 = tl.load(kp[:, :, None] + offs_d[None, None, :], mask=ok[:, :, None], other=0.0)
-        v3 = tl.load(vp[:, :, None] + offs_d[None, None, :], mask=ok[:, :, None], other=0.0)
+        k3 = tl.load(kp[:, :, None] + offs_d[None, None, :], mask=ok[:, :, None], other=0.0).to(q.dtype)
+        v3 = tl.load(vp[:, :, None] + offs_d[None, None, :], mask=ok[:, :, None], other=0.0).to(q.dtype)
         s = tl.dot(q3, tl.trans(k3, (0, 2, 1))) * qk_scale_log2
         s = tl.where(ok[:, None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 2))
@@ -91,7 +95,7 @@ def launch(q, k_cache, v_cache, lens, block_table=None, W=4, BN=32, M=16, num_wa
     paged = block_table is not None
     page_size = k_cache.shape[1] if paged else 1 << 30
     bt = block_table if paged else lens
-    page_tile = BN if paged and page_size % BN == 0 else (page_size if paged and BN % page_size == 0 else 0)
+    page_tile = min(BN, page_size) if paged and (page_size % BN == 0 or BN % page_size == 0) else 0
     warp_split_decode[(b * hk,)](
         q, k_cache, v_cache, out, lens, bt, q.stride(0), q.stride(2), k_cache.stride(0), k_cache.stride(1),
         k_cache.stride(2), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(2),
