@@ -62,7 +62,7 @@ def main():
         best = max(row["ours_gbps"]) if args.fp8 else max(row["cudnn_gbps"])
         cells = "  ".join(f"{n} {max(row[f'{n}_gbps']) / best:.3f}({row.get(f'{n}_maxdiff', -1):.0e})"
                           for n in calls)
-        print(f"b={b} hq={hq} hk={hk} sk={sk} page={page or '-'} | cuDNN {best:.0f} GB/s | / cuDNN: {cells}",
+        print(f"b={b} hq={hq} hk={hk} sk={sk} page={page or '-'} | base {best:.0f} GB/s | / {'ours' if args.fp8 else 'cuDNN'}: {cells}",
               flush=True)
         del q, k, v, kc, vc
         torch.cuda.empty_cache()
