@@ -378,11 +378,15 @@ NARROW_ROWS = 16
 # 2567 / 2720 / 2777 / 2537. Only d = 128 was measured. (The tiles before, picked while the math was bf16:
 # benchmarks/results/history/probe_fp8_decode_tiles*_h100_*.json.)
 # On the H200, whose reads are 1.4x faster, the paged form was instruction-bound at 0.62 of its read. Programs of
-# 2 warps (fewer warps sharing each tile's row reductions and P's relayout: the likely reason, not profiled), with
+# 2 warps (fewer warps sharing each tile's row reductions and P's relayout: fewer instructions a key), with
 # `plan_num_splits` giving such narrow programs four slots an SM, took it, new / old tiles in one process each,
 # from 2799 / 2784 to 3640 / 3566 GB/s at pages 16 / 64 (history/probe_fp8_decode_warps_planner_h200.json) and
 # from 2906 / 2684 to 3488 / 3124 at b = 4 / 1 with 131k keys (history/probe_fp8_decode_long_2warps_h200.json).
-# Not re-measured on an H100, where the 4-warp form read at 0.90-0.97 of the cache's read.
+# Not re-measured on an H100, where the 4-warp form read at 0.90-0.97 of the cache's read. ncu on the H200 (b = 64,
+# page 64; NOTES.md, sixty-fourth session) has the 2-warp form still bound by its instructions: DRAM at 72% of
+# peak, ~1000 warp instructions a 64-key tile, a quarter of the stall samples on register copies (IMAD.MOV) and a
+# quarter on shared-memory loads (V's byte gathers, q's reloads); the bf16 form waits on memory (DRAM 91.7%).
+# Capping registers for five programs an SM was level (history/probe_maxnreg_fp8_h200.json).
 # The contiguous form took 2-warp programs later, with 4 stages: (16, 128, 4, 3) -> (16, 64, 2, 4) read 3173 / 3242 /
 # 2938 -> 3314 / 3443 / 3026 GB/s of FP8 bytes at b = 64 with 4k keys and b = 4 / 1 with 131k, in one process
 # (history/probe_fp8_contig_tiles_h200.json), where the paged table's (16, 64, 2, 6) lost (2606 / 2861 / 2309).
