@@ -315,6 +315,32 @@ def test_kvcache_gpu_tile_shapes(tiles, page_size, seqlen_q, num_splits, monkeyp
     assert_matches(got, lse, _oracle(q, k, v, seqlens, causal=seqlen_q > 1), torch.float16)
 
 
+def _gpu_fp8_decode_tiles():
+    from fmha.kernels import forward
+    return sorted({t for table in forward._GPU_FP8_DECODE_TABLES.values() for t in table.values()})
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("tiles", _gpu_fp8_decode_tiles(), ids=lambda t: "x".join(map(str, t)))
+@pytest.mark.parametrize("page_size", [16, 64, None])
+@pytest.mark.parametrize("seqlen_q,num_splits", [(1, 1), (4, 2)])
+def test_kvcache_fp8_gpu_tile_shapes(tiles, page_size, seqlen_q, num_splits, monkeypatch):
+    """The FP8 tables' tile shapes (2-warp 16-row, 32-row: `forward._GPU_FP8_DECODE_TABLES`) on the CPU, as
+    `test_kvcache_gpu_tile_shapes` does the bf16 ones: an FP8 cache with descales, shuffled pages and NaN in every
+    slot the kernel must not read."""
+    from fmha.kernels import forward
+    monkeypatch.setattr(forward, "_INTERPRET_TILES", tiles)
+    seqlens = [300, 0, 17, 512]
+    k_cache, v_cache, table, k, v = _cache(seqlens, 512, 2, 128, 128, torch.float8_e4m3fn, "cpu", page_size,
+                                           seed=(page_size or 0) + 1)
+    q = torch.randn(len(seqlens), seqlen_q, 8, 128, dtype=torch.float16)
+    descales = dict(k_descale=torch.rand(len(seqlens), 2) + 0.2, v_descale=torch.rand(len(seqlens), 2) + 0.2)
+    got, lse = fmha.attention_with_kvcache(q, k_cache, v_cache, torch.tensor(seqlens, dtype=torch.int32),
+                                           block_table=table, num_splits=num_splits, causal=seqlen_q > 1,
+                                           return_lse=True, **descales)
+    assert_matches(got, lse, _oracle(q, k, v, seqlens, causal=seqlen_q > 1, **descales), torch.float16)
+
+
 @pytest.mark.cpu
 def test_gluon_cache_dispatch_rule(monkeypatch):
     """Which KV-cache calls the Hopper Gluon kernel takes (`forward._gluon_takes`) on a 132-SM GPU: chunks from 64
