@@ -11,7 +11,7 @@ time, NOTES.md thirty-sixth session). Every call is checked first: bf16 against 
 oracle on the same FP8 values.
 
     PYTHONPATH=src python3 benchmarks/probe_fp8_decode.py [--rounds 2] [--out probe.json] [--fp8-tiles 64,128,4,3 ..]
-        [--versions base.py ..] [--cases 3 4] [--bf16-tiles 32,64,4,5 ..]
+        [--versions base.py ..] [--cases 3 4] [--bf16-tiles 32,64,4,5 ..] [--head-dim 64]
 """
 import argparse
 import importlib
@@ -86,11 +86,15 @@ def main():
                    help="also time the FP8 cache with these decode tiles in place of the tables' own")
     p.add_argument("--bf16-tiles", nargs="*", default=[], metavar="M,N,W,S",
                    help="also time the bf16 cache with these decode tiles in place of the tables' own")
+    p.add_argument("--head-dim", type=int, default=D,
+                   help="d of q, k and v (the tables' key; --fp8-tiles / --bf16-tiles then go in at that key)")
     p.add_argument("--versions", nargs="*", default=[], metavar="FORWARD.py",
                    help="also time the FP8 cache with these copies of kernels/forward.py (an A/B in one process)")
     p.add_argument("--cases", type=int, nargs="*", default=None, metavar="I",
                    help="only these of CASES + EXTRA_CASES (indices)")
     args = p.parse_args()
+    global D
+    D = args.head_dim
     versions = {os.path.splitext(os.path.basename(path))[0]: load_module_copy(path) for path in args.versions}
     rows = []
     for b, hq, hk, sk, page in [(CASES + EXTRA_CASES)[i] for i in args.cases] if args.cases is not None else CASES:
