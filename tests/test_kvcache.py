@@ -289,52 +289,32 @@ def test_page_tile():
 
 
 def _gpu_decode_tiles():
+    """(tiles, FP8 cache) of every paged-decode GPU tile table: bf16's 16- and 64-row ones, the FP8 ones."""
     from fmha.kernels import forward
-    tables = (forward._GPU_NARROW_DECODE_TILES, forward._GPU_PAGED_DECODE_TILES)
-    return sorted({t for table in tables for t in table.values()})
+    tables = ((forward._GPU_NARROW_DECODE_TILES, False), (forward._GPU_PAGED_DECODE_TILES, False),
+              *((table, True) for table in forward._GPU_FP8_DECODE_TABLES.values()))
+    return sorted({(t, fp8) for table, fp8 in tables for t in table.values()})
 
 
 @pytest.mark.cpu
-@pytest.mark.parametrize("tiles", _gpu_decode_tiles(), ids=lambda t: "x".join(map(str, t)))
+@pytest.mark.parametrize("tiles,fp8", _gpu_decode_tiles(),
+                         ids=lambda t: ("fp8" if t else "bf16") if isinstance(t, bool) else "x".join(map(str, t)))
 @pytest.mark.parametrize("page_size", [16, 64, 256, None])
 @pytest.mark.parametrize("seqlen_q,num_splits", [(1, 1), (1, 3), (4, 2)])
-def test_kvcache_gpu_tile_shapes(tiles, page_size, seqlen_q, num_splits, monkeypatch):
+def test_kvcache_gpu_tile_shapes(tiles, fp8, page_size, seqlen_q, num_splits, monkeypatch):
     """The interpreter runs its own small tiles; this runs the tile shapes the GPU tables pick for decode (16-row /
     128-key and 64-row / 64-key tiles, so 1 to 8 pages per key tile, or a tile inside one page, or a contiguous
-    cache) on a GQA group of 4 (4 or, with 4 causal query tokens, 16 packed rows) with shuffled pages and NaN in
-    every slot the kernel must not read."""
+    cache; and the FP8 tables' 2-warp 16-row and 32-row tiles on an FP8 cache with descales) on a GQA group of 4
+    (4 or, with 4 causal query tokens, 16 packed rows) with shuffled pages and NaN in every slot the kernel must not
+    read."""
     from fmha.kernels import forward
     monkeypatch.setattr(forward, "_INTERPRET_TILES", tiles)
     seqlens = [300, 0, 17, 512]
-    k_cache, v_cache, table, k, v = _cache(seqlens, 512, 2, 128, 128, torch.float16, "cpu", page_size,
-                                           seed=page_size or 0)
+    k_cache, v_cache, table, k, v = _cache(seqlens, 512, 2, 128, 128, torch.float8_e4m3fn if fp8 else torch.float16,
+                                           "cpu", page_size, seed=(page_size or 0) + fp8)
     q = torch.randn(len(seqlens), seqlen_q, 8, 128, dtype=torch.float16)
-    got, lse = fmha.attention_with_kvcache(q, k_cache, v_cache, torch.tensor(seqlens, dtype=torch.int32),
-                                           block_table=table, num_splits=num_splits, causal=seqlen_q > 1,
-                                           return_lse=True)
-    assert_matches(got, lse, _oracle(q, k, v, seqlens, causal=seqlen_q > 1), torch.float16)
-
-
-def _gpu_fp8_decode_tiles():
-    from fmha.kernels import forward
-    return sorted({t for table in forward._GPU_FP8_DECODE_TABLES.values() for t in table.values()})
-
-
-@pytest.mark.cpu
-@pytest.mark.parametrize("tiles", _gpu_fp8_decode_tiles(), ids=lambda t: "x".join(map(str, t)))
-@pytest.mark.parametrize("page_size", [16, 64, None])
-@pytest.mark.parametrize("seqlen_q,num_splits", [(1, 1), (4, 2)])
-def test_kvcache_fp8_gpu_tile_shapes(tiles, page_size, seqlen_q, num_splits, monkeypatch):
-    """The FP8 tables' tile shapes (2-warp 16-row, 32-row: `forward._GPU_FP8_DECODE_TABLES`) on the CPU, as
-    `test_kvcache_gpu_tile_shapes` does the bf16 ones: an FP8 cache with descales, shuffled pages and NaN in every
-    slot the kernel must not read."""
-    from fmha.kernels import forward
-    monkeypatch.setattr(forward, "_INTERPRET_TILES", tiles)
-    seqlens = [300, 0, 17, 512]
-    k_cache, v_cache, table, k, v = _cache(seqlens, 512, 2, 128, 128, torch.float8_e4m3fn, "cpu", page_size,
-                                           seed=(page_size or 0) + 1)
-    q = torch.randn(len(seqlens), seqlen_q, 8, 128, dtype=torch.float16)
-    descales = dict(k_descale=torch.rand(len(seqlens), 2) + 0.2, v_descale=torch.rand(len(seqlens), 2) + 0.2)
+    descales = dict(k_descale=torch.rand(len(seqlens), 2) + 0.2, v_descale=torch.rand(len(seqlens), 2) + 0.2) \
+        if fp8 else {}
     got, lse = fmha.attention_with_kvcache(q, k_cache, v_cache, torch.tensor(seqlens, dtype=torch.int32),
                                            block_table=table, num_splits=num_splits, causal=seqlen_q > 1,
                                            return_lse=True, **descales)
