@@ -289,7 +289,7 @@ def test_page_tile():
 
 
 def _gpu_decode_tiles():
-    """(tiles, FP8 cache) of every paged-decode GPU tile table: bf16's 16- and 64-row ones, the FP8 ones."""
+    """(tiles, FP8 cache) of the GPU decode tables it runs: bf16 16-row and paged 64-row, and every FP8 one."""
     from fmha.kernels import forward
     tables = ((forward._GPU_NARROW_DECODE_TILES, False), (forward._GPU_PAGED_DECODE_TILES, False),
               *((table, True) for table in forward._GPU_FP8_DECODE_TABLES.values()))

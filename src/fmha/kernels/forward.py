@@ -406,9 +406,18 @@ _GPU_FP8_DECODE_TABLES = {
     (False, FP8_MID_ROWS): {128: (32, 128, 4, 3)},
     (True, FP8_MID_ROWS): {128: (32, 64, 2, 6)},
 }
+# Calls of at most this many packed rows take the decode tables (prefill's `_GPU_TILES` past it).
+DECODE_ROWS = 64
+# The decode tables in the order `_tile_config` tries them, the first holding the head dim wins: (FP8 caches only,
+# paged (None: either), at most this many packed rows, table). An FP8 call with no FP8 entry takes the bf16 ones.
+_DECODE_LOOKUP = (
+    *((True, paged, bound, table) for (paged, bound), table in _GPU_FP8_DECODE_TABLES.items()),
+    (False, None, NARROW_ROWS, _GPU_NARROW_DECODE_TILES),
+    (False, False, DECODE_ROWS, _GPU_DECODE_TILES),
+    (False, True, DECODE_ROWS, _GPU_PAGED_DECODE_TILES),
+)
 # Every decode tile table, for the benchmark scripts that substitute tiles in all of them.
-_GPU_DECODE_TABLES = (_GPU_DECODE_TILES, _GPU_PAGED_DECODE_TILES, _GPU_NARROW_DECODE_TILES,
-                      *_GPU_FP8_DECODE_TABLES.values())
+_GPU_DECODE_TABLES = tuple(table for *_, table in _DECODE_LOOKUP)
 
 
 def _tile_config(dqk, dv, interpret, rows=None, paged=False, kv_fp8=False):
@@ -417,16 +426,11 @@ def _tile_config(dqk, dv, interpret, rows=None, paged=False, kv_fp8=False):
     if interpret:
         return _INTERPRET_TILES
     key = max(16, next_pow2(dqk), next_pow2(dv))
-    narrow = rows is not None and rows <= NARROW_ROWS
-    if kv_fp8 and rows is not None:
-        for (table_paged, bound), table in _GPU_FP8_DECODE_TABLES.items():
-            if table_paged == paged and rows <= bound and key in table:
+    if rows is not None:
+        for fp8_only, table_paged, bound, table in _DECODE_LOOKUP:
+            if ((kv_fp8 or not fp8_only) and table_paged in (None, paged) and rows <= bound
+                    and key in table):
                 return table[key]
-    decode = _GPU_PAGED_DECODE_TILES if paged else _GPU_DECODE_TILES
-    if narrow and key in _GPU_NARROW_DECODE_TILES:
-        return _GPU_NARROW_DECODE_TILES[key]
-    if rows is not None and rows <= 64 and key in decode:
-        return decode[key]
     return _GPU_TILES[key]
 
 
