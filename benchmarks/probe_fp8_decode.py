@@ -11,7 +11,7 @@ time, NOTES.md thirty-sixth session). Every call is checked first: bf16 against 
 oracle on the same FP8 values.
 
     PYTHONPATH=src python3 benchmarks/probe_fp8_decode.py [--rounds 2] [--out probe.json] [--fp8-tiles 64,128,4,3 ..]
-        [--versions base.py ..] [--cases 3 4] [--bf16-tiles 32,64,4,5 ..] [--head-dim 64]
+        [--versions base.py ..] [--cases 3 4] [--bf16-tiles 32,64,4,5 ..] [--head-dim 64] [--v-words 0 1]
 """
 import argparse
 import importlib
@@ -64,6 +64,21 @@ def _with_tiles(fn, tiles=None):
     return call
 
 
+def _with_v_words(fn, mode):
+    """fn run with `forward.FP8_V_WORDS` = mode (how the mma.sync forms read an FP8 V), on launch plans of its own
+    (a plan holds the mode it was made with)."""
+    plans = forward.Plans()
+
+    def call():
+        saved = forward.FP8_V_WORDS, forward._PLANS
+        forward.FP8_V_WORDS, forward._PLANS = mode, plans
+        try:
+            return fn()
+        finally:
+            forward.FP8_V_WORDS, forward._PLANS = saved
+    return call
+
+
 def _with_forward(fn, module):
     """fn run with `module` (a copy of kernels/forward.py, `load_module_copy`) as the KV-cache op's kernel."""
     op = importlib.import_module("fmha.attention")     # the module; `fmha.attention` is the function
@@ -79,6 +94,7 @@ def _with_forward(fn, module):
 
 
 def main():
+    global D
     p = argparse.ArgumentParser()
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--out", default=None)
@@ -88,12 +104,14 @@ def main():
                    help="also time the bf16 cache with these decode tiles in place of the tables' own")
     p.add_argument("--head-dim", type=int, default=D,
                    help="d of q, k and v (the tables' key; --fp8-tiles / --bf16-tiles then go in at that key)")
+    p.add_argument("--v-words", type=int, nargs="*", default=[], metavar="MODE",
+                   help="also time the FP8 cache with forward.FP8_V_WORDS = each MODE (0 bytes, 1 words split in "
+                        "triton.language, 2 by byte permutes)")
     p.add_argument("--versions", nargs="*", default=[], metavar="FORWARD.py",
                    help="also time the FP8 cache with these copies of kernels/forward.py (an A/B in one process)")
     p.add_argument("--cases", type=int, nargs="*", default=None, metavar="I",
                    help="only these of CASES + EXTRA_CASES (indices)")
     args = p.parse_args()
-    global D
     D = args.head_dim
     versions = {os.path.splitext(os.path.basename(path))[0]: load_module_copy(path) for path in args.versions}
     rows = []
@@ -131,6 +149,8 @@ def main():
             for spec in specs:
                 calls[f"ours_{cache}_t{spec.replace(',', '_')}"] = _with_tiles(
                     calls[f"ours_{cache}"], tuple(int(x) for x in spec.split(",")))
+        for mode in args.v_words:
+            calls[f"ours_fp8_vw{mode}"] = _with_v_words(calls["ours_fp8"], mode)
         for vname, module in versions.items():
             calls[f"ours_fp8@{vname}"] = _with_forward(calls["ours_fp8"], module)
         ref = cudnn().transpose(1, 2).float()
@@ -167,7 +187,7 @@ def main():
               + (f" | 64-row tiles: bf16 {row['ours_bf16_wide_gbps']:7.1f} fp8 {row['ours_fp8_wide_gbps']:7.1f}"
                  if page else "")
               + "".join(f" | {n[5:]} {row[n + '_gbps']:7.1f}" for n in calls
-                        if n.startswith(("ours_fp8_t", "ours_fp8@", "ours_bf16_t"))),
+                        if n.startswith(("ours_fp8_t", "ours_fp8@", "ours_bf16_t", "ours_fp8_vw"))),
               flush=True)
         del q, k, v, k8, v8, kc, vc, kc8, vc8, calls
         torch.cuda.empty_cache()

@@ -23,7 +23,7 @@ SCRIPT = textwrap.dedent('''
                   BLOCK_DV=triton.next_power_of_2(dv), HAS_TAIL=block_dt > 0, IS_VARLEN=varlen, MASK_LEFT=False,
                   MASK_RIGHT=causal, HAS_SOFTCAP=True, HAS_ALIBI=True, HAS_SINKS=True, REVERSE_M=causal,
                   TMA=1 if use_tma else 0, HAS_SEQLENS_K=paged, PAGED=paged, SPLIT=paged, LEFT_PER_BATCH=varlen,
-                  PAGE_TILE=bn if paged else 0)
+                  PAGE_TILE=bn if paged else 0, V_WORDS=0)      # the 128-row (wgmma) forms read V as it is
     if varlen:
         consts.update(MASK_LEFT=True)           # the per-sequence sliding window
     # fp8: "qkv" (float8 q, k, v and their descales) or "kv" (an FP8 KV cache beside bf16 q), else "".
@@ -70,13 +70,14 @@ DECODE_SCRIPT = textwrap.dedent('''
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    from fmha.kernels.forward import attn_fwd_kernel, _tile_config, _page_tile
+    from fmha.kernels.forward import attn_fwd_kernel, _tile_config, _page_tile, FP8_V_WORDS
     d, page_size, rows, fp8 = json.loads(sys.argv[1])
     bm, bn, warps, stages = _tile_config(d, d, False, rows=rows, paged=True, kv_fp8=bool(fp8))
     consts = dict(HEAD_DIM_QK=d, HEAD_DIM_V=d, BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=d, BLOCK_DT=16, BLOCK_DV=d,
                   HAS_TAIL=False, IS_VARLEN=False, MASK_LEFT=False, MASK_RIGHT=False, HAS_SOFTCAP=False,
                   HAS_ALIBI=False, HAS_SINKS=False, REVERSE_M=False, TMA=0, HAS_SEQLENS_K=True, PAGED=True,
                   SPLIT=False, LEFT_PER_BATCH=False, PAGE_TILE=_page_tile(page_size, bn),
+                  V_WORDS=FP8_V_WORDS if fp8 and bm < 64 else 0,
                   CU_Q=None, CU_K=None, SLOPES=None, SINKS=None, K_DESC=None, V_DESC=None, WINDOW_LEFTS=None,
                   Q_DESCALE=None, K_DESCALE=None, V_DESCALE=None)
     ptrs = dict(Q="*bf16", K="*bf16", V="*bf16", O="*bf16", LSE="*fp32", SEQLENS_K="*i32", BLOCK_TABLE="*i32")
@@ -94,7 +95,9 @@ DECODE_SCRIPT = textwrap.dedent('''
              if sig[n].startswith("*") or (sig[n] == "i32" and n not in unaligned)}
     src = ASTSource(attn_fwd_kernel, sig, constexprs={(names.index(k),): v for k, v in consts.items()}, attrs=attrs)
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
-    print(json.dumps(dict(shared=k.metadata.shared, stages=stages, cp_async=k.asm["ptx"].count("cp.async.cg"))))
+    ptx = k.asm["ptx"]
+    print(json.dumps(dict(shared=k.metadata.shared, stages=stages, cp_async=ptx.count("cp.async.cg"),
+                          v_trans="ldmatrix.sync.aligned.m8n8.x4.trans" in ptx, prmt=ptx.count("prmt.b32"))))
 ''')
 
 
@@ -120,6 +123,8 @@ def test_paged_decode_tiles_fit_per_sm(case):
     info = json.loads(proc.stdout.strip().splitlines()[-1])
     assert info["cp_async"] > 0, info
     assert programs * (info["shared"] + 1024) <= 233472, info
+    if fp8:     # V read as 16-bit words: transposed by ldmatrix, its bytes paired by permutes (`_fp8_word_halves`)
+        assert info["v_trans"] and info["prmt"] > 0, info
 
 
 MLA_SCRIPT = textwrap.dedent('''

@@ -179,6 +179,29 @@ def test_kvcache_fp8(target, page_size, seqlen_q, num_splits):
 
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("page_size", [None, 16], ids=lambda p: f"page{p}" if p else "contiguous")
+def test_kvcache_fp8_odd_v(target, page_size):
+    """An FP8 V cache at an odd address with odd strides (a view one byte into rows of d + 1, the byte before each
+    row NaN): the decode forms read such a V byte by byte, not as 16-bit words (`forward._fp8_word_halves`)."""
+    device, dtype = target
+    c = _case(target)
+    k_cache, v_cache, table, k, v = _cache(c["seqlens"], c["capacity"], c["hk"], c["d"], c["d"],
+                                           torch.float8_e4m3fn, device, page_size, seed=3)
+    wide = torch.full((*v_cache.shape[:-1], c["d"] + 1), NAN, dtype=torch.float8_e4m3fn, device=device)
+    wide[..., 1:] = v_cache
+    v_odd = wide[..., 1:]
+    assert v_odd.data_ptr() % 2 == 1 and v_odd.stride(-2) % 2 == 1
+    b = len(c["seqlens"])
+    q = torch.randn(b, 1, c["hq"], c["d"], device=device, dtype=dtype)
+    seqlens = torch.tensor(c["seqlens"], dtype=torch.int32, device=device)
+    descales = dict(k_descale=torch.rand(b, c["hk"], device=device) + 0.2,
+                    v_descale=torch.rand(b, c["hk"], device=device) + 0.2)
+    got, lse = fmha.attention_with_kvcache(q, k_cache, v_odd, seqlens, block_table=table, return_lse=True,
+                                           **descales)
+    assert_matches(got, lse, _oracle(q, k, v, c["seqlens"], **descales), dtype)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("page_size", [None, 16], ids=lambda p: f"page{p}" if p else "contiguous")
 @pytest.mark.parametrize("magnitude", [2.0 ** 20, 2.0 ** -20, None, 2.0 ** -131],
                          ids=["huge", "tiny", "mixed", "subnormal"])
 def test_kvcache_fp8_query_magnitude(target, page_size, magnitude):

@@ -38,8 +38,9 @@ def scores_log2(qk, q_pos, k_pos, diag, slope_log2, qk_scale_log2, softcap,
 
 
 @triton.jit
-def online_softmax_step(acc, l_i, m_i, s, v, MASKED: tl.constexpr):
-    """Fold one (M, N) tile of log2 scores `s` and its values `v` (N, Dv) into the running state."""
+def softmax_update(l_i, m_i, s, MASKED: tl.constexpr):
+    """One (M, N) tile of log2 scores `s` against the running (l, m): its probabilities p, the factor alpha on
+    what was accumulated before, and the new (l, m)."""
     m_new = tl.maximum(m_i, tl.max(s, 1))
     m_shift = m_new
     if MASKED:
@@ -48,6 +49,13 @@ def online_softmax_step(acc, l_i, m_i, s, v, MASKED: tl.constexpr):
     p = tl.exp2(s - m_shift[:, None])
     alpha = tl.exp2(m_i - m_shift)
     l_i = l_i * alpha + tl.sum(p, 1)
+    return p, alpha, l_i, m_new
+
+
+@triton.jit
+def online_softmax_step(acc, l_i, m_i, s, v, MASKED: tl.constexpr):
+    """Fold one (M, N) tile of log2 scores `s` and its values `v` (N, Dv) into the running state."""
+    p, alpha, l_i, m_new = softmax_update(l_i, m_i, s, MASKED)
     acc = acc * alpha[:, None]
     acc = tl.dot(p.to(v.dtype), v, acc)
     return acc, l_i, m_new

@@ -14,7 +14,7 @@ import triton.language as tl
 
 from ..schedule import num_sms, plan_num_splits
 from .combine import combine
-from .common import LN2, LOG2E, online_softmax_step, scores_log2, visible
+from .common import LN2, LOG2E, online_softmax_step, scores_log2, softmax_update, visible
 from .launch import Plans, cdiv, fixed_classes, launch, next_pow2
 from .sm90 import gluon_enabled
 
@@ -68,8 +68,9 @@ def _load_kv_tile(k_base, v_base, k_desc, v_desc, n, b, kv_head, offs_n, offs_d,
                   k_len, bt_row, page_size, stride_kp, stride_vp, PAGED: tl.constexpr, PAGE_TILE: tl.constexpr,
                   HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_D: tl.constexpr,
                   BLOCK_DT: tl.constexpr, BLOCK_DV: tl.constexpr, HAS_TAIL: tl.constexpr, BOUNDS: tl.constexpr,
-                  TMA: tl.constexpr):
-    """K tile (BLOCK_N, BLOCK_D) [+ tail (BLOCK_N, BLOCK_DT)] and V tile (BLOCK_N, BLOCK_DV) at key `n`."""
+                  TMA: tl.constexpr, V_WORDS: tl.constexpr):
+    """K tile (BLOCK_N, BLOCK_D) [+ tail (BLOCK_N, BLOCK_DT)] and V tile (BLOCK_N, BLOCK_DV) at key `n`; with
+    V_WORDS (an FP8 V, pointer loads) the V tile as (BLOCK_N, BLOCK_DV // 2) 16-bit words, two values each."""
     if TMA == 1:
         # Per-sequence descriptor whose shape stops at k_len: TMA zero-fills past the end.
         k = k_desc.load([n, 0])
@@ -88,15 +89,48 @@ def _load_kv_tile(k_base, v_base, k_desc, v_desc, n, b, kv_head, offs_n, offs_d,
         k_rows = k_base + page * stride_kp + slot * stride_ks
         v_rows = v_base + page * stride_vp + slot * stride_vs
         k_ptrs = k_rows[:, None] + offs_d[None, :]
-        v_ptrs = v_rows[:, None] + offs_dv[None, :]
         k = _load_tile(k_ptrs, rows, offs_d, k_len, HEAD_DIM_QK, BLOCK_D, BOUNDS)
-        v = _load_tile(v_ptrs, rows, offs_dv, k_len, HEAD_DIM_V, BLOCK_DV, BOUNDS)
+        if V_WORDS > 0:
+            offs_dw = tl.arange(0, BLOCK_DV // 2)
+            v_ptrs = v_rows.to(tl.pointer_type(tl.int16), bitcast=True)[:, None] + offs_dw[None, :]
+            v = _load_tile(v_ptrs, rows, offs_dw, k_len, HEAD_DIM_V // 2, BLOCK_DV // 2, BOUNDS)
+        else:
+            v_ptrs = v_rows[:, None] + offs_dv[None, :]
+            v = _load_tile(v_ptrs, rows, offs_dv, k_len, HEAD_DIM_V, BLOCK_DV, BOUNDS)
         k_t = k
         if HAS_TAIL:
             kt_ptrs = k_rows[:, None] + (BLOCK_D + offs_dt)[None, :]
             kt_mask = (rows < k_len)[:, None] & (BLOCK_D + offs_dt < HEAD_DIM_QK)[None, :]
             k_t = tl.load(kt_ptrs, mask=kt_mask, other=0.0)
     return k, k_t, v
+
+
+@triton.jit
+def _fp8_word_halves(w, V_WORDS: tl.constexpr):
+    """An FP8 V tile read as 16-bit words w (N, Dv / 2) -> its even and odd columns (N, Dv / 2) in fp16.
+
+    mma.sync's B operand wants the two keys k, k + 1 of one column in a register; an FP8 row holds columns, so
+    Triton gathered V from shared memory a byte at a time (`LDS.U8`, ~130 a warp a 64-key tile). As 16-bit words,
+    V is transposed by ldmatrix.trans like an fp16 tile: a thread's register then holds words (k, j) and (k + 1, j),
+    i.e. bytes V[k, 2j], V[k, 2j + 1], V[k + 1, 2j], V[k + 1, 2j + 1], and two byte permutes make the key pairs of
+    columns 2j and 2j + 1, each widened by one conversion (V_WORDS == 2, on the GPU). V_WORDS == 1 is the same
+    arithmetic in triton.language, for the interpreter."""
+    if V_WORDS == 2:
+        even, odd = tl.inline_asm_elementwise(
+            """{
+            .reg .b32 lo, hi;
+            .reg .b16 lo0, lo1, hi0, hi1;
+            prmt.b32 lo, $2, 0, 0x20;
+            prmt.b32 hi, $2, 0, 0x31;
+            mov.b32 {lo0, lo1}, lo;
+            mov.b32 {hi0, hi1}, hi;
+            cvt.rn.f16x2.e4m3x2 $0, lo0;
+            cvt.rn.f16x2.e4m3x2 $1, hi0;
+            }""", "=r,=r,r", [w], dtype=(tl.float16, tl.float16), is_pure=True, pack=2)
+    else:
+        even = w.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
+        odd = (w >> 8).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
+    return even, odd
 
 
 @triton.jit
@@ -107,19 +141,22 @@ def _attn_run(acc, l_i, m_i, q, q_t, k_base, v_base, k_desc, v_desc, b, kv_head,
               HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_N: tl.constexpr,
               BLOCK_D: tl.constexpr, BLOCK_DT: tl.constexpr, BLOCK_DV: tl.constexpr, HAS_TAIL: tl.constexpr,
               MASKED: tl.constexpr, MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr,
-              HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, TMA: tl.constexpr):
+              HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, TMA: tl.constexpr, V_WORDS: tl.constexpr):
     """Online softmax over the key tiles starting at start, start + BLOCK_N, ... < end."""
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dt = tl.arange(0, BLOCK_DT)
     offs_dv = tl.arange(0, BLOCK_DV)
+    if V_WORDS > 0:
+        # The output's even and odd columns accumulate apart (`_fp8_word_halves`); joined again at the end.
+        acc_even, acc_odd = tl.split(tl.reshape(acc, (acc.shape[0], BLOCK_DV // 2, 2)))
     for n in tl.range(start, end, BLOCK_N):
         k, k_t, v = _load_kv_tile(k_base, v_base, k_desc, v_desc, n, b, kv_head, offs_n, offs_d, offs_dt, offs_dv,
                                   stride_ks, stride_vs, k_len, bt_row, page_size, stride_kp, stride_vp,
                                   PAGED, PAGE_TILE, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_D, BLOCK_DT,
-                                  BLOCK_DV, HAS_TAIL, MASKED, TMA)
+                                  BLOCK_DV, HAS_TAIL, MASKED, TMA, V_WORDS)
         # An FP8 cache's tiles in q's (compute) dtype; its descales are applied outside the loop.
-        k, k_t, v = k.to(q.dtype), k_t.to(q.dtype), v.to(q.dtype)
+        k, k_t = k.to(q.dtype), k_t.to(q.dtype)
         qk = tl.dot(q, tl.trans(k))
         if HAS_TAIL:
             qk = tl.dot(q_t, tl.trans(k_t), qk)
@@ -128,7 +165,16 @@ def _attn_run(acc, l_i, m_i, q, q_t, k_base, v_base, k_desc, v_desc, b, kv_head,
         if MASKED:
             ok = visible(q_pos, k_pos, diag, window_left, window_right, k_len, MASK_LEFT, MASK_RIGHT)
             s = tl.where(ok, s, float("-inf"))
-        acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, s, v, MASKED)
+        if V_WORDS > 0:
+            p, alpha, l_i, m_i = softmax_update(l_i, m_i, s, MASKED)
+            v_even, v_odd = _fp8_word_halves(v, V_WORDS)
+            p = p.to(tl.float16)
+            acc_even = tl.dot(p, v_even, acc_even * alpha[:, None])
+            acc_odd = tl.dot(p, v_odd, acc_odd * alpha[:, None])
+        else:
+            acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, s, v.to(q.dtype), MASKED)
+    if V_WORDS > 0:
+        acc = tl.reshape(tl.join(acc_even, acc_odd), (acc.shape[0], BLOCK_DV))
     return acc, l_i, m_i
 
 
@@ -151,7 +197,7 @@ def attn_fwd_kernel(
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_SINKS: tl.constexpr,
     REVERSE_M: tl.constexpr, TMA: tl.constexpr,
     HAS_SEQLENS_K: tl.constexpr, PAGED: tl.constexpr, SPLIT: tl.constexpr, LEFT_PER_BATCH: tl.constexpr,
-    PAGE_TILE: tl.constexpr,
+    PAGE_TILE: tl.constexpr, V_WORDS: tl.constexpr = 0,
 ):
     pid_bh = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -287,17 +333,17 @@ def attn_fwd_kernel(
                               q_pos, slope_log2, diag, window_left, window_right, k_len, stride_ks, stride_vs,
                               bt_row, page_size, stride_kb, stride_vb, PAGED, PAGE_TILE, qk_scale_log2, softcap, HEAD_DIM_QK,
                               HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DT,
-                              BLOCK_DV, HAS_TAIL, True, MASK_LEFT, MASK_RIGHT, HAS_SOFTCAP, HAS_ALIBI, TMA)
+                              BLOCK_DV, HAS_TAIL, True, MASK_LEFT, MASK_RIGHT, HAS_SOFTCAP, HAS_ALIBI, TMA, V_WORDS)
     acc, l_i, m_i = _attn_run(acc, l_i, m_i, q, q_t, k_base, v_base, k_desc, v_desc, b, kv_head, mid_lo, mid_hi,
                               q_pos, slope_log2, diag, window_left, window_right, k_len, stride_ks, stride_vs,
                               bt_row, page_size, stride_kb, stride_vb, PAGED, PAGE_TILE, qk_scale_log2, softcap, HEAD_DIM_QK,
                               HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DT,
-                              BLOCK_DV, HAS_TAIL, False, MASK_LEFT, MASK_RIGHT, HAS_SOFTCAP, HAS_ALIBI, TMA)
+                              BLOCK_DV, HAS_TAIL, False, MASK_LEFT, MASK_RIGHT, HAS_SOFTCAP, HAS_ALIBI, TMA, V_WORDS)
     acc, l_i, m_i = _attn_run(acc, l_i, m_i, q, q_t, k_base, v_base, k_desc, v_desc, b, kv_head, mid_hi, hi,
                               q_pos, slope_log2, diag, window_left, window_right, k_len, stride_ks, stride_vs,
                               bt_row, page_size, stride_kb, stride_vb, PAGED, PAGE_TILE, qk_scale_log2, softcap, HEAD_DIM_QK,
                               HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DT,
-                              BLOCK_DV, HAS_TAIL, True, MASK_LEFT, MASK_RIGHT, HAS_SOFTCAP, HAS_ALIBI, TMA)
+                              BLOCK_DV, HAS_TAIL, True, MASK_LEFT, MASK_RIGHT, HAS_SOFTCAP, HAS_ALIBI, TMA, V_WORDS)
 
     # Epilogue: normalise; rows that saw no key have l = 0, m = -inf → output 0, LSE -inf.
     m_shift = tl.where(m_i == float("-inf"), 0.0, m_i)
@@ -406,6 +452,11 @@ _GPU_FP8_DECODE_TABLES = {
     (False, FP8_MID_ROWS): {128: (32, 128, 4, 3)},
     (True, FP8_MID_ROWS): {128: (32, 64, 2, 6)},
 }
+# How the mma.sync forms read an FP8 V (`_fp8_word_halves`): 2 as 16-bit words split by byte permutes, 1 the same
+# split in triton.language (what the interpreter runs), 0 byte by byte as before. The loop of the paged 2-warp form
+# (16, 64, 2, 6), SASS for sm_90 compiled here, a warp a 64-key tile: 0 -> ~1000 instructions and 250 registers,
+# 1 -> 900 and 138, 2 -> 707 and 138 (128 `LDS.U8` -> 8 `LDSM.16.MT88.4` and 64 `PRMT`).
+FP8_V_WORDS = 2
 # Calls of at most this many packed rows take the decode tables (prefill's `_GPU_TILES` past it).
 DECODE_ROWS = 64
 # The decode tables in the order `_tile_config` tries them, the first holding the head dim wins: (FP8 caches only,
@@ -653,6 +704,12 @@ def _portable_plan(q4, k, v, o4, lse, lse_strides, *, varlen, batch, seqlen_q, s
                *_strides(q4, varlen), *_strides(k4, varlen), *_strides(v4, varlen), *_strides(o_dst, varlen),
                *(lse_dst.stride() if not varlen else lse_strides),
                gp, group, heads_eff, scale * 1.4426950408889634, float(softcap), left, right)
+    # An FP8 V in the mma.sync forms (fewer than 64 rows), loaded by pointers, at an even address and strides:
+    # read as 16-bit words (`_fp8_word_halves`).
+    v_words = 0
+    if (v.element_size() == 1 and not tma and (block_m < 64 or interpret) and block_dv >= 32
+            and v.data_ptr() % 2 == 0 and all(st % 2 == 0 for st in v.stride()[:-1])):
+        v_words = 1 if interpret else FP8_V_WORDS
     meta = dict(
         HEAD_DIM_QK=dqk, HEAD_DIM_V=dv, BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_D=block_d, BLOCK_DT=max(block_dt, 16), BLOCK_DV=block_dv, HAS_TAIL=block_dt > 0,
@@ -661,7 +718,7 @@ def _portable_plan(q4, k, v, o4, lse, lse_strides, *, varlen, batch, seqlen_q, s
         REVERSE_M=right >= 0, TMA=tma,
         HAS_SEQLENS_K=cache_seqlens is not None, PAGED=paged, SPLIT=num_splits > 1,
         LEFT_PER_BATCH=window_lefts is not None, PAGE_TILE=_page_tile(k.shape[1], block_n) if paged else 0,
-        num_warps=num_warps, num_stages=num_stages,
+        V_WORDS=v_words, num_warps=num_warps, num_stages=num_stages,
     )
     grid = (batch * heads_eff, cdiv(seqlen_q * gp, block_m), num_splits)
     boxes = ([1, block_n, 1, block_d], [1, block_n, 1, block_dv])
