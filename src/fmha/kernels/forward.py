@@ -432,7 +432,8 @@ NARROW_ROWS = 16
 # page 64; NOTES.md, sixty-fourth session) has the 2-warp form still bound by its instructions: DRAM at 72% of
 # peak, ~1000 warp instructions a 64-key tile, a quarter of the stall samples on register copies (IMAD.MOV) and a
 # quarter on shared-memory loads (V's byte gathers, q's reloads); the bf16 form waits on memory (DRAM 91.7%).
-# Capping registers for five programs an SM was level (history/probe_maxnreg_fp8_h200.json).
+# Capping registers for five programs an SM was level (history/probe_maxnreg_fp8_h200.json). Reading V as 16-bit
+# words (`FP8_V_WORDS` below) took out the byte gathers: see there.
 # The contiguous form took 2-warp programs later, with 4 stages: (16, 128, 4, 3) -> (16, 64, 2, 4) read 3173 / 3242 /
 # 2938 -> 3314 / 3443 / 3026 GB/s of FP8 bytes at b = 64 with 4k keys and b = 4 / 1 with 131k, in one process
 # (history/probe_fp8_contig_tiles_h200.json), where the paged table's (16, 64, 2, 6) lost (2606 / 2861 / 2309).
@@ -455,7 +456,12 @@ _GPU_FP8_DECODE_TABLES = {
 # How the mma.sync forms read an FP8 V (`_fp8_word_halves`): 2 as 16-bit words split by byte permutes, 1 the same
 # split in triton.language (what the interpreter runs), 0 byte by byte as before. The loop of the paged 2-warp form
 # (16, 64, 2, 6), SASS for sm_90 compiled here, a warp a 64-key tile: 0 -> ~1000 instructions and 250 registers,
-# 1 -> 900 and 138, 2 -> 707 and 138 (128 `LDS.U8` -> 8 `LDSM.16.MT88.4` and 64 `PRMT`).
+# 1 -> 900 and 138, 2 -> 707 and 138 (128 `LDS.U8` -> 8 `LDSM.16.MT88.4` and 64 `PRMT`). H200, one process, the
+# tables' tiles, GB/s of FP8 bytes, modes 0 / 1 / 2: b = 64, 4k keys, page 64 3394 / 3770 / 4080 (the cache's read
+# 4451), page 16 3526 / 3850 / 4036, contiguous 3346 / 3804 / 4018, b = 4 / 1 with 131k keys 3447 / 3762 / 4177 and
+# 3147 / 3468 / 3558; the 32-row form (256 query heads) at page 64 2534 / 2833 / 3130, contiguous 2382 / 2839 / 3088
+# (history/probe_fp8_v_words_h200_23d1441.json). With mode 2 the tables' tiles still led (16, 128, 2, 3),
+# (16, 128, 4, 3) and (16, 64, 4, 6) in the same run.
 FP8_V_WORDS = 2
 # Calls of at most this many packed rows take the decode tables (prefill's `_GPU_TILES` past it).
 DECODE_ROWS = 64
