@@ -178,6 +178,27 @@ def test_kvcache_fp8(target, page_size, seqlen_q, num_splits):
 
 
 @pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("page_size", [None, 64], ids=lambda p: f"page{p}" if p else "contiguous")
+@pytest.mark.parametrize("d", [64, 256])
+def test_kvcache_fp8_head_dims(target, page_size, d):
+    """An FP8 KV cache at head dims 64 and 256, decode (4 packed rows) and 4 causal queries (16 rows): on the GPU
+    the 16-row FP8 tables' entries for those head dims, split by the planner."""
+    device, dtype = target
+    c = _case(target)
+    k_cache, v_cache, table, k, v = _cache(c["seqlens"], c["capacity"], c["hk"], d, d, torch.float8_e4m3fn,
+                                           device, page_size, seed=d)
+    b = len(c["seqlens"])
+    seqlens = torch.tensor(c["seqlens"], dtype=torch.int32, device=device)
+    descales = dict(k_descale=torch.rand(b, c["hk"], device=device) + 0.2,
+                    v_descale=torch.rand(b, c["hk"], device=device) + 0.2)
+    for seqlen_q in (1, 4):
+        q = torch.randn(b, seqlen_q, c["hq"], d, device=device, dtype=dtype)
+        got, lse = fmha.attention_with_kvcache(q, k_cache, v_cache, seqlens, block_table=table, return_lse=True,
+                                               causal=True, **descales)
+        assert_matches(got, lse, _oracle(q, k, v, c["seqlens"], causal=True, **descales), dtype)
+
+
+@pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("page_size", [None, 16], ids=lambda p: f"page{p}" if p else "contiguous")
 def test_kvcache_fp8_odd_v(target, page_size):
     """An FP8 V cache at an odd address with odd strides (a view one byte into rows of d + 1, the byte before each

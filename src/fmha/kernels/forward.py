@@ -448,8 +448,8 @@ NARROW_ROWS = 16
 FP8_MID_ROWS = 32
 # The FP8 tables above, by (paged, at most this many packed rows), the smaller bound first: {head dim: tiles}.
 _GPU_FP8_DECODE_TABLES = {
-    (False, NARROW_ROWS): {128: (16, 64, 2, 4)},
-    (True, NARROW_ROWS): {128: (16, 64, 2, 6)},
+    (False, NARROW_ROWS): {64: (16, 64, 2, 4), 128: (16, 64, 2, 4), 256: (16, 64, 4, 4)},
+    (True, NARROW_ROWS): {64: (16, 64, 2, 6), 128: (16, 64, 2, 6), 256: (16, 64, 4, 4)},
     (False, FP8_MID_ROWS): {128: (32, 128, 4, 3)},
     (True, FP8_MID_ROWS): {128: (32, 64, 2, 6)},
 }
