@@ -446,10 +446,16 @@ NARROW_ROWS = 16
 # with the table in place 2445 against 1808 (..._confirm_h200.json). Only that shape was measured; bf16 calls of
 # these rows keep the 64-row forms (32-row tiles lost there: history/probe_bf16_32rows_h200.json).
 FP8_MID_ROWS = 32
+# Head dims 64 and 256 (16 rows; before, they took the 64-row wgmma form), H200, b = 64, 4k keys, one process per
+# head dim, GB/s of FP8 bytes (history/probe_fp8_d{64,256}_h200_2770dbe.json): d = 64 contiguous (16, 64, 2, 4) 2944
+# (the cache's read 3633; (16, 64, 2, 6) 2676, (16, 128, 4, 3) 2734, (16, 64, 4, 4) 2864), paged (page 64)
+# (16, 64, 2, 6) 3306 (read 3569; the 64-row form 1489, (16, 128, 4, 3) 3123, (16, 64, 2, 4) 2486); d = 256
+# contiguous (16, 64, 4, 4) 4111 (read 4527; (16, 64, 2, 4) 4092, (16, 128, 4, 3) 4066, (16, 64, 2, 3) 3355), paged
+# (16, 64, 2, 3) 4284 (read 4449; the 64-row form 1919, (16, 64, 4, 4) 3814, (16, 64, 2, 4) 4278).
 # The FP8 tables above, by (paged, at most this many packed rows), the smaller bound first: {head dim: tiles}.
 _GPU_FP8_DECODE_TABLES = {
     (False, NARROW_ROWS): {64: (16, 64, 2, 4), 128: (16, 64, 2, 4), 256: (16, 64, 4, 4)},
-    (True, NARROW_ROWS): {64: (16, 64, 2, 6), 128: (16, 64, 2, 6), 256: (16, 64, 4, 4)},
+    (True, NARROW_ROWS): {64: (16, 64, 2, 6), 128: (16, 64, 2, 6), 256: (16, 64, 2, 3)},
     (False, FP8_MID_ROWS): {128: (32, 128, 4, 3)},
     (True, FP8_MID_ROWS): {128: (32, 64, 2, 6)},
 }
