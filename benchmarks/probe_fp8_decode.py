@@ -6,8 +6,8 @@ paged (pages shuffled as the bench shuffles them), once in bf16 and once as floa
 cache (`kernels.kv_read`, the yardstick `fmha bench decode` uses), and cuDNN SDPA on the contiguous bf16 cache, all in
 one process with CUDA-graph timing. GB/s count each call's own bytes (an FP8 cache is half the K/V bytes);
 `fp8_speedup` is the bf16 call's time over the FP8 call's (tokens a second). Paged caches also run with the 64-row
-decode tiles in place of the 16-row ones (`_with_tiles`: the 16-row form reads an FP8 tile from shared memory a byte at a
-time, NOTES.md thirty-sixth session). Every call is checked first: bf16 against cuDNN, FP8 against the fp32
+decode tiles in place of the 16-row ones (`_with_tiles`: what FP8 calls of head dims without an FP8 table entry
+run). Every call is checked first: bf16 against cuDNN, FP8 against the fp32
 oracle on the same FP8 values.
 
     PYTHONPATH=src python3 benchmarks/probe_fp8_decode.py [--rounds 2] [--out probe.json] [--fp8-tiles 64,128,4,3 ..]

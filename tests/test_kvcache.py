@@ -38,6 +38,11 @@ def _cache(seqlens, capacity, hk, d, dv, dtype, device, page_size=None, seed=0):
     return k_cache.to(device), v_cache.to(device), order.to(torch.int32).to(device), k, v
 
 
+def _descales(b, hk, device):
+    """Per-(batch, KV head) k and v descales of an FP8 cache, in [0.2, 1.2)."""
+    return dict(k_descale=torch.rand(b, hk, device=device) + 0.2, v_descale=torch.rand(b, hk, device=device) + 0.2)
+
+
 def _oracle(q, k, v, seqlens, **options):
     options = {n: (o.cpu() if isinstance(o, torch.Tensor) else o) for n, o in options.items()}
     outs, lses = [], []
@@ -167,8 +172,7 @@ def test_kvcache_fp8(target, page_size, seqlen_q, num_splits):
     b = len(c["seqlens"])
     q = torch.randn(b, seqlen_q, c["hq"], c["d"], device=device, dtype=dtype)
     seqlens = torch.tensor(c["seqlens"], dtype=torch.int32, device=device)
-    descales = dict(k_descale=torch.rand(b, c["hk"], device=device) + 0.2,
-                    v_descale=torch.rand(b, c["hk"], device=device) + 0.2)
+    descales = _descales(b, c["hk"], device)
     options = dict(causal=seqlen_q > 1)
     got, lse = fmha.attention_with_kvcache(q, k_cache, v_cache, seqlens, block_table=table, num_splits=num_splits,
                                            return_lse=True, **options, **descales)
@@ -189,8 +193,7 @@ def test_kvcache_fp8_head_dims(target, page_size, d):
                                            device, page_size, seed=d)
     b = len(c["seqlens"])
     seqlens = torch.tensor(c["seqlens"], dtype=torch.int32, device=device)
-    descales = dict(k_descale=torch.rand(b, c["hk"], device=device) + 0.2,
-                    v_descale=torch.rand(b, c["hk"], device=device) + 0.2)
+    descales = _descales(b, c["hk"], device)
     for seqlen_q in (1, 4):
         q = torch.randn(b, seqlen_q, c["hq"], d, device=device, dtype=dtype)
         got, lse = fmha.attention_with_kvcache(q, k_cache, v_cache, seqlens, block_table=table, return_lse=True,
@@ -214,8 +217,7 @@ def test_kvcache_fp8_odd_v(target, page_size):
     b = len(c["seqlens"])
     q = torch.randn(b, 1, c["hq"], c["d"], device=device, dtype=dtype)
     seqlens = torch.tensor(c["seqlens"], dtype=torch.int32, device=device)
-    descales = dict(k_descale=torch.rand(b, c["hk"], device=device) + 0.2,
-                    v_descale=torch.rand(b, c["hk"], device=device) + 0.2)
+    descales = _descales(b, c["hk"], device)
     got, lse = fmha.attention_with_kvcache(q, k_cache, v_odd, seqlens, block_table=table, return_lse=True,
                                            **descales)
     assert_matches(got, lse, _oracle(q, k, v, c["seqlens"], **descales), dtype)
@@ -357,8 +359,7 @@ def test_kvcache_gpu_tile_shapes(tiles, fp8, page_size, seqlen_q, num_splits, mo
     k_cache, v_cache, table, k, v = _cache(seqlens, 512, 2, 128, 128, torch.float8_e4m3fn if fp8 else torch.float16,
                                            "cpu", page_size, seed=(page_size or 0) + fp8)
     q = torch.randn(len(seqlens), seqlen_q, 8, 128, dtype=torch.float16)
-    descales = dict(k_descale=torch.rand(len(seqlens), 2) + 0.2, v_descale=torch.rand(len(seqlens), 2) + 0.2) \
-        if fp8 else {}
+    descales = _descales(len(seqlens), 2, "cpu") if fp8 else {}
     got, lse = fmha.attention_with_kvcache(q, k_cache, v_cache, torch.tensor(seqlens, dtype=torch.int32),
                                            block_table=table, num_splits=num_splits, causal=seqlen_q > 1,
                                            return_lse=True, **descales)
