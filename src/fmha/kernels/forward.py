@@ -89,13 +89,16 @@ def _load_kv_tile(k_base, v_base, k_desc, v_desc, n, b, kv_head, offs_n, offs_d,
         k_rows = k_base + page * stride_kp + slot * stride_ks
         v_rows = v_base + page * stride_vp + slot * stride_vs
         k_ptrs = k_rows[:, None] + offs_d[None, :]
-        k = _load_tile(k_ptrs, rows, offs_d, k_len, HEAD_DIM_QK, BLOCK_D, BOUNDS)
+        # Each form keeps the statement order it was measured in: ptxas schedules and allocates the same loop
+        # differently when V's addresses come before or after K's load (SASS diffed, NOTES sixty-fifth session).
         if V_WORDS > 0:
+            k = _load_tile(k_ptrs, rows, offs_d, k_len, HEAD_DIM_QK, BLOCK_D, BOUNDS)
             offs_dw = tl.arange(0, BLOCK_DV // 2)
             v_ptrs = v_rows.to(tl.pointer_type(tl.int16), bitcast=True)[:, None] + offs_dw[None, :]
             v = _load_tile(v_ptrs, rows, offs_dw, k_len, HEAD_DIM_V // 2, BLOCK_DV // 2, BOUNDS)
         else:
             v_ptrs = v_rows[:, None] + offs_dv[None, :]
+            k = _load_tile(k_ptrs, rows, offs_d, k_len, HEAD_DIM_QK, BLOCK_D, BOUNDS)
             v = _load_tile(v_ptrs, rows, offs_dv, k_len, HEAD_DIM_V, BLOCK_DV, BOUNDS)
         k_t = k
         if HAS_TAIL:
