@@ -53,15 +53,6 @@ def softmax_update(l_i, m_i, s, MASKED: tl.constexpr):
 
 
 @triton.jit
-def online_softmax_step(acc, l_i, m_i, s, v, MASKED: tl.constexpr):
-    """Fold one (M, N) tile of log2 scores `s` and its values `v` (N, Dv) into the running state."""
-    p, alpha, l_i, m_new = softmax_update(l_i, m_i, s, MASKED)
-    acc = acc * alpha[:, None]
-    acc = tl.dot(p.to(v.dtype), v, acc)
-    return acc, l_i, m_new
-
-
-@triton.jit
 def sink_keep(lse, empty, sink):
     """The factor e^lse / (e^lse + e^sink) that a sink puts on a row's output (the LSE itself stays sink-free);
     1 for a row with no key, whose output is already 0 (and where sink - lse could be inf - inf)."""

@@ -14,7 +14,7 @@ import triton.language as tl
 
 from ..schedule import num_sms, plan_num_splits
 from .combine import combine
-from .common import LN2, LOG2E, online_softmax_step, scores_log2, softmax_update, visible
+from .common import LN2, LOG2E, scores_log2, softmax_update, visible
 from .launch import Plans, cdiv, fixed_classes, launch, next_pow2
 from .sm90 import gluon_enabled
 
@@ -158,8 +158,11 @@ def _attn_run(acc, l_i, m_i, q, q_t, k_base, v_base, k_desc, v_desc, b, kv_head,
                                   stride_ks, stride_vs, k_len, bt_row, page_size, stride_kp, stride_vp,
                                   PAGED, PAGE_TILE, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_D, BLOCK_DT,
                                   BLOCK_DV, HAS_TAIL, MASKED, TMA, V_WORDS)
-        # An FP8 cache's tiles in q's (compute) dtype; its descales are applied outside the loop.
+        # An FP8 cache's tiles in q's (compute) dtype (V's words widen in `_fp8_word_halves`); its descales are
+        # applied outside the loop.
         k, k_t = k.to(q.dtype), k_t.to(q.dtype)
+        if V_WORDS == 0:
+            v = v.to(q.dtype)
         qk = tl.dot(q, tl.trans(k))
         if HAS_TAIL:
             qk = tl.dot(q_t, tl.trans(k_t), qk)
@@ -168,14 +171,15 @@ def _attn_run(acc, l_i, m_i, q, q_t, k_base, v_base, k_desc, v_desc, b, kv_head,
         if MASKED:
             ok = visible(q_pos, k_pos, diag, window_left, window_right, k_len, MASK_LEFT, MASK_RIGHT)
             s = tl.where(ok, s, float("-inf"))
+        p, alpha, l_i, m_i = softmax_update(l_i, m_i, s, MASKED)
         if V_WORDS > 0:
-            p, alpha, l_i, m_i = softmax_update(l_i, m_i, s, MASKED)
             v_even, v_odd = _fp8_word_halves(v, V_WORDS)
             p = p.to(tl.float16)
             acc_even = tl.dot(p, v_even, acc_even * alpha[:, None])
             acc_odd = tl.dot(p, v_odd, acc_odd * alpha[:, None])
         else:
-            acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, s, v.to(q.dtype), MASKED)
+            acc = acc * alpha[:, None]
+            acc = tl.dot(p.to(v.dtype), v, acc)
     if V_WORDS > 0:
         acc = tl.reshape(tl.join(acc_even, acc_odd), (acc.shape[0], BLOCK_DV))
     return acc, l_i, m_i
