@@ -53,7 +53,11 @@ names = list(inspect.signature(forward.attn_fwd_kernel.fn).parameters)
 consts = {n: v for n, v in consts.items() if n in names}      # an older tree without V_WORDS
 sig = {n: "constexpr" if n in consts else ptrs.get(n, "fp32" if n in ("qk_scale_log2", "softcap") else "i32")
        for n in names}
-attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if sig[n].startswith("*")}
+# What the JIT assumes of a real call (test_compile_sm90's decode script): pointers, strides and sizes multiples of 16.
+unaligned = {"heads_per_program_row", "group", "heads_eff", "window_left", "window_right", "stride_o_split",
+             "stride_l_split", "stride_lh", "stride_ls"}
+attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
+         if sig[n].startswith("*") or (sig[n] == "i32" and n not in unaligned)}
 src = ASTSource(forward.attn_fwd_kernel, sig, constexprs={(names.index(k),): v for k, v in consts.items()},
                 attrs=attrs)
 k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
