@@ -90,7 +90,7 @@ def _load_kv_tile(k_base, v_base, k_desc, v_desc, n, b, kv_head, offs_n, offs_d,
         v_rows = v_base + page * stride_vp + slot * stride_vs
         k_ptrs = k_rows[:, None] + offs_d[None, :]
         # Each form keeps the statement order it was measured in: ptxas schedules and allocates the same loop
-        # differently when V's addresses come before or after K's load (SASS diffed, NOTES sixty-fifth session).
+        # apart when V's addresses come before or after K's load (`benchmarks/sass_diff.py` compares the SASS).
         if V_WORDS > 0:
             k = _load_tile(k_ptrs, rows, offs_d, k_len, HEAD_DIM_QK, BLOCK_D, BOUNDS)
             offs_dw = tl.arange(0, BLOCK_DV // 2)
