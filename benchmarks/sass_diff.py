@@ -16,6 +16,8 @@ import subprocess
 import sys
 import tempfile
 
+from fmha.kernels.forward import DECODE_ODD_ARGS
+
 # (name, d, paged, BLOCK_M, BLOCK_N, warps, stages, FP8 cache, softcap and sinks)
 FORMS = {
     "bf16": [("decode16-paged", 128, 1, 16, 128, 4, 3, 0, 0), ("decode16-contig", 128, 0, 16, 128, 4, 3, 0, 0),
@@ -34,7 +36,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from fmha.kernels import forward
-d, paged, bm, bn, warps, stages, fp8, opts, cubin = json.loads(sys.argv[1])
+d, paged, bm, bn, warps, stages, fp8, opts, cubin, odd = json.loads(sys.argv[1])
 consts = dict(HEAD_DIM_QK=d, HEAD_DIM_V=d, BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=d, BLOCK_DT=16, BLOCK_DV=d,
               HAS_TAIL=False, IS_VARLEN=False, MASK_LEFT=False, MASK_RIGHT=not paged, HAS_SOFTCAP=bool(opts),
               HAS_ALIBI=False, HAS_SINKS=bool(opts), REVERSE_M=False, TMA=0, HAS_SEQLENS_K=bool(paged),
@@ -53,11 +55,8 @@ names = list(inspect.signature(forward.attn_fwd_kernel.fn).parameters)
 consts = {n: v for n, v in consts.items() if n in names}      # an older tree without V_WORDS
 sig = {n: "constexpr" if n in consts else ptrs.get(n, "fp32" if n in ("qk_scale_log2", "softcap") else "i32")
        for n in names}
-# What the JIT assumes of a real call (test_compile_sm90's decode script): pointers, strides and sizes multiples of 16.
-unaligned = {"heads_per_program_row", "group", "heads_eff", "window_left", "window_right", "stride_o_split",
-             "stride_l_split", "stride_lh", "stride_ls"}
-attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
-         if sig[n].startswith("*") or (sig[n] == "i32" and n not in unaligned)}
+attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)     # as a real decode call's
+         if sig[n].startswith("*") or (sig[n] == "i32" and n not in odd)}
 src = ASTSource(forward.attn_fwd_kernel, sig, constexprs={(names.index(k),): v for k, v in consts.items()},
                 attrs=attrs)
 k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
@@ -70,7 +69,8 @@ def sass(tree, form, workdir):
     """The form's SASS compiled from `tree`'s sources, less addresses and encodings."""
     cubin = os.path.join(workdir, "k.cubin")
     env = dict(os.environ, PYTHONPATH=os.path.join(tree, "src"), TRITON_INTERPRET="0")
-    proc = subprocess.run([sys.executable, "-c", COMPILE, json.dumps([*form[1:], cubin])], env=env, cwd=tree,
+    odd = sorted(DECODE_ODD_ARGS)     # this tree's list for both trees (an older one may not name it)
+    proc = subprocess.run([sys.executable, "-c", COMPILE, json.dumps([*form[1:], cubin, odd])], env=env, cwd=tree,
                           capture_output=True, text=True)
     if proc.returncode != 0:
         return "compile failed: " + proc.stderr[-300:]

@@ -70,7 +70,7 @@ DECODE_SCRIPT = textwrap.dedent('''
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    from fmha.kernels.forward import attn_fwd_kernel, _tile_config, _page_tile, FP8_V_WORDS
+    from fmha.kernels.forward import attn_fwd_kernel, _tile_config, _page_tile, DECODE_ODD_ARGS, FP8_V_WORDS
     d, page_size, rows, fp8 = json.loads(sys.argv[1])
     bm, bn, warps, stages = _tile_config(d, d, False, rows=rows, paged=True, kv_fp8=bool(fp8))
     consts = dict(HEAD_DIM_QK=d, HEAD_DIM_V=d, BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=d, BLOCK_DT=16, BLOCK_DV=d,
@@ -87,12 +87,8 @@ DECODE_SCRIPT = textwrap.dedent('''
     names = list(inspect.signature(attn_fwd_kernel.fn).parameters)
     sig = {n: "constexpr" if n in consts else ptrs.get(n, "fp32" if n in ("qk_scale_log2", "softcap") else "i32")
            for n in names}
-    # What the JIT assumes of a real decode call: pointers and the strides, sizes and page size are multiples
-    # of 16 (without that the loads look unaligned and are not pipelined at all).
-    unaligned = {"heads_per_program_row", "group", "heads_eff", "window_left", "window_right", "stride_o_split",
-                 "stride_l_split", "stride_lh", "stride_ls"}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
-             if sig[n].startswith("*") or (sig[n] == "i32" and n not in unaligned)}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)     # as a real decode call's
+             if sig[n].startswith("*") or (sig[n] == "i32" and n not in DECODE_ODD_ARGS)}
     src = ASTSource(attn_fwd_kernel, sig, constexprs={(names.index(k),): v for k, v in consts.items()}, attrs=attrs)
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
     ptx = k.asm["ptx"]

@@ -375,6 +375,13 @@ def attn_fwd_kernel(
 # ----------------------------------------------------------------------------------------------------------
 # Launch: tile table, grid, descriptors. Callers pass validated tensors; nothing here checks arguments.
 
+# The i32 arguments of `attn_fwd_kernel` that a decode call does not keep at multiples of 16 (head counts and
+# groups, window bounds, the split slabs' and the LSE's strides); its pointers and other i32s are. The sm_90 compile
+# checks (tests/test_compile_sm90.py, benchmarks/sass_diff.py) tell the JIT so, as a real call's arguments would:
+# without it the loads look unaligned and are not pipelined at all.
+DECODE_ODD_ARGS = frozenset({"heads_per_program_row", "group", "heads_eff", "window_left", "window_right",
+                             "stride_o_split", "stride_l_split", "stride_lh", "stride_ls"})
+
 def _split_head_dim(d):
     """head_dim → (BLOCK_D, BLOCK_DT): a power-of-two main part and a power-of-two tail (576 = 512 + 64)."""
     main = max(16, next_pow2(d))      # tl.dot needs K >= 16
