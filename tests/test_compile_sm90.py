@@ -70,14 +70,14 @@ DECODE_SCRIPT = textwrap.dedent('''
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    from fmha.kernels.forward import attn_fwd_kernel, _tile_config, _page_tile, DECODE_ODD_ARGS, FP8_V_WORDS
+    from fmha.kernels.forward import attn_fwd_kernel, _tile_config, _page_tile, DECODE_ODD_ARGS, v_words_mode
     d, page_size, rows, fp8 = json.loads(sys.argv[1])
     bm, bn, warps, stages = _tile_config(d, d, False, rows=rows, paged=True, kv_fp8=bool(fp8))
     consts = dict(HEAD_DIM_QK=d, HEAD_DIM_V=d, BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=d, BLOCK_DT=16, BLOCK_DV=d,
                   HAS_TAIL=False, IS_VARLEN=False, MASK_LEFT=False, MASK_RIGHT=False, HAS_SOFTCAP=False,
                   HAS_ALIBI=False, HAS_SINKS=False, REVERSE_M=False, TMA=0, HAS_SEQLENS_K=True, PAGED=True,
                   SPLIT=False, LEFT_PER_BATCH=False, PAGE_TILE=_page_tile(page_size, bn),
-                  V_WORDS=FP8_V_WORDS if fp8 and bm < 64 else 0,
+                  V_WORDS=v_words_mode(bool(fp8), bm),
                   CU_Q=None, CU_K=None, SLOPES=None, SINKS=None, K_DESC=None, V_DESC=None, WINDOW_LEFTS=None,
                   Q_DESCALE=None, K_DESCALE=None, V_DESCALE=None)
     ptrs = dict(Q="*bf16", K="*bf16", V="*bf16", O="*bf16", LSE="*fp32", SEQLENS_K="*i32", BLOCK_TABLE="*i32")

@@ -382,6 +382,7 @@ def attn_fwd_kernel(
 DECODE_ODD_ARGS = frozenset({"heads_per_program_row", "group", "heads_eff", "window_left", "window_right",
                              "stride_o_split", "stride_l_split", "stride_lh", "stride_ls"})
 
+
 def _split_head_dim(d):
     """head_dim → (BLOCK_D, BLOCK_DT): a power-of-two main part and a power-of-two tail (576 = 512 + 64)."""
     main = max(16, next_pow2(d))      # tl.dot needs K >= 16
@@ -509,6 +510,14 @@ def _tile_config(dqk, dv, interpret, rows=None, paged=False, kv_fp8=False):
                     and key in table):
                 return table[key]
     return _GPU_TILES[key]
+
+
+def v_words_mode(kv_fp8, block_m, interpret=False):
+    """`attn_fwd_kernel`'s V_WORDS for tiles of `block_m` rows (`_fp8_word_halves`): an FP8 V in the mma.sync
+    forms (fewer than 64 rows) as 16-bit words, the interpreter's form in any tile; else 0 (V as it is)."""
+    if not kv_fp8 or (block_m >= 64 and not interpret):
+        return 0
+    return 1 if interpret else FP8_V_WORDS
 
 
 def _tma_ok(t, d, block_d):
@@ -730,12 +739,11 @@ def _portable_plan(q4, k, v, o4, lse, lse_strides, *, varlen, batch, seqlen_q, s
                *_strides(q4, varlen), *_strides(k4, varlen), *_strides(v4, varlen), *_strides(o_dst, varlen),
                *(lse_dst.stride() if not varlen else lse_strides),
                gp, group, heads_eff, scale * 1.4426950408889634, float(softcap), left, right)
-    # An FP8 V in the mma.sync forms (fewer than 64 rows), loaded by pointers, at an even address and strides:
-    # read as 16-bit words (`_fp8_word_halves`).
+    # An FP8 V loaded by pointers at an even address and strides may be read as 16-bit words.
     v_words = 0
-    if (v.element_size() == 1 and not tma and (block_m < 64 or interpret) and block_dv >= 32
-            and v.data_ptr() % 2 == 0 and all(st % 2 == 0 for st in v.stride()[:-1])):
-        v_words = 1 if interpret else FP8_V_WORDS
+    if (not tma and block_dv >= 32 and v.data_ptr() % 2 == 0
+            and all(st % 2 == 0 for st in v.stride()[:-1])):
+        v_words = v_words_mode(v.element_size() == 1, block_m, interpret)
     meta = dict(
         HEAD_DIM_QK=dqk, HEAD_DIM_V=dv, BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_D=block_d, BLOCK_DT=max(block_dt, 16), BLOCK_DV=block_dv, HAS_TAIL=block_dt > 0,
