@@ -45,12 +45,12 @@ def _read_call(k_cache, v_cache, table, keys):
 
 def _with_tiles(fn, tiles=None):
     """fn run (and so captured, under graph timing) with `tiles` (BLOCK_M, BLOCK_N, num_warps, num_stages) in
-    every d=128 decode table, or, with tiles None, with the 16-row decode tiles (bf16 paged, FP8) and the FP8
+    every decode table at head dim D, or, with tiles None, with the 16-row decode tiles (bf16, FP8) and the FP8
     32-row ones switched off (the 64-row forms)."""
     def call():
         saved = [dict(t) for t in forward._GPU_DECODE_TABLES]
         if tiles is None:
-            for t in (forward._GPU_NARROW_DECODE_TILES, *forward._GPU_FP8_DECODE_TABLES.values()):
+            for t in (*forward._GPU_NARROW_DECODE_TABLES.values(), *forward._GPU_FP8_DECODE_TABLES.values()):
                 t.clear()
         else:
             for t in forward._GPU_DECODE_TABLES:

@@ -184,16 +184,18 @@ def test_kvcache_fp8(target, page_size, seqlen_q, num_splits):
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("page_size", [None, 64], ids=lambda p: f"page{p}" if p else "contiguous")
 @pytest.mark.parametrize("d", [64, 256])
-def test_kvcache_fp8_head_dims(target, page_size, d):
-    """An FP8 KV cache at head dims 64 and 256, decode (4 packed rows) and 4 causal queries (16 rows): on the GPU
-    the 16-row FP8 tables' entries for those head dims, split by the planner."""
+@pytest.mark.parametrize("fp8", [False, True], ids=["cache_dtype", "fp8"])
+def test_kvcache_head_dims(target, page_size, d, fp8):
+    """A KV cache (q's dtype or FP8) at head dims 64 and 256, decode (4 packed rows) and 4 causal queries (16 rows):
+    on the GPU the 16-row tables' entries for those head dims (bf16 at d = 64, FP8 at both; bf16 at d = 256 runs
+    the 64-row forms), split by the planner."""
     device, dtype = target
     c = _case(target)
-    k_cache, v_cache, table, k, v = _cache(c["seqlens"], c["capacity"], c["hk"], d, d, torch.float8_e4m3fn,
-                                           device, page_size, seed=d)
+    k_cache, v_cache, table, k, v = _cache(c["seqlens"], c["capacity"], c["hk"], d, d,
+                                           torch.float8_e4m3fn if fp8 else dtype, device, page_size, seed=d)
     b = len(c["seqlens"])
     seqlens = torch.tensor(c["seqlens"], dtype=torch.int32, device=device)
-    descales = _descales(b, c["hk"], device)
+    descales = _descales(b, c["hk"], device) if fp8 else {}
     for seqlen_q in (1, 4):
         q = torch.randn(b, seqlen_q, c["hq"], d, device=device, dtype=dtype)
         got, lse = fmha.attention_with_kvcache(q, k_cache, v_cache, seqlens, block_table=table, return_lse=True,
@@ -337,7 +339,8 @@ def test_page_tile():
 def _gpu_decode_tiles():
     """(tiles, FP8 cache) of the GPU decode tables it runs: bf16 16-row and paged 64-row, and every FP8 one."""
     from fmha.kernels import forward
-    tables = ((forward._GPU_NARROW_DECODE_TILES, False), (forward._GPU_PAGED_DECODE_TILES, False),
+    tables = (*((table, False) for table in forward._GPU_NARROW_DECODE_TABLES.values()),
+              (forward._GPU_PAGED_DECODE_TILES, False),
               *((table, True) for table in forward._GPU_FP8_DECODE_TABLES.values()))
     return sorted({(t, fp8) for table, fp8 in tables for t in table.values()})
 

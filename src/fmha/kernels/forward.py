@@ -426,8 +426,16 @@ _GPU_PAGED_DECODE_TILES = {16: (64, 64, 4, 5), 32: (64, 64, 4, 5), 64: (64, 64, 
 # 0.984 / 0.975), and were level or ahead on the long-context and MHA cases. Contiguous, on the H200
 # (`history/probe_decode_contig_h200_b24d05f.json`, 2 rounds, CUDA graphs): 0.978 / 1.001 / 0.950 / 1.007 of cuDNN
 # (b = 64 at 4k, b = 4 and 1 at 131k, MHA b = 32 at 8k) against the 64-row tiles' 0.943 / 0.943 / 0.936 / 0.957;
-# 16-row tiles of 64 keys and 4 stages 0.985 / 0.975 / 0.972 / 0.997. Only d = 128 was measured.
-_GPU_NARROW_DECODE_TILES = {128: (16, 128, 4, 3)}
+# 16-row tiles of 64 keys and 4 stages 0.985 / 0.975 / 0.972 / 0.997.
+# Head dim 64 (before, the 64-row forms: 0.65 / 0.79 of cuDNN contiguous / page 64), H200, one process, GB/s
+# (history/probe_bf16_d64_h200_2a22067.json; cuDNN on the contiguous cache 4435-4502): contiguous, b = 64 at 4k /
+# b = 4 at 131k keys, (16, 64, 4, 4) 4292 / 4493 (the 64-row form 2888 / 3048; (16, 128, 2, 4) 4185 / 4324,
+# (16, 64, 2, 6) 4133 / 4233, (16, 128, 4, 3) 3966 / 4447); paged, page 16 / page 64 / b = 4 at 131k page 64,
+# (16, 64, 2, 6) 4279 / 4330 / 4369 (the 64-row form 3523 / 3415 / 3901; (16, 128, 2, 4) 4262 / 4339 / 4409 at 255
+# registers, (16, 128, 4, 3) 4241 / 4298 / 3899, (16, 64, 4, 4) 3964 / 3911 / 2643).
+# By paged or not: {head dim: tiles}.
+_GPU_NARROW_DECODE_TABLES = {False: {64: (16, 64, 4, 4), 128: (16, 128, 4, 3)},
+                             True: {64: (16, 64, 2, 6), 128: (16, 128, 4, 3)}}
 NARROW_ROWS = 16
 # An FP8 (e4m3) KV cache, at most NARROW_ROWS packed rows, contiguous / paged: its tiles are half the bytes, and
 # widening them costs instructions, so the tables above, tuned for bf16, do not carry over. Re-swept on the fp16
@@ -487,10 +495,10 @@ FP8_V_WORDS = 2
 # Calls of at most this many packed rows take the decode tables (prefill's `_GPU_TILES` past it).
 DECODE_ROWS = 64
 # The decode tables in the order `_tile_config` tries them, the first holding the head dim wins: (FP8 caches only,
-# paged (None: either), at most this many packed rows, table). An FP8 call with no FP8 entry takes the bf16 ones.
+# paged or not, at most this many packed rows, table). An FP8 call with no FP8 entry takes the bf16 ones.
 _DECODE_LOOKUP = (
     *((True, paged, bound, table) for (paged, bound), table in _GPU_FP8_DECODE_TABLES.items()),
-    (False, None, NARROW_ROWS, _GPU_NARROW_DECODE_TILES),
+    *((False, paged, NARROW_ROWS, table) for paged, table in _GPU_NARROW_DECODE_TABLES.items()),
     (False, False, DECODE_ROWS, _GPU_DECODE_TILES),
     (False, True, DECODE_ROWS, _GPU_PAGED_DECODE_TILES),
 )
@@ -506,7 +514,7 @@ def _tile_config(dqk, dv, interpret, rows=None, paged=False, kv_fp8=False):
     key = max(16, next_pow2(dqk), next_pow2(dv))
     if rows is not None:
         for fp8_only, table_paged, bound, table in _DECODE_LOOKUP:
-            if ((kv_fp8 or not fp8_only) and table_paged in (None, paged) and rows <= bound
+            if ((kv_fp8 or not fp8_only) and table_paged == bool(paged) and rows <= bound
                     and key in table):
                 return table[key]
     return _GPU_TILES[key]
