@@ -359,7 +359,7 @@ def _print_row(row, names):
 
 # ----------------------------------------------------------------------------------------------- decode
 
-# (batch, heads_q, heads_k, seqlen_k, page_size or None for a contiguous cache), d = 128
+# (batch, heads_q, heads_k, seqlen_k, page_size or None for a contiguous cache), d = 128 unless --head-dim says
 DECODE_CASES = [(64, 32, 8, 4096, None), (64, 32, 8, 4096, 16), (64, 32, 8, 4096, 64),
                 (1, 32, 8, 131072, 64), (4, 32, 8, 131072, 64), (32, 32, 32, 8192, 64)]
 
@@ -407,8 +407,8 @@ def bench_decode(args, record):
 
     import fmha
 
-    d, dtype = 128, torch.bfloat16
-    for b, hq, hk, sk, page in DECODE_CASES:
+    dtype = torch.bfloat16
+    for d, (b, hq, hk, sk, page) in ((d, case) for d in args.head_dim or (128,) for case in DECODE_CASES):
         torch.manual_seed(0)
         q = torch.randn(b, 1, hq, d, device="cuda", dtype=dtype)
         k = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype)
@@ -437,7 +437,7 @@ def bench_decode(args, record):
         _fp8_cache_row(row, q, k, v, seqlens, table, page, nbytes)
         record(row)
         cells = "  ".join(f"{n} {row[f'{n}_gbps']:7.1f}" for n in (*impls, "read", "ours-fp8") if f"{n}_gbps" in row)
-        print(f"b={b:<3} hq={hq:<2} hk={hk:<2} sk={sk:<6} page={page or '-':<3} | GB/s {cells} | "
+        print(f"d={d:<3} b={b:<3} hq={hq:<2} hk={hk:<2} sk={sk:<6} page={page or '-':<3} | GB/s {cells} | "
               f"ours/read {row.get('ours_vs_read', float('nan')):.3f} | "
               f"copy-bw frac {row.get('ours_frac_copy_bw', float('nan')):.2f} | "
               f"fp8 cache: x{row.get('ours-fp8_vs_ours', float('nan')):.2f} ours' tokens/s, "
@@ -834,7 +834,8 @@ def main(argv):
     p.add_argument("--out", default=None, help="JSON path (a .csv and .png are written beside it)")
     p.add_argument("--commit", default=None, help="commit to record (default: git rev-parse HEAD)")
     p.add_argument("--head-dim", type=int, nargs="*", default=None,
-                   help="prefill: only these head dims (192: DeepSeek's 192 / 128, not run by default)")
+                   help="prefill: only these head dims (192: DeepSeek's 192 / 128, not run by default); "
+                        "decode: these head dims in place of 128")
     p.add_argument("--dtype", choices=("bf16", "fp8"), default="bf16",
                    help="prefill: fp8 times ours on e4m3 inputs against the bf16 peers on the same values")
     args = p.parse_args(argv)
