@@ -50,8 +50,9 @@ def _with_tiles(fn, tiles=None):
     def call():
         saved = [dict(t) for t in forward._GPU_DECODE_TABLES]
         if tiles is None:
-            for t in (*forward._GPU_NARROW_DECODE_TABLES.values(), *forward._GPU_FP8_DECODE_TABLES.values()):
-                t.clear()
+            for *_, bound, t in forward._DECODE_LOOKUP:
+                if bound < forward.DECODE_ROWS:
+                    t.clear()
         else:
             for t in forward._GPU_DECODE_TABLES:
                 t[D] = tiles

@@ -337,12 +337,10 @@ def test_page_tile():
 
 
 def _gpu_decode_tiles():
-    """(tiles, FP8 cache) of the GPU decode tables it runs: bf16 16-row and paged 64-row, and every FP8 one."""
+    """(tiles, FP8 cache) of every GPU decode table (`forward._DECODE_LOOKUP`; an FP8-only table's on an FP8
+    cache)."""
     from fmha.kernels import forward
-    tables = (*((table, False) for table in forward._GPU_NARROW_DECODE_TABLES.values()),
-              (forward._GPU_PAGED_DECODE_TILES, False),
-              *((table, True) for table in forward._GPU_FP8_DECODE_TABLES.values()))
-    return sorted({(t, fp8) for table, fp8 in tables for t in table.values()})
+    return sorted({(t, fp8_only) for fp8_only, _, _, table in forward._DECODE_LOOKUP for t in table.values()})
 
 
 @pytest.mark.cpu

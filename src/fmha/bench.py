@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import json
 import os
 import statistics
@@ -408,7 +409,7 @@ def bench_decode(args, record):
     import fmha
 
     dtype = torch.bfloat16
-    for d, (b, hq, hk, sk, page) in ((d, case) for d in args.head_dim or (128,) for case in DECODE_CASES):
+    for d, (b, hq, hk, sk, page) in itertools.product(args.head_dim or (128,), DECODE_CASES):
         torch.manual_seed(0)
         q = torch.randn(b, 1, hq, d, device="cuda", dtype=dtype)
         k = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype)
