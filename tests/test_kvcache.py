@@ -187,8 +187,7 @@ def test_kvcache_fp8(target, page_size, seqlen_q, num_splits):
 @pytest.mark.parametrize("fp8", [False, True], ids=["cache_dtype", "fp8"])
 def test_kvcache_head_dims(target, page_size, d, fp8):
     """A KV cache (q's dtype or FP8) at head dims 64 and 256, decode (4 packed rows) and 4 causal queries (16 rows):
-    on the GPU the 16-row tables' entries for those head dims (bf16 at d = 64, FP8 at both; bf16 at d = 256 runs
-    the 64-row forms), split by the planner."""
+    on the GPU the 16-row tables' entries for those head dims, split by the planner."""
     device, dtype = target
     c = _case(target)
     k_cache, v_cache, table, k, v = _cache(c["seqlens"], c["capacity"], c["hk"], d, d,

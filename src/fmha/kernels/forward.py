@@ -434,8 +434,14 @@ _GPU_PAGED_DECODE_TILES = {16: (64, 64, 4, 5), 32: (64, 64, 4, 5), 64: (64, 64, 
 # (16, 64, 2, 6) 4279 / 4330 / 4369 (the 64-row form 3523 / 3415 / 3901; (16, 128, 2, 4) 4262 / 4339 / 4409 at 255
 # registers, (16, 128, 4, 3) 4241 / 4298 / 3899, (16, 64, 4, 4) 3964 / 3911 / 2643).
 # By paged or not: {head dim: tiles}.
-_GPU_NARROW_DECODE_TABLES = {False: {64: (16, 64, 4, 4), 128: (16, 128, 4, 3)},
-                             True: {64: (16, 64, 2, 6), 128: (16, 128, 4, 3)}}
+# Head dim 256 (before, the 64-row forms: 0.77 / 0.70 of the cache's read contiguous / page 64), H200, one process,
+# GB/s (history/probe_bf16_d256_h200_986a797.json; the cache's read 4485-4615, cuDNN on the contiguous cache
+# 3403-3464): contiguous, b = 64 at 4k / b = 4 at 131k keys, (16, 32, 4, 4) 4523 / 4519 (the 64-row form 3855 /
+# 3463; (16, 64, 4, 4) 4428 / 4549 at 255 registers, (16, 64, 4, 2) 3941 / 4599, (16, 32, 4, 6) 4301 / 4275);
+# paged, page 16 / page 64 / b = 4 at 131k page 64, (16, 64, 4, 4) 4535 / 4535 / 4565 (the 64-row form 2551 / 3245
+# / 3199; (16, 64, 4, 2) 4528 / 4520 / 4564, (16, 32, 4, 6) 4504 / 3529 / 4515, (16, 32, 4, 4) 4150 / 3489 / 4155).
+_GPU_NARROW_DECODE_TABLES = {False: {64: (16, 64, 4, 4), 128: (16, 128, 4, 3), 256: (16, 32, 4, 4)},
+                             True: {64: (16, 64, 2, 6), 128: (16, 128, 4, 3), 256: (16, 64, 4, 4)}}
 NARROW_ROWS = 16
 # An FP8 (e4m3) KV cache, at most NARROW_ROWS packed rows, contiguous / paged: its tiles are half the bytes, and
 # widening them costs instructions, so the tables above, tuned for bf16, do not carry over. Re-swept on the fp16
