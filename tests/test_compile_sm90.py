@@ -66,7 +66,7 @@ def test_compiles_for_sm90(case):
 
 
 DECODE_SCRIPT = textwrap.dedent('''
-    import inspect, json, sys
+    import inspect, json, os, re, subprocess, sys, tempfile
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -92,8 +92,15 @@ DECODE_SCRIPT = textwrap.dedent('''
     src = ASTSource(attn_fwd_kernel, sig, constexprs={(names.index(k),): v for k, v in consts.items()}, attrs=attrs)
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
     ptx = k.asm["ptx"]
+    # Registers a thread, from the cubin (Triton's bundled cuobjdump).
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(k.asm["cubin"])
+        f.flush()
+        tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+        usage = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
     print(json.dumps(dict(shared=k.metadata.shared, stages=stages, cp_async=ptx.count("cp.async.cg"),
-                          v_trans="ldmatrix.sync.aligned.m8n8.x4.trans" in ptx, prmt=ptx.count("prmt.b32"))))
+                          v_trans="ldmatrix.sync.aligned.m8n8.x4.trans" in ptx, prmt=ptx.count("prmt.b32"),
+                          warps=warps, regs=int(re.search(r"REG:([0-9]+)", usage).group(1)))))
 ''')
 
 
@@ -107,14 +114,14 @@ DECODE_SCRIPT = textwrap.dedent('''
 def test_paged_decode_tiles_fit_per_sm(case):
     """The paged decode tiles (64 rows and 5 stages at d <= 128; 16 rows, 128 keys and 3 stages for at most 16
     packed rows at d = 128) exist for their pipelining, and are only worth it while two programs still fit on an
-    SM: check both, the K/V loads pipelined as cp.async and the shared memory within an H100 SM's 228 KB (less
-    1 KB the driver reserves per program) for that many programs, with a bf16 or an FP8 cache (its tiles widened
+    SM: check both, the K/V loads pipelined as cp.async, and the shared memory within an H100 SM's 228 KB (less
+    1 KB the driver reserves per program) and the registers within its 64K for that many programs, with a bf16 or an FP8 cache (its tiles widened
     after the load). (d=256 past 16 rows: one program per SM with its 2-stage 64-key tiles, 160 KB; not tuned; at
     most 16 rows, 64 keys and 4 stages, ~74 KB, two an SM. An FP8 cache
     with at most 16 rows: 2 warps, 64 keys and 6 stages, the FP8 tile sweep's pick, ~39 KB, and four programs an
     SM, as `plan_num_splits` counts 2-warp programs; with 17-32 rows the same in 32-row tiles, four an SM too;
     at d = 256, 2 warps, 64 keys and 3 stages, ~42 KB, four an SM. A bf16 cache at d = 64 with at most 16 rows:
-    2 warps, 64 keys and 6 stages, ~36 KB, four an SM.)"""
+    2 warps, 128 keys and 3 stages, ~39 KB, four an SM, as its 255 registers allow.)"""
     d, page_size, rows, programs, fp8 = case
     env = dict(os.environ, TRITON_INTERPRET="0")
     proc = subprocess.run([sys.executable, "-c", DECODE_SCRIPT, json.dumps([d, page_size, rows, fp8])], env=env,
@@ -123,6 +130,8 @@ def test_paged_decode_tiles_fit_per_sm(case):
     info = json.loads(proc.stdout.strip().splitlines()[-1])
     assert info["cp_async"] > 0, info
     assert programs * (info["shared"] + 1024) <= 233472, info
+    # and within an SM's 64K registers (allocated 8 a thread at a time, a warp's whole)
+    assert programs * info["warps"] * 32 * -(-info["regs"] // 8) * 8 <= 65536, info
     if fp8:     # V read as 16-bit words: transposed by ldmatrix, its bytes paired by permutes (`_fp8_word_halves`)
         assert info["v_trans"] and info["prmt"] > 0, info
 

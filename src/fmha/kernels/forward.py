@@ -440,8 +440,13 @@ _GPU_PAGED_DECODE_TILES = {16: (64, 64, 4, 5), 32: (64, 64, 4, 5), 64: (64, 64, 
 # 3463; (16, 64, 4, 4) 4428 / 4549 at 255 registers, (16, 64, 4, 2) 3941 / 4599, (16, 32, 4, 6) 4301 / 4275);
 # paged, page 16 / page 64 / b = 4 at 131k page 64, (16, 64, 4, 4) 4535 / 4535 / 4565 (the 64-row form 2551 / 3245
 # / 3199; (16, 64, 4, 2) 4528 / 4520 / 4564, (16, 32, 4, 6) 4504 / 3529 / 4515, (16, 32, 4, 4) 4150 / 3489 / 4155).
+# Head dim 64 paged, later: (16, 64, 2, 6) holds 168 registers, so six of its 2-warp programs share an SM when the
+# grid has them (1024 programs: 32 KV heads x b = 32, or b = 128 x 8), and there it read 3886-3961 GB/s against
+# cuDNN's 4420-4582; (16, 128, 2, 3), 255 registers (no spills, options on or off) and so four an SM, read 4206-4495
+# on those grids and level or ahead on b = 64 x 8 (4351 against 4332), H200, one process
+# (history/probe_bf16_d64_many_h200_aa075bf.json; the cases and the other tiles tried are in NOTES.md).
 _GPU_NARROW_DECODE_TABLES = {False: {64: (16, 64, 4, 4), 128: (16, 128, 4, 3), 256: (16, 32, 4, 4)},
-                             True: {64: (16, 64, 2, 6), 128: (16, 128, 4, 3), 256: (16, 64, 4, 4)}}
+                             True: {64: (16, 128, 2, 3), 128: (16, 128, 4, 3), 256: (16, 64, 4, 4)}}
 NARROW_ROWS = 16
 # An FP8 (e4m3) KV cache, at most NARROW_ROWS packed rows, contiguous / paged: its tiles are half the bytes, and
 # widening them costs instructions, so the tables above, tuned for bf16, do not carry over. Re-swept on the fp16
