@@ -68,7 +68,7 @@ def main():
         print(f"page={page or '-':<3} cudnn {row['cudnn_gbps']:7.1f} | "
               + " | ".join(f"{n} {row[n + '_gbps']:7.1f} ({row[n + '_vs_cudnn']:.3f})" for n in calls if n != "cudnn"),
               flush=True)
-        del q, k, v, kc, vc, calls
+        del k, v, calls
         torch.cuda.empty_cache()
         if args.out:
             save_sweep(args.out, rows)
