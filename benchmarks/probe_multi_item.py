@@ -1,7 +1,8 @@
 """The multi-item decode experiment (`experiments/multi_item.py`) against the package and cuDNN, one process.
 
 b = 64, hq = 32, hk = 8, 4k keys, d = 128, bf16 (issue 3's bar rows), paged (page 16, 64; pages shuffled) or
-contiguous. Variants `ITEMS,BN,WARPS,STAGES`: the experiment's kernel with that many items a program. Each call is
+contiguous. Variants `ITEMS,BN,WARPS,STAGES[,h]`: the experiment's kernel with that many items a program (`h`: one
+item, q loaded once before the loop). Each call is
 checked against cuDNN first; GB/s count K and V once plus Q and O; ratios are to cuDNN on the contiguous cache.
 
     PYTHONPATH=src python3 benchmarks/probe_multi_item.py [--pages 64 16 0] [--variants 1,128,4,3 2,128,4,3 ..]
@@ -48,9 +49,11 @@ def main():
 
         calls = {"cudnn": cudnn, "package": lambda: fmha.attention_with_kvcache(q, kc, vc, lens, block_table=table)}
         for spec in args.variants:
-            items, bn, warps, stages = (int(x) for x in spec.split(","))
+            fields = spec.split(",")
+            items, bn, warps, stages = (int(x) for x in fields[:4])
             calls["mi" + spec.replace(",", "_")] = multi_item.launch(q, kc, vc, sk, table, items=items, BN=bn,
-                                                                     num_warps=warps, num_stages=stages)
+                                                                     num_warps=warps, num_stages=stages,
+                                                                     q_hoisted=fields[4:] == ["h"])
         ref = cudnn().transpose(1, 2).float()
         for name, call in calls.items():
             err = (call().float().reshape(ref.shape) - ref).abs().max().item()

@@ -17,11 +17,15 @@ import triton.language as tl
 def multi_item_decode(Q, K, V, O, BT, stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs,
                       stride_vh, stride_ob, stride_oh, stride_bt, page_size, heads_k, n_tiles, qk_scale_log2,
                       G: tl.constexpr, M: tl.constexpr, BN: tl.constexpr, D: tl.constexpr, ITEMS: tl.constexpr,
-                      PAGED: tl.constexpr, PAGE_TILE: tl.constexpr):
+                      PAGED: tl.constexpr, PAGE_TILE: tl.constexpr, Q_HOISTED: tl.constexpr = False):
     pid = tl.program_id(0)
     rows = tl.arange(0, M)
     offs_d = tl.arange(0, D)
     offs_n = tl.arange(0, BN)
+    if Q_HOISTED:
+        # one item a program: q loaded once, held in registers (as the package's kernel holds it)
+        q_h = tl.load(Q + (pid // heads_k) * stride_qb + ((pid % heads_k) * G + rows)[:, None] * stride_qh
+                      + offs_d[None, :], mask=(rows < G)[:, None], other=0.0)
     acc = tl.zeros((M, D), tl.float32)
     m_i = tl.full((M,), float("-inf"), tl.float32)
     l_i = tl.zeros((M,), tl.float32)
@@ -31,8 +35,11 @@ def multi_item_decode(Q, K, V, O, BT, stride_qb, stride_qh, stride_kp, stride_ks
         item = pid * ITEMS + it
         b = item // heads_k
         h = item - b * heads_k
-        q = tl.load(Q + b * stride_qb + (h * G + rows)[:, None] * stride_qh + offs_d[None, :],
-                    mask=(rows < G)[:, None], other=0.0)
+        if Q_HOISTED:
+            q = q_h
+        else:
+            q = tl.load(Q + b * stride_qb + (h * G + rows)[:, None] * stride_qh + offs_d[None, :],
+                        mask=(rows < G)[:, None], other=0.0)
         pos = j * BN + offs_n
         if PAGED:
             bt_row = BT + b.to(tl.int64) * stride_bt
@@ -67,12 +74,13 @@ def multi_item_decode(Q, K, V, O, BT, stride_qb, stride_qh, stride_kp, stride_ks
             l_i = tl.zeros((M,), tl.float32)
 
 
-def launch(q, k_cache, v_cache, seqlen, block_table=None, items=2, BN=128, M=16, num_warps=4, num_stages=3):
+def launch(q, k_cache, v_cache, seqlen, block_table=None, items=2, BN=128, M=16, num_warps=4, num_stages=3,
+           q_hoisted=False):
     """q (b, 1, hq, d); caches as `attention_with_kvcache`'s, every sequence `seqlen` keys (a multiple of BN);
-    b x heads_k a multiple of `items`."""
+    b x heads_k a multiple of `items`. `q_hoisted` (one item a program only): q loaded once before the loop."""
     b, _, hq, d = q.shape
     hk = k_cache.shape[2]
-    assert seqlen % BN == 0 and (b * hk) % items == 0
+    assert seqlen % BN == 0 and (b * hk) % items == 0 and not (q_hoisted and items > 1)
     out = q.new_empty(q.shape)
     paged = block_table is not None
     page_size = k_cache.shape[1] if paged else 1 << 30
@@ -84,7 +92,7 @@ def launch(q, k_cache, v_cache, seqlen, block_table=None, items=2, BN=128, M=16,
             q, k_cache, v_cache, out, bt, q.stride(0), q.stride(2), k_cache.stride(0), k_cache.stride(1),
             k_cache.stride(2), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(2),
             bt.stride(0) if paged else 0, page_size, hk, seqlen // BN, d ** -0.5 * 1.4426950408889634, G=hq // hk,
-            M=M, BN=BN, D=d, ITEMS=items, PAGED=paged, PAGE_TILE=page_tile, num_warps=num_warps,
-            num_stages=num_stages)
+            M=M, BN=BN, D=d, ITEMS=items, PAGED=paged, PAGE_TILE=page_tile, Q_HOISTED=q_hoisted,
+            num_warps=num_warps, num_stages=num_stages)
         return out
     return call
