@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import fmha
-from fmha.bench import bench_gpu_graph, kv_read_call, load_module_copy, paged_copy, quantize_fp8, save_sweep
+from fmha.bench import interleaved_times, kv_read_call, load_module_copy, paged_copy, quantize_fp8, save_sweep
 from fmha.kernels import forward
 from fmha.reference import attention_ref
 
@@ -175,10 +175,7 @@ def main():
             assert (got.float() - (ref8 if "fp8" in name else ref)).abs().max().item() < 3e-2, name
         qo = 2 * q.numel() * q.element_size()            # Q read and O written, bf16
         nbytes = {"bf16": 2 * k.numel() * 2 + qo, "fp8": 2 * k.numel() + qo}
-        times = {name: [] for name in calls}
-        for _ in range(args.rounds):
-            for name, call in calls.items():
-                times[name].append(bench_gpu_graph(call))
+        times = interleaved_times(calls, args.rounds)
         row = dict(b=b, hq=hq, hk=hk, sk=sk, page=page or 0)
         for name, ts in times.items():
             t = statistics.median(ts)

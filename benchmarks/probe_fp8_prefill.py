@@ -16,7 +16,7 @@ import statistics
 import torch
 
 import fmha
-from fmha.bench import attention_flops, bench_gpu, save_sweep
+from fmha.bench import attention_flops, bench_gpu, interleaved_times, save_sweep
 from fmha.kernels import forward_sm90
 
 
@@ -65,10 +65,7 @@ def main():
                         row[f"{name}_err"] = err
                         if err > 0.05 + 2.0 ** -3 * v.abs().max().item():
                             raise SystemExit(f"{name} d={d} s={s} causal={causal}: max abs err {err}")
-                times = {name: [] for name in impls}
-                for _ in range(args.rounds):
-                    for name, fn in impls.items():
-                        times[name].append(bench_gpu(fn))
+                times = interleaved_times(impls, args.rounds, bench_gpu)
                 flops = attention_flops(b, s, s, h, d, d, causal=causal)
                 for name, ts in times.items():
                     t = statistics.median(ts)

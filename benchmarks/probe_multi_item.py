@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import fmha
-from fmha.bench import bench_gpu_graph, paged_copy, save_sweep
+from fmha.bench import interleaved_times, paged_copy, save_sweep
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "experiments"))
 import multi_item  # noqa: E402
@@ -59,10 +59,7 @@ def main():
             err = (call().float().reshape(ref.shape) - ref).abs().max().item()
             assert err < 2e-2, (name, err)
         nbytes = 2 * k.numel() * 2 + 2 * q.numel() * 2
-        times = {name: [] for name in calls}
-        for _ in range(args.rounds):
-            for name, call in calls.items():
-                times[name].append(bench_gpu_graph(call))
+        times = interleaved_times(calls, args.rounds)
         row = dict(b=b, hq=hq, hk=hk, sk=sk, d=d, page=page)
         for name, ts in times.items():
             row[f"{name}_gbps"] = nbytes / statistics.median(ts) / 1e9

@@ -16,7 +16,7 @@ import contextlib
 import torch
 
 import fmha.mla as ours_mla
-from fmha.bench import SPARSE_DECODE_CASES, _heat, bench_gpu_graph, load_module_copy, save_sweep, sparse_decode_inputs
+from fmha.bench import SPARSE_DECODE_CASES, _heat, interleaved_times, load_module_copy, save_sweep, sparse_decode_inputs
 from fmha.kernels import sparse_decode_sm90
 
 
@@ -84,10 +84,7 @@ def main():
         calls = {k: _variant(fn, kernel) for k, kernel in kernels.items()}
         flops = 2 * b * sq * hq * (topk + extra_topk) * (d + 512)
         _heat(list(calls.values()))
-        times = {k: [] for k in calls}
-        for _ in range(args.rounds):
-            for k, call in calls.items():
-                times[k].append(bench_gpu_graph(call))
+        times = interleaved_times(calls, args.rounds)
         row = dict(case=name, b=b, hq=hq, sq=sq, topk=topk, extra_topk=extra_topk)
         for k, ts in times.items():
             row[f"{k}_tflops"] = flops / sorted(ts)[len(ts) // 2] / 1e12

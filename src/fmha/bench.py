@@ -65,6 +65,16 @@ def bench_gpu_graph(fn, rep_ms=200):
         return triton.testing.do_bench_cudagraph(fn, rep=rep_ms, return_mode="median") / 1e3
 
 
+def interleaved_times(calls, rounds, timer=bench_gpu_graph):
+    """{name: [seconds, one a round]} for a dict of callables, each round timing every call in turn, so that a
+    drift of the GPU's clocks over the run falls on all of them alike (the probes take the median)."""
+    times = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, call in calls.items():
+            times[name].append(timer(call))
+    return times
+
+
 def visible_pairs(sq, sk, window, causal):
     """Number of (query, key) pairs the mask lets through, per (batch, head)."""
     left, right = window
