@@ -4,9 +4,11 @@ b = 64, hq = 32, hk = 8, 4k keys, d = 128, bf16 (issue 3's bar rows), paged (pag
 contiguous. Variants `ITEMS,BN,WARPS,STAGES[,h]`: the experiment's kernel with that many items a program (`h`: one
 item, q loaded once before the loop). Each call is
 checked against cuDNN first; GB/s count K and V once plus Q and O; ratios are to cuDNN on the contiguous cache.
+`--versions` also times the package with copies of `kernels/forward.py` (e.g. one with `experiments/q_in_loop.patch`
+applied: the package's contiguous 16-row form reading q from shared memory each key tile, as this experiment does).
 
     PYTHONPATH=src python3 benchmarks/probe_multi_item.py [--pages 64 16 0] [--variants 1,128,4,3 2,128,4,3 ..]
-        [--rounds 2] [--out probe.json]
+        [--versions forward_q.py ..] [--rounds 2] [--out probe.json]
 """
 import argparse
 import os
@@ -18,7 +20,8 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import fmha
-from fmha.bench import interleaved_times, paged_copy, save_sweep
+from fmha.bench import interleaved_times, load_module_copy, paged_copy, save_sweep
+from probe_fp8_decode import _with_forward
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "experiments"))
 import multi_item  # noqa: E402
@@ -29,10 +32,12 @@ def main():
     p.add_argument("--pages", type=int, nargs="*", default=[64, 16])
     p.add_argument("--variants", nargs="*", default=["1,128,4,3", "2,128,4,3", "1,64,4,5", "2,64,4,5"])
     p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--versions", nargs="*", default=[], metavar="FORWARD.py")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--out", default=None)
     args = p.parse_args()
     b, hq, hk, sk, d = args.batch, 32, 8, 4096, 128
+    versions = {os.path.splitext(os.path.basename(path))[0]: load_module_copy(path) for path in args.versions}
     rows = []
     for page in args.pages:
         torch.manual_seed(0)
@@ -48,6 +53,8 @@ def main():
                 return F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)
 
         calls = {"cudnn": cudnn, "package": lambda: fmha.attention_with_kvcache(q, kc, vc, lens, block_table=table)}
+        for vname, module in versions.items():
+            calls[f"package@{vname}"] = _with_forward(calls["package"], module)
         for spec in args.variants:
             fields = spec.split(",")
             items, bn, warps, stages = (int(x) for x in fields[:4])
