@@ -12,7 +12,7 @@ oracle on the same FP8 values.
 
     PYTHONPATH=src python3 benchmarks/probe_fp8_decode.py [--rounds 2] [--out probe.json] [--fp8-tiles 64,128,4,3 ..]
         [--versions base.py ..] [--cases 3 4] [--bf16-tiles 32,64,4,5 ..] [--head-dim 64] [--v-words 0 1]
-        [--splits 32 64 ..]
+        [--splits 32 64 ..] [--pairs]
 """
 import argparse
 import importlib
@@ -72,6 +72,21 @@ def _with_tiles(fn, tiles=None):
     return call
 
 
+def _with_pairs(fn):
+    """fn run with `forward.HEAD_PAIRS` on (adjacent KV heads as one head of twice the width), on launch plans of
+    its own."""
+    plans = forward.Plans()
+
+    def call():
+        saved = forward.HEAD_PAIRS, forward._PLANS
+        forward.HEAD_PAIRS, forward._PLANS = True, plans
+        try:
+            return fn()
+        finally:
+            forward.HEAD_PAIRS, forward._PLANS = saved
+    return call
+
+
 def _with_v_words(fn, mode):
     """fn run with `forward.FP8_V_WORDS` = mode (how the mma.sync forms read an FP8 V), on launch plans of its own
     (a plan holds the mode it was made with)."""
@@ -117,6 +132,8 @@ def main():
                         "triton.language, 2 by byte permutes)")
     p.add_argument("--versions", nargs="*", default=[], metavar="FORWARD.py",
                    help="also time the FP8 cache with these copies of kernels/forward.py (an A/B in one process)")
+    p.add_argument("--pairs", action="store_true",
+                   help="also time the bf16 cache with forward.HEAD_PAIRS on (two KV heads a program)")
     p.add_argument("--splits", type=int, nargs="*", default=[], metavar="N",
                    help="also time the bf16 cache with num_splits=N forced (the tables' tiles)")
     p.add_argument("--cases", type=int, nargs="*", default=None, metavar="I",
@@ -159,6 +176,8 @@ def main():
             for spec in specs:
                 calls[f"ours_{cache}_t{spec.replace(',', '_')}"] = _with_tiles(
                     calls[f"ours_{cache}"], tuple(int(x) for x in spec.split(",")))
+        if args.pairs:
+            calls["ours_bf16_pairs"] = _with_pairs(calls["ours_bf16"])
         for n in args.splits:
             calls[f"ours_bf16_s{n}"] = (lambda n=n: fmha.attention_with_kvcache(q, kc, vc, lens, block_table=table,
                                                                               num_splits=n))
@@ -197,7 +216,8 @@ def main():
               + (f" | 64-row tiles: bf16 {row['ours_bf16_wide_gbps']:7.1f} fp8 {row['ours_fp8_wide_gbps']:7.1f}"
                  if page else "")
               + "".join(f" | {n[5:]} {row[n + '_gbps']:7.1f}" for n in calls
-                        if n.startswith(("ours_fp8_t", "ours_fp8@", "ours_bf16_t", "ours_bf16_s", "ours_fp8_vw"))),
+                        if n.startswith(("ours_fp8_t", "ours_fp8@", "ours_bf16_t", "ours_bf16_s", "ours_bf16_p",
+                                         "ours_fp8_vw"))),
               flush=True)
         del q, k, v, k8, v8, kc, vc, kc8, vc8, calls
         torch.cuda.empty_cache()

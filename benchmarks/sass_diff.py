@@ -53,8 +53,11 @@ if not paged:
     consts.update(BLOCK_TABLE=None, SEQLENS_K=None)
 if not fp8:
     consts.update(K_DESCALE=None, V_DESCALE=None)
-names = list(inspect.signature(forward.attn_fwd_kernel.fn).parameters)
+params = inspect.signature(forward.attn_fwd_kernel.fn).parameters
+names = list(params)
 consts = {n: v for n, v in consts.items() if n in names}      # an older tree without V_WORDS
+# constexprs left at their defaults (PAIR): constants, as a real launch's, not runtime arguments
+consts.update({n: p.default for n, p in params.items() if n not in consts and p.default is not p.empty})
 sig = {n: "constexpr" if n in consts else ptrs.get(n, "fp32" if n in ("qk_scale_log2", "softcap") else "i32")
        for n in names}
 attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)     # as a real decode call's

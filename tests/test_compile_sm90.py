@@ -31,8 +31,11 @@ SCRIPT = textwrap.dedent('''
     ptrs = dict(Q="*fp8e4nv" if fp8 == "qkv" else "*bf16", K=kv_t, V=kv_t, O="*bf16", LSE="*fp32", CU_Q="*i32",
                 CU_K="*i32", SLOPES="*fp32", SINKS="*fp32", K_DESC="constexpr", V_DESC="constexpr", SEQLENS_K="*i32",
                 BLOCK_TABLE="*i32", WINDOW_LEFTS="*i32")
-    names = list(inspect.signature(attn_fwd_kernel.fn).parameters)
+    params = inspect.signature(attn_fwd_kernel.fn).parameters
+    names = list(params)
     consts.update(K_DESC=None, V_DESC=None)
+    # constexprs left at their defaults (PAIR): constants, as a real launch's, not runtime arguments
+    consts.update({n: p.default for n, p in params.items() if n not in consts and p.default is not p.empty})
     for name in ("Q_DESCALE", "K_DESCALE", "V_DESCALE"):
         if fp8 and (fp8 == "qkv" or name != "Q_DESCALE"):
             ptrs[name] = "*fp32"
@@ -84,7 +87,9 @@ DECODE_SCRIPT = textwrap.dedent('''
     if fp8:                       # an FP8 cache beside bf16 queries
         ptrs.update(K="*fp8e4nv", V="*fp8e4nv", K_DESCALE="*fp32", V_DESCALE="*fp32")
         del consts["K_DESCALE"], consts["V_DESCALE"]
-    names = list(inspect.signature(attn_fwd_kernel.fn).parameters)
+    params = inspect.signature(attn_fwd_kernel.fn).parameters
+    names = list(params)
+    consts.update({n: p.default for n, p in params.items() if n not in consts and p.default is not p.empty})
     sig = {n: "constexpr" if n in consts else ptrs.get(n, "fp32" if n in ("qk_scale_log2", "softcap") else "i32")
            for n in names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)     # as a real decode call's

@@ -203,6 +203,37 @@ def test_kvcache_head_dims(target, page_size, d, fp8):
 
 
 @pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("page_size", [None, 16, 64], ids=lambda p: f"page{p}" if p else "contiguous")
+@pytest.mark.parametrize("d", [64, 128])
+def test_kvcache_head_pairs(target, page_size, d, monkeypatch):
+    """`forward.HEAD_PAIRS` (an experiment, off by default): adjacent KV heads run as one head of twice the width,
+    q's rows zero outside their own head's half and only that half of the output stored. GQA and MHA, one and two
+    causal queries, split and not, with window, softcap, ALiBi and sinks: the oracle's answer, and the pairs
+    taken."""
+    from fmha.kernels import forward, launch
+    monkeypatch.setattr(forward, "HEAD_PAIRS", True)
+    monkeypatch.setattr(launch, "RECORD", [])
+    device, dtype = target
+    c = _case(target)
+    b = len(c["seqlens"])
+    seqlens = torch.tensor(c["seqlens"], dtype=torch.int32, device=device)
+    for hq, seqlen_q, num_splits, opts in ((c["hq"], 1, 0, False), (c["hk"], 2, 3, True), (c["hq"], 2, 1, True)):
+        k_cache, v_cache, table, k, v = _cache(c["seqlens"], c["capacity"], c["hk"], d, d, dtype, device, page_size,
+                                               seed=hq + seqlen_q)
+        q = torch.randn(b, seqlen_q, hq, d, device=device, dtype=dtype)
+        options = dict(causal=True)
+        if opts:
+            sinks = torch.randn(hq, device=device)
+            options.update(window=(40, 0), softcap=10.0, alibi_slopes=torch.rand(hq, device=device) * 0.1,
+                           sinks=sinks)
+        launch.RECORD.clear()
+        got, lse = fmha.attention_with_kvcache(q, k_cache, v_cache, seqlens, block_table=table,
+                                               num_splits=num_splits, return_lse=True, **options)
+        assert [meta.get("PAIR") for name, _, meta in launch.RECORD if name == "attn_fwd_kernel"] == [True]
+        assert_matches(got, lse, _oracle(q, k, v, c["seqlens"], **options), dtype)
+
+
+@pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("page_size", [None, 16], ids=lambda p: f"page{p}" if p else "contiguous")
 def test_kvcache_fp8_odd_v(target, page_size):
     """An FP8 V cache at an odd address with odd strides (a view one byte into rows of d + 1, the byte before each

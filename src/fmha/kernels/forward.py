@@ -204,7 +204,7 @@ def attn_fwd_kernel(
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_SINKS: tl.constexpr,
     REVERSE_M: tl.constexpr, TMA: tl.constexpr,
     HAS_SEQLENS_K: tl.constexpr, PAGED: tl.constexpr, SPLIT: tl.constexpr, LEFT_PER_BATCH: tl.constexpr,
-    PAGE_TILE: tl.constexpr, V_WORDS: tl.constexpr = 0,
+    PAGE_TILE: tl.constexpr, V_WORDS: tl.constexpr = 0, PAIR: tl.constexpr = False,
 ):
     pid_bh = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -250,7 +250,17 @@ def attn_fwd_kernel(
     FP8_KV: tl.constexpr = K.dtype.element_ty == tl.float8e4nv
     CDT: tl.constexpr = tl.float16 if FP8_KV or Q.dtype.element_ty == tl.float8e4nv else Q.dtype.element_ty
     RESCALE_Q: tl.constexpr = FP8_KV and Q.dtype.element_ty == tl.bfloat16
-    q = _load_tile(q_rows[:, None] + offs_d[None, :], q_pos, offs_d, q_len, HEAD_DIM_QK, BLOCK_D, True)
+    if PAIR:
+        # Two KV heads a program (`attention_forward`'s head pairs): K and V are rows of both heads' d values, q
+        # is d wide. A row of the first head of the pair holds [q, 0], of the second [0, q], so that q . k sees
+        # only its own head's half of each key, and the output's own half is stored below.
+        HALF_D: tl.constexpr = HEAD_DIM_QK // 2
+        half = (q_head * 2 // group) % 2
+        own = (offs_d // HALF_D)[None, :] == half[:, None]
+        q = tl.load(q_rows[:, None] + (offs_d[None, :] - half[:, None] * HALF_D), mask=row_ok[:, None] & own,
+                    other=0.0)
+    else:
+        q = _load_tile(q_rows[:, None] + offs_d[None, :], q_pos, offs_d, q_len, HEAD_DIM_QK, BLOCK_D, True)
     q_t = q
     if HAS_TAIL:
         offs_dt = BLOCK_D + tl.arange(0, BLOCK_DT)
@@ -366,8 +376,14 @@ def attn_fwd_kernel(
     lse = m_i * LN2 + tl.log(l_i)
 
     o_rows = O + b.to(tl.int64) * stride_ob + (q_start + q_pos).to(tl.int64) * stride_os + q_head * stride_oh
-    tl.store(o_rows[:, None] + offs_dv[None, :], out.to(O.dtype.element_ty),
-             mask=row_ok[:, None] & (offs_dv < HEAD_DIM_V)[None, :])
+    if PAIR:
+        HALF_DV: tl.constexpr = HEAD_DIM_V // 2
+        half = (q_head * 2 // group) % 2
+        tl.store(o_rows[:, None] + (offs_dv[None, :] - half[:, None] * HALF_DV), out.to(O.dtype.element_ty),
+                 mask=row_ok[:, None] & ((offs_dv // HALF_DV)[None, :] == half[:, None]))
+    else:
+        tl.store(o_rows[:, None] + offs_dv[None, :], out.to(O.dtype.element_ty),
+                 mask=row_ok[:, None] & (offs_dv < HEAD_DIM_V)[None, :])
     lse_ptrs = LSE + b.to(tl.int64) * stride_lb + q_head * stride_lh + (q_start + q_pos).to(tl.int64) * stride_ls
     tl.store(lse_ptrs, lse, mask=row_ok)
 
@@ -607,6 +623,26 @@ def _gluon_takes(cache_seqlens, num_splits, batch, heads_q, seqlen_q, device, pa
     return num_splits == 1 or items >= GLUON_CACHE_MIN_FILL * sms * cdiv(items, sms)
 
 
+# Experiment, off until measured (NOTES.md, sixty-eighth session): decode over a KV cache whose heads are pairs of
+# adjacent d = 64 / 128 heads run as one head of twice the width, two KV heads a program. The head dim 256 forms
+# read a paged cache's 512-byte head rows at 0.95-1.00 of the read where d = 128's 256-byte ones reach ~0.94-0.96,
+# and half as many programs walk the same keys (longer programs read closer to cuDNN: 0.993 against 0.980 at half
+# the programs, `history/probe_bf16_d128_programs_h200_aa075bf.json`). The cost: Q . K^T and P . V over both heads'
+# values, half of each discarded.
+HEAD_PAIRS = False
+
+
+def _pairs_heads(q, k, v, cache_seqlens, varlen, seqlen_q, group, descales):
+    """Whether a call runs its KV heads in pairs (`HEAD_PAIRS`): a 16-bit KV cache, d = 64 or 128, an even number
+    of KV heads stored side by side, and both heads' query rows within the 16-row decode tiles."""
+    d = q.shape[-1]
+    return (cache_seqlens is not None and not varlen and k.dtype == q.dtype and v.dtype == q.dtype
+            and q.element_size() == 2 and all(x is None for x in descales) and d in (64, 128)
+            and k.shape[-1] == d and v.shape[-1] == d and k.shape[-2] % 2 == 0
+            and 2 * group * seqlen_q <= NARROW_ROWS
+            and all(t.stride(-1) == 1 and t.stride(-2) == d for t in (k, v)))
+
+
 def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                       softmax_scale, window, softcap, alibi_slopes, sinks, window_lefts=None, descales=(None,) * 3,
                       cache_seqlens=None, block_table=None,
@@ -660,20 +696,28 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
                 cache=None if cache_seqlens is None else (cache_seqlens, block_table), alibi_slopes=alibi_slopes,
                 descales=descales):
             return
+    pair = (HEAD_PAIRS and pack_gqa is None and tiles is None
+            and _pairs_heads(q, k, v, cache_seqlens, varlen, seqlen_q, group, descales))
+    if pair:
+        # Two KV heads a program: K and V seen as heads_k / 2 heads of both heads' values (a view), q and out as
+        # they are (the kernel's PAIR), the group's rows of both heads packed in one tile.
+        k = k4 = k.view(*k.shape[:-2], heads_k // 2, 2 * dqk)
+        v = v4 = v.view(*v.shape[:-2], heads_k // 2, 2 * dv)
+        group, pack_gqa = 2 * group, True
     if pack_gqa is None:
         pack_gqa = _pack_gqa(group, seqlen_q, _tile_config(dqk, dv, interpret)[0])
     gp = group if pack_gqa else 1
-    tiles = tuple(tiles or _tile_config(dqk, dv, interpret, rows=seqlen_q * gp, paged=block_table is not None,
-                                        kv_fp8=k.element_size() == 1))
+    tiles = tuple(tiles or _tile_config(k.shape[-1], v.shape[-1], interpret, rows=seqlen_q * gp,
+                                        paged=block_table is not None, kv_fp8=k.element_size() == 1))
     key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), out.shape, out.stride(), lse.shape,
            lse.stride(), q.dtype, k.dtype, v.dtype, out.dtype, q.device, k.data_ptr() % 16, v.data_ptr() % 16,
            varlen and cu_seqlens_q.shape, max_seqlen_q, max_seqlen_k, scale, float(softcap), left, right,
            window_lefts is None, alibi_slopes is None, sinks is None, tuple(d is None for d in descales),
            cache_seqlens is None, block_table is None or (block_table.shape, block_table.stride()), num_splits,
-           gp, tiles, use_tma, interpret)
+           gp, tiles, use_tma, interpret, pair)
     plan = _PLANS.get(key)
     if plan is None:
-        plan = _portable_plan(q4, k, v, o4, lse, lse_strides, varlen=varlen, batch=batch, seqlen_q=seqlen_q,
+        plan = _portable_plan(q4, k, v, o4, lse, lse_strides, pair=pair, varlen=varlen, batch=batch, seqlen_q=seqlen_q,
                               seqlen_k=seqlen_k, max_seqlen_k=max_seqlen_k, gp=gp, tiles=tiles, use_tma=use_tma,
                               scale=scale, softcap=softcap, left=left, right=right, window_lefts=window_lefts,
                               alibi_slopes=alibi_slopes, sinks=sinks, cache_seqlens=cache_seqlens,
@@ -720,11 +764,12 @@ class _PortablePlan:
         self.fixed = fixed_classes(scalars, meta)
 
 
-def _portable_plan(q4, k, v, o4, lse, lse_strides, *, varlen, batch, seqlen_q, seqlen_k, max_seqlen_k, gp, tiles,
-                   use_tma, scale, softcap, left, right, window_lefts, alibi_slopes, sinks, cache_seqlens, block_table,
-                   num_splits, interpret):
-    """`_PortablePlan` of an `attention_forward` call that the portable kernel runs (q4 and o4 with a batch axis)."""
-    heads_q, dqk = q4.shape[-2], q4.shape[-1]
+def _portable_plan(q4, k, v, o4, lse, lse_strides, *, pair, varlen, batch, seqlen_q, seqlen_k, max_seqlen_k, gp,
+                   tiles, use_tma, scale, softcap, left, right, window_lefts, alibi_slopes, sinks, cache_seqlens,
+                   block_table, num_splits, interpret):
+    """`_PortablePlan` of an `attention_forward` call that the portable kernel runs (q4 and o4 with a batch axis;
+    with `pair`, k and v are the head-pair views)."""
+    heads_q, dqk = q4.shape[-2], k.shape[-1] if pair else q4.shape[-1]
     group = heads_q // k.shape[-2]
     dv = v.shape[-1]
     paged = block_table is not None
@@ -771,7 +816,7 @@ def _portable_plan(q4, k, v, o4, lse, lse_strides, *, varlen, batch, seqlen_q, s
         REVERSE_M=right >= 0, TMA=tma,
         HAS_SEQLENS_K=cache_seqlens is not None, PAGED=paged, SPLIT=num_splits > 1,
         LEFT_PER_BATCH=window_lefts is not None, PAGE_TILE=_page_tile(k.shape[1], block_n) if paged else 0,
-        V_WORDS=v_words, num_warps=num_warps, num_stages=num_stages,
+        V_WORDS=v_words, PAIR=pair, num_warps=num_warps, num_stages=num_stages,
     )
     grid = (batch * heads_eff, cdiv(seqlen_q * gp, block_m), num_splits)
     boxes = ([1, block_n, 1, block_d], [1, block_n, 1, block_dv])
