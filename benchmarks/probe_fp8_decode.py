@@ -72,33 +72,22 @@ def _with_tiles(fn, tiles=None):
     return call
 
 
-def _with_pairs(fn):
-    """fn run with `forward.HEAD_PAIRS` on (adjacent KV heads as one head of twice the width), on launch plans of
-    its own."""
+def _with_settings(fn, **values):
+    """fn run with these attributes of `forward` set (`HEAD_PAIRS=True`: adjacent KV heads as one head of twice the
+    width; `FP8_V_WORDS=mode`: how the mma.sync forms read an FP8 V), on launch plans of its own (a plan holds the
+    settings it was made with)."""
     plans = forward.Plans()
+    values = dict(values, _PLANS=plans)
 
     def call():
-        saved = forward.HEAD_PAIRS, forward._PLANS
-        forward.HEAD_PAIRS, forward._PLANS = True, plans
+        saved = {name: getattr(forward, name) for name in values}
+        for name, value in values.items():
+            setattr(forward, name, value)
         try:
             return fn()
         finally:
-            forward.HEAD_PAIRS, forward._PLANS = saved
-    return call
-
-
-def _with_v_words(fn, mode):
-    """fn run with `forward.FP8_V_WORDS` = mode (how the mma.sync forms read an FP8 V), on launch plans of its own
-    (a plan holds the mode it was made with)."""
-    plans = forward.Plans()
-
-    def call():
-        saved = forward.FP8_V_WORDS, forward._PLANS
-        forward.FP8_V_WORDS, forward._PLANS = mode, plans
-        try:
-            return fn()
-        finally:
-            forward.FP8_V_WORDS, forward._PLANS = saved
+            for name, value in saved.items():
+                setattr(forward, name, value)
     return call
 
 
@@ -177,12 +166,12 @@ def main():
                 calls[f"ours_{cache}_t{spec.replace(',', '_')}"] = _with_tiles(
                     calls[f"ours_{cache}"], tuple(int(x) for x in spec.split(",")))
         if args.pairs:
-            calls["ours_bf16_pairs"] = _with_pairs(calls["ours_bf16"])
+            calls["ours_bf16_pairs"] = _with_settings(calls["ours_bf16"], HEAD_PAIRS=True)
         for n in args.splits:
             calls[f"ours_bf16_s{n}"] = (lambda n=n: fmha.attention_with_kvcache(q, kc, vc, lens, block_table=table,
                                                                               num_splits=n))
         for mode in args.v_words:
-            calls[f"ours_fp8_vw{mode}"] = _with_v_words(calls["ours_fp8"], mode)
+            calls[f"ours_fp8_vw{mode}"] = _with_settings(calls["ours_fp8"], FP8_V_WORDS=mode)
         for vname, module in versions.items():
             calls[f"ours_fp8@{vname}"] = _with_forward(calls["ours_fp8"], module)
         ref = cudnn().transpose(1, 2).float()
