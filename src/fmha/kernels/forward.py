@@ -717,11 +717,12 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
            gp, tiles, use_tma, interpret, pair)
     plan = _PLANS.get(key)
     if plan is None:
-        plan = _portable_plan(q4, k, v, o4, lse, lse_strides, pair=pair, varlen=varlen, batch=batch, seqlen_q=seqlen_q,
-                              seqlen_k=seqlen_k, max_seqlen_k=max_seqlen_k, gp=gp, tiles=tiles, use_tma=use_tma,
-                              scale=scale, softcap=softcap, left=left, right=right, window_lefts=window_lefts,
-                              alibi_slopes=alibi_slopes, sinks=sinks, cache_seqlens=cache_seqlens,
-                              block_table=block_table, num_splits=num_splits, interpret=interpret)
+        plan = _portable_plan(q4, k, v, o4, lse, lse_strides, pair=pair, varlen=varlen, batch=batch,
+                              seqlen_q=seqlen_q, seqlen_k=seqlen_k, max_seqlen_k=max_seqlen_k, gp=gp, tiles=tiles,
+                              use_tma=use_tma, scale=scale, softcap=softcap, left=left, right=right,
+                              window_lefts=window_lefts, alibi_slopes=alibi_slopes, sinks=sinks,
+                              cache_seqlens=cache_seqlens, block_table=block_table, num_splits=num_splits,
+                              interpret=interpret)
         _PLANS.keep(key, plan)
     k_desc = v_desc = None
     if plan.tma == 1:
@@ -816,8 +817,10 @@ def _portable_plan(q4, k, v, o4, lse, lse_strides, *, pair, varlen, batch, seqle
         REVERSE_M=right >= 0, TMA=tma,
         HAS_SEQLENS_K=cache_seqlens is not None, PAGED=paged, SPLIT=num_splits > 1,
         LEFT_PER_BATCH=window_lefts is not None, PAGE_TILE=_page_tile(k.shape[1], block_n) if paged else 0,
-        V_WORDS=v_words, PAIR=pair, num_warps=num_warps, num_stages=num_stages,
+        V_WORDS=v_words, num_warps=num_warps, num_stages=num_stages,
     )
+    if pair:
+        meta["PAIR"] = True
     grid = (batch * heads_eff, cdiv(seqlen_q * gp, block_m), num_splits)
     boxes = ([1, block_n, 1, block_d], [1, block_n, 1, block_dv])
     return _PortablePlan(grid, meta, scalars, num_splits, tma, boxes, parts)
