@@ -233,6 +233,31 @@ def test_kvcache_head_pairs(target, page_size, d, monkeypatch):
         assert_matches(got, lse, _oracle(q, k, v, c["seqlens"], **options), dtype)
 
 
+@pytest.mark.cpu
+def test_head_pairs_rule():
+    """Which calls `forward.HEAD_PAIRS` takes: a 16-bit cache at d = 64 / 128 with an even number of KV heads side by
+    side, both heads' rows within 16; not FP8, odd head counts, other head dims, longer chunks or varlen calls."""
+    from fmha.kernels.forward import _pairs_heads
+    none = (None,) * 3
+
+    def pairs(hq=32, hk=8, d=128, seqlen_q=1, kv_dtype=torch.float16, cache=True, varlen=False, descales=none,
+              heads_apart=False):
+        q = torch.zeros(2, seqlen_q, hq, d, dtype=torch.float16)
+        k = torch.zeros(2, 64, hk, 2 * d if heads_apart else d, dtype=kv_dtype)[..., :d]
+        lens = torch.ones(2, dtype=torch.int32) if cache else None
+        return _pairs_heads(q, k, k, lens, varlen, seqlen_q, hq // hk, descales)
+
+    assert pairs() and pairs(d=64) and pairs(hq=8, hk=8, seqlen_q=8) and pairs(seqlen_q=2)
+    assert not pairs(seqlen_q=3)                              # 2 x 4 x 3 = 24 rows
+    assert pairs(hq=12, hk=4, seqlen_q=2) and not pairs(hq=12, hk=4, seqlen_q=3)      # 12 rows, 18 rows
+    assert not pairs(hq=7, hk=7)                              # odd KV heads
+    assert not pairs(d=256) and not pairs(d=96)
+    assert not pairs(kv_dtype=torch.float8_e4m3fn)
+    assert not pairs(descales=(None, torch.ones(2, 8), None))
+    assert not pairs(cache=False) and not pairs(varlen=True)
+    assert not pairs(heads_apart=True)                        # a head's values not next to its neighbour's
+
+
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("page_size", [None, 16], ids=lambda p: f"page{p}" if p else "contiguous")
 def test_kvcache_fp8_odd_v(target, page_size):
