@@ -255,7 +255,7 @@ def attn_fwd_kernel(
         # is d wide. A row of the first head of the pair holds [q, 0], of the second [0, q], so that q . k sees
         # only its own head's half of each key, and the output's own half is stored below.
         HALF_D: tl.constexpr = HEAD_DIM_QK // 2
-        half = (q_head * 2 // group) % 2
+        half = (q_head * 2 // group) % 2        # which head of the pair a row's query head belongs to
         own = (offs_d // HALF_D)[None, :] == half[:, None]
         q = tl.load(q_rows[:, None] + (offs_d[None, :] - half[:, None] * HALF_D), mask=row_ok[:, None] & own,
                     other=0.0)
@@ -378,7 +378,6 @@ def attn_fwd_kernel(
     o_rows = O + b.to(tl.int64) * stride_ob + (q_start + q_pos).to(tl.int64) * stride_os + q_head * stride_oh
     if PAIR:
         HALF_DV: tl.constexpr = HEAD_DIM_V // 2
-        half = (q_head * 2 // group) % 2
         tl.store(o_rows[:, None] + (offs_dv[None, :] - half[:, None] * HALF_DV), out.to(O.dtype.element_ty),
                  mask=row_ok[:, None] & ((offs_dv // HALF_DV)[None, :] == half[:, None]))
     else:
