@@ -12,7 +12,7 @@ oracle on the same FP8 values.
 
     PYTHONPATH=src python3 benchmarks/probe_fp8_decode.py [--rounds 2] [--out probe.json] [--fp8-tiles 64,128,4,3 ..]
         [--versions base.py ..] [--cases 3 4] [--bf16-tiles 32,64,4,5 ..] [--head-dim 64] [--v-words 0 1]
-        [--splits 32 64 ..] [--pairs]
+        [--splits 32 64 ..] [--pairs] [--no-combine]
 """
 import argparse
 import importlib
@@ -125,6 +125,9 @@ def main():
                    help="also time the bf16 cache with forward.HEAD_PAIRS on (two KV heads a program)")
     p.add_argument("--splits", type=int, nargs="*", default=[], metavar="N",
                    help="also time the bf16 cache with num_splits=N forced (the tables' tiles)")
+    p.add_argument("--no-combine", action="store_true",
+                   help="also time the bf16 calls (and --pairs') with the split-KV combine launch skipped: timing "
+                        "only (their outputs are not merged), what the combine costs a split call")
     p.add_argument("--cases", type=int, nargs="*", default=None, metavar="I",
                    help="only these of CASES + EXTRA_CASES (indices)")
     args = p.parse_args()
@@ -167,6 +170,9 @@ def main():
                     calls[f"ours_{cache}"], tuple(int(x) for x in spec.split(",")))
         if args.pairs:
             calls["ours_bf16_pairs"] = _with_settings(calls["ours_bf16"], HEAD_PAIRS=True)
+        if args.no_combine:
+            for name in [n for n in ("ours_bf16", "ours_bf16_pairs") if n in calls]:
+                calls["nocombine" + name[4:]] = _with_settings(calls[name], combine=lambda *a, **kw: None)
         for n in args.splits:
             calls[f"ours_bf16_s{n}"] = (lambda n=n: fmha.attention_with_kvcache(q, kc, vc, lens, block_table=table,
                                                                               num_splits=n))
@@ -204,8 +210,8 @@ def main():
               f"  cudnn {row['cudnn_gbps']:7.1f} | fp8 speedup {row['fp8_speedup']:.2f}x"
               + (f" | 64-row tiles: bf16 {row['ours_bf16_wide_gbps']:7.1f} fp8 {row['ours_fp8_wide_gbps']:7.1f}"
                  if page else "")
-              + "".join(f" | {n[5:]} {row[n + '_gbps']:7.1f}" for n in calls
-                        if n.startswith(("ours_fp8_t", "ours_fp8@", "ours_bf16_t", "ours_bf16_s", "ours_bf16_p",
+              + "".join(f" | {n.removeprefix('ours_')} {row[n + '_gbps']:7.1f}" for n in calls
+                        if n.startswith(("nocombine", "ours_fp8_t", "ours_fp8@", "ours_bf16_t", "ours_bf16_s", "ours_bf16_p",
                                          "ours_fp8_vw"))),
               flush=True)
         del q, k, v, k8, v8, kc, vc, kc8, vc8, calls
