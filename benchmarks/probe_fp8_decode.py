@@ -211,8 +211,8 @@ def main():
               + (f" | 64-row tiles: bf16 {row['ours_bf16_wide_gbps']:7.1f} fp8 {row['ours_fp8_wide_gbps']:7.1f}"
                  if page else "")
               + "".join(f" | {n.removeprefix('ours_')} {row[n + '_gbps']:7.1f}" for n in calls
-                        if n.startswith(("nocombine", "ours_fp8_t", "ours_fp8@", "ours_bf16_t", "ours_bf16_s", "ours_bf16_p",
-                                         "ours_fp8_vw"))),
+                        if n.startswith(("nocombine", "ours_fp8_t", "ours_fp8@", "ours_bf16_t", "ours_bf16_s",
+                                         "ours_bf16_p", "ours_fp8_vw"))),
               flush=True)
         del q, k, v, k8, v8, kc, vc, kc8, vc8, calls
         torch.cuda.empty_cache()
