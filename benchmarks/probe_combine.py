@@ -1,9 +1,11 @@
 """A/B of the split-KV combine kernel: the package's `kernels/combine.py` against another copy of it (e.g.
 `git show REV:src/fmha/kernels/combine.py > old.py`), in one process on the same inputs, on calls that merge parts:
-long-context GQA decode (b = 1 and 4 at 131k keys, page 64) and MLA decode with lengths drawn around 8192 (the
-planner cuts sequences into parts there). CUDA-graph timing; each output is checked against the package's.
+long-context GQA decode (b = 1 and 4 at 131k keys, page 64, d = 128; b = 1 at d = 64) and MLA decode with lengths
+drawn around 8192 (the planner cuts sequences into parts there). CUDA-graph timing; each output's largest difference
+from the package's is recorded. `--none` also times the calls with no combine at all (their outputs unmerged: a
+timing only, the yardstick of what the merge costs).
 
-    PYTHONPATH=src python3 benchmarks/probe_combine.py OLD.py [--out probe.json]
+    PYTHONPATH=src python3 benchmarks/probe_combine.py OLD.py [--none] [--out probe.json]
 """
 import argparse
 
@@ -14,19 +16,19 @@ import fmha.mla as mla
 from fmha.bench import bench_gpu_graph, load_module_copy, paged_copy, save_sweep
 from fmha.kernels import forward, mla_decode
 
-DECODE = [(1, 32, 8, 131072), (4, 32, 8, 131072)]
+DECODE = [(1, 32, 8, 131072, 128), (4, 32, 8, 131072, 128), (1, 32, 8, 131072, 64)]
 MLA = [(128, 8192, 128, 1), (128, 8192, 32, 1), (128, 8192, 16, 1), (32, 8192, 16, 1)]
 
 
 def _cases():
-    for b, hq, hk, sk in DECODE:
+    for b, hq, hk, sk, d in DECODE:
         torch.manual_seed(0)
-        q = torch.randn(b, 1, hq, 128, device="cuda", dtype=torch.bfloat16)
-        k, v = (torch.randn(b, sk, hk, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        q = torch.randn(b, 1, hq, d, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(b, sk, hk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
         kc, vc, table = paged_copy(64, k, v)
         lens = torch.full((b,), sk, dtype=torch.int32, device="cuda")
         nbytes = 2 * k.numel() * 2
-        yield dict(kind="decode", b=b, hq=hq, hk=hk, sk=sk), nbytes, \
+        yield dict(kind="decode", b=b, hq=hq, hk=hk, sk=sk, d=d), nbytes, \
             lambda: fmha.attention_with_kvcache(q, kc, vc, lens, block_table=table)
     for b, sk, hq, sq in MLA:
         torch.manual_seed(0)
@@ -42,9 +44,12 @@ def _cases():
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("other")
+    p.add_argument("--none", action="store_true", help="also time the calls with no combine (timing only)")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     versions = {"package": forward.combine, "other": load_module_copy(args.other).combine}
+    if args.none:
+        versions["none"] = lambda *a, **kw: None
     rows = []
     for row, nbytes, call in _cases():
         ref = call().float()
@@ -57,7 +62,8 @@ def main():
         forward.combine = mla_decode.combine = versions["package"]
         rows.append(row)
         new, old = max(row["package_gbps"]), max(row["other_gbps"])
-        print(f"{row} | package {new:.0f} GB/s, other {old:.0f} GB/s: x{new / old:.3f}", flush=True)
+        print(f"{row} | package {new:.0f} GB/s, other {old:.0f} GB/s: x{new / old:.3f}"
+              + (f", none {max(row['none_gbps']):.0f}" if args.none else ""), flush=True)
     if args.out:
         save_sweep(args.out, rows)
 

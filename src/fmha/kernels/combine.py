@@ -23,12 +23,14 @@ def combine_kernel(O, LSE, O_PART, LSE_PART, SPLIT_OFFSETS, SINKS,
                    stride_ps, stride_pb, stride_pr, stride_lps, stride_lpb,
                    DV: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr,
                    VARIABLE_SPLITS: tl.constexpr, HAS_SINKS: tl.constexpr):
-    # A program merges BLOCK_R packed rows of one batch. Parts go BLOCK_S at a time through an unrolled loop, so
-    # their loads are all in flight together: a plain loop waited on one part's load after another, and a b=1
-    # long-context decode call (32 parts over 4 programs) spent ~6% of its time there.
+    # A program merges BLOCK_R packed rows of one batch, BLOCK_DV of their DV values (program_id 2 picks which).
+    # Parts go BLOCK_S at a time through an unrolled loop, so their loads are all in flight together: a plain loop
+    # waited on one part's load after another, and a b=1 long-context decode call (32 parts over 4 programs) spent
+    # ~6% of its time there.
     b = tl.program_id(0)
     rows = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
     row_ok = rows < total_rows
+    d0 = tl.program_id(2) * BLOCK_DV
     if VARIABLE_SPLITS:
         first = tl.load(SPLIT_OFFSETS + b)
         n = tl.load(SPLIT_OFFSETS + b + 1) - first
@@ -36,7 +38,7 @@ def combine_kernel(O, LSE, O_PART, LSE_PART, SPLIT_OFFSETS, SINKS,
         first = 0
         n = num_splits
     if n != 1:
-        offs_d = tl.arange(0, BLOCK_DV)
+        offs_d = d0 + tl.arange(0, BLOCK_DV)
         o_mask = row_ok[:, None] & (offs_d < DV)[None, :]
         o_part = O_PART + b.to(tl.int64) * stride_pb + rows.to(tl.int64)[:, None] * stride_pr + offs_d[None, :]
         lse_part = LSE_PART + b.to(tl.int64) * stride_lpb + rows
@@ -74,13 +76,16 @@ def combine_kernel(O, LSE, O_PART, LSE_PART, SPLIT_OFFSETS, SINKS,
             out = out * sink_keep(lse, empty, tl.load(SINKS + q_head, mask=row_ok, other=0.0))[:, None]
         o_row = O + b.to(tl.int64) * stride_ob + q_pos * stride_os + q_head * stride_oh
         tl.store(o_row[:, None] + offs_d[None, :], out.to(O.dtype.element_ty), mask=o_mask)
-        tl.store(lse_ptrs(LSE, b, q_head, q_pos, stride_lseb, stride_lseh, stride_lses, seq_tokens), lse, mask=row_ok)
+        tl.store(lse_ptrs(LSE, b, q_head, q_pos, stride_lseb, stride_lseh, stride_lses, seq_tokens), lse,
+                 mask=row_ok & (d0 == 0))
 
 
-# fp32 values of the parts' tiles a program has in flight at once (BLOCK_R x BLOCK_S x BLOCK_DV); at most 16 parts
-# unrolled.
+# fp32 values of the parts' tiles a program has in flight at once (BLOCK_R x BLOCK_S x BLOCK_DV); at most
+# _MAX_GROUP parts unrolled (the most `schedule.plan_num_splits` plans: a planned split decode merges in one group).
 _IN_FLIGHT = 8192
-_MAX_GROUP = 16
+_MAX_GROUP = 64
+# A grid short of covering every SM twice splits the DV values over programs, down to this many a program.
+_MIN_DV_CHUNK = 32
 
 
 def combine(out, lse, o_part, lse_part, *, rows_per_k, group, split_offsets=None, num_splits=0, sinks=None,
@@ -115,17 +120,25 @@ def _plan(out, lse, o_part, lse_part, *, rows_per_k, group, per_batch, num_split
 
     batch, dv = out.shape[0], out.shape[-1]
     total_rows = o_part.shape[-2]
-    block_dv = next_pow2(dv)
-    # Parts per batch: exact for uniform splits, the average for the scheduler's (a batch with more loops).
-    parts = num_splits if per_batch else -(-o_part.shape[0] // max(batch, 1))
-    block_s = min(_MAX_GROUP, next_pow2(max(parts, 2)))
+    # Parts per batch: exact for uniform splits, unrolled whole (one group: every part's loads in flight at once); the
+    # average for the scheduler's, in a power of two (a batch with more loops).
+    parts = num_splits if per_batch else next_pow2(-(-o_part.shape[0] // max(batch, 1)))
+    block_s = min(_MAX_GROUP, max(parts, 2))
+    # A small grid (b = 1 long-context decode: 33-64 parts of 32 rows) splits DV so that more SMs read the parts.
+    cover = 2 * num_sms(out.device)
+    block_dv = min(next_pow2(dv), max(_MIN_DV_CHUNK, _prev_pow2(_IN_FLIGHT // block_s)))
+    while block_dv > _MIN_DV_CHUNK and batch * total_rows * cdiv(dv, block_dv) < cover:
+        block_dv //= 2
     # Rows per program: as many as the in-flight budget allows while the grid still covers every SM twice.
-    block_r = max(1, min(_IN_FLIGHT // (block_s * block_dv), batch * total_rows // (2 * num_sms(out.device)), 8))
-    block_r = 1 << (block_r.bit_length() - 1)
+    block_r = _prev_pow2(max(1, min(_IN_FLIGHT // (block_s * block_dv), batch * total_rows // cover, 8)))
     scalars = (num_splits, group, rows_per_k, total_rows, empty_lse,
                out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1), lse.stride(2),
                batch // max(lse.shape[0], 1), o_part.stride(0), o_part.stride(1) if per_batch else 0,
                o_part.stride(-2), lse_part.stride(0), lse_part.stride(1) if per_batch else 0)
     meta = dict(DV=dv, BLOCK_DV=block_dv, BLOCK_R=block_r, BLOCK_S=block_s, VARIABLE_SPLITS=not per_batch,
                 HAS_SINKS=sinks is not None, num_warps=4)
-    return (batch, cdiv(total_rows, block_r)), scalars, meta, fixed_classes(scalars, meta)
+    return (batch, cdiv(total_rows, block_r), cdiv(dv, block_dv)), scalars, meta, fixed_classes(scalars, meta)
+
+
+def _prev_pow2(n):
+    return 1 << (n.bit_length() - 1)

@@ -1,0 +1,131 @@
+"""The split-KV combine kernel: merge each query row's partial results over disjoint key ranges.
+
+    o = sum_i e^{lse_i - lse} o_i,   lse = log sum_i e^{lse_i}   (a part with lse_i = -inf has weight 0)
+
+Partials are fp32 rows `O_PART[slot, row, :]` / `LSE_PART[slot, row]`, `row` being a packed query row of one
+batch (kv_head, query position, query head within the group). Two ways of numbering the slots:
+  - uniform: every batch has `num_splits` parts, slots 0..num_splits-1 (attention_with_kvcache);
+  - variable: batch b owns slots SPLIT_OFFSETS[b] .. SPLIT_OFFSETS[b+1]-1 (the MLA tile scheduler), and a
+    batch with exactly one part was written as final output by the split kernel, so it is skipped here.
+One launch for the whole merge: the torch-op merge it replaces cost about ten launches per call.
+"""
+import triton
+import triton.language as tl
+
+from .common import LOG2E, lse_ptrs, sink_keep
+from .launch import Plans, cdiv, fixed_classes, launch, next_pow2
+
+
+@triton.jit
+def combine_kernel(O, LSE, O_PART, LSE_PART, SPLIT_OFFSETS, SINKS,
+                   num_splits, group, rows_per_k, total_rows, empty_lse,
+                   stride_ob, stride_os, stride_oh, stride_lseb, stride_lseh, stride_lses, seq_tokens,
+                   stride_ps, stride_pb, stride_pr, stride_lps, stride_lpb,
+                   DV: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr,
+                   VARIABLE_SPLITS: tl.constexpr, HAS_SINKS: tl.constexpr):
+    # A program merges BLOCK_R packed rows of one batch. Parts go BLOCK_S at a time through an unrolled loop, so
+    # their loads are all in flight together: a plain loop waited on one part's load after another, and a b=1
+    # long-context decode call (32 parts over 4 programs) spent ~6% of its time there.
+    b = tl.program_id(0)
+    rows = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_ok = rows < total_rows
+    if VARIABLE_SPLITS:
+        first = tl.load(SPLIT_OFFSETS + b)
+        n = tl.load(SPLIT_OFFSETS + b + 1) - first
+    else:
+        first = 0
+        n = num_splits
+    if n != 1:
+        offs_d = tl.arange(0, BLOCK_DV)
+        o_mask = row_ok[:, None] & (offs_d < DV)[None, :]
+        o_part = O_PART + b.to(tl.int64) * stride_pb + rows.to(tl.int64)[:, None] * stride_pr + offs_d[None, :]
+        lse_part = LSE_PART + b.to(tl.int64) * stride_lpb + rows
+        # Online over the groups of parts (one group unless a batch has more than BLOCK_S parts).
+        m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
+        den = tl.zeros([BLOCK_R], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_R, BLOCK_DV], dtype=tl.float32)
+        for s0 in range(0, n, BLOCK_S):
+            m_new = m
+            for j in tl.static_range(BLOCK_S):
+                slot = (first + s0 + j).to(tl.int64)
+                lse_j = tl.load(lse_part + slot * stride_lps, mask=row_ok & (s0 + j < n), other=float("-inf"))
+                m_new = tl.maximum(m_new, lse_j)
+            m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)     # no part seen yet: weights 0, not NaN
+            alpha = tl.exp2((m - m_shift) * LOG2E)
+            acc = acc * alpha[:, None]
+            den = den * alpha
+            for j in tl.static_range(BLOCK_S):
+                slot = (first + s0 + j).to(tl.int64)
+                ok = s0 + j < n
+                lse_j = tl.load(lse_part + slot * stride_lps, mask=row_ok & ok, other=float("-inf"))
+                w = tl.exp2((lse_j - m_shift) * LOG2E)
+                acc += w[:, None] * tl.load(o_part + slot * stride_ps, mask=o_mask & ok, other=0.0)
+                den += w
+            m = m_new
+        m_shift = tl.where(m == float("-inf"), 0.0, m)
+        empty = den == 0.0
+        out = acc / tl.where(empty, 1.0, den)[:, None]
+        lse = tl.where(empty, empty_lse, m_shift + tl.log(tl.where(empty, 1.0, den)))
+        kv_head = rows // rows_per_k
+        r = rows % rows_per_k
+        q_pos = r // group
+        q_head = kv_head * group + r % group
+        if HAS_SINKS:
+            out = out * sink_keep(lse, empty, tl.load(SINKS + q_head, mask=row_ok, other=0.0))[:, None]
+        o_row = O + b.to(tl.int64) * stride_ob + q_pos * stride_os + q_head * stride_oh
+        tl.store(o_row[:, None] + offs_d[None, :], out.to(O.dtype.element_ty), mask=o_mask)
+        tl.store(lse_ptrs(LSE, b, q_head, q_pos, stride_lseb, stride_lseh, stride_lses, seq_tokens), lse, mask=row_ok)
+
+
+# fp32 values of the parts' tiles a program has in flight at once (BLOCK_R x BLOCK_S x BLOCK_DV); at most 16 parts
+# unrolled.
+_IN_FLIGHT = 8192
+_MAX_GROUP = 16
+
+
+def combine(out, lse, o_part, lse_part, *, rows_per_k, group, split_offsets=None, num_splits=0, sinks=None,
+            empty_lse=float("-inf")):
+    """Merge partials into `out (b, s_q, h_q, dv)` and `lse (b, h_q, s_q)`, or `lse (b // t, h_q, t)` when the b
+    batches are the t query tokens each of a flattened call (s_q = 1; `common.lse_ptrs`).
+
+    o_part: `(slots, [b,] rows, dv)` fp32, lse_part: `(slots, [b,] rows)` fp32 — with the batch axis for uniform
+    splits (`num_splits` slots per batch), without it when `split_offsets (b + 1,)` numbers each batch's slots.
+    A row's packed index is `kv_head * rows_per_k + q_pos * group + (q_head % group)`.
+    """
+    key = (out.shape, out.stride(), lse.shape, lse.stride(), o_part.shape, o_part.stride(), lse_part.shape,
+           lse_part.stride(), out.device, rows_per_k, group, split_offsets is None, num_splits, sinks is None,
+           empty_lse)
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _PLANS.keep(key, _plan(out, lse, o_part, lse_part, rows_per_k=rows_per_k, group=group,
+                                      per_batch=split_offsets is None, num_splits=num_splits, sinks=sinks,
+                                      empty_lse=empty_lse))
+    grid, scalars, meta, fixed = plan
+    launch(combine_kernel, grid, (out, lse, o_part, lse_part, split_offsets, sinks, *scalars), meta, fixed)
+
+
+# Launch plans of `combine` (grid, scalar arguments, meta, `launch`'s fixed classes) by its tensors' shapes, strides
+# and device and its options: a decode step's combine is planned once.
+_PLANS = Plans()
+
+
+def _plan(out, lse, o_part, lse_part, *, rows_per_k, group, per_batch, num_splits, sinks, empty_lse):
+    """`combine`'s launch without its tensors."""
+    from ..schedule import num_sms
+
+    batch, dv = out.shape[0], out.shape[-1]
+    total_rows = o_part.shape[-2]
+    block_dv = next_pow2(dv)
+    # Parts per batch: exact for uniform splits, the average for the scheduler's (a batch with more loops).
+    parts = num_splits if per_batch else -(-o_part.shape[0] // max(batch, 1))
+    block_s = min(_MAX_GROUP, next_pow2(max(parts, 2)))
+    # Rows per program: as many as the in-flight budget allows while the grid still covers every SM twice.
+    block_r = max(1, min(_IN_FLIGHT // (block_s * block_dv), batch * total_rows // (2 * num_sms(out.device)), 8))
+    block_r = 1 << (block_r.bit_length() - 1)
+    scalars = (num_splits, group, rows_per_k, total_rows, empty_lse,
+               out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1), lse.stride(2),
+               batch // max(lse.shape[0], 1), o_part.stride(0), o_part.stride(1) if per_batch else 0,
+               o_part.stride(-2), lse_part.stride(0), lse_part.stride(1) if per_batch else 0)
+    meta = dict(DV=dv, BLOCK_DV=block_dv, BLOCK_R=block_r, BLOCK_S=block_s, VARIABLE_SPLITS=not per_batch,
+                HAS_SINKS=sinks is not None, num_warps=4)
+    return (batch, cdiv(total_rows, block_r)), scalars, meta, fixed_classes(scalars, meta)
