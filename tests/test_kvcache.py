@@ -206,10 +206,10 @@ def test_kvcache_head_dims(target, page_size, d, fp8):
 @pytest.mark.parametrize("page_size", [None, 16, 64], ids=lambda p: f"page{p}" if p else "contiguous")
 @pytest.mark.parametrize("d", [64, 128])
 def test_kvcache_head_pairs(target, page_size, d, monkeypatch):
-    """`forward.HEAD_PAIRS` (an experiment, off by default): adjacent KV heads run as one head of twice the width,
-    q's rows zero outside their own head's half and only that half of the output stored. GQA and MHA, one and two
-    causal queries, split and not, with window, softcap, ALiBi and sinks: the oracle's answer, and the pairs
-    taken."""
+    """`forward.HEAD_PAIRS` forced on (by default `_pairs_pay`'s calls only): adjacent KV heads run as one head of
+    twice the width, q's rows zero outside their own head's half and only that half of the output stored. GQA and
+    MHA, one and two causal queries, split and not, with window, softcap, ALiBi and sinks: the oracle's answer, and
+    the pairs taken."""
     from fmha.kernels import forward, launch
     monkeypatch.setattr(forward, "HEAD_PAIRS", True)
     monkeypatch.setattr(launch, "RECORD", [])
@@ -256,6 +256,24 @@ def test_head_pairs_rule():
     assert not pairs(descales=(None, torch.ones(2, 8), None))
     assert not pairs(cache=False) and not pairs(varlen=True)
     assert not pairs(heads_apart=True)                        # a head's values not next to its neighbour's
+
+
+@pytest.mark.cpu
+def test_head_pairs_pay(monkeypatch):
+    """`forward.HEAD_PAIRS`' default rule (`_pairs_pay`), on a 132-SM GPU's plan: d = 128 GQA decode whose one-head
+    grid runs unsplit (b = 64 x 8 KV heads at 4k keys, contiguous or paged) takes the pairs; a split grid (b = 4 at
+    131k), MHA, d = 64, a forced split count and a 64-row chunk do not."""
+    from fmha.kernels import forward
+    monkeypatch.setattr(forward, "num_sms", lambda device: 132)
+
+    def pay(b=64, hq=32, hk=8, d=128, sk=4096, seqlen_q=1, paged=False, num_splits=0):
+        q = torch.zeros(b, seqlen_q, hq, d, dtype=torch.float16)
+        k = torch.zeros(b, 1, hk, d, dtype=torch.float16)
+        return forward._pairs_pay(q, k, object() if paged else None, hq // hk, seqlen_q, sk, num_splits, False)
+
+    assert pay() and pay(paged=True) and pay(b=32) and pay(seqlen_q=2)
+    assert not pay(b=4, sk=131072) and not pay(b=1, sk=131072, paged=True)
+    assert not pay(hq=32, hk=32) and not pay(d=64) and not pay(num_splits=1) and not pay(num_splits=2)
 
 
 @pytest.mark.parametrize("target", TARGETS)

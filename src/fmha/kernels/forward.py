@@ -622,13 +622,16 @@ def _gluon_takes(cache_seqlens, num_splits, batch, heads_q, seqlen_q, device, pa
     return num_splits == 1 or items >= GLUON_CACHE_MIN_FILL * sms * cdiv(items, sms)
 
 
-# Experiment, off until measured (NOTES.md, sixty-eighth session): decode over a KV cache whose heads are pairs of
-# adjacent d = 64 / 128 heads run as one head of twice the width, two KV heads a program. The head dim 256 forms
-# read a paged cache's 512-byte head rows at 0.95-1.00 of the read where d = 128's 256-byte ones reach ~0.94-0.96,
-# and half as many programs walk the same keys (longer programs read closer to cuDNN: 0.993 against 0.980 at half
-# the programs, `history/probe_bf16_d128_programs_h200_aa075bf.json`). The cost: Q . K^T and P . V over both heads'
-# values, half of each discarded.
-HEAD_PAIRS = False
+# Decode over a KV cache whose heads are pairs of adjacent heads runs each pair as one head of twice the width, two
+# KV heads a program (the kernel's PAIR): a paged cache's 512-byte rows of two heads read closer to the copy than
+# d = 128's 256-byte ones. The cost: Q . K^T and P . V over both heads' values, half of each discarded. Measured on
+# the H200 in one process (`history/probe_pairs_d128_h200_8aca5a9.json`, `probe_pairs_d64_h200_8aca5a9.json`;
+# GB/s, pairs / one head a program): d = 128, b = 64 x 8 KV heads, 4k keys: contiguous +1.5%, page 16 +1.4%,
+# page 64 +0.9% (+1.1% in a second run, `probe_nocombine_d128_h200_0e66316.json`); where the one-head grid splits
+# its keys (b = 4 and 1 at 131k) -0.2..-0.6%; MHA (one row a head) -0.7%; d = 64 -1.4..+1.3%, no clear side. So
+# `_pairs_pay` takes them at d = 128 in GQA groups when one head a program would fill the GPU unsplit.
+# HEAD_PAIRS: None by that rule, True wherever the kernel can (`_pairs_heads`: the tests), False never.
+HEAD_PAIRS = None
 
 
 def _pairs_heads(q, k, v, cache_seqlens, varlen, seqlen_q, group, descales):
@@ -640,6 +643,16 @@ def _pairs_heads(q, k, v, cache_seqlens, varlen, seqlen_q, group, descales):
             and k.shape[-1] == d and v.shape[-1] == d and k.shape[-2] % 2 == 0
             and 2 * group * seqlen_q <= NARROW_ROWS
             and all(t.stride(-1) == 1 and t.stride(-2) == d for t in (k, v)))
+
+
+def _pairs_pay(q, k, block_table, group, seqlen_q, max_seqlen_k, num_splits, interpret):
+    """`HEAD_PAIRS`' rule for a call `_pairs_heads` allows: d = 128, a GQA group, splits left to the planner, and the
+    planner running one head a program unsplit."""
+    if q.shape[-1] != 128 or group < 2 or num_splits != 0:
+        return False
+    block_n, num_warps = _tile_config(128, 128, interpret, rows=seqlen_q * group, paged=block_table is not None)[1:3]
+    programs = q.shape[0] * k.shape[-2]
+    return plan_num_splits(programs, max_seqlen_k, block_n, num_sms(q.device), num_warps) == 1
 
 
 def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -695,7 +708,8 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
                 cache=None if cache_seqlens is None else (cache_seqlens, block_table), alibi_slopes=alibi_slopes,
                 descales=descales):
             return
-    pair = (HEAD_PAIRS and pack_gqa is None and tiles is None
+    pair = (HEAD_PAIRS is not False and pack_gqa is None and tiles is None and cache_seqlens is not None
+            and (HEAD_PAIRS or _pairs_pay(q, k, block_table, group, seqlen_q, max_seqlen_k, num_splits, interpret))
             and _pairs_heads(q, k, v, cache_seqlens, varlen, seqlen_q, group, descales))
     if pair:
         # Two KV heads a program: K and V seen as heads_k / 2 heads of both heads' values (a view), q and out as
