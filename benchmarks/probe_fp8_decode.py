@@ -12,7 +12,7 @@ oracle on the same FP8 values.
 
     PYTHONPATH=src python3 benchmarks/probe_fp8_decode.py [--rounds 2] [--out probe.json] [--fp8-tiles 64,128,4,3 ..]
         [--versions base.py ..] [--cases 3 4] [--bf16-tiles 32,64,4,5 ..] [--head-dim 64] [--v-words 0 1]
-        [--splits 32 64 ..] [--pairs] [--no-combine]
+        [--splits 32 64 ..] [--pairs] [--no-combine] [--pair-tiles 16,64,4,3 ..]
 """
 import argparse
 import importlib
@@ -50,10 +50,10 @@ def _read_call(k_cache, v_cache, table, keys):
     return call
 
 
-def _with_tiles(fn, tiles=None):
+def _with_tiles(fn, tiles=None, key=None):
     """fn run (and so captured, under graph timing) with `tiles` (BLOCK_M, BLOCK_N, num_warps, num_stages) in
-    every decode table at head dim D, or, with tiles None, with the 16-row decode tiles (bf16, FP8) and the FP8
-    32-row ones switched off (the 64-row forms)."""
+    every decode table at head dim `key` (default D), or, with tiles None, with the 16-row decode tiles (bf16, FP8)
+    and the FP8 32-row ones switched off (the 64-row forms)."""
     def call():
         saved = [dict(t) for t in forward._GPU_DECODE_TABLES]
         if tiles is None:
@@ -62,7 +62,7 @@ def _with_tiles(fn, tiles=None):
                     t.clear()
         else:
             for t in forward._GPU_DECODE_TABLES:
-                t[D] = tiles
+                t[key or D] = tiles
         try:
             return fn()
         finally:
@@ -122,7 +122,11 @@ def main():
     p.add_argument("--versions", nargs="*", default=[], metavar="FORWARD.py",
                    help="also time the FP8 cache with these copies of kernels/forward.py (an A/B in one process)")
     p.add_argument("--pairs", action="store_true",
-                   help="also time the bf16 cache with forward.HEAD_PAIRS on (two KV heads a program)")
+                   help="also time the bf16 cache with forward.HEAD_PAIRS forced on (two KV heads a program wherever "
+                        "the kernel can) and off (one head a program; by default `_pairs_pay` picks)")
+    p.add_argument("--pair-tiles", nargs="*", default=[], metavar="M,N,W,S",
+                   help="also time the bf16 cache with forward.HEAD_PAIRS forced on and these tiles at the pair's "
+                        "width (the decode tables' 2 x head-dim entries, which the pairs take)")
     p.add_argument("--splits", type=int, nargs="*", default=[], metavar="N",
                    help="also time the bf16 cache with num_splits=N forced (the tables' tiles)")
     p.add_argument("--no-combine", action="store_true",
@@ -162,14 +166,18 @@ def main():
             "cudnn": cudnn,
         }
         if page:
-            calls["ours_bf16_wide"] = _with_tiles(calls["ours_bf16"])
+            calls["ours_bf16_wide"] = _with_settings(_with_tiles(calls["ours_bf16"]), HEAD_PAIRS=False)
             calls["ours_fp8_wide"] = _with_tiles(calls["ours_fp8"])
         for cache, specs in (("fp8", args.fp8_tiles), ("bf16", args.bf16_tiles)):
             for spec in specs:
-                calls[f"ours_{cache}_t{spec.replace(',', '_')}"] = _with_tiles(
-                    calls[f"ours_{cache}"], tuple(int(x) for x in spec.split(",")))
+                calls[f"ours_{cache}_t{spec.replace(',', '_')}"] = _with_settings(_with_tiles(
+                    calls[f"ours_{cache}"], tuple(int(x) for x in spec.split(","))), HEAD_PAIRS=False)
         if args.pairs:
             calls["ours_bf16_pairs"] = _with_settings(calls["ours_bf16"], HEAD_PAIRS=True)
+            calls["ours_bf16_pairs_off"] = _with_settings(calls["ours_bf16"], HEAD_PAIRS=False)
+        for spec in args.pair_tiles:
+            calls[f"ours_bf16_pt{spec.replace(',', '_')}"] = _with_settings(
+                _with_tiles(calls["ours_bf16"], tuple(int(x) for x in spec.split(",")), key=2 * D), HEAD_PAIRS=True)
         if args.no_combine:
             for name in [n for n in ("ours_bf16", "ours_bf16_pairs") if n in calls]:
                 calls["nocombine" + name[4:]] = _with_settings(calls[name], combine=lambda *a, **kw: None)
@@ -187,7 +195,7 @@ def main():
             try:
                 got = calls[name]()
             except Exception as e:     # a swept tile config that does not fit (shared memory): drop it
-                if not name.startswith(("ours_fp8_t", "ours_bf16_t")):
+                if not name.startswith(("ours_fp8_t", "ours_bf16_t", "ours_bf16_pt")):
                     raise
                 print(f"  {name}: {type(e).__name__}: {str(e)[:120]}", flush=True)
                 del calls[name]
