@@ -6,10 +6,11 @@
 #
 # Runs shards FIRST..LAST of N (`--shard i/N`, conftest.py: every N-th collected test) at once, one process each (the
 # kernels' compiles are CPU-bound: about one process a core), each killed after SHARD_TIMEOUT seconds (default 540),
-# then writes OUTDIR/summary.txt: each shard's last line, every FAILED / ERROR line, the test a killed shard was in,
-# and the slowest tests. The whole suite in one device call of 16 processes: `SHARD_TIMEOUT=470 tests/gpu_shards.sh 16
-# 0 15 $OUT` (on the H200, 2026-11-28: shards 309-406 s, and test_cli's 75 s after them fit the same call), or in two
-# calls of 13: FIRST..LAST = 0..12, then 13..25 of 26.
+# then writes OUTDIR/summary.txt: each shard's last line (a killed shard's passed count and the test it was in),
+# every FAILED / ERROR line (a finished shard's twice: its verbose line and pytest's summary), and the slowest tests.
+# The whole suite in one device call of 16 processes: `SHARD_TIMEOUT=470 tests/gpu_shards.sh 16 0 15 $OUT` (on the
+# H200, 2026-11-28: shards 309-406 s, and test_cli's 75 s after them fit the same call; 2026-11-29: 322-357 s, one
+# shard past 400 s), or in two calls of 13: FIRST..LAST = 0..12, then 13..25 of 26.
 set -u
 n=$1 first=$2 last=$3 out=$4
 shift 4
@@ -24,10 +25,11 @@ wait
 {
     for i in $(seq "$first" "$last"); do
         end=$(grep -E "^=+ .*(passed|failed|error|skipped|deselected).* in [0-9.]+s" "$logs/$i.log" | tail -1)
-        echo "shard $i/$n: ${end:-KILLED or crashed; last line: $(grep -E '::' "$logs/$i.log" | tail -1)}"
+        echo "shard $i/$n: ${end:-KILLED or crashed after $(grep -c -E '::.* PASSED' "$logs/$i.log") passed; last line: $(grep -E '::' "$logs/$i.log" | tail -1)}"
     done
     echo "--- failures"
-    grep -h -E "^(FAILED|ERROR) " "$logs"/*.log
+    # pytest's closing summary, and the verbose per-test lines (all a killed shard leaves)
+    grep -h -E "^(FAILED|ERROR) |::.* (FAILED|ERROR)" "$logs"/*.log
     echo "--- slowest"
     grep -h -E "^[0-9.]+s (call|setup|teardown) " "$logs"/*.log | sort -rn | head -25
 } > "$out/summary.txt"
