@@ -26,7 +26,8 @@ wait
     for i in $(seq "$first" "$last"); do
         end=$(grep -E "^=+ .*(passed|failed|error|skipped|deselected).* in [0-9.]+s" "$logs/$i.log" | tail -1)
         passed=$(grep -c -E '::.* PASSED' "$logs/$i.log")
-        echo "shard $i/$n: ${end:-KILLED or crashed after $passed passed; last line: $(grep -E '::' "$logs/$i.log" | tail -1)}"
+        last_test=$(grep -E '::' "$logs/$i.log" | tail -1)
+        echo "shard $i/$n: ${end:-KILLED or crashed after $passed passed; last line: $last_test}"
     done
     echo "--- failures"
     # pytest's closing summary, and the verbose per-test lines (all a killed shard leaves)
