@@ -11,6 +11,7 @@ middle (no mask arithmetic, no bounds on loads), masked tiles on the right edge 
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents
 
 from ..schedule import num_sms, plan_num_splits
 from .combine import combine
@@ -205,7 +206,12 @@ def attn_fwd_kernel(
     REVERSE_M: tl.constexpr, TMA: tl.constexpr,
     HAS_SEQLENS_K: tl.constexpr, PAGED: tl.constexpr, SPLIT: tl.constexpr, LEFT_PER_BATCH: tl.constexpr,
     PAGE_TILE: tl.constexpr, V_WORDS: tl.constexpr = 0, PAIR: tl.constexpr = False,
+    LAUNCH_DEPENDENTS: tl.constexpr = False,
 ):
+    if LAUNCH_DEPENDENTS:
+        # `COMBINE_PDL`: the combine (launched as a programmatic dependent, waiting for this grid's end) may start
+        # its programs once every program here has begun.
+        gdc_launch_dependents()
     pid_bh = tl.program_id(0)
     pid_m = tl.program_id(1)
     # Causal / windowed work grows with the M block: run the longest blocks first (LPT order).
@@ -634,6 +640,14 @@ def _gluon_takes(cache_seqlens, num_splits, batch, heads_q, seqlen_q, device, pa
 HEAD_PAIRS = None
 
 
+# Experiment, off until measured (NOTES.md, sixty-ninth session): a split decode's combine launched as a programmatic
+# dependent launch (PDL) of the split kernel, which lets it start at once (`LAUNCH_DEPENDENTS`); the combine waits
+# for the split kernel's end and its writes (`combine(pdl=True)`). The second launch costs b = 1 long-context decode
+# 3.8% (d = 128) and 8.3% (d = 64) of the call (`history/probe_nocombine_d*_h200_0e66316.json`); PDL would hide its
+# launch, not its loads. The interpreter has no PDL: GPU only.
+COMBINE_PDL = False
+
+
 def _pairs_heads(q, k, v, cache_seqlens, varlen, seqlen_q, group, descales):
     """Whether a call runs its KV heads in pairs (`HEAD_PAIRS`): a 16-bit KV cache, d = 64 or 128, an even number
     of KV heads stored side by side, and both heads' query rows within the 16-row decode tiles."""
@@ -727,7 +741,7 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
            varlen and cu_seqlens_q.shape, max_seqlen_q, max_seqlen_k, scale, float(softcap), left, right,
            window_lefts is None, alibi_slopes is None, sinks is None, tuple(d is None for d in descales),
            cache_seqlens is None, block_table is None or (block_table.shape, block_table.stride()), num_splits,
-           gp, tiles, use_tma, interpret, pair)
+           gp, tiles, use_tma, interpret, pair, COMBINE_PDL)
     plan = _PLANS.get(key)
     if plan is None:
         plan = _portable_plan(q4, k, v, o4, lse, lse_strides, pair=pair, varlen=varlen, batch=batch,
@@ -756,7 +770,8 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
     if plan.splits > 1:
         rows = seqlen_q * heads_q
         combine(out, lse, o_parts.view(plan.splits, batch, rows, dv), lse_parts.view(plan.splits, batch, rows),
-                rows_per_k=rows, group=heads_q, num_splits=plan.splits, sinks=sinks)
+                rows_per_k=rows, group=heads_q, num_splits=plan.splits, sinks=sinks,
+                pdl="LAUNCH_DEPENDENTS" in plan.meta)
 
 
 # Launch plans of the portable kernel (`_PortablePlan`), by the call key `attention_forward` makes: its tensors'
@@ -834,6 +849,8 @@ def _portable_plan(q4, k, v, o4, lse, lse_strides, *, pair, varlen, batch, seqle
     )
     if pair:
         meta["PAIR"] = True
+    if COMBINE_PDL and num_splits > 1 and not interpret:
+        meta["LAUNCH_DEPENDENTS"] = True
     grid = (batch * heads_eff, cdiv(seqlen_q * gp, block_m), num_splits)
     boxes = ([1, block_n, 1, block_d], [1, block_n, 1, block_dv])
     return _PortablePlan(grid, meta, scalars, num_splits, tma, boxes, parts)
