@@ -5,7 +5,9 @@ contiguous. Variants `ITEMS,BN,WARPS,STAGES[,h]`: the experiment's kernel with t
 item, q loaded once before the loop). Each call is
 checked against cuDNN first; GB/s count K and V once plus Q and O; ratios are to cuDNN on the contiguous cache.
 `--versions` also times the package with copies of `kernels/forward.py` (e.g. one with `experiments/q_in_loop.patch`
-applied: the package's contiguous 16-row form reading q from shared memory each key tile, as this experiment does).
+applied: the package's contiguous 16-row form reading q from shared memory each key tile, as this experiment does),
+one head a program (the copies' `HEAD_PAIRS` off: the package takes head pairs on these rows); `package-1head` is
+the package so.
 
     PYTHONPATH=src python3 benchmarks/probe_multi_item.py [--pages 64 16 0] [--variants 1,128,4,3 2,128,4,3 ..]
         [--versions forward_q.py ..] [--rounds 2] [--out probe.json]
@@ -21,7 +23,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import fmha
 from fmha.bench import interleaved_times, load_module_copy, paged_copy, save_sweep
-from probe_fp8_decode import _with_forward
+from probe_fp8_decode import _with_forward, _with_settings
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "experiments"))
 import multi_item  # noqa: E402
@@ -38,6 +40,8 @@ def main():
     args = p.parse_args()
     b, hq, hk, sk, d = args.batch, 32, 8, 4096, 128
     versions = {os.path.splitext(os.path.basename(path))[0]: load_module_copy(path) for path in args.versions}
+    for module in versions.values():
+        module.HEAD_PAIRS = False
     rows = []
     for page in args.pages:
         torch.manual_seed(0)
@@ -53,6 +57,7 @@ def main():
                 return F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)
 
         calls = {"cudnn": cudnn, "package": lambda: fmha.attention_with_kvcache(q, kc, vc, lens, block_table=table)}
+        calls["package-1head"] = _with_settings(calls["package"], HEAD_PAIRS=False)
         for vname, module in versions.items():
             calls[f"package@{vname}"] = _with_forward(calls["package"], module)
         for spec in args.variants:
