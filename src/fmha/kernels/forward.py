@@ -722,15 +722,8 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
                 cache=None if cache_seqlens is None else (cache_seqlens, block_table), alibi_slopes=alibi_slopes,
                 descales=descales):
             return
-    pair = (HEAD_PAIRS is not False and pack_gqa is None and tiles is None and cache_seqlens is not None
-            and (HEAD_PAIRS or _pairs_pay(q, k, block_table, group, seqlen_q, max_seqlen_k, num_splits, interpret))
-            and _pairs_heads(q, k, v, cache_seqlens, varlen, seqlen_q, group, descales))
-    if pair:
-        # Two KV heads a program: K and V seen as heads_k / 2 heads of both heads' values (a view), q and out as
-        # they are (the kernel's PAIR), the group's rows of both heads packed in one tile.
-        k = k4 = k.view(*k.shape[:-2], heads_k // 2, 2 * dqk)
-        v = v4 = v.view(*v.shape[:-2], heads_k // 2, 2 * dv)
-        group, pack_gqa = 2 * group, True
+    # Head pairs (`HEAD_PAIRS`) are planned, not decided each call: the key holds what the rule reads.
+    may_pair = HEAD_PAIRS is not False and pack_gqa is None and tiles is None and cache_seqlens is not None
     if pack_gqa is None:
         pack_gqa = _pack_gqa(group, seqlen_q, _tile_config(dqk, dv, interpret)[0])
     gp = group if pack_gqa else 1
@@ -741,10 +734,22 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
            varlen and cu_seqlens_q.shape, max_seqlen_q, max_seqlen_k, scale, float(softcap), left, right,
            window_lefts is None, alibi_slopes is None, sinks is None, tuple(d is None for d in descales),
            cache_seqlens is None, block_table is None or (block_table.shape, block_table.stride()), num_splits,
-           gp, tiles, use_tma, interpret, pair, COMBINE_PDL)
+           gp, tiles, use_tma, interpret, may_pair and HEAD_PAIRS, COMBINE_PDL)
     plan = _PLANS.get(key)
     if plan is None:
-        plan = _portable_plan(q4, k, v, o4, lse, lse_strides, pair=pair, varlen=varlen, batch=batch,
+        pair = (may_pair
+                and (HEAD_PAIRS or _pairs_pay(q, k, block_table, group, seqlen_q, max_seqlen_k, num_splits, interpret))
+                and _pairs_heads(q, k, v, cache_seqlens, varlen, seqlen_q, group, descales))
+        kp, vp = k, v
+        if pair:
+            # Two KV heads a program: K and V seen as heads_k / 2 heads of both heads' values (views: the launch
+            # passes k and v themselves, the same addresses), q and out as they are (the kernel's PAIR), the
+            # group's rows of both heads packed in one tile.
+            kp = k.view(*k.shape[:-2], heads_k // 2, 2 * dqk)
+            vp = v.view(*v.shape[:-2], heads_k // 2, 2 * dv)
+            gp = 2 * group
+            tiles = _tile_config(2 * dqk, 2 * dv, interpret, rows=seqlen_q * gp, paged=block_table is not None)
+        plan = _portable_plan(q4, kp, vp, o4, lse, lse_strides, pair=pair, varlen=varlen, batch=batch,
                               seqlen_q=seqlen_q, seqlen_k=seqlen_k, max_seqlen_k=max_seqlen_k, gp=gp, tiles=tiles,
                               use_tma=use_tma, scale=scale, softcap=softcap, left=left, right=right,
                               window_lefts=window_lefts, alibi_slopes=alibi_slopes, sinks=sinks,
@@ -776,8 +781,9 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
 
 # Launch plans of the portable kernel (`_PortablePlan`), by the call key `attention_forward` makes: its tensors'
 # shapes, strides, dtypes, device and K/V alignment, its options and its tiles (so a patched tile table makes new
-# keys). A later call of a key skips the planning and the argument classes of the plan's scalars: ~20 us of a
-# decode call's ~90 of host time on the device's hosts (NOTES.md, fifty-ninth session).
+# keys; not the head pairs' tiles, which a plan takes from the 2d entries when it pairs: the probes that patch those
+# run on plans of their own). A later call of a key skips the planning and the argument classes of the plan's
+# scalars: ~20 us of a decode call's ~90 of host time on the device's hosts (NOTES.md, fifty-ninth session).
 _PLANS = Plans()
 
 
