@@ -12,7 +12,7 @@ oracle on the same FP8 values.
 
     PYTHONPATH=src python3 benchmarks/probe_fp8_decode.py [--rounds 2] [--out probe.json] [--fp8-tiles 64,128,4,3 ..]
         [--versions base.py ..] [--cases 3 4] [--bf16-tiles 32,64,4,5 ..] [--head-dim 64] [--v-words 0 1]
-        [--splits 32 64 ..] [--pairs] [--no-combine] [--pair-tiles 16,64,4,3 ..] [--pdl]
+        [--splits 32 64 ..] [--pairs] [--no-combine] [--pair-tiles 16,64,4,3 ..]
 """
 import argparse
 import importlib
@@ -127,9 +127,6 @@ def main():
     p.add_argument("--pair-tiles", nargs="*", default=[], metavar="M,N,W,S",
                    help="also time the bf16 cache with forward.HEAD_PAIRS forced on and these tiles at the pair's "
                         "width (the decode tables' 2 x head-dim entries, which the pairs take)")
-    p.add_argument("--pdl", action="store_true",
-                   help="also time the bf16 cache with forward.COMBINE_PDL on (a split call's combine launched as a "
-                        "programmatic dependent of the split kernel)")
     p.add_argument("--splits", type=int, nargs="*", default=[], metavar="N",
                    help="also time the bf16 cache with num_splits=N forced (the tables' tiles)")
     p.add_argument("--no-combine", action="store_true",
@@ -181,8 +178,6 @@ def main():
         for spec in args.pair_tiles:
             calls[f"ours_bf16_pt{spec.replace(',', '_')}"] = _with_settings(
                 _with_tiles(calls["ours_bf16"], tuple(int(x) for x in spec.split(",")), key=2 * D), HEAD_PAIRS=True)
-        if args.pdl:
-            calls["ours_bf16_pdl"] = _with_settings(calls["ours_bf16"], COMBINE_PDL=True)
         if args.no_combine:
             for name in [n for n in ("ours_bf16", "ours_bf16_pairs") if n in calls]:
                 calls["nocombine" + name[4:]] = _with_settings(calls[name], combine=lambda *a, **kw: None)

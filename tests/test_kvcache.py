@@ -258,29 +258,6 @@ def test_head_pairs_rule():
     assert not pairs(heads_apart=True)                        # a head's values not next to its neighbour's
 
 
-@pytest.mark.parametrize("target", TARGETS)
-def test_kvcache_combine_pdl(target, monkeypatch):
-    """`forward.COMBINE_PDL` (an experiment, off by default): a split decode's combine launched as a programmatic
-    dependent of the split kernel gives the oracle's answer; on the GPU both launches carry it, in the interpreter
-    (no PDL) neither does."""
-    from fmha.kernels import forward, launch
-    monkeypatch.setattr(forward, "COMBINE_PDL", True)
-    monkeypatch.setattr(launch, "RECORD", [])
-    device, dtype = target
-    c = _case(target)
-    k_cache, v_cache, table, k, v = _cache(c["seqlens"], c["capacity"], c["hk"], c["d"], c["d"], dtype, device, 16)
-    q = torch.randn(len(c["seqlens"]), 1, c["hq"], c["d"], device=device, dtype=dtype)
-    seqlens = torch.tensor(c["seqlens"], dtype=torch.int32, device=device)
-    got, lse = fmha.attention_with_kvcache(q, k_cache, v_cache, seqlens, block_table=table, num_splits=3,
-                                           return_lse=True)
-    metas = {name: meta for name, _, meta in launch.RECORD}
-    gpu = device == "cuda"
-    assert set(metas) == {"attn_fwd_kernel", "combine_kernel"}
-    assert metas["attn_fwd_kernel"].get("LAUNCH_DEPENDENTS", False) == gpu
-    assert [metas["combine_kernel"].get(n, False) for n in ("WAIT_PRIOR", "launch_pdl")] == [gpu, gpu]
-    assert_matches(got, lse, _oracle(q, k, v, c["seqlens"]), dtype)
-
-
 @pytest.mark.cpu
 def test_head_pairs_pay(monkeypatch):
     """`forward.HEAD_PAIRS`' default rule (`_pairs_pay`), on a 132-SM GPU's plan: d = 128 GQA decode whose one-head
@@ -434,9 +411,10 @@ def test_page_tile():
 
 def _gpu_decode_tiles():
     """(tiles, FP8 cache) of every GPU decode table (`forward._DECODE_LOOKUP`; an FP8-only table's on an FP8
-    cache)."""
+    cache; the head pairs' own)."""
     from fmha.kernels import forward
-    return sorted({(t, fp8_only) for fp8_only, _, _, table in forward._DECODE_LOOKUP for t in table.values()})
+    return sorted({(t, fp8_only) for fp8_only, _, _, table in forward._DECODE_LOOKUP for t in table.values()}
+                  | {(t, False) for table in forward._GPU_PAIR_DECODE_TILES.values() for t in table.values()})
 
 
 @pytest.mark.cpu

@@ -11,7 +11,6 @@ One launch for the whole merge: the torch-op merge it replaces cost about ten la
 """
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_wait
 
 from .common import LOG2E, lse_ptrs, sink_keep
 from .launch import Plans, cdiv, fixed_classes, launch, next_pow2
@@ -23,13 +22,11 @@ def combine_kernel(O, LSE, O_PART, LSE_PART, SPLIT_OFFSETS, SINKS,
                    stride_ob, stride_os, stride_oh, stride_lseb, stride_lseh, stride_lses, seq_tokens,
                    stride_ps, stride_pb, stride_pr, stride_lps, stride_lpb,
                    DV: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr,
-                   VARIABLE_SPLITS: tl.constexpr, HAS_SINKS: tl.constexpr, WAIT_PRIOR: tl.constexpr = False):
+                   VARIABLE_SPLITS: tl.constexpr, HAS_SINKS: tl.constexpr):
     # A program merges BLOCK_R packed rows of one batch, BLOCK_DV of their DV values (program_id 2 picks which).
     # Parts go BLOCK_S at a time through an unrolled loop, so their loads are all in flight together: a plain loop
     # waited on one part's load after another, and a b=1 long-context decode call (32 parts over 4 programs) spent
     # ~6% of its time there.
-    if WAIT_PRIOR:
-        gdc_wait()           # launched as a programmatic dependent of the split kernel: its parts, complete
     b = tl.program_id(0)
     rows = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
     row_ok = rows < total_rows
@@ -92,24 +89,22 @@ _MIN_DV_CHUNK = 32
 
 
 def combine(out, lse, o_part, lse_part, *, rows_per_k, group, split_offsets=None, num_splits=0, sinks=None,
-            empty_lse=float("-inf"), pdl=False):
+            empty_lse=float("-inf")):
     """Merge partials into `out (b, s_q, h_q, dv)` and `lse (b, h_q, s_q)`, or `lse (b // t, h_q, t)` when the b
     batches are the t query tokens each of a flattened call (s_q = 1; `common.lse_ptrs`).
 
     o_part: `(slots, [b,] rows, dv)` fp32, lse_part: `(slots, [b,] rows)` fp32 — with the batch axis for uniform
     splits (`num_splits` slots per batch), without it when `split_offsets (b + 1,)` numbers each batch's slots.
     A row's packed index is `kv_head * rows_per_k + q_pos * group + (q_head % group)`.
-    `pdl`: launched as a programmatic dependent launch of the kernel before it (which wrote the parts), waiting for
-    that kernel's end before reading them (GPU only; `forward.COMBINE_PDL`).
     """
     key = (out.shape, out.stride(), lse.shape, lse.stride(), o_part.shape, o_part.stride(), lse_part.shape,
            lse_part.stride(), out.device, rows_per_k, group, split_offsets is None, num_splits, sinks is None,
-           empty_lse, pdl)
+           empty_lse)
     plan = _PLANS.get(key)
     if plan is None:
         plan = _PLANS.keep(key, _plan(out, lse, o_part, lse_part, rows_per_k=rows_per_k, group=group,
                                       per_batch=split_offsets is None, num_splits=num_splits, sinks=sinks,
-                                      empty_lse=empty_lse, pdl=pdl))
+                                      empty_lse=empty_lse))
     grid, scalars, meta, fixed = plan
     launch(combine_kernel, grid, (out, lse, o_part, lse_part, split_offsets, sinks, *scalars), meta, fixed)
 
@@ -119,7 +114,7 @@ def combine(out, lse, o_part, lse_part, *, rows_per_k, group, split_offsets=None
 _PLANS = Plans()
 
 
-def _plan(out, lse, o_part, lse_part, *, rows_per_k, group, per_batch, num_splits, sinks, empty_lse, pdl):
+def _plan(out, lse, o_part, lse_part, *, rows_per_k, group, per_batch, num_splits, sinks, empty_lse):
     """`combine`'s launch without its tensors."""
     from ..schedule import num_sms
 
@@ -142,8 +137,6 @@ def _plan(out, lse, o_part, lse_part, *, rows_per_k, group, per_batch, num_split
                o_part.stride(-2), lse_part.stride(0), lse_part.stride(1) if per_batch else 0)
     meta = dict(DV=dv, BLOCK_DV=block_dv, BLOCK_R=block_r, BLOCK_S=block_s, VARIABLE_SPLITS=not per_batch,
                 HAS_SINKS=sinks is not None, num_warps=4)
-    if pdl:
-        meta.update(WAIT_PRIOR=True, launch_pdl=True)
     return (batch, cdiv(total_rows, block_r), cdiv(dv, block_dv)), scalars, meta, fixed_classes(scalars, meta)
 
 

@@ -11,7 +11,6 @@ middle (no mask arithmetic, no bounds on loads), masked tiles on the right edge 
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents
 
 from ..schedule import num_sms, plan_num_splits
 from .combine import combine
@@ -206,12 +205,7 @@ def attn_fwd_kernel(
     REVERSE_M: tl.constexpr, TMA: tl.constexpr,
     HAS_SEQLENS_K: tl.constexpr, PAGED: tl.constexpr, SPLIT: tl.constexpr, LEFT_PER_BATCH: tl.constexpr,
     PAGE_TILE: tl.constexpr, V_WORDS: tl.constexpr = 0, PAIR: tl.constexpr = False,
-    LAUNCH_DEPENDENTS: tl.constexpr = False,
 ):
-    if LAUNCH_DEPENDENTS:
-        # `COMBINE_PDL`: the combine (launched as a programmatic dependent, waiting for this grid's end) may start
-        # its programs once every program here has begun.
-        gdc_launch_dependents()
     pid_bh = tl.program_id(0)
     pid_m = tl.program_id(1)
     # Causal / windowed work grows with the M block: run the longest blocks first (LPT order).
@@ -534,16 +528,27 @@ _DECODE_LOOKUP = (
     (False, False, DECODE_ROWS, _GPU_DECODE_TILES),
     (False, True, DECODE_ROWS, _GPU_PAGED_DECODE_TILES),
 )
+# Head pairs (`HEAD_PAIRS`) take their own entry here first, by paged or not: {2 x head dim: tiles}; else the
+# tables above at twice the head dim. Contiguous, H200, one process, b = 64 x 8 KV heads x 4 q-heads at 4k keys, GB/s
+# in two runs (history/probe_pair_tiles_h200_c585d73.json, probe_pair_tiles_contig_h200_c585d73.json):
+# (16, 64, 4, 2) 4402 / 4401 against the d = 256 entry (16, 32, 4, 4) 4334 / 4323, (16, 32, 4, 3) 4380 / 4378,
+# (16, 64, 4, 3) 4371 / 4374, (16, 32, 4, 6) 4221, (16, 32, 4, 8) over the shared memory; and b = 64 x 32 KV heads x
+# 8 q-heads: 4046 against 4008 (one head a program 4044). Paged, the d = 256 entry (16, 64, 4, 4) stays: page 16 /
+# page 64 4354 / 4383 against (16, 64, 4, 3) 4354 / 4385, (16, 64, 4, 2) 4337 / 4367, (16, 32, 4, 6) 4336 / 4357,
+# (16, 32, 4, 3) 4000 / 3853.
+_GPU_PAIR_DECODE_TILES = {False: {256: (16, 64, 4, 2)}, True: {}}
 # Every decode tile table, for the benchmark scripts that substitute tiles in all of them.
-_GPU_DECODE_TABLES = tuple(table for *_, table in _DECODE_LOOKUP)
+_GPU_DECODE_TABLES = (*(table for *_, table in _DECODE_LOOKUP), *_GPU_PAIR_DECODE_TILES.values())
 
 
-def _tile_config(dqk, dv, interpret, rows=None, paged=False, kv_fp8=False):
+def _tile_config(dqk, dv, interpret, rows=None, paged=False, kv_fp8=False, pair=False):
     """Tiles for a call whose programs hold `rows` packed query rows (None: prefill-sized) on a paged KV cache
-    or not, FP8 or not."""
+    or not, FP8 or not; `pair`: a head-pair decode (dqk and dv the pair's widths)."""
     if interpret:
         return _INTERPRET_TILES
     key = max(16, next_pow2(dqk), next_pow2(dv))
+    if pair and key in _GPU_PAIR_DECODE_TILES[bool(paged)]:
+        return _GPU_PAIR_DECODE_TILES[bool(paged)][key]
     if rows is not None:
         for fp8_only, table_paged, bound, table in _DECODE_LOOKUP:
             if ((kv_fp8 or not fp8_only) and table_paged == bool(paged) and rows <= bound
@@ -640,14 +645,6 @@ def _gluon_takes(cache_seqlens, num_splits, batch, heads_q, seqlen_q, device, pa
 HEAD_PAIRS = None
 
 
-# Experiment, off until measured (NOTES.md, sixty-ninth session): a split decode's combine launched as a programmatic
-# dependent launch (PDL) of the split kernel, which lets it start at once (`LAUNCH_DEPENDENTS`); the combine waits
-# for the split kernel's end and its writes (`combine(pdl=True)`). The second launch costs b = 1 long-context decode
-# 3.8% (d = 128) and 8.3% (d = 64) of the call (`history/probe_nocombine_d*_h200_0e66316.json`); PDL would hide its
-# launch, not its loads. The interpreter has no PDL: GPU only.
-COMBINE_PDL = False
-
-
 def _pairs_heads(q, k, v, cache_seqlens, varlen, seqlen_q, group, descales):
     """Whether a call runs its KV heads in pairs (`HEAD_PAIRS`): a 16-bit KV cache, d = 64 or 128, an even number
     of KV heads stored side by side, and both heads' query rows within the 16-row decode tiles."""
@@ -734,7 +731,7 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
            varlen and cu_seqlens_q.shape, max_seqlen_q, max_seqlen_k, scale, float(softcap), left, right,
            window_lefts is None, alibi_slopes is None, sinks is None, tuple(d is None for d in descales),
            cache_seqlens is None, block_table is None or (block_table.shape, block_table.stride()), num_splits,
-           gp, tiles, use_tma, interpret, may_pair and HEAD_PAIRS, COMBINE_PDL)
+           gp, tiles, use_tma, interpret, may_pair and HEAD_PAIRS)
     plan = _PLANS.get(key)
     if plan is None:
         pair = (may_pair
@@ -748,7 +745,8 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
             kp = k.view(*k.shape[:-2], heads_k // 2, 2 * dqk)
             vp = v.view(*v.shape[:-2], heads_k // 2, 2 * dv)
             gp = 2 * group
-            tiles = _tile_config(2 * dqk, 2 * dv, interpret, rows=seqlen_q * gp, paged=block_table is not None)
+            tiles = _tile_config(2 * dqk, 2 * dv, interpret, rows=seqlen_q * gp, paged=block_table is not None,
+                                 pair=True)
         plan = _portable_plan(q4, kp, vp, o4, lse, lse_strides, pair=pair, varlen=varlen, batch=batch,
                               seqlen_q=seqlen_q, seqlen_k=seqlen_k, max_seqlen_k=max_seqlen_k, gp=gp, tiles=tiles,
                               use_tma=use_tma, scale=scale, softcap=softcap, left=left, right=right,
@@ -775,15 +773,15 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
     if plan.splits > 1:
         rows = seqlen_q * heads_q
         combine(out, lse, o_parts.view(plan.splits, batch, rows, dv), lse_parts.view(plan.splits, batch, rows),
-                rows_per_k=rows, group=heads_q, num_splits=plan.splits, sinks=sinks,
-                pdl="LAUNCH_DEPENDENTS" in plan.meta)
+                rows_per_k=rows, group=heads_q, num_splits=plan.splits, sinks=sinks)
 
 
 # Launch plans of the portable kernel (`_PortablePlan`), by the call key `attention_forward` makes: its tensors'
 # shapes, strides, dtypes, device and K/V alignment, its options and its tiles (so a patched tile table makes new
-# keys; not the head pairs' tiles, which a plan takes from the 2d entries when it pairs: the probes that patch those
-# run on plans of their own). A later call of a key skips the planning and the argument classes of the plan's
-# scalars: ~20 us of a decode call's ~90 of host time on the device's hosts (NOTES.md, fifty-ninth session).
+# keys; not the head pairs' tiles, which a plan takes from `_GPU_PAIR_DECODE_TILES` or the 2d entries when it
+# pairs: the probes that patch those run on plans of their own). A later call of a key skips the planning and the
+# argument classes of the plan's scalars: ~20 us of a decode call's ~90 of host time on the device's hosts
+# (NOTES.md, fifty-ninth session).
 _PLANS = Plans()
 
 
@@ -855,8 +853,6 @@ def _portable_plan(q4, k, v, o4, lse, lse_strides, *, pair, varlen, batch, seqle
     )
     if pair:
         meta["PAIR"] = True
-    if COMBINE_PDL and num_splits > 1 and not interpret:
-        meta["LAUNCH_DEPENDENTS"] = True
     grid = (batch * heads_eff, cdiv(seqlen_q * gp, block_m), num_splits)
     boxes = ([1, block_n, 1, block_d], [1, block_n, 1, block_dv])
     return _PortablePlan(grid, meta, scalars, num_splits, tma, boxes, parts)
