@@ -1,13 +1,14 @@
-"""A/B of the split-KV combine kernel: the package's `kernels/combine.py` against another copy of it (e.g.
-`git show REV:src/fmha/kernels/combine.py > old.py`), in one process on the same inputs, on calls that merge parts:
-long-context GQA decode (b = 1 and 4 at 131k keys, page 64, d = 128; b = 1 at d = 64) and MLA decode with lengths
-drawn around 8192 (the planner cuts sequences into parts there). CUDA-graph timing; each output's largest difference
-from the package's is recorded. `--none` also times the calls with no combine at all (their outputs unmerged: a
-timing only, the yardstick of what the merge costs).
+"""A/B of the split-KV combine kernel: the package's `kernels/combine.py` against other copies of it (e.g.
+`git show REV:src/fmha/kernels/combine.py > old.py`, or one with `experiments/combine_tiles.patch`), in one
+process on the same inputs, on calls that merge parts: long-context GQA decode (b = 1 and 4 at 131k keys, page 64,
+d = 128; b = 1 at d = 64) and MLA decode with lengths drawn around 8192 (the planner cuts sequences into parts
+there). CUDA-graph timing; each output's largest difference from the package's is recorded. `--none` also times
+the calls with no combine at all (their outputs unmerged: a timing only, the yardstick of what the merge costs).
 
-    PYTHONPATH=src python3 benchmarks/probe_combine.py OLD.py [--none] [--out probe.json]
+    PYTHONPATH=src python3 benchmarks/probe_combine.py OTHER.py [OTHER2.py ..] [--none] [--out probe.json]
 """
 import argparse
+import os
 
 import torch
 
@@ -43,11 +44,13 @@ def _cases():
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("other")
+    p.add_argument("others", nargs="+", metavar="OTHER.py", help="copies of kernels/combine.py, named by file")
     p.add_argument("--none", action="store_true", help="also time the calls with no combine (timing only)")
     p.add_argument("--out", default=None)
     args = p.parse_args()
-    versions = {"package": forward.combine, "other": load_module_copy(args.other).combine}
+    versions = {"package": forward.combine}
+    for path in args.others:
+        versions[os.path.splitext(os.path.basename(path))[0]] = load_module_copy(path).combine
     if args.none:
         versions["none"] = lambda *a, **kw: None
     rows = []
@@ -61,9 +64,10 @@ def main():
                 row.setdefault(f"{name}_gbps", []).append(nbytes / bench_gpu_graph(call) / 1e9)
         forward.combine = mla_decode.combine = versions["package"]
         rows.append(row)
-        new, old = max(row["package_gbps"]), max(row["other_gbps"])
-        print(f"{row} | package {new:.0f} GB/s, other {old:.0f} GB/s: x{new / old:.3f}"
-              + (f", none {max(row['none_gbps']):.0f}" if args.none else ""), flush=True)
+        base = max(row["package_gbps"])
+        print(f"{row} | package {base:.0f} GB/s | " + ", ".join(
+            f"{name} {max(row[name + '_gbps']):.0f} (x{max(row[name + '_gbps']) / base:.3f})"
+            for name in versions if name != "package"), flush=True)
     if args.out:
         save_sweep(args.out, rows)
 
