@@ -532,10 +532,10 @@ _DECODE_LOOKUP = (
 # tables above at twice the head dim. Contiguous, H200, one process, b = 64 x 8 KV heads x 4 q-heads at 4k keys, GB/s
 # in two runs (history/probe_pair_tiles_h200_c585d73.json, probe_pair_tiles_contig_h200_c585d73.json):
 # (16, 64, 4, 2) 4402 / 4401 against the d = 256 entry (16, 32, 4, 4) 4334 / 4323, (16, 32, 4, 3) 4380 / 4378,
-# (16, 64, 4, 3) 4371 / 4374, (16, 32, 4, 6) 4221, (16, 32, 4, 8) over the shared memory; and b = 64 x 32 KV heads x
-# 8 q-heads: 4046 against 4008 (one head a program 4044). Paged, the d = 256 entry (16, 64, 4, 4) stays: page 16 /
-# page 64 4354 / 4383 against (16, 64, 4, 3) 4354 / 4385, (16, 64, 4, 2) 4337 / 4367, (16, 32, 4, 6) 4336 / 4357,
-# (16, 32, 4, 3) 4000 / 3853.
+# (16, 64, 4, 3) 4371 / 4374, (16, 32, 4, 6) 4221, (16, 32, 4, 8) over the shared memory. Paged, the d = 256 entry
+# (16, 64, 4, 4) stays: page 16 / page 64 4354 / 4383 against (16, 64, 4, 3) 4354 / 4385, (16, 64, 4, 2) 4337 /
+# 4367, (16, 32, 4, 6) 4336 / 4357, (16, 32, 4, 3) 4000 / 3853. (The same run's 256 q-head case, which does not
+# pair, read 4000-4046 over six identical calls: the spread of one call's timing there.)
 _GPU_PAIR_DECODE_TILES = {False: {256: (16, 64, 4, 2)}, True: {}}
 # Every decode tile table, for the benchmark scripts that substitute tiles in all of them.
 _GPU_DECODE_TABLES = (*(table for *_, table in _DECODE_LOOKUP), *_GPU_PAIR_DECODE_TILES.values())
