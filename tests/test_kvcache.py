@@ -269,7 +269,8 @@ def test_head_pairs_pay(monkeypatch):
     def pay(b=64, hq=32, hk=8, d=128, sk=4096, seqlen_q=1, paged=False, num_splits=0):
         q = torch.zeros(b, seqlen_q, hq, d, dtype=torch.float16)
         k = torch.zeros(b, 1, hk, d, dtype=torch.float16)
-        return forward._pairs_pay(q, k, object() if paged else None, hq // hk, seqlen_q, sk, num_splits, False)
+        tiles = forward._tile_config(d, d, False, rows=seqlen_q * (hq // hk), paged=paged)     # the call's own
+        return forward._pairs_pay(q, k, tiles, hq // hk, sk, num_splits)
 
     assert pay() and pay(paged=True) and pay(b=32) and pay(seqlen_q=2)
     assert not pay(b=4, sk=131072) and not pay(b=1, sk=131072, paged=True)

@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from .common import LOG2E, lse_ptrs, sink_keep
-from .launch import Plans, cdiv, fixed_classes, launch, next_pow2
+from .launch import Plans, cdiv, fixed_classes, launch, next_pow2, prev_pow2
 
 
 @triton.jit
@@ -126,11 +126,11 @@ def _plan(out, lse, o_part, lse_part, *, rows_per_k, group, per_batch, num_split
     block_s = min(_MAX_GROUP, max(parts, 2))
     # A small grid (b = 1 long-context decode: 33-64 parts of 32 rows) splits DV so that more SMs read the parts.
     cover = 2 * num_sms(out.device)
-    block_dv = min(next_pow2(dv), max(_MIN_DV_CHUNK, _prev_pow2(_IN_FLIGHT // block_s)))
+    block_dv = min(next_pow2(dv), max(_MIN_DV_CHUNK, prev_pow2(_IN_FLIGHT // block_s)))
     while block_dv > _MIN_DV_CHUNK and batch * total_rows * cdiv(dv, block_dv) < cover:
         block_dv //= 2
     # Rows per program: as many as the in-flight budget allows while the grid still covers every SM twice.
-    block_r = _prev_pow2(max(1, min(_IN_FLIGHT // (block_s * block_dv), batch * total_rows // cover, 8)))
+    block_r = prev_pow2(max(1, min(_IN_FLIGHT // (block_s * block_dv), batch * total_rows // cover, 8)))
     scalars = (num_splits, group, rows_per_k, total_rows, empty_lse,
                out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1), lse.stride(2),
                batch // max(lse.shape[0], 1), o_part.stride(0), o_part.stride(1) if per_batch else 0,
@@ -138,7 +138,3 @@ def _plan(out, lse, o_part, lse_part, *, rows_per_k, group, per_batch, num_split
     meta = dict(DV=dv, BLOCK_DV=block_dv, BLOCK_R=block_r, BLOCK_S=block_s, VARIABLE_SPLITS=not per_batch,
                 HAS_SINKS=sinks is not None, num_warps=4)
     return (batch, cdiv(total_rows, block_r), cdiv(dv, block_dv)), scalars, meta, fixed_classes(scalars, meta)
-
-
-def _prev_pow2(n):
-    return 1 << (n.bit_length() - 1)

@@ -656,12 +656,12 @@ def _pairs_heads(q, k, v, cache_seqlens, varlen, seqlen_q, group, descales):
             and all(t.stride(-1) == 1 and t.stride(-2) == d for t in (k, v)))
 
 
-def _pairs_pay(q, k, block_table, group, seqlen_q, max_seqlen_k, num_splits, interpret):
+def _pairs_pay(q, k, tiles, group, max_seqlen_k, num_splits):
     """`HEAD_PAIRS`' rule for a call `_pairs_heads` allows: d = 128, a GQA group, splits left to the planner, and the
-    planner running one head a program unsplit."""
+    planner running one head a program (on `tiles`, the call's own) unsplit."""
     if q.shape[-1] != 128 or group < 2 or num_splits != 0:
         return False
-    block_n, num_warps = _tile_config(128, 128, interpret, rows=seqlen_q * group, paged=block_table is not None)[1:3]
+    block_n, num_warps = tiles[1:3]
     programs = q.shape[0] * k.shape[-2]
     return plan_num_splits(programs, max_seqlen_k, block_n, num_sms(q.device), num_warps) == 1
 
@@ -735,7 +735,7 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
     plan = _PLANS.get(key)
     if plan is None:
         pair = (may_pair
-                and (HEAD_PAIRS or _pairs_pay(q, k, block_table, group, seqlen_q, max_seqlen_k, num_splits, interpret))
+                and (HEAD_PAIRS or _pairs_pay(q, k, tiles, group, max_seqlen_k, num_splits))
                 and _pairs_heads(q, k, v, cache_seqlens, varlen, seqlen_q, group, descales))
         kp, vp = k, v
         if pair:

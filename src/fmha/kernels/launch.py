@@ -122,6 +122,11 @@ def next_pow2(n):
     return 1 << (max(int(n), 1) - 1).bit_length()
 
 
+def prev_pow2(n):
+    """The greatest power of two <= n (n >= 1)."""
+    return 1 << (int(n).bit_length() - 1)
+
+
 def fixed_classes(tail, meta):
     """`launch`'s `fixed` for calls whose arguments end with `tail` and whose meta is `meta`, each time."""
     return tuple(map(_arg_class, tail)), tuple(meta.items())
