@@ -24,9 +24,9 @@ def combine_kernel(O, LSE, O_PART, LSE_PART, SPLIT_OFFSETS, SINKS,
                    DV: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr,
                    VARIABLE_SPLITS: tl.constexpr, HAS_SINKS: tl.constexpr):
     # A program merges BLOCK_R packed rows of one batch, BLOCK_DV of their DV values (program_id 2 picks which).
-    # Parts go BLOCK_S at a time through an unrolled loop, so their loads are all in flight together: a plain loop
-    # waited on one part's load after another, and a b=1 long-context decode call (32 parts over 4 programs) spent
-    # ~6% of its time there.
+    # Parts go BLOCK_S at a time as one [BLOCK_S, BLOCK_R] tile of LSEs and one [BLOCK_S, BLOCK_R, BLOCK_DV] tile
+    # of values, both loads issued before either is used (neither's addresses depend on the other), so a group of
+    # parts costs one round trip to memory; the sum over the parts is a reduction of the tile's first axis.
     b = tl.program_id(0)
     rows = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
     row_ok = rows < total_rows
@@ -47,22 +47,19 @@ def combine_kernel(O, LSE, O_PART, LSE_PART, SPLIT_OFFSETS, SINKS,
         den = tl.zeros([BLOCK_R], dtype=tl.float32)
         acc = tl.zeros([BLOCK_R, BLOCK_DV], dtype=tl.float32)
         for s0 in range(0, n, BLOCK_S):
-            m_new = m
-            for j in tl.static_range(BLOCK_S):
-                slot = (first + s0 + j).to(tl.int64)
-                lse_j = tl.load(lse_part + slot * stride_lps, mask=row_ok & (s0 + j < n), other=float("-inf"))
-                m_new = tl.maximum(m_new, lse_j)
+            offs_s = s0 + tl.arange(0, BLOCK_S)
+            slots = (first + offs_s).to(tl.int64)
+            s_ok = offs_s < n
+            lse_t = tl.load(lse_part[None, :] + slots[:, None] * stride_lps, mask=s_ok[:, None] & row_ok[None, :],
+                            other=float("-inf"))
+            o_t = tl.load(o_part[None, :, :] + slots[:, None, None] * stride_ps,
+                          mask=s_ok[:, None, None] & o_mask[None, :, :], other=0.0)
+            m_new = tl.maximum(m, tl.max(lse_t, axis=0))
             m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)     # no part seen yet: weights 0, not NaN
             alpha = tl.exp2((m - m_shift) * LOG2E)
-            acc = acc * alpha[:, None]
-            den = den * alpha
-            for j in tl.static_range(BLOCK_S):
-                slot = (first + s0 + j).to(tl.int64)
-                ok = s0 + j < n
-                lse_j = tl.load(lse_part + slot * stride_lps, mask=row_ok & ok, other=float("-inf"))
-                w = tl.exp2((lse_j - m_shift) * LOG2E)
-                acc += w[:, None] * tl.load(o_part + slot * stride_ps, mask=o_mask & ok, other=0.0)
-                den += w
+            w = tl.exp2((lse_t - m_shift[None, :]) * LOG2E)
+            acc = acc * alpha[:, None] + tl.sum(w[:, :, None] * o_t, axis=0)
+            den = den * alpha + tl.sum(w, axis=0)
             m = m_new
         m_shift = tl.where(m == float("-inf"), 0.0, m)
         empty = den == 0.0
@@ -80,8 +77,8 @@ def combine_kernel(O, LSE, O_PART, LSE_PART, SPLIT_OFFSETS, SINKS,
                  mask=row_ok & (d0 == 0))
 
 
-# fp32 values of the parts' tiles a program has in flight at once (BLOCK_R x BLOCK_S x BLOCK_DV); at most
-# _MAX_GROUP parts unrolled (the most `schedule.plan_num_splits` plans: a planned split decode merges in one group).
+# fp32 values of the parts' tile a program has in flight at once (BLOCK_S x BLOCK_R x BLOCK_DV); at most
+# _MAX_GROUP parts a tile (the most `schedule.plan_num_splits` plans: a planned split decode merges in one tile).
 _IN_FLIGHT = 8192
 _MAX_GROUP = 64
 # A grid short of covering every SM twice splits the DV values over programs, down to this many a program.
@@ -120,10 +117,10 @@ def _plan(out, lse, o_part, lse_part, *, rows_per_k, group, per_batch, num_split
 
     batch, dv = out.shape[0], out.shape[-1]
     total_rows = o_part.shape[-2]
-    # Parts per batch: exact for uniform splits, unrolled whole (one group: every part's loads in flight at once); the
-    # average for the scheduler's, in a power of two (a batch with more loops).
+    # Parts per batch: exact for uniform splits, one tile for all of them (every part's loads in flight at once); the
+    # average for the scheduler's (a batch with more loops).
     parts = num_splits if per_batch else next_pow2(-(-o_part.shape[0] // max(batch, 1)))
-    block_s = min(_MAX_GROUP, max(parts, 2))
+    block_s = min(_MAX_GROUP, next_pow2(max(parts, 2)))        # a tile's first axis: a power of two
     # A small grid (b = 1 long-context decode: 33-64 parts of 32 rows) splits DV so that more SMs read the parts.
     cover = 2 * num_sms(out.device)
     block_dv = min(next_pow2(dv), max(_MIN_DV_CHUNK, prev_pow2(_IN_FLIGHT // block_s)))
