@@ -12,7 +12,7 @@ oracle on the same FP8 values.
 
     PYTHONPATH=src python3 benchmarks/probe_fp8_decode.py [--rounds 2] [--out probe.json] [--fp8-tiles 64,128,4,3 ..]
         [--versions base.py ..] [--cases 3 4] [--bf16-tiles 32,64,4,5 ..] [--head-dim 64] [--v-words 0 1]
-        [--splits 32 64 ..] [--pairs] [--no-combine] [--pair-tiles 16,64,4,3 ..] [--pair-heads 4]
+        [--splits 32 64 ..] [--pairs] [--no-combine] [--pair-tiles 16,64,4,3 ..]
 """
 import argparse
 import importlib
@@ -127,9 +127,6 @@ def main():
     p.add_argument("--pair-tiles", nargs="*", default=[], metavar="M,N,W,S",
                    help="also time the bf16 cache with forward.HEAD_PAIRS forced on and these tiles at the pair's "
                         "width (the decode tables' 2 x head-dim entries, which the pairs take)")
-    p.add_argument("--pair-heads", type=int, default=2, metavar="H",
-                   help="KV heads a program in --pairs and --pair-tiles (forward.PAIR_HEADS; 4: quads, their tiles "
-                        "at 4 x head dim)")
     p.add_argument("--splits", type=int, nargs="*", default=[], metavar="N",
                    help="also time the bf16 cache with num_splits=N forced (the tables' tiles)")
     p.add_argument("--no-combine", action="store_true",
@@ -176,12 +173,11 @@ def main():
                 calls[f"ours_{cache}_t{spec.replace(',', '_')}"] = _with_settings(_with_tiles(
                     calls[f"ours_{cache}"], tuple(int(x) for x in spec.split(","))), HEAD_PAIRS=False)
         if args.pairs:
-            calls["ours_bf16_pairs"] = _with_settings(calls["ours_bf16"], HEAD_PAIRS=True, PAIR_HEADS=args.pair_heads)
+            calls["ours_bf16_pairs"] = _with_settings(calls["ours_bf16"], HEAD_PAIRS=True)
             calls["ours_bf16_pairs_off"] = _with_settings(calls["ours_bf16"], HEAD_PAIRS=False)
         for spec in args.pair_tiles:
             calls[f"ours_bf16_pt{spec.replace(',', '_')}"] = _with_settings(
-                _with_tiles(calls["ours_bf16"], tuple(int(x) for x in spec.split(",")), key=args.pair_heads * D),
-                HEAD_PAIRS=True, PAIR_HEADS=args.pair_heads)
+                _with_tiles(calls["ours_bf16"], tuple(int(x) for x in spec.split(",")), key=2 * D), HEAD_PAIRS=True)
         if args.no_combine:
             for name in [n for n in ("ours_bf16", "ours_bf16_pairs") if n in calls]:
                 calls["nocombine" + name[4:]] = _with_settings(calls[name], combine=lambda *a, **kw: None)

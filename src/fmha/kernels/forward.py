@@ -251,12 +251,11 @@ def attn_fwd_kernel(
     CDT: tl.constexpr = tl.float16 if FP8_KV or Q.dtype.element_ty == tl.float8e4nv else Q.dtype.element_ty
     RESCALE_Q: tl.constexpr = FP8_KV and Q.dtype.element_ty == tl.bfloat16
     if PAIR:
-        # PAIR KV heads a program (`attention_forward`'s head pairs, PAIR = 2, or quads, 4): K and V are rows of
-        # those heads' d values side by side, q is PAIR x d wide. A row of the pair's first head holds [q, 0], of
-        # the second [0, q] (and so on), so that q . k sees only its own head's part of each key, and the output's
-        # own part is stored below.
-        HALF_D: tl.constexpr = HEAD_DIM_QK // PAIR
-        half = (q_head * PAIR // group) % PAIR      # which head of the pair a row's query head belongs to
+        # Two KV heads a program (`attention_forward`'s head pairs): K and V are rows of both heads' d values, q
+        # is d wide. A row of the first head of the pair holds [q, 0], of the second [0, q], so that q . k sees
+        # only its own head's half of each key, and the output's own half is stored below.
+        HALF_D: tl.constexpr = HEAD_DIM_QK // 2
+        half = (q_head * 2 // group) % 2        # which head of the pair a row's query head belongs to
         own = (offs_d // HALF_D)[None, :] == half[:, None]
         q = tl.load(q_rows[:, None] + (offs_d[None, :] - half[:, None] * HALF_D), mask=row_ok[:, None] & own,
                     other=0.0)
@@ -378,7 +377,7 @@ def attn_fwd_kernel(
 
     o_rows = O + b.to(tl.int64) * stride_ob + (q_start + q_pos).to(tl.int64) * stride_os + q_head * stride_oh
     if PAIR:
-        HALF_DV: tl.constexpr = HEAD_DIM_V // PAIR
+        HALF_DV: tl.constexpr = HEAD_DIM_V // 2
         tl.store(o_rows[:, None] + (offs_dv[None, :] - half[:, None] * HALF_DV), out.to(O.dtype.element_ty),
                  mask=row_ok[:, None] & ((offs_dv // HALF_DV)[None, :] == half[:, None]))
     else:
@@ -644,18 +643,16 @@ def _gluon_takes(cache_seqlens, num_splits, batch, heads_q, seqlen_q, device, pa
 # `_pairs_pay` takes them at d = 128 in GQA groups when one head a program would fill the GPU unsplit.
 # HEAD_PAIRS: None by that rule, True wherever the kernel can (`_pairs_heads`: the tests), False never.
 HEAD_PAIRS = None
-# KV heads a program when pairing (2; 4, quads, an experiment the probes time).
-PAIR_HEADS = 2
 
 
-def _pairs_heads(q, k, v, cache_seqlens, varlen, seqlen_q, group, descales, heads=2):
-    """Whether a call runs its KV heads `heads` at a time (`HEAD_PAIRS`): a 16-bit KV cache, d = 64 or 128, a
-    multiple of `heads` KV heads stored side by side, and their query rows within the 16-row decode tiles."""
+def _pairs_heads(q, k, v, cache_seqlens, varlen, seqlen_q, group, descales):
+    """Whether a call runs its KV heads in pairs (`HEAD_PAIRS`): a 16-bit KV cache, d = 64 or 128, an even number
+    of KV heads stored side by side, and both heads' query rows within the 16-row decode tiles."""
     d = q.shape[-1]
     return (cache_seqlens is not None and not varlen and k.dtype == q.dtype and v.dtype == q.dtype
             and q.element_size() == 2 and all(x is None for x in descales) and d in (64, 128)
-            and k.shape[-1] == d and v.shape[-1] == d and k.shape[-2] % heads == 0
-            and heads * group * seqlen_q <= NARROW_ROWS
+            and k.shape[-1] == d and v.shape[-1] == d and k.shape[-2] % 2 == 0
+            and 2 * group * seqlen_q <= NARROW_ROWS
             and all(t.stride(-1) == 1 and t.stride(-2) == d for t in (k, v)))
 
 
@@ -734,23 +731,22 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
            varlen and cu_seqlens_q.shape, max_seqlen_q, max_seqlen_k, scale, float(softcap), left, right,
            window_lefts is None, alibi_slopes is None, sinks is None, tuple(d is None for d in descales),
            cache_seqlens is None, block_table is None or (block_table.shape, block_table.stride()), num_splits,
-           gp, tiles, use_tma, interpret, may_pair and (HEAD_PAIRS, PAIR_HEADS))
+           gp, tiles, use_tma, interpret, may_pair and HEAD_PAIRS)
     plan = _PLANS.get(key)
     if plan is None:
         pair = (may_pair
                 and (HEAD_PAIRS or _pairs_pay(q, k, tiles, group, max_seqlen_k, num_splits))
-                and _pairs_heads(q, k, v, cache_seqlens, varlen, seqlen_q, group, descales, PAIR_HEADS)
-                and PAIR_HEADS)
+                and _pairs_heads(q, k, v, cache_seqlens, varlen, seqlen_q, group, descales))
         kp, vp = k, v
         if pair:
             # Two KV heads a program: K and V seen as heads_k / 2 heads of both heads' values (views: the launch
             # passes k and v themselves, the same addresses), q and out as they are (the kernel's PAIR), the
             # group's rows of both heads packed in one tile.
-            kp = k.view(*k.shape[:-2], heads_k // pair, pair * dqk)
-            vp = v.view(*v.shape[:-2], heads_k // pair, pair * dv)
-            gp = pair * group
-            tiles = _tile_config(pair * dqk, pair * dv, interpret, rows=seqlen_q * gp,
-                                 paged=block_table is not None, pair=True)
+            kp = k.view(*k.shape[:-2], heads_k // 2, 2 * dqk)
+            vp = v.view(*v.shape[:-2], heads_k // 2, 2 * dv)
+            gp = 2 * group
+            tiles = _tile_config(2 * dqk, 2 * dv, interpret, rows=seqlen_q * gp, paged=block_table is not None,
+                                 pair=True)
         plan = _portable_plan(q4, kp, vp, o4, lse, lse_strides, pair=pair, varlen=varlen, batch=batch,
                               seqlen_q=seqlen_q, seqlen_k=seqlen_k, max_seqlen_k=max_seqlen_k, gp=gp, tiles=tiles,
                               use_tma=use_tma, scale=scale, softcap=softcap, left=left, right=right,
@@ -856,7 +852,7 @@ def _portable_plan(q4, k, v, o4, lse, lse_strides, *, pair, varlen, batch, seqle
         V_WORDS=v_words, num_warps=num_warps, num_stages=num_stages,
     )
     if pair:
-        meta["PAIR"] = pair
+        meta["PAIR"] = True
     grid = (batch * heads_eff, cdiv(seqlen_q * gp, block_m), num_splits)
     boxes = ([1, block_n, 1, block_d], [1, block_n, 1, block_dv])
     return _PortablePlan(grid, meta, scalars, num_splits, tma, boxes, parts)
