@@ -1,5 +1,5 @@
 """A/B of the split-KV combine kernel: the package's `kernels/combine.py` against other copies of it (e.g.
-`git show REV:src/fmha/kernels/combine.py > old.py`, or one with `experiments/combine_tiles.patch`), in one
+`git show REV:src/fmha/kernels/combine.py > old.py`; 558a28c's parent holds the one before the tiled merge), in one
 process on the same inputs, on calls that merge parts: long-context GQA decode (b = 1 and 4 at 131k keys, page 64,
 d = 128; b = 1 at d = 64) and MLA decode with lengths drawn around 8192 (the planner cuts sequences into parts
 there). CUDA-graph timing; each output's largest difference from the package's is recorded. `--none` also times
