@@ -119,7 +119,7 @@ def _plan(out, lse, o_part, lse_part, *, rows_per_k, group, per_batch, num_split
     total_rows = o_part.shape[-2]
     # Parts per batch: exact for uniform splits, one tile for all of them (every part's loads in flight at once); the
     # average for the scheduler's (a batch with more loops).
-    parts = num_splits if per_batch else next_pow2(-(-o_part.shape[0] // max(batch, 1)))
+    parts = num_splits if per_batch else -(-o_part.shape[0] // max(batch, 1))
     block_s = min(_MAX_GROUP, next_pow2(max(parts, 2)))        # a tile's first axis: a power of two
     # A small grid (b = 1 long-context decode: 33-64 parts of 32 rows) splits DV so that more SMs read the parts.
     cover = 2 * num_sms(out.device)

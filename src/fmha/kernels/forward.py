@@ -724,8 +724,8 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
     if pack_gqa is None:
         pack_gqa = _pack_gqa(group, seqlen_q, _tile_config(dqk, dv, interpret)[0])
     gp = group if pack_gqa else 1
-    tiles = tuple(tiles or _tile_config(k.shape[-1], v.shape[-1], interpret, rows=seqlen_q * gp,
-                                        paged=block_table is not None, kv_fp8=k.element_size() == 1))
+    tiles = tuple(tiles or _tile_config(dqk, dv, interpret, rows=seqlen_q * gp, paged=block_table is not None,
+                                        kv_fp8=k.element_size() == 1))
     key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), out.shape, out.stride(), lse.shape,
            lse.stride(), q.dtype, k.dtype, v.dtype, out.dtype, q.device, k.data_ptr() % 16, v.data_ptr() % 16,
            varlen and cu_seqlens_q.shape, max_seqlen_q, max_seqlen_k, scale, float(softcap), left, right,
@@ -802,7 +802,7 @@ def _portable_plan(q4, k, v, o4, lse, lse_strides, *, pair, varlen, batch, seqle
                    block_table, num_splits, interpret):
     """`_PortablePlan` of an `attention_forward` call that the portable kernel runs (q4 and o4 with a batch axis;
     with `pair`, k and v are the head-pair views)."""
-    heads_q, dqk = q4.shape[-2], k.shape[-1] if pair else q4.shape[-1]
+    heads_q, dqk = q4.shape[-2], k.shape[-1]          # with `pair`, the pair's width
     group = heads_q // k.shape[-2]
     dv = v.shape[-1]
     paged = block_table is not None
