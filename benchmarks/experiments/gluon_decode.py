@@ -1,0 +1,158 @@
+"""Experiment: a Gluon paged decode kernel with an explicit cp.async ring (issue 3's page 16 / 64 rows).
+
+The package's paged head-pair form (Triton, (16, 64, 4, 4)) keeps one K and one V buffer: Triton's pipeliner gives
+it `async_wait {num = 0}` after each tile's loads, so a program has one tile in flight and the SM's other programs
+fill the gaps. Here one program (one warpgroup, one an SM) owns a ring of STAGES key tiles and keeps STAGES - 1 of
+them in flight while it computes on the oldest, the question being whether bytes in flight per SM, held steady,
+read the scattered pages closer to the copy bandwidth.
+
+Scope: what the bench rows need and no more: seqlen_q = 1, a paged bf16 / fp16 cache (any page size that is a
+multiple of 16), GQA group G with 2 G <= 64, d = 128, two KV heads a program (the package's pair layout: a pair's
+rows are 256 values wide, q rows of the first head [q, 0], of the second [0, q]), no split, no options. wgmma with
+M = 64 (the 2 G real rows padded), Q in shared memory, K and V tiles written by cp.async (16 bytes a copy) into
+128-byte-swizzled buffers and read by wgmma after a proxy fence. COMPUTE=False issues the same copies with no math:
+the ring's own read rate.
+"""
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
+
+ROWS = gl.constexpr(64)
+LN2 = gl.constexpr(0.6931471805599453)
+
+
+@gluon.jit
+def _pages(bt_row, n, k_len, PAGE: gl.constexpr, BLOCK_N: gl.constexpr, key_l: gl.constexpr):
+    """Block-table entries of the keys n .. n + BLOCK_N - 1 (0 past k_len), one a key row."""
+    key = n + gl.arange(0, BLOCK_N, layout=key_l)
+    return gl.load(bt_row + key // PAGE, mask=key < k_len, other=0)
+
+
+@gluon.jit
+def _issue(K, V, k_buf, v_buf, pages, n, k_len, col0, stride_page, stride_slot, PAGE: gl.constexpr,
+           BLOCK_N: gl.constexpr, W: gl.constexpr, ld: gl.constexpr):
+    """cp.async the K and V rows (W values from column col0) of keys n .. n + BLOCK_N - 1 into k_buf / v_buf;
+    keys at or past k_len zero-filled (not read)."""
+    key = n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ld))
+    cols = gl.arange(0, W, layout=gl.SliceLayout(0, ld))
+    rows = pages.to(gl.int64) * stride_page + (key % PAGE) * stride_slot + col0
+    offs = rows[:, None] + cols[None, :]
+    ok = (key < k_len)[:, None] & (cols < W)[None, :]
+    async_copy.async_copy_global_to_shared(k_buf, K + offs, mask=ok)
+    async_copy.async_copy_global_to_shared(v_buf, V + offs, mask=ok)
+
+
+@gluon.jit
+def gluon_decode_kernel(Q, K, V, O, LSE, TABLE, SEQLENS, stride_qb, stride_qh, stride_ob, stride_oh, stride_lb,
+                        stride_lh, stride_bt, stride_page, stride_slot, qk_scale_log2,
+                        GROUP: gl.constexpr, NPAIR: gl.constexpr, D: gl.constexpr, PAGE: gl.constexpr,
+                        BLOCK_N: gl.constexpr, STAGES: gl.constexpr, COMPUTE: gl.constexpr):
+    dtype: gl.constexpr = Q.dtype.element_ty
+    W: gl.constexpr = 2 * D
+    pid = gl.program_id(0)
+    b = pid // NPAIR
+    pair = pid % NPAIR
+    k_len = gl.load(SEQLENS + b)
+    bt_row = TABLE + b.to(gl.int64) * stride_bt
+    col0 = pair * W
+
+    ld: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])
+    key_l: gl.constexpr = gl.SliceLayout(1, ld)
+    kv_l: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, W], dtype)
+    q_l: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, W], dtype)
+    k_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, W], kv_l)
+    v_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, W], kv_l)
+    q_smem = gl.allocate_shared_memory(dtype, [ROWS, W], q_l)
+
+    n_tiles = gl.cdiv(k_len, BLOCK_N)
+    for i in gl.static_range(STAGES - 1):
+        pg = _pages(bt_row, i * BLOCK_N, k_len, PAGE, BLOCK_N, key_l)
+        _issue(K, V, k_bufs.index(i), v_bufs.index(i), pg, i * BLOCK_N, k_len, col0, stride_page, stride_slot,
+               PAGE, BLOCK_N, W, ld)
+        async_copy.commit_group()
+    pg = _pages(bt_row, (STAGES - 1) * BLOCK_N, k_len, PAGE, BLOCK_N, key_l)
+
+    # q rows r < 2 GROUP: query head pair * 2 GROUP + r, in its own head's half of the pair's columns.
+    q_ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    r = gl.arange(0, ROWS, layout=gl.SliceLayout(1, q_ld))
+    c = gl.arange(0, W, layout=gl.SliceLayout(0, q_ld))
+    half = r // GROUP
+    own = (r < 2 * GROUP)[:, None] & ((c // D)[None, :] == half[:, None])
+    q_ptrs = (Q + b.to(gl.int64) * stride_qb + (pair * 2 * GROUP + r)[:, None] * stride_qh
+              + (c[None, :] - half[:, None] * D))
+    q_smem.store(gl.load(q_ptrs, mask=own, other=0.0))
+
+    s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                 instr_shape=[16, BLOCK_N, 16])
+    o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, W, 16])
+    p_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_l, k_width=2)
+    row_s: gl.constexpr = gl.SliceLayout(1, s_l)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_l)
+    m_i = gl.full([ROWS], float("-inf"), gl.float32, row_s)
+    l_i = gl.zeros([ROWS], gl.float32, row_s)
+    acc = gl.zeros([ROWS, W], gl.float32, o_l)
+    for t in range(n_tiles):
+        slot = t % STAGES
+        # Tile t's copies (this thread's) have landed; fenced for the async proxy; every thread's, and every
+        # thread is done with tile t - 1's slot, past the barrier.
+        async_copy.wait_group(STAGES - 2)
+        fence_async_shared()
+        gl.thread_barrier()
+        nt = t + STAGES - 1
+        if nt < n_tiles:
+            _issue(K, V, k_bufs.index(nt % STAGES), v_bufs.index(nt % STAGES), pg, nt * BLOCK_N, k_len, col0,
+                   stride_page, stride_slot, PAGE, BLOCK_N, W, ld)
+            pg = _pages(bt_row, (nt + 1) * BLOCK_N, k_len, PAGE, BLOCK_N, key_l)
+        async_copy.commit_group()
+        if COMPUTE:
+            s = warpgroup_mma(q_smem, k_bufs.index(slot).permute((1, 0)), gl.zeros([ROWS, BLOCK_N], gl.float32, s_l),
+                              use_acc=False, is_async=True)
+            s = warpgroup_mma_wait(0, deps=(s,)) * qk_scale_log2
+            n = t * BLOCK_N
+            if n + BLOCK_N > k_len:
+                kp = n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_l))
+                s = gl.where((kp < k_len)[None, :], s, float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(s, 1))
+            m_sh = gl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = gl.exp2(m_i - m_sh)
+            p = gl.exp2(s - m_sh[:, None])
+            l_i = l_i * alpha + gl.sum(p, 1)
+            m_i = m_new
+            acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+            o_tok = warpgroup_mma(gl.convert_layout(p.to(dtype), p_l), v_bufs.index(slot), acc, is_async=True)
+            acc = warpgroup_mma_wait(0, deps=(o_tok,))
+    async_copy.wait_group(0)
+
+    l_o = gl.convert_layout(l_i, row_o)
+    out = acc / gl.where(l_o == 0.0, 1.0, l_o)[:, None]
+    ro = gl.arange(0, ROWS, layout=row_o)
+    co = gl.arange(0, W, layout=gl.SliceLayout(0, o_l))
+    half_o = ro // GROUP
+    head = pair * 2 * GROUP + ro
+    o_ptrs = O + b.to(gl.int64) * stride_ob + head[:, None] * stride_oh + (co[None, :] - half_o[:, None] * D)
+    gl.store(o_ptrs, out.to(dtype), mask=(ro < 2 * GROUP)[:, None] & ((co // D)[None, :] == half_o[:, None]))
+    lse = gl.where(l_i == 0.0, float("-inf"), (m_i + gl.log2(gl.where(l_i == 0.0, 1.0, l_i))) * LN2)
+    rs = gl.arange(0, ROWS, layout=row_s)
+    gl.store(LSE + b * stride_lb + (pair * 2 * GROUP + rs) * stride_lh, lse, mask=rs < 2 * GROUP)
+
+
+def launch(q, k_cache, v_cache, cache_seqlens, block_table, *, block_n=64, stages=3, compute=True):
+    """A callable running the experiment on q (b, 1, hq, d) against a paged cache; returns out (b, 1, hq, d)."""
+    b, sq, hq, d = q.shape
+    hk = k_cache.shape[2]
+    group = hq // hk
+    assert sq == 1 and d == 128 and hk % 2 == 0 and 2 * group <= 64 and k_cache.stride() == v_cache.stride()
+    out = torch.empty_like(q)
+    lse = torch.empty(b, hq, dtype=torch.float32, device=q.device)
+    scale_log2 = d ** -0.5 * 1.4426950408889634
+
+    def call():
+        gluon_decode_kernel[(b * hk // 2,)](
+            q, k_cache, v_cache, out, lse, block_table, cache_seqlens, q.stride(0), q.stride(2), out.stride(0),
+            out.stride(2), lse.stride(0), lse.stride(1), block_table.stride(0), k_cache.stride(0),
+            k_cache.stride(1), scale_log2, GROUP=group, NPAIR=hk // 2, D=d, PAGE=k_cache.shape[1], BLOCK_N=block_n,
+            STAGES=stages, COMPUTE=compute, num_warps=4)
+        return out
+    return call
