@@ -1,8 +1,8 @@
 """The Gluon paged decode experiment (`experiments/gluon_decode.py`) against the package, cuDNN and the pure read.
 
 b = 64, hq = 32, hk = 8, 4k keys, d = 128, bf16 (issue 3's bar rows), paged (page 16, 64; pages shuffled as
-`fmha bench decode` shuffles them). Variants `BN,STAGES[,r]`: the experiment with BN-key tiles in a ring of STAGES
-(`r`: the copies only, no math: the ring's read rate). `read` is `kernels.kv_read` on the same paged cache (the
+`fmha bench decode` shuffles them). Variants `BN,STAGES[,r | ,wN]`: the experiment with BN-key tiles in a ring of STAGES,
+its wgmma kernel (`r`: the copies only, no math: the ring's read rate) or with `wN` its mma.sync kernel on N warps. `read` is `kernels.kv_read` on the same paged cache (the
 bench's yardstick). Every computing call is checked first: against cuDNN on the full cache, and against the package
 on ragged lengths with NaN past each sequence's end. GB/s count K and V once plus Q and O; ratios are to cuDNN on the
 contiguous cache.
@@ -37,12 +37,21 @@ def _ragged_check(q, k, v, page, variants):
     kc, vc, table = paged_copy(page, kn, vn)
     want = fmha.attention_with_kvcache(q, kc, vc, lens, block_table=table).float()
     for spec in variants:
-        bn, stages, *rest = spec.split(",")
-        if rest:
+        if spec.endswith(",r"):
             continue
-        got = gluon_decode.launch(q, kc, vc, lens, table, block_n=int(bn), stages=int(stages))().float()
+        got = _variant(q, kc, vc, lens, table, spec)().float()
         err = (got - want).abs().max().item()
         assert err < 2e-2, (spec, "ragged", err)
+
+
+def _variant(q, kc, vc, lens, table, spec):
+    bn, stages, *rest = spec.split(",")
+    opts = dict(block_n=int(bn), stages=int(stages))
+    if rest == ["r"]:
+        opts.update(compute=False)
+    elif rest:
+        opts.update(mma=2, warps=int(rest[0][1:]))
+    return gluon_decode.launch(q, kc, vc, lens, table, **opts)
 
 
 def main():
@@ -71,9 +80,7 @@ def main():
         calls = {"cudnn": cudnn, "package": lambda: fmha.attention_with_kvcache(q, kc, vc, lens, block_table=table)}
         calls["read"] = kv_read_call(kc, vc, table, sk)[0]
         for spec in args.variants:
-            bn, stages, *rest = spec.split(",")
-            calls["g" + spec.replace(",", "_")] = gluon_decode.launch(q, kc, vc, lens, table, block_n=int(bn),
-                                                                      stages=int(stages), compute=not rest)
+            calls["g" + spec.replace(",", "_")] = _variant(q, kc, vc, lens, table, spec)
         ref = cudnn().transpose(1, 2).float()
         for name, call in calls.items():
             if name == "read" or name.endswith("_r"):

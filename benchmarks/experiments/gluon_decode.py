@@ -16,7 +16,7 @@ the ring's own read rate.
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import async_copy
+from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
 ROWS = gl.constexpr(64)
@@ -138,21 +138,111 @@ def gluon_decode_kernel(Q, K, V, O, LSE, TABLE, SEQLENS, stride_qb, stride_qh, s
     gl.store(LSE + b * stride_lb + (pair * 2 * GROUP + rs) * stride_lh, lse, mask=rs < 2 * GROUP)
 
 
-def launch(q, k_cache, v_cache, cache_seqlens, block_table, *, block_n=64, stages=3, compute=True):
-    """A callable running the experiment on q (b, 1, hq, d) against a paged cache; returns out (b, 1, hq, d)."""
+@gluon.jit
+def gluon_decode_v2_kernel(Q, K, V, O, LSE, TABLE, SEQLENS, stride_qb, stride_qh, stride_ob, stride_oh, stride_lb,
+                           stride_lh, stride_bt, stride_page, stride_slot, qk_scale_log2,
+                           GROUP: gl.constexpr, NPAIR: gl.constexpr, D: gl.constexpr, PAGE: gl.constexpr,
+                           BLOCK_N: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr):
+    """The same ring with mma.sync (M = 16: the 2 GROUP real rows padded to 16, not 64), warps splitting the
+    keys of Q·Kᵀ and the columns of P·V as Triton's 16-row decode forms do; operands read from shared memory by
+    ldmatrix (no proxy fence: both sides generic)."""
+    dtype: gl.constexpr = Q.dtype.element_ty
+    W: gl.constexpr = 2 * D
+    M: gl.constexpr = 16
+    pid = gl.program_id(0)
+    b = pid // NPAIR
+    pair = pid % NPAIR
+    k_len = gl.load(SEQLENS + b)
+    bt_row = TABLE + b.to(gl.int64) * stride_bt
+    col0 = pair * W
+
+    ld: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [WARPS, 1], [1, 0])
+    key_l: gl.constexpr = gl.SliceLayout(1, ld)
+    kv_l: gl.constexpr = gl.SwizzledSharedLayout(8, 1, 8, [1, 0])
+    k_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, W], kv_l)
+    v_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, W], kv_l)
+
+    n_tiles = gl.cdiv(k_len, BLOCK_N)
+    for i in gl.static_range(STAGES - 1):
+        pg = _pages(bt_row, i * BLOCK_N, k_len, PAGE, BLOCK_N, key_l)
+        _issue(K, V, k_bufs.index(i), v_bufs.index(i), pg, i * BLOCK_N, k_len, col0, stride_page, stride_slot,
+               PAGE, BLOCK_N, W, ld)
+        async_copy.commit_group()
+    pg = _pages(bt_row, (STAGES - 1) * BLOCK_N, k_len, PAGE, BLOCK_N, key_l)
+
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, WARPS], instr_shape=[16, 8])
+    a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+    b_l: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
+    row_l: gl.constexpr = gl.SliceLayout(1, mma)
+    q_ld: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [1, WARPS], [1, 0])
+    r = gl.arange(0, M, layout=gl.SliceLayout(1, q_ld))
+    c = gl.arange(0, W, layout=gl.SliceLayout(0, q_ld))
+    half = r // GROUP
+    own = (r < 2 * GROUP)[:, None] & ((c // D)[None, :] == half[:, None])
+    q_ptrs = (Q + b.to(gl.int64) * stride_qb + (pair * 2 * GROUP + r)[:, None] * stride_qh
+              + (c[None, :] - half[:, None] * D))
+    q = gl.convert_layout(gl.load(q_ptrs, mask=own, other=0.0), a_l)
+
+    m_i = gl.full([M], float("-inf"), gl.float32, row_l)
+    l_i = gl.zeros([M], gl.float32, row_l)
+    acc = gl.zeros([M, W], gl.float32, mma)
+    for t in range(n_tiles):
+        slot = t % STAGES
+        async_copy.wait_group(STAGES - 2)
+        gl.thread_barrier()
+        nt = t + STAGES - 1
+        if nt < n_tiles:
+            _issue(K, V, k_bufs.index(nt % STAGES), v_bufs.index(nt % STAGES), pg, nt * BLOCK_N, k_len, col0,
+                   stride_page, stride_slot, PAGE, BLOCK_N, W, ld)
+            pg = _pages(bt_row, (nt + 1) * BLOCK_N, k_len, PAGE, BLOCK_N, key_l)
+        async_copy.commit_group()
+        k = k_bufs.index(slot).permute((1, 0)).load(b_l)
+        s = mma_v2(q, k, gl.zeros([M, BLOCK_N], gl.float32, mma)) * qk_scale_log2
+        n = t * BLOCK_N
+        if n + BLOCK_N > k_len:
+            kp = n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma))
+            s = gl.where((kp < k_len)[None, :], s, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, 1))
+        m_sh = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_sh)
+        p = gl.exp2(s - m_sh[:, None])
+        l_i = l_i * alpha + gl.sum(p, 1)
+        m_i = m_new
+        v = v_bufs.index(slot).load(b_l)
+        acc = mma_v2(gl.convert_layout(p.to(dtype), a_l), v, acc * alpha[:, None])
+    async_copy.wait_group(0)
+
+    out = acc / gl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    ro = gl.arange(0, M, layout=row_l)
+    co = gl.arange(0, W, layout=gl.SliceLayout(0, mma))
+    half_o = ro // GROUP
+    head = pair * 2 * GROUP + ro
+    o_ptrs = O + b.to(gl.int64) * stride_ob + head[:, None] * stride_oh + (co[None, :] - half_o[:, None] * D)
+    gl.store(o_ptrs, out.to(dtype), mask=(ro < 2 * GROUP)[:, None] & ((co // D)[None, :] == half_o[:, None]))
+    lse = gl.where(l_i == 0.0, float("-inf"), (m_i + gl.log2(gl.where(l_i == 0.0, 1.0, l_i))) * LN2)
+    gl.store(LSE + b * stride_lb + head * stride_lh, lse, mask=ro < 2 * GROUP)
+
+
+def launch(q, k_cache, v_cache, cache_seqlens, block_table, *, block_n=64, stages=3, compute=True, mma=3,
+           warps=4):
+    """A callable running the experiment on q (b, 1, hq, d) against a paged cache; returns out (b, 1, hq, d).
+    mma=3: the wgmma kernel (compute=False: its copies only); mma=2: the mma.sync kernel with `warps` warps."""
     b, sq, hq, d = q.shape
     hk = k_cache.shape[2]
     group = hq // hk
-    assert sq == 1 and d == 128 and hk % 2 == 0 and 2 * group <= 64 and k_cache.stride() == v_cache.stride()
+    assert sq == 1 and d == 128 and hk % 2 == 0 and 2 * group <= 16 and k_cache.stride() == v_cache.stride()
     out = torch.empty_like(q)
     lse = torch.empty(b, hq, dtype=torch.float32, device=q.device)
     scale_log2 = d ** -0.5 * 1.4426950408889634
+    args = (q, k_cache, v_cache, out, lse, block_table, cache_seqlens, q.stride(0), q.stride(2), out.stride(0),
+            out.stride(2), lse.stride(0), lse.stride(1), block_table.stride(0), k_cache.stride(0), k_cache.stride(1),
+            scale_log2)
+    meta = dict(GROUP=group, NPAIR=hk // 2, D=d, PAGE=k_cache.shape[1], BLOCK_N=block_n, STAGES=stages)
 
     def call():
-        gluon_decode_kernel[(b * hk // 2,)](
-            q, k_cache, v_cache, out, lse, block_table, cache_seqlens, q.stride(0), q.stride(2), out.stride(0),
-            out.stride(2), lse.stride(0), lse.stride(1), block_table.stride(0), k_cache.stride(0),
-            k_cache.stride(1), scale_log2, GROUP=group, NPAIR=hk // 2, D=d, PAGE=k_cache.shape[1], BLOCK_N=block_n,
-            STAGES=stages, COMPUTE=compute, num_warps=4)
+        if mma == 3:
+            gluon_decode_kernel[(b * hk // 2,)](*args, **meta, COMPUTE=compute, num_warps=4)
+        else:
+            gluon_decode_v2_kernel[(b * hk // 2,)](*args, **meta, WARPS=warps, num_warps=warps)
         return out
     return call
