@@ -142,12 +142,14 @@ def gluon_decode_kernel(Q, K, V, O, LSE, TABLE, SEQLENS, stride_qb, stride_qh, s
 def gluon_decode_v2_kernel(Q, K, V, O, LSE, TABLE, SEQLENS, stride_qb, stride_qh, stride_ob, stride_oh, stride_lb,
                            stride_lh, stride_bt, stride_page, stride_slot, qk_scale_log2,
                            GROUP: gl.constexpr, NPAIR: gl.constexpr, D: gl.constexpr, PAGE: gl.constexpr,
-                           BLOCK_N: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr):
-    """The same ring with mma.sync (M = 16: the 2 GROUP real rows padded to 16, not 64), warps splitting the
+                           BLOCK_N: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr,
+                           HEADS: gl.constexpr):
+    """The same ring with mma.sync (M = 16: the HEADS GROUP real rows padded to 16, not 64), warps splitting the
     keys of Q·Kᵀ and the columns of P·V as Triton's 16-row decode forms do; operands read from shared memory by
-    ldmatrix (no proxy fence: both sides generic)."""
+    ldmatrix (no proxy fence: both sides generic). HEADS: KV heads a program, 2 (a pair, NPAIR = heads_k / 2) or
+    1 (NPAIR = heads_k)."""
     dtype: gl.constexpr = Q.dtype.element_ty
-    W: gl.constexpr = 2 * D
+    W: gl.constexpr = HEADS * D
     M: gl.constexpr = 16
     pid = gl.program_id(0)
     b = pid // NPAIR
@@ -178,8 +180,8 @@ def gluon_decode_v2_kernel(Q, K, V, O, LSE, TABLE, SEQLENS, stride_qb, stride_qh
     r = gl.arange(0, M, layout=gl.SliceLayout(1, q_ld))
     c = gl.arange(0, W, layout=gl.SliceLayout(0, q_ld))
     half = r // GROUP
-    own = (r < 2 * GROUP)[:, None] & ((c // D)[None, :] == half[:, None])
-    q_ptrs = (Q + b.to(gl.int64) * stride_qb + (pair * 2 * GROUP + r)[:, None] * stride_qh
+    own = (r < HEADS * GROUP)[:, None] & ((c // D)[None, :] == half[:, None])
+    q_ptrs = (Q + b.to(gl.int64) * stride_qb + (pair * HEADS * GROUP + r)[:, None] * stride_qh
               + (c[None, :] - half[:, None] * D))
     q = gl.convert_layout(gl.load(q_ptrs, mask=own, other=0.0), a_l)
 
@@ -216,17 +218,18 @@ def gluon_decode_v2_kernel(Q, K, V, O, LSE, TABLE, SEQLENS, stride_qb, stride_qh
     ro = gl.arange(0, M, layout=row_l)
     co = gl.arange(0, W, layout=gl.SliceLayout(0, mma))
     half_o = ro // GROUP
-    head = pair * 2 * GROUP + ro
+    head = pair * HEADS * GROUP + ro
     o_ptrs = O + b.to(gl.int64) * stride_ob + head[:, None] * stride_oh + (co[None, :] - half_o[:, None] * D)
-    gl.store(o_ptrs, out.to(dtype), mask=(ro < 2 * GROUP)[:, None] & ((co // D)[None, :] == half_o[:, None]))
+    gl.store(o_ptrs, out.to(dtype), mask=(ro < HEADS * GROUP)[:, None] & ((co // D)[None, :] == half_o[:, None]))
     lse = gl.where(l_i == 0.0, float("-inf"), (m_i + gl.log2(gl.where(l_i == 0.0, 1.0, l_i))) * LN2)
-    gl.store(LSE + b * stride_lb + head * stride_lh, lse, mask=ro < 2 * GROUP)
+    gl.store(LSE + b * stride_lb + head * stride_lh, lse, mask=ro < HEADS * GROUP)
 
 
 def launch(q, k_cache, v_cache, cache_seqlens, block_table, *, block_n=64, stages=3, compute=True, mma=3,
-           warps=4):
+           warps=4, heads=2):
     """A callable running the experiment on q (b, 1, hq, d) against a paged cache; returns out (b, 1, hq, d).
-    mma=3: the wgmma kernel (compute=False: its copies only); mma=2: the mma.sync kernel with `warps` warps."""
+    mma=3: the wgmma kernel (compute=False: its copies only); mma=2: the mma.sync kernel with `warps` warps and
+    `heads` KV heads a program."""
     b, sq, hq, d = q.shape
     hk = k_cache.shape[2]
     group = hq // hk
@@ -237,12 +240,13 @@ def launch(q, k_cache, v_cache, cache_seqlens, block_table, *, block_n=64, stage
     args = (q, k_cache, v_cache, out, lse, block_table, cache_seqlens, q.stride(0), q.stride(2), out.stride(0),
             out.stride(2), lse.stride(0), lse.stride(1), block_table.stride(0), k_cache.stride(0), k_cache.stride(1),
             scale_log2)
-    meta = dict(GROUP=group, NPAIR=hk // 2, D=d, PAGE=k_cache.shape[1], BLOCK_N=block_n, STAGES=stages)
+    heads = 2 if mma == 3 else heads
+    meta = dict(GROUP=group, NPAIR=hk // heads, D=d, PAGE=k_cache.shape[1], BLOCK_N=block_n, STAGES=stages)
 
     def call():
         if mma == 3:
             gluon_decode_kernel[(b * hk // 2,)](*args, **meta, COMPUTE=compute, num_warps=4)
         else:
-            gluon_decode_v2_kernel[(b * hk // 2,)](*args, **meta, WARPS=warps, num_warps=warps)
+            gluon_decode_v2_kernel[(b * hk // heads,)](*args, **meta, WARPS=warps, HEADS=heads, num_warps=warps)
         return out
     return call
