@@ -1,9 +1,9 @@
 """The Gluon paged decode experiment (`experiments/gluon_decode.py`) against the package, cuDNN and the pure read.
 
 b = 64, hq = 32, hk = 8, 4k keys, d = 128, bf16 (issue 3's bar rows), paged (page 16, 64; pages shuffled as
-`fmha bench decode` shuffles them). Variants `BN,STAGES[,r | ,wN[,hH]]`: the experiment with BN-key tiles in a ring of STAGES,
+`fmha bench decode` shuffles them). Variants `BN,STAGES[,r | ,wN[,hH] | ,sR]`: the experiment with BN-key tiles in a ring of STAGES,
 its wgmma kernel (`r`: the copies only, no math: the ring's read rate) or with `wN` its mma.sync kernel on N warps
-(`hH`: H KV heads a program, 2 unless said). `read` is `kernels.kv_read` on the same paged cache (the
+(`hH`: H KV heads a program, 2 unless said), with `sR` its warp-specialised kernel (consumers at R registers). `read` is `kernels.kv_read` on the same paged cache (the
 bench's yardstick). Every computing call is checked first: against cuDNN on the full cache, and against the package
 on ragged lengths with NaN past each sequence's end. GB/s count K and V once plus Q and O; ratios are to cuDNN on the
 contiguous cache.
@@ -50,6 +50,8 @@ def _variant(q, kc, vc, lens, table, spec):
     opts = dict(block_n=int(bn), stages=int(stages))
     if rest == ["r"]:
         opts.update(compute=False)
+    elif rest and rest[0].startswith("s"):
+        opts.update(ws_regs=int(rest[0][1:]))
     elif rest:
         opts.update(mma=2, warps=int(rest[0][1:]), heads=int(rest[1][1:]) if len(rest) > 1 else 2)
     return gluon_decode.launch(q, kc, vc, lens, table, **opts)

@@ -17,7 +17,8 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
+                                                              warpgroup_mma_wait)
 
 ROWS = gl.constexpr(64)
 LN2 = gl.constexpr(0.6931471805599453)
@@ -225,11 +226,147 @@ def gluon_decode_v2_kernel(Q, K, V, O, LSE, TABLE, SEQLENS, stride_qb, stride_qh
     gl.store(LSE + b * stride_lb + head * stride_lh, lse, mask=ro < HEADS * GROUP)
 
 
+CHUNK = gl.constexpr(32)          # key rows the producer addresses at once
+
+
+@gluon.jit
+def _ws_producer(K, V, k_bufs, v_bufs, ready, free, bt_row, k_len, col0, stride_page, stride_slot,
+                 PAGE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, W: gl.constexpr):
+    """Fill the ring: tile t into slot t % STAGES once its last reader released it; each thread arrives on the
+    slot's ready barrier when its own copies have landed."""
+    ld: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])
+    key_l: gl.constexpr = gl.SliceLayout(1, ld)
+    n_tiles = gl.cdiv(k_len, BLOCK_N)
+    for t in range(n_tiles):
+        slot = t % STAGES
+        if t >= STAGES:
+            mbarrier.wait(free.index(slot), (t // STAGES - 1) & 1)
+        for r0 in gl.static_range(0, BLOCK_N, CHUNK):
+            n = t * BLOCK_N + r0
+            pg = _pages(bt_row, n, k_len, PAGE, CHUNK, key_l)
+            _issue(K, V, k_bufs.index(slot).slice(r0, CHUNK, dim=0), v_bufs.index(slot).slice(r0, CHUNK, dim=0), pg,
+                   n, k_len, col0, stride_page, stride_slot, PAGE, CHUNK, W, ld)
+        async_copy.mbarrier_arrive(ready.index(slot), increment_count=False)
+
+
+@gluon.jit
+def _ws_consumer(Q, O, LSE, k_bufs, v_bufs, ready, free, done, x_rows, x_acc, b, pair, k_len, stride_qb, stride_qh,
+                 stride_ob, stride_oh, stride_lb, stride_lh, qk_scale_log2, C: gl.constexpr, GROUP: gl.constexpr,
+                 D: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, W: gl.constexpr):
+    """Consumer C (0 or 1) of the tiles t = C, C + 2, ...: online softmax with mma.sync (16 rows, 4 warps). Consumer
+    1 hands its (m, l, acc) over through shared memory; consumer 0 merges and stores."""
+    dtype: gl.constexpr = Q.dtype.element_ty
+    M: gl.constexpr = 16
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 4], instr_shape=[16, 8])
+    a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+    b_l: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
+    row_l: gl.constexpr = gl.SliceLayout(1, mma)
+    q_ld: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [1, 4], [1, 0])
+    r = gl.arange(0, M, layout=gl.SliceLayout(1, q_ld))
+    c = gl.arange(0, W, layout=gl.SliceLayout(0, q_ld))
+    half = r // GROUP
+    own = (r < 2 * GROUP)[:, None] & ((c // D)[None, :] == half[:, None])
+    q_ptrs = (Q + b.to(gl.int64) * stride_qb + (pair * 2 * GROUP + r)[:, None] * stride_qh
+              + (c[None, :] - half[:, None] * D))
+    q = gl.convert_layout(gl.load(q_ptrs, mask=own, other=0.0), a_l)
+
+    m_i = gl.full([M], float("-inf"), gl.float32, row_l)
+    l_i = gl.zeros([M], gl.float32, row_l)
+    acc = gl.zeros([M, W], gl.float32, mma)
+    n_tiles = gl.cdiv(k_len, BLOCK_N)
+    for t in range(C, n_tiles, 2):
+        slot = t % STAGES
+        mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
+        k = k_bufs.index(slot).permute((1, 0)).load(b_l)
+        s = mma_v2(q, k, gl.zeros([M, BLOCK_N], gl.float32, mma)) * qk_scale_log2
+        n = t * BLOCK_N
+        if n + BLOCK_N > k_len:
+            kp = n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma))
+            s = gl.where((kp < k_len)[None, :], s, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, 1))
+        m_sh = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_sh)
+        p = gl.exp2(s - m_sh[:, None])
+        l_i = l_i * alpha + gl.sum(p, 1)
+        m_i = m_new
+        v = v_bufs.index(slot).load(b_l)
+        acc = mma_v2(gl.convert_layout(p.to(dtype), a_l), v, acc * alpha[:, None])
+        gl.thread_barrier()
+        mbarrier.arrive(free.index(slot), count=1)
+
+    if C == 1:
+        x_rows.index(0).store(m_i)
+        x_rows.index(1).store(l_i)
+        x_acc.store(acc)
+        gl.thread_barrier()
+        mbarrier.arrive(done, count=1)
+    else:
+        mbarrier.wait(done, 0)
+        m_o = x_rows.index(0).load(row_l)
+        l_o = x_rows.index(1).load(row_l)
+        acc_o = x_acc.load(mma)
+        m = gl.maximum(m_i, m_o)
+        m_sh = gl.where(m == float("-inf"), 0.0, m)
+        a_i = gl.exp2(m_i - m_sh)
+        a_o = gl.exp2(m_o - m_sh)
+        l_i = l_i * a_i + l_o * a_o
+        acc = acc * a_i[:, None] + acc_o * a_o[:, None]
+        out = acc / gl.where(l_i == 0.0, 1.0, l_i)[:, None]
+        ro = gl.arange(0, M, layout=row_l)
+        co = gl.arange(0, W, layout=gl.SliceLayout(0, mma))
+        half_o = ro // GROUP
+        head = pair * 2 * GROUP + ro
+        o_ptrs = O + b.to(gl.int64) * stride_ob + head[:, None] * stride_oh + (co[None, :] - half_o[:, None] * D)
+        gl.store(o_ptrs, out.to(dtype), mask=(ro < 2 * GROUP)[:, None] & ((co // D)[None, :] == half_o[:, None]))
+        lse = gl.where(l_i == 0.0, float("-inf"), (m + gl.log2(gl.where(l_i == 0.0, 1.0, l_i))) * LN2)
+        gl.store(LSE + b * stride_lb + head * stride_lh, lse, mask=ro < 2 * GROUP)
+
+
+@gluon.jit
+def gluon_decode_ws_kernel(Q, K, V, O, LSE, TABLE, SEQLENS, stride_qb, stride_qh, stride_ob, stride_oh, stride_lb,
+                           stride_lh, stride_bt, stride_page, stride_slot, qk_scale_log2,
+                           GROUP: gl.constexpr, NPAIR: gl.constexpr, D: gl.constexpr, PAGE: gl.constexpr,
+                           BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+    """Warp-specialised: a loading warpgroup (the default partition) keeps the ring of STAGES tiles full; two
+    consumer warpgroups take alternate tiles, each with its own running softmax, merged at the end (a split of the
+    keys inside the program: no combine kernel). One program an SM; a head pair a program."""
+    dtype: gl.constexpr = Q.dtype.element_ty
+    W: gl.constexpr = 2 * D
+    pid = gl.program_id(0)
+    b = pid // NPAIR
+    pair = pid % NPAIR
+    k_len = gl.load(SEQLENS + b)
+    bt_row = TABLE + b.to(gl.int64) * stride_bt
+    kv_l: gl.constexpr = gl.SwizzledSharedLayout(8, 1, 8, [1, 0])
+    k_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, W], kv_l)
+    v_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, W], kv_l)
+    plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    x_acc = gl.allocate_shared_memory(gl.float32, [16, W], plain)
+    x_rows = gl.allocate_shared_memory(gl.float32, [2, 16], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    done = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout()).index(0)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=128)
+        mbarrier.init(free.index(i), count=1)
+    mbarrier.init(done, count=1)
+    gl.warp_specialize([
+        (_ws_producer, (K, V, k_bufs, v_bufs, ready, free, bt_row, k_len, pair * W, stride_page, stride_slot, PAGE,
+                        BLOCK_N, STAGES, W)),
+        (_ws_consumer, (Q, O, LSE, k_bufs, v_bufs, ready, free, done, x_rows, x_acc, b, pair, k_len, stride_qb,
+                        stride_qh, stride_ob, stride_oh, stride_lb, stride_lh, qk_scale_log2, 0, GROUP, D, BLOCK_N,
+                        STAGES, W)),
+        (_ws_consumer, (Q, O, LSE, k_bufs, v_bufs, ready, free, done, x_rows, x_acc, b, pair, k_len, stride_qb,
+                        stride_qh, stride_ob, stride_oh, stride_lb, stride_lh, qk_scale_log2, 1, GROUP, D, BLOCK_N,
+                        STAGES, W)),
+    ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
+
+
 def launch(q, k_cache, v_cache, cache_seqlens, block_table, *, block_n=64, stages=3, compute=True, mma=3,
-           warps=4, heads=2):
+           warps=4, heads=2, ws_regs=0):
     """A callable running the experiment on q (b, 1, hq, d) against a paged cache; returns out (b, 1, hq, d).
     mma=3: the wgmma kernel (compute=False: its copies only); mma=2: the mma.sync kernel with `warps` warps and
-    `heads` KV heads a program."""
+    `heads` KV heads a program; ws_regs > 0: the warp-specialised kernel, its consumers at ws_regs registers."""
     b, sq, hq, d = q.shape
     hk = k_cache.shape[2]
     group = hq // hk
@@ -240,11 +377,13 @@ def launch(q, k_cache, v_cache, cache_seqlens, block_table, *, block_n=64, stage
     args = (q, k_cache, v_cache, out, lse, block_table, cache_seqlens, q.stride(0), q.stride(2), out.stride(0),
             out.stride(2), lse.stride(0), lse.stride(1), block_table.stride(0), k_cache.stride(0), k_cache.stride(1),
             scale_log2)
-    heads = 2 if mma == 3 else heads
+    heads = 2 if mma == 3 or ws_regs else heads
     meta = dict(GROUP=group, NPAIR=hk // heads, D=d, PAGE=k_cache.shape[1], BLOCK_N=block_n, STAGES=stages)
 
     def call():
-        if mma == 3:
+        if ws_regs:
+            gluon_decode_ws_kernel[(b * hk // 2,)](*args, **meta, CONSUMER_REGS=ws_regs, num_warps=4)
+        elif mma == 3:
             gluon_decode_kernel[(b * hk // 2,)](*args, **meta, COMPUTE=compute, num_warps=4)
         else:
             gluon_decode_v2_kernel[(b * hk // heads,)](*args, **meta, WARPS=warps, HEADS=heads, num_warps=warps)
