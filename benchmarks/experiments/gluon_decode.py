@@ -1,17 +1,24 @@
-"""Experiment: a Gluon paged decode kernel with an explicit cp.async ring (issue 3's page 16 / 64 rows).
+"""Experiment: Gluon paged decode kernels with an explicit cp.async ring (issue 3's page 16 / 64 rows).
 
 The package's paged head-pair form (Triton, (16, 64, 4, 4)) keeps one K and one V buffer: Triton's pipeliner gives
 it `async_wait {num = 0}` after each tile's loads, so a program has one tile in flight and the SM's other programs
-fill the gaps. Here one program (one warpgroup, one an SM) owns a ring of STAGES key tiles and keeps STAGES - 1 of
-them in flight while it computes on the oldest, the question being whether bytes in flight per SM, held steady,
-read the scattered pages closer to the copy bandwidth.
+fill the gaps. The question here: does a deeper ring, held by hand, read the scattered pages closer to the copy
+bandwidth? Three forms, `benchmarks/probe_gluon_decode.py` times them against the package, cuDNN and the pure read:
+- `gluon_decode_kernel`: one warpgroup, wgmma with M = 64 (the 2 G real rows padded), Q in shared memory, K / V
+  tiles written by cp.async (16 bytes a copy) into 128-byte-swizzled buffers and read by wgmma after a proxy fence;
+  STAGES - 1 tiles in flight while it computes on the oldest. COMPUTE=False issues the same copies with no math:
+  the ring's own read rate.
+- `gluon_decode_v2_kernel`: the same ring with mma.sync (M = 16), warps splitting keys then columns; one or two
+  KV heads a program (HEADS).
+- `gluon_decode_ws_kernel`: warp-specialised: a loading warpgroup keeps the ring full, two consumer warpgroups
+  take alternate tiles and merge their softmax states at the end.
+What they measured (H200, NOTES.md seventy-second session): the copies alone read at the pure read's rate, every
+computing form at or under the package: 0.98-0.998 of cuDNN at best (mma.sync, 32-key tiles, two buffers, two
+programs an SM), the wgmma form 0.90-0.93, deeper rings lose the programs an SM they cost, one head a program loses.
 
 Scope: what the bench rows need and no more: seqlen_q = 1, a paged bf16 / fp16 cache (any page size that is a
-multiple of 16), GQA group G with 2 G <= 64, d = 128, two KV heads a program (the package's pair layout: a pair's
-rows are 256 values wide, q rows of the first head [q, 0], of the second [0, q]), no split, no options. wgmma with
-M = 64 (the 2 G real rows padded), Q in shared memory, K and V tiles written by cp.async (16 bytes a copy) into
-128-byte-swizzled buffers and read by wgmma after a proxy fence. COMPUTE=False issues the same copies with no math:
-the ring's own read rate.
+multiple of 16), GQA group G with 2 G <= 16, d = 128, two KV heads a program (the package's pair layout: a pair's
+rows are 256 values wide, q rows of the first head [q, 0], of the second [0, q]) unless said, no split, no options.
 """
 import torch
 from triton.experimental import gluon
