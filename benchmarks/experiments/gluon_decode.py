@@ -3,7 +3,8 @@
 The package's paged head-pair form (Triton, (16, 64, 4, 4)) keeps one K and one V buffer: Triton's pipeliner gives
 it `async_wait {num = 0}` after each tile's loads, so a program has one tile in flight and the SM's other programs
 fill the gaps. The question here: does a deeper ring, held by hand, read the scattered pages closer to the copy
-bandwidth? Three forms, `benchmarks/probe_gluon_decode.py` times them against the package, cuDNN and the pure read:
+bandwidth? Three forms; `benchmarks/probe_multi_item.py --gluon` times them against the package, cuDNN and the
+pure read:
 - `gluon_decode_kernel`: one warpgroup, wgmma with M = 64 (the 2 G real rows padded), Q in shared memory, K / V
   tiles written by cp.async (16 bytes a copy) into 128-byte-swizzled buffers and read by wgmma after a proxy fence;
   STAGES - 1 tiles in flight while it computes on the oldest. COMPUTE=False issues the same copies with no math:
@@ -53,6 +54,63 @@ def _issue(K, V, k_buf, v_buf, pages, n, k_len, col0, stride_page, stride_slot, 
 
 
 @gluon.jit
+def _load_q(Q, b, head0, stride_qb, stride_qh, M: gl.constexpr, W: gl.constexpr, D: gl.constexpr,
+            GROUP: gl.constexpr, REAL: gl.constexpr, layout: gl.constexpr):
+    """(M, W) q rows in `layout`: row r < REAL is query head head0 + r, in its own KV head's D columns of the
+    W-wide row (a pair's first head [q, 0], its second [0, q]); 0 elsewhere."""
+    r = gl.arange(0, M, layout=gl.SliceLayout(1, layout))
+    c = gl.arange(0, W, layout=gl.SliceLayout(0, layout))
+    half = r // GROUP
+    own = (r < REAL)[:, None] & ((c // D)[None, :] == half[:, None])
+    ptrs = Q + b.to(gl.int64) * stride_qb + (head0 + r)[:, None] * stride_qh + (c[None, :] - half[:, None] * D)
+    return gl.load(ptrs, mask=own, other=0.0)
+
+
+@gluon.jit
+def _online_softmax(s, m_i, l_i, n, k_len, qk_scale_log2, BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
+    """Scores s of the tile at key n (keys past k_len masked) into the running (m, l): (p, alpha, m, l)."""
+    s = s * qk_scale_log2
+    if n + BLOCK_N > k_len:
+        kp = n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        s = gl.where((kp < k_len)[None, :], s, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, 1))
+    m_sh = gl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = gl.exp2(m_i - m_sh)
+    p = gl.exp2(s - m_sh[:, None])
+    return p, alpha, m_new, l_i * alpha + gl.sum(p, 1)
+
+
+@gluon.jit
+def _mma2_tile(q, k_buf, v_buf, m_i, l_i, acc, n, k_len, qk_scale_log2, BLOCK_N: gl.constexpr,
+               mma: gl.constexpr):
+    """One key tile of the mma.sync forms: K and V read from their ring slots by ldmatrix."""
+    a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+    b_l: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
+    s = mma_v2(q, k_buf.permute((1, 0)).load(b_l), gl.zeros([q.shape[0], BLOCK_N], gl.float32, mma))
+    p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, n, k_len, qk_scale_log2, BLOCK_N, mma)
+    acc = mma_v2(gl.convert_layout(p.to(q.dtype), a_l), v_buf.load(b_l), acc * alpha[:, None])
+    return m_i, l_i, acc
+
+
+@gluon.jit
+def _store(O, LSE, acc, m_i, l_i, b, head0, stride_ob, stride_oh, stride_lb, stride_lh, D: gl.constexpr,
+           GROUP: gl.constexpr, REAL: gl.constexpr, layout: gl.constexpr):
+    """The rows r < REAL of acc / l (query head head0 + r, its own D columns) and their LSE; m and l in acc's row
+    layout. Rows that saw no key: output 0, LSE -inf."""
+    M: gl.constexpr = acc.shape[0]
+    W: gl.constexpr = acc.shape[1]
+    out = acc / gl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    ro = gl.arange(0, M, layout=gl.SliceLayout(1, layout))
+    co = gl.arange(0, W, layout=gl.SliceLayout(0, layout))
+    half = ro // GROUP
+    head = head0 + ro
+    ptrs = O + b.to(gl.int64) * stride_ob + head[:, None] * stride_oh + (co[None, :] - half[:, None] * D)
+    gl.store(ptrs, out.to(O.dtype.element_ty), mask=(ro < REAL)[:, None] & ((co // D)[None, :] == half[:, None]))
+    lse = gl.where(l_i == 0.0, float("-inf"), (m_i + gl.log2(gl.where(l_i == 0.0, 1.0, l_i))) * LN2)
+    gl.store(LSE + b * stride_lb + head * stride_lh, lse, mask=ro < REAL)
+
+
+@gluon.jit
 def gluon_decode_kernel(Q, K, V, O, LSE, TABLE, SEQLENS, stride_qb, stride_qh, stride_ob, stride_oh, stride_lb,
                         stride_lh, stride_bt, stride_page, stride_slot, qk_scale_log2,
                         GROUP: gl.constexpr, NPAIR: gl.constexpr, D: gl.constexpr, PAGE: gl.constexpr,
@@ -82,15 +140,8 @@ def gluon_decode_kernel(Q, K, V, O, LSE, TABLE, SEQLENS, stride_qb, stride_qh, s
         async_copy.commit_group()
     pg = _pages(bt_row, (STAGES - 1) * BLOCK_N, k_len, PAGE, BLOCK_N, key_l)
 
-    # q rows r < 2 GROUP: query head pair * 2 GROUP + r, in its own head's half of the pair's columns.
     q_ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-    r = gl.arange(0, ROWS, layout=gl.SliceLayout(1, q_ld))
-    c = gl.arange(0, W, layout=gl.SliceLayout(0, q_ld))
-    half = r // GROUP
-    own = (r < 2 * GROUP)[:, None] & ((c // D)[None, :] == half[:, None])
-    q_ptrs = (Q + b.to(gl.int64) * stride_qb + (pair * 2 * GROUP + r)[:, None] * stride_qh
-              + (c[None, :] - half[:, None] * D))
-    q_smem.store(gl.load(q_ptrs, mask=own, other=0.0))
+    q_smem.store(_load_q(Q, b, pair * 2 * GROUP, stride_qb, stride_qh, ROWS, W, D, GROUP, 2 * GROUP, q_ld))
 
     s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                  instr_shape=[16, BLOCK_N, 16])
@@ -117,34 +168,15 @@ def gluon_decode_kernel(Q, K, V, O, LSE, TABLE, SEQLENS, stride_qb, stride_qh, s
         if COMPUTE:
             s = warpgroup_mma(q_smem, k_bufs.index(slot).permute((1, 0)), gl.zeros([ROWS, BLOCK_N], gl.float32, s_l),
                               use_acc=False, is_async=True)
-            s = warpgroup_mma_wait(0, deps=(s,)) * qk_scale_log2
-            n = t * BLOCK_N
-            if n + BLOCK_N > k_len:
-                kp = n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_l))
-                s = gl.where((kp < k_len)[None, :], s, float("-inf"))
-            m_new = gl.maximum(m_i, gl.max(s, 1))
-            m_sh = gl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = gl.exp2(m_i - m_sh)
-            p = gl.exp2(s - m_sh[:, None])
-            l_i = l_i * alpha + gl.sum(p, 1)
-            m_i = m_new
+            p, alpha, m_i, l_i = _online_softmax(warpgroup_mma_wait(0, deps=(s,)), m_i, l_i, t * BLOCK_N, k_len,
+                                                 qk_scale_log2, BLOCK_N, s_l)
             acc = acc * gl.convert_layout(alpha, row_o)[:, None]
             o_tok = warpgroup_mma(gl.convert_layout(p.to(dtype), p_l), v_bufs.index(slot), acc, is_async=True)
             acc = warpgroup_mma_wait(0, deps=(o_tok,))
     async_copy.wait_group(0)
 
-    l_o = gl.convert_layout(l_i, row_o)
-    out = acc / gl.where(l_o == 0.0, 1.0, l_o)[:, None]
-    ro = gl.arange(0, ROWS, layout=row_o)
-    co = gl.arange(0, W, layout=gl.SliceLayout(0, o_l))
-    half_o = ro // GROUP
-    head = pair * 2 * GROUP + ro
-    o_ptrs = O + b.to(gl.int64) * stride_ob + head[:, None] * stride_oh + (co[None, :] - half_o[:, None] * D)
-    gl.store(o_ptrs, out.to(dtype), mask=(ro < 2 * GROUP)[:, None] & ((co // D)[None, :] == half_o[:, None]))
-    lse = gl.where(l_i == 0.0, float("-inf"), (m_i + gl.log2(gl.where(l_i == 0.0, 1.0, l_i))) * LN2)
-    rs = gl.arange(0, ROWS, layout=row_s)
-    gl.store(LSE + b * stride_lb + (pair * 2 * GROUP + rs) * stride_lh, lse, mask=rs < 2 * GROUP)
-
+    _store(O, LSE, acc, gl.convert_layout(m_i, row_o), gl.convert_layout(l_i, row_o), b, pair * 2 * GROUP,
+           stride_ob, stride_oh, stride_lb, stride_lh, D, GROUP, 2 * GROUP, o_l)
 
 @gluon.jit
 def gluon_decode_v2_kernel(Q, K, V, O, LSE, TABLE, SEQLENS, stride_qb, stride_qh, stride_ob, stride_oh, stride_lb,
@@ -181,17 +213,10 @@ def gluon_decode_v2_kernel(Q, K, V, O, LSE, TABLE, SEQLENS, stride_qb, stride_qh
     pg = _pages(bt_row, (STAGES - 1) * BLOCK_N, k_len, PAGE, BLOCK_N, key_l)
 
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, WARPS], instr_shape=[16, 8])
-    a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
-    b_l: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
     row_l: gl.constexpr = gl.SliceLayout(1, mma)
     q_ld: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [1, WARPS], [1, 0])
-    r = gl.arange(0, M, layout=gl.SliceLayout(1, q_ld))
-    c = gl.arange(0, W, layout=gl.SliceLayout(0, q_ld))
-    half = r // GROUP
-    own = (r < HEADS * GROUP)[:, None] & ((c // D)[None, :] == half[:, None])
-    q_ptrs = (Q + b.to(gl.int64) * stride_qb + (pair * HEADS * GROUP + r)[:, None] * stride_qh
-              + (c[None, :] - half[:, None] * D))
-    q = gl.convert_layout(gl.load(q_ptrs, mask=own, other=0.0), a_l)
+    q = _load_q(Q, b, pair * HEADS * GROUP, stride_qb, stride_qh, M, W, D, GROUP, HEADS * GROUP, q_ld)
+    q = gl.convert_layout(q, gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2))
 
     m_i = gl.full([M], float("-inf"), gl.float32, row_l)
     l_i = gl.zeros([M], gl.float32, row_l)
@@ -206,32 +231,11 @@ def gluon_decode_v2_kernel(Q, K, V, O, LSE, TABLE, SEQLENS, stride_qb, stride_qh
                    stride_page, stride_slot, PAGE, BLOCK_N, W, ld)
             pg = _pages(bt_row, (nt + 1) * BLOCK_N, k_len, PAGE, BLOCK_N, key_l)
         async_copy.commit_group()
-        k = k_bufs.index(slot).permute((1, 0)).load(b_l)
-        s = mma_v2(q, k, gl.zeros([M, BLOCK_N], gl.float32, mma)) * qk_scale_log2
-        n = t * BLOCK_N
-        if n + BLOCK_N > k_len:
-            kp = n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma))
-            s = gl.where((kp < k_len)[None, :], s, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s, 1))
-        m_sh = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.exp2(m_i - m_sh)
-        p = gl.exp2(s - m_sh[:, None])
-        l_i = l_i * alpha + gl.sum(p, 1)
-        m_i = m_new
-        v = v_bufs.index(slot).load(b_l)
-        acc = mma_v2(gl.convert_layout(p.to(dtype), a_l), v, acc * alpha[:, None])
+        m_i, l_i, acc = _mma2_tile(q, k_bufs.index(slot), v_bufs.index(slot), m_i, l_i, acc, t * BLOCK_N, k_len,
+                                   qk_scale_log2, BLOCK_N, mma)
     async_copy.wait_group(0)
-
-    out = acc / gl.where(l_i == 0.0, 1.0, l_i)[:, None]
-    ro = gl.arange(0, M, layout=row_l)
-    co = gl.arange(0, W, layout=gl.SliceLayout(0, mma))
-    half_o = ro // GROUP
-    head = pair * HEADS * GROUP + ro
-    o_ptrs = O + b.to(gl.int64) * stride_ob + head[:, None] * stride_oh + (co[None, :] - half_o[:, None] * D)
-    gl.store(o_ptrs, out.to(dtype), mask=(ro < HEADS * GROUP)[:, None] & ((co // D)[None, :] == half_o[:, None]))
-    lse = gl.where(l_i == 0.0, float("-inf"), (m_i + gl.log2(gl.where(l_i == 0.0, 1.0, l_i))) * LN2)
-    gl.store(LSE + b * stride_lb + head * stride_lh, lse, mask=ro < HEADS * GROUP)
-
+    _store(O, LSE, acc, m_i, l_i, b, pair * HEADS * GROUP, stride_ob, stride_oh, stride_lb, stride_lh, D, GROUP,
+           HEADS * GROUP, mma)
 
 CHUNK = gl.constexpr(32)          # key rows the producer addresses at once
 
@@ -262,20 +266,12 @@ def _ws_consumer(Q, O, LSE, k_bufs, v_bufs, ready, free, done, x_rows, x_acc, b,
                  D: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, W: gl.constexpr):
     """Consumer C (0 or 1) of the tiles t = C, C + 2, ...: online softmax with mma.sync (16 rows, 4 warps). Consumer
     1 hands its (m, l, acc) over through shared memory; consumer 0 merges and stores."""
-    dtype: gl.constexpr = Q.dtype.element_ty
     M: gl.constexpr = 16
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 4], instr_shape=[16, 8])
-    a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
-    b_l: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
     row_l: gl.constexpr = gl.SliceLayout(1, mma)
     q_ld: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [1, 4], [1, 0])
-    r = gl.arange(0, M, layout=gl.SliceLayout(1, q_ld))
-    c = gl.arange(0, W, layout=gl.SliceLayout(0, q_ld))
-    half = r // GROUP
-    own = (r < 2 * GROUP)[:, None] & ((c // D)[None, :] == half[:, None])
-    q_ptrs = (Q + b.to(gl.int64) * stride_qb + (pair * 2 * GROUP + r)[:, None] * stride_qh
-              + (c[None, :] - half[:, None] * D))
-    q = gl.convert_layout(gl.load(q_ptrs, mask=own, other=0.0), a_l)
+    q = _load_q(Q, b, pair * 2 * GROUP, stride_qb, stride_qh, M, W, D, GROUP, 2 * GROUP, q_ld)
+    q = gl.convert_layout(q, gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2))
 
     m_i = gl.full([M], float("-inf"), gl.float32, row_l)
     l_i = gl.zeros([M], gl.float32, row_l)
@@ -284,20 +280,8 @@ def _ws_consumer(Q, O, LSE, k_bufs, v_bufs, ready, free, done, x_rows, x_acc, b,
     for t in range(C, n_tiles, 2):
         slot = t % STAGES
         mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
-        k = k_bufs.index(slot).permute((1, 0)).load(b_l)
-        s = mma_v2(q, k, gl.zeros([M, BLOCK_N], gl.float32, mma)) * qk_scale_log2
-        n = t * BLOCK_N
-        if n + BLOCK_N > k_len:
-            kp = n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma))
-            s = gl.where((kp < k_len)[None, :], s, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s, 1))
-        m_sh = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.exp2(m_i - m_sh)
-        p = gl.exp2(s - m_sh[:, None])
-        l_i = l_i * alpha + gl.sum(p, 1)
-        m_i = m_new
-        v = v_bufs.index(slot).load(b_l)
-        acc = mma_v2(gl.convert_layout(p.to(dtype), a_l), v, acc * alpha[:, None])
+        m_i, l_i, acc = _mma2_tile(q, k_bufs.index(slot), v_bufs.index(slot), m_i, l_i, acc, t * BLOCK_N, k_len,
+                                   qk_scale_log2, BLOCK_N, mma)
         gl.thread_barrier()
         mbarrier.arrive(free.index(slot), count=1)
 
@@ -318,16 +302,8 @@ def _ws_consumer(Q, O, LSE, k_bufs, v_bufs, ready, free, done, x_rows, x_acc, b,
         a_o = gl.exp2(m_o - m_sh)
         l_i = l_i * a_i + l_o * a_o
         acc = acc * a_i[:, None] + acc_o * a_o[:, None]
-        out = acc / gl.where(l_i == 0.0, 1.0, l_i)[:, None]
-        ro = gl.arange(0, M, layout=row_l)
-        co = gl.arange(0, W, layout=gl.SliceLayout(0, mma))
-        half_o = ro // GROUP
-        head = pair * 2 * GROUP + ro
-        o_ptrs = O + b.to(gl.int64) * stride_ob + head[:, None] * stride_oh + (co[None, :] - half_o[:, None] * D)
-        gl.store(o_ptrs, out.to(dtype), mask=(ro < 2 * GROUP)[:, None] & ((co // D)[None, :] == half_o[:, None]))
-        lse = gl.where(l_i == 0.0, float("-inf"), (m + gl.log2(gl.where(l_i == 0.0, 1.0, l_i))) * LN2)
-        gl.store(LSE + b * stride_lb + head * stride_lh, lse, mask=ro < 2 * GROUP)
-
+        _store(O, LSE, acc, m, l_i, b, pair * 2 * GROUP, stride_ob, stride_oh, stride_lb, stride_lh, D, GROUP,
+               2 * GROUP, mma)
 
 @gluon.jit
 def gluon_decode_ws_kernel(Q, K, V, O, LSE, TABLE, SEQLENS, stride_qb, stride_qh, stride_ob, stride_oh, stride_lb,
