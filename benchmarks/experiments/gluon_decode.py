@@ -54,6 +54,38 @@ def _issue(K, V, k_buf, v_buf, pages, n, k_len, col0, stride_page, stride_slot, 
 
 
 @gluon.jit
+def _start_ring(src, k_bufs, v_bufs, PAGE: gl.constexpr, ld: gl.constexpr):
+    """Issue tiles 0 .. STAGES - 2 into their slots, one commit group each, `src` = (K, V, block-table row, k_len,
+    first column, page stride, key stride); returns tile STAGES - 1's page numbers."""
+    STAGES: gl.constexpr = k_bufs.shape[0]
+    BLOCK_N: gl.constexpr = k_bufs.shape[1]
+    K, V, bt_row, k_len, col0, stride_page, stride_slot = src
+    for i in gl.static_range(STAGES - 1):
+        pg = _pages(bt_row, i * BLOCK_N, k_len, PAGE, BLOCK_N, gl.SliceLayout(1, ld))
+        _issue(K, V, k_bufs.index(i), v_bufs.index(i), pg, i * BLOCK_N, k_len, col0, stride_page, stride_slot,
+               PAGE, BLOCK_N, k_bufs.shape[2], ld)
+        async_copy.commit_group()
+    return _pages(bt_row, (STAGES - 1) * BLOCK_N, k_len, PAGE, BLOCK_N, gl.SliceLayout(1, ld))
+
+
+@gluon.jit
+def _refill(src, k_bufs, v_bufs, pg, t, n_tiles, PAGE: gl.constexpr, ld: gl.constexpr):
+    """At tile t (its copies waited for, every thread past tile t - 1): issue tile t + STAGES - 1 (its page numbers
+    `pg`) into the slot tile t - 1 used, one commit group (empty past the last tile); returns the next tile's page
+    numbers."""
+    STAGES: gl.constexpr = k_bufs.shape[0]
+    BLOCK_N: gl.constexpr = k_bufs.shape[1]
+    K, V, bt_row, k_len, col0, stride_page, stride_slot = src
+    nt = t + STAGES - 1
+    if nt < n_tiles:
+        _issue(K, V, k_bufs.index(nt % STAGES), v_bufs.index(nt % STAGES), pg, nt * BLOCK_N, k_len, col0, stride_page,
+               stride_slot, PAGE, BLOCK_N, k_bufs.shape[2], ld)
+        pg = _pages(bt_row, (nt + 1) * BLOCK_N, k_len, PAGE, BLOCK_N, gl.SliceLayout(1, ld))
+    async_copy.commit_group()
+    return pg
+
+
+@gluon.jit
 def _load_q(Q, b, head0, stride_qb, stride_qh, M: gl.constexpr, W: gl.constexpr, D: gl.constexpr,
             GROUP: gl.constexpr, REAL: gl.constexpr, layout: gl.constexpr):
     """(M, W) q rows in `layout`: row r < REAL is query head head0 + r, in its own KV head's D columns of the
@@ -125,7 +157,6 @@ def gluon_decode_kernel(Q, K, V, O, LSE, TABLE, SEQLENS, stride_qb, stride_qh, s
     col0 = pair * W
 
     ld: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])
-    key_l: gl.constexpr = gl.SliceLayout(1, ld)
     kv_l: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, W], dtype)
     q_l: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, W], dtype)
     k_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, W], kv_l)
@@ -133,12 +164,8 @@ def gluon_decode_kernel(Q, K, V, O, LSE, TABLE, SEQLENS, stride_qb, stride_qh, s
     q_smem = gl.allocate_shared_memory(dtype, [ROWS, W], q_l)
 
     n_tiles = gl.cdiv(k_len, BLOCK_N)
-    for i in gl.static_range(STAGES - 1):
-        pg = _pages(bt_row, i * BLOCK_N, k_len, PAGE, BLOCK_N, key_l)
-        _issue(K, V, k_bufs.index(i), v_bufs.index(i), pg, i * BLOCK_N, k_len, col0, stride_page, stride_slot,
-               PAGE, BLOCK_N, W, ld)
-        async_copy.commit_group()
-    pg = _pages(bt_row, (STAGES - 1) * BLOCK_N, k_len, PAGE, BLOCK_N, key_l)
+    src = (K, V, bt_row, k_len, col0, stride_page, stride_slot)
+    pg = _start_ring(src, k_bufs, v_bufs, PAGE, ld)
 
     q_ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     q_smem.store(_load_q(Q, b, pair * 2 * GROUP, stride_qb, stride_qh, ROWS, W, D, GROUP, 2 * GROUP, q_ld))
@@ -159,12 +186,7 @@ def gluon_decode_kernel(Q, K, V, O, LSE, TABLE, SEQLENS, stride_qb, stride_qh, s
         async_copy.wait_group(STAGES - 2)
         fence_async_shared()
         gl.thread_barrier()
-        nt = t + STAGES - 1
-        if nt < n_tiles:
-            _issue(K, V, k_bufs.index(nt % STAGES), v_bufs.index(nt % STAGES), pg, nt * BLOCK_N, k_len, col0,
-                   stride_page, stride_slot, PAGE, BLOCK_N, W, ld)
-            pg = _pages(bt_row, (nt + 1) * BLOCK_N, k_len, PAGE, BLOCK_N, key_l)
-        async_copy.commit_group()
+        pg = _refill(src, k_bufs, v_bufs, pg, t, n_tiles, PAGE, ld)
         if COMPUTE:
             s = warpgroup_mma(q_smem, k_bufs.index(slot).permute((1, 0)), gl.zeros([ROWS, BLOCK_N], gl.float32, s_l),
                               use_acc=False, is_async=True)
@@ -199,18 +221,13 @@ def gluon_decode_v2_kernel(Q, K, V, O, LSE, TABLE, SEQLENS, stride_qb, stride_qh
     col0 = pair * W
 
     ld: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [WARPS, 1], [1, 0])
-    key_l: gl.constexpr = gl.SliceLayout(1, ld)
     kv_l: gl.constexpr = gl.SwizzledSharedLayout(8, 1, 8, [1, 0])
     k_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, W], kv_l)
     v_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, W], kv_l)
 
     n_tiles = gl.cdiv(k_len, BLOCK_N)
-    for i in gl.static_range(STAGES - 1):
-        pg = _pages(bt_row, i * BLOCK_N, k_len, PAGE, BLOCK_N, key_l)
-        _issue(K, V, k_bufs.index(i), v_bufs.index(i), pg, i * BLOCK_N, k_len, col0, stride_page, stride_slot,
-               PAGE, BLOCK_N, W, ld)
-        async_copy.commit_group()
-    pg = _pages(bt_row, (STAGES - 1) * BLOCK_N, k_len, PAGE, BLOCK_N, key_l)
+    src = (K, V, bt_row, k_len, col0, stride_page, stride_slot)
+    pg = _start_ring(src, k_bufs, v_bufs, PAGE, ld)
 
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, WARPS], instr_shape=[16, 8])
     row_l: gl.constexpr = gl.SliceLayout(1, mma)
@@ -225,12 +242,7 @@ def gluon_decode_v2_kernel(Q, K, V, O, LSE, TABLE, SEQLENS, stride_qb, stride_qh
         slot = t % STAGES
         async_copy.wait_group(STAGES - 2)
         gl.thread_barrier()
-        nt = t + STAGES - 1
-        if nt < n_tiles:
-            _issue(K, V, k_bufs.index(nt % STAGES), v_bufs.index(nt % STAGES), pg, nt * BLOCK_N, k_len, col0,
-                   stride_page, stride_slot, PAGE, BLOCK_N, W, ld)
-            pg = _pages(bt_row, (nt + 1) * BLOCK_N, k_len, PAGE, BLOCK_N, key_l)
-        async_copy.commit_group()
+        pg = _refill(src, k_bufs, v_bufs, pg, t, n_tiles, PAGE, ld)
         m_i, l_i, acc = _mma2_tile(q, k_bufs.index(slot), v_bufs.index(slot), m_i, l_i, acc, t * BLOCK_N, k_len,
                                    qk_scale_log2, BLOCK_N, mma)
     async_copy.wait_group(0)
