@@ -107,7 +107,8 @@ def main():
                                                                      num_warps=warps, num_stages=stages,
                                                                      q_hoisted=fields[4:] == ["h"])
         if args.read:
-            calls["read"] = kv_read_call(kc, vc, table, sk)[0]
+            calls["read"], whole = kv_read_call(kc, vc, table, sk)
+            assert whole, "the pure read did not fold every word of the cache"
         for spec in args.gluon if page else []:
             calls["g" + spec.replace(",", "_")] = _gluon(q, kc, vc, lens, table, spec)
         ref = cudnn().transpose(1, 2).float()
