@@ -69,13 +69,18 @@ def _start_ring(src, k_bufs, v_bufs, PAGE: gl.constexpr, ld: gl.constexpr):
 
 
 @gluon.jit
-def _refill(src, k_bufs, v_bufs, pg, t, n_tiles, PAGE: gl.constexpr, ld: gl.constexpr):
-    """At tile t (its copies waited for, every thread past tile t - 1): issue tile t + STAGES - 1 (its page numbers
-    `pg`) into the slot tile t - 1 used, one commit group (empty past the last tile); returns the next tile's page
-    numbers."""
+def _next_tile(src, k_bufs, v_bufs, pg, t, n_tiles, PAGE: gl.constexpr, ld: gl.constexpr, FENCE: gl.constexpr):
+    """Top of tile t: wait for this thread's copies of tile t (FENCE: then fence them for the async proxy, which
+    wgmma reads through), a barrier (every thread's copies landed, every thread done with tile t - 1's slot), then
+    issue tile t + STAGES - 1 (its page numbers `pg`) into that slot, one commit group (empty past the last tile);
+    returns the next tile's page numbers."""
     STAGES: gl.constexpr = k_bufs.shape[0]
     BLOCK_N: gl.constexpr = k_bufs.shape[1]
     K, V, bt_row, k_len, col0, stride_page, stride_slot = src
+    async_copy.wait_group(STAGES - 2)
+    if FENCE:
+        fence_async_shared()
+    gl.thread_barrier()
     nt = t + STAGES - 1
     if nt < n_tiles:
         _issue(K, V, k_bufs.index(nt % STAGES), v_bufs.index(nt % STAGES), pg, nt * BLOCK_N, k_len, col0, stride_page,
@@ -181,12 +186,7 @@ def gluon_decode_kernel(Q, K, V, O, LSE, TABLE, SEQLENS, stride_qb, stride_qh, s
     acc = gl.zeros([ROWS, W], gl.float32, o_l)
     for t in range(n_tiles):
         slot = t % STAGES
-        # Tile t's copies (this thread's) have landed; fenced for the async proxy; every thread's, and every
-        # thread is done with tile t - 1's slot, past the barrier.
-        async_copy.wait_group(STAGES - 2)
-        fence_async_shared()
-        gl.thread_barrier()
-        pg = _refill(src, k_bufs, v_bufs, pg, t, n_tiles, PAGE, ld)
+        pg = _next_tile(src, k_bufs, v_bufs, pg, t, n_tiles, PAGE, ld, True)
         if COMPUTE:
             s = warpgroup_mma(q_smem, k_bufs.index(slot).permute((1, 0)), gl.zeros([ROWS, BLOCK_N], gl.float32, s_l),
                               use_acc=False, is_async=True)
@@ -240,9 +240,7 @@ def gluon_decode_v2_kernel(Q, K, V, O, LSE, TABLE, SEQLENS, stride_qb, stride_qh
     acc = gl.zeros([M, W], gl.float32, mma)
     for t in range(n_tiles):
         slot = t % STAGES
-        async_copy.wait_group(STAGES - 2)
-        gl.thread_barrier()
-        pg = _refill(src, k_bufs, v_bufs, pg, t, n_tiles, PAGE, ld)
+        pg = _next_tile(src, k_bufs, v_bufs, pg, t, n_tiles, PAGE, ld, False)
         m_i, l_i, acc = _mma2_tile(q, k_bufs.index(slot), v_bufs.index(slot), m_i, l_i, acc, t * BLOCK_N, k_len,
                                    qk_scale_log2, BLOCK_N, mma)
     async_copy.wait_group(0)
