@@ -9,7 +9,7 @@ import torch
 import fmha
 from fmha.reference import attention_ref
 from fmha.schedule import plan_num_splits
-from utils import TARGETS, assert_matches
+from utils import TARGETS, assert_matches, far_pages
 
 NAN = float("nan")
 
@@ -326,6 +326,51 @@ def test_kvcache_fp8_query_magnitude(target, page_size, magnitude):
     got, lse = fmha.attention_with_kvcache(q, k_cache, v_cache, seqlens, block_table=table, return_lse=True,
                                            **options)
     assert_matches(got, lse, _oracle(q, k, v, c["seqlens"], **options), dtype)
+
+
+def _far_contiguous(k_cache, v_cache, past=2 ** 31):
+    """Contiguous caches re-laid with a batch stride that puts the last two sequences past `past` elements of one
+    buffer (K's rows, then V's), the rest of it never written (NaN on the GPU)."""
+    b, row = k_cache.shape[0], k_cache[0].numel()
+    stride_b = -(-past // max(b - 2, 1) // 1024) * 1024
+    buf = torch.empty((b - 1) * stride_b + 2 * row, dtype=k_cache.dtype, device=k_cache.device)
+    if buf.is_cuda:
+        buf.view(torch.uint8).fill_(0xFF) if buf.element_size() == 1 else buf.fill_(NAN)
+    views = []
+    for i, cache in enumerate((k_cache, v_cache)):
+        view = buf[i * row:].as_strided(cache.shape, (stride_b,) + cache.stride()[1:])
+        view.copy_(cache)
+        views.append(view)
+    assert views[0][-1].storage_offset() >= past
+    return views
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("page_size", [None, 16], ids=lambda p: f"page{p}" if p else "contiguous")
+@pytest.mark.parametrize("seqlen_q,num_splits,fp8", [(1, 0, False), (4, 2, False), (64, 1, False), (1, 3, True),
+                                                     (4, 1, True)], ids=str)
+def test_kvcache_past_2g_elements(target, page_size, seqlen_q, num_splits, fp8):
+    """Caches whose keys sit more than 2^31 elements into their tensor, as a serving engine's one-tensor KV pool
+    does: every cache address must be 64-bit, although each stride and page index alone fits int32. Paged: the
+    pages moved past 2^31 elements (`far_pages`); contiguous: a batch stride that puts the last two sequences
+    there. Decode, speculative rows, a forced-unsplit 64-row chunk (the Hopper prefill kernel on the GPU), FP8."""
+    device, dtype = target
+    c = _case(target)
+    kv_dtype = torch.float8_e4m3fn if fp8 else dtype
+    k_cache, v_cache, table, k, v = _cache(c["seqlens"], c["capacity"], c["hk"], c["d"], c["d"], kv_dtype, device,
+                                           page_size, seed=seqlen_q)
+    if page_size is None:
+        k_cache, v_cache = _far_contiguous(k_cache, v_cache)
+    else:
+        (k_cache, v_cache), table, _ = far_pages(table, k_cache, v_cache)
+    b = len(c["seqlens"])
+    q = torch.randn(b, seqlen_q, c["hq"], c["d"], device=device, dtype=dtype)
+    seqlens = torch.tensor(c["seqlens"], dtype=torch.int32, device=device)
+    options = dict(causal=seqlen_q > 1, **(_descales(b, c["hk"], device) if fp8 else {}))
+    got, lse = fmha.attention_with_kvcache(q, k_cache, v_cache, seqlens, block_table=table, num_splits=num_splits,
+                                           return_lse=True, **options)
+    assert_matches(got, lse, _oracle(q, k, v, c["seqlens"], **options), dtype)
+    del k_cache, v_cache
 
 
 @pytest.mark.gpu

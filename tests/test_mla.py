@@ -11,7 +11,7 @@ from fmha.kernels.mla_decode import mla_decode_forward
 from fmha._kv_fp8 import LAYOUTS, model1_parts
 from fmha.reference import mla_decode_ref, mla_sparse_decode_ref, mla_sparse_prefill_ref
 from fmha.schedule import PIECE_OVERHEAD, SCHED_BLOCK, SCHED_FIELDS, plan_mla, uniform_plan
-from utils import TARGETS, assert_close
+from utils import TARGETS, assert_close, far_pages
 
 D_QK, D_V = 576, 512
 
@@ -579,6 +579,60 @@ def test_uniform_plan_is_kept():
     again = uniform_plan(7, 300, 3, device)
     assert all(a is b for a, b in zip(again, (lengths, meta, splits)))
     assert uniform_plan(7, 301, 3, device)[1] is not meta
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("form,h_q", [("dense", 16), ("dense", 64), ("dense", 128), ("sparse", 64), ("prefill", 64),
+                                      ("v32", 64), ("model1", 64)], ids=lambda x: str(x))
+def test_past_2g_elements(target, form, h_q):
+    """Caches whose used pages (dense, FP8 paged) or indexed tokens (sparse decode, sparse prefill) start more
+    than 2^31 elements (bytes for FP8) into the cache tensor (`far_pages`), as in a serving engine's KV pool:
+    every row address must be 64-bit, although each page index, flat token position and stride fits int32."""
+    device, dtype = target
+    if device == "cpu" and h_q == 128:
+        pytest.skip("h_q=128 only at GPU sizes")
+    g = torch.Generator().manual_seed(h_q)
+    seqlens = [70, 0, 200, 5] if device == "cpu" else _seqlens(8, 1500, seed=h_q)
+    lens = torch.tensor(seqlens, dtype=torch.int32, device=device)
+    s_q = 2
+    if form == "prefill":
+        s_kv, topk = (300, 100) if device == "cpu" else (4096, 512)
+        kv = torch.randn(s_kv, 1, D_QK, generator=g).to(dtype)
+        indices = torch.randint(-1, s_kv, (6, 1, topk), generator=g, dtype=torch.int32)
+        used = torch.zeros(s_kv, dtype=torch.bool)
+        used[indices[indices >= 0].long()] = True
+        kv[~used] = math.nan
+        q = torch.randn(6, h_q, D_QK, generator=g).to(dtype)
+        q, kv, indices = (t.to(device) for t in (q, kv, indices))
+        (far,), _, shift = far_pages(None, kv)
+        out, _, lse = flash_mla.flash_mla_sparse_fwd(q, far, torch.where(indices >= 0, indices + shift, -1), 0.07)
+        ref_out, _, ref_lse = mla_sparse_prefill_ref(q, kv, indices, D_V, sm_scale=0.07)
+        _check(out.unsqueeze(0), lse.T.unsqueeze(0), ref_out.unsqueeze(0), ref_lse.T.unsqueeze(0), dtype)
+        return
+    fp8 = form in ("v32", "model1")
+    d = LAYOUTS[form][0] if fp8 else D_QK
+    cache, table = _paged_cache(seqlens, 64, 1, d, dtype, device, seed=h_q)
+    ref_cache = cache
+    if fp8:
+        cache = flash_mla.quantize_kv_cache(torch.nan_to_num(cache.bfloat16(), nan=1e4), form)
+        ref_cache = _dequantized(cache, form, dtype)
+    q = torch.randn(len(seqlens), s_q, h_q, d, generator=g).to(dtype).to(device)
+    (far,), far_table, shift = far_pages(table, cache)
+    if form == "sparse":
+        topk = 96 if device == "cpu" else 1024
+        j = torch.randint(0, 10 ** 6, (len(seqlens), s_q, topk), generator=g).to(device) % lens.clamp(min=1)[:, None, None]
+        flat = table.long().gather(1, (j // 64).flatten(1)).view_as(j) * 64 + j % 64
+        indices = torch.where(lens[:, None, None] > 0, flat, -1).to(torch.int32)
+        meta, splits = flash_mla.get_mla_metadata(lens, s_q * h_q, 1, num_heads_q=h_q, topk=topk)
+        out, lse = flash_mla.flash_mla_with_kvcache(q, far, None, lens, D_V, meta, splits,
+                                                    indices=torch.where(indices >= 0, indices + shift * 64, -1))
+        ref = mla_sparse_decode_ref(q, ref_cache, indices, D_V)
+    else:
+        meta, splits = flash_mla.get_mla_metadata(lens, s_q * h_q, 1, is_fp8_kvcache=fp8)
+        out, lse = flash_mla.flash_mla_with_kvcache(q, far, far_table, lens, D_V, meta, splits, causal=True,
+                                                    is_fp8_kvcache=fp8)
+        ref = mla_decode_ref(q, ref_cache, table, lens, D_V, causal=True)
+    _check(out, lse, *ref, dtype)
 
 
 @pytest.mark.gpu

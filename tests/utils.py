@@ -34,6 +34,26 @@ def poisoned(shape, valid, dtype, device, *, pad_rows=7, pad_cols=8, dim=1, scal
     return buf.to(dtype)[tuple(slice(0, s) for s in shape)]
 
 
+def far_pages(table, *caches, past=2 ** 31):
+    """Paged `caches` (same shape and dtype, sharing `table`) moved into one buffer at offsets past `past` elements:
+    returns views of it, one a cache, whose pages `shift + j` hold page j of the original, the shifted table, and
+    `shift`. Each view's used pages then start more than 2^31 elements from its base, where a 32-bit offset
+    product wraps. Views overlap (view i starts i pages-per-cache in), so the buffer is only `shift` pages more
+    than the caches. On the GPU the leading pages are poisoned (NaN, or 0xFF bytes: e4m3's NaN); on the CPU
+    they are left unallocated (never touched: a wrapped read finds zeros, or faults)."""
+    pages, dtype, device = caches[0].shape[0], caches[0].dtype, caches[0].device
+    shift = -(-past // caches[0][0].numel())
+    buf = torch.empty((shift + len(caches) * pages,) + tuple(caches[0].shape[1:]), dtype=dtype, device=device)
+    if device.type == "cuda":
+        head = buf[:shift]
+        head.view(torch.uint8).fill_(0xFF) if dtype.itemsize == 1 else head.fill_(float("nan"))
+    views = []
+    for i, cache in enumerate(caches):
+        buf[shift + i * pages: shift + (i + 1) * pages] = cache
+        views.append(buf[i * pages: i * pages + shift + pages])
+    return views, (table + shift if table is not None else None), shift
+
+
 def assert_close(name, ours, ref, dtype):
     ours = ours.float()
     assert not torch.isnan(ours).any(), f"{name}: NaN in output"
