@@ -236,6 +236,53 @@ def test_out_past_2g_elements(target, causal):
     del got, out, buf
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_tensors_on_another_device():
+    """Every kernel-launching op called with its tensors on cuda:1 while cuda:0 is current (a model split over GPUs
+    in one process): prefill (Hopper kernel), a split paged decode (its combine), MLA decode and the sparse prefill
+    all run on cuda:1, match the oracle, and leave cuda:0 current."""
+    import fmha.mla as flash_mla
+    from fmha.reference import mla_decode_ref, mla_sparse_prefill_ref
+
+    dev, dtype = torch.device("cuda:1"), torch.bfloat16
+    torch.cuda.set_device(0)
+    torch.manual_seed(3)
+    q, k, v = _dense_inputs((2, 700, 900, 8, 2, 128, 128), dtype, dev)
+    got, lse = fmha.attention(q, k, v, causal=True, return_lse=True)
+    assert got.device == dev
+    assert_matches(got, lse, attention_ref(q, k, v, causal=True), dtype)
+
+    pages = torch.randperm(40, device=dev)[:32].view(4, 8).to(torch.int32)
+    k_cache, v_cache = (torch.randn(40, 64, 2, 128, device=dev, dtype=dtype) for _ in range(2))
+    seqlens = torch.tensor([512, 1, 300, 0], dtype=torch.int32, device=dev)
+    q1 = torch.randn(4, 1, 8, 128, device=dev, dtype=dtype)
+    got, lse = fmha.attention_with_kvcache(q1, k_cache, v_cache, seqlens, block_table=pages, num_splits=3,
+                                           return_lse=True)
+    for i, n in enumerate(seqlens.tolist()):
+        rows = pages[i].long()
+        k_i, v_i = (c[rows].flatten(0, 1)[None, :n] for c in (k_cache, v_cache))
+        assert_matches(got[i:i + 1], lse[i:i + 1], attention_ref(q1[i:i + 1], k_i, v_i), dtype)
+
+    cache = torch.randn(40, 64, 1, 576, device=dev, dtype=dtype)
+    q2 = torch.randn(4, 2, 64, 576, device=dev, dtype=dtype)
+    meta, splits = flash_mla.get_mla_metadata(seqlens, 128, 1)
+    out, lse = flash_mla.flash_mla_with_kvcache(q2, cache, pages, seqlens, 512, meta, splits, causal=True)
+    ref, ref_lse = mla_decode_ref(q2, cache, pages, seqlens, 512, causal=True)
+    assert_close("out", out, ref, dtype)
+    finite = torch.isfinite(ref_lse)
+    assert (lse[finite] - ref_lse[finite]).abs().max().item() <= 2e-3
+
+    kv = torch.randn(1000, 1, 576, device=dev, dtype=dtype)
+    q3 = torch.randn(5, 64, 576, device=dev, dtype=dtype)
+    indices = torch.randint(-1, 1000, (5, 1, 256), device=dev, dtype=torch.int32)
+    out, _, lse = flash_mla.flash_mla_sparse_fwd(q3, kv, indices, 0.05)
+    ref, _, ref_lse = mla_sparse_prefill_ref(q3, kv, indices, 512, sm_scale=0.05)
+    assert_close("out", out, ref, dtype)
+    assert (lse - ref_lse).abs().max().item() <= 2e-3
+    assert torch.cuda.current_device() == 0
+
+
 @pytest.mark.cpu
 @pytest.mark.parametrize("dims", [(64, 64), (128, 128), (256, 256), (512, 512), (576, 512)],
                          ids=lambda d: f"{d[0]}-{d[1]}")

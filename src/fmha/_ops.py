@@ -5,6 +5,10 @@ breaks. Going through the dispatcher costs tens of microseconds per call in eage
 ADInplaceOrView step re-binds every argument), which is more than a whole 1k-token prefill kernel. So an eager
 call on plain tensors runs the function directly; under compilation, tracing (fake or functional tensors, a
 dispatch mode) or autograd it goes through the op as before.
+
+Triton launches on the current CUDA device. A call whose tensors live on another one (a model split over GPUs in
+one process, e.g. `device_map="auto"`) runs with that device made current for its duration, as a native op's
+device guard does.
 """
 from __future__ import annotations
 
@@ -23,6 +27,16 @@ def _direct(args) -> bool:
     return True
 
 
+def _other_device(args):
+    """The device of the call's first tensor when it is a CUDA device other than the current one, else None."""
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            if a.is_cuda and a.get_device() != torch.cuda.current_device():
+                return a.device
+            return None
+    return None
+
+
 def custom_op(name, *, mutates_args):
     """Like `torch.library.custom_op(name, mutates_args=...)`; the result also has `register_fake` and `op`."""
     def wrap(fn):
@@ -30,7 +44,13 @@ def custom_op(name, *, mutates_args):
 
         @functools.wraps(fn)
         def call(*args):
-            return fn(*args) if _direct(args) else op(*args)
+            if torch.compiler.is_compiling():
+                return op(*args)
+            device = _other_device(args)
+            if device is None:
+                return fn(*args) if _direct(args) else op(*args)
+            with torch.cuda.device(device):
+                return fn(*args) if _direct(args) else op(*args)
         call.op = op
         call.register_fake = op.register_fake
         return call
