@@ -9,7 +9,7 @@ import torch
 import fmha
 from fmha.reference import attention_ref
 from fmha.schedule import plan_num_splits
-from utils import TARGETS, assert_matches, far_pages
+from utils import TARGETS, assert_matches, far_pages, poison
 
 NAN = float("nan")
 
@@ -335,7 +335,7 @@ def _far_contiguous(k_cache, v_cache, past=2 ** 31):
     stride_b = -(-past // max(b - 2, 1) // 1024) * 1024
     buf = torch.empty((b - 1) * stride_b + 2 * row, dtype=k_cache.dtype, device=k_cache.device)
     if buf.is_cuda:
-        buf.view(torch.uint8).fill_(0xFF) if buf.element_size() == 1 else buf.fill_(NAN)
+        poison(buf)
     views = []
     for i, cache in enumerate((k_cache, v_cache)):
         view = buf[i * row:].as_strided(cache.shape, (stride_b,) + cache.stride()[1:])

@@ -34,6 +34,14 @@ def poisoned(shape, valid, dtype, device, *, pad_rows=7, pad_cols=8, dim=1, scal
     return buf.to(dtype)[tuple(slice(0, s) for s in shape)]
 
 
+def poison(t):
+    """Fill `t` with NaN, or with 0xFF bytes for a one-byte dtype (e4m3's NaN; packed FP8 caches)."""
+    if t.element_size() == 1:
+        t.view(torch.uint8).fill_(0xFF)
+    else:
+        t.fill_(float("nan"))
+
+
 def far_pages(table, *caches, past=2 ** 31):
     """Paged `caches` (same shape and dtype, sharing `table`) moved into one buffer at offsets past `past` elements:
     returns views of it, one a cache, whose pages `shift + j` hold page j of the original, the shifted table, and
@@ -45,8 +53,7 @@ def far_pages(table, *caches, past=2 ** 31):
     shift = -(-past // caches[0][0].numel())
     buf = torch.empty((shift + len(caches) * pages,) + tuple(caches[0].shape[1:]), dtype=dtype, device=device)
     if device.type == "cuda":
-        head = buf[:shift]
-        head.view(torch.uint8).fill_(0xFF) if dtype.itemsize == 1 else head.fill_(float("nan"))
+        poison(buf[:shift])
     views = []
     for i, cache in enumerate(caches):
         buf[shift + i * pages: shift + (i + 1) * pages] = cache
