@@ -30,6 +30,30 @@ def test_compile_fullgraph():
     torch.testing.assert_close(y, ref.sum(-1) + ref_lse.transpose(1, 2), atol=0.15, rtol=0.02)
 
 
+def test_compile_kvcache_append_fullgraph():
+    """A decode step that appends its new keys to a paged cache (k / v) and attends: one graph, the cache written
+    in place, the output the oracle's over the old keys and the new one."""
+    torch.manual_seed(1)
+    page, hk, d = 16, 2, 64
+    k_cache, v_cache = (torch.randn(6, page, hk, d, device=DEV, dtype=DT) for _ in range(2))
+    table = torch.tensor([[4, 1], [0, 5]], dtype=torch.int32, device=DEV)
+    lens = torch.tensor([20, 3], dtype=torch.int32, device=DEV)
+    q = torch.randn(2, 1, 4, d, device=DEV, dtype=DT)
+    k_new, v_new = (torch.randn(2, 1, hk, d, device=DEV, dtype=DT) for _ in range(2))
+
+    def step(q, k_new, v_new):
+        return fmha.attention_with_kvcache(q, k_cache, v_cache, lens, k=k_new, v=v_new, block_table=table)
+
+    before = (k_cache.clone(), v_cache.clone())
+    out = torch.compile(step, fullgraph=True, backend=BACKEND)(q, k_new, v_new)
+    for i, n in enumerate(lens.tolist()):
+        pages = table[i].long()
+        old_k, old_v = (c[pages].flatten(0, 1)[:n] for c in before)
+        k_i, v_i = torch.cat([old_k, k_new[i]])[None], torch.cat([old_v, v_new[i]])[None]
+        assert torch.equal(k_cache[pages].flatten(0, 1)[n], k_new[i, 0])
+        assert_close("out", out[i:i + 1], attention_ref(q[i:i + 1], k_i, v_i)[0], DT)
+
+
 def test_custom_op_registered():
     assert hasattr(torch.ops.fmha, "attention_fwd")
     torch.library.opcheck(torch.ops.fmha.attention_fwd.default, (

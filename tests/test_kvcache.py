@@ -373,6 +373,39 @@ def test_kvcache_past_2g_elements(target, page_size, seqlen_q, num_splits, fp8):
     del k_cache, v_cache
 
 
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("page_size", [None, 16], ids=lambda p: f"page{p}" if p else "contiguous")
+@pytest.mark.parametrize("seqlen_new,num_splits,fp8", [(1, 0, False), (3, 2, False), (2, 1, True)], ids=str)
+def test_kvcache_append(target, page_size, seqlen_new, num_splits, fp8):
+    """FlashAttention's k / v: the new keys and values written into the caches in place at cache_seqlens[b] + i
+    (through the block table when paged), every other byte of the caches unchanged (NaN stays NaN), and attended
+    with the cache: the oracle on each sequence's old keys followed by the new ones. cache_seqlens is unchanged."""
+    device, dtype = target
+    c = _case(target)
+    kv_dtype = torch.float8_e4m3fn if fp8 else dtype
+    lens = [min(n, c["capacity"] - seqlen_new) for n in c["seqlens"]]          # room for the new keys
+    k_cache, v_cache, table, k, v = _cache(lens, c["capacity"], c["hk"], c["d"], c["d"], kv_dtype, device,
+                                           page_size, seed=7 + seqlen_new)
+    k, v = k.clone(), v.clone()                    # on the CPU a contiguous cache is the logical tensor itself
+    b = len(lens)
+    k_new, v_new = (torch.randn(b, seqlen_new, c["hk"], c["d"]).to(kv_dtype) for _ in range(2))
+    want_k, want_v = k_cache.cpu().clone(), v_cache.cpu().clone()
+    for i, n in enumerate(lens):
+        k[i, n:n + seqlen_new], v[i, n:n + seqlen_new] = k_new[i], v_new[i]
+        for j in range(seqlen_new):
+            at = (i, n + j) if table is None else (int(table[i, (n + j) // page_size]), (n + j) % page_size)
+            want_k[at], want_v[at] = k_new[i, j], v_new[i, j]
+    seqlens = torch.tensor(lens, dtype=torch.int32, device=device)
+    q = torch.randn(b, seqlen_new, c["hq"], c["d"], device=device, dtype=dtype)
+    options = dict(causal=True, **(_descales(b, c["hk"], device) if fp8 else {}))
+    got, lse = fmha.attention_with_kvcache(q, k_cache, v_cache, seqlens, k=k_new.to(device), v=v_new.to(device),
+                                           block_table=table, num_splits=num_splits, return_lse=True, **options)
+    assert seqlens.tolist() == lens
+    for name, cache, want in (("k_cache", k_cache, want_k), ("v_cache", v_cache, want_v)):
+        assert torch.equal(cache.cpu().view(torch.uint8), want.view(torch.uint8)), f"{name}: not as appended"
+    assert_matches(got, lse, _oracle(q, k, v, [n + seqlen_new for n in lens], **options), dtype)
+
+
 @pytest.mark.gpu
 def test_kvcache_cuda_graph():
     """A steady-state decode step (automatic splits) captures into a CUDA graph and replays correctly."""
@@ -391,6 +424,40 @@ def test_kvcache_cuda_graph():
     graph.replay()
     torch.cuda.synchronize()
     ref, _ = _oracle(q, k, v, c["seqlens"])
+    from utils import assert_close
+    assert_close("out", out, ref, dtype)
+
+
+@pytest.mark.gpu
+def test_kvcache_append_cuda_graph():
+    """A decode step that appends its new key (k / v) captures into a CUDA graph: replayed with new queries, keys
+    and lengths, it writes where the new lengths say and attends to them."""
+    c = _case(("cuda",))
+    dtype = torch.bfloat16
+    lens = [n - 1 if n == c["capacity"] else n for n in c["seqlens"]]
+    k_cache, v_cache, table, k, v = _cache(lens, c["capacity"], c["hk"], c["d"], c["d"], dtype, "cuda", 64)
+    b = len(lens)
+    seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    q = torch.randn(b, 1, c["hq"], c["d"], device="cuda", dtype=dtype)
+    k_new, v_new = (torch.randn(b, 1, c["hk"], c["d"], device="cuda", dtype=dtype) for _ in range(2))
+    out = torch.empty_like(q)
+    step = lambda: fmha.attention_with_kvcache(q, k_cache, v_cache, seqlens, k=k_new, v=v_new,  # noqa: E731
+                                               block_table=table, out=out)
+    step()                                           # warm-up / compile (writes position lens[b], rewritten below)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    lens = [max(n - 2, 0) for n in lens]             # shorter now: the replay overwrites positions lens[b]
+    seqlens.copy_(torch.tensor(lens, dtype=torch.int32))
+    for t in (q, k_new, v_new):
+        t.copy_(torch.randn_like(t))
+    graph.replay()
+    torch.cuda.synchronize()
+    k, v = k.clone(), v.clone()
+    for i, n in enumerate(lens):
+        k[i, n], v[i, n] = k_new[i, 0].cpu(), v_new[i, 0].cpu()
+    ref, _ = _oracle(q, k, v, [n + 1 for n in lens])
     from utils import assert_close
     assert_close("out", out, ref, dtype)
 
@@ -423,6 +490,20 @@ def test_kvcache_bad_input():
         fmha.attention_with_kvcache(q, kc, kc, lens)
     with pytest.raises(ValueError, match="num_splits"):
         fmha.attention_with_kvcache(q, kc, kc, lens, block_table=table, num_splits=-1)
+    # New keys to append (k / v): checked before anything is written; the cache is left as it was.
+    new = torch.ones(2, 1, 2, 64, device=dev, dtype=torch.float16)
+    before = kc.clone()
+    bad = [(ValueError, "v: k and v are appended together", dict(k=new)),
+           (ValueError, "k: k and v are appended together", dict(v=new)),
+           (TypeError, "k: expected dtype", dict(k=new.float(), v=new)),
+           (ValueError, "v: expected shape", dict(k=new, v=new[:, :, :1])),
+           (ValueError, "k: expected shape", dict(k=new[:1], v=new)),
+           (ValueError, "v: expected seqlen_new", dict(k=new, v=torch.cat([new, new], 1))),
+           (ValueError, "num_splits", dict(k=new, v=new, num_splits=-1))]
+    for error, message, kw in bad:
+        with pytest.raises(error, match=message):
+            fmha.attention_with_kvcache(q, kc, kc, lens, block_table=table, **kw)
+    assert torch.equal(kc, before)
 
 
 @pytest.mark.parametrize("target", TARGETS)

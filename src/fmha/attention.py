@@ -181,13 +181,44 @@ def _(q, k_cache, v_cache, out, cache_seqlens, block_table, num_splits, softmax_
     return q.new_empty(_lse_shape(q, None), dtype=torch.float32)
 
 
+def _check_new_kv(k, v, k_cache, v_cache, batch):
+    """`attention_with_kvcache`'s k and v: both given, `(batch, seqlen_new, heads_k, head_dim)` each with the
+    heads and head dims of its cache, in its cache's dtype and on its device."""
+    if k is None or v is None:
+        raise ValueError(f"{'v' if k is not None else 'k'}: k and v are appended together; got only one of them")
+    for name, new, cache in (("k", k, k_cache), ("v", v, v_cache)):
+        V.check_tensor(name, new, ndim=4, dtypes=(cache.dtype,), device=cache.device)
+        if new.shape[0] != batch or new.shape[2:] != cache.shape[2:]:
+            raise ValueError(f"{name}: expected shape ({batch}, seqlen_new, {cache.shape[2]}, {cache.shape[3]}), "
+                             f"got {tuple(new.shape)}")
+    if k.shape[1] != v.shape[1]:
+        raise ValueError(f"v: expected seqlen_new = {k.shape[1]} (k's), got {v.shape[1]}")
+
+
+def _append_to_cache(k_cache, v_cache, k, v, cache_seqlens, block_table):
+    """Write k, v `(batch, seqlen_new, ...)` into the caches at positions cache_seqlens[b] + i, in place, with
+    device-side indices (no host synchronisation; a position past the cache fails torch's index check). Indexing
+    the cache's first two axes writes through any strides; one-byte (FP8) caches are written as bytes, which
+    index_put_ supports on every device."""
+    pos = cache_seqlens.long()[:, None] + torch.arange(k.shape[1], device=k.device)
+    if block_table is None:
+        index = (torch.arange(k.shape[0], device=k.device)[:, None], pos)
+    else:
+        page_size = k_cache.shape[1]
+        index = (block_table.long().gather(1, pos // page_size), pos % page_size)
+    for cache, new in ((k_cache, k), (v_cache, v)):
+        if cache.element_size() == 1:
+            cache, new = cache.view(torch.uint8), new.view(torch.uint8)
+        cache.index_put_(index, new)
+
+
 def _cache_capacity(k_cache, block_table):
     return block_table.shape[1] * k_cache.shape[1] if block_table is not None else k_cache.shape[1]
 
 
-def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, block_table=None, num_splits=0, causal=False,
-                           window=(-1, -1), softmax_scale=None, softcap=0.0, alibi_slopes=None, sinks=None,
-                           return_lse=False, out=None, q_descale=None, k_descale=None, v_descale=None):
+def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None, block_table=None, num_splits=0,
+                           causal=False, window=(-1, -1), softmax_scale=None, softcap=0.0, alibi_slopes=None,
+                           sinks=None, return_lse=False, out=None, q_descale=None, k_descale=None, v_descale=None):
     """Attention of new queries against a KV cache (decode, speculative decoding, chunked prefill).
 
     Args:
@@ -198,6 +229,11 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, block_table=No
             fp16/bf16 q, and `k_descale` / `v_descale` `(batch, heads_k)` (as in `attention`).
         cache_seqlens: `(batch,)` int32, the number of valid keys of each sequence (0 allowed: output 0,
             LSE -inf). Keys past it are never read.
+        k, v: optional `(batch, seqlen_new, heads_k, head_dim)` new keys and values in the caches' dtype
+            (FlashAttention's `flash_attn_with_kvcache` k / v): written into the caches in place at positions
+            `cache_seqlens[b] .. cache_seqlens[b] + seqlen_new - 1` (through `block_table` when paged), which must
+            lie within each sequence's capacity, and attended as part of the cache: the call then sees
+            `cache_seqlens + seqlen_new` keys. `cache_seqlens` itself is not changed. No host synchronisation.
         block_table: `(batch, max_pages)` int32; key j of sequence b is slot `j % page_size` of page
             `block_table[b, j // page_size]`. Pages may be in any order.
         num_splits: 0 = chosen from the SM count and the cache capacity (no host synchronisation);
@@ -225,6 +261,10 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, block_table=No
         raise ValueError(f"k_cache: batch must equal q's ({batch}) for a contiguous cache, got {k_cache.shape[0]}")
     if not isinstance(num_splits, int) or isinstance(num_splits, bool) or num_splits < 0:
         raise ValueError(f"num_splits: expected an int >= 0 (0 = automatic), got {num_splits!r}")
+    if k is not None or v is not None:
+        _check_new_kv(k, v, k_cache, v_cache, batch)
+        _append_to_cache(k_cache, v_cache, k, v, cache_seqlens, block_table)
+        cache_seqlens = cache_seqlens + k.shape[1]
     lse = _attention_kvcache_fwd(q, k_cache, v_cache, out, cache_seqlens, block_table, num_splits, scale,
                                  left, right, float(softcap), alibi_slopes, sinks, lefts, q_descale, k_descale,
                                  v_descale)
