@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import fmha
-from fmha.reference import attention_ref
+from fmha.reference import attention_ref, rotary_ref
 from fmha.schedule import plan_num_splits
 from utils import TARGETS, assert_matches, far_pages, poison
 
@@ -428,6 +428,57 @@ def test_kvcache_cuda_graph():
     assert_close("out", out, ref, dtype)
 
 
+@pytest.mark.cpu
+def test_rotary_ref():
+    """The rotary oracle on cases worked by hand: a quarter turn moves (1, 0) to (0, 1); GPT-NeoX pairs (i, i + 2),
+    GPT-J pairs (2i, 2i + 1); values past rotary_dim pass through; positions pick the table's rows."""
+    x = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0]).view(1, 1, 1, 5)
+    cos, sin = torch.tensor([[1.0, 1.0], [0.0, 0.0]]), torch.tensor([[0.0, 0.0], [1.0, 1.0]])
+    assert rotary_ref(x, cos, sin, [[0]]).flatten().tolist() == [1, 2, 3, 4, 5]
+    assert rotary_ref(x, cos, sin, [[1]]).flatten().tolist() == [-3, -4, 1, 2, 5]
+    assert rotary_ref(x, cos, sin, [[1]], interleaved=True).flatten().tolist() == [-2, 1, -4, 3, 5]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("page_size", [None, 16], ids=lambda p: f"page{p}" if p else "contiguous")
+@pytest.mark.parametrize("seqlen_new,causal,interleaved,rotary_part", [(1, False, False, 1), (3, True, True, 1),
+                                                                       (3, False, False, 2), (2, True, False, 2)],
+                         ids=str)
+def test_kvcache_rotary(target, page_size, seqlen_new, causal, interleaved, rotary_part):
+    """FlashAttention's rotary_cos / rotary_sin with the append: the new keys are rotated at cache_seqlens[b] + i
+    before they are written; q at the same positions under a causal mask, else every query at cache_seqlens[b];
+    the whole head (rotary_part 1) or its first half (2), GPT-NeoX or GPT-J pairs. Against `rotary_ref` and the
+    attention oracle; the cache holds the rotated keys."""
+    device, dtype = target
+    c = _case(target)
+    lens = [min(n, c["capacity"] - seqlen_new) for n in c["seqlens"]]
+    k_cache, v_cache, table, k, v = _cache(lens, c["capacity"], c["hk"], c["d"], c["d"], dtype, device, page_size,
+                                           seed=11 + seqlen_new)
+    k, v = k.clone(), v.clone()
+    b, d = len(lens), c["d"]
+    g = torch.Generator().manual_seed(seqlen_new)
+    angles = torch.arange(c["capacity"] + 8)[:, None] * 0.37 / (1 + torch.arange(d // (2 * rotary_part)))
+    cos, sin = angles.cos(), angles.sin()
+    k_new, v_new = (torch.randn(b, seqlen_new, c["hk"], d, generator=g).to(dtype) for _ in range(2))
+    q = torch.randn(b, seqlen_new, c["hq"], d, generator=g).to(dtype)
+    steps = torch.arange(seqlen_new)[None, :]
+    starts = torch.tensor(lens)[:, None]
+    k_rot = rotary_ref(k_new, cos, sin, starts + steps, interleaved=interleaved).to(dtype)
+    q_rot = rotary_ref(q, cos, sin, starts + steps * causal, interleaved=interleaved).to(dtype)
+    for i, n in enumerate(lens):
+        k[i, n:n + seqlen_new], v[i, n:n + seqlen_new] = k_rot[i], v_new[i]
+    seqlens = torch.tensor(lens, dtype=torch.int32, device=device)
+    got, lse = fmha.attention_with_kvcache(q.to(device), k_cache, v_cache, seqlens, k=k_new.to(device),
+                                           v=v_new.to(device), rotary_cos=cos.to(device), rotary_sin=sin.to(device),
+                                           rotary_interleaved=interleaved, block_table=table, causal=causal,
+                                           return_lse=True)
+    for i, n in enumerate(lens):
+        rows = k_cache[i, n:n + seqlen_new] if table is None else torch.stack(
+            [k_cache[table[i, (n + j) // page_size], (n + j) % page_size] for j in range(seqlen_new)])
+        torch.testing.assert_close(rows.cpu().float(), k_rot[i].float(), atol=1e-2, rtol=1e-2)
+    assert_matches(got, lse, _oracle(q_rot.to(device), k, v, [n + seqlen_new for n in lens], causal=causal), dtype)
+
+
 @pytest.mark.gpu
 def test_kvcache_append_cuda_graph():
     """A decode step that appends its new key (k / v) captures into a CUDA graph: replayed with new queries, keys
@@ -500,10 +551,23 @@ def test_kvcache_bad_input():
            (ValueError, "k: expected shape", dict(k=new[:1], v=new)),
            (ValueError, "v: expected seqlen_new", dict(k=new, v=torch.cat([new, new], 1))),
            (ValueError, "num_splits", dict(k=new, v=new, num_splits=-1))]
+    cos = torch.ones(64, 16, device=dev, dtype=torch.float16)
+    bad += [(ValueError, "rotary_sin: rotary_cos and rotary_sin come together", dict(rotary_cos=cos)),
+            (ValueError, "rotary_cos: rotary_cos and rotary_sin come together", dict(rotary_sin=cos)),
+            (TypeError, "rotary_sin: expected dtype", dict(rotary_cos=cos, rotary_sin=cos.double())),
+            (ValueError, "rotary_sin: expected rotary_cos's shape", dict(rotary_cos=cos, rotary_sin=cos[:, :8])),
+            (ValueError, "rotary_sin: expected rotary_cos's shape",
+             dict(rotary_cos=cos.repeat(1, 3), rotary_sin=cos.repeat(1, 3))),
+            (TypeError, "rotary_interleaved: expected a bool",
+             dict(k=new, v=new, rotary_cos=cos, rotary_sin=cos, rotary_interleaved=1))]
     for error, message, kw in bad:
         with pytest.raises(error, match=message):
             fmha.attention_with_kvcache(q, kc, kc, lens, block_table=table, **kw)
     assert torch.equal(kc, before)
+    k8 = kc.to(torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match="rotary_cos: rotary embedding needs a 16-bit cache"):
+        fmha.attention_with_kvcache(q, k8, k8, lens, block_table=table, rotary_cos=cos, rotary_sin=cos,
+                                    k_descale=torch.ones(2, 2, device=dev), v_descale=torch.ones(2, 2, device=dev))
 
 
 @pytest.mark.parametrize("target", TARGETS)

@@ -195,6 +195,38 @@ def _check_new_kv(k, v, k_cache, v_cache, batch):
         raise ValueError(f"v: expected seqlen_new = {k.shape[1]} (k's), got {v.shape[1]}")
 
 
+def _check_rotary(cos, sin, interleaved, q, k_cache):
+    """`attention_with_kvcache`'s rotary options: both tables, `(seqlen_ro, rotary_dim / 2)` alike, rotary_dim at
+    most q's head dim, in q's dtype or fp32; a 16-bit cache (FP8 keys are not rotated)."""
+    if cos is None or sin is None:
+        raise ValueError(f"{'rotary_sin' if cos is not None else 'rotary_cos'}: rotary_cos and rotary_sin come "
+                         "together; got only one of them")
+    for name, t in (("rotary_cos", cos), ("rotary_sin", sin)):
+        V.check_tensor(name, t, ndim=2, dtypes=(q.dtype, torch.float32), device=q.device)
+    if sin.shape != cos.shape or not 1 <= 2 * cos.shape[1] <= q.shape[3]:
+        raise ValueError(f"rotary_sin: expected rotary_cos's shape (seqlen_ro, rotary_dim / 2) with rotary_dim <= "
+                         f"{q.shape[3]}, got {tuple(cos.shape)} and {tuple(sin.shape)}")
+    if not isinstance(interleaved, bool):
+        raise TypeError(f"rotary_interleaved: expected a bool, got {type(interleaved).__name__}")
+    if k_cache.element_size() == 1:
+        raise ValueError("rotary_cos: rotary embedding needs a 16-bit cache, got an FP8 one")
+
+
+def _rotary(x, cos, sin, positions, interleaved):
+    """x `(batch, seqlen, heads, d)` with its first 2 * cos.shape[1] values of each head turned by the angles at
+    `positions (batch, seqlen)` (`reference.rotary_ref`), in fp32, back in x's dtype."""
+    half = cos.shape[1]
+    c, s = (t[positions].unsqueeze(2).float() for t in (cos, sin))
+    head = x[..., :2 * half].float()
+    if interleaved:
+        a, b = head[..., 0::2], head[..., 1::2]
+        turned = torch.stack((a * c - b * s, a * s + b * c), -1).flatten(-2)
+    else:
+        a, b = head[..., :half], head[..., half:]
+        turned = torch.cat((a * c - b * s, a * s + b * c), -1)
+    return torch.cat((turned.to(x.dtype), x[..., 2 * half:]), -1)
+
+
 def _append_to_cache(k_cache, v_cache, k, v, cache_seqlens, block_table):
     """Write k, v `(batch, seqlen_new, ...)` into the caches at positions cache_seqlens[b] + i, in place, with
     device-side indices (no host synchronisation; a position past the cache fails torch's index check). Indexing
@@ -216,9 +248,10 @@ def _cache_capacity(k_cache, block_table):
     return block_table.shape[1] * k_cache.shape[1] if block_table is not None else k_cache.shape[1]
 
 
-def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None, block_table=None, num_splits=0,
-                           causal=False, window=(-1, -1), softmax_scale=None, softcap=0.0, alibi_slopes=None,
-                           sinks=None, return_lse=False, out=None, q_descale=None, k_descale=None, v_descale=None):
+def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None, rotary_cos=None, rotary_sin=None,
+                           rotary_interleaved=False, block_table=None, num_splits=0, causal=False, window=(-1, -1),
+                           softmax_scale=None, softcap=0.0, alibi_slopes=None, sinks=None, return_lse=False,
+                           out=None, q_descale=None, k_descale=None, v_descale=None):
     """Attention of new queries against a KV cache (decode, speculative decoding, chunked prefill).
 
     Args:
@@ -234,6 +267,11 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None
             `cache_seqlens[b] .. cache_seqlens[b] + seqlen_new - 1` (through `block_table` when paged), which must
             lie within each sequence's capacity, and attended as part of the cache: the call then sees
             `cache_seqlens + seqlen_new` keys. `cache_seqlens` itself is not changed. No host synchronisation.
+        rotary_cos, rotary_sin: optional `(seqlen_ro, rotary_dim / 2)` (FlashAttention's rotary options): the
+            rotary embedding of the first rotary_dim values of each head, applied to the new keys `k` at positions
+            `cache_seqlens[b] + i` before they are written, and to q: at `cache_seqlens[b] + i` too under a causal
+            or windowed mask, else every query at `cache_seqlens[b]` (FlashAttention's rule). `rotary_interleaved`
+            pairs values (2i, 2i + 1) (GPT-J) instead of (i, i + rotary_dim / 2) (GPT-NeoX). 16-bit caches only.
         block_table: `(batch, max_pages)` int32; key j of sequence b is slot `j % page_size` of page
             `block_table[b, j // page_size]`. Pages may be in any order.
         num_splits: 0 = chosen from the SM count and the cache capacity (no host synchronisation);
@@ -263,6 +301,16 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None
         raise ValueError(f"num_splits: expected an int >= 0 (0 = automatic), got {num_splits!r}")
     if k is not None or v is not None:
         _check_new_kv(k, v, k_cache, v_cache, batch)
+    if rotary_cos is not None or rotary_sin is not None:
+        _check_rotary(rotary_cos, rotary_sin, rotary_interleaved, q, k_cache)
+        new = torch.arange(q.shape[1], device=q.device)
+        per_token = left != -1 or right != -1 or lefts is not None       # a causal or windowed mask
+        q = _rotary(q, rotary_cos, rotary_sin, cache_seqlens.long()[:, None] + (new if per_token else 0 * new),
+                    rotary_interleaved)
+        if k is not None:
+            k = _rotary(k, rotary_cos, rotary_sin,
+                        cache_seqlens.long()[:, None] + torch.arange(k.shape[1], device=k.device), rotary_interleaved)
+    if k is not None:
         _append_to_cache(k_cache, v_cache, k, v, cache_seqlens, block_table)
         cache_seqlens = cache_seqlens + k.shape[1]
     lse = _attention_kvcache_fwd(q, k_cache, v_cache, out, cache_seqlens, block_table, num_splits, scale,

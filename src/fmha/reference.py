@@ -10,7 +10,7 @@ import math
 import torch
 
 __all__ = ["visible_mask", "attention_ref", "attention_varlen_ref", "gather_pages", "mla_decode_ref",
-           "mla_sparse_decode_ref"]
+           "mla_sparse_decode_ref", "rotary_ref"]
 
 
 def visible_mask(seqlen_q: int, seqlen_k: int, window=(-1, -1), device=None) -> torch.Tensor:
@@ -119,6 +119,24 @@ def attention_varlen_ref(q, k, v, cu_seqlens_q, cu_seqlens_k, **options):
         out[qs:qe] = o_b[0]
         lse[:, qs:qe] = lse_b[0]
     return out, lse
+
+
+def rotary_ref(x, cos, sin, positions, *, interleaved=False):
+    """Rotary embedding of `x (batch, seqlen, heads, d)`: token t of batch b is at position `positions[b][t]`; its
+    first `2 * cos.shape[1]` values, as pairs (i, i + half) or, `interleaved`, (2i, 2i + 1), are turned by the
+    angle whose cosine and sine are `cos[pos, i]`, `sin[pos, i]` (a complex multiplication, one token at a time);
+    the rest pass through. fp32 out."""
+    half = cos.shape[1]
+    out = x.float().clone()
+    for b in range(x.shape[0]):
+        for t in range(x.shape[1]):
+            pos = int(positions[b][t])
+            turn = torch.complex(cos[pos].float(), sin[pos].float())
+            v = out[b, t, :, :2 * half]
+            pairs = v.unflatten(-1, (half, 2)) if interleaved else v.unflatten(-1, (2, half)).transpose(-1, -2)
+            z = torch.view_as_real(torch.view_as_complex(pairs.contiguous()) * turn)
+            out[b, t, :, :2 * half] = z.flatten(-2) if interleaved else z.transpose(-1, -2).flatten(-2)
+    return out
 
 
 def gather_pages(cache, block_table, seqlen):
