@@ -428,6 +428,39 @@ def test_kvcache_cuda_graph():
     assert_close("out", out, ref, dtype)
 
 
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("seqlen_q,num_splits,append", [(1, 0, False), (1, 3, True), (4, 1, True), (64, 1, False)],
+                         ids=str)
+def test_kvcache_batch_idx(target, seqlen_q, num_splits, append):
+    """FlashAttention's cache_batch_idx: sequence b reads (and, with k / v, appends to) row cache_batch_idx[b] of a
+    contiguous cache with more rows than the batch, in any order; the rows nobody names are NaN and stay so."""
+    device, dtype = target
+    c = _case(target)
+    lens = [min(n, c["capacity"] - seqlen_q) for n in c["seqlens"]]
+    b = len(lens)
+    k_cache, v_cache, _, k, v = _cache(lens, c["capacity"], c["hk"], c["d"], c["d"], dtype, "cpu", seed=seqlen_q)
+    rows = torch.randperm(b + 3, generator=torch.Generator().manual_seed(seqlen_q))[:b]
+    big_k, big_v = (torch.full((b + 3,) + tuple(t.shape[1:]), NAN, dtype=dtype) for t in (k_cache, v_cache))
+    big_k[rows], big_v[rows] = k_cache, v_cache
+    big_k, big_v = big_k.to(device), big_v.to(device)
+    k, v = k.clone(), v.clone()
+    q = torch.randn(b, seqlen_q, c["hq"], c["d"], device=device, dtype=dtype)
+    new = {}
+    if append:
+        new = dict(k=torch.randn(b, seqlen_q, c["hk"], c["d"], device=device, dtype=dtype),
+                   v=torch.randn(b, seqlen_q, c["hk"], c["d"], device=device, dtype=dtype))
+        for i, n in enumerate(lens):
+            k[i, n:n + seqlen_q], v[i, n:n + seqlen_q] = new["k"][i].cpu(), new["v"][i].cpu()
+    seqlens = torch.tensor(lens, dtype=torch.int32, device=device)
+    got, lse = fmha.attention_with_kvcache(q, big_k, big_v, seqlens, cache_batch_idx=rows.to(torch.int32).to(device),
+                                           num_splits=num_splits, causal=seqlen_q > 1, return_lse=True, **new)
+    unused = torch.ones(b + 3, dtype=torch.bool)
+    unused[rows] = False
+    assert big_k.cpu()[unused].isnan().all() and big_v.cpu()[unused].isnan().all()
+    added = seqlen_q if append else 0
+    assert_matches(got, lse, _oracle(q, k, v, [n + added for n in lens], causal=seqlen_q > 1), dtype)
+
+
 @pytest.mark.cpu
 def test_rotary_ref():
     """The rotary oracle on cases worked by hand: a quarter turn moves (1, 0) to (0, 1); GPT-NeoX pairs (i, i + 2),
@@ -564,6 +597,13 @@ def test_kvcache_bad_input():
         with pytest.raises(error, match=message):
             fmha.attention_with_kvcache(q, kc, kc, lens, block_table=table, **kw)
     assert torch.equal(kc, before)
+    idx = torch.tensor([1, 0], dtype=torch.int32, device=dev)
+    with pytest.raises(ValueError, match="cache_batch_idx: for contiguous caches only"):
+        fmha.attention_with_kvcache(q, kc, kc, lens, block_table=table, cache_batch_idx=idx)
+    with pytest.raises(TypeError, match="cache_batch_idx: expected dtype"):
+        fmha.attention_with_kvcache(q, kc, kc, lens, cache_batch_idx=idx.long())
+    with pytest.raises(ValueError, match="cache_batch_idx: expected shape"):
+        fmha.attention_with_kvcache(q, kc, kc, lens, cache_batch_idx=idx[:1])
     k8 = kc.to(torch.float8_e4m3fn)
     with pytest.raises(ValueError, match="rotary_cos: rotary embedding needs a 16-bit cache"):
         fmha.attention_with_kvcache(q, k8, k8, lens, block_table=table, rotary_cos=cos, rotary_sin=cos,

@@ -249,9 +249,9 @@ def _cache_capacity(k_cache, block_table):
 
 
 def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None, rotary_cos=None, rotary_sin=None,
-                           rotary_interleaved=False, block_table=None, num_splits=0, causal=False, window=(-1, -1),
-                           softmax_scale=None, softcap=0.0, alibi_slopes=None, sinks=None, return_lse=False,
-                           out=None, q_descale=None, k_descale=None, v_descale=None):
+                           rotary_interleaved=False, cache_batch_idx=None, block_table=None, num_splits=0,
+                           causal=False, window=(-1, -1), softmax_scale=None, softcap=0.0, alibi_slopes=None,
+                           sinks=None, return_lse=False, out=None, q_descale=None, k_descale=None, v_descale=None):
     """Attention of new queries against a KV cache (decode, speculative decoding, chunked prefill).
 
     Args:
@@ -272,6 +272,10 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None
             `cache_seqlens[b] + i` before they are written, and to q: at `cache_seqlens[b] + i` too under a causal
             or windowed mask, else every query at `cache_seqlens[b]` (FlashAttention's rule). `rotary_interleaved`
             pairs values (2i, 2i + 1) (GPT-J) instead of (i, i + rotary_dim / 2) (GPT-NeoX). 16-bit caches only.
+        cache_batch_idx: optional `(batch,)` int32, contiguous caches only (FlashAttention's): sequence b's keys
+            are row `cache_batch_idx[b]` of the caches, which may hold more rows than the batch. Run as a paged
+            cache of one page a sequence (`block_table = cache_batch_idx[:, None]`). Repeated rows with `k` / `v`:
+            the appended values may come from any of the sequences that share the row.
         block_table: `(batch, max_pages)` int32; key j of sequence b is slot `j % page_size` of page
             `block_table[b, j // page_size]`. Pages may be in any order.
         num_splits: 0 = chosen from the SM count and the cache capacity (no host synchronisation);
@@ -290,7 +294,15 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None
     V.check_tensor("cache_seqlens", cache_seqlens, ndim=1, dtypes=(torch.int32,), device=q.device)
     if cache_seqlens.shape[0] != batch:
         raise ValueError(f"cache_seqlens: expected shape ({batch},), got {tuple(cache_seqlens.shape)}")
-    if block_table is not None:
+    if cache_batch_idx is not None:
+        if block_table is not None:
+            raise ValueError("cache_batch_idx: for contiguous caches only; a paged cache's block_table names each "
+                             "sequence's pages")
+        V.check_tensor("cache_batch_idx", cache_batch_idx, ndim=1, dtypes=(torch.int32,), device=q.device)
+        if cache_batch_idx.shape[0] != batch:
+            raise ValueError(f"cache_batch_idx: expected shape ({batch},), got {tuple(cache_batch_idx.shape)}")
+        block_table = cache_batch_idx[:, None]
+    elif block_table is not None:
         V.check_tensor("block_table", block_table, ndim=2, dtypes=(torch.int32,), device=q.device)
         if block_table.shape[0] != batch or block_table.stride(1) != 1:
             raise ValueError(f"block_table: expected a row-contiguous ({batch}, max_pages) tensor, "
