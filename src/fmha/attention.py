@@ -195,6 +195,24 @@ def _check_new_kv(k, v, k_cache, v_cache, batch):
         raise ValueError(f"v: expected seqlen_new = {k.shape[1]} (k's), got {v.shape[1]}")
 
 
+def _new_tokens(q, k_cache, v_cache, cache_seqlens, block_table, k, v, cos, sin, interleaved, masked):
+    """`attention_with_kvcache`'s k / v and rotary options, checked before anything is written: q rotated (at
+    positions cache_seqlens + i when `masked`, else all at cache_seqlens), k rotated and appended with v. Returns
+    (q, the key counts the attention sees)."""
+    if k is not None or v is not None:
+        _check_new_kv(k, v, k_cache, v_cache, q.shape[0])
+    if cos is not None or sin is not None:
+        _check_rotary(cos, sin, interleaved, q, k_cache)
+        start = cache_seqlens.long()[:, None]
+        q = _rotary(q, cos, sin, start + torch.arange(q.shape[1], device=q.device) * int(masked), interleaved)
+        if k is not None:
+            k = _rotary(k, cos, sin, start + torch.arange(k.shape[1], device=k.device), interleaved)
+    if k is None:
+        return q, cache_seqlens
+    _append_to_cache(k_cache, v_cache, k, v, cache_seqlens, block_table)
+    return q, cache_seqlens + k.shape[1]
+
+
 def _check_rotary(cos, sin, interleaved, q, k_cache):
     """`attention_with_kvcache`'s rotary options: both tables, `(seqlen_ro, rotary_dim / 2)` alike, rotary_dim at
     most q's head dim, in q's dtype or fp32; a 16-bit cache (FP8 keys are not rotated)."""
@@ -271,7 +289,8 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None
             rotary embedding of the first rotary_dim values of each head, applied to the new keys `k` at positions
             `cache_seqlens[b] + i` before they are written, and to q: at `cache_seqlens[b] + i` too under a causal
             or windowed mask, else every query at `cache_seqlens[b]` (FlashAttention's rule). `rotary_interleaved`
-            pairs values (2i, 2i + 1) (GPT-J) instead of (i, i + rotary_dim / 2) (GPT-NeoX). 16-bit caches only.
+            pairs values (2i, 2i + 1) (GPT-J) instead of (i, i + rotary_dim / 2) (GPT-NeoX). Positions must be
+            under seqlen_ro (torch's index check). 16-bit caches only.
         cache_batch_idx: optional `(batch,)` int32, contiguous caches only (FlashAttention's): sequence b's keys
             are row `cache_batch_idx[b]` of the caches, which may hold more rows than the batch. Run as a paged
             cache of one page a sequence (`block_table = cache_batch_idx[:, None]`). Repeated rows with `k` / `v`:
@@ -311,20 +330,10 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None
         raise ValueError(f"k_cache: batch must equal q's ({batch}) for a contiguous cache, got {k_cache.shape[0]}")
     if not isinstance(num_splits, int) or isinstance(num_splits, bool) or num_splits < 0:
         raise ValueError(f"num_splits: expected an int >= 0 (0 = automatic), got {num_splits!r}")
-    if k is not None or v is not None:
-        _check_new_kv(k, v, k_cache, v_cache, batch)
-    if rotary_cos is not None or rotary_sin is not None:
-        _check_rotary(rotary_cos, rotary_sin, rotary_interleaved, q, k_cache)
-        new = torch.arange(q.shape[1], device=q.device)
-        per_token = left != -1 or right != -1 or lefts is not None       # a causal or windowed mask
-        q = _rotary(q, rotary_cos, rotary_sin, cache_seqlens.long()[:, None] + (new if per_token else 0 * new),
-                    rotary_interleaved)
-        if k is not None:
-            k = _rotary(k, rotary_cos, rotary_sin,
-                        cache_seqlens.long()[:, None] + torch.arange(k.shape[1], device=k.device), rotary_interleaved)
-    if k is not None:
-        _append_to_cache(k_cache, v_cache, k, v, cache_seqlens, block_table)
-        cache_seqlens = cache_seqlens + k.shape[1]
+    if k is not None or v is not None or rotary_cos is not None or rotary_sin is not None:
+        masked = left != -1 or right != -1 or lefts is not None           # causal or windowed
+        q, cache_seqlens = _new_tokens(q, k_cache, v_cache, cache_seqlens, block_table, k, v, rotary_cos,
+                                       rotary_sin, rotary_interleaved, masked)
     lse = _attention_kvcache_fwd(q, k_cache, v_cache, out, cache_seqlens, block_table, num_splits, scale,
                                  left, right, float(softcap), alibi_slopes, sinks, lefts, q_descale, k_descale,
                                  v_descale)
