@@ -31,7 +31,7 @@ def _other_device(args):
     """The device of the call's first tensor when it is a CUDA device other than the current one, else None."""
     for a in args:
         if isinstance(a, torch.Tensor):
-            if a.is_cuda and a.get_device() != torch.cuda.current_device():
+            if a.device.type == "cuda" and a.get_device() != torch.cuda.current_device():
                 return a.device
             return None
     return None
