@@ -148,17 +148,21 @@ def _store(O, LSE, acc, m_i, l_i, b, head0, stride_ob, stride_oh, stride_lb, str
 
 
 @gluon.jit
+def _program(SEQLENS, TABLE, stride_bt, NPAIR: gl.constexpr):
+    """This program's (batch, KV-head group, key count, block-table row): programs go batch-major, NPAIR a batch."""
+    pid = gl.program_id(0)
+    b = pid // NPAIR
+    return b, pid % NPAIR, gl.load(SEQLENS + b), TABLE + b.to(gl.int64) * stride_bt
+
+
+@gluon.jit
 def gluon_decode_kernel(Q, K, V, O, LSE, TABLE, SEQLENS, stride_qb, stride_qh, stride_ob, stride_oh, stride_lb,
                         stride_lh, stride_bt, stride_page, stride_slot, qk_scale_log2,
                         GROUP: gl.constexpr, NPAIR: gl.constexpr, D: gl.constexpr, PAGE: gl.constexpr,
                         BLOCK_N: gl.constexpr, STAGES: gl.constexpr, COMPUTE: gl.constexpr):
     dtype: gl.constexpr = Q.dtype.element_ty
     W: gl.constexpr = 2 * D
-    pid = gl.program_id(0)
-    b = pid // NPAIR
-    pair = pid % NPAIR
-    k_len = gl.load(SEQLENS + b)
-    bt_row = TABLE + b.to(gl.int64) * stride_bt
+    b, pair, k_len, bt_row = _program(SEQLENS, TABLE, stride_bt, NPAIR)
     col0 = pair * W
 
     ld: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])
@@ -213,11 +217,7 @@ def gluon_decode_v2_kernel(Q, K, V, O, LSE, TABLE, SEQLENS, stride_qb, stride_qh
     dtype: gl.constexpr = Q.dtype.element_ty
     W: gl.constexpr = HEADS * D
     M: gl.constexpr = 16
-    pid = gl.program_id(0)
-    b = pid // NPAIR
-    pair = pid % NPAIR
-    k_len = gl.load(SEQLENS + b)
-    bt_row = TABLE + b.to(gl.int64) * stride_bt
+    b, pair, k_len, bt_row = _program(SEQLENS, TABLE, stride_bt, NPAIR)
     col0 = pair * W
 
     ld: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [WARPS, 1], [1, 0])
@@ -325,11 +325,7 @@ def gluon_decode_ws_kernel(Q, K, V, O, LSE, TABLE, SEQLENS, stride_qb, stride_qh
     keys inside the program: no combine kernel). One program an SM; a head pair a program."""
     dtype: gl.constexpr = Q.dtype.element_ty
     W: gl.constexpr = 2 * D
-    pid = gl.program_id(0)
-    b = pid // NPAIR
-    pair = pid % NPAIR
-    k_len = gl.load(SEQLENS + b)
-    bt_row = TABLE + b.to(gl.int64) * stride_bt
+    b, pair, k_len, bt_row = _program(SEQLENS, TABLE, stride_bt, NPAIR)
     kv_l: gl.constexpr = gl.SwizzledSharedLayout(8, 1, 8, [1, 0])
     k_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, W], kv_l)
     v_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, W], kv_l)
