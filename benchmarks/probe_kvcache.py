@@ -47,7 +47,7 @@ def gluon_version(module, q, k_cache, v_cache, lens, table):
 
     def call():
         module.attention_forward_sm90(q, k_cache, v_cache, out, lse, causal=True, softmax_scale=q.shape[-1] ** -0.5,
-                                      cache=(lens, table))
+                                      cache=(lens, table, None))
         return out
     return call
 

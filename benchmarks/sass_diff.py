@@ -45,7 +45,7 @@ consts = dict(HEAD_DIM_QK=d, HEAD_DIM_V=d, BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=d, BL
               PAGED=bool(paged), SPLIT=bool(paged), LEFT_PER_BATCH=False,
               PAGE_TILE=forward._page_tile(64, bn) if paged else 0, V_WORDS=getattr(forward, "FP8_V_WORDS", 0)
               if fp8 and bm < 64 else 0, CU_Q=None, CU_K=None, SLOPES=None, K_DESC=None, V_DESC=None,
-              WINDOW_LEFTS=None, Q_DESCALE=None)
+              WINDOW_LEFTS=None, Q_DESCALE=None, K_STARTS=None)
 ptrs = dict(Q="*bf16", K="*fp8e4nv" if fp8 else "*bf16", V="*fp8e4nv" if fp8 else "*bf16", O="*bf16",
             LSE="*fp32", SEQLENS_K="*i32", BLOCK_TABLE="*i32", SINKS="*fp32", K_DESCALE="*fp32",
             V_DESCALE="*fp32")

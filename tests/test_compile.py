@@ -54,6 +54,26 @@ def test_compile_kvcache_append_fullgraph():
         assert_close("out", out[i:i + 1], attention_ref(q[i:i + 1], k_i, v_i)[0], DT)
 
 
+def test_compile_kvcache_leftpad_fullgraph():
+    """cache_leftpad through the op: one graph over a contiguous cache whose sequences start at rows 3 and 0,
+    the rows before them NaN; the output the oracle's over each sequence's rows from its start."""
+    torch.manual_seed(2)
+    hk, d = 2, 64
+    k_cache, v_cache = (torch.randn(2, 24, hk, d, device=DEV, dtype=DT) for _ in range(2))
+    k_cache[0, :3], v_cache[0, :3] = float("nan"), float("nan")
+    lens = torch.tensor([20, 9], dtype=torch.int32, device=DEV)
+    starts = torch.tensor([3, 0], dtype=torch.int32, device=DEV)
+    q = torch.randn(2, 2, 4, d, device=DEV, dtype=DT)
+
+    def step(q, starts):
+        return fmha.attention_with_kvcache(q, k_cache, v_cache, lens, cache_leftpad=starts, causal=True)
+
+    out = torch.compile(step, fullgraph=True, backend=BACKEND)(q, starts)
+    for i, (s, n) in enumerate(zip(starts.tolist(), lens.tolist())):
+        ref = attention_ref(q[i:i + 1], k_cache[i:i + 1, s:n], v_cache[i:i + 1, s:n], causal=True)[0]
+        assert_close("out", out[i:i + 1], ref, DT)
+
+
 def test_custom_op_registered():
     assert hasattr(torch.ops.fmha, "attention_fwd")
     torch.library.opcheck(torch.ops.fmha.attention_fwd.default, (

@@ -33,7 +33,7 @@ SCRIPT = textwrap.dedent('''
                 BLOCK_TABLE="*i32", WINDOW_LEFTS="*i32")
     params = inspect.signature(attn_fwd_kernel.fn).parameters
     names = list(params)
-    consts.update(K_DESC=None, V_DESC=None)
+    consts.update(K_DESC=None, V_DESC=None, K_STARTS=None)
     # constexprs left at their defaults (PAIR): constants, as a real launch's, not runtime arguments
     consts.update({n: p.default for n, p in params.items() if n not in consts and p.default is not p.empty})
     for name in ("Q_DESCALE", "K_DESCALE", "V_DESCALE"):
@@ -82,7 +82,7 @@ DECODE_SCRIPT = textwrap.dedent('''
                   SPLIT=False, LEFT_PER_BATCH=False, PAGE_TILE=_page_tile(page_size, bn),
                   V_WORDS=v_words_mode(bool(fp8), bm),
                   CU_Q=None, CU_K=None, SLOPES=None, SINKS=None, K_DESC=None, V_DESC=None, WINDOW_LEFTS=None,
-                  Q_DESCALE=None, K_DESCALE=None, V_DESCALE=None)
+                  Q_DESCALE=None, K_DESCALE=None, V_DESCALE=None, K_STARTS=None)
     ptrs = dict(Q="*bf16", K="*bf16", V="*bf16", O="*bf16", LSE="*fp32", SEQLENS_K="*i32", BLOCK_TABLE="*i32")
     if fp8:                       # an FP8 cache beside bf16 queries
         ptrs.update(K="*fp8e4nv", V="*fp8e4nv", K_DESCALE="*fp32", V_DESCALE="*fp32")
@@ -243,7 +243,8 @@ GLUON_SCRIPT = textwrap.dedent('''
                   TRANSPOSE=transpose)
     if not causal and not varlen and not window and not cache:  # as `launch_args` launches it: the counter for
         consts["COUNTER"] = None                                # unequal items
-    # cache: 0 none, 1 a contiguous KV cache, 2 a paged one (16-row pages: 16-row TMA boxes)
+    # cache: 0 none, 1 a contiguous KV cache, 2 a paged one (16-row pages: 16-row TMA boxes), 3 a contiguous one
+    # whose sequences start at rows CU_K gives (cache_leftpad)
     kv_rows = 16 if cache == 2 else bn
     consts.update(VARLEN=varlen, WINDOW=window, HAS_SINKS=sinks, SOFTCAP=softcap, KV_CACHE=bool(cache),
                   PAGE_ROWS=kv_rows if cache == 2 else 0, HAS_ALIBI=alibi, HEADS=2 if pack else 1)
@@ -258,7 +259,7 @@ GLUON_SCRIPT = textwrap.dedent('''
     if cache != 2:
         consts["BLOCK_TABLE"] = None
     if not varlen:
-        consts.update(CU_Q=None, CU_K=None)
+        consts.update(CU_Q=None, **({} if cache == 3 else dict(CU_K=None)))
     if not sinks:
         consts["SINKS"] = None
     if not lefts:
@@ -286,7 +287,7 @@ GLUON_SCRIPT = textwrap.dedent('''
 
 @pytest.mark.cpu
 # (head_dim, causal, dtype, three consumer warpgroups, 64-bit output offsets[, varlen[, window[, sinks[, softcap[,
-# per-sequence left bounds[, KV cache: 1 contiguous, 2 paged[, ALiBi[, GQA heads paired[, FP8 V transposed in the
+# per-sequence left bounds[, KV cache: 1 contiguous, 2 paged, 3 contiguous with key starts[, ALiBi[, GQA heads paired[, FP8 V transposed in the
 # kernel[, the real head dim of a call run padded to head_dim]]]]]]]]]])
 # Flags share cases (64-bit offsets ride on a varlen and a window case) to keep the CPU suite's compiles few.
 @pytest.mark.parametrize("case", [(128, True, "bf16", False, False), (128, False, "fp16", False, False),
@@ -297,6 +298,7 @@ GLUON_SCRIPT = textwrap.dedent('''
                                   (64, True, "bf16", False, False, True, True, True, False, True),
                                   (64, True, "bf16", True, True, False, True, True, True),
                                   (128, True, "bf16", False, False, False, False, False, False, False, 2, True),
+                                  (128, True, "bf16", False, False, False, False, False, False, False, 3),
                                   (64, False, "fp16", True, False, False, True, True, False, False, 1, True),
                                   (128, True, "fp16", False, False, False, True, True, False, False, 2, True, True),
                                   (128, True, "fp8e4nv", False, False, True),
@@ -312,7 +314,7 @@ GLUON_SCRIPT = textwrap.dedent('''
                          ids=["d128-causal", "d128", "d64", "d64-wide", "d64-wide-causal", "d256-causal",
                               "d192-dv128-causal", "d192-dv128", "d128-causal-varlen-offsets64", "d64-wide-varlen",
                               "d64-window-lefts-sinks-varlen", "d64-wide-window-sinks-softcap-offsets64",
-                              "d128-causal-paged-cache-alibi", "d64-wide-window-sinks-cache-alibi",
+                              "d128-causal-paged-cache-alibi", "d128-causal-cache-leftpad", "d64-wide-window-sinks-cache-alibi",
                               "d128-window-sinks-paged-alibi-paired-heads", "d128-causal-fp8-varlen",
                               "d128-fp8-v-in-kernel", "d64-window-sinks-softcap-alibi-paired-heads-fp8",
                               "d96-as-128-causal-paged", "d200-as-256-tma-store",
@@ -759,8 +761,8 @@ def test_gluon_plan_key():
               key(q=torch.zeros(b, s, h, 2 * d, dtype=torch.float16)[..., :d]), key(q=torch.zeros(b, s, h, d)),
               key(out=torch.empty(b, s, h, d, dtype=torch.float32)), key(causal=False), key(softmax_scale=0.2),
               key(window=(100, 0)), key(window=(torch.zeros(b, dtype=torch.int32), 0)), key(softcap=5.0),
-              key(sinks=torch.zeros(h)), key(alibi_slopes=torch.zeros(h)), key(cache=(lens, None)),
-              key(cache=(lens, table)), key(cache=(lens, table[:, :2])),
+              key(sinks=torch.zeros(h)), key(alibi_slopes=torch.zeros(h)), key(cache=(lens, None, None)),
+              key(cache=(lens, table, None)), key(cache=(lens, table[:, :2], None)), key(cache=(lens, None, lens)),
               key(descales=(torch.ones(b, h), None, None))]
     assert others[0] == base and len({base, *others[1:]}) == len(others)
 
@@ -805,7 +807,7 @@ def test_gluon_launch_plan_binds_each_call(case, monkeypatch):
         if case == "paged":
             k, v = (t.view(b * s // 40, 40, hk, d) for t in (k, v))       # 10 pages of 40 keys
             options.update(cache=(torch.full((b,), s, dtype=torch.int32),
-                                  torch.randperm(b * s // 40, generator=g).view(b, -1).to(torch.int32)))
+                                  torch.randperm(b * s // 40, generator=g).view(b, -1).to(torch.int32), None))
         assert F.attention_forward_sm90(q, k, v, out, lse, **options)
         return (q, k, v, out, lse), options
     call(0)

@@ -461,6 +461,64 @@ def test_kvcache_batch_idx(target, seqlen_q, num_splits, append):
     assert_matches(got, lse, _oracle(q, k, v, [n + added for n in lens], causal=seqlen_q > 1), dtype)
 
 
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("seqlen_q,num_splits,variant", [(1, 0, ""), (1, 3, "append"), (4, 1, "rotary"),
+                                                         (64, 0, ""), (64, 1, "batch_idx"), (3, 2, "fp8")], ids=str)
+def test_kvcache_leftpad(target, seqlen_q, num_splits, variant):
+    """FlashAttention's cache_leftpad: sequence b's keys are cache rows cache_leftpad[b] .. cache_seqlens[b] - 1
+    (NaN before them, never read), a start equal to the length leaving no key; with k / v the new rows go at
+    cache_seqlens[b] + i and rotary positions are row numbers (FlashAttention's rule); with cache_batch_idx the
+    rows are those of the named cache row. 64-row chunks take the Gluon kernel on Hopper (contiguous, and one page
+    a sequence for cache_batch_idx). Against the oracle on each sequence's keys from its start."""
+    device, dtype = target
+    c = _case(target)
+    kv_dtype = torch.float8_e4m3fn if variant == "fp8" else dtype
+    append = variant in ("append", "rotary", "fp8")
+    lens = [min(n, c["capacity"] - seqlen_q) for n in c["seqlens"]]
+    b, d = len(lens), c["d"]
+    g = torch.Generator().manual_seed(seqlen_q)
+    starts = [int(torch.randint(0, n + 1, (), generator=g)) for n in lens]
+    starts[-1] = lens[-1] if append else lens[-1] // 2          # all keys padded away (with the new ones left)
+    k_cache, v_cache, _, k, v = _cache(lens, c["capacity"], c["hk"], d, d, kv_dtype, "cpu", seed=3 + seqlen_q)
+    for i, s in enumerate(starts):
+        k_cache[i, :s], v_cache[i, :s] = NAN, NAN
+    k, v = k.clone(), v.clone()
+    q = torch.randn(b, seqlen_q, c["hq"], d, generator=g).to(dtype)
+    new, options = {}, dict(causal=seqlen_q > 1)
+    if variant == "fp8":
+        options.update(_descales(b, c["hk"], device))
+    if append:
+        new = dict(k=torch.randn(b, seqlen_q, c["hk"], d, generator=g).to(kv_dtype),
+                   v=torch.randn(b, seqlen_q, c["hk"], d, generator=g).to(kv_dtype))
+        k_new = new["k"]
+        if variant == "rotary":
+            angles = torch.arange(c["capacity"])[:, None] * 0.37 / (1 + torch.arange(d // 2))
+            new.update(rotary_cos=angles.cos(), rotary_sin=angles.sin())
+            at = torch.tensor(lens)[:, None] + torch.arange(seqlen_q)
+            k_new = rotary_ref(new["k"], new["rotary_cos"], new["rotary_sin"], at).to(dtype)
+            q_seen = rotary_ref(q, new["rotary_cos"], new["rotary_sin"], at).to(dtype)
+        for i, n in enumerate(lens):
+            k[i, n:n + seqlen_q], v[i, n:n + seqlen_q] = k_new[i], new["v"][i]
+    ends = [n + seqlen_q * append for n in lens]
+    seen_k, seen_v = torch.full_like(k, NAN), torch.full_like(v, NAN)     # each sequence's keys from its start
+    for i, (s, e) in enumerate(zip(starts, ends)):
+        seen_k[i, :e - s], seen_v[i, :e - s] = k[i, s:e], v[i, s:e]
+    rows = None
+    if variant == "batch_idx":
+        rows = torch.randperm(b + 2, generator=g)[:b]
+        big_k, big_v = (torch.full((b + 2,) + tuple(t.shape[1:]), NAN, dtype=dtype) for t in (k_cache, v_cache))
+        big_k[rows], big_v[rows] = k_cache, v_cache
+        k_cache, v_cache, rows = big_k, big_v, rows.to(torch.int32).to(device)
+    to = lambda t: t.to(device) if isinstance(t, torch.Tensor) else t      # noqa: E731
+    got, lse = fmha.attention_with_kvcache(
+        q.to(device), k_cache.to(device), v_cache.to(device), torch.tensor(lens, dtype=torch.int32, device=device),
+        cache_leftpad=torch.tensor(starts, dtype=torch.int32, device=device), cache_batch_idx=rows,
+        num_splits=num_splits, return_lse=True, **{n: to(t) for n, t in new.items()}, **options)
+    q_ref = q_seen if variant == "rotary" else q
+    assert_matches(got, lse, _oracle(q_ref.to(device), seen_k, seen_v, [e - s for s, e in zip(starts, ends)],
+                                     **options), dtype)
+
+
 @pytest.mark.cpu
 def test_rotary_ref():
     """The rotary oracle on cases worked by hand: a quarter turn moves (1, 0) to (0, 1); GPT-NeoX pairs (i, i + 2),
@@ -604,6 +662,15 @@ def test_kvcache_bad_input():
         fmha.attention_with_kvcache(q, kc, kc, lens, cache_batch_idx=idx.long())
     with pytest.raises(ValueError, match="cache_batch_idx: expected shape"):
         fmha.attention_with_kvcache(q, kc, kc, lens, cache_batch_idx=idx[:1])
+    pad = torch.tensor([1, 0], dtype=torch.int32, device=dev)
+    for error, message, kw in [(ValueError, "cache_leftpad: for contiguous caches only", dict(block_table=table)),
+                               (TypeError, "cache_leftpad: expected dtype", dict(cache_batch_idx=idx)),
+                               (ValueError, "cache_leftpad: expected shape", dict(cache_batch_idx=idx))]:
+        with pytest.raises(error, match=message):
+            fmha.attention_with_kvcache(q, kc, kc, lens, k=new, v=new, **kw,
+                                        cache_leftpad=pad.long() if "dtype" in message else
+                                        pad[:1] if "shape" in message else pad)
+    assert torch.equal(kc, before)
     k8 = kc.to(torch.float8_e4m3fn)
     with pytest.raises(ValueError, match="rotary_cos: rotary embedding needs a 16-bit cache"):
         fmha.attention_with_kvcache(q, k8, k8, lens, block_table=table, rotary_cos=cos, rotary_sin=cos,

@@ -162,22 +162,23 @@ def _attention_kvcache_fwd(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            softmax_scale: float, window_left: int, window_right: int, softcap: float,
                            alibi_slopes: Optional[torch.Tensor], sinks: Optional[torch.Tensor],
                            window_lefts: Optional[torch.Tensor] = None, q_descale: Optional[torch.Tensor] = None,
-                           k_descale: Optional[torch.Tensor] = None,
-                           v_descale: Optional[torch.Tensor] = None) -> torch.Tensor:
+                           k_descale: Optional[torch.Tensor] = None, v_descale: Optional[torch.Tensor] = None,
+                           cache_leftpad: Optional[torch.Tensor] = None) -> torch.Tensor:
     lse = torch.empty(_lse_shape(q, None), dtype=torch.float32, device=q.device)
     attention_forward(q, k_cache, v_cache, out, lse, cu_seqlens_q=None, cu_seqlens_k=None,
                       max_seqlen_q=q.shape[1], max_seqlen_k=_cache_capacity(k_cache, block_table),
                       softmax_scale=softmax_scale, window=(window_left, window_right),
                       window_lefts=window_lefts, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
                       descales=(q_descale, k_descale, v_descale), cache_seqlens=cache_seqlens,
-                      block_table=block_table, num_splits=num_splits, interpret=q.device.type == "cpu")
+                      block_table=block_table, k_starts=cache_leftpad, num_splits=num_splits,
+                      interpret=q.device.type == "cpu")
     return lse
 
 
 @_attention_kvcache_fwd.register_fake
 def _(q, k_cache, v_cache, out, cache_seqlens, block_table, num_splits, softmax_scale, window_left,
       window_right, softcap, alibi_slopes, sinks, window_lefts=None, q_descale=None, k_descale=None,
-      v_descale=None):
+      v_descale=None, cache_leftpad=None):
     return q.new_empty(_lse_shape(q, None), dtype=torch.float32)
 
 
@@ -267,7 +268,8 @@ def _cache_capacity(k_cache, block_table):
 
 
 def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None, rotary_cos=None, rotary_sin=None,
-                           rotary_interleaved=False, cache_batch_idx=None, block_table=None, num_splits=0,
+                           rotary_interleaved=False, cache_batch_idx=None, cache_leftpad=None, block_table=None,
+                           num_splits=0,
                            causal=False, window=(-1, -1), softmax_scale=None, softcap=0.0, alibi_slopes=None,
                            sinks=None, return_lse=False, out=None, q_descale=None, k_descale=None, v_descale=None):
     """Attention of new queries against a KV cache (decode, speculative decoding, chunked prefill).
@@ -295,6 +297,12 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None
             are row `cache_batch_idx[b]` of the caches, which may hold more rows than the batch. Run as a paged
             cache of one page a sequence (`block_table = cache_batch_idx[:, None]`). Repeated rows with `k` / `v`:
             the appended values may come from any of the sequences that share the row.
+        cache_leftpad: optional `(batch,)` int32, contiguous caches only (FlashAttention's, for left-padded
+            batches): sequence b's keys are cache rows `cache_leftpad[b] .. cache_seqlens[b] - 1` (the rows before
+            it are never read). `cache_seqlens` still counts from row 0, so `k` / `v` are written at
+            `cache_seqlens[b] + i` and rotary positions are row numbers, as in FlashAttention; the masks are
+            bottom-right aligned over the `cache_seqlens[b] - cache_leftpad[b]` keys seen (none when that is
+            negative). With `cache_batch_idx` the rows are those of row `cache_batch_idx[b]`.
         block_table: `(batch, max_pages)` int32; key j of sequence b is slot `j % page_size` of page
             `block_table[b, j // page_size]`. Pages may be in any order.
         num_splits: 0 = chosen from the SM count and the cache capacity (no host synchronisation);
@@ -328,6 +336,13 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None
                              f"got shape {tuple(block_table.shape)} strides {tuple(block_table.stride())}")
     elif k_cache.shape[0] != batch:
         raise ValueError(f"k_cache: batch must equal q's ({batch}) for a contiguous cache, got {k_cache.shape[0]}")
+    if cache_leftpad is not None:
+        if block_table is not None and cache_batch_idx is None:
+            raise ValueError("cache_leftpad: for contiguous caches only (as in FlashAttention); a paged cache's "
+                             "block_table names each sequence's pages from its first key")
+        V.check_tensor("cache_leftpad", cache_leftpad, ndim=1, dtypes=(torch.int32,), device=q.device)
+        if cache_leftpad.shape[0] != batch:
+            raise ValueError(f"cache_leftpad: expected shape ({batch},), got {tuple(cache_leftpad.shape)}")
     if not isinstance(num_splits, int) or isinstance(num_splits, bool) or num_splits < 0:
         raise ValueError(f"num_splits: expected an int >= 0 (0 = automatic), got {num_splits!r}")
     if k is not None or v is not None or rotary_cos is not None or rotary_sin is not None:
@@ -336,5 +351,5 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None
                                        rotary_sin, rotary_interleaved, masked)
     lse = _attention_kvcache_fwd(q, k_cache, v_cache, out, cache_seqlens, block_table, num_splits, scale,
                                  left, right, float(softcap), alibi_slopes, sinks, lefts, q_descale, k_descale,
-                                 v_descale)
+                                 v_descale, cache_leftpad)
     return (out, lse) if return_lse else out

@@ -15,7 +15,7 @@ import triton.language as tl
 from ..schedule import num_sms, plan_num_splits
 from .combine import combine
 from .common import LN2, LOG2E, scores_log2, softmax_update, visible
-from .launch import Plans, cdiv, fixed_classes, launch, next_pow2
+from .launch import Plans, cdiv, dense, fixed_classes, launch, next_pow2
 from .sm90 import gluon_enabled
 
 
@@ -188,7 +188,7 @@ def _attn_run(acc, l_i, m_i, q, q_t, k_base, v_base, k_desc, v_desc, b, kv_head,
 @triton.jit
 def attn_fwd_kernel(
     Q, K, V, O, LSE, CU_Q, CU_K, SLOPES, SINKS, K_DESC, V_DESC, SEQLENS_K, BLOCK_TABLE, WINDOW_LEFTS,
-    Q_DESCALE, K_DESCALE, V_DESCALE,
+    Q_DESCALE, K_DESCALE, V_DESCALE, K_STARTS,
     seqlen_q, seqlen_k, stride_bt, page_size, stride_o_split, stride_l_split,
     stride_qb, stride_qs, stride_qh,
     stride_kb, stride_ks, stride_kh,
@@ -224,6 +224,10 @@ def attn_fwd_kernel(
         k_len = seqlen_k
         if HAS_SEQLENS_K:
             k_len = tl.load(SEQLENS_K + b)      # KV cache: this sequence's length
+            if K_STARTS is not None:
+                # FlashAttention's cache_leftpad: the sequence's keys are cache rows [K_STARTS[b], k_len).
+                k_start = tl.load(K_STARTS + b)
+                k_len = tl.maximum(k_len - k_start, 0)
     if LEFT_PER_BATCH:
         # One sliding-window length per sequence; a negative one is unbounded.
         window_left = tl.load(WINDOW_LEFTS + b)
@@ -299,7 +303,7 @@ def attn_fwd_kernel(
     else:
         k_base = K + b.to(tl.int64) * stride_kb + kv_head * stride_kh
         v_base = V + b.to(tl.int64) * stride_vb + kv_head * stride_vh
-    if IS_VARLEN:
+    if IS_VARLEN or K_STARTS is not None:
         k_base += k_start.to(tl.int64) * stride_ks
         v_base += k_start.to(tl.int64) * stride_vs
     k_desc = k_base
@@ -668,7 +672,7 @@ def _pairs_pay(q, k, tiles, group, max_seqlen_k, num_splits):
 
 def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                       softmax_scale, window, softcap, alibi_slopes, sinks, window_lefts=None, descales=(None,) * 3,
-                      cache_seqlens=None, block_table=None,
+                      cache_seqlens=None, block_table=None, k_starts=None,
                       num_splits=1, pack_gqa=None, use_tma=None, tiles=None, backend=None, interpret=False):
     """Launch the forward kernel. Dense: q (b, sq, hq, d). Varlen: q (total_q, hq, d) + cu_seqlens.
 
@@ -677,14 +681,15 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
     FP8 (float8_e4m3fn q, k, v, or k and v beside fp16/bf16 q): `descales` (q, k, v), each None or a
     `(b, heads_k)` fp32 tensor, multiply the values of their tensors.
     KV cache: `cache_seqlens (b,)` int32 gives each sequence's key count; with `block_table (b, max_pages)`
-    k/v are paged `(num_pages, page_size, heads_k, d)`. `num_splits > 1` splits every sequence's keys into
+    k/v are paged `(num_pages, page_size, heads_k, d)`. `k_starts (b,)` int32 (FlashAttention's cache_leftpad):
+    sequence b's keys are cache rows `k_starts[b] .. cache_seqlens[b] - 1`, of a contiguous cache or of one page a
+    sequence (the page then holds all of them). `num_splits > 1` splits every sequence's keys into
     that many tile-aligned chunks run by separate programs, then merges them exactly; 0 lets
     `schedule.plan_num_splits` choose from this launch's grid, its key tile and the SM count.
     `pack_gqa`, `use_tma` and `tiles` (BLOCK_M, BLOCK_N, num_warps, num_stages) override the automatic
     choices (tests and tuning); so does `backend`: "triton" forces this file's kernel, None lets a call on Hopper
     with no split take the Gluon kernel of `forward_sm90` (a KV-cache call: `_gluon_takes`; FP8 only all three
-    inputs FP8, no cache)
-    (also turned off by the environment, FMHA_GLUON=0).
+    inputs FP8, no cache) (also turned off by the environment, FMHA_GLUON=0).
     """
     varlen = cu_seqlens_q is not None
     if varlen:
@@ -703,6 +708,8 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
     if batch == 0 or heads_q == 0 or seqlen_q == 0:
         return
     left, right = window               # window_lefts (batch,) int32, when given, replaces `left` per sequence
+    alibi_slopes, sinks, window_lefts, cache_seqlens, k_starts = dense(alibi_slopes, sinks, window_lefts,
+                                                                       cache_seqlens, k_starts)
     scale = softmax_scale if softmax_scale is not None else dqk ** -0.5
     # FP8 q, k and v take the Gluon kernel in calls without a KV cache (V transposed there, a copy:
     # `forward_sm90.transposed_v`); an FP8 K/V beside a 16-bit q, and FP8 caches, the portable one.
@@ -716,8 +723,8 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
                 q, k, v, out, lse, causal=right >= 0, softmax_scale=scale,
                 varlen=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) if varlen else None,
                 window=(left if window_lefts is None else window_lefts, right), sinks=sinks, softcap=softcap,
-                cache=None if cache_seqlens is None else (cache_seqlens, block_table), alibi_slopes=alibi_slopes,
-                descales=descales):
+                cache=None if cache_seqlens is None else (cache_seqlens, block_table, k_starts),
+                alibi_slopes=alibi_slopes, descales=descales):
             return
     # Head pairs (`HEAD_PAIRS`) are planned, not decided each call: the key holds what the rule reads.
     may_pair = HEAD_PAIRS is not False and pack_gqa is None and tiles is None and cache_seqlens is not None
@@ -768,7 +775,7 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
         o_dst, lse_dst = o_parts[0], lse_parts[0].transpose(1, 2)
     args = (q4, k4, v4, o_dst, lse_dst, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks, k_desc, v_desc,
             cache_seqlens, block_table, window_lefts, *(None if d is None else d.contiguous() for d in descales),
-            *plan.scalars)
+            k_starts, *plan.scalars)
     launch(attn_fwd_kernel, plan.grid, args, plan.meta, plan.fixed)
     if plan.splits > 1:
         rows = seqlen_q * heads_q

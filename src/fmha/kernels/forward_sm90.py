@@ -179,6 +179,9 @@ def _work_item(t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, CU_
         sk = seqlen_k
         if SEQLENS is not None:   # a KV cache: each sequence's own key count
             sk = gl.load(SEQLENS + b)
+            if CU_K is not None:  # and its first key row (cache_leftpad): keys are rows [CU_K[b], SEQLENS[b])
+                row_k = gl.load(CU_K + b)
+                sk = gl.maximum(sk - row_k, 0)
         tb = b
     hi = sk
     if CAUSAL:
@@ -377,7 +380,7 @@ def _load_item(args, t, item, kv, w, BLOCK_N: gl.constexpr,
         row_v = packed_start(row_k, b)
     pages = (None, 0, 0)
     if PAGE_ROWS > 0:             # a paged KV cache: sequence tb's block-table row and its last page
-        pages = (BLOCK_TABLE + tb * stride_bt, page_size, gl.maximum(gl.cdiv(sk, page_size) - 1, 0))
+        pages = (BLOCK_TABLE + tb * stride_bt, page_size, gl.maximum(gl.cdiv(row_k + sk, page_size) - 1, 0))
     # The descriptors are 3-D, (batch, seqlen, columns) with boxes (1, rows, head_dim), or 4-D for a padded head
     # dim (`_at`); each box lands in a 2-D slot seen through a view of the box's shape (`_as_box`).
     q_box: gl.constexpr = q_desc.block_type.shape
@@ -1016,7 +1019,8 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, COUNTER, CU_Q, 
     with `left` past every key for -1 (`launch_args`); LEFTS (batch,) int32, or None: one left bound a sequence in
     place of `left`. HAS_SINKS: SINKS (heads_q,) fp32, one logit a head in the denominator. SOFTCAP: scores capped
     as softcap * tanh(score / softcap), `cap_in` = softmax_scale / softcap, `qk_scale_log2` = softcap * log2(e).
-    KV_CACHE: SEQLENS (batch,) int32 gives each sequence's key count, seqlen_k the cache's capacity; the cache is
+    KV_CACHE: SEQLENS (batch,) int32 gives each sequence's key count (its last key row + 1 when CU_K, not None
+    here, gives its first: FlashAttention's cache_leftpad), seqlen_k the cache's capacity; the cache is
     contiguous (k/v descriptors over (batch, capacity, columns)) or, with PAGE_ROWS > 0, paged: descriptors over
     (pages, page_size, columns) with boxes of PAGE_ROWS rows, key j of sequence b in page
     BLOCK_TABLE[b * stride_bt + j // page_size]. HAS_ALIBI: SLOPES (heads_q,) fp32; a score less
@@ -1221,9 +1225,10 @@ def attention_forward_sm90(q, k, v, out, lse, *, causal, softmax_scale, views=No
     `varlen` = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k): packed sequences, q/k/v/out
     (total, h, d) and lse (hq, total_q). `window` (left, right) as SPEC.md's, in place of `causal` when given,
     `left` an int or a (batch,) int32 tensor of one bound a sequence (negative: none);
-    `sinks` (hq,) fp32 or None; `softcap` > 0 caps the scores. `cache` = (cache_seqlens, block_table or None):
-    k/v are a KV cache, contiguous (b, capacity, hk, d) or paged (pages, page_size, hk, d). `alibi_slopes` (hq,)
-    fp32 or None. FP8 (float8_e4m3fn q, k and v; no cache): `descales` (q, k, v), each None or
+    `sinks` (hq,) fp32 or None; `softcap` > 0 caps the scores. `cache` = (cache_seqlens, block_table or None,
+    key starts or None): k/v are a KV cache, contiguous (b, capacity, hk, d) or paged (pages, page_size, hk, d),
+    sequence b's keys its rows [starts[b], cache_seqlens[b]) (the kernel's CU_K; from row 0 without).
+    `alibi_slopes` (hq,) fp32 or None. FP8 (float8_e4m3fn q, k and v; no cache): `descales` (q, k, v), each None or
     (b, hk) fp32. `views` are `supported`'s result when the caller
     has it (for varlen, of the tensors with a leading axis of 1); `pingpong`, `tiles` and `pack` (GQA heads paired
     in an item, `pack_heads`) override the automatic choices (tuning, tests); so does `transpose` (an FP8 V
@@ -1268,7 +1273,7 @@ def _plan_key(q, k, v, out, lse, causal, softmax_scale, varlen, window, sinks, s
     any keys are there, whether the output's offsets need 64 bits, which row bounds of the tile and ping-pong
     choices the longest query length reaches): the key of a plan that `_Plan.with_lengths` makes a call's from."""
     left, right = window if window is not None else (-1, 0 if causal else -1)
-    seqlens, table = cache or (None, None)
+    seqlens, table, starts = cache or (None, None, None)
     if lengths:
         shapes = (q.shape, k.shape, v.shape, out.shape, lse.shape, lse.stride(),
                   varlen is None or (varlen[0].shape, varlen[2], varlen[3]))
@@ -1281,6 +1286,7 @@ def _plan_key(q, k, v, out, lse, causal, softmax_scale, varlen, window, sinks, s
             q.data_ptr() % 16, k.data_ptr() % 16, v.data_ptr() % 16, out.data_ptr() % 16,
             causal, softmax_scale, softcap, None if isinstance(left, torch.Tensor) else left, right,
             sinks is None, alibi_slopes is None, seqlens is None, table is None or (table.shape, table.stride()),
+            starts is None,
             descales is None or tuple(t is None for t in descales))
 
 
@@ -1434,7 +1440,9 @@ class _Plan:
             q, k, v = q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0)
         if window is not None and isinstance(window[0], torch.Tensor):
             lefts = window[0]
-        seqlens, table = cache or (None, None)
+        seqlens, table, starts = cache or (None, None, None)
+        if starts is not None:             # a cache's first key rows take packed sequences' place (`_work_item`)
+            cu_k = starts
         bq, bk, bv, bo = self.boxes
         if self.copy_v:                    # an FP8 V transposed into a copy first (`transposed_v`)
             vt, view = transposed_v(v, None if varlen is None else (cu_k, varlen[3]))

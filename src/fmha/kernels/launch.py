@@ -127,6 +127,13 @@ def prev_pow2(n):
     return 1 << (int(n).bit_length() - 1)
 
 
+def dense(*vectors):
+    """The 1-D tensors (or None) `vectors`, each with unit stride: the kernels read per-sequence and per-head
+    arguments (lengths, starts, window bounds, slopes, sinks) as dense arrays, so a strided view of one (a column
+    of a larger table) goes as a copy."""
+    return tuple(t if t is None or t.stride(0) == 1 else t.contiguous() for t in vectors)
+
+
 def fixed_classes(tail, meta):
     """`launch`'s `fixed` for calls whose arguments end with `tail` and whose meta is `meta`, each time."""
     return tuple(map(_arg_class, tail)), tuple(meta.items())

@@ -20,7 +20,7 @@ import triton.language as tl
 
 from ..schedule import SCHED_BLOCK, SCHED_FIELDS
 from .combine import combine
-from .launch import Plans, cdiv, next_pow2
+from .launch import Plans, cdiv, dense, next_pow2
 from .common import LN2, lse_ptrs, sink_keep
 from .sm90 import gluon_enabled
 
@@ -420,6 +420,7 @@ def mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens
     page_size, heads_k = kv_lat.shape[1], kv_lat.shape[2]
     if batch == 0 or seqlen_q == 0:
         return
+    cache_seqlens, sinks, valid_lens = dense(cache_seqlens, sinks, valid_lens)
     group = heads_q // heads_k
     rows_per_k = seqlen_q * group
     sparse = valid_lens is not None
