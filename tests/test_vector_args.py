@@ -126,3 +126,38 @@ def test_sparse_vectors(target, extra):
     got = flash_mla.flash_mla_sparse_fwd(qp, kv, ip, 0.05, attn_sink=_strided(sink, math.nan),
                                          topk_length=_strided(tl_, 0))
     _same(got, want)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_table_views(target):
+    """Block tables and token indices that are column slices of wider ones (rows further apart than their
+    length, the columns past the slice naming pages and tokens the call must not read)."""
+    device, dtype = target
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(3, 1, 4, 64, generator=g).to(dtype).to(device)
+    kc, vc = (torch.randn(20, 16, 2, 64, generator=g).to(dtype).to(device) for _ in range(2))
+    kc[19], vc[19] = math.nan, math.nan
+    table = torch.randperm(19, generator=g)[:12].view(3, 4).to(torch.int32).to(device)
+    wide = torch.full((3, 9), 19, dtype=torch.int32, device=device)
+    wide[:, :4] = table
+    lens = torch.tensor([60, 5, 33], dtype=torch.int32, device=device)
+    for splits in (1, 3):
+        _same(fmha.attention_with_kvcache(q, kc, vc, lens, block_table=wide[:, :4], num_splits=splits),
+              fmha.attention_with_kvcache(q, kc, vc, lens, block_table=table, num_splits=splits))
+    cache = torch.randn(20, 64, 1, 576, generator=g).to(dtype).to(device)
+    cache[19] = math.nan
+    lens = torch.tensor([200, 5, 130], dtype=torch.int32, device=device)
+    q = torch.randn(3, 2, 16, 576, generator=g).to(dtype).to(device)
+    meta, splits = flash_mla.get_mla_metadata(lens, 32, 1)
+    _same(flash_mla.flash_mla_with_kvcache(q, cache, wide[:, :4], lens, 512, meta, splits, causal=True),
+          flash_mla.flash_mla_with_kvcache(q, cache, table, lens, 512, meta, splits, causal=True))
+    indices = torch.randint(0, 19 * 64, (3, 2, 128), generator=g, dtype=torch.int32).to(device)
+    wide = torch.full((3, 2, 200), 19 * 64, dtype=torch.int32, device=device)     # a NaN token
+    wide[..., :128] = indices
+    lens = torch.zeros(3, dtype=torch.int32, device=device)
+    meta, splits = flash_mla.get_mla_metadata(lens, 32, 1, num_heads_q=16, topk=128)
+    _same(flash_mla.flash_mla_with_kvcache(q, cache, None, lens, 512, meta, splits, indices=wide[..., :128]),
+          flash_mla.flash_mla_with_kvcache(q, cache, None, lens, 512, meta, splits, indices=indices))
+    kv = cache.view(-1, 1, 576)
+    _same(flash_mla.flash_mla_sparse_fwd(q.flatten(0, 1), kv, wide[..., :128].flatten(0, 1).unsqueeze(1), 0.05),
+          flash_mla.flash_mla_sparse_fwd(q.flatten(0, 1), kv, indices.flatten(0, 1).unsqueeze(1), 0.05))
