@@ -466,7 +466,7 @@ def test_kvcache_batch_idx(target, seqlen_q, num_splits, append):
                                                          (64, 0, ""), (64, 1, "batch_idx"), (3, 2, "fp8")], ids=str)
 def test_kvcache_leftpad(target, seqlen_q, num_splits, variant):
     """FlashAttention's cache_leftpad: sequence b's keys are cache rows cache_leftpad[b] .. cache_seqlens[b] - 1
-    (NaN before them, never read), a start equal to the length leaving no key; with k / v the new rows go at
+    (NaN before them, never read), a start at or past the end leaving no key; with k / v the new rows go at
     cache_seqlens[b] + i and rotary positions are row numbers (FlashAttention's rule); with cache_batch_idx the
     rows are those of the named cache row. 64-row chunks take the Gluon kernel on Hopper (contiguous, and one page
     a sequence for cache_batch_idx). Against the oracle on each sequence's keys from its start."""
@@ -479,9 +479,11 @@ def test_kvcache_leftpad(target, seqlen_q, num_splits, variant):
     g = torch.Generator().manual_seed(seqlen_q)
     starts = [int(torch.randint(0, n + 1, (), generator=g)) for n in lens]
     starts[-1] = lens[-1] if append else lens[-1] // 2          # all keys padded away (with the new ones left)
+    starts[1] = lens[1] + seqlen_q * append + 5                 # past the end: no key at all
     k_cache, v_cache, _, k, v = _cache(lens, c["capacity"], c["hk"], d, d, kv_dtype, "cpu", seed=3 + seqlen_q)
     for i, s in enumerate(starts):
         k_cache[i, :s], v_cache[i, :s] = NAN, NAN
+    counts = [max(n + seqlen_q * append - s, 0) for n, s in zip(lens, starts)]
     k, v = k.clone(), v.clone()
     q = torch.randn(b, seqlen_q, c["hq"], d, generator=g).to(dtype)
     new, options = {}, dict(causal=seqlen_q > 1)
@@ -499,10 +501,9 @@ def test_kvcache_leftpad(target, seqlen_q, num_splits, variant):
             q_seen = rotary_ref(q, new["rotary_cos"], new["rotary_sin"], at).to(dtype)
         for i, n in enumerate(lens):
             k[i, n:n + seqlen_q], v[i, n:n + seqlen_q] = k_new[i], new["v"][i]
-    ends = [n + seqlen_q * append for n in lens]
     seen_k, seen_v = torch.full_like(k, NAN), torch.full_like(v, NAN)     # each sequence's keys from its start
-    for i, (s, e) in enumerate(zip(starts, ends)):
-        seen_k[i, :e - s], seen_v[i, :e - s] = k[i, s:e], v[i, s:e]
+    for i, (s, n) in enumerate(zip(starts, counts)):
+        seen_k[i, :n], seen_v[i, :n] = k[i, s:s + n], v[i, s:s + n]
     rows = None
     if variant == "batch_idx":
         rows = torch.randperm(b + 2, generator=g)[:b]
@@ -515,8 +516,7 @@ def test_kvcache_leftpad(target, seqlen_q, num_splits, variant):
         cache_leftpad=torch.tensor(starts, dtype=torch.int32, device=device), cache_batch_idx=rows,
         num_splits=num_splits, return_lse=True, **{n: to(t) for n, t in new.items()}, **options)
     q_ref = q_seen if variant == "rotary" else q
-    assert_matches(got, lse, _oracle(q_ref.to(device), seen_k, seen_v, [e - s for s, e in zip(starts, ends)],
-                                     **options), dtype)
+    assert_matches(got, lse, _oracle(q_ref.to(device), seen_k, seen_v, counts, **options), dtype)
 
 
 @pytest.mark.cpu
