@@ -626,6 +626,10 @@ def test_kvcache_bad_input():
         fmha.attention_with_kvcache(q, kc, kc, lens.long(), block_table=table)
     with pytest.raises(ValueError, match="cache_seqlens: expected shape"):
         fmha.attention_with_kvcache(q, kc, kc, lens[:1], block_table=table)
+    with pytest.raises(ValueError, match="cache_seqlens: expected a length >= 0"):
+        fmha.attention_with_kvcache(q, kc, kc, -1, block_table=table)
+    with pytest.raises(TypeError, match="cache_seqlens: expected a torch.Tensor"):
+        fmha.attention_with_kvcache(q, kc, kc, 5.0, block_table=table)
     with pytest.raises(ValueError, match="block_table: expected"):
         fmha.attention_with_kvcache(q, kc, kc, lens, block_table=table[:1])
     with pytest.raises(ValueError, match="k_cache: batch"):

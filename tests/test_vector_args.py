@@ -1,7 +1,8 @@
 """Every small tensor argument (per-sequence lengths and starts, per-head slopes and sinks, per-sequence window
 bounds) may be a strided view, e.g. a column of a larger table: each call here passes views whose skipped
 elements would change the result if read (NaN, or lengths of 0), and must give what the same call gives with
-contiguous copies, bit for bit. The contiguous calls are checked against the oracle in the other test files."""
+contiguous copies, bit for bit. The contiguous calls are checked against the oracle in the other test files.
+Also FlashAttention's int form of `cache_seqlens`."""
 
 import math
 
@@ -161,3 +162,16 @@ def test_table_views(target):
     kv = cache.view(-1, 1, 576)
     _same(flash_mla.flash_mla_sparse_fwd(q.flatten(0, 1), kv, wide[..., :128].flatten(0, 1).unsqueeze(1), 0.05),
           flash_mla.flash_mla_sparse_fwd(q.flatten(0, 1), kv, indices.flatten(0, 1).unsqueeze(1), 0.05))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_kvcache_int_seqlens(target):
+    """cache_seqlens as one int (FlashAttention's form): the same call as with a tensor of it."""
+    device, dtype = target
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(2, 1, 4, 64, generator=g).to(dtype).to(device)
+    kc, vc = (torch.randn(2, 40, 2, 64, generator=g).to(dtype).to(device) for _ in range(2))
+    kc[:, 33:], vc[:, 33:] = math.nan, math.nan
+    lens = torch.full((2,), 33, dtype=torch.int32, device=device)
+    _same(fmha.attention_with_kvcache(q, kc, vc, 33, return_lse=True),
+          fmha.attention_with_kvcache(q, kc, vc, lens, return_lse=True))

@@ -281,7 +281,7 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None
             `(num_pages, page_size, heads_k, head_dim)` with `block_table`. An FP8 cache: float8_e4m3fn with
             fp16/bf16 q, and `k_descale` / `v_descale` `(batch, heads_k)` (as in `attention`).
         cache_seqlens: `(batch,)` int32, the number of valid keys of each sequence (0 allowed: output 0,
-            LSE -inf). Keys past it are never read.
+            LSE -inf), or one int for every sequence (as FlashAttention takes it). Keys past it are never read.
         k, v: optional `(batch, seqlen_new, heads_k, head_dim)` new keys and values in the caches' dtype
             (FlashAttention's `flash_attn_with_kvcache` k / v): written into the caches in place at positions
             `cache_seqlens[b] .. cache_seqlens[b] + seqlen_new - 1` (through `block_table` when paged), which must
@@ -318,6 +318,10 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None
                                                 descales=(q_descale, k_descale, v_descale),
                                                 check_batch=False)
     batch = q.shape[0]
+    if isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
+        if cache_seqlens < 0:
+            raise ValueError(f"cache_seqlens: expected a length >= 0, got {cache_seqlens}")
+        cache_seqlens = torch.full((batch,), cache_seqlens, dtype=torch.int32, device=q.device)
     V.check_tensor("cache_seqlens", cache_seqlens, ndim=1, dtypes=(torch.int32,), device=q.device)
     if cache_seqlens.shape[0] != batch:
         raise ValueError(f"cache_seqlens: expected shape ({batch},), got {tuple(cache_seqlens.shape)}")
