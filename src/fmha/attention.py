@@ -269,9 +269,9 @@ def _cache_capacity(k_cache, block_table):
 
 def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None, rotary_cos=None, rotary_sin=None,
                            rotary_interleaved=False, cache_batch_idx=None, cache_leftpad=None, block_table=None,
-                           num_splits=0,
-                           causal=False, window=(-1, -1), softmax_scale=None, softcap=0.0, alibi_slopes=None,
-                           sinks=None, return_lse=False, out=None, q_descale=None, k_descale=None, v_descale=None):
+                           num_splits=0, causal=False, window=(-1, -1), softmax_scale=None, softcap=0.0,
+                           alibi_slopes=None, sinks=None, return_lse=False, out=None, q_descale=None, k_descale=None,
+                           v_descale=None):
     """Attention of new queries against a KV cache (decode, speculative decoding, chunked prefill).
 
     Args:
