@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import fmha
+from fmha.bench import paged_copy
 from fmha.kernels.forward import attention_forward
 from fmha.reference import attention_ref, attention_varlen_ref
 from utils import TARGETS, assert_close, assert_lse_close, assert_matches, poisoned
@@ -136,6 +137,56 @@ def test_varlen(target, mask, heads, dims):
     v = poisoned((tk, hk, dv), tk, dtype, device, dim=0)
     got, lse = fmha.attention_varlen(q, k, v, cu_q, cu_k, max(len_q), max(len_k), return_lse=True, **mask)
     assert_matches(got, lse, attention_varlen_ref(q, k, v, cu_q, cu_k, **mask), dtype)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("mask", [dict(causal=True), dict(), dict(window=(8, 0))], ids=["causal", "full", "window"])
+@pytest.mark.parametrize("form", ["paged-seqused", "paged-cu", "packed-seqused", "paged-fp8"])
+def test_varlen_kv_forms(target, mask, form):
+    """FlashAttention's varlen keys in other forms (vLLM's call for a batch mixing prefills and decodes): a paged
+    cache (`block_table`, 16-key pages, shuffled) with each sequence's key count from `seqused_k` or from
+    `cu_seqlens_k`, an FP8 one, and packed keys of which each sequence uses its first `seqused_k`. NaN in every
+    key slot past each count. Against the varlen oracle on each sequence's used keys."""
+    device, dtype = target
+    g = torch.Generator().manual_seed(len(form))
+    len_q, len_k = _varlen_lengths(target)
+    used = [min(n, max(m, 1) + 4) if form == "packed-seqused" else n for n, m in zip(len_k, len_q)]
+    used[0] = len_k[0] // 2 if form == "packed-seqused" else used[0]
+    b, hq, hk, d = len(len_q), 4, 2, 64
+    cu_q = torch.tensor([0] + list(torch.tensor(len_q).cumsum(0)), dtype=torch.int32)
+    cu_k = torch.tensor([0] + list(torch.tensor(len_k).cumsum(0)), dtype=torch.int32)
+    q = torch.randn(int(cu_q[-1]), hq, d, generator=g).to(dtype)
+    k_used, v_used = (torch.randn(sum(used), hk, d, generator=g) for _ in range(2))
+    kv_dtype = torch.float8_e4m3fn if form == "paged-fp8" else dtype
+    k_used, v_used = k_used.to(kv_dtype), v_used.to(kv_dtype)
+    cu_used = torch.tensor([0] + list(torch.tensor(used).cumsum(0)), dtype=torch.int32)
+    options = dict(mask)
+    if form == "paged-fp8":
+        options.update(k_descale=torch.rand(b, hk) + 0.5, v_descale=torch.rand(b, hk) + 0.5)
+    call = dict(seqused_k=torch.tensor(used, dtype=torch.int32))
+    if form == "packed-seqused":               # each sequence's keys, its used ones first, the rest NaN
+        k = torch.full((int(cu_k[-1]) + 3, hk, d), math.nan).to(kv_dtype)
+        v = k.clone()
+        for i, n in enumerate(used):
+            k[cu_k[i]:cu_k[i] + n], v[cu_k[i]:cu_k[i] + n] = k_used[cu_used[i]:cu_used[i + 1]], \
+                v_used[cu_used[i]:cu_used[i + 1]]
+        cu_arg = cu_k
+    else:
+        cap = -(-max(used) // 16) * 16
+        logical = [torch.full((b, cap, hk, d), math.nan).to(kv_dtype) for _ in range(2)]
+        for i, n in enumerate(used):
+            logical[0][i, :n], logical[1][i, :n] = k_used[cu_used[i]:cu_used[i + 1]], v_used[cu_used[i]:cu_used[i + 1]]
+        k, v, table = paged_copy(16, *logical, perm=torch.randperm(b * cap // 16, generator=g))
+        call["block_table"] = table
+        cu_arg = None
+        if form == "paged-cu":
+            cu_arg = cu_used
+            del call["seqused_k"]
+    to = lambda t: t.to(device) if isinstance(t, torch.Tensor) else t      # noqa: E731
+    got, lse = fmha.attention_varlen(to(q), to(k), to(v), to(cu_q), to(cu_arg), max(len_q), max(used),
+                                     return_lse=True, **{n: to(t) for n, t in {**call, **options}.items()})
+    ref = attention_varlen_ref(q, k_used, v_used, cu_q, cu_used, **options)
+    assert_matches(got, lse, tuple(t.to(device) for t in ref), dtype)
 
 
 @pytest.mark.parametrize("target", TARGETS)

@@ -74,6 +74,27 @@ def test_compile_kvcache_leftpad_fullgraph():
         assert_close("out", out[i:i + 1], ref, DT)
 
 
+def test_compile_varlen_paged_fullgraph():
+    """Packed queries over a paged cache (block_table, seqused_k) through the op: one graph, the oracle's output
+    on each sequence's used keys."""
+    torch.manual_seed(3)
+    page, hk, d = 16, 2, 64
+    k_cache, v_cache = (torch.randn(6, page, hk, d, device=DEV, dtype=DT) for _ in range(2))
+    table = torch.tensor([[4, 1], [0, 5]], dtype=torch.int32, device=DEV)
+    used = torch.tensor([20, 3], dtype=torch.int32, device=DEV)
+    cu_q = torch.tensor([0, 5, 6], dtype=torch.int32, device=DEV)
+    q = torch.randn(6, 4, d, device=DEV, dtype=DT)
+
+    def step(q):
+        return fmha.attention_varlen(q, k_cache, v_cache, cu_q, None, 5, 32, causal=True, seqused_k=used,
+                                     block_table=table)
+
+    out = torch.compile(step, fullgraph=True, backend=BACKEND)(q)
+    for i, (qs, qe) in enumerate(((0, 5), (5, 6))):
+        keys, vals = (c[table[i].long()].flatten(0, 1)[:int(used[i])][None] for c in (k_cache, v_cache))
+        assert_close("out", out[qs:qe], attention_ref(q[None, qs:qe], keys, vals, causal=True)[0][0], DT)
+
+
 def test_custom_op_registered():
     assert hasattr(torch.ops.fmha, "attention_fwd")
     torch.library.opcheck(torch.ops.fmha.attention_fwd.default, (

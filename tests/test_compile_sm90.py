@@ -26,6 +26,8 @@ SCRIPT = textwrap.dedent('''
                   PAGE_TILE=bn if paged else 0, V_WORDS=0)      # the 128-row (wgmma) forms read V as it is
     if varlen:
         consts.update(MASK_LEFT=True)           # the per-sequence sliding window
+    else:
+        consts.update(CU_Q=None, CU_K=None)     # as a padded call's launch passes them
     # fp8: "qkv" (float8 q, k, v and their descales) or "kv" (an FP8 KV cache beside bf16 q), else "".
     kv_t = "*fp8e4nv" if fp8 else "*bf16"
     ptrs = dict(Q="*fp8e4nv" if fp8 == "qkv" else "*bf16", K=kv_t, V=kv_t, O="*bf16", LSE="*fp32", CU_Q="*i32",

@@ -76,6 +76,24 @@ def test_varlen_errors():
          torch.tensor([0, 4, 8], dtype=torch.int32, device=DEV), 8, 8)
     _bad(TypeError, "max_seqlen_q: expected an int", fmha.attention_varlen, q, k, v, cu, cu, 8.0, 8)
     _bad(ValueError, "q: expected a 3-D", fmha.attention_varlen, q[None], k, v, cu, cu, 8, 8)
+    used = torch.tensor([8], dtype=torch.int32, device=DEV)
+    _bad(TypeError, "seqused_k: expected dtype", fmha.attention_varlen, q, k, v, cu, cu, 8, 8, seqused_k=used.long())
+    _bad(ValueError, "seqused_k: expected shape", fmha.attention_varlen, q, k, v, cu, cu, 8, 8,
+         seqused_k=torch.cat([used, used]))
+    _bad(TypeError, "cu_seqlens_k: expected a torch.Tensor", fmha.attention_varlen, q, k, v, cu, None, 8, 8,
+         seqused_k=used)
+    # A paged cache beside packed queries (block_table): 4-D k / v, each sequence's key count from seqused_k or
+    # cu_seqlens_k.
+    kc, vc = (torch.randn(3, 16, 2, 64, device=DEV, dtype=DT) for _ in range(2))
+    table = torch.zeros(1, 2, dtype=torch.int32, device=DEV)
+    _bad(ValueError, "k: expected a 4-D", fmha.attention_varlen, q, k, v, cu, None, 8, 8, seqused_k=used,
+         block_table=table)
+    _bad(TypeError, "cu_seqlens_k: expected a torch.Tensor", fmha.attention_varlen, q, kc, vc, cu, None, 8, 8,
+         block_table=table)
+    _bad(ValueError, "block_table: expected", fmha.attention_varlen, q, kc, vc, cu, None, 8, 8, seqused_k=used,
+         block_table=table.t())
+    _bad(TypeError, "block_table: expected dtype", fmha.attention_varlen, q, kc, vc, cu, cu, 8, 8,
+         block_table=table.long())
 
 
 def test_error_writes_nothing():

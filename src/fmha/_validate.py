@@ -59,15 +59,17 @@ def check_head_dim(name, d):
                      f"{EXTRA_HEAD_DIMS}; got {d}")
 
 
-def check_qkv(q, k, v, *, varlen: bool, check_batch: bool = True):
+def check_qkv(q, k, v, *, varlen: bool, check_batch: bool = True, paged: bool = False):
     """q/k/v on one device, heads_q % heads_k == 0, matching head_dim_qk. dtypes: all fp16 or all bf16; all
-    float8_e4m3fn; or fp16/bf16 q with float8_e4m3fn k and v (an FP8 KV cache)."""
+    float8_e4m3fn; or fp16/bf16 q with float8_e4m3fn k and v (an FP8 KV cache). `paged`: k and v are paged
+    caches (4-D) beside packed (varlen) queries."""
     ndim = 3 if varlen else 4
     check_tensor("q", q, ndim=ndim, dtypes=QKV_DTYPES)
     check_device("q", q)
     device = q.device
-    check_tensor("k", k, ndim=ndim, dtypes=(FP8,) if q.dtype == FP8 else (q.dtype, FP8), device=device)
-    check_tensor("v", v, ndim=ndim, dtypes=(k.dtype,), device=device)
+    kv_ndim = 4 if paged else ndim
+    check_tensor("k", k, ndim=kv_ndim, dtypes=(FP8,) if q.dtype == FP8 else (q.dtype, FP8), device=device)
+    check_tensor("v", v, ndim=kv_ndim, dtypes=(k.dtype,), device=device)
     check_last_dim_contiguous("q", q)
     check_last_dim_contiguous("k", k)
     check_last_dim_contiguous("v", v)

@@ -24,21 +24,22 @@ def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch
                    window_left: int, window_right: int, softcap: float,
                    alibi_slopes: Optional[torch.Tensor], sinks: Optional[torch.Tensor],
                    window_lefts: Optional[torch.Tensor] = None, q_descale: Optional[torch.Tensor] = None,
-                   k_descale: Optional[torch.Tensor] = None,
-                   v_descale: Optional[torch.Tensor] = None) -> torch.Tensor:
+                   k_descale: Optional[torch.Tensor] = None, v_descale: Optional[torch.Tensor] = None,
+                   seqused_k: Optional[torch.Tensor] = None,
+                   block_table: Optional[torch.Tensor] = None) -> torch.Tensor:
     lse = torch.empty(_lse_shape(q, cu_seqlens_q), dtype=torch.float32, device=q.device)
     attention_forward(q, k, v, out, lse, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                       max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, softmax_scale=softmax_scale,
                       window=(window_left, window_right), window_lefts=window_lefts, softcap=softcap,
                       alibi_slopes=alibi_slopes, sinks=sinks, descales=(q_descale, k_descale, v_descale),
-                      interpret=q.device.type == "cpu")
+                      cache_seqlens=seqused_k, block_table=block_table, interpret=q.device.type == "cpu")
     return lse
 
 
 @_attention_fwd.register_fake
 def _(q, k, v, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
       window_left, window_right, softcap, alibi_slopes, sinks, window_lefts=None, q_descale=None, k_descale=None,
-      v_descale=None):
+      v_descale=None, seqused_k=None, block_table=None):
     return q.new_empty(_lse_shape(q, cu_seqlens_q), dtype=torch.float32)
 
 
@@ -49,11 +50,12 @@ def _lse_shape(q, cu_seqlens_q):
 
 
 def _prepare(q, k, v, *, varlen, causal, window, softmax_scale, softcap, alibi_slopes, sinks, out, descales,
-             check_batch=True, batch=None):
+             check_batch=True, batch=None, paged=False):
     """Shared validation + output allocation. Returns (out, softmax_scale, (left, right), lefts): `lefts` is the
     `(batch,)` int32 tensor of per-sequence left bounds when `window[0]` is one (then left is -1), else None.
-    `descales`: (q_descale, k_descale, v_descale) as the caller passed them."""
-    V.check_qkv(q, k, v, varlen=varlen, check_batch=check_batch)
+    `descales`: (q_descale, k_descale, v_descale) as the caller passed them. `paged`: k and v are paged caches
+    beside packed queries."""
+    V.check_qkv(q, k, v, varlen=varlen, check_batch=check_batch, paged=paged)
     if not isinstance(causal, bool):
         raise TypeError(f"causal: expected a bool, got {type(causal).__name__}")
     window = tuple(window) if isinstance(window, list) else window
@@ -125,34 +127,58 @@ def attention(q, k, v, *, causal=False, window=(-1, -1), softmax_scale=None, sof
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False,
                      window=(-1, -1), softmax_scale=None, softcap=0.0, alibi_slopes=None, sinks=None,
-                     return_lse=False, out=None, q_descale=None, k_descale=None, v_descale=None):
+                     return_lse=False, out=None, q_descale=None, k_descale=None, v_descale=None, seqused_k=None,
+                     block_table=None):
     """Fused attention over sequences packed along the token axis (no padding).
 
     Args:
         q: `(total_q, heads_q, head_dim_qk)`; sequence b is rows `cu_seqlens_q[b]:cu_seqlens_q[b+1]`.
         k, v: `(total_k, heads_k, head_dim_qk / head_dim_v)`, indexed by `cu_seqlens_k`. Rows past
             `cu_seqlens_k[-1]`, if any, must hold finite values: the Hopper kernel's key tiles may run into them
-            (weighted 0, as the next sequence's rows are).
+            (weighted 0, as the next sequence's rows are). With `block_table`: paged caches
+            `(num_pages, page_size, heads_k, head_dim)` instead.
         cu_seqlens_q, cu_seqlens_k: `(batch + 1,)` int32 prefix sums; zero-length sequences are allowed.
+            `cu_seqlens_k` may be None with `block_table` and `seqused_k`.
         max_seqlen_q, max_seqlen_k: Python ints, upper bounds of the sequence lengths (sizes the grid;
             passing them avoids a host synchronisation).
+        seqused_k: optional `(batch,)` int32 (FlashAttention's): sequence b attends to only its first
+            `seqused_k[b]` keys (masks bottom-right aligned over those). With `block_table` it is each sequence's
+            key count (else `cu_seqlens_k`'s).
+        block_table: optional `(batch, max_pages)` int32 (FlashAttention's paged varlen call, as vLLM makes it for
+            a batch mixing prefills and decodes): key j of sequence b is slot `j % page_size` of page
+            `block_table[b, j // page_size]` of k and v. Run by the portable kernel, unsplit.
         Other options as in `attention` (FP8 descales are `(batch, heads_k)`, one row per sequence).
 
     Returns:
         `out (total_q, heads_q, head_dim_v)`, or `(out, lse)` with lse `(heads_q, total_q)` fp32.
     """
     batch = cu_seqlens_q.shape[0] - 1 if isinstance(cu_seqlens_q, torch.Tensor) and cu_seqlens_q.dim() == 1 else -1
+    paged = block_table is not None
     out, scale, (left, right), lefts = _prepare(q, k, v, varlen=True, causal=causal, window=window,
                                                 softmax_scale=softmax_scale, softcap=softcap,
                                                 alibi_slopes=alibi_slopes, sinks=sinks, out=out,
                                                 descales=(q_descale, k_descale, v_descale),
-                                                batch=batch)
+                                                batch=batch, paged=paged)
     V.check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, device=q.device)
-    V.check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, batch_plus_one=cu_seqlens_q.shape[0], device=q.device)
+    if not paged or cu_seqlens_k is not None or seqused_k is None:
+        V.check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, batch_plus_one=cu_seqlens_q.shape[0], device=q.device)
     V.check_max_seqlen("max_seqlen_q", max_seqlen_q)
     V.check_max_seqlen("max_seqlen_k", max_seqlen_k)
+    if seqused_k is not None:
+        V.check_tensor("seqused_k", seqused_k, ndim=1, dtypes=(torch.int32,), device=q.device)
+        if seqused_k.shape[0] != batch:
+            raise ValueError(f"seqused_k: expected shape ({batch},), got {tuple(seqused_k.shape)}")
+    if paged:
+        V.check_tensor("block_table", block_table, ndim=2, dtypes=(torch.int32,), device=q.device)
+        if block_table.shape[0] != batch or block_table.stride(1) != 1:
+            raise ValueError(f"block_table: expected a row-contiguous ({batch}, max_pages) tensor, "
+                             f"got shape {tuple(block_table.shape)} strides {tuple(block_table.stride())}")
+        if seqused_k is None:                 # each sequence's key count from cu_seqlens_k (no host sync)
+            seqused_k = cu_seqlens_k[1:] - cu_seqlens_k[:-1]
+        cu_seqlens_k = None
     lse = _attention_fwd(q, k, v, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
-                         left, right, float(softcap), alibi_slopes, sinks, lefts, q_descale, k_descale, v_descale)
+                         left, right, float(softcap), alibi_slopes, sinks, lefts, q_descale, k_descale, v_descale,
+                         seqused_k, block_table)
     return (out, lse) if return_lse else out
 
 

@@ -212,22 +212,23 @@ def attn_fwd_kernel(
     m_block = tl.num_programs(1) - 1 - pid_m if REVERSE_M else pid_m
     b = pid_bh // heads_eff
     h_eff = pid_bh % heads_eff
-    if IS_VARLEN:
+    q_start = 0
+    q_len = seqlen_q
+    k_start = 0
+    k_len = seqlen_k
+    if IS_VARLEN:                               # packed queries
         q_start = tl.load(CU_Q + b)
         q_len = tl.load(CU_Q + b + 1) - q_start
+    if CU_K is not None:                        # packed keys
         k_start = tl.load(CU_K + b)
         k_len = tl.load(CU_K + b + 1) - k_start
-    else:
-        q_start = 0
-        q_len = seqlen_q
-        k_start = 0
-        k_len = seqlen_k
-        if HAS_SEQLENS_K:
-            k_len = tl.load(SEQLENS_K + b)      # KV cache: this sequence's length
-            if K_STARTS is not None:
-                # FlashAttention's cache_leftpad: the sequence's keys are cache rows [K_STARTS[b], k_len).
-                k_start = tl.load(K_STARTS + b)
-                k_len = tl.maximum(k_len - k_start, 0)
+    if HAS_SEQLENS_K:
+        # A KV cache: this sequence's length (packed keys: how many of them it uses, FlashAttention's seqused_k).
+        k_len = tl.load(SEQLENS_K + b)
+        if K_STARTS is not None:
+            # FlashAttention's cache_leftpad: the sequence's keys are cache rows [K_STARTS[b], k_len).
+            k_start = tl.load(K_STARTS + b)
+            k_len = tl.maximum(k_len - k_start, 0)
     if LEFT_PER_BATCH:
         # One sliding-window length per sequence; a negative one is unbounded.
         window_left = tl.load(WINDOW_LEFTS + b)
@@ -303,7 +304,7 @@ def attn_fwd_kernel(
     else:
         k_base = K + b.to(tl.int64) * stride_kb + kv_head * stride_kh
         v_base = V + b.to(tl.int64) * stride_vb + kv_head * stride_vh
-    if IS_VARLEN or K_STARTS is not None:
+    if CU_K is not None or K_STARTS is not None:
         k_base += k_start.to(tl.int64) * stride_ks
         v_base += k_start.to(tl.int64) * stride_vs
     k_desc = k_base
@@ -714,7 +715,8 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
     # FP8 q, k and v take the Gluon kernel in calls without a KV cache (V transposed there, a copy:
     # `forward_sm90.transposed_v`); an FP8 K/V beside a 16-bit q, and FP8 caches, the portable one.
     plain = (k.dtype == q.dtype and (q.element_size() > 1 or cache_seqlens is None)
-             and pack_gqa is None and use_tma is None and tiles is None and backend is None)
+             and pack_gqa is None and use_tma is None and tiles is None and backend is None
+             and not (varlen and cache_seqlens is not None))
     if plain and not interpret and gluon_enabled() and _gluon_takes(
             cache_seqlens, num_splits, batch, heads_q, seqlen_q, q.device,
             None if block_table is None else k.shape[1]):
@@ -838,9 +840,10 @@ def _portable_plan(q4, k, v, o4, lse, lse_strides, *, pair, varlen, batch, seqle
         o_parts, lse_parts = (torch.empty(shape, dtype=torch.float32, device="meta") for shape in parts)
         o_dst, lse_dst = o_parts[0], lse_parts[0].transpose(1, 2)
         split_strides = (o_parts.stride(0), lse_parts.stride(0))
-    k4, v4 = (t.unsqueeze(0) if varlen else t for t in (k, v))
+    packed_k = varlen and not paged
+    k4, v4 = (t.unsqueeze(0) if packed_k else t for t in (k, v))
     scalars = (seqlen_q, seqlen_k, block_table.stride(0) if paged else 0, k.shape[1] if paged else 1, *split_strides,
-               *_strides(q4, varlen), *_strides(k4, varlen), *_strides(v4, varlen), *_strides(o_dst, varlen),
+               *_strides(q4, varlen), *_strides(k4, packed_k), *_strides(v4, packed_k), *_strides(o_dst, varlen),
                *(lse_dst.stride() if not varlen else lse_strides),
                gp, group, heads_eff, scale * 1.4426950408889634, float(softcap), left, right)
     # An FP8 V loaded by pointers at an even address and strides may be read as 16-bit words.
