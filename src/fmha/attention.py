@@ -146,7 +146,10 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
             key count (else `cu_seqlens_k`'s).
         block_table: optional `(batch, max_pages)` int32 (FlashAttention's paged varlen call, as vLLM makes it for
             a batch mixing prefills and decodes): key j of sequence b is slot `j % page_size` of page
-            `block_table[b, j // page_size]` of k and v. Run by the portable kernel, unsplit.
+            `block_table[b, j // page_size]` of k and v. Run by the portable kernel, unsplit: level with
+            `attention_with_kvcache` on a batch of decodes, but on the H200 at 0.27-0.63x of that function called
+            twice (the decodes, then the chunks: the Gluon kernel) on batches with prefill chunks
+            (`benchmarks/probe_varlen_paged.py`).
         Other options as in `attention` (FP8 descales are `(batch, heads_k)`, one row per sequence).
 
     Returns:
