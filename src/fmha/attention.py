@@ -142,11 +142,12 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
         max_seqlen_q, max_seqlen_k: Python ints, upper bounds of the sequence lengths (sizes the grid;
             passing them avoids a host synchronisation).
         seqused_k: optional `(batch,)` int32 (FlashAttention's): sequence b attends to only its first
-            `seqused_k[b]` keys (masks bottom-right aligned over those). With `block_table` it is each sequence's
-            key count (else `cu_seqlens_k`'s).
+            `seqused_k[b]` keys, at most its `cu_seqlens_k` count (masks bottom-right aligned over those). With
+            `block_table` it is each sequence's key count (else `cu_seqlens_k`'s).
         block_table: optional `(batch, max_pages)` int32 (FlashAttention's paged varlen call, as vLLM makes it for
             a batch mixing prefills and decodes): key j of sequence b is slot `j % page_size` of page
-            `block_table[b, j // page_size]` of k and v. Run by the portable kernel, unsplit: level with
+            `block_table[b, j // page_size]` of k and v. With `seqused_k` or `block_table` the call runs the
+            portable kernel, unsplit: with `block_table`, level with
             `attention_with_kvcache` on a batch of decodes, but on the H200 at 0.27-0.63x of that function called
             twice (the decodes, then the chunks: the Gluon kernel) on batches with prefill chunks
             (`benchmarks/probe_varlen_paged.py`).
@@ -163,7 +164,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
                                                 descales=(q_descale, k_descale, v_descale),
                                                 batch=batch, paged=paged)
     V.check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, device=q.device)
-    if not paged or cu_seqlens_k is not None or seqused_k is None:
+    if not paged or cu_seqlens_k is not None or seqused_k is None:     # optional only where the others say all
         V.check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, batch_plus_one=cu_seqlens_q.shape[0], device=q.device)
     V.check_max_seqlen("max_seqlen_q", max_seqlen_q)
     V.check_max_seqlen("max_seqlen_k", max_seqlen_k)
