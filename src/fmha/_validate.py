@@ -141,6 +141,21 @@ def check_softmax_scale(softmax_scale):
         raise ValueError(f"softmax_scale: expected a positive value, got {softmax_scale}")
 
 
+def check_per_sequence(name, t, batch, device):
+    """A `(batch,)` int32 tensor: one value per sequence (lengths, starts, cache rows)."""
+    check_tensor(name, t, ndim=1, dtypes=(torch.int32,), device=device)
+    if t.shape[0] != batch:
+        raise ValueError(f"{name}: expected shape ({batch},), got {tuple(t.shape)}")
+
+
+def check_block_table(t, batch, device, columns="max_pages"):
+    """A `(batch, columns)` int32 block table whose rows are contiguous."""
+    check_tensor("block_table", t, ndim=2, dtypes=(torch.int32,), device=device)
+    if t.shape[0] != batch or t.stride(1) != 1:
+        raise ValueError(f"block_table: expected a row-contiguous ({batch}, {columns}) tensor, got shape "
+                         f"{tuple(t.shape)} strides {tuple(t.stride())}")
+
+
 def check_per_head(name, t, heads_q, device):
     """An optional fp32 `(heads_q,)` tensor: one value per query head (ALiBi slopes, sinks)."""
     check_tensor(name, t, ndim=1, dtypes=(torch.float32,), device=device, optional=True)

@@ -169,14 +169,9 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     V.check_max_seqlen("max_seqlen_q", max_seqlen_q)
     V.check_max_seqlen("max_seqlen_k", max_seqlen_k)
     if seqused_k is not None:
-        V.check_tensor("seqused_k", seqused_k, ndim=1, dtypes=(torch.int32,), device=q.device)
-        if seqused_k.shape[0] != batch:
-            raise ValueError(f"seqused_k: expected shape ({batch},), got {tuple(seqused_k.shape)}")
+        V.check_per_sequence("seqused_k", seqused_k, batch, q.device)
     if paged:
-        V.check_tensor("block_table", block_table, ndim=2, dtypes=(torch.int32,), device=q.device)
-        if block_table.shape[0] != batch or block_table.stride(1) != 1:
-            raise ValueError(f"block_table: expected a row-contiguous ({batch}, max_pages) tensor, "
-                             f"got shape {tuple(block_table.shape)} strides {tuple(block_table.stride())}")
+        V.check_block_table(block_table, batch, q.device)
         if seqused_k is None:                 # each sequence's key count from cu_seqlens_k (no host sync)
             seqused_k = cu_seqlens_k[1:] - cu_seqlens_k[:-1]
         cu_seqlens_k = None
@@ -352,31 +347,22 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None
         if cache_seqlens < 0:
             raise ValueError(f"cache_seqlens: expected a length >= 0, got {cache_seqlens}")
         cache_seqlens = torch.full((batch,), cache_seqlens, dtype=torch.int32, device=q.device)
-    V.check_tensor("cache_seqlens", cache_seqlens, ndim=1, dtypes=(torch.int32,), device=q.device)
-    if cache_seqlens.shape[0] != batch:
-        raise ValueError(f"cache_seqlens: expected shape ({batch},), got {tuple(cache_seqlens.shape)}")
+    V.check_per_sequence("cache_seqlens", cache_seqlens, batch, q.device)
     if cache_batch_idx is not None:
         if block_table is not None:
             raise ValueError("cache_batch_idx: for contiguous caches only; a paged cache's block_table names each "
                              "sequence's pages")
-        V.check_tensor("cache_batch_idx", cache_batch_idx, ndim=1, dtypes=(torch.int32,), device=q.device)
-        if cache_batch_idx.shape[0] != batch:
-            raise ValueError(f"cache_batch_idx: expected shape ({batch},), got {tuple(cache_batch_idx.shape)}")
+        V.check_per_sequence("cache_batch_idx", cache_batch_idx, batch, q.device)
         block_table = cache_batch_idx[:, None]
     elif block_table is not None:
-        V.check_tensor("block_table", block_table, ndim=2, dtypes=(torch.int32,), device=q.device)
-        if block_table.shape[0] != batch or block_table.stride(1) != 1:
-            raise ValueError(f"block_table: expected a row-contiguous ({batch}, max_pages) tensor, "
-                             f"got shape {tuple(block_table.shape)} strides {tuple(block_table.stride())}")
+        V.check_block_table(block_table, batch, q.device)
     elif k_cache.shape[0] != batch:
         raise ValueError(f"k_cache: batch must equal q's ({batch}) for a contiguous cache, got {k_cache.shape[0]}")
     if cache_leftpad is not None:
         if block_table is not None and cache_batch_idx is None:
             raise ValueError("cache_leftpad: for contiguous caches only (as in FlashAttention); a paged cache's "
                              "block_table names each sequence's pages from its first key")
-        V.check_tensor("cache_leftpad", cache_leftpad, ndim=1, dtypes=(torch.int32,), device=q.device)
-        if cache_leftpad.shape[0] != batch:
-            raise ValueError(f"cache_leftpad: expected shape ({batch},), got {tuple(cache_leftpad.shape)}")
+        V.check_per_sequence("cache_leftpad", cache_leftpad, batch, q.device)
     if not isinstance(num_splits, int) or isinstance(num_splits, bool) or num_splits < 0:
         raise ValueError(f"num_splits: expected an int >= 0 (0 = automatic), got {num_splits!r}")
     if k is not None or v is not None or rotary_cos is not None or rotary_sin is not None:

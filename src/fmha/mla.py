@@ -220,13 +220,8 @@ def _check_plan(batch, cache_seqlens, block_table, tile_scheduler_metadata, num_
 
 
 def _check_lengths(batch, cache_seqlens, block_table, device):
-    V.check_tensor("cache_seqlens", cache_seqlens, ndim=1, dtypes=(torch.int32,), device=device)
-    if cache_seqlens.shape[0] != batch:
-        raise ValueError(f"cache_seqlens: expected shape ({batch},), got {tuple(cache_seqlens.shape)}")
-    V.check_tensor("block_table", block_table, ndim=2, dtypes=(torch.int32,), device=device)
-    if block_table.shape[0] != batch or block_table.stride(1) != 1:
-        raise ValueError(f"block_table: expected a row-contiguous ({batch}, max_blocks) tensor, got shape "
-                         f"{tuple(block_table.shape)} strides {tuple(block_table.stride())}")
+    V.check_per_sequence("cache_seqlens", cache_seqlens, batch, device)
+    V.check_block_table(block_table, batch, device, columns="max_blocks")
 
 
 def _sched_config(sched, num_splits, q, k_cache, causal, is_fp8, indices, extra_k_cache, extra_indices):
@@ -398,9 +393,7 @@ def _sparse_inputs(q_lat, indices_name, indices, length_name, topk_length):
     topk = indices.shape[2]
     tokens = batch * s_q
     if topk_length is not None:
-        V.check_tensor(length_name, topk_length, ndim=1, dtypes=(torch.int32,), device=q_lat.device)
-        if topk_length.shape[0] != batch:
-            raise ValueError(f"{length_name}: expected shape ({batch},), got {tuple(topk_length.shape)}")
+        V.check_per_sequence(length_name, topk_length, batch, q_lat.device)
     valid = None if topk_length is None else topk_length.contiguous()     # None: every index counts
     return indices.reshape(tokens, topk), valid
 
@@ -464,9 +457,7 @@ def flash_mla_sparse_fwd(q, kv, indices, sm_scale=None, d_v=512, attn_sink=None,
     V.check_per_head("attn_sink", attn_sink, h_q, q.device)
     valid = None                                   # every index counts
     if topk_length is not None:
-        V.check_tensor("topk_length", topk_length, ndim=1, dtypes=(torch.int32,), device=q.device)
-        if topk_length.shape[0] != s_q:
-            raise ValueError(f"topk_length: expected shape ({s_q},), got {tuple(topk_length.shape)}")
+        V.check_per_sequence("topk_length", topk_length, s_q, q.device)        # one per query token
         valid = topk_length.contiguous()           # the kernels count a length past topk as topk
     # The kernel's view: s_q "sequences" of one query token each, kv as a cache of pages holding one row.
     q1 = q.unsqueeze(1)
