@@ -7,14 +7,31 @@ process on the same cache.
 
 Rows: `decodes` sequences of one query and `chunks` of `chunk` queries (causal), every sequence with `context`
 keys in 16-key pages (shuffled), 32 / 8 heads, d = 128, bf16. TFLOP/s over the pairs the causal mask lets
-through, CUDA-graph replays; outputs compared first (`probe_row`).
+through, CUDA-graph replays; outputs compared first (`probe_row`). Besides the call as routed (`ours`), the same call
+held on the portable kernel (`portable`), and held there with each KV head's query heads packed in one tile
+whatever `max_seqlen_q` (`portable_packed`: a decode sequence's heads share a program).
 """
+import contextlib
 import argparse
 
 import torch
 
 import fmha
+from fmha.kernels import forward
 from fmha.bench import attention_flops, bench_gpu_graph, paged_copy, probe_row, save_sweep
+
+
+@contextlib.contextmanager
+def held(pack):
+    """The portable kernel for calls inside (Gluon off), with GQA packing forced on when `pack`."""
+    saved = forward.gluon_enabled, forward._pack_gqa
+    forward.gluon_enabled = lambda: False
+    if pack:
+        forward._pack_gqa = lambda group, seqlen_q, block_m: group > 1
+    try:
+        yield
+    finally:
+        forward.gluon_enabled, forward._pack_gqa = saved
 
 
 def main():
@@ -40,6 +57,10 @@ def main():
             return fmha.attention_varlen(q, k_cache, v_cache, cu_q, None, max(lens_q), context, causal=True,
                                          seqused_k=used, block_table=table)
 
+        def portable(pack=False):
+            with held(pack):
+                return ours()
+
         def two_calls():
             parts = []
             if decodes:
@@ -52,7 +73,9 @@ def main():
         flops = (attention_flops(decodes, 1, context, hq, d, d, causal=True) +
                  attention_flops(chunks, chunk, context, hq, d, d, causal=True))
         row = dict(decodes=decodes, chunks=chunks, chunk=chunk, context=context, page=page)
-        probe_row(rows, row, {"ours": ours, "two_calls": two_calls}, flops, compare=["two_calls"],
+        impls = {"ours": ours, "portable": portable, "portable_packed": lambda: portable(True),
+                 "two_calls": two_calls}
+        probe_row(rows, row, impls, flops, compare=["two_calls", "portable", "portable_packed"],
                   timer=bench_gpu_graph)
     if a.out:
         save_sweep(a.out, rows)

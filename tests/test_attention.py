@@ -139,14 +139,10 @@ def test_varlen(target, mask, heads, dims):
     assert_matches(got, lse, attention_varlen_ref(q, k, v, cu_q, cu_k, **mask), dtype)
 
 
-@pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("mask", [dict(causal=True), dict(), dict(window=(8, 0))], ids=["causal", "full", "window"])
-@pytest.mark.parametrize("form", ["paged-seqused", "paged-cu", "packed-seqused", "paged-fp8"])
-def test_varlen_kv_forms(target, mask, form):
-    """FlashAttention's varlen keys in other forms (vLLM's call for a batch mixing prefills and decodes): a paged
-    cache (`block_table`, 16-key pages, shuffled) with each sequence's key count from `seqused_k` or from
-    `cu_seqlens_k`, an FP8 one, and packed keys of which each sequence uses its first `seqused_k`. NaN in every
-    key slot past each count. Against the varlen oracle on each sequence's used keys."""
+def _varlen_kv_inputs(target, form, mask):
+    """Packed queries and keys in `form` (`test_varlen_kv_forms`), NaN in every key slot past each count: (q, k, v,
+    cu_seqlens_q, cu_seqlens_k or None, the longest query and key counts, the call's other arguments, the oracle's
+    (out, lse)), all on the CPU."""
     device, dtype = target
     g = torch.Generator().manual_seed(len(form))
     len_q, len_k = _varlen_lengths(target)
@@ -182,11 +178,65 @@ def test_varlen_kv_forms(target, mask, form):
         if form == "paged-cu":
             cu_arg = cu_used
             del call["seqused_k"]
-    to = lambda t: t.to(device) if isinstance(t, torch.Tensor) else t      # noqa: E731
-    got, lse = fmha.attention_varlen(to(q), to(k), to(v), to(cu_q), to(cu_arg), max(len_q), max(used),
-                                     return_lse=True, **{n: to(t) for n, t in {**call, **options}.items()})
     ref = attention_varlen_ref(q, k_used, v_used, cu_q, cu_used, **options)
+    return q, k, v, cu_q, cu_arg, max(len_q), max(used), {**call, **options}, ref
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("mask", [dict(causal=True), dict(), dict(window=(8, 0))], ids=["causal", "full", "window"])
+@pytest.mark.parametrize("form", ["paged-seqused", "paged-cu", "packed-seqused", "paged-fp8"])
+def test_varlen_kv_forms(target, mask, form):
+    """FlashAttention's varlen keys in other forms (vLLM's call for a batch mixing prefills and decodes): a paged
+    cache (`block_table`, 16-key pages, shuffled) with each sequence's key count from `seqused_k` or from
+    `cu_seqlens_k`, an FP8 one, and packed keys of which each sequence uses its first `seqused_k`. NaN in every
+    key slot past each count. Against the varlen oracle on each sequence's used keys. (On the GPU the paged 16-bit
+    forms take the Gluon kernel for the sequences of over `forward._short_rows` rows and the portable one for the
+    others.)"""
+    device, dtype = target
+    q, k, v, cu_q, cu_k, max_q, max_k, call, ref = _varlen_kv_inputs(target, form, mask)
+    to = lambda t: t.to(device) if isinstance(t, torch.Tensor) else t      # noqa: E731
+    got, lse = fmha.attention_varlen(to(q), to(k), to(v), to(cu_q), to(cu_k), max_q, max_k, return_lse=True,
+                                     **{n: to(t) for n, t in call.items()})
     assert_matches(got, lse, tuple(t.to(device) for t in ref), dtype)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("kernel", ["portable", "gluon"])
+def test_varlen_cache_short_sequences(target, kernel):
+    """The two launches of a varlen call over a paged cache (`attention_forward`'s short sequences), each alone:
+    the portable kernel with `short_rows` = n runs exactly the sequences of at most n query rows (GQA heads packed),
+    the Gluon kernel with `short_rows` = n (its MIN_ROWS) exactly the others. The ones a launch runs match the
+    oracle; the others' output and LSE rows stay NaN."""
+    device, dtype = target
+    if kernel == "gluon":
+        from fmha.kernels import forward_sm90
+        from fmha.kernels.sm90 import capability, gluon_enabled
+        if device == "cpu" or not gluon_enabled() or capability(torch.cuda.current_device()) != (9, 0):
+            pytest.skip("the Gluon kernel runs on Hopper only")
+    q, k, v, cu_q, _, max_q, max_k, call, (ref, ref_lse) = _varlen_kv_inputs(target, "paged-seqused",
+                                                                             dict(causal=True))
+    lens = (cu_q[1:] - cu_q[:-1]).tolist()
+    short = sorted(lens)[(len(lens) - 1) // 2]   # the middle length: sequences on both sides of it
+    mine = [(n <= short) == (kernel == "portable") for n in lens]
+    assert any(mine) and not all(mine)
+    q, k, v, cu_q, seqlens, table = (t.to(device) for t in (q, k, v, cu_q, call["seqused_k"], call["block_table"]))
+    out = torch.full_like(q, math.nan)
+    lse = torch.full((q.shape[1], q.shape[0]), math.nan, device=device)
+    if kernel == "portable":
+        attention_forward(q, k, v, out, lse, cu_seqlens_q=cu_q, cu_seqlens_k=None, max_seqlen_q=max_q,
+                          max_seqlen_k=max_k, softmax_scale=None, window=(-1, 0), softcap=0.0, alibi_slopes=None,
+                          sinks=None, cache_seqlens=seqlens, block_table=table, interpret=device == "cpu",
+                          short_rows=short)
+    else:
+        assert forward_sm90.attention_forward_sm90(q, k, v, out, lse, causal=True, softmax_scale=q.shape[-1] ** -0.5,
+                                                   varlen=(cu_q, None, max_q, max_k), cache=(seqlens, table, None),
+                                                   short_rows=short)
+    for i, n in enumerate(lens):
+        rows = slice(int(cu_q[i]), int(cu_q[i + 1]))
+        if mine[i]:
+            assert_matches(out[rows], lse[:, rows], (ref[rows].to(device), ref_lse[:, rows].to(device)), dtype)
+        else:
+            assert out[rows].isnan().all() and lse[:, rows].isnan().all(), f"sequence {i} ({n} rows) was written"
 
 
 @pytest.mark.parametrize("target", TARGETS)

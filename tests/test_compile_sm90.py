@@ -262,6 +262,8 @@ GLUON_SCRIPT = textwrap.dedent('''
         consts["BLOCK_TABLE"] = None
     if not varlen:
         consts.update(CU_Q=None, **({} if cache == 3 else dict(CU_K=None)))
+    elif cache == 2:              # packed queries over a paged cache: no packed keys, and the short sequences left
+        consts.update(CU_K=None, MIN_ROWS=8)        # to the portable kernel (`forward._short_rows`, group 2)
     if not sinks:
         consts["SINKS"] = None
     if not lefts:
@@ -301,6 +303,7 @@ GLUON_SCRIPT = textwrap.dedent('''
                                   (64, True, "bf16", True, True, False, True, True, True),
                                   (128, True, "bf16", False, False, False, False, False, False, False, 2, True),
                                   (128, True, "bf16", False, False, False, False, False, False, False, 3),
+                                  (128, True, "bf16", False, False, True, False, False, False, False, 2),
                                   (64, False, "fp16", True, False, False, True, True, False, False, 1, True),
                                   (128, True, "fp16", False, False, False, True, True, False, False, 2, True, True),
                                   (128, True, "fp8e4nv", False, False, True),
@@ -316,7 +319,7 @@ GLUON_SCRIPT = textwrap.dedent('''
                          ids=["d128-causal", "d128", "d64", "d64-wide", "d64-wide-causal", "d256-causal",
                               "d192-dv128-causal", "d192-dv128", "d128-causal-varlen-offsets64", "d64-wide-varlen",
                               "d64-window-lefts-sinks-varlen", "d64-wide-window-sinks-softcap-offsets64",
-                              "d128-causal-paged-cache-alibi", "d128-causal-cache-leftpad", "d64-wide-window-sinks-cache-alibi",
+                              "d128-causal-paged-cache-alibi", "d128-causal-cache-leftpad", "d128-causal-varlen-paged", "d64-wide-window-sinks-cache-alibi",
                               "d128-window-sinks-paged-alibi-paired-heads", "d128-causal-fp8-varlen",
                               "d128-fp8-v-in-kernel", "d64-window-sinks-softcap-alibi-paired-heads-fp8",
                               "d96-as-128-causal-paged", "d200-as-256-tma-store",
@@ -770,7 +773,8 @@ def test_gluon_plan_key():
 
 
 @pytest.mark.cpu
-@pytest.mark.parametrize("case", ["dense-causal", "packed-window-sinks", "packed-other-lengths", "paged"])
+@pytest.mark.parametrize("case", ["dense-causal", "packed-window-sinks", "packed-other-lengths", "paged",
+                                  "packed-paged"])
 def test_gluon_launch_plan_binds_each_call(case, monkeypatch):
     """A kept launch plan (`forward_sm90._PLANS`) gives a later call of its key that call's own tensors: the same
     arguments, field for field, as planning it afresh (`launch_args`), and not the first call's; packed sequences
@@ -806,10 +810,14 @@ def test_gluon_launch_plan_binds_each_call(case, monkeypatch):
             lse = torch.empty(hq, sum(lens_q))
             cu_q, cu_k = (torch.tensor([0, n[0], sum(n)], dtype=torch.int32) for n in (lens_q, lens_k))
             options.update(varlen=(cu_q, cu_k, max(lens_q), max(lens_k)))
-        if case == "paged":
+        if case in ("paged", "packed-paged"):
             k, v = (t.view(b * s // 40, 40, hk, d) for t in (k, v))       # 10 pages of 40 keys
             options.update(cache=(torch.full((b,), s, dtype=torch.int32),
                                   torch.randperm(b * s // 40, generator=g).view(b, -1).to(torch.int32), None))
+        if case == "packed-paged":              # packed queries over the paged cache (attention_varlen's block_table)
+            q, out = q.flatten(0, 1), out.flatten(0, 1)
+            lse = torch.empty(hq, b * s)
+            options.update(varlen=(torch.arange(0, (b + 1) * s, s, dtype=torch.int32), None, s, s))
         assert F.attention_forward_sm90(q, k, v, out, lse, **options)
         return (q, k, v, out, lse), options
     call(0)

@@ -146,11 +146,14 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
             `block_table` it is each sequence's key count (else `cu_seqlens_k`'s).
         block_table: optional `(batch, max_pages)` int32 (FlashAttention's paged varlen call, as vLLM makes it for
             a batch mixing prefills and decodes): key j of sequence b is slot `j % page_size` of page
-            `block_table[b, j // page_size]` of k and v. With `seqused_k` or `block_table` the call runs the
-            portable kernel, unsplit: with `block_table`, level with
-            `attention_with_kvcache` on a batch of decodes, but on the H200 at 0.27-0.63x of that function called
-            twice (the decodes, then the chunks: the Gluon kernel) on batches with prefill chunks
-            (`benchmarks/probe_varlen_paged.py`).
+            `block_table[b, j // page_size]` of k and v. With `seqused_k` or `block_table`, on Hopper with 16-bit
+            k and v (pages of a multiple of 16 keys) and a longest sequence of 64 query rows or more, the call is
+            two launches: the Hopper kernel runs the sequences of over 16 / (heads_q / heads_k) query rows, then
+            the portable kernel the others (decodes), their GQA heads in one tile, unsplit; other calls run the
+            portable kernel alone, unsplit. On the H200 against `attention_with_kvcache` called twice (the
+            decodes, then the chunks), page 16, 32 / 8 heads: 1.01 on decodes alone, 0.98 on 512-row chunks
+            alone, 0.93 on 32 decodes with two such chunks, 0.86 on 8 decodes with a 2048-row chunk at 16k keys
+            (`benchmarks/probe_varlen_paged.py`, `history/probe_varlen_paged_h200_4cfaf3f+short.json`).
         Other options as in `attention` (FP8 descales are `(batch, heads_k)`, one row per sequence).
 
     Returns:

@@ -204,7 +204,7 @@ def attn_fwd_kernel(
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_SINKS: tl.constexpr,
     REVERSE_M: tl.constexpr, TMA: tl.constexpr,
     HAS_SEQLENS_K: tl.constexpr, PAGED: tl.constexpr, SPLIT: tl.constexpr, LEFT_PER_BATCH: tl.constexpr,
-    PAGE_TILE: tl.constexpr, V_WORDS: tl.constexpr = 0, PAIR: tl.constexpr = False,
+    PAGE_TILE: tl.constexpr, V_WORDS: tl.constexpr = 0, PAIR: tl.constexpr = False, SHORT_ONLY: tl.constexpr = False,
 ):
     pid_bh = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -233,6 +233,10 @@ def attn_fwd_kernel(
         # One sliding-window length per sequence; a negative one is unbounded.
         window_left = tl.load(WINDOW_LEFTS + b)
         window_left = tl.where(window_left < 0, 1 << 30, window_left)
+    if SHORT_ONLY:
+        # Packed sequences longer than seqlen_q are another launch's (`attention_forward`'s short sequences).
+        if q_len > seqlen_q:
+            return
     GP = heads_per_program_row            # query heads packed into the rows (1 unless PACK_GQA)
     row0 = m_block * BLOCK_M
     if row0 >= q_len * GP:
@@ -577,6 +581,17 @@ def _tma_ok(t, d, block_d):
             and all((s * es) % 16 == 0 for s in t.stride()[:-1]))
 
 
+# A varlen call over a KV cache on the Gluon kernel leaves its sequences of at most SHORT_TILE_ROWS // group query
+# rows (at least 1) to a second launch of the portable kernel (`attention_forward`): there a sequence's rows of
+# every query head of a KV head share one decode tile and its keys are read once, where the Gluon kernel would give
+# each query head its own 128-row item and read them once a head.
+SHORT_TILE_ROWS = 16
+
+
+def _short_rows(group):
+    return max(1, SHORT_TILE_ROWS // group)
+
+
 def _pack_gqa(group, seqlen_q, block_m):
     """Pack a group's query heads into the M tile when one head's queries would not fill it."""
     return group > 1 and seqlen_q * 2 <= block_m
@@ -674,7 +689,8 @@ def _pairs_pay(q, k, tiles, group, max_seqlen_k, num_splits):
 def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                       softmax_scale, window, softcap, alibi_slopes, sinks, window_lefts=None, descales=(None,) * 3,
                       cache_seqlens=None, block_table=None, k_starts=None,
-                      num_splits=1, pack_gqa=None, use_tma=None, tiles=None, backend=None, interpret=False):
+                      num_splits=1, pack_gqa=None, use_tma=None, tiles=None, backend=None, interpret=False,
+                      short_rows=0):
     """Launch the forward kernel. Dense: q (b, sq, hq, d). Varlen: q (total_q, hq, d) + cu_seqlens.
 
     Writes `out` (same layout as q, head_dim_v) and `lse` ((b, hq, sq) dense, (hq, total_q) varlen).
@@ -691,6 +707,10 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
     choices (tests and tuning); so does `backend`: "triton" forces this file's kernel, None lets a call on Hopper
     with no split take the Gluon kernel of `forward_sm90` (a KV-cache call: `_gluon_takes`; FP8 only all three
     inputs FP8, no cache) (also turned off by the environment, FMHA_GLUON=0).
+    Packed queries over a KV cache (vLLM's batches of prefill chunks and decodes) that the Gluon kernel takes run
+    as two launches: it leaves out the sequences of at most `_short_rows` query rows, and this file's kernel runs
+    those after it, their GQA heads packed in decode tiles. `short_rows` > 0 asks for that second launch alone (the
+    sequences of at most that many rows; the others' output rows untouched).
     """
     varlen = cu_seqlens_q is not None
     if varlen:
@@ -715,19 +735,24 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
     # FP8 q, k and v take the Gluon kernel in calls without a KV cache (V transposed there, a copy:
     # `forward_sm90.transposed_v`); an FP8 K/V beside a 16-bit q, and FP8 caches, the portable one.
     plain = (k.dtype == q.dtype and (q.element_size() > 1 or cache_seqlens is None)
-             and pack_gqa is None and use_tma is None and tiles is None and backend is None
-             and not (varlen and cache_seqlens is not None))
+             and pack_gqa is None and use_tma is None and tiles is None and backend is None and not short_rows)
     if plain and not interpret and gluon_enabled() and _gluon_takes(
             cache_seqlens, num_splits, batch, heads_q, seqlen_q, q.device,
             None if block_table is None else k.shape[1]):
         from . import forward_sm90
+        short = _short_rows(group) if varlen and cache_seqlens is not None else 0
         if forward_sm90.attention_forward_sm90(
                 q, k, v, out, lse, causal=right >= 0, softmax_scale=scale,
                 varlen=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) if varlen else None,
                 window=(left if window_lefts is None else window_lefts, right), sinks=sinks, softcap=softcap,
                 cache=None if cache_seqlens is None else (cache_seqlens, block_table, k_starts),
-                alibi_slopes=alibi_slopes, descales=descales):
-            return
+                alibi_slopes=alibi_slopes, descales=descales, short_rows=short):
+            if not short:
+                return
+            short_rows = short    # the sequences it left, next
+    if short_rows:
+        seqlen_q = max_seqlen_q = short_rows
+        pack_gqa = True
     # Head pairs (`HEAD_PAIRS`) are planned, not decided each call: the key holds what the rule reads.
     may_pair = HEAD_PAIRS is not False and pack_gqa is None and tiles is None and cache_seqlens is not None
     if pack_gqa is None:
@@ -740,7 +765,7 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
            varlen and cu_seqlens_q.shape, max_seqlen_q, max_seqlen_k, scale, float(softcap), left, right,
            window_lefts is None, alibi_slopes is None, sinks is None, tuple(d is None for d in descales),
            cache_seqlens is None, block_table is None or (block_table.shape, block_table.stride()), num_splits,
-           gp, tiles, use_tma, interpret, may_pair and HEAD_PAIRS)
+           gp, tiles, use_tma, interpret, may_pair and HEAD_PAIRS, short_rows)
     plan = _PLANS.get(key)
     if plan is None:
         pair = (may_pair
@@ -761,7 +786,7 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
                               use_tma=use_tma, scale=scale, softcap=softcap, left=left, right=right,
                               window_lefts=window_lefts, alibi_slopes=alibi_slopes, sinks=sinks,
                               cache_seqlens=cache_seqlens, block_table=block_table, num_splits=num_splits,
-                              interpret=interpret)
+                              interpret=interpret, short=short_rows > 0)
         _PLANS.keep(key, plan)
     k_desc = v_desc = None
     if plan.tma == 1:
@@ -808,9 +833,9 @@ class _PortablePlan:
 
 def _portable_plan(q4, k, v, o4, lse, lse_strides, *, pair, varlen, batch, seqlen_q, seqlen_k, max_seqlen_k, gp,
                    tiles, use_tma, scale, softcap, left, right, window_lefts, alibi_slopes, sinks, cache_seqlens,
-                   block_table, num_splits, interpret):
+                   block_table, num_splits, interpret, short=False):
     """`_PortablePlan` of an `attention_forward` call that the portable kernel runs (q4 and o4 with a batch axis;
-    with `pair`, k and v are the head-pair views)."""
+    with `pair`, k and v are the head-pair views; `short`: only the packed sequences of at most seqlen_q rows)."""
     heads_q, dqk = q4.shape[-2], k.shape[-1]          # with `pair`, the pair's width
     group = heads_q // k.shape[-2]
     dv = v.shape[-1]
@@ -863,6 +888,8 @@ def _portable_plan(q4, k, v, o4, lse, lse_strides, *, pair, varlen, batch, seqle
     )
     if pair:
         meta["PAIR"] = True
+    if short:
+        meta["SHORT_ONLY"] = True
     grid = (batch * heads_eff, cdiv(seqlen_q * gp, block_m), num_splits)
     boxes = ([1, block_n, 1, block_d], [1, block_n, 1, block_dv])
     return _PortablePlan(grid, meta, scalars, num_splits, tma, boxes, parts)

@@ -168,9 +168,13 @@ def _work_item(t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, CU_
     m_start = m_idx * ITEM_ROWS
     if VARLEN:
         row_q = gl.load(CU_Q + b)
-        row_k = gl.load(CU_K + b)
         sq = gl.load(CU_Q + b + 1) - row_q
-        sk = gl.load(CU_K + b + 1) - row_k
+        row_k = 0
+        if CU_K is not None:      # packed keys
+            row_k = gl.load(CU_K + b)
+            sk = gl.load(CU_K + b + 1) - row_k
+        if SEQLENS is not None:   # a paged cache's key count, or how many of its packed keys a sequence uses
+            sk = gl.load(SEQLENS + b)
         tb = 0
     else:
         row_q = 0
@@ -380,7 +384,8 @@ def _load_item(args, t, item, kv, w, BLOCK_N: gl.constexpr,
         row_v = packed_start(row_k, b)
     pages = (None, 0, 0)
     if PAGE_ROWS > 0:             # a paged KV cache: sequence tb's block-table row and its last page
-        pages = (BLOCK_TABLE + tb * stride_bt, page_size, gl.maximum(gl.cdiv(row_k + sk, page_size) - 1, 0))
+        # (the sequence's own row: for packed queries tb is the packed view's 0, not b)
+        pages = (BLOCK_TABLE + b * stride_bt, page_size, gl.maximum(gl.cdiv(row_k + sk, page_size) - 1, 0))
     # The descriptors are 3-D, (batch, seqlen, columns) with boxes (1, rows, head_dim), or 4-D for a padded head
     # dim (`_at`); each box lands in a 2-D slot seen through a view of the box's shape (`_as_box`).
     q_box: gl.constexpr = q_desc.block_type.shape
@@ -422,20 +427,32 @@ def _load_item(args, t, item, kv, w, BLOCK_N: gl.constexpr,
 
 
 @gluon.jit
+def _skipped(item, MIN_ROWS: gl.constexpr):
+    """Whether a packed sequence's item is left out: its first row past the sequence's query length, or (MIN_ROWS >
+    0) a sequence of at most MIN_ROWS query rows."""
+    skip = item[3] >= item[6]
+    if MIN_ROWS > 0:
+        skip = skip | (item[6] <= MIN_ROWS)
+    return skip
+
+
+@gluon.jit
 def _first_with_rows(t, args, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, WGS: gl.constexpr, WINDOW: gl.constexpr,
-                     HEADS: gl.constexpr):
+                     HEADS: gl.constexpr, MIN_ROWS: gl.constexpr):
     """Packed sequences: (the first item from t on whose rows start inside their sequence, its `_work_item`). The
     grid counts every sequence's blocks up to the longest; a block past its own sequence's end is never posted, so
     the consumers see only items with rows. Each item's fields are worked out once; an index past the last item
-    is read as the last one, so that nothing is loaded out of bounds."""
+    is read as the last one, so that nothing is loaded out of bounds. MIN_ROWS > 0: a sequence of at most that
+    many query rows has no items here either (another launch runs it: `forward.attention_forward`'s short
+    sequences)."""
     (_, _, _, _, _, _, _, _, _, _, _, _, _, COUNTER, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, _, _,
-     _, CU_Q, CU_K, left, LEFTS, right, _, _, _, _) = args
+     _, CU_Q, CU_K, left, LEFTS, right, SEQLENS, _, _, _) = args
     item = _work_item(gl.minimum(t, n_m * n_bh - 1), n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, CU_Q,
-                      CU_K, None, left, LEFTS, right, BLOCK_N, CAUSAL, WGS, True, WINDOW, HEADS)
-    while (t < n_m * n_bh) & (item[3] >= item[6]):        # m_start past the sequence's query length
+                      CU_K, SEQLENS, left, LEFTS, right, BLOCK_N, CAUSAL, WGS, True, WINDOW, HEADS)
+    while (t < n_m * n_bh) & _skipped(item, MIN_ROWS):
         t = _next_item(COUNTER, t, True)
         item = _work_item(gl.minimum(t, n_m * n_bh - 1), n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k,
-                          CU_Q, CU_K, None, left, LEFTS, right, BLOCK_N, CAUSAL, WGS, True, WINDOW, HEADS)
+                          CU_Q, CU_K, SEQLENS, left, LEFTS, right, BLOCK_N, CAUSAL, WGS, True, WINDOW, HEADS)
     return t, item
 
 
@@ -443,7 +460,7 @@ def _first_with_rows(t, args, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, WGS: 
 def _producer(args, staging, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr,
               WGS: gl.constexpr, QK_PARTS: gl.constexpr, VARLEN: gl.constexpr, WINDOW: gl.constexpr,
               PAGE_ROWS: gl.constexpr, DYNAMIC: gl.constexpr, HEADS: gl.constexpr, V_COPY: gl.constexpr,
-              TRANSPOSE: gl.constexpr):
+              TRANSPOSE: gl.constexpr, MIN_ROWS: gl.constexpr):
     """The producer warp. DYNAMIC: items of unequal lengths, taken through the counter (`_next_item`).
     TRANSPOSE: V tiles go to the staging ring (`args` holds it in V's place), and after the last one the producer
     marks the next position as the end for `_transposer` (`staging`: that ring's barriers and the end flag)."""
@@ -456,12 +473,12 @@ def _producer(args, staging, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, Q_BUFS
         for i in gl.static_range(STAGES):
             _set_flag(staging[2].index(i), 0)
     if VARLEN:
-        t, item = _first_with_rows(t, args, BLOCK_N, CAUSAL, WGS, WINDOW, HEADS)
+        t, item = _first_with_rows(t, args, BLOCK_N, CAUSAL, WGS, WINDOW, HEADS, MIN_ROWS)
         while t < n_m * n_bh:
             kv, w = _load_item(args, t, item, kv, w, BLOCK_N, STAGES, Q_BUFS, WGS, QK_PARTS, PAGE_ROWS, HEADS,
                                VARLEN, V_COPY)
             t, item = _first_with_rows(_next_item(COUNTER, t, True), args, BLOCK_N, CAUSAL, WGS, WINDOW,
-                                       HEADS)
+                                       HEADS, MIN_ROWS)
     else:
         while t < n_m * n_bh:
             item = _work_item(t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, CU_Q, CU_K, SEQLENS, left,
@@ -812,7 +829,7 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
         # CLEAN: V rows from this key on are zeroed before P·V (`_wait_v`): a KV cache's past its length; packed
         # sequences' past the last one's end (the buffer may be longer), not past the others' (the next one's keys).
         tail = sk
-        if VARLEN:
+        if VARLEN and SEQLENS is None:
             tail = gl.where(b == n_bh * HEADS // heads_q - 1, sk, UNBOUNDED_)
         diag = sk - sq            # a row's last visible key less its index (CAUSAL)
         if WINDOW:
@@ -1009,7 +1026,7 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, COUNTER, CU_Q, 
                          OFFSETS_64: gl.constexpr, VARLEN: gl.constexpr, WINDOW: gl.constexpr,
                          HAS_SINKS: gl.constexpr, SOFTCAP: gl.constexpr, KV_CACHE: gl.constexpr,
                          PAGE_ROWS: gl.constexpr, HAS_ALIBI: gl.constexpr, HEADS: gl.constexpr,
-                         TMA_STORE: gl.constexpr, TRANSPOSE: gl.constexpr):
+                         TMA_STORE: gl.constexpr, TRANSPOSE: gl.constexpr, MIN_ROWS: gl.constexpr = 0):
     """Persistent: each program runs work items until none is left (`_next_item`); COUNTER is two zeroed int32
     words (causal or windowed calls, `_counter`; None otherwise), which the kernel leaves zeroed. OFFSETS_64: O or
     LSE reaches past 2^31 elements (the epilogue's offsets in 64 bits). HEADS: query heads an item (1, or 2 for
@@ -1032,7 +1049,9 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, COUNTER, CU_Q, 
     (`_transposer`) instead.
     TMA_STORE (`tma_store`): the output leaves through a staging buffer and `o_desc`, a descriptor over O as
     (batch, seqlen_q, columns) with (1, ROWS, HEAD_DV) boxes; otherwise `o_desc` is None and the output is stored
-    through pointers."""
+    through pointers.
+    MIN_ROWS > 0 (VARLEN): packed sequences of at most MIN_ROWS query rows are left to another launch
+    (`_first_with_rows`), their output rows untouched."""
     # V rows past a sequence may hold NaN (`_wait_v`); an FP8 V's copy has zeros there (`transposed_v`).
     CLEAN: gl.constexpr = KV_CACHE or (VARLEN and q_desc.dtype.primitive_bitwidth != 8)
     DYNAMIC: gl.constexpr = CAUSAL or WINDOW or VARLEN or KV_CACHE      # items of unequal lengths
@@ -1116,7 +1135,7 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, COUNTER, CU_Q, 
                           OFFSETS_64, QK_PARTS, VARLEN, WINDOW, HAS_SINKS, SOFTCAP, HAS_ALIBI, CLEAN, HEADS,
                           TMA_STORE)),
             (_producer, (producer, staging, BLOCK_N, STAGES, Q_BUFS, CAUSAL, WGS, QK_PARTS, VARLEN, WINDOW, PAGE_ROWS,
-                          DYNAMIC, HEADS, V_COPY, TRANSPOSE)),
+                          DYNAMIC, HEADS, V_COPY, TRANSPOSE, MIN_ROWS)),
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
     elif WGS == 2:
         gl.warp_specialize([
@@ -1127,7 +1146,7 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, COUNTER, CU_Q, 
                           OFFSETS_64, QK_PARTS, VARLEN, WINDOW, HAS_SINKS, SOFTCAP, HAS_ALIBI, CLEAN, HEADS,
                           TMA_STORE)),
             (_producer, (producer, staging, BLOCK_N, STAGES, Q_BUFS, CAUSAL, WGS, QK_PARTS, VARLEN, WINDOW, PAGE_ROWS,
-                          DYNAMIC, HEADS, V_COPY, TRANSPOSE)),
+                          DYNAMIC, HEADS, V_COPY, TRANSPOSE, MIN_ROWS)),
         ], [4, 1], [CONSUMER_REGS, REGS_3WG - 2 * CONSUMER_REGS])
     else:
         # Three consumers run as workers, each at CONSUMER_REGS; the producer is the default partition (4 warps,
@@ -1136,7 +1155,7 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, COUNTER, CU_Q, 
         gl.static_assert(not TRANSPOSE, "an FP8 V is transposed in the kernel beside two consumer warpgroups only")
         gl.warp_specialize([
             (_producer, (producer, staging, BLOCK_N, STAGES, Q_BUFS, CAUSAL, WGS, QK_PARTS, VARLEN, WINDOW, PAGE_ROWS,
-                          DYNAMIC, HEADS, V_COPY, TRANSPOSE)),
+                          DYNAMIC, HEADS, V_COPY, TRANSPOSE, MIN_ROWS)),
             (_consumer, (shared, 0, BLOCK_N, HEAD_DV, DV_STORE, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS,
                           OFFSETS_64, QK_PARTS, VARLEN, WINDOW, HAS_SINKS, SOFTCAP, HAS_ALIBI, CLEAN, HEADS,
                           TMA_STORE)),
@@ -1219,7 +1238,7 @@ _PLANS = Plans()
 
 def attention_forward_sm90(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None, tiles=None,
                            varlen=None, window=None, sinks=None, softcap=0.0, cache=None, alibi_slopes=None,
-                           pack=None, descales=None, transpose=None):
+                           pack=None, descales=None, transpose=None, short_rows=0):
     """Launch the Gluon kernel, or return False, launching nothing, for a call this path does not run (`supported`);
     True when launched. q/k (b, s, h, d), v (b, sk, hk, dv); out (b, sq, hq, dv); lse (b, hq, sq).
     `varlen` = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k): packed sequences, q/k/v/out
@@ -1233,24 +1252,29 @@ def attention_forward_sm90(q, k, v, out, lse, *, causal, softmax_scale, views=No
     has it (for varlen, of the tensors with a leading axis of 1); `pingpong`, `tiles` and `pack` (GQA heads paired
     in an item, `pack_heads`) override the automatic choices (tuning, tests); so does `transpose` (an FP8 V
     transposed in the kernel, `transpose_in_kernel`, or copied first). Calls with none of these five take a plan
-    kept from an earlier call of the same key (`_PLANS`)."""
+    kept from an earlier call of the same key (`_PLANS`). `short_rows` > 0 (varlen): packed sequences of at most
+    that many query rows are left out, their output and LSE rows untouched (the kernel's MIN_ROWS)."""
     automatic = views is None and pingpong is None and tiles is None and pack is None and transpose is None
     key = shared = None
     if automatic:
-        key = _plan_key(q, k, v, out, lse, causal, softmax_scale, varlen, window, sinks, softcap, cache,
-                        alibi_slopes, descales)
+        key = (*_plan_key(q, k, v, out, lse, causal, softmax_scale, varlen, window, sinks, softcap, cache,
+                          alibi_slopes, descales), short_rows)
     plan = _PLANS.get(key) if automatic else None
     if plan is None:
-        if automatic and varlen is not None:      # packed: a plan of other lengths, made this call's
+        if automatic and varlen is not None and cache is None:    # packed: a plan of other lengths, made this call's
             shared = _plan_key(q, k, v, out, lse, causal, softmax_scale, varlen, window, sinks, softcap, cache,
                                alibi_slopes, descales, lengths=False)
             plan = _PLANS.get(shared)
             plan = plan and plan.with_lengths(q, k, v, lse, varlen)        # None, False (refused) or a plan
         if plan is None:
             options = dict(causal=causal, softmax_scale=softmax_scale, varlen=varlen, window=window, sinks=sinks,
-                           softcap=softcap, cache=cache, alibi_slopes=alibi_slopes, descales=descales)
+                           softcap=softcap, cache=cache, alibi_slopes=alibi_slopes, descales=descales,
+                           short_rows=short_rows)
             if views is None:
-                views = supported(*((q, k, v) if varlen is None else (t.unsqueeze(0) for t in (q, k, v))))
+                packed = varlen is not None
+                views = supported(q.unsqueeze(0) if packed else q,
+                                  *((k, v) if not packed or (cache and cache[1] is not None) else
+                                    (k.unsqueeze(0), v.unsqueeze(0))))
             plan = views is not None and _plan(q, k, v, out, lse, views=views, pingpong=pingpong, tiles=tiles,
                                                pack=pack, transpose=transpose, **options)
             if shared is not None:
@@ -1435,12 +1459,14 @@ class _Plan:
         descriptors over them in the plan's boxes ((view, box, layout) each, or None), the tensors, the causal
         schedule's counter, the scalars."""
         cu_q = cu_k = lefts = None
+        seqlens, table, starts = cache or (None, None, None)
         if varlen is not None:
             cu_q, cu_k = varlen[:2]
-            q, k, v = q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0)
+            q = q.unsqueeze(0)
+            if table is None:
+                k, v = k.unsqueeze(0), v.unsqueeze(0)
         if window is not None and isinstance(window[0], torch.Tensor):
             lefts = window[0]
-        seqlens, table, starts = cache or (None, None, None)
         if starts is not None:             # a cache's first key rows take packed sequences' place (`_work_item`)
             cu_k = starts
         bq, bk, bv, bo = self.boxes
@@ -1475,8 +1501,8 @@ def _chunk(key_bytes, heads, seqlen_k):
 
 def _plan(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None, tiles=None, varlen=None,
           window=None, sinks=None, softcap=0.0, cache=None, alibi_slopes=None, pack=None, descales=None,
-          transpose=None):
-    """`_Plan` of a launch (`launch_args`' arguments)."""
+          transpose=None, short_rows=0):
+    """`_Plan` of a launch (`launch_args`' arguments, and `attention_forward_sm90`'s `short_rows`)."""
     left, right = window if window is not None else (-1, 0 if causal else -1)
     lefts = None
     if isinstance(left, torch.Tensor):            # one left bound a sequence (batch,) int32, read by the kernel
@@ -1492,7 +1518,11 @@ def _plan(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None
     else:                         # one packed batch for TMA; each sequence's rows from cu_seqlens (`_work_item`)
         cu_q, _, seqlen_q, seqlen_k = varlen
         batch = cu_q.shape[0] - 1
-        q, k, v = (t.unsqueeze(0) for t in (q, k, v))
+        q = q.unsqueeze(0)
+        if table is None:         # packed keys (a paged cache beside packed queries keeps its own shape)
+            k, v = k.unsqueeze(0), v.unsqueeze(0)
+        else:
+            seqlen_k = table.shape[1] * k.shape[1]
         o_strides, lse_strides = (0, *out.stride()[:2]), (0, *lse.stride())
     heads_q, d = q.shape[2:]
     heads_k, dv = k.shape[2], v.shape[3]
@@ -1568,4 +1598,6 @@ def _plan(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None
                 KV_CACHE=cache is not None, PAGE_ROWS=kv_rows if table is not None else 0,
                 HAS_ALIBI=alibi_slopes is not None, HEADS=heads, TMA_STORE=vo is not None, TRANSPOSE=transpose,
                 num_warps=4)
+    if short_rows:
+        meta["MIN_ROWS"] = short_rows
     return _Plan(grid, meta, boxes, copy_v, counter, fp8, scalars, None if varlen is None else packed)
