@@ -90,8 +90,7 @@ def stamped_source():
                             ("stride_bt, page_size)\n", "stride_bt, page_size, STAMP)\n", 1),
                             ("     page_size) = args\n", "     page_size, STAMP) = args\n", 1),
                             # (named: `_` is reassigned as an int in the producer's loop)
-                            ("LEFTS, right, _, _, _, _) = args", "LEFTS, right, _, _, _, _, _stamp_ptr) = args", 1),
-                            ("SEQLENS, _, _, _) = args", "SEQLENS, _, _, _, _stamp_ptr) = args", 1),
+                            ("SEQLENS, _, _, _) = args", "SEQLENS, _, _, _, _stamp_ptr) = args", 2),
                             ("V_DESCALE, seqlen_q,\n", "V_DESCALE, STAMP, seqlen_q,\n", 1),
                             # `_Plan.bind`'s arguments: the buffer after the descales, before the plan's scalars
                             ("alibi_slopes, *scales, *self.scalars)",

@@ -242,7 +242,7 @@ GLUON_SCRIPT = textwrap.dedent('''
         return f"tensordesc<{dt}[{','.join(map(str, box))}],{layout!r}>"
     consts = dict(BLOCK_N=bn, HEAD_D=d, HEAD_DV=dv, DV_STORE=store or dv, STAGES=stages, Q_BUFS=q_bufs, CAUSAL=causal,
                   PINGPONG=not causal and wgs == 2, CONSUMER_REGS=regs, WGS=wgs, OFFSETS_64=offsets_64,
-                  TRANSPOSE=transpose)
+                  TRANSPOSE=transpose, MIN_ROWS=0)
     if not causal and not varlen and not window and not cache:  # as `launch_args` launches it: the counter for
         consts["COUNTER"] = None                                # unequal items
     # cache: 0 none, 1 a contiguous KV cache, 2 a paged one (16-row pages: 16-row TMA boxes), 3 a contiguous one
@@ -291,8 +291,8 @@ GLUON_SCRIPT = textwrap.dedent('''
 
 @pytest.mark.cpu
 # (head_dim, causal, dtype, three consumer warpgroups, 64-bit output offsets[, varlen[, window[, sinks[, softcap[,
-# per-sequence left bounds[, KV cache: 1 contiguous, 2 paged, 3 contiguous with key starts[, ALiBi[, GQA heads paired[, FP8 V transposed in the
-# kernel[, the real head dim of a call run padded to head_dim]]]]]]]]]])
+# per-sequence left bounds[, KV cache: 1 contiguous, 2 paged, 3 contiguous with key starts[, ALiBi[, GQA heads
+# paired[, FP8 V transposed in the kernel[, the real head dim of a call run padded to head_dim]]]]]]]]]])
 # Flags share cases (64-bit offsets ride on a varlen and a window case) to keep the CPU suite's compiles few.
 @pytest.mark.parametrize("case", [(128, True, "bf16", False, False), (128, False, "fp16", False, False),
                                   (64, False, "bf16", False, False), (64, False, "fp16", True, False),
@@ -319,7 +319,8 @@ GLUON_SCRIPT = textwrap.dedent('''
                          ids=["d128-causal", "d128", "d64", "d64-wide", "d64-wide-causal", "d256-causal",
                               "d192-dv128-causal", "d192-dv128", "d128-causal-varlen-offsets64", "d64-wide-varlen",
                               "d64-window-lefts-sinks-varlen", "d64-wide-window-sinks-softcap-offsets64",
-                              "d128-causal-paged-cache-alibi", "d128-causal-cache-leftpad", "d128-causal-varlen-paged", "d64-wide-window-sinks-cache-alibi",
+                              "d128-causal-paged-cache-alibi", "d128-causal-cache-leftpad", "d128-causal-varlen-paged",
+                              "d64-wide-window-sinks-cache-alibi",
                               "d128-window-sinks-paged-alibi-paired-heads", "d128-causal-fp8-varlen",
                               "d128-fp8-v-in-kernel", "d64-window-sinks-softcap-alibi-paired-heads-fp8",
                               "d96-as-128-causal-paged", "d200-as-256-tma-store",

@@ -168,10 +168,11 @@ def _work_item(t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, CU_
     m_start = m_idx * ITEM_ROWS
     if VARLEN:
         row_q = gl.load(CU_Q + b)
-        sq = gl.load(CU_Q + b + 1) - row_q
         row_k = 0
         if CU_K is not None:      # packed keys
             row_k = gl.load(CU_K + b)
+        sq = gl.load(CU_Q + b + 1) - row_q
+        if CU_K is not None:
             sk = gl.load(CU_K + b + 1) - row_k
         if SEQLENS is not None:   # a paged cache's key count, or how many of its packed keys a sequence uses
             sk = gl.load(SEQLENS + b)
