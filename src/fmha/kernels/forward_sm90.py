@@ -384,8 +384,8 @@ def _load_item(args, t, item, kv, w, BLOCK_N: gl.constexpr,
         # FP8 packed sequences: V's copy has sequence b's keys from an aligned column (row_k = CU_K[b])
         row_v = packed_start(row_k, b)
     pages = (None, 0, 0)
-    if PAGE_ROWS > 0:             # a paged KV cache: sequence tb's block-table row and its last page
-        # (the sequence's own row: for packed queries tb is the packed view's 0, not b)
+    if PAGE_ROWS > 0:             # a paged KV cache: sequence b's block-table row and its last page
+        # (b, not the TMA batch tb, which for packed queries is the packed view's 0)
         pages = (BLOCK_TABLE + b * stride_bt, page_size, gl.maximum(gl.cdiv(row_k + sk, page_size) - 1, 0))
     # The descriptors are 3-D, (batch, seqlen, columns) with boxes (1, rows, head_dim), or 4-D for a padded head
     # dim (`_at`); each box lands in a 2-D slot seen through a view of the box's shape (`_as_box`).
@@ -1033,7 +1033,8 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, COUNTER, CU_Q, 
     LSE reaches past 2^31 elements (the epilogue's offsets in 64 bits). HEADS: query heads an item (1, or 2 for
     GQA heads paired: ROWS rows of two heads of one KV head; n_bh and head_chunk then count pairs). VARLEN:
     n_bh * HEADS / heads_q packed sequences, CU_Q / CU_K their row offsets (`_work_item`); seqlen_q / seqlen_k the
-    longest. SPEC.md's window (left, right): CAUSAL when right >= 0, WINDOW unless it is (-1, 0) or (-1, -1),
+    longest; with KV_CACHE, SEQLENS gives each one's key count instead (of a paged cache, CU_K None, or of its packed
+    keys). SPEC.md's window (left, right): CAUSAL when right >= 0, WINDOW unless it is (-1, 0) or (-1, -1),
     with `left` past every key for -1 (`launch_args`); LEFTS (batch,) int32, or None: one left bound a sequence in
     place of `left`. HAS_SINKS: SINKS (heads_q,) fp32, one logit a head in the denominator. SOFTCAP: scores capped
     as softcap * tanh(score / softcap), `cap_in` = softmax_scale / softcap, `qk_scale_log2` = softcap * log2(e).
@@ -1247,7 +1248,9 @@ def attention_forward_sm90(q, k, v, out, lse, *, causal, softmax_scale, views=No
     `left` an int or a (batch,) int32 tensor of one bound a sequence (negative: none);
     `sinks` (hq,) fp32 or None; `softcap` > 0 caps the scores. `cache` = (cache_seqlens, block_table or None,
     key starts or None): k/v are a KV cache, contiguous (b, capacity, hk, d) or paged (pages, page_size, hk, d),
-    sequence b's keys its rows [starts[b], cache_seqlens[b]) (the kernel's CU_K; from row 0 without).
+    sequence b's keys its rows [starts[b], cache_seqlens[b]) (the kernel's CU_K; from row 0 without). With
+    `varlen`, packed queries over a paged cache (k/v as here, cu_seqlens_k None), or packed keys of which sequence b
+    uses its first cache_seqlens[b] (FlashAttention's seqused_k).
     `alibi_slopes` (hq,) fp32 or None. FP8 (float8_e4m3fn q, k and v; no cache): `descales` (q, k, v), each None or
     (b, hk) fp32. `views` are `supported`'s result when the caller
     has it (for varlen, of the tensors with a leading axis of 1); `pingpong`, `tiles` and `pack` (GQA heads paired
