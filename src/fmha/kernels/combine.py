@@ -7,6 +7,8 @@ batch (kv_head, query position, query head within the group). Two ways of number
   - uniform: every batch has `num_splits` parts, slots 0..num_splits-1 (attention_with_kvcache);
   - variable: batch b owns slots SPLIT_OFFSETS[b] .. SPLIT_OFFSETS[b+1]-1 (the MLA tile scheduler), and a
     batch with exactly one part was written as final output by the split kernel, so it is skipped here.
+Packed queries (CU_Q): batch b is sequence b, its partial rows those of its first positions (the slabs are
+(batch, positions)), merged into the packed output's rows from CU_Q[b] for the positions the sequence has.
 One launch for the whole merge: the torch-op merge it replaces cost about ten launches per call.
 """
 import triton
@@ -17,7 +19,7 @@ from .launch import Plans, cdiv, fixed_classes, launch, next_pow2, prev_pow2
 
 
 @triton.jit
-def combine_kernel(O, LSE, O_PART, LSE_PART, SPLIT_OFFSETS, SINKS,
+def combine_kernel(O, LSE, O_PART, LSE_PART, SPLIT_OFFSETS, SINKS, CU_Q,
                    num_splits, group, rows_per_k, total_rows, empty_lse,
                    stride_ob, stride_os, stride_oh, stride_lseb, stride_lseh, stride_lses, seq_tokens,
                    stride_ps, stride_pb, stride_pr, stride_lps, stride_lpb,
@@ -38,6 +40,17 @@ def combine_kernel(O, LSE, O_PART, LSE_PART, SPLIT_OFFSETS, SINKS,
         first = 0
         n = num_splits
     if n != 1:
+        kv_head = rows // rows_per_k
+        r = rows % rows_per_k
+        q_pos = r // group
+        q_head = kv_head * group + r % group
+        q_start = 0
+        if CU_Q is not None:
+            # Packed sequences: rows_per_k // group positions a slab row; a sequence longer than that is another
+            # launch's (`forward.attention_forward`'s short sequences) and has no parts here.
+            q_start = tl.load(CU_Q + b)
+            q_len = tl.load(CU_Q + b + 1) - q_start
+            row_ok = row_ok & (q_pos < q_len) & (q_len <= rows_per_k // group)
         offs_d = d0 + tl.arange(0, BLOCK_DV)
         o_mask = row_ok[:, None] & (offs_d < DV)[None, :]
         o_part = O_PART + b.to(tl.int64) * stride_pb + rows.to(tl.int64)[:, None] * stride_pr + offs_d[None, :]
@@ -65,15 +78,11 @@ def combine_kernel(O, LSE, O_PART, LSE_PART, SPLIT_OFFSETS, SINKS,
         empty = den == 0.0
         out = acc / tl.where(empty, 1.0, den)[:, None]
         lse = tl.where(empty, empty_lse, m_shift + tl.log(tl.where(empty, 1.0, den)))
-        kv_head = rows // rows_per_k
-        r = rows % rows_per_k
-        q_pos = r // group
-        q_head = kv_head * group + r % group
         if HAS_SINKS:
             out = out * sink_keep(lse, empty, tl.load(SINKS + q_head, mask=row_ok, other=0.0))[:, None]
-        o_row = O + b.to(tl.int64) * stride_ob + q_pos * stride_os + q_head * stride_oh
+        o_row = O + b.to(tl.int64) * stride_ob + (q_start + q_pos).to(tl.int64) * stride_os + q_head * stride_oh
         tl.store(o_row[:, None] + offs_d[None, :], out.to(O.dtype.element_ty), mask=o_mask)
-        tl.store(lse_ptrs(LSE, b, q_head, q_pos, stride_lseb, stride_lseh, stride_lses, seq_tokens), lse,
+        tl.store(lse_ptrs(LSE, b, q_head, q_start + q_pos, stride_lseb, stride_lseh, stride_lses, seq_tokens), lse,
                  mask=row_ok & (d0 == 0))
 
 
@@ -86,24 +95,30 @@ _MIN_DV_CHUNK = 32
 
 
 def combine(out, lse, o_part, lse_part, *, rows_per_k, group, split_offsets=None, num_splits=0, sinks=None,
-            empty_lse=float("-inf")):
+            empty_lse=float("-inf"), cu_seqlens_q=None):
     """Merge partials into `out (b, s_q, h_q, dv)` and `lse (b, h_q, s_q)`, or `lse (b // t, h_q, t)` when the b
-    batches are the t query tokens each of a flattened call (s_q = 1; `common.lse_ptrs`).
+    batches are the t query tokens each of a flattened call (s_q = 1; `common.lse_ptrs`), or with `cu_seqlens_q
+    (b + 1,)` int32 into packed `out (total_q, h_q, dv)` and `lse (h_q, total_q)`: sequence b's partials (its
+    first s_q = rows_per_k // group positions) go to its rows, those it has, and a sequence of more rows than
+    s_q is left as it is.
 
     o_part: `(slots, [b,] rows, dv)` fp32, lse_part: `(slots, [b,] rows)` fp32 — with the batch axis for uniform
     splits (`num_splits` slots per batch), without it when `split_offsets (b + 1,)` numbers each batch's slots.
     A row's packed index is `kv_head * rows_per_k + q_pos * group + (q_head % group)`.
     """
+    if cu_seqlens_q is not None:         # packed: one batch of every token, sequence b read from CU_Q (batch stride 0)
+        out, lse = (t.unsqueeze(0).expand(o_part.shape[1], *t.shape) for t in (out, lse))
     key = (out.shape, out.stride(), lse.shape, lse.stride(), o_part.shape, o_part.stride(), lse_part.shape,
            lse_part.stride(), out.device, rows_per_k, group, split_offsets is None, num_splits, sinks is None,
-           empty_lse)
+           empty_lse, cu_seqlens_q is None)
     plan = _PLANS.get(key)
     if plan is None:
         plan = _PLANS.keep(key, _plan(out, lse, o_part, lse_part, rows_per_k=rows_per_k, group=group,
                                       per_batch=split_offsets is None, num_splits=num_splits, sinks=sinks,
                                       empty_lse=empty_lse))
     grid, scalars, meta, fixed = plan
-    launch(combine_kernel, grid, (out, lse, o_part, lse_part, split_offsets, sinks, *scalars), meta, fixed)
+    launch(combine_kernel, grid, (out, lse, o_part, lse_part, split_offsets, sinks, cu_seqlens_q, *scalars), meta,
+           fixed)
 
 
 # Launch plans of `combine` (grid, scalar arguments, meta, `launch`'s fixed classes) by its tensors' shapes, strides

@@ -348,6 +348,9 @@ def attn_fwd_kernel(
         full_hi = tl.maximum(tl.minimum(full_hi, split_hi), 0)
         O += tl.program_id(2).to(tl.int64) * stride_o_split
         LSE += tl.program_id(2).to(tl.int64) * stride_l_split
+        # The partial slabs are (batch, seqlen_q) for packed queries too (the short sequences' launch; `combine`
+        # takes their rows to the packed output): a sequence's rows from its own start, not from CU_Q's.
+        q_start = 0
     lo = (lo // BLOCK_N) * BLOCK_N
     mid_lo = tl.minimum(tl.maximum(lo, tl.cdiv(full_lo, BLOCK_N) * BLOCK_N), tl.maximum(hi, lo))
     mid_hi = tl.maximum(mid_lo, (full_hi // BLOCK_N) * BLOCK_N)
@@ -709,8 +712,9 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
     inputs FP8, no cache) (also turned off by the environment, FMHA_GLUON=0).
     Packed queries over a KV cache (vLLM's batches of prefill chunks and decodes) that the Gluon kernel takes run
     as two launches: it leaves out the sequences of at most `_short_rows` query rows, and this file's kernel runs
-    those after it, their GQA heads packed in decode tiles. `short_rows` > 0 asks for that second launch alone (the
-    sequences of at most that many rows; the others' output rows untouched).
+    those after it, their GQA heads packed in decode tiles, their keys split as `num_splits` says (1: as planned,
+    `schedule.plan_num_splits`). `short_rows` > 0 asks for that second launch alone (the sequences of at most that
+    many rows; the others' output rows untouched).
     """
     varlen = cu_seqlens_q is not None
     if varlen:
@@ -753,6 +757,7 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
     if short_rows:
         seqlen_q = max_seqlen_q = short_rows
         pack_gqa = True
+        num_splits = 0 if num_splits == 1 else num_splits    # decodes: keys split as planned (or as asked)
     # Head pairs (`HEAD_PAIRS`) are planned, not decided each call: the key holds what the rule reads.
     may_pair = HEAD_PAIRS is not False and pack_gqa is None and tiles is None and cache_seqlens is not None
     if pack_gqa is None:
@@ -807,7 +812,8 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
     if plan.splits > 1:
         rows = seqlen_q * heads_q
         combine(out, lse, o_parts.view(plan.splits, batch, rows, dv), lse_parts.view(plan.splits, batch, rows),
-                rows_per_k=rows, group=heads_q, num_splits=plan.splits, sinks=sinks)
+                rows_per_k=rows, group=heads_q, num_splits=plan.splits, sinks=sinks,
+                cu_seqlens_q=cu_seqlens_q if varlen else None)
 
 
 # Launch plans of the portable kernel (`_PortablePlan`), by the call key `attention_forward` makes: its tensors'
@@ -861,15 +867,16 @@ def _portable_plan(q4, k, v, o4, lse, lse_strides, *, pair, varlen, batch, seqle
         # Partial results in fp32, one slab per split, merged after. The LSE slab is (b, sq, hq) so that each
         # query row has the same index in both slabs; the kernel writes it through a (b, hq, sq) view. Their
         # strides from meta tensors of the shapes `attention_forward` allocates.
-        parts = ((num_splits, *o4.shape), (num_splits, batch, seqlen_q, heads_q))
+        parts = ((num_splits, batch, seqlen_q, heads_q, o4.shape[-1]), (num_splits, batch, seqlen_q, heads_q))
         o_parts, lse_parts = (torch.empty(shape, dtype=torch.float32, device="meta") for shape in parts)
         o_dst, lse_dst = o_parts[0], lse_parts[0].transpose(1, 2)
         split_strides = (o_parts.stride(0), lse_parts.stride(0))
     packed_k = varlen and not paged
     k4, v4 = (t.unsqueeze(0) if packed_k else t for t in (k, v))
     scalars = (seqlen_q, seqlen_k, block_table.stride(0) if paged else 0, k.shape[1] if paged else 1, *split_strides,
-               *_strides(q4, varlen), *_strides(k4, packed_k), *_strides(v4, packed_k), *_strides(o_dst, varlen),
-               *(lse_dst.stride() if not varlen else lse_strides),
+               *_strides(q4, varlen), *_strides(k4, packed_k), *_strides(v4, packed_k),
+               *_strides(o_dst, varlen and num_splits == 1),
+               *(lse_dst.stride() if not varlen or num_splits > 1 else lse_strides),
                gp, group, heads_eff, scale * 1.4426950408889634, float(softcap), left, right)
     # An FP8 V loaded by pointers at an even address and strides may be read as 16-bit words.
     v_words = 0
