@@ -40,8 +40,8 @@ def main():
     a = p.parse_args()
     rows = []
     hq, hk, d, page = 32, 8, 128, 16
-    for decodes, chunks, chunk, context in [(64, 0, 0, 4096), (32, 2, 512, 4096), (0, 4, 512, 4096),
-                                            (8, 1, 2048, 16384)]:
+    for decodes, chunks, chunk, context in [(64, 0, 0, 4096), (4, 0, 0, 131072), (32, 2, 512, 4096),
+                                            (0, 4, 512, 4096), (8, 1, 2048, 16384)]:
         b = decodes + chunks
         g = torch.Generator().manual_seed(b)
         k, v = (torch.randn(b, context, hk, d, generator=g).to(torch.bfloat16).cuda() for _ in range(2))

@@ -201,13 +201,13 @@ def test_varlen_kv_forms(target, mask, form):
 
 
 @pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("kernel", ["portable", "portable-split", "gluon"])
+@pytest.mark.parametrize("kernel", ["portable", "portable-split", "split", "gluon"])
 def test_varlen_cache_short_sequences(target, kernel):
     """The two launches of a varlen call over a paged cache (`attention_forward`'s short sequences), each alone:
     the portable kernel with `short_rows` = n runs exactly the sequences of at most n query rows (GQA heads packed;
     its keys split as planned, or in 3 with their merge, `combine`'s packed rows), the Gluon kernel with
     `short_rows` = n (its MIN_ROWS) exactly the others. The ones a launch runs match the oracle; the others' output
-    and LSE rows stay NaN."""
+    and LSE rows stay NaN. And the portable kernel alone over every sequence, keys in 3 splits (`split`)."""
     device, dtype = target
     if kernel == "gluon":
         from fmha.kernels import forward_sm90
@@ -218,8 +218,8 @@ def test_varlen_cache_short_sequences(target, kernel):
                                                                              dict(causal=True))
     lens = (cu_q[1:] - cu_q[:-1]).tolist()
     short = sorted(lens)[(len(lens) - 1) // 2]   # the middle length: sequences on both sides of it
-    mine = [(n <= short) == (kernel != "gluon") for n in lens]
-    assert any(mine) and not all(mine)
+    mine = [kernel == "split" or (n <= short) == (kernel != "gluon") for n in lens]
+    assert any(mine) and (kernel == "split" or not all(mine))
     q, k, v, cu_q, seqlens, table = (t.to(device) for t in (q, k, v, cu_q, call["seqused_k"], call["block_table"]))
     out = torch.full_like(q, math.nan)
     lse = torch.full((q.shape[1], q.shape[0]), math.nan, device=device)
@@ -227,7 +227,7 @@ def test_varlen_cache_short_sequences(target, kernel):
         attention_forward(q, k, v, out, lse, cu_seqlens_q=cu_q, cu_seqlens_k=None, max_seqlen_q=max_q,
                           max_seqlen_k=max_k, softmax_scale=None, window=(-1, 0), softcap=0.0, alibi_slopes=None,
                           sinks=None, cache_seqlens=seqlens, block_table=table, interpret=device == "cpu",
-                          short_rows=short, num_splits=3 if kernel == "portable-split" else 1)
+                          short_rows=0 if kernel == "split" else short, num_splits=1 if kernel == "portable" else 3)
     else:
         assert forward_sm90.attention_forward_sm90(q, k, v, out, lse, causal=True, softmax_scale=q.shape[-1] ** -0.5,
                                                    varlen=(cu_q, None, max_q, max_k), cache=(seqlens, table, None),

@@ -712,8 +712,9 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
     inputs FP8, no cache) (also turned off by the environment, FMHA_GLUON=0).
     Packed queries over a KV cache (vLLM's batches of prefill chunks and decodes) that the Gluon kernel takes run
     as two launches: it leaves out the sequences of at most `_short_rows` query rows, and this file's kernel runs
-    those after it, their GQA heads packed in decode tiles, their keys split as `num_splits` says (1: as planned,
-    `schedule.plan_num_splits`). `short_rows` > 0 asks for that second launch alone (the sequences of at most that
+    those after it, their GQA heads packed in decode tiles. Varlen calls over a cache that this file's kernel runs
+    split their keys as `num_splits` says, 1 as planned (`schedule.plan_num_splits`), and `combine` merges the
+    parts into the packed rows. `short_rows` > 0 asks for the second launch alone (the sequences of at most that
     many rows; the others' output rows untouched).
     """
     varlen = cu_seqlens_q is not None
@@ -757,7 +758,8 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
     if short_rows:
         seqlen_q = max_seqlen_q = short_rows
         pack_gqa = True
-        num_splits = 0 if num_splits == 1 else num_splits    # decodes: keys split as planned (or as asked)
+    if varlen and cache_seqlens is not None and num_splits == 1:
+        num_splits = 0            # packed queries over a cache (decodes among them): keys split as planned
     # Head pairs (`HEAD_PAIRS`) are planned, not decided each call: the key holds what the rule reads.
     may_pair = HEAD_PAIRS is not False and pack_gqa is None and tiles is None and cache_seqlens is not None
     if pack_gqa is None:
