@@ -150,7 +150,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
             k and v (pages of a multiple of 16 keys) and a longest sequence of 64 query rows or more, the call is
             two launches: the Hopper kernel runs the sequences of over 16 / (heads_q / heads_k) query rows, then
             the portable kernel the others (decodes), their GQA heads in one tile and their keys split where the
-            grid would not fill the GPU; other calls run the portable kernel alone, unsplit. On the H200
+            grid would not fill the GPU; other calls run the portable kernel alone, split the same way. On the H200
             against `attention_with_kvcache` called twice (the decodes, then the chunks), page 16, 32 / 8 heads:
             1.01 on decodes alone, 0.97 on 512-row chunks alone, 0.93 on 32 decodes with two such chunks, 0.94 on
             8 decodes with a 2048-row chunk at 16k keys (`benchmarks/probe_varlen_paged.py`,

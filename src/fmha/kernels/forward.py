@@ -348,7 +348,7 @@ def attn_fwd_kernel(
         full_hi = tl.maximum(tl.minimum(full_hi, split_hi), 0)
         O += tl.program_id(2).to(tl.int64) * stride_o_split
         LSE += tl.program_id(2).to(tl.int64) * stride_l_split
-        # The partial slabs are (batch, seqlen_q) for packed queries too (the short sequences' launch; `combine`
+        # The partial slabs are (batch, seqlen_q) for packed queries too (varlen calls over a cache; `combine`
         # takes their rows to the packed output): a sequence's rows from its own start, not from CU_Q's.
         q_start = 0
     lo = (lo // BLOCK_N) * BLOCK_N
