@@ -40,17 +40,12 @@ def combine_kernel(O, LSE, O_PART, LSE_PART, SPLIT_OFFSETS, SINKS, CU_Q,
         first = 0
         n = num_splits
     if n != 1:
-        kv_head = rows // rows_per_k
-        r = rows % rows_per_k
-        q_pos = r // group
-        q_head = kv_head * group + r % group
-        q_start = 0
         if CU_Q is not None:
-            # Packed sequences: rows_per_k // group positions a slab row; a sequence longer than that is another
+            # Packed sequences: rows_per_k // group positions a slab; a sequence longer than that is another
             # launch's (`forward.attention_forward`'s short sequences) and has no parts here.
             q_start = tl.load(CU_Q + b)
             q_len = tl.load(CU_Q + b + 1) - q_start
-            row_ok = row_ok & (q_pos < q_len) & (q_len <= rows_per_k // group)
+            row_ok = row_ok & ((rows % rows_per_k) // group < q_len) & (q_len <= rows_per_k // group)
         offs_d = d0 + tl.arange(0, BLOCK_DV)
         o_mask = row_ok[:, None] & (offs_d < DV)[None, :]
         o_part = O_PART + b.to(tl.int64) * stride_pb + rows.to(tl.int64)[:, None] * stride_pr + offs_d[None, :]
@@ -78,12 +73,20 @@ def combine_kernel(O, LSE, O_PART, LSE_PART, SPLIT_OFFSETS, SINKS, CU_Q,
         empty = den == 0.0
         out = acc / tl.where(empty, 1.0, den)[:, None]
         lse = tl.where(empty, empty_lse, m_shift + tl.log(tl.where(empty, 1.0, den)))
+        kv_head = rows // rows_per_k
+        r = rows % rows_per_k
+        q_pos = r // group
+        q_head = kv_head * group + r % group
         if HAS_SINKS:
             out = out * sink_keep(lse, empty, tl.load(SINKS + q_head, mask=row_ok, other=0.0))[:, None]
-        o_row = O + b.to(tl.int64) * stride_ob + (q_start + q_pos).to(tl.int64) * stride_os + q_head * stride_oh
+        o_row = O + b.to(tl.int64) * stride_ob + q_pos * stride_os + q_head * stride_oh
+        if CU_Q is not None:      # the sequence's rows of the packed output
+            o_row += q_start.to(tl.int64) * stride_os
         tl.store(o_row[:, None] + offs_d[None, :], out.to(O.dtype.element_ty), mask=o_mask)
-        tl.store(lse_ptrs(LSE, b, q_head, q_start + q_pos, stride_lseb, stride_lseh, stride_lses, seq_tokens), lse,
-                 mask=row_ok & (d0 == 0))
+        lse_row = lse_ptrs(LSE, b, q_head, q_pos, stride_lseb, stride_lseh, stride_lses, seq_tokens)
+        if CU_Q is not None:
+            lse_row += q_start.to(tl.int64) * stride_lses
+        tl.store(lse_row, lse, mask=row_ok & (d0 == 0))
 
 
 # fp32 values of the parts' tile a program has in flight at once (BLOCK_S x BLOCK_R x BLOCK_DV); at most
