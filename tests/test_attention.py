@@ -207,26 +207,32 @@ def test_varlen_cache_short_sequences(target, kernel):
     the portable kernel with `short_rows` = n runs exactly the sequences of at most n query rows (GQA heads packed;
     its keys split as planned, or in 3 with their merge, `combine`'s packed rows), the Gluon kernel with
     `short_rows` = n (its MIN_ROWS) exactly the others. The ones a launch runs match the oracle; the others' output
-    and LSE rows stay NaN. And the portable kernel alone over every sequence, keys in 3 splits (`split`)."""
+    and LSE rows stay NaN. And the portable kernel alone over every sequence, keys in 3 splits (`split`). The split
+    forms with a window, ALiBi and sinks (the merge applies the sinks)."""
     device, dtype = target
     if kernel == "gluon":
         from fmha.kernels import forward_sm90
         from fmha.kernels.sm90 import capability, gluon_enabled
         if device == "cpu" or not gluon_enabled() or capability(torch.cuda.current_device()) != (9, 0):
             pytest.skip("the Gluon kernel runs on Hopper only")
-    q, k, v, cu_q, _, max_q, max_k, call, (ref, ref_lse) = _varlen_kv_inputs(target, "paged-seqused",
-                                                                             dict(causal=True))
+    options = dict(causal=True)
+    if kernel.endswith("split"):
+        g = torch.Generator().manual_seed(5)
+        options = dict(window=(20, 0), sinks=torch.randn(4, generator=g), alibi_slopes=torch.rand(4, generator=g))
+    q, k, v, cu_q, _, max_q, max_k, call, (ref, ref_lse) = _varlen_kv_inputs(target, "paged-seqused", options)
     lens = (cu_q[1:] - cu_q[:-1]).tolist()
     short = sorted(lens)[(len(lens) - 1) // 2]   # the middle length: sequences on both sides of it
     mine = [kernel == "split" or (n <= short) == (kernel != "gluon") for n in lens]
     assert any(mine) and (kernel == "split" or not all(mine))
+    call = {n: t.to(device) for n, t in call.items() if isinstance(t, torch.Tensor)}
     q, k, v, cu_q, seqlens, table = (t.to(device) for t in (q, k, v, cu_q, call["seqused_k"], call["block_table"]))
     out = torch.full_like(q, math.nan)
     lse = torch.full((q.shape[1], q.shape[0]), math.nan, device=device)
     if kernel != "gluon":
         attention_forward(q, k, v, out, lse, cu_seqlens_q=cu_q, cu_seqlens_k=None, max_seqlen_q=max_q,
-                          max_seqlen_k=max_k, softmax_scale=None, window=(-1, 0), softcap=0.0, alibi_slopes=None,
-                          sinks=None, cache_seqlens=seqlens, block_table=table, interpret=device == "cpu",
+                          max_seqlen_k=max_k, softmax_scale=None, window=options.get("window", (-1, 0)), softcap=0.0,
+                          alibi_slopes=call.get("alibi_slopes"), sinks=call.get("sinks"), cache_seqlens=seqlens,
+                          block_table=table, interpret=device == "cpu",
                           short_rows=0 if kernel == "split" else short, num_splits=1 if kernel == "portable" else 3)
     else:
         assert forward_sm90.attention_forward_sm90(q, k, v, out, lse, causal=True, softmax_scale=q.shape[-1] ** -0.5,
