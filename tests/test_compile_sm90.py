@@ -775,7 +775,7 @@ def test_gluon_plan_key():
 
 @pytest.mark.cpu
 @pytest.mark.parametrize("case", ["dense-causal", "packed-window-sinks", "packed-other-lengths", "paged",
-                                  "packed-paged"])
+                                  "packed-paged", "packed-paged-other-lengths"])
 def test_gluon_launch_plan_binds_each_call(case, monkeypatch):
     """A kept launch plan (`forward_sm90._PLANS`) gives a later call of its key that call's own tensors: the same
     arguments, field for field, as planning it afresh (`launch_args`), and not the first call's; packed sequences
@@ -811,7 +811,7 @@ def test_gluon_launch_plan_binds_each_call(case, monkeypatch):
             lse = torch.empty(hq, sum(lens_q))
             cu_q, cu_k = (torch.tensor([0, n[0], sum(n)], dtype=torch.int32) for n in (lens_q, lens_k))
             options.update(varlen=(cu_q, cu_k, max(lens_q), max(lens_k)))
-        if case in ("paged", "packed-paged"):
+        if case in ("paged", "packed-paged", "packed-paged-other-lengths"):
             k, v = (t.view(b * s // 40, 40, hk, d) for t in (k, v))       # 10 pages of 40 keys
             options.update(cache=(torch.full((b,), s, dtype=torch.int32),
                                   torch.randperm(b * s // 40, generator=g).view(b, -1).to(torch.int32), None))
@@ -819,6 +819,12 @@ def test_gluon_launch_plan_binds_each_call(case, monkeypatch):
             q, out = q.flatten(0, 1), out.flatten(0, 1)
             lse = torch.empty(hq, b * s)
             options.update(varlen=(torch.arange(0, (b + 1) * s, s, dtype=torch.int32), None, s, s))
+        if case == "packed-paged-other-lengths":    # the same, the second call of other token counts and longest
+            lens_q = (200, 150) if seed == 0 else (32, 128)      # lengths (the key count's bound: under capacity)
+            q, out = (t[:, :max(lens_q)].flatten(0, 1)[:sum(lens_q)] for t in (q, out))
+            lse = torch.empty(hq, sum(lens_q))
+            options.update(varlen=(torch.tensor([0, lens_q[0], sum(lens_q)], dtype=torch.int32), None, max(lens_q),
+                                   s - 8 * (seed + 1)), short_rows=4)
         assert F.attention_forward_sm90(q, k, v, out, lse, **options)
         return (q, k, v, out, lse), options
     call(0)

@@ -1265,11 +1265,11 @@ def attention_forward_sm90(q, k, v, out, lse, *, causal, softmax_scale, views=No
                           alibi_slopes, descales), short_rows)
     plan = _PLANS.get(key) if automatic else None
     if plan is None:
-        if automatic and varlen is not None and cache is None:    # packed: a plan of other lengths, made this call's
-            shared = _plan_key(q, k, v, out, lse, causal, softmax_scale, varlen, window, sinks, softcap, cache,
-                               alibi_slopes, descales, lengths=False)
+        if automatic and varlen is not None:      # packed: a plan of other lengths, made this call's
+            shared = (*_plan_key(q, k, v, out, lse, causal, softmax_scale, varlen, window, sinks, softcap, cache,
+                                 alibi_slopes, descales, lengths=False), short_rows)
             plan = _PLANS.get(shared)
-            plan = plan and plan.with_lengths(q, k, v, lse, varlen)        # None, False (refused) or a plan
+            plan = plan and plan.with_lengths(q, k, v, lse, varlen, cache)     # None, False (refused) or a plan
         if plan is None:
             options = dict(causal=causal, softmax_scale=softmax_scale, varlen=varlen, window=window, sinks=sinks,
                            softcap=softcap, cache=cache, alibi_slopes=alibi_slopes, descales=descales,
@@ -1414,11 +1414,11 @@ def transposed_v(v, packed=None):
 
 def launch_args(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None, tiles=None, varlen=None,
                 window=None, sinks=None, softcap=0.0, cache=None, alibi_slopes=None, pack=None, descales=None,
-                transpose=None):
+                transpose=None, short_rows=0):
     """(grid, arguments, meta-parameters) of one launch; `benchmarks/profile_host.py` times the launch alone."""
     plan = _plan(q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale, views=views, pingpong=pingpong,
                  tiles=tiles, varlen=varlen, window=window, sinks=sinks, softcap=softcap, cache=cache,
-                 alibi_slopes=alibi_slopes, pack=pack, descales=descales, transpose=transpose)
+                 alibi_slopes=alibi_slopes, pack=pack, descales=descales, transpose=transpose, short_rows=short_rows)
     return plan.grid, plan.bind(q, k, v, out, lse, varlen, window, sinks, cache, alibi_slopes, descales), plan.meta
 
 
@@ -1442,12 +1442,17 @@ class _Plan:
         self.counter, self.fp8, self.scalars, self.packed = counter, fp8, scalars, packed
         self.fixed = fixed or fixed_classes(scalars, meta)      # `bind` ends with the scalars
 
-    def with_lengths(self, q, k, v, lse, varlen):
+    def with_lengths(self, q, k, v, lse, varlen, cache=None):
         """The plan of a packed call whose key without lengths (`_plan_key`) is this plan's: TMA views over its
         tokens, its grid, and the scalars that follow its lengths."""
         _, _, seqlen_q, seqlen_k = varlen
         items, rows, programs, key_bytes, heads = self.packed
-        q, k, v = q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0)
+        table = cache[1] if cache else None
+        q = q.unsqueeze(0)
+        if table is None:
+            k, v = k.unsqueeze(0), v.unsqueeze(0)
+        else:                     # a paged cache keeps its shape; seqlen_k is its capacity (`_plan`)
+            seqlen_k = table.shape[1] * k.shape[1]
         bq, bk, bv, bo = self.boxes
         padded = len(bq[1]) == 4                    # a padded call's boxes are 4-D (`_view`)
         boxes = ((_view(q, padded), *bq[1:]), (_view(k, padded), *bk[1:]),
