@@ -13,6 +13,7 @@ import torch
 import fmha
 import fmha.mla as flash_mla
 from fmha._kv_fp8 import LAYOUTS
+from fmha.bench import paged_copy
 from fmha.reference import attention_ref, attention_varlen_ref, mla_decode_ref, mla_sparse_decode_ref
 from test_kvcache import _cache, _oracle
 from test_mla import D_QK, D_V, _check, _dequantized, _paged_cache, _sparse_source, _union_of_sources
@@ -150,6 +151,34 @@ def test_fuzz_attention_varlen(target, seed):
     k = poisoned((sum(lens_k), hk, d), sum(lens_k), dtype, device, dim=0)
     v = poisoned((sum(lens_k), hk, dv), sum(lens_k), dtype, device, dim=0)
     got, lse = fmha.attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), return_lse=True, **opts)
+    assert_matches(got, lse, attention_varlen_ref(q, k, v, cu_q, cu_k, **opts), dtype)
+
+
+@pytest.mark.parametrize("target,seed", _seeds(GPU_CASES // 2, CPU_CASES))
+def test_fuzz_attention_varlen_paged(target, seed):
+    """Packed queries over a paged cache (FlashAttention's `block_table` varlen call: vLLM's mixed batches), each
+    sequence's key count from `seqused_k` or `cu_seqlens_k`, pages shuffled, NaN past every count and in the pages
+    no sequence uses. On Hopper a batch with 64 query rows or more takes the Gluon kernel for its longer sequences
+    and the portable one, keys split as planned, for its decodes."""
+    device, dtype = target
+    r = random.Random(2700 + seed)
+    (lens_q, lens_k, hq, hk, d, dv), (cu_q, cu_k), opts = _varlen_case(r, device)
+    page = r.choice([16, 64, 256] if device == "cuda" else [16, 32])
+    by_cu = r.random() < 0.3
+    _show(page=page, key_counts="cu_seqlens_k" if by_cu else "seqused_k")
+    torch.manual_seed(seed)
+    b, cap = len(lens_q), max(max(lens_k), 1)
+    q = poisoned((sum(lens_q), hq, d), sum(lens_q), dtype, device, dim=0)
+    k, v = (torch.randn(sum(lens_k), hk, n, device=device).to(dtype) for n in (d, dv))
+    logical = [torch.full((b, cap, hk, n), math.nan, device=device, dtype=dtype) for n in (d, dv)]
+    for i, n in enumerate(lens_k):
+        logical[0][i, :n], logical[1][i, :n] = k[cu_k[i]:cu_k[i + 1]], v[cu_k[i]:cu_k[i + 1]]
+    k_cache, v_cache, table = paged_copy(page, *logical)
+    spare = [torch.full((3, *t.shape[1:]), math.nan, device=device, dtype=dtype) for t in (k_cache, v_cache)]
+    k_cache, v_cache = torch.cat([k_cache, spare[0]]), torch.cat([v_cache, spare[1]])      # pages no one uses
+    counts = dict(cu_seqlens_k=cu_k) if by_cu else dict(cu_seqlens_k=None, seqused_k=cu_k[1:] - cu_k[:-1])
+    got, lse = fmha.attention_varlen(q, k_cache, v_cache, cu_q, max_seqlen_q=max(lens_q), max_seqlen_k=cap,
+                                     block_table=table, return_lse=True, **counts, **opts)
     assert_matches(got, lse, attention_varlen_ref(q, k, v, cu_q, cu_k, **opts), dtype)
 
 
