@@ -5,10 +5,9 @@ import pytest
 import torch
 
 import fmha
-from fmha.bench import paged_copy
 from fmha.kernels.forward import attention_forward
 from fmha.reference import attention_ref, attention_varlen_ref
-from utils import TARGETS, assert_close, assert_lse_close, assert_matches, poisoned
+from utils import TARGETS, assert_close, assert_lse_close, assert_matches, paged_packed, poisoned
 
 # (batch, seqlen_q, seqlen_k, heads_q, heads_k, head_dim_qk, head_dim_v): small for the interpreter.
 CPU_SHAPES = [
@@ -168,11 +167,8 @@ def _varlen_kv_inputs(target, form, mask):
                 v_used[cu_used[i]:cu_used[i + 1]]
         cu_arg = cu_k
     else:
-        cap = -(-max(used) // 16) * 16
-        logical = [torch.full((b, cap, hk, d), math.nan).to(kv_dtype) for _ in range(2)]
-        for i, n in enumerate(used):
-            logical[0][i, :n], logical[1][i, :n] = k_used[cu_used[i]:cu_used[i + 1]], v_used[cu_used[i]:cu_used[i + 1]]
-        k, v, table = paged_copy(16, *logical, perm=torch.randperm(b * cap // 16, generator=g))
+        pages = -(-max(used) // 16)
+        k, v, table = paged_packed(16, k_used, v_used, cu_used, perm=torch.randperm(b * pages, generator=g))
         call["block_table"] = table
         cu_arg = None
         if form == "paged-cu":

@@ -13,11 +13,10 @@ import torch
 import fmha
 import fmha.mla as flash_mla
 from fmha._kv_fp8 import LAYOUTS
-from fmha.bench import paged_copy
 from fmha.reference import attention_ref, attention_varlen_ref, mla_decode_ref, mla_sparse_decode_ref
 from test_kvcache import _cache, _oracle
 from test_mla import D_QK, D_V, _check, _dequantized, _paged_cache, _sparse_source, _union_of_sources
-from utils import TARGETS, assert_matches, assert_matches_fp8_p, poisoned
+from utils import TARGETS, assert_matches, assert_matches_fp8_p, paged_packed, poisoned
 
 # Seeds per test and target: the GPU runs real sizes, the interpreter a few small cases. For a longer hunt,
 # FMHA_FUZZ_GPU_CASES / FMHA_FUZZ_CPU_CASES raise the counts and FMHA_FUZZ_FIRST_SEED starts past the seeds
@@ -167,13 +166,10 @@ def test_fuzz_attention_varlen_paged(target, seed):
     by_cu = r.random() < 0.3
     _show(page=page, key_counts="cu_seqlens_k" if by_cu else "seqused_k")
     torch.manual_seed(seed)
-    b, cap = len(lens_q), max(max(lens_k), 1)
+    cap = max(max(lens_k), 1)
     q = poisoned((sum(lens_q), hq, d), sum(lens_q), dtype, device, dim=0)
     k, v = (torch.randn(sum(lens_k), hk, n, device=device).to(dtype) for n in (d, dv))
-    logical = [torch.full((b, cap, hk, n), math.nan, device=device, dtype=dtype) for n in (d, dv)]
-    for i, n in enumerate(lens_k):
-        logical[0][i, :n], logical[1][i, :n] = k[cu_k[i]:cu_k[i + 1]], v[cu_k[i]:cu_k[i + 1]]
-    k_cache, v_cache, table = paged_copy(page, *logical)
+    k_cache, v_cache, table = paged_packed(page, k, v, cu_k)
     spare = [torch.full((3, *t.shape[1:]), math.nan, device=device, dtype=dtype) for t in (k_cache, v_cache)]
     k_cache, v_cache = torch.cat([k_cache, spare[0]]), torch.cat([v_cache, spare[1]])      # pages no one uses
     counts = dict(cu_seqlens_k=cu_k) if by_cu else dict(cu_seqlens_k=None, seqused_k=cu_k[1:] - cu_k[:-1])

@@ -42,6 +42,20 @@ def poison(t):
         t.fill_(float("nan"))
 
 
+def paged_packed(page_size, k, v, cu_seqlens, perm=None):
+    """Packed keys and values `(total, heads_k, d)` of the sequences `cu_seqlens` (int32, `(batch + 1,)`) as
+    paged caches, pages shuffled (`bench.paged_copy`, `perm` as there): `(k_cache, v_cache, block_table)`, each
+    sequence's pages padded with NaN past its keys (pages for at least one key)."""
+    from fmha.bench import paged_copy
+    lens = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
+    logical = [torch.full((len(lens), max(max(lens), 1), *t.shape[1:]), float("nan"), device=t.device).to(t.dtype)
+               for t in (k, v)]
+    for i, n in enumerate(lens):
+        for whole, t in zip(logical, (k, v)):
+            whole[i, :n] = t[cu_seqlens[i]:cu_seqlens[i + 1]]
+    return paged_copy(page_size, *logical, perm=perm)
+
+
 def far_pages(table, *caches, past=2 ** 31):
     """Paged `caches` (same shape and dtype, sharing `table`) moved into one buffer at offsets past `past` elements:
     returns views of it, one a cache, whose pages `shift + j` hold page j of the original, the shifted table, and

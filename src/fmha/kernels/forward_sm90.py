@@ -169,7 +169,7 @@ def _work_item(t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, CU_
     if VARLEN:
         row_q = gl.load(CU_Q + b)
         row_k = 0
-        if CU_K is not None:      # packed keys
+        if CU_K is not None:      # packed keys (read around q's count: the order of the loads before caches)
             row_k = gl.load(CU_K + b)
         sq = gl.load(CU_Q + b + 1) - row_q
         if CU_K is not None:
@@ -1261,13 +1261,13 @@ def attention_forward_sm90(q, k, v, out, lse, *, causal, softmax_scale, views=No
     automatic = views is None and pingpong is None and tiles is None and pack is None and transpose is None
     key = shared = None
     if automatic:
-        key = (*_plan_key(q, k, v, out, lse, causal, softmax_scale, varlen, window, sinks, softcap, cache,
-                          alibi_slopes, descales), short_rows)
+        key = _plan_key(q, k, v, out, lse, causal, softmax_scale, varlen, window, sinks, softcap, cache,
+                        alibi_slopes, descales, short_rows)
     plan = _PLANS.get(key) if automatic else None
     if plan is None:
         if automatic and varlen is not None:      # packed: a plan of other lengths, made this call's
-            shared = (*_plan_key(q, k, v, out, lse, causal, softmax_scale, varlen, window, sinks, softcap, cache,
-                                 alibi_slopes, descales, lengths=False), short_rows)
+            shared = _plan_key(q, k, v, out, lse, causal, softmax_scale, varlen, window, sinks, softcap, cache,
+                               alibi_slopes, descales, short_rows, lengths=False)
             plan = _PLANS.get(shared)
             plan = plan and plan.with_lengths(q, k, v, lse, varlen, cache)     # None, False (refused) or a plan
         if plan is None:
@@ -1275,10 +1275,7 @@ def attention_forward_sm90(q, k, v, out, lse, *, causal, softmax_scale, views=No
                            softcap=softcap, cache=cache, alibi_slopes=alibi_slopes, descales=descales,
                            short_rows=short_rows)
             if views is None:
-                packed = varlen is not None
-                views = supported(q.unsqueeze(0) if packed else q,
-                                  *((k, v) if not packed or (cache and cache[1] is not None) else
-                                    (k.unsqueeze(0), v.unsqueeze(0))))
+                views = supported(*_as_batch(q, k, v, varlen, cache))
             plan = views is not None and _plan(q, k, v, out, lse, views=views, pingpong=pingpong, tiles=tiles,
                                                pack=pack, transpose=transpose, **options)
             if shared is not None:
@@ -1293,10 +1290,10 @@ def attention_forward_sm90(q, k, v, out, lse, *, causal, softmax_scale, views=No
 
 
 def _plan_key(q, k, v, out, lse, causal, softmax_scale, varlen, window, sinks, softcap, cache, alibi_slopes,
-              descales, lengths=True):
+              descales, short_rows=0, lengths=True):
     """All that `supported` and `_plan` read of a call: its tensors' shapes, strides, dtypes, device and 16-byte
     alignment (the data's addresses are `_Plan.bind`'s), which optional tensors it has (a block table's shape and
-    strides), and its scalar options. Packed sequences with `lengths` False: not their token counts nor their
+    strides), and its scalar options (`short_rows` among them). Packed sequences with `lengths` False: not their token counts nor their
     longest lengths, which change from batch to batch of a server, but what `_plan` decides from them (whether
     any keys are there, whether the output's offsets need 64 bits, which row bounds of the tile and ping-pong
     choices the longest query length reaches): the key of a plan that `_Plan.with_lengths` makes a call's from."""
@@ -1315,7 +1312,17 @@ def _plan_key(q, k, v, out, lse, causal, softmax_scale, varlen, window, sinks, s
             causal, softmax_scale, softcap, None if isinstance(left, torch.Tensor) else left, right,
             sinks is None, alibi_slopes is None, seqlens is None, table is None or (table.shape, table.stride()),
             starts is None,
-            descales is None or tuple(t is None for t in descales))
+            descales is None or tuple(t is None for t in descales), short_rows)
+
+
+def _as_batch(q, k, v, varlen, cache):
+    """q, k and v as the kernel's TMA views see them: packed sequences as one batch of all their tokens (q, and
+    k / v unless they are a paged cache, which keeps its own shape)."""
+    if varlen is None:
+        return q, k, v
+    if cache is None or cache[1] is None:
+        return q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0)
+    return q.unsqueeze(0), k, v
 
 
 def choose_tiles(d, causal, seqlen_q, left=-1, softcap=0.0, paged=False, dv=None):
@@ -1447,12 +1454,9 @@ class _Plan:
         tokens, its grid, and the scalars that follow its lengths."""
         _, _, seqlen_q, seqlen_k = varlen
         items, rows, programs, key_bytes, heads = self.packed
-        table = cache[1] if cache else None
-        q = q.unsqueeze(0)
-        if table is None:
-            k, v = k.unsqueeze(0), v.unsqueeze(0)
-        else:                     # a paged cache keeps its shape; seqlen_k is its capacity (`_plan`)
-            seqlen_k = table.shape[1] * k.shape[1]
+        q, k, v = _as_batch(q, k, v, varlen, cache)
+        if cache and cache[1] is not None:        # a paged cache: seqlen_k is its capacity (`_plan`)
+            seqlen_k = cache[1].shape[1] * k.shape[1]
         bq, bk, bv, bo = self.boxes
         padded = len(bq[1]) == 4                    # a padded call's boxes are 4-D (`_view`)
         boxes = ((_view(q, padded), *bq[1:]), (_view(k, padded), *bk[1:]),
@@ -1469,11 +1473,9 @@ class _Plan:
         schedule's counter, the scalars."""
         cu_q = cu_k = lefts = None
         seqlens, table, starts = cache or (None, None, None)
+        q, k, v = _as_batch(q, k, v, varlen, cache)
         if varlen is not None:
             cu_q, cu_k = varlen[:2]
-            q = q.unsqueeze(0)
-            if table is None:
-                k, v = k.unsqueeze(0), v.unsqueeze(0)
         if window is not None and isinstance(window[0], torch.Tensor):
             lefts = window[0]
         if starts is not None:             # a cache's first key rows take packed sequences' place (`_work_item`)
@@ -1527,10 +1529,8 @@ def _plan(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None
     else:                         # one packed batch for TMA; each sequence's rows from cu_seqlens (`_work_item`)
         cu_q, _, seqlen_q, seqlen_k = varlen
         batch = cu_q.shape[0] - 1
-        q = q.unsqueeze(0)
-        if table is None:         # packed keys (a paged cache beside packed queries keeps its own shape)
-            k, v = k.unsqueeze(0), v.unsqueeze(0)
-        else:
+        q, k, v = _as_batch(q, k, v, varlen, cache)
+        if table is not None:     # a paged cache beside packed queries: its capacity
             seqlen_k = table.shape[1] * k.shape[1]
         o_strides, lse_strides = (0, *out.stride()[:2]), (0, *lse.stride())
     heads_q, d = q.shape[2:]
