@@ -1,15 +1,17 @@
 """`attention_varlen(..., block_table=, seqused_k=)` (packed queries over a paged cache: vLLM's FlashAttention call
-for a batch that mixes prefill chunks and decodes) against the same work as two `attention_with_kvcache` calls
-(the decodes, then the chunks, each batch on its own path: split decode tiles, the Gluon chunk kernel), in one
-process on the same cache.
+for a batch that mixes prefill chunks and decodes) against the same work as one `attention_with_kvcache` call per
+group of equal-length sequences (decodes, speculative decodes, chunks: each batch on its own path), in one process
+on the same cache.
 
-    PYTHONPATH=src python3 benchmarks/probe_varlen_paged.py [--out varlen_paged.json]
+    PYTHONPATH=src python3 benchmarks/probe_varlen_paged.py [--out varlen_paged.json] [--short 32 64] [--parts] [--rows 2 3]
 
-Rows: `decodes` sequences of one query and `chunks` of `chunk` queries (causal), every sequence with `context`
-keys in 16-key pages (shuffled), 32 / 8 heads, d = 128, bf16. TFLOP/s over the pairs the causal mask lets
-through, CUDA-graph replays; outputs compared first (`probe_row`). Besides the call as routed (`ours`), the same call
-held on the portable kernel (`portable`), and held there with each KV head's query heads packed in one tile
-whatever `max_seqlen_q` (`portable_packed`: a decode sequence's heads share a program).
+Rows: groups of (count, query rows) sequences (causal), every sequence with `context` keys in 16-key pages
+(shuffled), 32 / 8 heads, d = 128, bf16. TFLOP/s over the pairs the causal mask lets through, CUDA-graph replays;
+outputs compared first (`probe_row`). Besides the call as routed (`ours`) and the calls per group (`calls`): the
+same call held on the portable kernel (`portable`); with `forward.SHORT_TILE_ROWS` at each `--short` value
+(`shortN`: sequences of up to N / group query rows left to the portable kernel's second launch); with `--parts`,
+each launch alone (`gluon_part`, `short_part`: the TFLOP/s of the whole row's pairs over that launch's time, so a
+part's share of the call is ours / part) and each group's call alone (`call_R`, R its rows a sequence).
 """
 import contextlib
 import argparse
@@ -22,63 +24,100 @@ from fmha.bench import attention_flops, bench_gpu_graph, paged_copy, probe_row, 
 
 
 @contextlib.contextmanager
-def held(pack):
-    """The portable kernel for calls inside (Gluon off), with GQA packing forced on when `pack`."""
-    saved = forward.gluon_enabled, forward._pack_gqa
-    forward.gluon_enabled = lambda: False
-    if pack:
-        forward._pack_gqa = lambda group, seqlen_q, block_m: group > 1
+def held(portable=False, short_tile_rows=None):
+    """Calls inside on the portable kernel (Gluon off) when `portable`; with `forward.SHORT_TILE_ROWS` (the query
+    rows of a GQA group's tile below which a sequence leaves the Gluon kernel) set to `short_tile_rows` if given."""
+    saved = forward.gluon_enabled, forward.SHORT_TILE_ROWS
+    if portable:
+        forward.gluon_enabled = lambda: False
+    forward.SHORT_TILE_ROWS = short_tile_rows or saved[1]
     try:
         yield
     finally:
-        forward.gluon_enabled, forward._pack_gqa = saved
+        forward.gluon_enabled, forward.SHORT_TILE_ROWS = saved
+
+
+# (groups of (sequences, query rows), keys a sequence): decodes, chunks, mixed, speculative decodes (4 to 16 rows: a
+# call of them alone is under GLUON_CACHE_MIN_ROWS, all on the portable kernel), and those beside a chunk
+CASES = [(((64, 1),), 4096), (((4, 1),), 131072), (((32, 1), (2, 512)), 4096), (((4, 512),), 4096),
+         (((8, 1), (1, 2048)), 16384), (((32, 4),), 4096), (((32, 8),), 4096), (((32, 8), (1, 512)), 4096),
+         (((32, 16), (1, 512)), 4096), (((32, 32), (1, 512)), 4096)]
 
 
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=None)
+    p.add_argument("--short", type=int, nargs="*", default=[32, 64])
+    p.add_argument("--parts", action="store_true")
+    p.add_argument("--rows", type=int, nargs="*", default=None, help="indices of the rows to run (all by default)")
     a = p.parse_args()
     rows = []
     hq, hk, d, page = 32, 8, 128, 16
-    for decodes, chunks, chunk, context in [(64, 0, 0, 4096), (4, 0, 0, 131072), (32, 2, 512, 4096),
-                                            (0, 4, 512, 4096), (8, 1, 2048, 16384)]:
-        b = decodes + chunks
+    for index, (groups, context) in enumerate(CASES):
+        if a.rows is not None and index not in a.rows:
+            continue
+        lens_q = [n for count, n in groups for _ in range(count)]
+        b = len(lens_q)
         g = torch.Generator().manual_seed(b)
         k, v = (torch.randn(b, context, hk, d, generator=g).to(torch.bfloat16).cuda() for _ in range(2))
         k_cache, v_cache, table = paged_copy(page, k, v)
-        lens_q = [1] * decodes + [chunk] * chunks
         cu_q = torch.tensor([0] + list(torch.tensor(lens_q).cumsum(0)), dtype=torch.int32, device="cuda")
         used = torch.full((b,), context, dtype=torch.int32, device="cuda")
         q = torch.randn(int(cu_q[-1]), hq, d, generator=g).to(torch.bfloat16).cuda()
-        q_dec = q[:decodes].view(decodes, 1, hq, d)
-        q_chunk = q[decodes:].view(chunks, chunk, hq, d)
+        first = [sum(c for c, _ in groups[:i]) for i in range(len(groups))]
 
         def ours():
             return fmha.attention_varlen(q, k_cache, v_cache, cu_q, None, max(lens_q), context, causal=True,
                                          seqused_k=used, block_table=table)
 
-        def portable(pack=False):
-            with held(pack):
-                return ours()
+        def held_call(**how):
+            def call():
+                with held(**how):
+                    return ours()
+            return call
 
-        def two_calls():
-            parts = []
-            if decodes:
-                parts.append(fmha.attention_with_kvcache(q_dec, k_cache, v_cache, used[:decodes],
-                                                         block_table=table[:decodes], causal=True).flatten(0, 1))
-            if chunks:
-                parts.append(fmha.attention_with_kvcache(q_chunk, k_cache, v_cache, used[decodes:],
-                                                         block_table=table[decodes:], causal=True).flatten(0, 1))
-            return torch.cat(parts)
-        flops = (attention_flops(decodes, 1, context, hq, d, d, causal=True) +
-                 attention_flops(chunks, chunk, context, hq, d, d, causal=True))
-        row = dict(decodes=decodes, chunks=chunks, chunk=chunk, context=context, page=page)
-        impls = {"ours": ours, "portable": portable, "portable_packed": lambda: portable(True),
-                 "two_calls": two_calls}
-        probe_row(rows, row, impls, flops, compare=["two_calls", "portable", "portable_packed"],
-                  timer=bench_gpu_graph)
+        def group_call(i):
+            (count, n), s0 = groups[i], first[i]
+            rows = slice(int(cu_q[s0]), int(cu_q[s0 + count]))
+            return fmha.attention_with_kvcache(q[rows].view(count, n, hq, d), k_cache, v_cache, used[s0:s0 + count],
+                                               block_table=table[s0:s0 + count], causal=True).flatten(0, 1)
+
+        def calls():
+            return torch.cat([group_call(i) for i in range(len(groups))])
+        flops = sum(attention_flops(count, n, context, hq, d, d, causal=True) for count, n in groups)
+        row = dict(groups=" ".join(f"{c}x{n}" for c, n in groups), context=context, page=page)
+        impls = {"ours": ours, "calls": calls, "portable": held_call(portable=True)}
+        impls.update({f"short{n}": held_call(short_tile_rows=n) for n in a.short})
+        compare = list(impls)[1:]
+        if a.parts:
+            impls.update(parts(q, k_cache, v_cache, cu_q, max(lens_q), context, used, table))
+            impls.update({f"call_{n}": (lambda i=i: group_call(i)) for i, (_, n) in enumerate(groups)})
+        probe_row(rows, row, impls, flops, compare=compare, timer=bench_gpu_graph)
     if a.out:
         save_sweep(a.out, rows)
+
+
+def parts(q, k_cache, v_cache, cu_q, max_q, context, used, table):
+    """The routed call's two launches, each alone (the kernels' own entry points, into buffers of their own)."""
+    from fmha.kernels import forward_sm90
+    out = torch.empty_like(q)
+    lse = torch.empty(q.shape[1], q.shape[0], device=q.device)
+    short = forward._short_rows(q.shape[1] // k_cache.shape[2])
+
+    def gluon_part():
+        assert forward_sm90.attention_forward_sm90(q, k_cache, v_cache, out, lse, causal=True,
+                                                   softmax_scale=q.shape[-1] ** -0.5,
+                                                   varlen=(cu_q, None, max_q, context),
+                                                   cache=(used, table, None), short_rows=short)
+        return out
+
+    def short_part():
+        forward.attention_forward(q, k_cache, v_cache, out, lse, cu_seqlens_q=cu_q, cu_seqlens_k=None,
+                                  max_seqlen_q=max_q, max_seqlen_k=context, softmax_scale=None, window=(-1, 0),
+                                  softcap=0.0, alibi_slopes=None, sinks=None, cache_seqlens=used, block_table=table,
+                                  num_splits=0, short_rows=short)
+        return out
+    return {"gluon_part": gluon_part, "short_part": short_part}
 
 
 if __name__ == "__main__":
