@@ -61,10 +61,11 @@ def main():
         g = torch.Generator().manual_seed(b)
         k, v = (torch.randn(b, context, hk, d, generator=g).to(torch.bfloat16).cuda() for _ in range(2))
         k_cache, v_cache, table = paged_copy(page, k, v)
-        cu_q = torch.tensor([0] + list(torch.tensor(lens_q).cumsum(0)), dtype=torch.int32, device="cuda")
         used = torch.full((b,), context, dtype=torch.int32, device="cuda")
-        q = torch.randn(int(cu_q[-1]), hq, d, generator=g).to(torch.bfloat16).cuda()
-        first = [sum(c for c, _ in groups[:i]) for i in range(len(groups))]
+        first = [sum(c for c, _ in groups[:i]) for i in range(len(groups))]       # a group's first sequence
+        starts = [0] + torch.tensor(lens_q).cumsum(0).tolist()                  # a sequence's first row (host)
+        cu_q = torch.tensor(starts, dtype=torch.int32, device="cuda")
+        q = torch.randn(starts[-1], hq, d, generator=g).to(torch.bfloat16).cuda()
 
         def ours():
             return fmha.attention_varlen(q, k_cache, v_cache, cu_q, None, max(lens_q), context, causal=True,
@@ -78,7 +79,7 @@ def main():
 
         def group_call(i):
             (count, n), s0 = groups[i], first[i]
-            rows = slice(int(cu_q[s0]), int(cu_q[s0 + count]))
+            rows = slice(starts[s0], starts[s0 + count])
             return fmha.attention_with_kvcache(q[rows].view(count, n, hq, d), k_cache, v_cache, used[s0:s0 + count],
                                                block_table=table[s0:s0 + count], causal=True).flatten(0, 1)
 
