@@ -230,6 +230,7 @@ def _release_counter(COUNTER):
         gl.atomic_xchg(COUNTER + 1, 0)
 
 
+LOOKAHEAD = gl.constexpr(32)     # left-out packed sequences `_past_empty` reads at once (a lane each)
 ITEM_WORDS = 16                   # an item slot in shared memory: its index and `_work_item`'s twelve fields
 ITEM_WORDS_ = gl.constexpr(ITEM_WORDS)
 
@@ -438,6 +439,34 @@ def _skipped(item, MIN_ROWS: gl.constexpr):
 
 
 @gluon.jit
+def _past_empty(COUNTER, t, item, CU_Q, n_m, n_bh, head_chunk, heads_q, CAUSAL: gl.constexpr, WGS: gl.constexpr,
+                HEADS: gl.constexpr, MIN_ROWS: gl.constexpr):
+    """Item t of a packed sequence is empty (`_skipped`): move the counter past the run of empty items it is in, so
+    that the next item taken (`_next_item`) is the first after the run. A sequence left out (at most MIN_ROWS query
+    rows, or none): its items and those of the left-out sequences after it, up to LOOKAHEAD of them read at once
+    (a lane each). A sequence with rows: its row blocks past its end, in its causal chunk (the longest blocks come
+    first there) or its head (unmasked: a head's blocks in order). Each sequence's items are one run of t, since a
+    packed call's causal chunks never span two sequences (`_chunk`). Taken one at a time (an atomic and the
+    sequence's lengths each), a mixed batch's empty items (every query head's of each decode; past the end of each
+    short sequence's heads) held every program for more than a tenth of the call."""
+    ITEM_ROWS: gl.constexpr = ROWS if HEADS > 1 else WGS * ROWS
+    heads = heads_q // HEADS      # items' heads a sequence
+    if item[6] <= MIN_ROWS:
+        layout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+        b = item[0] + 1 + gl.arange(0, LOOKAHEAD, layout=layout)
+        there = b < n_bh // heads
+        rows = gl.load(CU_Q + b + 1, mask=there, other=0) - gl.load(CU_Q + b, mask=there, other=0)
+        end = gl.min(gl.where(rows > MIN_ROWS, b, item[0] + 1 + LOOKAHEAD), axis=0) * heads * n_m
+    elif CAUSAL:
+        chunk = t // (head_chunk * n_m)
+        width = gl.minimum(head_chunk, n_bh - chunk * head_chunk)
+        end = chunk * head_chunk * n_m + (n_m - gl.cdiv(item[6], ITEM_ROWS)) * width
+    else:
+        end = (t // n_m + 1) * n_m
+    gl.atomic_max(COUNTER, end - gl.num_programs(0))
+
+
+@gluon.jit
 def _first_with_rows(t, args, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, WGS: gl.constexpr, WINDOW: gl.constexpr,
                      HEADS: gl.constexpr, MIN_ROWS: gl.constexpr):
     """Packed sequences: (the first item from t on whose rows start inside their sequence, its `_work_item`). The
@@ -451,6 +480,7 @@ def _first_with_rows(t, args, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, WGS: 
     item = _work_item(gl.minimum(t, n_m * n_bh - 1), n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, CU_Q,
                       CU_K, SEQLENS, left, LEFTS, right, BLOCK_N, CAUSAL, WGS, True, WINDOW, HEADS)
     while (t < n_m * n_bh) & _skipped(item, MIN_ROWS):
+        _past_empty(COUNTER, t, item, CU_Q, n_m, n_bh, head_chunk, heads_q, CAUSAL, WGS, HEADS, MIN_ROWS)
         t = _next_item(COUNTER, t, True)
         item = _work_item(gl.minimum(t, n_m * n_bh - 1), n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k,
                           CU_Q, CU_K, SEQLENS, left, LEFTS, right, BLOCK_N, CAUSAL, WGS, True, WINDOW, HEADS)
@@ -1440,8 +1470,8 @@ class _Plan:
     its options (`_plan`): the grid, the meta-parameters, the TMA boxes of q, k, v and the output, and the scalar
     arguments. `bind` makes the arguments of one call from its tensors. Packed sequences' plans also keep
     `packed` = (items a row block, rows an item, programs at most, the causal chunk's bytes a key, query heads an
-    item's chunk counts), from which `with_lengths` makes the plan of a call of other token counts and longest
-    lengths."""
+    item's chunk counts, KV heads), from which `with_lengths` makes the plan of a call of other token counts and
+    longest lengths."""
     __slots__ = ("grid", "meta", "boxes", "copy_v", "counter", "fp8", "scalars", "fixed", "packed")
 
     def __init__(self, grid, meta, boxes, copy_v, counter, fp8, scalars, packed, fixed=None):
@@ -1453,7 +1483,7 @@ class _Plan:
         """The plan of a packed call whose key without lengths (`_plan_key`) is this plan's: TMA views over its
         tokens, its grid, and the scalars that follow its lengths."""
         _, _, seqlen_q, seqlen_k = varlen
-        items, rows, programs, key_bytes, heads = self.packed
+        items, rows, programs, key_bytes, heads, heads_k = self.packed
         q, k, v = _as_batch(q, k, v, varlen, cache)
         if cache and cache[1] is not None:        # a paged cache: seqlen_k is its capacity (`_plan`)
             seqlen_k = cache[1].shape[1] * k.shape[1]
@@ -1461,7 +1491,7 @@ class _Plan:
         padded = len(bq[1]) == 4                    # a padded call's boxes are 4-D (`_view`)
         boxes = ((_view(q, padded), *bq[1:]), (_view(k, padded), *bk[1:]),
                  bv if self.copy_v else (_view(v, padded), *bv[1:]), bo)
-        moved = (seqlen_q, seqlen_k, _chunk(key_bytes, heads, seqlen_k), lse.stride(0))
+        moved = (seqlen_q, seqlen_k, _chunk(key_bytes, heads, seqlen_k, heads_k), lse.stride(0))
         classes, meta_items = self.fixed
         return _Plan((min(items * cdiv(seqlen_q, rows), programs),), self.meta, boxes, self.copy_v, self.counter,
                      self.fp8, _with_moved(self.scalars, moved), self.packed,
@@ -1502,12 +1532,17 @@ def _with_moved(values, moved):
             *values[STRIDE_LH + 1:])
 
 
-def _chunk(key_bytes, heads, seqlen_k):
+def _chunk(key_bytes, heads, seqlen_k, heads_k=None):
     """Query heads (items' heads, `heads` a KV head) whose causal work items share one K/V in L2 at a time: as many
-    KV heads as fit in L2_BUDGET at `key_bytes` a key; 1 without a causal mask (`key_bytes` 0)."""
+    KV heads as fit in L2_BUDGET at `key_bytes` a key; 1 without a causal mask (`key_bytes` 0). Packed sequences
+    (`heads_k` given): a divisor of heads_k KV heads, so that a chunk never spans two sequences and each sequence's
+    items are one run of the work order (`_past_empty` skips a left-out sequence's whole run)."""
     if not key_bytes:
         return 1
-    return max(1, L2_BUDGET // (max(seqlen_k, 1) * key_bytes)) * heads
+    kv = max(1, L2_BUDGET // (max(seqlen_k, 1) * key_bytes))
+    if heads_k is not None:
+        kv = max(n for n in range(1, min(kv, heads_k) + 1) if heads_k % n == 0)
+    return kv * heads
 
 
 def _plan(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None, tiles=None, varlen=None,
@@ -1563,7 +1598,7 @@ def _plan(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None
     heads = 2 if pack else 1      # query heads an item
     vq, vk, vv = views or tuple(_view(t, padded) for t in (q, k, v))
     packed = (batch * heads_q // heads, _ROWS if pack else wgs * _ROWS, num_sms(q.device),
-              (d + dv) * k.element_size() if causal else 0, group // heads)     # `_Plan.packed`
+              (d + dv) * k.element_size() if causal else 0, group // heads, heads_k)     # `_Plan.packed`
     grid = (min(packed[0] * cdiv(seqlen_q, packed[1]), packed[2]),)
     # Causal or windowed items, and packed sequences' items, differ in length: handed out by an atomic counter
     # (`_counter`). Unmasked padded items are all alike, so a fixed round-robin balances them as well, with no
@@ -1596,7 +1631,8 @@ def _plan(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None
     else:
         bv, stride_vh = box(v, vv, kv_rows, dv), v.stride(2)
     boxes = (box(q, vq, _ROWS, part), box(k, vk, kv_rows, part), bv, None if vo is None else box(out, vo, _ROWS, dv))
-    scalars = (seqlen_q, seqlen_k, heads_q, group, packed[0], _chunk(*packed[3:], seqlen_k),
+    scalars = (seqlen_q, seqlen_k, heads_q, group, packed[0],
+               _chunk(*packed[3:5], seqlen_k, None if varlen is None else heads_k),
                q.stride(2), k.stride(2), stride_vh, *o_strides, *lse_strides,
                softcap * LOG2E if softcap > 0 else softmax_scale * LOG2E, softmax_scale / softcap if softcap > 0 else 1.0,
                min(left, UNBOUNDED) if left >= 0 else UNBOUNDED, min(max(right, 0), UNBOUNDED),
