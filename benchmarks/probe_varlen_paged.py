@@ -3,7 +3,8 @@ for a batch that mixes prefill chunks and decodes) against the same work as one 
 group of equal-length sequences (decodes, speculative decodes, chunks: each batch on its own path), in one process
 on the same cache.
 
-    PYTHONPATH=src python3 benchmarks/probe_varlen_paged.py [--out varlen_paged.json] [--short 32 64] [--parts] [--rows 2 3]
+    PYTHONPATH=src python3 benchmarks/probe_varlen_paged.py [--out varlen_paged.json] [--short 32 64] [--parts]
+        [--rows 2 3]
 
 Rows: groups of (count, query rows) sequences (causal), every sequence with `context` keys in 16-key pages
 (shuffled), 32 / 8 heads, d = 128, bf16. TFLOP/s over the pairs the causal mask lets through, CUDA-graph replays;

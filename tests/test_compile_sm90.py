@@ -848,6 +848,32 @@ def test_gluon_launch_plan_binds_each_call(case, monkeypatch):
 
 
 @pytest.mark.cpu
+@pytest.mark.parametrize("heads_k,group,max_k", [(8, 4, 4096), (16, 2, 4096), (6, 4, 16384), (5, 2, 8192),
+                                                 (7, 8, 16384), (3, 1, 1 << 20)])
+def test_gluon_packed_chunks_hold_whole_sequences(heads_k, group, max_k, monkeypatch):
+    """Packed calls' causal chunks (`forward_sm90._chunk`: the heads whose items go out together) divide each
+    sequence's heads, in a fresh plan and in one made for other lengths (`_Plan.with_lengths`): the kernel skips an
+    empty item's whole run of items on that (`_past_empty`), and a chunk spanning two sequences would skip the next
+    sequence's items. KV heads whose L2 fit (`L2_BUDGET` over max_k keys) is not a divisor of heads_k among the
+    cases; GQA head pairs (an item of two heads) where the group is even. The host side only."""
+    from fmha.kernels import forward_sm90 as F
+    monkeypatch.setattr(F, "supported", lambda q, k, v: tuple(F._view(t) for t in (q, k, v)))
+    monkeypatch.setattr(F, "num_sms", lambda device: 132)
+    hq, d, lens = heads_k * group, 128, (64, 300)
+    q, out = (torch.zeros(sum(lens), hq, d, dtype=torch.float16) for _ in range(2))
+    k, v = (torch.zeros(sum(lens), heads_k, d, dtype=torch.float16) for _ in range(2))
+    cu = torch.tensor([0, lens[0], sum(lens)], dtype=torch.int32)
+    lse = torch.empty(hq, sum(lens))
+    plan = F._plan(q, k, v, out, lse, causal=True, softmax_scale=0.1, varlen=(cu, cu, max(lens), max_k))
+    other = plan.with_lengths(q, k, v, lse, (cu, cu, 40, 2 * max_k))
+    heads = hq // plan.meta["HEADS"]                      # items' heads a sequence
+    for chunk in (plan.scalars[F.HEAD_CHUNK], other.scalars[F.HEAD_CHUNK]):
+        assert 0 < chunk and heads % chunk == 0, (chunk, heads)
+    kv_heads = plan.scalars[F.HEAD_CHUNK] // (group // plan.meta["HEADS"])
+    assert kv_heads <= max(1, F.L2_BUDGET // (max_k * 2 * d * 2))   # still within L2's share
+
+
+@pytest.mark.cpu
 @pytest.mark.parametrize("case", ["dense", "sparse", "fp8-v32-paged", "model1-extra"])
 def test_mla_launch_plan_binds_each_call(case, monkeypatch):
     """A kept MLA route (`mla_decode._ROUTES`: the Gluon kernel's launch plan) and the combine's plan
