@@ -38,8 +38,8 @@ def held(portable=False, short_tile_rows=None):
         forward.gluon_enabled, forward.SHORT_TILE_ROWS = saved
 
 
-# (groups of (sequences, query rows), keys a sequence): decodes, chunks, mixed, speculative decodes (4 to 16 rows: a
-# call of them alone is under GLUON_CACHE_MIN_ROWS, all on the portable kernel), and those beside a chunk
+# (groups of (sequences, query rows), keys a sequence): decodes, chunks, mixed, speculative decodes of 4-16 rows alone
+# (under GLUON_CACHE_MIN_ROWS: the whole call on the portable kernel) and of 8-32 rows beside a 512-row chunk
 CASES = [(((64, 1),), 4096), (((4, 1),), 131072), (((32, 1), (2, 512)), 4096), (((4, 512),), 4096),
          (((8, 1), (1, 2048)), 16384), (((32, 4),), 4096), (((32, 8),), 4096), (((32, 8), (1, 512)), 4096),
          (((32, 16), (1, 512)), 4096), (((32, 32), (1, 512)), 4096)]
