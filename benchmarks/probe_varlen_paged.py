@@ -3,14 +3,15 @@ for a batch that mixes prefill chunks and decodes) against the same work as one 
 group of equal-length sequences (decodes, speculative decodes, chunks: each batch on its own path), in one process
 on the same cache.
 
-    PYTHONPATH=src python3 benchmarks/probe_varlen_paged.py [--out varlen_paged.json] [--short 32 64] [--parts]
+    PYTHONPATH=src python3 benchmarks/probe_varlen_paged.py [--out varlen_paged.json] [--short 32 64:16] [--parts]
         [--rows 2 3]
 
 Rows: groups of (count, query rows) sequences (causal), every sequence with `context` keys in 16-key pages
 (shuffled), 32 / 8 heads, d = 128, bf16. TFLOP/s over the pairs the causal mask lets through, CUDA-graph replays;
 outputs compared first (`probe_row`). Besides the call as routed (`ours`) and the calls per group (`calls`): the
 same call held on the portable kernel (`portable`); with `forward.SHORT_TILE_ROWS` at each `--short` value
-(`shortN`: sequences of up to N / group query rows left to the portable kernel's second launch); with `--parts`,
+(`shortN`: sequences of up to N / group query rows left to the portable kernel's second launch; N:R, `shortN_tilesR`:
+that launch's tiles those of R packed rows at most, e.g. 16 for the decodes' narrow form); with `--parts`,
 each launch alone (`gluon_part`, `short_part`: the TFLOP/s of the whole row's pairs over that launch's time, so a
 part's share of the call is ours / part) and each group's call alone (`call_R`, R its rows a sequence).
 """
@@ -25,17 +26,21 @@ from fmha.bench import attention_flops, bench_gpu_graph, paged_copy, probe_row, 
 
 
 @contextlib.contextmanager
-def held(portable=False, short_tile_rows=None):
+def held(portable=False, short_tile_rows=None, tile_rows=None):
     """Calls inside on the portable kernel (Gluon off) when `portable`; with `forward.SHORT_TILE_ROWS` (the query
-    rows of a GQA group's tile below which a sequence leaves the Gluon kernel) set to `short_tile_rows` if given."""
-    saved = forward.gluon_enabled, forward.SHORT_TILE_ROWS
+    rows of a GQA group's tile below which a sequence leaves the Gluon kernel) set to `short_tile_rows` if given; the
+    portable kernel's tiles chosen for at most `tile_rows` packed rows if given (in a routed call only the short
+    launch's: several tiles of fewer rows a sequence, in place of one taller)."""
+    saved = forward.gluon_enabled, forward.SHORT_TILE_ROWS, forward._tile_config
     if portable:
         forward.gluon_enabled = lambda: False
     forward.SHORT_TILE_ROWS = short_tile_rows or saved[1]
+    if tile_rows:
+        forward._tile_config = lambda *a, rows=None, **kw: saved[2](*a, rows=rows and min(rows, tile_rows), **kw)
     try:
         yield
     finally:
-        forward.gluon_enabled, forward.SHORT_TILE_ROWS = saved
+        forward.gluon_enabled, forward.SHORT_TILE_ROWS, forward._tile_config = saved
 
 
 # (groups of (sequences, query rows), keys a sequence): decodes, chunks, mixed, speculative decodes of 4-16 rows alone
@@ -48,7 +53,8 @@ CASES = [(((64, 1),), 4096), (((4, 1),), 131072), (((32, 1), (2, 512)), 4096), (
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=None)
-    p.add_argument("--short", type=int, nargs="*", default=[32, 64])
+    p.add_argument("--short", nargs="*", default=["32", "64"],
+                   help="SHORT_TILE_ROWS values to time, each N or N:R (the short launch's tiles for R rows at most)")
     p.add_argument("--parts", action="store_true")
     p.add_argument("--rows", type=int, nargs="*", default=None, help="indices of the rows to run (all by default)")
     a = p.parse_args()
@@ -89,7 +95,10 @@ def main():
         flops = sum(attention_flops(count, n, context, hq, d, d, causal=True) for count, n in groups)
         row = dict(groups=" ".join(f"{c}x{n}" for c, n in groups), context=context, page=page)
         impls = {"ours": ours, "calls": calls, "portable": held_call(portable=True)}
-        impls.update({f"short{n}": held_call(short_tile_rows=n) for n in a.short})
+        for spec in a.short:
+            n, _, cap = spec.partition(":")
+            impls[f"short{n}" + (f"_tiles{cap}" if cap else "")] = held_call(short_tile_rows=int(n),
+                                                                             tile_rows=int(cap or 0))
         compare = list(impls)[1:]
         if a.parts:
             impls.update(parts(q, k_cache, v_cache, cu_q, max(lens_q), context, used, table))
