@@ -151,10 +151,11 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
             two launches: the Hopper kernel runs the sequences of over 16 / (heads_q / heads_k) query rows, then
             the portable kernel the others (decodes), their GQA heads in one tile and their keys split where the
             grid would not fill the GPU; other calls run the portable kernel alone, split the same way. On the H200
-            against `attention_with_kvcache` called twice (the decodes, then the chunks), page 16, 32 / 8 heads:
-            1.01 on decodes alone, 0.97 on 512-row chunks alone, 0.93 on 32 decodes with two such chunks, 0.94 on
-            8 decodes with a 2048-row chunk at 16k keys (`benchmarks/probe_varlen_paged.py`,
-            `history/probe_varlen_paged_h200_2756824.json`).
+            against `attention_with_kvcache` called once a group of equal-length sequences, page 16, 32 / 8 heads:
+            0.99 on decodes alone, 1.00 on 512-row chunks alone, 1.04 on 32 decodes with two such chunks, 0.99 on
+            8 decodes with a 2048-row chunk at 16k keys, but 0.35-0.52 on 32 sequences of 8-32 rows (speculative
+            decoding) beside a 512-row chunk (`benchmarks/probe_varlen_paged.py`,
+            `history/probe_varlen_paged_h200_{2f98358,1fcb001}.json`).
         Other options as in `attention` (FP8 descales are `(batch, heads_k)`, one row per sequence).
 
     Returns:

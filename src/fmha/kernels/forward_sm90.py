@@ -1323,10 +1323,11 @@ def _plan_key(q, k, v, out, lse, causal, softmax_scale, varlen, window, sinks, s
               descales, short_rows=0, lengths=True):
     """All that `supported` and `_plan` read of a call: its tensors' shapes, strides, dtypes, device and 16-byte
     alignment (the data's addresses are `_Plan.bind`'s), which optional tensors it has (a block table's shape and
-    strides), and its scalar options (`short_rows` among them). Packed sequences with `lengths` False: not their token counts nor their
-    longest lengths, which change from batch to batch of a server, but what `_plan` decides from them (whether
-    any keys are there, whether the output's offsets need 64 bits, which row bounds of the tile and ping-pong
-    choices the longest query length reaches): the key of a plan that `_Plan.with_lengths` makes a call's from."""
+    strides), and its scalar options (`short_rows` among them). Packed sequences with `lengths` False: not their
+    token counts nor their longest lengths, which change from batch to batch of a server, but what `_plan` decides
+    from them (whether any keys are there, whether the output's offsets need 64 bits, which row bounds of the tile
+    and ping-pong choices the longest query length reaches): the key of a plan that `_Plan.with_lengths` makes a
+    call's from."""
     left, right = window if window is not None else (-1, 0 if causal else -1)
     seqlens, table, starts = cache or (None, None, None)
     if lengths:
