@@ -186,7 +186,7 @@ def test_varlen_kv_forms(target, mask, form):
     cache (`block_table`, 16-key pages, shuffled) with each sequence's key count from `seqused_k` or from
     `cu_seqlens_k`, an FP8 one, and packed keys of which each sequence uses its first `seqused_k`. NaN in every
     key slot past each count. Against the varlen oracle on each sequence's used keys. (On the GPU the paged 16-bit
-    forms take the Gluon kernel for the sequences of over `forward._short_rows` rows and the portable one for the
+    forms take the Gluon kernel for the sequences of over `forward._short_tiles`' rows and the portable one for the
     others.)"""
     device, dtype = target
     q, k, v, cu_q, cu_k, max_q, max_k, call, ref = _varlen_kv_inputs(target, form, mask)
@@ -240,6 +240,53 @@ def test_varlen_cache_short_sequences(target, kernel):
             assert_matches(out[rows], lse[:, rows], (ref[rows].to(device), ref_lse[:, rows].to(device)), dtype)
         else:
             assert out[rows].isnan().all() and lse[:, rows].isnan().all(), f"sequence {i} ({n} rows) was written"
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_varlen_cache_short_two_forms(target, monkeypatch):
+    """The short launch's two tile forms (`forward._short_tiles`: decodes of at most NARROW_ROWS packed rows in the
+    narrow tile, longer short sequences, speculative decodes, in one tile of the wide form): 8 query heads over 2 KV
+    heads, d = 128, a 16-key paged cache, sequences of 0 to 40 rows with keys in 3 splits or as planned. Each short
+    sequence matches the oracle, the longer ones' rows stay NaN; the launch has both forms (its WIDE_M). On the CPU
+    the interpreter's one tile table is patched to two forms of 16 and 64 rows."""
+    from fmha.kernels import forward, launch
+    device, dtype = target
+    if device == "cpu":
+        real = forward._tile_config
+        monkeypatch.setattr(forward, "_tile_config", lambda *a, rows=None, **kw: real(*a, rows=rows, **kw)
+                            if rows is None else ((16, 32, 4, 1) if rows <= forward.NARROW_ROWS else (64, 32, 4, 1)))
+    hq, hk, d = 8, 2, 128
+    group = hq // hk
+    short, tiles, wide = forward._short_tiles(d, d, group, True, device == "cpu")
+    assert wide is not None and tiles[0] < wide[0] and short * group <= wide[0]
+    assert short == forward.DECODE_ROWS // group
+    len_q = [1, 0, 3, short, 2, 5, short + 1, 9, 40, 1, 4]
+    len_k = [70, 33, 0, 90, 17, 64, 50, 200, 45, 1, 130]
+    g = torch.Generator().manual_seed(11)
+    cu_q, cu_k = (torch.tensor([0] + list(torch.tensor(n).cumsum(0)), dtype=torch.int32) for n in (len_q, len_k))
+    q = torch.randn(int(cu_q[-1]), hq, d, generator=g).to(dtype)
+    k, v = (torch.randn(int(cu_k[-1]), hk, d, generator=g).to(dtype) for _ in range(2))
+    pages = -(-max(len_k) // 16)
+    k_cache, v_cache, table = paged_packed(16, k, v, cu_k, perm=torch.randperm(len(len_q) * pages, generator=g))
+    ref, ref_lse = attention_varlen_ref(q, k, v, cu_q, cu_k, causal=True)
+    for num_splits in (3, 0):
+        out = torch.full_like(q, math.nan, device=device)
+        lse = torch.full((hq, q.shape[0]), math.nan, device=device)
+        monkeypatch.setattr(launch, "RECORD", [])
+        attention_forward(q.to(device), k_cache.to(device), v_cache.to(device), out, lse, cu_seqlens_q=cu_q.to(device),
+                          cu_seqlens_k=None, max_seqlen_q=max(len_q), max_seqlen_k=max(len_k), softmax_scale=None,
+                          window=(-1, 0), softcap=0.0, alibi_slopes=None, sinks=None,
+                          cache_seqlens=torch.tensor(len_k, dtype=torch.int32, device=device),
+                          block_table=table.to(device), interpret=device == "cpu", short_rows=short,
+                          num_splits=num_splits)
+        assert [(meta["BLOCK_M"], meta.get("WIDE_M")) for name, _, meta in launch.RECORD
+                if name == "attn_fwd_kernel"] == [(tiles[0], wide[0])]
+        for i, n in enumerate(len_q):
+            rows = slice(int(cu_q[i]), int(cu_q[i + 1]))
+            if n <= short:
+                assert_matches(out[rows], lse[:, rows], (ref[rows].to(device), ref_lse[:, rows].to(device)), dtype)
+            else:
+                assert out[rows].isnan().all() and lse[:, rows].isnan().all(), f"sequence {i} ({n} rows) was written"
 
 
 @pytest.mark.parametrize("target", TARGETS)

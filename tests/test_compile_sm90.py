@@ -75,9 +75,12 @@ DECODE_SCRIPT = textwrap.dedent('''
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    from fmha.kernels.forward import attn_fwd_kernel, _tile_config, _page_tile, DECODE_ODD_ARGS, v_words_mode
-    d, page_size, rows, fp8 = json.loads(sys.argv[1])
+    from fmha.kernels.forward import (attn_fwd_kernel, _tile_config, _page_tile, _short_tiles, DECODE_ODD_ARGS,
+                                      v_words_mode)
+    d, page_size, rows, fp8, two_forms = json.loads(sys.argv[1])
     bm, bn, warps, stages = _tile_config(d, d, False, rows=rows, paged=True, kv_fp8=bool(fp8))
+    if two_forms:                 # a short launch of packed sequences, group `rows`, in its two forms
+        _, (bm, bn, warps, stages), wide = _short_tiles(d, d, rows, True, False)
     consts = dict(HEAD_DIM_QK=d, HEAD_DIM_V=d, BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=d, BLOCK_DT=16, BLOCK_DV=d,
                   HAS_TAIL=False, IS_VARLEN=False, MASK_LEFT=False, MASK_RIGHT=False, HAS_SOFTCAP=False,
                   HAS_ALIBI=False, HAS_SINKS=False, REVERSE_M=False, TMA=0, HAS_SEQLENS_K=True, PAGED=True,
@@ -86,6 +89,11 @@ DECODE_SCRIPT = textwrap.dedent('''
                   CU_Q=None, CU_K=None, SLOPES=None, SINKS=None, K_DESC=None, V_DESC=None, WINDOW_LEFTS=None,
                   Q_DESCALE=None, K_DESCALE=None, V_DESCALE=None, K_STARTS=None)
     ptrs = dict(Q="*bf16", K="*bf16", V="*bf16", O="*bf16", LSE="*fp32", SEQLENS_K="*i32", BLOCK_TABLE="*i32")
+    if two_forms:
+        consts.update(IS_VARLEN=True, SHORT_ONLY=True, WIDE_M=wide[0], WIDE_N=wide[1], WIDE_STAGES=wide[3],
+                      WIDE_PAGE_TILE=_page_tile(page_size, wide[1]))
+        del consts["CU_Q"]
+        ptrs["CU_Q"] = "*i32"
     if fp8:                       # an FP8 cache beside bf16 queries
         ptrs.update(K="*fp8e4nv", V="*fp8e4nv", K_DESCALE="*fp32", V_DESCALE="*fp32")
         del consts["K_DESCALE"], consts["V_DESCALE"]
@@ -106,6 +114,7 @@ DECODE_SCRIPT = textwrap.dedent('''
         tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
         usage = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
     print(json.dumps(dict(shared=k.metadata.shared, stages=stages, cp_async=ptx.count("cp.async.cg"),
+                          wgmma=ptx.count("wgmma.mma_async"), mma_sync=ptx.count("mma.sync.aligned"),
                           v_trans="ldmatrix.sync.aligned.m8n8.x4.trans" in ptx, prmt=ptx.count("prmt.b32"),
                           warps=warps, regs=int(re.search(r"REG:([0-9]+)", usage).group(1)))))
 ''')
@@ -115,9 +124,10 @@ DECODE_SCRIPT = textwrap.dedent('''
 @pytest.mark.parametrize("case", [(128, 16, 4, 2, False), (128, 64, 4, 2, False), (128, 16, 32, 2, False),
                                   (128, 64, 32, 2, False), (64, 16, 4, 4, False), (256, 64, 32, 1, False),
                                   (256, 64, 4, 2, False), (128, 16, 4, 4, True), (128, 64, 32, 4, True),
-                                  (256, 64, 4, 4, True)],
+                                  (256, 64, 4, 4, True), (128, 16, 4, 2, False, True), (128, 64, 8, 2, False, True)],
                          ids=["d128-p16", "d128-p64", "d128-p16-rows32", "d128-p64-rows32", "d64-p16",
-                              "d256-p64-rows32", "d256-p64", "d128-p16-fp8", "d128-p64-rows32-fp8", "d256-p64-fp8"])
+                              "d256-p64-rows32", "d256-p64", "d128-p16-fp8", "d128-p64-rows32-fp8", "d256-p64-fp8",
+                              "d128-p16-short-g4", "d128-p64-short-g8"])
 def test_paged_decode_tiles_fit_per_sm(case):
     """The paged decode tiles (64 rows and 5 stages at d <= 128; 16 rows, 128 keys and 3 stages for at most 16
     packed rows at d = 128) exist for their pipelining, and are only worth it while two programs still fit on an SM:
@@ -128,10 +138,13 @@ def test_paged_decode_tiles_fit_per_sm(case):
     2 warps, 64 keys and 6 stages, the FP8 tile sweep's pick, ~39 KB, and four programs an SM, as `plan_num_splits`
     counts 2-warp programs; with 17-32 rows the same in 32-row tiles, four an SM too; at d = 256, 2 warps, 64 keys
     and 3 stages, ~42 KB, four an SM. A bf16 cache at d = 64 with at most 16 rows: 2 warps, 128 keys and 3 stages,
-    ~39 KB, four an SM, as its 255 registers allow.)"""
-    d, page_size, rows, programs, fp8 = case
+    ~39 KB, four an SM, as its 255 registers allow.) And the short launch of a varlen call (`forward._short_tiles`,
+    GQA groups of 4 and 8 at d = 128): the narrow form and the 64-row one in one kernel, their buffers sharing the
+    shared memory (the 64-row form's ~113 KB), still two an SM."""
+    d, page_size, rows, programs, fp8, *two_forms = case
     env = dict(os.environ, TRITON_INTERPRET="0")
-    proc = subprocess.run([sys.executable, "-c", DECODE_SCRIPT, json.dumps([d, page_size, rows, fp8])], env=env,
+    proc = subprocess.run([sys.executable, "-c", DECODE_SCRIPT, json.dumps([d, page_size, rows, fp8, two_forms])],
+                          env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     info = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -139,6 +152,8 @@ def test_paged_decode_tiles_fit_per_sm(case):
     assert programs * (info["shared"] + 1024) <= 233472, info
     # and within an SM's 64K registers (allocated 8 a thread at a time, a warp's whole)
     assert programs * info["warps"] * 32 * -(-info["regs"] // 8) * 8 <= 65536, info
+    if two_forms:
+        assert info["wgmma"] > 0 and info["mma_sync"] > 0, info
     if fp8:     # V read as 16-bit words: transposed by ldmatrix, its bytes paired by permutes (`_fp8_word_halves`)
         assert info["v_trans"] and info["prmt"] > 0, info
 
@@ -263,7 +278,7 @@ GLUON_SCRIPT = textwrap.dedent('''
     if not varlen:
         consts.update(CU_Q=None, **({} if cache == 3 else dict(CU_K=None)))
     elif cache == 2:              # packed queries over a paged cache: no packed keys, and the short sequences left
-        consts.update(CU_K=None, MIN_ROWS=8)        # to the portable kernel (`forward._short_rows`, group 2)
+        consts.update(CU_K=None, MIN_ROWS=8)        # to the portable kernel (`forward._short_tiles`, group 2)
     if not sinks:
         consts["SINKS"] = None
     if not lefts:

@@ -144,8 +144,10 @@ def _attn_run(acc, l_i, m_i, q, q_t, k_base, v_base, k_desc, v_desc, b, kv_head,
               HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_N: tl.constexpr,
               BLOCK_D: tl.constexpr, BLOCK_DT: tl.constexpr, BLOCK_DV: tl.constexpr, HAS_TAIL: tl.constexpr,
               MASKED: tl.constexpr, MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr,
-              HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, TMA: tl.constexpr, V_WORDS: tl.constexpr):
-    """Online softmax over the key tiles starting at start, start + BLOCK_N, ... < end."""
+              HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, TMA: tl.constexpr, V_WORDS: tl.constexpr,
+              NUM_STAGES: tl.constexpr):
+    """Online softmax over the key tiles starting at start, start + BLOCK_N, ... < end (in NUM_STAGES stages;
+    None: the launch's)."""
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dt = tl.arange(0, BLOCK_DT)
@@ -153,7 +155,7 @@ def _attn_run(acc, l_i, m_i, q, q_t, k_base, v_base, k_desc, v_desc, b, kv_head,
     if V_WORDS > 0:
         # The output's even and odd columns accumulate apart (`_fp8_word_halves`); joined again at the end.
         acc_even, acc_odd = tl.split(tl.reshape(acc, (acc.shape[0], BLOCK_DV // 2, 2)))
-    for n in tl.range(start, end, BLOCK_N):
+    for n in tl.range(start, end, BLOCK_N, num_stages=NUM_STAGES):
         k, k_t, v = _load_kv_tile(k_base, v_base, k_desc, v_desc, n, b, kv_head, offs_n, offs_d, offs_dt, offs_dv,
                                   stride_ks, stride_vs, k_len, bt_row, page_size, stride_kp, stride_vp,
                                   PAGED, PAGE_TILE, HEAD_DIM_QK, HEAD_DIM_V, BLOCK_D, BLOCK_DT,
@@ -205,6 +207,7 @@ def attn_fwd_kernel(
     REVERSE_M: tl.constexpr, TMA: tl.constexpr,
     HAS_SEQLENS_K: tl.constexpr, PAGED: tl.constexpr, SPLIT: tl.constexpr, LEFT_PER_BATCH: tl.constexpr,
     PAGE_TILE: tl.constexpr, V_WORDS: tl.constexpr = 0, PAIR: tl.constexpr = False, SHORT_ONLY: tl.constexpr = False,
+    WIDE_M: tl.constexpr = 0, WIDE_N: tl.constexpr = 0, WIDE_STAGES: tl.constexpr = 0, WIDE_PAGE_TILE: tl.constexpr = 0,
 ):
     pid_bh = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -237,10 +240,51 @@ def attn_fwd_kernel(
         # Packed sequences longer than seqlen_q are another launch's (`attention_forward`'s short sequences).
         if q_len > seqlen_q:
             return
+    # A short launch of two tile forms (WIDE_M > 0): a sequence of more packed rows than BLOCK_M takes one tile of
+    # WIDE_M rows (its own key tile and stages), the launch's only M block (`_short_tiles`).
+    if WIDE_M > 0:
+        if q_len * heads_per_program_row > BLOCK_M:
+            if m_block * WIDE_M >= q_len * heads_per_program_row:
+                return
+            _attn_tile(Q, K, V, O, LSE, SLOPES, SINKS, K_DESC, V_DESC, BLOCK_TABLE, Q_DESCALE, K_DESCALE, V_DESCALE,
+                       b, h_eff, m_block, q_start, q_len, k_start, k_len, window_left, stride_bt, page_size,
+                       stride_o_split, stride_l_split, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks,
+                       stride_kh, stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh, stride_lb,
+                       stride_lh, stride_ls, heads_per_program_row, group, heads_eff, qk_scale_log2, softcap,
+                       window_right,
+                       HEAD_DIM_QK, HEAD_DIM_V, WIDE_M, WIDE_N, BLOCK_D, BLOCK_DT, BLOCK_DV, HAS_TAIL,
+                       MASK_LEFT, MASK_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_SINKS, TMA, PAGED, SPLIT,
+                       WIDE_PAGE_TILE, 0, PAIR, CU_K is not None or K_STARTS is not None, WIDE_STAGES)
+            return
+    if m_block * BLOCK_M >= q_len * heads_per_program_row:
+        return
+    _attn_tile(Q, K, V, O, LSE, SLOPES, SINKS, K_DESC, V_DESC, BLOCK_TABLE, Q_DESCALE, K_DESCALE, V_DESCALE,
+               b, h_eff, m_block, q_start, q_len, k_start, k_len, window_left, stride_bt, page_size,
+               stride_o_split, stride_l_split, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
+               stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls,
+               heads_per_program_row, group, heads_eff, qk_scale_log2, softcap, window_right,
+               HEAD_DIM_QK, HEAD_DIM_V, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DT, BLOCK_DV, HAS_TAIL,
+               MASK_LEFT, MASK_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_SINKS, TMA, PAGED, SPLIT,
+               PAGE_TILE, V_WORDS, PAIR, CU_K is not None or K_STARTS is not None, None)
+
+
+@triton.jit
+def _attn_tile(Q, K, V, O, LSE, SLOPES, SINKS, K_DESC, V_DESC, BLOCK_TABLE, Q_DESCALE, K_DESCALE, V_DESCALE,
+               b, h_eff, m_block, q_start, q_len, k_start, k_len, window_left, stride_bt, page_size,
+               stride_o_split, stride_l_split, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
+               stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls,
+               heads_per_program_row, group, heads_eff, qk_scale_log2, softcap, window_right,
+               HEAD_DIM_QK: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               BLOCK_D: tl.constexpr, BLOCK_DT: tl.constexpr, BLOCK_DV: tl.constexpr, HAS_TAIL: tl.constexpr,
+               MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+               HAS_SINKS: tl.constexpr, TMA: tl.constexpr, PAGED: tl.constexpr, SPLIT: tl.constexpr,
+               PAGE_TILE: tl.constexpr, V_WORDS: tl.constexpr, PAIR: tl.constexpr, K_OFFSET: tl.constexpr,
+               NUM_STAGES: tl.constexpr):
+    """M block `m_block` (tiles of BLOCK_M packed rows) of sequence b, query heads h_eff's, from its query rows
+    to its output and LSE rows; `K_OFFSET`: its keys start at k_start. NUM_STAGES: its key loops' stages (None: the
+    launch's)."""
     GP = heads_per_program_row            # query heads packed into the rows (1 unless PACK_GQA)
     row0 = m_block * BLOCK_M
-    if row0 >= q_len * GP:
-        return
 
     offs_m = row0 + tl.arange(0, BLOCK_M)
     q_pos = offs_m // GP
@@ -308,7 +352,7 @@ def attn_fwd_kernel(
     else:
         k_base = K + b.to(tl.int64) * stride_kb + kv_head * stride_kh
         v_base = V + b.to(tl.int64) * stride_vb + kv_head * stride_vh
-    if CU_K is not None or K_STARTS is not None:
+    if K_OFFSET:
         k_base += k_start.to(tl.int64) * stride_ks
         v_base += k_start.to(tl.int64) * stride_vs
     k_desc = k_base
@@ -362,17 +406,20 @@ def attn_fwd_kernel(
                               q_pos, slope_log2, diag, window_left, window_right, k_len, stride_ks, stride_vs,
                               bt_row, page_size, stride_kb, stride_vb, PAGED, PAGE_TILE, qk_scale_log2, softcap, HEAD_DIM_QK,
                               HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DT,
-                              BLOCK_DV, HAS_TAIL, True, MASK_LEFT, MASK_RIGHT, HAS_SOFTCAP, HAS_ALIBI, TMA, V_WORDS)
+                              BLOCK_DV, HAS_TAIL, True, MASK_LEFT, MASK_RIGHT, HAS_SOFTCAP, HAS_ALIBI, TMA, V_WORDS,
+                              NUM_STAGES)
     acc, l_i, m_i = _attn_run(acc, l_i, m_i, q, q_t, k_base, v_base, k_desc, v_desc, b, kv_head, mid_lo, mid_hi,
                               q_pos, slope_log2, diag, window_left, window_right, k_len, stride_ks, stride_vs,
                               bt_row, page_size, stride_kb, stride_vb, PAGED, PAGE_TILE, qk_scale_log2, softcap, HEAD_DIM_QK,
                               HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DT,
-                              BLOCK_DV, HAS_TAIL, False, MASK_LEFT, MASK_RIGHT, HAS_SOFTCAP, HAS_ALIBI, TMA, V_WORDS)
+                              BLOCK_DV, HAS_TAIL, False, MASK_LEFT, MASK_RIGHT, HAS_SOFTCAP, HAS_ALIBI, TMA, V_WORDS,
+                              NUM_STAGES)
     acc, l_i, m_i = _attn_run(acc, l_i, m_i, q, q_t, k_base, v_base, k_desc, v_desc, b, kv_head, mid_hi, hi,
                               q_pos, slope_log2, diag, window_left, window_right, k_len, stride_ks, stride_vs,
                               bt_row, page_size, stride_kb, stride_vb, PAGED, PAGE_TILE, qk_scale_log2, softcap, HEAD_DIM_QK,
                               HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DT,
-                              BLOCK_DV, HAS_TAIL, True, MASK_LEFT, MASK_RIGHT, HAS_SOFTCAP, HAS_ALIBI, TMA, V_WORDS)
+                              BLOCK_DV, HAS_TAIL, True, MASK_LEFT, MASK_RIGHT, HAS_SOFTCAP, HAS_ALIBI, TMA, V_WORDS,
+                              NUM_STAGES)
 
     # Epilogue: normalise; rows that saw no key have l = 0, m = -inf → output 0, LSE -inf.
     m_shift = tl.where(m_i == float("-inf"), 0.0, m_i)
@@ -587,12 +634,28 @@ def _tma_ok(t, d, block_d):
 # A varlen call over a KV cache on the Gluon kernel leaves its sequences of at most SHORT_TILE_ROWS // group query
 # rows (at least 1) to a second launch of the portable kernel (`attention_forward`): there a sequence's rows of
 # every query head of a KV head share one decode tile and its keys are read once, where the Gluon kernel would give
-# each query head its own 128-row item and read them once a head.
-SHORT_TILE_ROWS = 16
+# each query head its own 128-row item and read them once a head. The launch has two tile forms (`_short_tiles`):
+# the decodes' (at most NARROW_ROWS packed rows) and one tile of DECODE_ROWS' table for the longer sequences
+# (speculative decodes); where the two differ in warps, the decodes' form alone, for NARROW_ROWS // group rows.
+SHORT_TILE_ROWS = DECODE_ROWS
 
 
-def _short_rows(group):
-    return max(1, SHORT_TILE_ROWS // group)
+def _short_tiles(dqk, dv, group, paged, interpret, rows=None):
+    """The short launch's (rows, tiles, wide): the query rows of its longest sequences (`rows` if given, else from
+    SHORT_TILE_ROWS), its tiles and its second form's (BLOCK_M, BLOCK_N, num_warps, num_stages) for sequences of
+    more packed rows than the first holds (None: one form)."""
+    one = rows is not None
+    rows = rows or max(1, SHORT_TILE_ROWS // group)
+    tiles = _tile_config(dqk, dv, interpret, rows=rows * group, paged=paged)
+    narrow_rows = min(NARROW_ROWS // group, rows)
+    if narrow_rows == 0 or narrow_rows == rows:
+        return rows, tiles, None
+    narrow = _tile_config(dqk, dv, interpret, rows=narrow_rows * group, paged=paged)
+    if narrow == tiles:
+        return rows, tiles, None
+    if narrow[2] != tiles[2]:
+        return (rows, tiles, None) if one else (narrow_rows, narrow, None)
+    return rows, narrow, tiles
 
 
 def _pack_gqa(group, seqlen_q, block_m):
@@ -711,7 +774,7 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
     with no split take the Gluon kernel of `forward_sm90` (a KV-cache call: `_gluon_takes`; FP8 only all three
     inputs FP8, no cache) (also turned off by the environment, FMHA_GLUON=0).
     Packed queries over a KV cache (vLLM's batches of prefill chunks and decodes) that the Gluon kernel takes run
-    as two launches: it leaves out the sequences of at most `_short_rows` query rows, and this file's kernel runs
+    as two launches: it leaves out the sequences of at most `_short_tiles`' query rows, and this file's kernel runs
     those after it, their GQA heads packed in decode tiles. Varlen calls over a cache that this file's kernel runs
     split their keys as `num_splits` says, 1 as planned (`schedule.plan_num_splits`), and `combine` merges the
     parts into the packed rows. `short_rows` > 0 asks for the second launch alone (the sequences of at most that
@@ -745,7 +808,9 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
             cache_seqlens, num_splits, batch, heads_q, seqlen_q, q.device,
             None if block_table is None else k.shape[1]):
         from . import forward_sm90
-        short = _short_rows(group) if varlen and cache_seqlens is not None else 0
+        short = 0
+        if varlen and cache_seqlens is not None:
+            short = _short_tiles(dqk, dv, group, block_table is not None, interpret)[0]
         if forward_sm90.attention_forward_sm90(
                 q, k, v, out, lse, causal=right >= 0, softmax_scale=scale,
                 varlen=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) if varlen else None,
@@ -755,9 +820,12 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
             if not short:
                 return
             short_rows = short    # the sequences it left, next
+    wide = None
     if short_rows:
         seqlen_q = max_seqlen_q = short_rows
         pack_gqa = True
+        if tiles is None:
+            _, tiles, wide = _short_tiles(dqk, dv, group, block_table is not None, interpret, short_rows)
     if varlen and cache_seqlens is not None and num_splits == 1:
         num_splits = 0            # packed queries over a cache (decodes among them): keys split as planned
     # Head pairs (`HEAD_PAIRS`) are planned, not decided each call: the key holds what the rule reads.
@@ -772,7 +840,7 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
            varlen and cu_seqlens_q.shape, max_seqlen_q, max_seqlen_k, scale, float(softcap), left, right,
            window_lefts is None, alibi_slopes is None, sinks is None, tuple(d is None for d in descales),
            cache_seqlens is None, block_table is None or (block_table.shape, block_table.stride()), num_splits,
-           gp, tiles, use_tma, interpret, may_pair and HEAD_PAIRS, short_rows)
+           gp, tiles, wide, use_tma, interpret, may_pair and HEAD_PAIRS, short_rows)
     plan = _PLANS.get(key)
     if plan is None:
         pair = (may_pair
@@ -793,7 +861,7 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
                               use_tma=use_tma, scale=scale, softcap=softcap, left=left, right=right,
                               window_lefts=window_lefts, alibi_slopes=alibi_slopes, sinks=sinks,
                               cache_seqlens=cache_seqlens, block_table=block_table, num_splits=num_splits,
-                              interpret=interpret, short=short_rows > 0)
+                              interpret=interpret, short=short_rows > 0, wide=wide)
         _PLANS.keep(key, plan)
     k_desc = v_desc = None
     if plan.tma == 1:
@@ -841,9 +909,10 @@ class _PortablePlan:
 
 def _portable_plan(q4, k, v, o4, lse, lse_strides, *, pair, varlen, batch, seqlen_q, seqlen_k, max_seqlen_k, gp,
                    tiles, use_tma, scale, softcap, left, right, window_lefts, alibi_slopes, sinks, cache_seqlens,
-                   block_table, num_splits, interpret, short=False):
+                   block_table, num_splits, interpret, short=False, wide=None):
     """`_PortablePlan` of an `attention_forward` call that the portable kernel runs (q4 and o4 with a batch axis;
-    with `pair`, k and v are the head-pair views; `short`: only the packed sequences of at most seqlen_q rows)."""
+    with `pair`, k and v are the head-pair views; `short`: only the packed sequences of at most seqlen_q rows, with
+    `wide` the tiles of those of more rows than `tiles` holds, one M block a sequence)."""
     heads_q, dqk = q4.shape[-2], k.shape[-1]          # with `pair`, the pair's width
     group = heads_q // k.shape[-2]
     dv = v.shape[-1]
@@ -860,7 +929,8 @@ def _portable_plan(q4, k, v, o4, lse, lse_strides, *, pair, varlen, batch, seqle
     # Varlen: per-sequence descriptors built in the kernel. Dense: descriptors built once on the host (building
     # them per program cost ~10-20% at s <= 4k).
     tma = (1 if varlen else 2) if use_tma else 0
-    programs = batch * heads_eff * cdiv(seqlen_q * gp, block_m)
+    m_blocks = cdiv(seqlen_q * gp, (wide or tiles)[0])
+    programs = batch * heads_eff * m_blocks
     if num_splits == 0:
         # Planned on the cache's capacity, not its lengths (no host sync).
         num_splits = plan_num_splits(programs, max_seqlen_k, block_n, num_sms(q4.device), num_warps)
@@ -899,6 +969,9 @@ def _portable_plan(q4, k, v, o4, lse, lse_strides, *, pair, varlen, batch, seqle
         meta["PAIR"] = True
     if short:
         meta["SHORT_ONLY"] = True
-    grid = (batch * heads_eff, cdiv(seqlen_q * gp, block_m), num_splits)
+    if wide:
+        meta.update(WIDE_M=wide[0], WIDE_N=wide[1], WIDE_STAGES=wide[3],
+                    WIDE_PAGE_TILE=_page_tile(k.shape[1], wide[1]) if paged else 0)
+    grid = (batch * heads_eff, m_blocks, num_splits)
     boxes = ([1, block_n, 1, block_d], [1, block_n, 1, block_dv])
     return _PortablePlan(grid, meta, scalars, num_splits, tma, boxes, parts)
