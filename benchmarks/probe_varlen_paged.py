@@ -11,7 +11,8 @@ Rows: groups of (count, query rows) sequences (causal), every sequence with `con
 outputs compared first (`probe_row`). Besides the call as routed (`ours`) and the calls per group (`calls`): the
 same call held on the portable kernel (`portable`); with `forward.SHORT_TILE_ROWS` at each `--short` value
 (`shortN`: sequences of up to N / group query rows left to the portable kernel's second launch; N:R, `shortN_tilesR`:
-that launch's tiles those of R packed rows at most, e.g. 16 for the decodes' narrow form); with `--parts`,
+that launch's tiles those of R packed rows at most, one form, e.g. 16 for the decodes' narrow one; by default
+`short16`, the narrow form alone, as before the two forms of `forward._short_tiles`); with `--parts`,
 each launch alone (`gluon_part`, `short_part`: the TFLOP/s of the whole row's pairs over that launch's time, so a
 part's share of the call is ours / part) and each group's call alone (`call_R`, R its rows a sequence).
 """
@@ -53,7 +54,7 @@ CASES = [(((64, 1),), 4096), (((4, 1),), 131072), (((32, 1), (2, 512)), 4096), (
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=None)
-    p.add_argument("--short", nargs="*", default=["32", "64"],
+    p.add_argument("--short", nargs="*", default=["16"],
                    help="SHORT_TILE_ROWS values to time, each N or N:R (the short launch's tiles for R rows at most)")
     p.add_argument("--parts", action="store_true")
     p.add_argument("--rows", type=int, nargs="*", default=None, help="indices of the rows to run (all by default)")

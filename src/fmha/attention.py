@@ -148,14 +148,15 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
             a batch mixing prefills and decodes): key j of sequence b is slot `j % page_size` of page
             `block_table[b, j // page_size]` of k and v. With `seqused_k` or `block_table`, on Hopper with 16-bit
             k and v (pages of a multiple of 16 keys) and a longest sequence of 64 query rows or more, the call is
-            two launches: the Hopper kernel runs the sequences of over 16 / (heads_q / heads_k) query rows, then
-            the portable kernel the others (decodes), their GQA heads in one tile and their keys split where the
+            two launches: the Hopper kernel runs the sequences of over 64 / (heads_q / heads_k) query rows (16 /
+            at d = 64 on a paged cache), then the portable kernel the others (decodes, speculative decodes), their
+            GQA heads in one tile (a decode's of 16 rows, a longer sequence's of 64) and their keys split where the
             grid would not fill the GPU; other calls run the portable kernel alone, split the same way. On the H200
             against `attention_with_kvcache` called once a group of equal-length sequences, page 16, 32 / 8 heads:
-            0.99 on decodes alone, 1.00 on 512-row chunks alone, 1.04 on 32 decodes with two such chunks, 0.99 on
-            8 decodes with a 2048-row chunk at 16k keys, but 0.35-0.52 on 32 sequences of 8-32 rows (speculative
-            decoding) beside a 512-row chunk (`benchmarks/probe_varlen_paged.py`,
-            `history/probe_varlen_paged_h200_{2f98358,1fcb001}.json`).
+            0.99 on decodes alone (2f98358), 0.995 on 512-row chunks alone, 1.01 on 32 decodes with two such chunks,
+            0.98 on 8 decodes with a 2048-row chunk at 16k keys, 1.00 / 1.01 on 32 sequences of 8 / 16 rows
+            (speculative decoding) beside a 512-row chunk, but 0.52 with 32 rows (128 packed rows: the Hopper
+            kernel's) (`benchmarks/probe_varlen_paged.py`, `history/probe_varlen_paged_h200_3639ce1.json`).
         Other options as in `attention` (FP8 descales are `(batch, heads_k)`, one row per sequence).
 
     Returns:

@@ -637,6 +637,10 @@ def _tma_ok(t, d, block_d):
 # each query head its own 128-row item and read them once a head. The launch has two tile forms (`_short_tiles`):
 # the decodes' (at most NARROW_ROWS packed rows) and one tile of DECODE_ROWS' table for the longer sequences
 # (speculative decodes); where the two differ in warps, the decodes' form alone, for NARROW_ROWS // group rows.
+# H200, page 16, 32 / 8 heads, d = 128, against SHORT_TILE_ROWS = 16 (the narrow form alone) in one run
+# (history/probe_varlen_paged_h200_3639ce1.json): 32 sequences of 8 / 16 rows beside a 512-row chunk 2.86x / 2.83x
+# (1.00 / 1.01 of `attention_with_kvcache` called per group); batches without such sequences 0.976-0.990. The 64-row
+# form alone for every short sequence cost those ~0.6-3.5% (history/probe_varlen_paged_short_h200_8808a7f.json).
 SHORT_TILE_ROWS = DECODE_ROWS
 
 
