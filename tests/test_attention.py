@@ -196,6 +196,18 @@ def test_varlen_kv_forms(target, mask, form):
     assert_matches(got, lse, tuple(t.to(device) for t in ref), dtype)
 
 
+def _assert_sequences(out, lse, cu_q, mine, ref, dtype):
+    """Packed output and LSE rows against the oracle's `ref` (out, lse; on the CPU) for the sequences a launch runs
+    (`mine`), still NaN for the others."""
+    for i, run in enumerate(mine):
+        rows = slice(int(cu_q[i]), int(cu_q[i + 1]))
+        if run:
+            assert_matches(out[rows], lse[:, rows], (ref[0][rows].to(out.device), ref[1][:, rows].to(out.device)),
+                           dtype)
+        else:
+            assert out[rows].isnan().all() and lse[:, rows].isnan().all(), f"sequence {i} was written"
+
+
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("kernel", ["portable", "portable-split", "split", "gluon"])
 def test_varlen_cache_short_sequences(target, kernel):
@@ -234,12 +246,7 @@ def test_varlen_cache_short_sequences(target, kernel):
         assert forward_sm90.attention_forward_sm90(q, k, v, out, lse, causal=True, softmax_scale=q.shape[-1] ** -0.5,
                                                    varlen=(cu_q, None, max_q, max_k), cache=(seqlens, table, None),
                                                    short_rows=short)
-    for i, n in enumerate(lens):
-        rows = slice(int(cu_q[i]), int(cu_q[i + 1]))
-        if mine[i]:
-            assert_matches(out[rows], lse[:, rows], (ref[rows].to(device), ref_lse[:, rows].to(device)), dtype)
-        else:
-            assert out[rows].isnan().all() and lse[:, rows].isnan().all(), f"sequence {i} ({n} rows) was written"
+    _assert_sequences(out, lse, cu_q, mine, (ref, ref_lse), dtype)
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -281,12 +288,7 @@ def test_varlen_cache_short_two_forms(target, monkeypatch):
                           num_splits=num_splits)
         assert [(meta["BLOCK_M"], meta.get("WIDE_M")) for name, _, meta in launch.RECORD
                 if name == "attn_fwd_kernel"] == [(tiles[0], wide[0])]
-        for i, n in enumerate(len_q):
-            rows = slice(int(cu_q[i]), int(cu_q[i + 1]))
-            if n <= short:
-                assert_matches(out[rows], lse[:, rows], (ref[rows].to(device), ref_lse[:, rows].to(device)), dtype)
-            else:
-                assert out[rows].isnan().all() and lse[:, rows].isnan().all(), f"sequence {i} ({n} rows) was written"
+        _assert_sequences(out, lse, cu_q, [n <= short for n in len_q], (ref, ref_lse), dtype)
 
 
 @pytest.mark.parametrize("target", TARGETS)

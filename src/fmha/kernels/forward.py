@@ -240,6 +240,7 @@ def attn_fwd_kernel(
         # Packed sequences longer than seqlen_q are another launch's (`attention_forward`'s short sequences).
         if q_len > seqlen_q:
             return
+    K_OFFSET: tl.constexpr = CU_K is not None or K_STARTS is not None       # keys from k_start on
     # A short launch of two tile forms (WIDE_M > 0): a sequence of more packed rows than BLOCK_M takes one tile of
     # WIDE_M rows (its own key tile and stages), the launch's only M block (`_short_tiles`).
     if WIDE_M > 0:
@@ -254,7 +255,7 @@ def attn_fwd_kernel(
                        window_right,
                        HEAD_DIM_QK, HEAD_DIM_V, WIDE_M, WIDE_N, BLOCK_D, BLOCK_DT, BLOCK_DV, HAS_TAIL,
                        MASK_LEFT, MASK_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_SINKS, TMA, PAGED, SPLIT,
-                       WIDE_PAGE_TILE, 0, PAIR, CU_K is not None or K_STARTS is not None, WIDE_STAGES)
+                       WIDE_PAGE_TILE, 0, PAIR, K_OFFSET, WIDE_STAGES)
             return
     if m_block * BLOCK_M >= q_len * heads_per_program_row:
         return
@@ -265,7 +266,7 @@ def attn_fwd_kernel(
                heads_per_program_row, group, heads_eff, qk_scale_log2, softcap, window_right,
                HEAD_DIM_QK, HEAD_DIM_V, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DT, BLOCK_DV, HAS_TAIL,
                MASK_LEFT, MASK_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_SINKS, TMA, PAGED, SPLIT,
-               PAGE_TILE, V_WORDS, PAIR, CU_K is not None or K_STARTS is not None, None)
+               PAGE_TILE, V_WORDS, PAIR, K_OFFSET, None)
 
 
 @triton.jit
