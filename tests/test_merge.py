@@ -143,3 +143,40 @@ def test_combine_kernel(target, dv, parts, variable):
             torch.testing.assert_close(out[b, q_pos, q_head].double().cpu(), o_ref[r] * keep, atol=tol, rtol=tol)
             got = float(lse[b, q_head, q_pos])
             assert got == float(lse_ref[r]) if torch.isinf(lse_ref[r]) else abs(got - float(lse_ref[r])) < 1e-4
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("group", [1, 2])
+def test_combine_kernel_packed(target, group):
+    """The combine into packed rows (`cu_seqlens_q`: a varlen call's short launch, `forward.attention_forward`):
+    each slab holds s_q positions of a sequence, of which it merges those the sequence has; a sequence of more rows
+    than s_q (the other launch's) and the rows past each sequence's end are left as they were (NaN here), and so is
+    the slab of a sequence with none. Decodes beside longer short sequences leave most programs of the grid with no
+    row of theirs (skipped), the others one row or more (merged)."""
+    from fmha.kernels.combine import combine
+
+    device, dtype = target
+    torch.manual_seed(group)
+    s_q, h_q, dv, parts = 8, 4, 64, 3
+    lens = [1, 0, 3, 1, 9, 8, 2, 1]
+    rows_per_k = s_q * group
+    cu_q = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32, device=device)
+    o_part = torch.randn(parts, len(lens), (h_q // group) * rows_per_k, dv, device=device)
+    lse_part = torch.randn(parts, len(lens), (h_q // group) * rows_per_k, device=device) * 4
+    out = torch.full((sum(lens), h_q, dv), float("nan"), dtype=dtype, device=device)
+    lse = torch.full((h_q, sum(lens)), float("nan"), device=device)
+    combine(out, lse, o_part, lse_part, rows_per_k=rows_per_k, group=group, num_splits=parts, cu_seqlens_q=cu_q)
+    tol = 3e-2 if dtype == torch.bfloat16 else 5e-3
+    for b, n in enumerate(lens):
+        first = int(cu_q[b])
+        if n > s_q:
+            assert out[first:first + n].isnan().all() and lse[:, first:first + n].isnan().all()
+            continue
+        for pos in range(n):
+            for head in range(h_q):
+                r = (head // group) * rows_per_k + pos * group + head % group
+                l = lse_part[:, b, r].double().cpu()
+                lse_ref = torch.logsumexp(l, 0)
+                o_ref = (torch.exp(l - lse_ref)[:, None] * o_part[:, b, r].double().cpu()).sum(0)
+                torch.testing.assert_close(out[first + pos, head].double().cpu(), o_ref, atol=tol, rtol=tol)
+                assert abs(float(lse[head, first + pos]) - float(lse_ref)) < 1e-4

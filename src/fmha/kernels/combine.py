@@ -39,13 +39,17 @@ def combine_kernel(O, LSE, O_PART, LSE_PART, SPLIT_OFFSETS, SINKS, CU_Q,
     else:
         first = 0
         n = num_splits
-    if n != 1:
-        if CU_Q is not None:
-            # Packed sequences: rows_per_k // group positions a slab; a sequence longer than that is another
-            # launch's (`forward.attention_forward`'s short sequences) and has no parts here.
-            q_start = tl.load(CU_Q + b)
-            q_len = tl.load(CU_Q + b + 1) - q_start
-            row_ok = row_ok & ((rows % rows_per_k) // group < q_len) & (q_len <= rows_per_k // group)
+    live = n != 1                 # a batch of one part: its output written by the split kernel
+    if CU_Q is not None:
+        # Packed sequences: rows_per_k // group positions a slab; a sequence longer than that is another launch's
+        # (`forward.attention_forward`'s short sequences) and has no parts here. A program with none of its rows
+        # in its sequence merges nothing (a short launch's slabs hold its longest sequences' positions: a decode
+        # uses one of them).
+        q_start = tl.load(CU_Q + b)
+        q_len = tl.load(CU_Q + b + 1) - q_start
+        row_ok = row_ok & ((rows % rows_per_k) // group < q_len) & (q_len <= rows_per_k // group)
+        live = live & (tl.sum(row_ok.to(tl.int32), axis=0) > 0)
+    if live:
         offs_d = d0 + tl.arange(0, BLOCK_DV)
         o_mask = row_ok[:, None] & (offs_d < DV)[None, :]
         o_part = O_PART + b.to(tl.int64) * stride_pb + rows.to(tl.int64)[:, None] * stride_pr + offs_d[None, :]

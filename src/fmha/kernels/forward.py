@@ -642,6 +642,13 @@ def _tma_ok(t, d, block_d):
 # (history/probe_varlen_paged_h200_3639ce1.json): 32 sequences of 8 / 16 rows beside a 512-row chunk 2.86x / 2.83x
 # (1.00 / 1.01 of `attention_with_kvcache` called per group); batches without such sequences 0.976-0.990. The 64-row
 # form alone for every short sequence cost those ~0.6-3.5% (history/probe_varlen_paged_short_h200_8808a7f.json).
+# Of that loss, the split launch's merge (`combine`) ran a program for every 8 rows of the longest sequence's 16
+# positions, of which a decode has one: with the programs that hold none of their sequence's rows skipped, 32 decodes
+# + 2 x 512, 4 x 512 and 8 decodes + 2048 at 16k keys read 0.981 / 1.003 / 0.993 of the narrow form alone
+# (history/probe_varlen_paged_combine_h200_83c89ae+combine.json; the merge 8.2 -> 1.6 and 16.9 -> 5.4 us a call).
+# The rest is the decodes' share of the wide form's 113 KB of shared memory (the narrow form's: 72 KB): a 32-key
+# wide tile (64, 32, 4, 5), in 72 KB, took back 0.4-1.0% there and cost the speculative decodes 0.4-1.5% (three
+# processes: ..._wide_h200_83c89ae.json, ..._wide2_..., ..._combine_...), so the 64-key tile stays.
 SHORT_TILE_ROWS = DECODE_ROWS
 
 
