@@ -153,10 +153,11 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
             GQA heads in one tile (a decode's of 16 rows, a longer sequence's of 64) and their keys split where the
             grid would not fill the GPU; other calls run the portable kernel alone, split the same way. On the H200
             against `attention_with_kvcache` called once a group of equal-length sequences, page 16, 32 / 8 heads:
-            0.99 on decodes alone (2f98358), 0.995 on 512-row chunks alone, 1.01 on 32 decodes with two such chunks,
-            0.98 on 8 decodes with a 2048-row chunk at 16k keys, 1.00 / 1.01 on 32 sequences of 8 / 16 rows
+            0.99 on decodes alone (2f98358), 1.01 on 512-row chunks alone, 1.01 on 32 decodes with two such chunks,
+            0.98 on 8 decodes with a 2048-row chunk at 16k keys, 1.00 / 1.00 on 32 sequences of 8 / 16 rows
             (speculative decoding) beside a 512-row chunk, but 0.52 with 32 rows (128 packed rows: the Hopper
-            kernel's) (`benchmarks/probe_varlen_paged.py`, `history/probe_varlen_paged_h200_3639ce1.json`).
+            kernel's) (`benchmarks/probe_varlen_paged.py`, `history/probe_varlen_paged_combine_h200_83c89ae+combine
+            .json`, 74daa57's code, and `history/probe_varlen_paged_parts_h200_83c89ae.json` for 32 rows).
         Other options as in `attention` (FP8 descales are `(batch, heads_k)`, one row per sequence).
 
     Returns:
