@@ -156,8 +156,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
             0.99 on decodes alone (2f98358), 1.01 on 512-row chunks alone, 1.01 on 32 decodes with two such chunks,
             0.98 on 8 decodes with a 2048-row chunk at 16k keys, 1.00 / 1.00 on 32 sequences of 8 / 16 rows
             (speculative decoding) beside a 512-row chunk, but 0.52 with 32 rows (128 packed rows: the Hopper
-            kernel's) (`benchmarks/probe_varlen_paged.py`, `history/probe_varlen_paged_combine_h200_83c89ae+combine
-            .json`, 74daa57's code, and `history/probe_varlen_paged_parts_h200_83c89ae.json` for 32 rows).
+            kernel's) (`benchmarks/probe_varlen_paged.py` on 74daa57's code:
+            `history/probe_varlen_paged_combine_h200_83c89ae+combine.json`; 32 rows: `..._parts_h200_83c89ae.json`).
         Other options as in `attention` (FP8 descales are `(batch, heads_k)`, one row per sequence).
 
     Returns:
