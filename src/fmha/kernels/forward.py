@@ -241,8 +241,8 @@ def attn_fwd_kernel(
         if q_len > seqlen_q:
             return
     K_OFFSET: tl.constexpr = CU_K is not None or K_STARTS is not None       # keys from k_start on
-    # A short launch of two tile forms (WIDE_M > 0): a sequence of more packed rows than BLOCK_M takes one tile of
-    # WIDE_M rows (its own key tile and stages), the launch's only M block (`_short_tiles`).
+    # A short launch of two tile forms (WIDE_M > 0): a sequence of more packed rows than BLOCK_M takes tiles of
+    # WIDE_M rows (their own key tile and stages), the launch's M blocks (one in a routed call: `_short_tiles`).
     if WIDE_M > 0:
         if q_len * heads_per_program_row > BLOCK_M:
             if m_block * WIDE_M >= q_len * heads_per_program_row:
@@ -924,7 +924,7 @@ def _portable_plan(q4, k, v, o4, lse, lse_strides, *, pair, varlen, batch, seqle
                    block_table, num_splits, interpret, short=False, wide=None):
     """`_PortablePlan` of an `attention_forward` call that the portable kernel runs (q4 and o4 with a batch axis;
     with `pair`, k and v are the head-pair views; `short`: only the packed sequences of at most seqlen_q rows, with
-    `wide` the tiles of those of more rows than `tiles` holds, one M block a sequence)."""
+    `wide` the tiles of those of more rows than `tiles` holds, the M blocks in its rows)."""
     heads_q, dqk = q4.shape[-2], k.shape[-1]          # with `pair`, the pair's width
     group = heads_q // k.shape[-2]
     dv = v.shape[-1]
