@@ -4,7 +4,7 @@ group of equal-length sequences (decodes, speculative decodes, chunks: each batc
 on the same cache.
 
     PYTHONPATH=src python3 benchmarks/probe_varlen_paged.py [--out varlen_paged.json] [--short 32 64:16] [--parts]
-        [--rows 2 3] [--wide 64,32,4,5] [--kernels]
+        [--rows 2 3] [--wide 64,32,4,5] [--pack] [--kernels]
 
 Rows: groups of (count, query rows) sequences (causal), every sequence with `context` keys in 16-key pages
 (shuffled), 32 / 8 heads, d = 128, bf16. TFLOP/s over the pairs the causal mask lets through, CUDA-graph replays;
@@ -13,7 +13,8 @@ same call held on the portable kernel (`portable`); with `forward.SHORT_TILE_ROW
 (`shortN`: sequences of up to N / group query rows left to the portable kernel's second launch; N:R, `shortN_tilesR`:
 that launch's tiles those of R packed rows at most, one form, e.g. 16 for the decodes' narrow one; by default
 `short16`, the narrow form alone, as before the two forms of `forward._short_tiles`); with each `--wide` M,N,W,S,
-the short launch's second form in those tiles (`wideM_N_W_S`); with `--parts`,
+the short launch's second form in those tiles (`wideM_N_W_S`); with `--pack`, the Gluon launch's items of two
+query heads (`forward_sm90.pack_heads`' form, which the package keeps to padded calls); with `--parts`,
 each launch alone (`gluon_part`, `short_part`: the TFLOP/s of the whole row's pairs over that launch's time, so a
 part's share of the call is ours / part) and each group's call alone (`call_R`, R its rows a sequence); with
 `--kernels`, each kernel's GPU time a call (`ours:NAME_us`, eager calls under torch.profiler) of ours and of the
@@ -30,13 +31,18 @@ from fmha.bench import attention_flops, bench_gpu_graph, paged_copy, probe_row, 
 
 
 @contextlib.contextmanager
-def held(portable=False, short_tile_rows=None, tile_rows=None, wide=None):
+def held(portable=False, short_tile_rows=None, tile_rows=None, wide=None, pack=False):
     """Calls inside on the portable kernel (Gluon off) when `portable`; with `forward.SHORT_TILE_ROWS` (the query
     rows of a GQA group's tile below which a sequence leaves the Gluon kernel) set to `short_tile_rows` if given; the
     portable kernel's tiles chosen for at most `tile_rows` packed rows if given (in a routed call only the short
     launch's: several tiles of fewer rows a sequence, in place of one taller); the short launch's second form's
-    tiles `wide` (BLOCK_M, BLOCK_N, num_warps, num_stages) in place of `_short_tiles`' where it has one."""
+    tiles `wide` (BLOCK_M, BLOCK_N, num_warps, num_stages) in place of `_short_tiles`' where it has one; with `pack`,
+    the Gluon launch's items of two query heads (`forward_sm90.pack_heads`, which keeps packed sequences on one)."""
+    from fmha.kernels import forward_sm90
     saved = forward.gluon_enabled, forward.SHORT_TILE_ROWS, forward._tile_config, forward._short_tiles
+    gluon_call = forward_sm90.attention_forward_sm90
+    if pack:
+        forward_sm90.attention_forward_sm90 = lambda *a, **kw: gluon_call(*a, **kw, pack=True)
     if portable:
         forward.gluon_enabled = lambda: False
     forward.SHORT_TILE_ROWS = short_tile_rows or saved[1]
@@ -51,6 +57,7 @@ def held(portable=False, short_tile_rows=None, tile_rows=None, wide=None):
         yield
     finally:
         forward.gluon_enabled, forward.SHORT_TILE_ROWS, forward._tile_config, forward._short_tiles = saved
+        forward_sm90.attention_forward_sm90 = gluon_call
 
 
 # (groups of (sequences, query rows), keys a sequence): decodes, chunks, mixed, speculative decodes of 4-16 rows alone
@@ -67,6 +74,8 @@ def main():
                    help="SHORT_TILE_ROWS values to time, each N or N:R (the short launch's tiles for R rows at most)")
     p.add_argument("--wide", nargs="*", default=[],
                    help="second tile forms of the short launch to time, each M,N,W,S (`wideM_N_W_S`)")
+    p.add_argument("--pack", action="store_true",
+                   help="also the call with the Gluon launch's items of two query heads (`pack`)")
     p.add_argument("--parts", action="store_true")
     p.add_argument("--kernels", action="store_true",
                    help="also each kernel's GPU time a call (torch.profiler) of ours and the --short / --wide forms")
@@ -115,6 +124,8 @@ def main():
                                                                              tile_rows=int(cap or 0))
         for spec in a.wide:
             impls["wide" + spec.replace(",", "_")] = held_call(wide=tuple(int(x) for x in spec.split(",")))
+        if a.pack:
+            impls["pack"] = held_call(pack=True)
         compare = list(impls)[1:]
         if a.parts:
             impls.update(parts(q, k_cache, v_cache, cu_q, max(lens_q), context, used, table))
@@ -122,7 +133,7 @@ def main():
         probe_row(rows, row, impls, flops, compare=compare, timer=bench_gpu_graph)
         if a.kernels:         # two rounds, the second kept (the first impl timed would pay the GPU's warm-up)
             for _ in range(2):
-                for name in ["ours"] + [n for n in impls if n.startswith(("short", "wide"))]:
+                for name in ["ours"] + [n for n in impls if n.startswith(("short", "wide", "pack"))]:
                     for kernel, us in kernel_times(impls[name]).items():
                         rows[-1][f"{name}:{kernel}_us"] = us
             print({k: round(v, 2) for k, v in rows[-1].items() if k.endswith("_us")})
