@@ -291,6 +291,39 @@ def test_varlen_cache_short_two_forms(target, monkeypatch):
         _assert_sequences(out, lse, cu_q, [n <= short for n in len_q], (ref, ref_lse), dtype)
 
 
+@pytest.mark.cpu
+def test_varlen_cache_routing(monkeypatch):
+    """The host side of a routed varlen call over a paged cache, on the CPU: the Gluon launch (a stand-in here, which
+    writes nothing) is told to leave out the sequences of at most `_short_tiles`' rows, and the portable launch
+    after it runs exactly those, in `_short_tiles`' two forms (the GPU's tile tables, run by the interpreter): each
+    matches the oracle, the others' rows stay NaN."""
+    from fmha.kernels import forward, forward_sm90, launch
+    left_out = []
+    monkeypatch.setattr(forward, "gluon_enabled", lambda: True)
+    monkeypatch.setattr(forward, "_gluon_takes", lambda *a, **kw: True)
+    monkeypatch.setattr(forward_sm90, "attention_forward_sm90", lambda *a, short_rows=0, **kw: left_out.append(
+        short_rows) or True)
+    monkeypatch.setattr(launch, "RECORD", [])
+    hq, hk, d = 8, 2, 128
+    short, tiles, wide = forward._short_tiles(d, d, hq // hk, True, False)
+    len_q, len_k = [1, 0, 3, short, 2, short + 1, 9, 1], [70, 33, 0, 90, 17, 64, 50, 1]    # 6 pages at most
+    g = torch.Generator().manual_seed(3)
+    cu_q, cu_k = (torch.tensor([0] + list(torch.tensor(n).cumsum(0)), dtype=torch.int32) for n in (len_q, len_k))
+    q = torch.randn(int(cu_q[-1]), hq, d, generator=g).half()
+    k, v = (torch.randn(int(cu_k[-1]), hk, d, generator=g).half() for _ in range(2))
+    k_cache, v_cache, table = paged_packed(16, k, v, cu_k, perm=torch.randperm(len(len_q) * 6, generator=g))
+    out = torch.full_like(q, math.nan)
+    lse = torch.full((hq, q.shape[0]), math.nan)
+    attention_forward(q, k_cache, v_cache, out, lse, cu_seqlens_q=cu_q, cu_seqlens_k=None, max_seqlen_q=max(len_q),
+                      max_seqlen_k=max(len_k), softmax_scale=None, window=(-1, 0), softcap=0.0, alibi_slopes=None,
+                      sinks=None, cache_seqlens=torch.tensor(len_k, dtype=torch.int32), block_table=table)
+    assert left_out == [short]
+    assert [(meta["BLOCK_M"], meta.get("WIDE_M")) for name, _, meta in launch.RECORD
+            if name == "attn_fwd_kernel"] == [(tiles[0], wide and wide[0])]
+    _assert_sequences(out, lse, cu_q, [n <= short for n in len_q],
+                      attention_varlen_ref(q, k, v, cu_q, cu_k, causal=True), torch.float16)
+
+
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("right", [0, 3], ids=["causal", "right3"])
 def test_window_per_sequence(target, right):

@@ -816,23 +816,23 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
     # `forward_sm90.transposed_v`); an FP8 K/V beside a 16-bit q, and FP8 caches, the portable one.
     plain = (k.dtype == q.dtype and (q.element_size() > 1 or cache_seqlens is None)
              and pack_gqa is None and use_tma is None and tiles is None and backend is None and not short_rows)
+    wide = None
     if plain and not interpret and gluon_enabled() and _gluon_takes(
             cache_seqlens, num_splits, batch, heads_q, seqlen_q, q.device,
             None if block_table is None else k.shape[1]):
         from . import forward_sm90
-        short = 0
+        short = (0, None, None)
         if varlen and cache_seqlens is not None:
-            short = _short_tiles(dqk, dv, group, block_table is not None, interpret)[0]
+            short = _short_tiles(dqk, dv, group, block_table is not None, interpret)
         if forward_sm90.attention_forward_sm90(
                 q, k, v, out, lse, causal=right >= 0, softmax_scale=scale,
                 varlen=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) if varlen else None,
                 window=(left if window_lefts is None else window_lefts, right), sinks=sinks, softcap=softcap,
                 cache=None if cache_seqlens is None else (cache_seqlens, block_table, k_starts),
-                alibi_slopes=alibi_slopes, descales=descales, short_rows=short):
-            if not short:
+                alibi_slopes=alibi_slopes, descales=descales, short_rows=short[0]):
+            if not short[0]:
                 return
-            short_rows = short    # the sequences it left, next
-    wide = None
+            short_rows, tiles, wide = short       # the sequences it left, next, in their tiles
     if short_rows:
         seqlen_q = max_seqlen_q = short_rows
         pack_gqa = True
