@@ -249,6 +249,18 @@ def test_varlen_cache_short_sequences(target, kernel):
     _assert_sequences(out, lse, cu_q, mine, (ref, ref_lse), dtype)
 
 
+def _packed_over_pages(len_q, len_k, hq, hk, d, dtype, seed):
+    """Packed queries of `len_q` rows over a 16-key paged cache of `len_k` keys a sequence (pages shuffled, NaN past
+    each count), on the CPU: (q, cu_seqlens_q, k_cache, v_cache, block_table, the causal oracle's (out, lse))."""
+    g = torch.Generator().manual_seed(seed)
+    cu_q, cu_k = (torch.tensor([0] + list(torch.tensor(n).cumsum(0)), dtype=torch.int32) for n in (len_q, len_k))
+    q = torch.randn(int(cu_q[-1]), hq, d, generator=g).to(dtype)
+    k, v = (torch.randn(int(cu_k[-1]), hk, d, generator=g).to(dtype) for _ in range(2))
+    pages = -(-max(len_k) // 16)
+    k_cache, v_cache, table = paged_packed(16, k, v, cu_k, perm=torch.randperm(len(len_q) * pages, generator=g))
+    return q, cu_q, k_cache, v_cache, table, attention_varlen_ref(q, k, v, cu_q, cu_k, causal=True)
+
+
 @pytest.mark.parametrize("target", TARGETS)
 def test_varlen_cache_short_two_forms(target, monkeypatch):
     """The short launch's two tile forms (`forward._short_tiles`: decodes of at most NARROW_ROWS packed rows in the
@@ -269,13 +281,7 @@ def test_varlen_cache_short_two_forms(target, monkeypatch):
     assert short == forward.DECODE_ROWS // group
     len_q = [1, 0, 3, short, 2, 5, short + 1, 9, 40, 1, 4]
     len_k = [70, 33, 0, 90, 17, 64, 50, 200, 45, 1, 130]
-    g = torch.Generator().manual_seed(11)
-    cu_q, cu_k = (torch.tensor([0] + list(torch.tensor(n).cumsum(0)), dtype=torch.int32) for n in (len_q, len_k))
-    q = torch.randn(int(cu_q[-1]), hq, d, generator=g).to(dtype)
-    k, v = (torch.randn(int(cu_k[-1]), hk, d, generator=g).to(dtype) for _ in range(2))
-    pages = -(-max(len_k) // 16)
-    k_cache, v_cache, table = paged_packed(16, k, v, cu_k, perm=torch.randperm(len(len_q) * pages, generator=g))
-    ref, ref_lse = attention_varlen_ref(q, k, v, cu_q, cu_k, causal=True)
+    q, cu_q, k_cache, v_cache, table, (ref, ref_lse) = _packed_over_pages(len_q, len_k, hq, hk, d, dtype, 11)
     for num_splits in (3, 0):
         out = torch.full_like(q, math.nan, device=device)
         lse = torch.full((hq, q.shape[0]), math.nan, device=device)
@@ -306,12 +312,8 @@ def test_varlen_cache_routing(monkeypatch):
     monkeypatch.setattr(launch, "RECORD", [])
     hq, hk, d = 8, 2, 128
     short, tiles, wide = forward._short_tiles(d, d, hq // hk, True, False)
-    len_q, len_k = [1, 0, 3, short, 2, short + 1, 9, 1], [70, 33, 0, 90, 17, 64, 50, 1]    # 6 pages at most
-    g = torch.Generator().manual_seed(3)
-    cu_q, cu_k = (torch.tensor([0] + list(torch.tensor(n).cumsum(0)), dtype=torch.int32) for n in (len_q, len_k))
-    q = torch.randn(int(cu_q[-1]), hq, d, generator=g).half()
-    k, v = (torch.randn(int(cu_k[-1]), hk, d, generator=g).half() for _ in range(2))
-    k_cache, v_cache, table = paged_packed(16, k, v, cu_k, perm=torch.randperm(len(len_q) * 6, generator=g))
+    len_q, len_k = [1, 0, 3, short, 2, short + 1, 9, 1], [70, 33, 0, 90, 17, 64, 50, 1]
+    q, cu_q, k_cache, v_cache, table, ref = _packed_over_pages(len_q, len_k, hq, hk, d, torch.float16, 3)
     out = torch.full_like(q, math.nan)
     lse = torch.full((hq, q.shape[0]), math.nan)
     attention_forward(q, k_cache, v_cache, out, lse, cu_seqlens_q=cu_q, cu_seqlens_k=None, max_seqlen_q=max(len_q),
@@ -320,8 +322,7 @@ def test_varlen_cache_routing(monkeypatch):
     assert left_out == [short]
     assert [(meta["BLOCK_M"], meta.get("WIDE_M")) for name, _, meta in launch.RECORD
             if name == "attn_fwd_kernel"] == [(tiles[0], wide and wide[0])]
-    _assert_sequences(out, lse, cu_q, [n <= short for n in len_q],
-                      attention_varlen_ref(q, k, v, cu_q, cu_k, causal=True), torch.float16)
+    _assert_sequences(out, lse, cu_q, [n <= short for n in len_q], ref, torch.float16)
 
 
 @pytest.mark.parametrize("target", TARGETS)
