@@ -1356,6 +1356,13 @@ def _as_batch(q, k, v, varlen, cache):
     return q.unsqueeze(0), k, v
 
 
+def _key_bound(seqlen_k, cache, k):
+    """A call's bound on a sequence's keys: a paged cache's capacity (its block table's pages a sequence times `k`'s
+    page size), else `seqlen_k` (k's rows a sequence, or a packed call's max_seqlen_k)."""
+    table = cache[1] if cache else None
+    return seqlen_k if table is None else table.shape[1] * k.shape[1]
+
+
 def choose_tiles(d, causal, seqlen_q, left=-1, softcap=0.0, paged=False, dv=None):
     """`_PAIR_TILES[d, dv]`, `_TILES[d]`, or `_WIDE_TILES[d]` for a long call. A masked call with a left window bound
     (`left` >= 0) is as long as its window: the 192-row items of a 128-key window at 16k rows (gpt-oss, d = 64) ran
@@ -1486,8 +1493,7 @@ class _Plan:
         _, _, seqlen_q, seqlen_k = varlen
         items, rows, programs, key_bytes, heads, heads_k = self.packed
         q, k, v = _as_batch(q, k, v, varlen, cache)
-        if cache and cache[1] is not None:        # a paged cache: seqlen_k is its capacity (`_plan`)
-            seqlen_k = cache[1].shape[1] * k.shape[1]
+        seqlen_k = _key_bound(seqlen_k, cache, k)
         bq, bk, bv, bo = self.boxes
         padded = len(bq[1]) == 4                    # a padded call's boxes are 4-D (`_view`)
         boxes = ((_view(q, padded), *bq[1:]), (_view(k, padded), *bk[1:]),
@@ -1560,14 +1566,13 @@ def _plan(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None
     table = None if cache is None else cache[1]
     if varlen is None:
         batch, seqlen_q = q.shape[:2]
-        seqlen_k = k.shape[1] if table is None else table.shape[1] * k.shape[1]     # a cache's capacity
+        seqlen_k = _key_bound(k.shape[1], cache, k)
         o_strides, lse_strides = out.stride()[:3], lse.stride()
     else:                         # one packed batch for TMA; each sequence's rows from cu_seqlens (`_work_item`)
         cu_q, _, seqlen_q, seqlen_k = varlen
         batch = cu_q.shape[0] - 1
         q, k, v = _as_batch(q, k, v, varlen, cache)
-        if table is not None:     # a paged cache beside packed queries: its capacity
-            seqlen_k = table.shape[1] * k.shape[1]
+        seqlen_k = _key_bound(seqlen_k, cache, k)
         o_strides, lse_strides = (0, *out.stride()[:2]), (0, *lse.stride())
     heads_q, d = q.shape[2:]
     heads_k, dv = k.shape[2], v.shape[3]
