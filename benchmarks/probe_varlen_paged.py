@@ -4,10 +4,11 @@ group of equal-length sequences (decodes, speculative decodes, chunks: each batc
 on the same cache.
 
     PYTHONPATH=src python3 benchmarks/probe_varlen_paged.py [--out varlen_paged.json] [--short 32 64:16] [--parts]
-        [--rows 2 3] [--wide 64,32,4,5] [--pack] [--kernels]
+        [--rows 2 3] [--wide 64,32,4,5] [--pack] [--kernels] [--heads 32 16] [--case 32x64,1x512@4096]
 
 Rows: groups of (count, query rows) sequences (causal), every sequence with `context` keys in 16-key pages
-(shuffled), 32 / 8 heads, d = 128, bf16. TFLOP/s over the pairs the causal mask lets through, CUDA-graph replays;
+(shuffled), 32 / 8 heads (`--heads` query and KV heads), d = 128, bf16; CASES, or with `--case` those given
+(COUNTxROWS,...@CONTEXT) in their place. TFLOP/s over the pairs the causal mask lets through, CUDA-graph replays;
 outputs compared first (`probe_row`). Besides the call as routed (`ours`) and the calls per group (`calls`): the
 same call held on the portable kernel (`portable`); with `forward.SHORT_TILE_ROWS` at each `--short` value
 (`shortN`: sequences of up to N / group query rows left to the portable kernel's second launch; N:R, `shortN_tilesR`:
@@ -80,10 +81,14 @@ def main():
     p.add_argument("--kernels", action="store_true",
                    help="also each kernel's GPU time a call (torch.profiler) of ours and the --short / --wide forms")
     p.add_argument("--rows", type=int, nargs="*", default=None, help="indices of the rows to run (all by default)")
+    p.add_argument("--heads", type=int, nargs=2, default=(32, 8), help="query heads and KV heads")
+    p.add_argument("--case", nargs="*", default=[], help="rows to run in CASES' place, each COUNTxROWS,...@CONTEXT")
     a = p.parse_args()
     rows = []
-    hq, hk, d, page = 32, 8, 128, 16
-    for index, (groups, context) in enumerate(CASES):
+    (hq, hk), d, page = a.heads, 128, 16
+    cases = [(tuple(tuple(int(x) for x in g.split("x")) for g in spec.split("@")[0].split(",")),
+              int(spec.split("@")[1])) for spec in a.case] or CASES
+    for index, (groups, context) in enumerate(cases):
         if a.rows is not None and index not in a.rows:
             continue
         lens_q = [n for count, n in groups for _ in range(count)]
@@ -116,7 +121,7 @@ def main():
         def calls():
             return torch.cat([group_call(i) for i in range(len(groups))])
         flops = sum(attention_flops(count, n, context, hq, d, d, causal=True) for count, n in groups)
-        row = dict(groups=" ".join(f"{c}x{n}" for c, n in groups), context=context, page=page)
+        row = dict(groups=" ".join(f"{c}x{n}" for c, n in groups), context=context, page=page, heads=f"{hq}/{hk}")
         impls = {"ours": ours, "calls": calls, "portable": held_call(portable=True)}
         for spec in a.short:
             n, _, cap = spec.partition(":")

@@ -633,32 +633,37 @@ def _tma_ok(t, d, block_d):
 
 
 # A varlen call over a KV cache on the Gluon kernel leaves its sequences of at most SHORT_TILE_ROWS // group query
-# rows (at least 1) to a second launch of the portable kernel (`attention_forward`): there a sequence's rows of
-# every query head of a KV head share one decode tile and its keys are read once, where the Gluon kernel would give
-# each query head its own 128-row item and read them once a head. The launch has two tile forms (`_short_tiles`):
-# the decodes' (at most NARROW_ROWS packed rows) and one tile of DECODE_ROWS' table for the longer sequences
-# (speculative decodes); where the two differ in warps, the decodes' form alone, for NARROW_ROWS // group rows.
-# H200, page 16, 32 / 8 heads, d = 128, against SHORT_TILE_ROWS = 16 (the narrow form alone) in one run
-# (history/probe_varlen_paged_h200_3639ce1.json): 32 sequences of 8 / 16 rows beside a 512-row chunk 2.86x / 2.83x
-# (1.00 / 1.01 of `attention_with_kvcache` called per group); batches without such sequences 0.976-0.990. The 64-row
-# form alone for every short sequence cost those ~0.6-3.5% (history/probe_varlen_paged_short_h200_8808a7f.json).
-# Of that loss, the split launch's merge (`combine`) ran a program for every 8 rows of the longest sequence's 16
-# positions, of which a decode has one: with the programs that hold none of their sequence's rows skipped, 32 decodes
-# + 2 x 512, 4 x 512 and 8 decodes + 2048 at 16k keys read 0.981 / 1.003 / 0.993 of the narrow form alone
-# (history/probe_varlen_paged_combine_h200_83c89ae+combine.json; the merge 8.2 -> 1.6 and 16.9 -> 5.4 us a call).
-# The rest is the decodes' share of the wide form's 113 KB of shared memory (the narrow form's: 72 KB): a 32-key
-# wide tile (64, 32, 4, 5), in 72 KB, took back 0.4-1.0% there and cost the speculative decodes 0.4-1.5% (three
-# processes: ..._wide_h200_83c89ae.json, ..._wide2_..., ..._combine_...), so the 64-key tile stays.
-SHORT_TILE_ROWS = DECODE_ROWS
+# rows (at least 1, at most DECODE_ROWS) to a second launch of the portable kernel (`attention_forward`): there a
+# sequence's rows of every query head of a KV head share decode tiles (M blocks of at most DECODE_ROWS packed rows)
+# and each tile reads the keys once, where the Gluon kernel would give each query head its own 128-row item, filled
+# to rows / 128. The launch has two tile forms (`_short_tiles`): the decodes' (at most NARROW_ROWS packed rows) and
+# DECODE_ROWS' table's for the longer sequences (speculative decodes); where the two differ in warps, the decodes'
+# form alone, for NARROW_ROWS // group rows. Its splits are planned on one M block a sequence (the decodes').
+# H200, page 16, d = 128, 32 sequences of R rows beside a 512-row chunk, 4k keys, TFLOP/s against
+# `attention_with_kvcache` called per group (history/probe_varlen_paged_{groups,cap}G_h200_a91f978_mblocks.json):
+# 32 / 8 heads R = 32 0.51 -> 0.91 with SHORT_TILE_ROWS 128 or 256, R = 64 +1.6% at 256; 64 / 8 heads R = 16
+# 0.32 -> 0.92 (128), R = 32 0.52 -> 0.91 (256), R = 64 -2.4% at 512 (so not); 32 / 16 heads R = 64 +7.9% at 128;
+# MHA R = 128 -36% at 128 (so the cap at DECODE_ROWS, as before for MHA). Decodes alone and with 512 / 2048-row
+# chunks within 0.2% of 64. (The calls' own R = 64 runs twice as fast again: `attention_with_kvcache` gives padded
+# calls Gluon items of two query heads, `forward_sm90.pack_heads`, which a packed call does not: 0.60 of the calls.)
+# Earlier: against SHORT_TILE_ROWS = 16 (the narrow form alone), 32 sequences of 8 / 16 rows beside a 512-row chunk
+# 2.86x / 2.83x (history/probe_varlen_paged_h200_3639ce1.json); the merge (`combine`) skips its programs that hold
+# none of their sequence's rows (history/probe_varlen_paged_combine_h200_83c89ae+combine.json: 32 decodes + 2 x 512,
+# 4 x 512 and 8 decodes + 2048 at 16k keys 0.981 / 1.003 / 0.993 of the narrow form alone). The rest is the decodes'
+# share of the wide form's 113 KB of shared memory (the narrow form's: 72 KB): a 32-key wide tile (64, 32, 4, 5), in
+# 72 KB, took back 0.4-1.0% there and cost the speculative decodes 0.4-1.5% (three processes:
+# ..._wide_h200_83c89ae.json, ..._wide2_..., ..._combine_...), so the 64-key tile stays.
+SHORT_TILE_ROWS = 4 * DECODE_ROWS
 
 
 def _short_tiles(dqk, dv, group, paged, interpret, rows=None):
     """The short launch's (rows, tiles, wide): the query rows of its longest sequences (`rows` if given, else from
     SHORT_TILE_ROWS), its tiles and its second form's (BLOCK_M, BLOCK_N, num_warps, num_stages) for sequences of
-    more packed rows than the first holds (None: one form)."""
+    more packed rows than the first holds (None: one form), tiles of at most DECODE_ROWS packed rows: a sequence of
+    more takes several (the launch's M blocks)."""
     one = rows is not None
-    rows = rows or max(1, SHORT_TILE_ROWS // group)
-    tiles = _tile_config(dqk, dv, interpret, rows=rows * group, paged=paged)
+    rows = rows or max(1, min(SHORT_TILE_ROWS // group, DECODE_ROWS))
+    tiles = _tile_config(dqk, dv, interpret, rows=min(rows * group, DECODE_ROWS), paged=paged)
     narrow_rows = min(NARROW_ROWS // group, rows)
     if narrow_rows == 0 or narrow_rows == rows:
         return rows, tiles, None
@@ -944,8 +949,10 @@ def _portable_plan(q4, k, v, o4, lse, lse_strides, *, pair, varlen, batch, seqle
     m_blocks = cdiv(seqlen_q * gp, (wide or tiles)[0])
     programs = batch * heads_eff * m_blocks
     if num_splits == 0:
-        # Planned on the cache's capacity, not its lengths (no host sync).
-        num_splits = plan_num_splits(programs, max_seqlen_k, block_n, num_sms(q4.device), num_warps)
+        # Planned on the cache's capacity, not its lengths (no host sync); a short launch on one M block a
+        # sequence, its decodes' (the M blocks past a sequence's rows return at once).
+        num_splits = plan_num_splits(batch * heads_eff if short else programs, max_seqlen_k, block_n,
+                                     num_sms(q4.device), num_warps)
     o_dst, lse_dst, split_strides, parts = o4, lse, (0, 0), None
     if num_splits > 1:
         # Partial results in fp32, one slab per split, merged after. The LSE slab is (b, sq, hq) so that each
