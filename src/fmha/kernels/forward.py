@@ -644,8 +644,8 @@ def _tma_ok(t, d, block_d):
 # 32 / 8 heads R = 32 0.51 -> 0.91 with SHORT_TILE_ROWS 128 or 256, R = 64 +1.6% at 256; 64 / 8 heads R = 16
 # 0.32 -> 0.92 (128), R = 32 0.52 -> 0.91 (256), R = 64 -2.4% at 512 (so not); 32 / 16 heads R = 64 +7.9% at 128;
 # MHA R = 128 -36% at 128 (so the cap at DECODE_ROWS, as before for MHA). Decodes alone and with 512 / 2048-row
-# chunks within 0.2% of 64. (The calls' own R = 64 runs twice as fast again: `attention_with_kvcache` gives padded
-# calls Gluon items of two query heads, `forward_sm90.pack_heads`, which a packed call does not: 0.60 of the calls.)
+# chunks within 0.2% of 64. (32 / 8 heads, R = 64: 0.60 of the calls, whose padded 64-row call takes Gluon items of
+# two query heads, `forward_sm90.pack_heads`, full where a packed call's one-head items are half empty.)
 # Earlier: against SHORT_TILE_ROWS = 16 (the narrow form alone), 32 sequences of 8 / 16 rows beside a 512-row chunk
 # 2.86x / 2.83x (history/probe_varlen_paged_h200_3639ce1.json); the merge (`combine`) skips its programs that hold
 # none of their sequence's rows (history/probe_varlen_paged_combine_h200_83c89ae+combine.json: 32 decodes + 2 x 512,
