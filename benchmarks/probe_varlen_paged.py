@@ -15,7 +15,8 @@ same call held on the portable kernel (`portable`); with `forward.SHORT_TILE_ROW
 that launch's tiles those of R packed rows at most, one form, e.g. 16 for the decodes' narrow one; by default
 `short16`, the narrow form alone, as before the two forms of `forward._short_tiles`); with each `--wide` M,N,W,S,
 the short launch's second form in those tiles (`wideM_N_W_S`); with `--pack`, the Gluon launch's items of two
-query heads (`forward_sm90.pack_heads`' form, which the package keeps to padded calls); with `--parts`,
+query heads (`forward_sm90.pack_heads`' form, which the package keeps to padded calls), as routed (`pack`) and
+with each `--short` value (`shortN_pack`); with `--parts`,
 each launch alone (`gluon_part`, `short_part`: the TFLOP/s of the whole row's pairs over that launch's time, so a
 part's share of the call is ours / part) and each group's call alone (`call_R`, R its rows a sequence); with
 `--kernels`, each kernel's GPU time a call (`ours:NAME_us`, eager calls under torch.profiler) of ours and of the
@@ -125,8 +126,10 @@ def main():
         impls = {"ours": ours, "calls": calls, "portable": held_call(portable=True)}
         for spec in a.short:
             n, _, cap = spec.partition(":")
-            impls[f"short{n}" + (f"_tiles{cap}" if cap else "")] = held_call(short_tile_rows=int(n),
-                                                                             tile_rows=int(cap or 0))
+            name = f"short{n}" + (f"_tiles{cap}" if cap else "")
+            impls[name] = held_call(short_tile_rows=int(n), tile_rows=int(cap or 0))
+            if a.pack:
+                impls[name + "_pack"] = held_call(short_tile_rows=int(n), tile_rows=int(cap or 0), pack=True)
         for spec in a.wide:
             impls["wide" + spec.replace(",", "_")] = held_call(wide=tuple(int(x) for x in spec.split(",")))
         if a.pack:
