@@ -947,11 +947,10 @@ def _portable_plan(q4, k, v, o4, lse, lse_strides, *, pair, varlen, batch, seqle
     # them per program cost ~10-20% at s <= 4k).
     tma = (1 if varlen else 2) if use_tma else 0
     m_blocks = cdiv(seqlen_q * gp, (wide or tiles)[0])
-    programs = batch * heads_eff * m_blocks
     if num_splits == 0:
         # Planned on the cache's capacity, not its lengths (no host sync); a short launch on one M block a
         # sequence, its decodes' (the M blocks past a sequence's rows return at once).
-        num_splits = plan_num_splits(batch * heads_eff if short else programs, max_seqlen_k, block_n,
+        num_splits = plan_num_splits(batch * heads_eff * (1 if short else m_blocks), max_seqlen_k, block_n,
                                      num_sms(q4.device), num_warps)
     o_dst, lse_dst, split_strides, parts = o4, lse, (0, 0), None
     if num_splits > 1:
