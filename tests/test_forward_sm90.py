@@ -419,6 +419,26 @@ def test_gluon_pack_heads_varlen():
         assert_matches(out, lse, (ref, ref_lse), q.dtype)
 
 
+@pytest.mark.parametrize("heads", [(8, 2), (8, 4), (6, 2), (4, 4)], ids=["group4", "group2", "group3", "mha"])
+def test_gluon_varlen_paired_tails(heads):
+    """Packed sequences whose last 128-row block holds at most 64 rows (`forward_sm90._paired_tail`: in an even GQA
+    group that block of two query heads runs as one item, the odd head's own item left out): tails of 1, 17, 63
+    and 64 rows (paired), 65 and 127 (not), a sequence of none, one with fewer keys than rows; causal, unmasked and
+    a sliding window. The output starts as NaN and every head's rows must match the oracle, so a head or a row
+    that the pairing drops, or writes to the wrong head, fails."""
+    from fmha.kernels import forward_sm90
+    hq, hk = heads
+    len_q, len_k = [64, 0, 129, 17, 191, 65, 1, 255, 63], [64, 30, 500, 17, 100, 300, 900, 255, 80]
+    q, k, v, cu_q, cu_k = _packed(len_q, len_k, hq, hk, 128, 128)
+    for mask in (dict(causal=False), dict(causal=True), dict(causal=True, window=(70, 0))):
+        out = torch.full((q.shape[0], hq, 128), float("nan"), dtype=q.dtype, device="cuda")
+        lse = torch.full((hq, q.shape[0]), float("nan"), device="cuda")
+        assert forward_sm90.attention_forward_sm90(q, k, v, out, lse, softmax_scale=128 ** -0.5,
+                                                   varlen=(cu_q, cu_k, max(len_q), max(len_k)), **mask)
+        ref, ref_lse = attention_varlen_ref(q, k, v, cu_q, cu_k, **mask)
+        assert_matches(out, lse, (ref, ref_lse), q.dtype)
+
+
 def test_gluon_varlen_longer_buffer(monkeypatch):
     """Packed sequences in k / v buffers longer than cu_seqlens_k[-1], NaN past it: the last sequence's last key
     tile reaches those rows, and its V rows there are zeroed before P·V."""

@@ -33,7 +33,8 @@ never stored). The output is written with masked pointer stores, one row per que
 calls, where it goes through a staging buffer by TMA store (`tma_store`; the box clips rows past the end). Packed
 sequences (VARLEN)
 are one batch of (1, total, columns): a sequence's tiles start at its cu_seqlens row, and a tile that runs past
-its end reads the next sequence's rows, masked like those past a padded sequence's end. A head_dim_qk that is not a
+its end reads the next sequence's rows, masked like those past a padded sequence's end; in an even GQA group a
+sequence's last row block of at most 64 rows runs two query heads in one item (`_paired_tail`). A head_dim_qk that is not a
 power of two (192) is held as QK_PARTS column parts of a power-of-two width (`_QK_PART`), each its own TMA box and
 shared-memory slot, and Q·Kᵀ is one wgmma per part into the same scores (`_scores`). A head dim run padded (96 as
 128, ...) is seen as (batch, seqlen, heads, head_dim) instead, whose boxes get TMA's zeros past the head's last
@@ -193,7 +194,10 @@ def _work_item(t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, CU_
         diag = sk - sq
         if WINDOW:
             diag += right
-        hi = gl.maximum(gl.minimum(hi, m_start + ITEM_ROWS + diag), 0)
+        m_end = m_start + ITEM_ROWS
+        if VARLEN:                # the sequence's last row, where the item runs past it
+            m_end = gl.minimum(m_end, sq)
+        hi = gl.maximum(gl.minimum(hi, m_end + diag), 0)
     if VARLEN:
         hi = gl.where(m_start < sq, hi, 0)
     lo = 0
@@ -207,6 +211,19 @@ def _work_item(t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, CU_
         lo = gl.maximum(m_start + lead, 0) // BLOCK_N
         n_tiles = gl.maximum(n_tiles - lo, 0)
     return b, h, h // group, m_start, lo, n_tiles, sq, sk, row_q, row_k, tb, lead
+
+
+@gluon.jit
+def _paired_tail(m_start, sq, group, VARLEN: gl.constexpr, WGS: gl.constexpr, HEADS: gl.constexpr):
+    """Whether an item of one head (`_work_item`: its first row m_start, the sequence's sq rows) is a packed
+    sequence's last row block of at most ROWS rows in an
+    even GQA group: that block of query heads h and h + 1 (h even) runs as one item, each consumer warpgroup one
+    head (as HEADS = 2 does every item), and head h + 1's item is left out (`_skipped`). Without it the second
+    warpgroup's rows there all lie past the sequence's end: half of the item's work, and its keys read twice."""
+    pair = False
+    if VARLEN and WGS == 2 and HEADS == 1:
+        pair = (group % 2 == 0) & (sq - m_start <= ROWS)
+    return pair
 
 
 @gluon.jit
@@ -375,11 +392,12 @@ def _load_item(args, t, item, kv, w, BLOCK_N: gl.constexpr,
                PAGE_ROWS: gl.constexpr, HEADS: gl.constexpr, VARLEN: gl.constexpr, V_COPY: gl.constexpr):
     """Post work item t (the producer's w-th; `item`: its `_work_item` fields) and load its Q rows and key tiles
     lo .. lo + n_tiles - 1 of its sk keys; returns (kv, w) after it. Consumer warpgroup g's Q: rows
-    m_start + g * ROWS of head h, or with HEADS = 2 rows m_start of head h + g."""
+    m_start + g * ROWS of head h, or with HEADS = 2 (or a paired tail, `_paired_tail`) rows m_start of head h + g."""
     (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
-     _, _, _, _, _, _, _, _, stride_qh, stride_kh, stride_vh, _, _, _, _, _, _, BLOCK_TABLE, stride_bt,
+     _, _, _, _, _, group, _, _, stride_qh, stride_kh, stride_vh, _, _, _, _, _, _, BLOCK_TABLE, stride_bt,
      page_size) = args
     b, h, hk, m_start, lo, n_tiles, _, sk, row_q, row_k, tb, _ = item
+    pair = _paired_tail(m_start, item[6], group, VARLEN, WGS, HEADS)
     row_v = row_k
     if VARLEN and V_COPY:
         # FP8 packed sequences: V's copy has sequence b's keys from an aligned column (row_k = CU_K[b])
@@ -418,6 +436,9 @@ def _load_item(args, t, item, kv, w, BLOCK_N: gl.constexpr,
             else:
                 q_row = row_q + m_start + g * ROWS
                 q_head = h
+                if g > 0:
+                    q_row = gl.where(pair, row_q + m_start, q_row)
+                    q_head = gl.where(pair, h + g, q_head)
             tma.async_copy_global_to_shared(q_desc, _at(q_desc, tb, q_row, q_head, stride_qh, j * q_box[-1]),
                                             q_ready.index(qb),
                                             q_smem.index(QK_PARTS * (WGS * qb + g) + j).reshape(q_box))
@@ -429,10 +450,11 @@ def _load_item(args, t, item, kv, w, BLOCK_N: gl.constexpr,
 
 
 @gluon.jit
-def _skipped(item, MIN_ROWS: gl.constexpr):
-    """Whether a packed sequence's item is left out: its first row past the sequence's query length, or (MIN_ROWS >
-    0) a sequence of at most MIN_ROWS query rows."""
-    skip = item[3] >= item[6]
+def _skipped(item, group, WGS: gl.constexpr, HEADS: gl.constexpr, MIN_ROWS: gl.constexpr):
+    """Whether a packed sequence's item is left out: its first row past the sequence's query length, the odd head
+    of a paired tail (`_paired_tail`: the even head's item runs it), or (MIN_ROWS > 0) a sequence of at most
+    MIN_ROWS query rows."""
+    skip = (item[3] >= item[6]) | (_paired_tail(item[3], item[6], group, True, WGS, HEADS) & (item[1] % 2 == 1))
     if MIN_ROWS > 0:
         skip = skip | (item[6] <= MIN_ROWS)
     return skip
@@ -479,7 +501,7 @@ def _first_with_rows(t, args, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, WGS: 
      _, CU_Q, CU_K, left, LEFTS, right, SEQLENS, _, _, _) = args
     item = _work_item(gl.minimum(t, n_m * n_bh - 1), n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, CU_Q,
                       CU_K, SEQLENS, left, LEFTS, right, BLOCK_N, CAUSAL, WGS, True, WINDOW, HEADS)
-    while (t < n_m * n_bh) & _skipped(item, MIN_ROWS):
+    while (t < n_m * n_bh) & _skipped(item, group, WGS, HEADS, MIN_ROWS):
         _past_empty(COUNTER, t, item, CU_Q, n_m, n_bh, head_chunk, heads_q, CAUSAL, WGS, HEADS, MIN_ROWS)
         t = _next_item(COUNTER, t, True)
         item = _work_item(gl.minimum(t, n_m * n_bh - 1), n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k,
@@ -871,6 +893,10 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
         else:
             h = h0
             m0 = m_start + WG * ROWS
+            if WG > 0:            # a paired tail: the same rows of the next head
+                pair = _paired_tail(m_start, sq, group, VARLEN, WGS, HEADS)
+                h = gl.where(pair, h0 + WG, h)
+                m0 = gl.where(pair, m_start, m0)
         q_pos = m0 + gl.arange(0, ROWS, layout=row_s)
         # With three warpgroups, the key tiles this one's rows need: none past the causal horizon of its last
         # row, none when all its rows lie past the sequence's end (the last 192-row block of a sequence whose
