@@ -301,11 +301,13 @@ def test_varlen_cache_short_two_forms(target, short_tile_rows, monkeypatch):
 
 
 @pytest.mark.cpu
-def test_varlen_cache_routing(monkeypatch):
+@pytest.mark.parametrize("heads", [(8, 2), (6, 2)], ids=["group4", "group3"])
+def test_varlen_cache_routing(heads, monkeypatch):
     """The host side of a routed varlen call over a paged cache, on the CPU: the Gluon launch (a stand-in here, which
-    writes nothing) is told to leave out the sequences of at most `_short_tiles`' rows, and the portable launch
-    after it runs exactly those, in `_short_tiles`' two forms (the GPU's tile tables, run by the interpreter): each
-    matches the oracle, the others' rows stay NaN."""
+    writes nothing) is told to leave out the sequences of at most `_short_tiles`' rows (half as many in an even GQA
+    group, whose tails of at most 64 rows the Gluon kernel pairs: `forward_sm90.pairs_tails`), and the portable
+    launch after it runs exactly those, in `_short_tiles`' two forms (the GPU's tile tables, run by the
+    interpreter): each matches the oracle, the others' rows stay NaN."""
     from fmha.kernels import forward, forward_sm90, launch
     left_out = []
     monkeypatch.setattr(forward, "gluon_enabled", lambda: True)
@@ -313,8 +315,11 @@ def test_varlen_cache_routing(monkeypatch):
     monkeypatch.setattr(forward_sm90, "attention_forward_sm90", lambda *a, short_rows=0, **kw: left_out.append(
         short_rows) or True)
     monkeypatch.setattr(launch, "RECORD", [])
-    hq, hk, d = 8, 2, 128
-    short, tiles, wide = forward._short_tiles(d, d, hq // hk, True, False)
+    (hq, hk), d = heads, 128
+    paired = hq // hk % 2 == 0
+    assert forward_sm90.pairs_tails(d, d, hq // hk, True, 128, -1, 0.0, True) == paired
+    short, tiles, wide = forward._short_tiles(d, d, hq // hk, True, False, paired=paired)
+    assert short == forward.DECODE_ROWS // (2 if paired else 1)
     len_q, len_k = [1, 0, 3, short, 2, short + 1, 9, 1], [70, 33, 0, 90, 17, 64, 50, 1]
     q, cu_q, k_cache, v_cache, table, ref = _packed_over_pages(len_q, len_k, hq, hk, d, torch.float16, 3)
     out = torch.full_like(q, math.nan)

@@ -633,7 +633,8 @@ def _tma_ok(t, d, block_d):
 
 
 # A varlen call over a KV cache on the Gluon kernel leaves its sequences of at most SHORT_TILE_ROWS // group query
-# rows (at least 1, at most DECODE_ROWS) to a second launch of the portable kernel (`attention_forward`): there a
+# rows (at least 1, at most DECODE_ROWS; DECODE_ROWS // 2 where the Gluon launch pairs two query heads' tails of at
+# most 64 rows in one item, `forward_sm90.pairs_tails`) to a second launch of the portable kernel (`attention_forward`): there a
 # sequence's rows of every query head of a KV head share decode tiles (M blocks of at most DECODE_ROWS packed rows)
 # and each tile reads the keys once, where the Gluon kernel would give each query head its own 128-row item, filled
 # to rows / 128. The launch has two tile forms (`_short_tiles`): the decodes' (at most NARROW_ROWS packed rows) and
@@ -644,8 +645,10 @@ def _tma_ok(t, d, block_d):
 # 32 / 8 heads R = 32 0.51 -> 0.91 with SHORT_TILE_ROWS 128 or 256, R = 64 +1.6% at 256; 64 / 8 heads R = 16
 # 0.32 -> 0.92 (128), R = 32 0.52 -> 0.91 (256), R = 64 -2.4% at 512 (so not); 32 / 16 heads R = 64 +7.9% at 128;
 # MHA R = 128 -36% at 128 (so the cap at DECODE_ROWS, as before for MHA). Decodes alone and with 512 / 2048-row
-# chunks within 0.2% of 64. (32 / 8 heads, R = 64: 0.60 of the calls, whose padded 64-row call takes Gluon items of
-# two query heads, `forward_sm90.pack_heads`, full where a packed call's one-head items are half empty.)
+# chunks within 0.2% of 64. With the Gluon tails paired (b36aebf, history/probe_varlen_paged_pairtails_g{2,4,8}_h200_
+# b36aebf.json), ours / the calls: 32 / 8 heads R = 64 0.59 -> 0.99 and R = 48 1.11 -> 1.45 on the Gluon kernel
+# (R = 32 stays: Gluon 6% behind the portable there); 32 / 16 heads R = 64 0.68 -> 0.99, R = 48 0.89 -> 1.29; 64 / 8
+# heads already at 32 rows (R = 32 within 2% either way); 4 x 512 alone within 1%.
 # Earlier: against SHORT_TILE_ROWS = 16 (the narrow form alone), 32 sequences of 8 / 16 rows beside a 512-row chunk
 # 2.86x / 2.83x (history/probe_varlen_paged_h200_3639ce1.json); the merge (`combine`) skips its programs that hold
 # none of their sequence's rows (history/probe_varlen_paged_combine_h200_83c89ae+combine.json: 32 decodes + 2 x 512,
@@ -656,13 +659,14 @@ def _tma_ok(t, d, block_d):
 SHORT_TILE_ROWS = 4 * DECODE_ROWS
 
 
-def _short_tiles(dqk, dv, group, paged, interpret, rows=None):
+def _short_tiles(dqk, dv, group, paged, interpret, rows=None, paired=False):
     """The short launch's (rows, tiles, wide): the query rows of its longest sequences (`rows` if given, else from
-    SHORT_TILE_ROWS), its tiles and its second form's (BLOCK_M, BLOCK_N, num_warps, num_stages) for sequences of
-    more packed rows than the first holds (None: one form), tiles of at most DECODE_ROWS packed rows: a sequence of
-    more takes several (the launch's M blocks)."""
+    SHORT_TILE_ROWS, at most DECODE_ROWS, or half that where the Gluon launch pairs two heads' tails: `paired`,
+    `forward_sm90.pairs_tails`), its tiles and its second form's (BLOCK_M, BLOCK_N, num_warps, num_stages) for
+    sequences of more packed rows than the first holds (None: one form), tiles of at most DECODE_ROWS packed rows:
+    a sequence of more takes several (the launch's M blocks)."""
     one = rows is not None
-    rows = rows or max(1, min(SHORT_TILE_ROWS // group, DECODE_ROWS))
+    rows = rows or max(1, min(SHORT_TILE_ROWS // group, DECODE_ROWS // 2 if paired else DECODE_ROWS))
     tiles = _tile_config(dqk, dv, interpret, rows=min(rows * group, DECODE_ROWS), paged=paged)
     narrow_rows = min(NARROW_ROWS // group, rows)
     if narrow_rows == 0 or narrow_rows == rows:
@@ -828,7 +832,10 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
         from . import forward_sm90
         short = (0, None, None)
         if varlen and cache_seqlens is not None:
-            short = _short_tiles(dqk, dv, group, block_table is not None, interpret)
+            paired = forward_sm90.pairs_tails(dqk, dv, group, right >= 0 or left >= 0 or window_lefts is not None,
+                                              max_seqlen_q, left if window_lefts is None else -1, softcap,
+                                              block_table is not None)
+            short = _short_tiles(dqk, dv, group, block_table is not None, interpret, paired=paired)
         if forward_sm90.attention_forward_sm90(
                 q, k, v, out, lse, causal=right >= 0, softmax_scale=scale,
                 varlen=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) if varlen else None,

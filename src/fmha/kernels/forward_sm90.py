@@ -1429,6 +1429,14 @@ def pack_heads(group, seqlen_q, wgs, varlen=False):
     return wgs == 2 and group % 2 == 0 and not varlen and 0 < seqlen_q % (2 * _ROWS) <= _ROWS
 
 
+def pairs_tails(d, dv, group, masked, seqlen_q, left, softcap, paged):
+    """Whether a packed call's items pair two query heads' last row blocks of at most ROWS rows (`_paired_tail`):
+    an even GQA group on tiles of two consumer warpgroups (`choose_tiles`; `d`, `dv` the call's head dims)."""
+    dims = padded_dims(d, dv)
+    return group % 2 == 0 and dims is not None and choose_tiles(dims[0], masked, seqlen_q, left, softcap, paged,
+                                                                dims[1])[4] == 2
+
+
 def page_rows(page_size, block_n):
     """Rows of a paged cache's TMA box: the largest power of two that divides the page, at most a key tile (a page
     size is a multiple of 16)."""
