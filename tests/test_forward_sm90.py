@@ -419,23 +419,46 @@ def test_gluon_pack_heads_varlen():
         assert_matches(out, lse, (ref, ref_lse), q.dtype)
 
 
+@pytest.mark.parametrize("form", ["paged", "seqused", "no-cache"])
 @pytest.mark.parametrize("heads", [(8, 2), (8, 4), (6, 2), (4, 4)], ids=["group4", "group2", "group3", "mha"])
-def test_gluon_varlen_paired_tails(heads):
-    """Packed sequences whose last 128-row block holds at most 64 rows (`forward_sm90._paired_tail`: in an even GQA
-    group that block of two query heads runs as one item, the odd head's own item left out): tails of 1, 17, 63
-    and 64 rows (paired), 65 and 127 (not), a sequence of none, one with fewer keys than rows; causal, unmasked and
-    a sliding window. The output starts as NaN and every head's rows must match the oracle, so a head or a row
-    that the pairing drops, or writes to the wrong head, fails."""
+def test_gluon_varlen_paired_tails(heads, form):
+    """Packed sequences over a KV cache (16-key pages, shuffled, NaN past each sequence's keys; or packed keys of
+    which each sequence uses its first seqused_k, NaN after) whose last 128-row block holds at most 64 rows
+    (`forward_sm90._paired_tail`: in an even GQA group that block of two query heads runs as one item, the odd
+    head's own item left out): tails of 1, 17, 63 and 64 rows (paired), 65 and 127 (not), a sequence of none, one
+    with fewer keys than rows; causal, unmasked and a sliding window; and the same without a cache (no pairing
+    there). The output starts as NaN and every head's rows must match the oracle, so a head or a row that the
+    pairing drops, or writes to the wrong head, fails."""
     from fmha.kernels import forward_sm90
+    from utils import paged_packed
     hq, hk = heads
     len_q, len_k = [64, 0, 129, 17, 191, 65, 1, 255, 63], [64, 30, 500, 17, 100, 300, 900, 255, 80]
     q, k, v, cu_q, cu_k = _packed(len_q, len_k, hq, hk, 128, 128)
+    used = torch.tensor(len_k, dtype=torch.int32, device="cuda")
+    if form == "paged":
+        perm = torch.randperm(len(len_k) * -(-max(len_k) // 16), generator=torch.Generator().manual_seed(7)).cuda()
+        k_cache, v_cache, table = paged_packed(16, k[:cu_k[-1]], v[:cu_k[-1]], cu_k, perm=perm)
+        call = dict(varlen=(cu_q, None, max(len_q), max(len_k)), cache=(used, table, None))
+    elif form == "seqused":
+        k_cache, v_cache = k.clone(), v.clone()
+        for i, n in enumerate(len_k[:-1]):             # each sequence uses its first n - 3 keys: NaN after them
+            k_cache[cu_k[i] + n - 3:cu_k[i + 1]] = float("nan")
+            v_cache[cu_k[i] + n - 3:cu_k[i + 1]] = float("nan")
+            used[i] = max(n - 3, 0)
+        call = dict(varlen=(cu_q, cu_k, max(len_q), max(len_k)), cache=(used, None, None))
+    else:
+        k_cache, v_cache = k, v
+        call = dict(varlen=(cu_q, cu_k, max(len_q), max(len_k)))
+    keys = [(int(cu_k[i]), int(cu_k[i]) + int(used[i])) for i in range(len(len_k))]
+    cu_used = torch.tensor([0, *torch.tensor([b - a for a, b in keys]).cumsum(0).tolist()], dtype=torch.int32)
+    k_used, v_used = (torch.cat([t[a:b] for a, b in keys]) for t in (k, v))
+    assert not (k_used.isnan().any() or v_used.isnan().any())
     for mask in (dict(causal=False), dict(causal=True), dict(causal=True, window=(70, 0))):
         out = torch.full((q.shape[0], hq, 128), float("nan"), dtype=q.dtype, device="cuda")
         lse = torch.full((hq, q.shape[0]), float("nan"), device="cuda")
-        assert forward_sm90.attention_forward_sm90(q, k, v, out, lse, softmax_scale=128 ** -0.5,
-                                                   varlen=(cu_q, cu_k, max(len_q), max(len_k)), **mask)
-        ref, ref_lse = attention_varlen_ref(q, k, v, cu_q, cu_k, **mask)
+        assert forward_sm90.attention_forward_sm90(q, k_cache, v_cache, out, lse, softmax_scale=128 ** -0.5,
+                                                   **call, **mask)
+        ref, ref_lse = attention_varlen_ref(q, k_used, v_used, cu_q, cu_used.to("cuda"), **mask)
         assert_matches(out, lse, (ref, ref_lse), q.dtype)
 
 
