@@ -637,9 +637,10 @@ def _tma_ok(t, d, block_d):
 # most 64 rows in one item, `forward_sm90.pairs_tails`) to a second launch of the portable kernel
 # (`attention_forward`): there a sequence's rows of every query head of a KV head share decode tiles (M blocks of at
 # most DECODE_ROWS packed rows) and each tile reads the keys once, where the Gluon kernel would give each query head
-# its own 128-row item, filled to rows / 128. The launch has two tile forms (`_short_tiles`): the decodes' (at most NARROW_ROWS packed rows) and
-# DECODE_ROWS' table's for the longer sequences (speculative decodes); where the two differ in warps, the decodes'
-# form alone, for NARROW_ROWS // group rows. Its splits are planned on one M block a sequence (the decodes').
+# its own 128-row item, filled to rows / 128. The launch has two tile forms (`_short_tiles`): the decodes' (at most
+# NARROW_ROWS packed rows) and DECODE_ROWS' table's for the longer sequences (speculative decodes); where the two
+# differ in warps, the decodes' form alone, for NARROW_ROWS // group rows. Its splits are planned on one M block a
+# sequence (the decodes').
 # H200, page 16, d = 128, 32 sequences of R rows beside a 512-row chunk, 4k keys, TFLOP/s against
 # `attention_with_kvcache` called per group (history/probe_varlen_paged_{groups,cap}G_h200_a91f978_mblocks.json):
 # 32 / 8 heads R = 32 0.51 -> 0.91 with SHORT_TILE_ROWS 128 or 256, R = 64 +1.6% at 256; 64 / 8 heads R = 16

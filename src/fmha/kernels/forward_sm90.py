@@ -31,14 +31,14 @@ Each tensor is seen by TMA as (batch, seqlen, columns), head h starting at colum
 that runs past a sequence's end gets TMA's zero fill (keys there are masked to -inf; query rows there are
 never stored). The output is written with masked pointer stores, one row per query, except in short padded d = 256
 calls, where it goes through a staging buffer by TMA store (`tma_store`; the box clips rows past the end). Packed
-sequences (VARLEN)
-are one batch of (1, total, columns): a sequence's tiles start at its cu_seqlens row, and a tile that runs past
-its end reads the next sequence's rows, masked like those past a padded sequence's end; over a KV cache, in an even
-GQA group, a sequence's last row block of at most 64 rows runs two query heads in one item (`_paired_tail`). A
-head_dim_qk that is not a power of two (192) is held as QK_PARTS column parts of a power-of-two width (`_QK_PART`), each its own TMA box and
-shared-memory slot, and Q·Kᵀ is one wgmma per part into the same scores (`_scores`). A head dim run padded (96 as
-128, ...) is seen as (batch, seqlen, heads, head_dim) instead, whose boxes get TMA's zeros past the head's last
-column (`_at`, `_as_box`); the output's extra columns, zeros, are not stored (`DV_STORE`).
+sequences (VARLEN) are one batch of (1, total, columns): a sequence's tiles start at its cu_seqlens row, and a tile
+that runs past its end reads the next sequence's rows, masked like those past a padded sequence's end; over a KV
+cache, in an even GQA group, a sequence's last row block of at most 64 rows runs two query heads in one item
+(`_paired_tail`). A head_dim_qk that is not a power of two (192) is held as QK_PARTS column parts of a power-of-two
+width (`_QK_PART`), each its own TMA box and shared-memory slot, and Q·Kᵀ is one wgmma per part into the same
+scores (`_scores`). A head dim run padded (96 as 128, ...) is seen as (batch, seqlen, heads, head_dim) instead,
+whose boxes get TMA's zeros past the head's last column (`_at`, `_as_box`); the output's extra columns, zeros,
+are not stored (`DV_STORE`).
 
 A KV cache: each sequence's key count from cache_seqlens, its keys at the start of its row of a contiguous cache
 (TMA batch = sequence), or paged: each key tile in boxes of at most a page, each box from the page its block-table
@@ -1433,8 +1433,9 @@ def pack_heads(group, seqlen_q, wgs, varlen=False):
 
 
 def pairs_tails(d, dv, group, masked, seqlen_q, left, softcap, paged):
-    """Whether a packed call's items pair two query heads' last row blocks of at most ROWS rows (`_paired_tail`):
-    an even GQA group on tiles of two consumer warpgroups (`choose_tiles`; `d`, `dv` the call's head dims)."""
+    """Whether the items of a packed call over a KV cache pair two query heads' last row blocks of at most ROWS rows
+    (`_paired_tail`): an even GQA group on tiles of two consumer warpgroups (`choose_tiles`; `d`, `dv` the call's
+    head dims, `masked` whether it has a causal or window mask)."""
     dims = padded_dims(d, dv)
     return group % 2 == 0 and dims is not None and choose_tiles(dims[0], masked, seqlen_q, left, softcap, paged,
                                                                 dims[1])[4] == 2
