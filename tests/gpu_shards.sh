@@ -10,7 +10,8 @@
 # every FAILED / ERROR line (a finished shard's twice: its verbose line and pytest's summary), and the slowest tests.
 # The whole suite in one device call of 16 processes: `SHARD_TIMEOUT=470 tests/gpu_shards.sh 16 0 15 $OUT` (on the
 # H200, 2026-11-28: shards 309-406 s, and test_cli's 75 s after them fit the same call; 2026-11-29: 322-357 s, one
-# shard past 400 s), or in two calls of 13: FIRST..LAST = 0..12, then 13..25 of 26.
+# shard past 400 s; 1751f1e with 12 paired-tails cases of ~20 s, since cut to 6: 384-394 s, and SHARD_TIMEOUT=400 cut
+# 8 shards), or in two calls of 13: FIRST..LAST = 0..12, then 13..25 of 26. Keep 470: the call's 600 s fit it.
 set -u
 n=$1 first=$2 last=$3 out=$4
 shift 4

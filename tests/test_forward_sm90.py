@@ -419,8 +419,10 @@ def test_gluon_pack_heads_varlen():
         assert_matches(out, lse, (ref, ref_lse), q.dtype)
 
 
-@pytest.mark.parametrize("form", ["paged", "seqused", "no-cache"])
-@pytest.mark.parametrize("heads", [(8, 2), (8, 4), (6, 2), (4, 4)], ids=["group4", "group2", "group3", "mha"])
+@pytest.mark.parametrize("heads, form", [((8, 2), "paged"), ((8, 4), "paged"), ((6, 2), "paged"), ((4, 4), "paged"),
+                                         ((8, 2), "seqused"), ((8, 2), "no-cache")],
+                         ids=["group4-paged", "group2-paged", "group3-paged", "mha-paged", "group4-seqused",
+                              "group4-no-cache"])
 def test_gluon_varlen_paired_tails(heads, form):
     """Packed sequences over a KV cache (16-key pages, shuffled, NaN past each sequence's keys; or packed keys of
     which each sequence uses its first seqused_k, NaN after) whose last 128-row block holds at most 64 rows
