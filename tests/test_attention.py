@@ -333,6 +333,25 @@ def test_varlen_cache_routing(heads, monkeypatch):
     _assert_sequences(out, lse, cu_q, [n <= short for n in len_q], ref, torch.float16)
 
 
+@pytest.mark.cpu
+def test_pairs_tails_rule():
+    """`forward_sm90.pairs_tails`, which halves the short launch's rows a head: only an even GQA group on tiles of two
+    consumer warpgroups pairs tails; d = 64's long unmasked calls take three (`_WIDE_TILES`), except with a softcap
+    or a left window bound shorter than the wide rows; a padded head dim (96 as 128) and d = 192 / 128 take two."""
+    from fmha.kernels.forward_sm90 import WIDE_MIN_ROWS, pairs_tails
+    long = WIDE_MIN_ROWS
+    assert pairs_tails(128, 128, 4, True, 512, -1, 0.0, True)
+    assert pairs_tails(128, 128, 2, False, long, -1, 0.0, False)
+    assert not pairs_tails(128, 128, 3, True, 512, -1, 0.0, True)
+    assert not pairs_tails(128, 128, 1, True, 512, -1, 0.0, True)
+    assert pairs_tails(64, 64, 4, False, long // 2, -1, 0.0, True)
+    assert not pairs_tails(64, 64, 4, False, long, -1, 0.0, True)
+    assert pairs_tails(64, 64, 4, False, long, -1, 30.0, True)
+    assert pairs_tails(64, 64, 4, True, long, 128, 0.0, True)
+    assert pairs_tails(96, 96, 8, True, 512, -1, 0.0, True)
+    assert pairs_tails(192, 128, 2, True, 512, -1, 0.0, True)
+
+
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("right", [0, 3], ids=["causal", "right3"])
 def test_window_per_sequence(target, right):
