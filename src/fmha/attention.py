@@ -149,17 +149,19 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
             `block_table[b, j // page_size]` of k and v. With `seqused_k` or `block_table`, on Hopper with 16-bit
             k and v (pages of a multiple of 16 keys) and a longest sequence of 64 query rows or more, the call is
             two launches: the Hopper kernel runs the sequences of over min(256 / (heads_q / heads_k), 64) query rows
-            (16 / (heads_q / heads_k) at d = 64 on a paged cache), then the portable kernel the others (decodes,
-            speculative decodes, short chunks), their GQA heads packed in tiles (a decode's of 16 rows, a longer
-            sequence's of 64, several for more) and their keys split where the grid would not fill the GPU; other
-            calls run the portable kernel alone, split the same way. On the H200 against `attention_with_kvcache`
-            called once a group of equal-length sequences, page 16, 32 / 8 heads, d = 128: 1.00 / 1.00 on decodes
-            alone (4k / 131k keys), 1.00 on 512-row chunks alone, 1.01 on 32 decodes with two such chunks, 0.98 on 8
-            decodes with a 2048-row chunk at 16k keys, 1.01 / 1.02 on 32 sequences of 4 / 8 rows alone, 0.99 / 1.00
-            / 0.89 on 32 of 8 / 16 / 32 rows beside a 512-row chunk (0.91 / 0.90 on 32 of 16 / 32 rows at 64 / 8
-            heads) (`benchmarks/probe_varlen_paged.py` on 7872d4d: `history/probe_varlen_paged_h200_7872d4d.json`,
-            `..._g8_h200_7872d4d.json`). 32 sequences of 64 rows beside a 512-row chunk: 0.60 (the calls' Hopper
-            items hold two query heads' rows, a packed call's one head's; `history/probe_varlen_paged_cap4_...`).
+            (32 in an even GQA group, where a sequence's last row block of at most 64 rows runs two query heads:
+            `forward_sm90.pairs_tails`; 16 / (heads_q / heads_k) at d = 64 on a paged cache), then the portable
+            kernel the others (decodes, speculative decodes, short chunks), their GQA heads packed in tiles (a
+            decode's of 16 rows, a longer sequence's of 64, several for more) and their keys split where the grid
+            would not fill the GPU; other calls run the portable kernel alone, split the same way. On the H200
+            against `attention_with_kvcache` called once a group of equal-length sequences, page 16, 32 / 8 heads,
+            d = 128: 1.00 / 1.00 on decodes alone (4k / 131k keys), 1.00 on 512-row chunks alone, 1.01 on 32 decodes
+            with two such chunks, 0.98 on 8 decodes with a 2048-row chunk at 16k keys, 1.01 / 1.02 on 32 sequences of 4
+            / 8 rows alone, 0.99 / 1.00 / 0.89 on 32 of 8 / 16 / 32 rows beside a 512-row chunk (0.91 / 0.90 on 32 of 16
+            / 32 rows at 64 / 8 heads) (`benchmarks/probe_varlen_paged.py` on 7872d4d:
+            `history/probe_varlen_paged_h200_7872d4d.json`, `..._g8_h200_7872d4d.json`; the same within 2% on 35face3).
+            32 sequences of 64 / 48 rows beside a 512-row chunk: 1.00 / 1.46 (0.59 / 1.11 before the paired row blocks;
+            `..._tails_h200_35face3.json`).
         Other options as in `attention` (FP8 descales are `(batch, heads_k)`, one row per sequence).
 
     Returns:
