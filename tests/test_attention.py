@@ -317,7 +317,7 @@ def test_varlen_cache_routing(heads, monkeypatch):
     monkeypatch.setattr(launch, "RECORD", [])
     (hq, hk), d = heads, 128
     paired = hq // hk % 2 == 0
-    assert forward_sm90.pairs_tails(d, d, hq // hk, True, 128, -1, 0.0, True) == paired
+    assert forward_sm90.pairs_tails(d, d, hq // hk, (-1, 0), 128, 0.0, True) == paired
     short, tiles, wide = forward._short_tiles(d, d, hq // hk, True, False, paired=paired)
     assert short == forward.DECODE_ROWS // (2 if paired else 1)
     len_q, len_k = [1, 0, 3, short, 2, short + 1, 9, 1], [70, 33, 0, 90, 17, 64, 50, 1]
@@ -340,16 +340,16 @@ def test_pairs_tails_rule():
     or a left window bound shorter than the wide rows; a padded head dim (96 as 128) and d = 192 / 128 take two."""
     from fmha.kernels.forward_sm90 import WIDE_MIN_ROWS, pairs_tails
     long = WIDE_MIN_ROWS
-    assert pairs_tails(128, 128, 4, True, 512, -1, 0.0, True)
-    assert pairs_tails(128, 128, 2, False, long, -1, 0.0, False)
-    assert not pairs_tails(128, 128, 3, True, 512, -1, 0.0, True)
-    assert not pairs_tails(128, 128, 1, True, 512, -1, 0.0, True)
-    assert pairs_tails(64, 64, 4, False, long // 2, -1, 0.0, True)
-    assert not pairs_tails(64, 64, 4, False, long, -1, 0.0, True)
-    assert pairs_tails(64, 64, 4, False, long, -1, 30.0, True)
-    assert pairs_tails(64, 64, 4, True, long, 128, 0.0, True)
-    assert pairs_tails(96, 96, 8, True, 512, -1, 0.0, True)
-    assert pairs_tails(192, 128, 2, True, 512, -1, 0.0, True)
+    assert pairs_tails(128, 128, 4, (-1, 0), 512, 0.0, True)
+    assert pairs_tails(128, 128, 2, (-1, -1), long, 0.0, False)
+    assert not pairs_tails(128, 128, 3, (-1, 0), 512, 0.0, True)
+    assert not pairs_tails(128, 128, 1, (-1, 0), 512, 0.0, True)
+    assert pairs_tails(64, 64, 4, (-1, -1), long // 2, 0.0, True)
+    assert not pairs_tails(64, 64, 4, (-1, -1), long, 0.0, True)
+    assert pairs_tails(64, 64, 4, (-1, -1), long, 30.0, True)
+    assert pairs_tails(64, 64, 4, (128, 0), long, 0.0, True)
+    assert pairs_tails(96, 96, 8, (-1, 0), 512, 0.0, True)
+    assert pairs_tails(192, 128, 2, (-1, 0), 512, 0.0, True)
 
 
 @pytest.mark.parametrize("target", TARGETS)

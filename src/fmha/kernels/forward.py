@@ -832,15 +832,15 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
             None if block_table is None else k.shape[1]):
         from . import forward_sm90
         short = (0, None, None)
+        gluon_window = (left if window_lefts is None else window_lefts, right)
         if varlen and cache_seqlens is not None:
-            paired = forward_sm90.pairs_tails(dqk, dv, group, right >= 0 or left >= 0 or window_lefts is not None,
-                                              max_seqlen_q, left if window_lefts is None else -1, softcap,
+            paired = forward_sm90.pairs_tails(dqk, dv, group, gluon_window, max_seqlen_q, softcap,
                                               block_table is not None)
             short = _short_tiles(dqk, dv, group, block_table is not None, interpret, paired=paired)
         if forward_sm90.attention_forward_sm90(
                 q, k, v, out, lse, causal=right >= 0, softmax_scale=scale,
                 varlen=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) if varlen else None,
-                window=(left if window_lefts is None else window_lefts, right), sinks=sinks, softcap=softcap,
+                window=gluon_window, sinks=sinks, softcap=softcap,
                 cache=None if cache_seqlens is None else (cache_seqlens, block_table, k_starts),
                 alibi_slopes=alibi_slopes, descales=descales, short_rows=short[0]):
             if not short[0]:

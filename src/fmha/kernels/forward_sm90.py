@@ -1432,13 +1432,26 @@ def pack_heads(group, seqlen_q, wgs, varlen=False):
     return wgs == 2 and group % 2 == 0 and not varlen and 0 < seqlen_q % (2 * _ROWS) <= _ROWS
 
 
-def pairs_tails(d, dv, group, masked, seqlen_q, left, softcap, paged):
+def _mask_bounds(causal, window):
+    """A call's mask as `attention_forward_sm90` takes it (`causal`, or `window` in its place) as (left, lefts,
+    right, causal, window): `left` an int (-1 where `lefts`, one left bound a sequence (batch,) int32, read by the
+    kernel, is given), `causal` whether there is a right bound (0: causal), `window` whether any bound is narrower
+    than causal."""
+    left, right = window if window is not None else (-1, 0 if causal else -1)
+    lefts = None
+    if isinstance(left, torch.Tensor):
+        lefts, left = left, -1
+    return left, lefts, right, right >= 0, lefts is not None or left >= 0 or right > 0
+
+
+def pairs_tails(d, dv, group, window, seqlen_q, softcap, paged):
     """Whether the items of a packed call over a KV cache pair two query heads' last row blocks of at most ROWS rows
-    (`_paired_tail`): an even GQA group on tiles of two consumer warpgroups (`choose_tiles`; `d`, `dv` the call's
-    head dims, `masked` whether it has a causal or window mask)."""
+    (`_paired_tail`): an even GQA group on tiles of two consumer warpgroups (`choose_tiles`, as `_plan` picks them;
+    `d`, `dv` the call's head dims, `window` its (left, right) as `attention_forward_sm90` takes it)."""
+    left, _, _, causal, narrower = _mask_bounds(False, window)
     dims = padded_dims(d, dv)
-    return group % 2 == 0 and dims is not None and choose_tiles(dims[0], masked, seqlen_q, left, softcap, paged,
-                                                                dims[1])[4] == 2
+    return group % 2 == 0 and dims is not None and choose_tiles(dims[0], causal or narrower, seqlen_q, left, softcap,
+                                                                paged, dims[1])[4] == 2
 
 
 def page_rows(page_size, block_n):
@@ -1594,12 +1607,7 @@ def _plan(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None
           window=None, sinks=None, softcap=0.0, cache=None, alibi_slopes=None, pack=None, descales=None,
           transpose=None, short_rows=0):
     """`_Plan` of a launch (`launch_args`' arguments, and `attention_forward_sm90`'s `short_rows`)."""
-    left, right = window if window is not None else (-1, 0 if causal else -1)
-    lefts = None
-    if isinstance(left, torch.Tensor):            # one left bound a sequence (batch,) int32, read by the kernel
-        lefts, left = left, -1
-    causal = right >= 0           # a right bound (0: causal)
-    window = lefts is not None or left >= 0 or right > 0
+    left, lefts, right, causal, window = _mask_bounds(causal, window)
     masked = causal or window
     table = None if cache is None else cache[1]
     if varlen is None:
