@@ -5,6 +5,7 @@ on the same cache.
 
     PYTHONPATH=src python3 benchmarks/probe_varlen_paged.py [--out varlen_paged.json] [--short 32 64:16] [--parts]
         [--rows 2 3] [--wide 64,32,4,5] [--pack] [--kernels] [--heads 32 16] [--case 32x64,1x512@4096]
+        [--versions old_forward_sm90.py]
 
 Rows: groups of (count, query rows) sequences (causal), every sequence with `context` keys in 16-key pages
 (shuffled), 32 / 8 heads (`--heads` query and KV heads), d = 128, bf16; CASES, or with `--case` those given
@@ -14,7 +15,8 @@ same call held on the portable kernel (`portable`); with `forward.SHORT_TILE_ROW
 (`shortN`: sequences of up to N / group query rows left to the portable kernel's second launch; N:R, `shortN_tilesR`:
 that launch's tiles those of R packed rows at most, one form, e.g. 16 for the decodes' narrow one; by default
 `short16`, the narrow form alone, as before the two forms of `forward._short_tiles`); with each `--wide` M,N,W,S,
-the short launch's second form in those tiles (`wideM_N_W_S`); with `--pack`, the Gluon launch's items of two
+the short launch's second form in those tiles (`wideM_N_W_S`); with each `--versions` copy of
+`kernels/forward_sm90.py`, the call as routed on that copy's Gluon launch (`ours@FILE`); with `--pack`, the Gluon launch's items of two
 query heads (`forward_sm90.pack_heads`' form, which the package keeps to padded calls), as routed (`pack`) and
 with each `--short` value (`shortN_pack`); with `--parts`,
 each launch alone (`gluon_part`, `short_part`: the TFLOP/s of the whole row's pairs over that launch's time, so a
@@ -24,27 +26,29 @@ part's share of the call is ours / part) and each group's call alone (`call_R`, 
 """
 import contextlib
 import argparse
+import os
 
 import torch
 
 import fmha
 from fmha.kernels import forward
-from fmha.bench import attention_flops, bench_gpu_graph, paged_copy, probe_row, save_sweep
+from fmha.bench import attention_flops, bench_gpu_graph, load_module_copy, paged_copy, probe_row, save_sweep
 
 
 @contextlib.contextmanager
-def held(portable=False, short_tile_rows=None, tile_rows=None, wide=None, pack=False):
+def held(portable=False, short_tile_rows=None, tile_rows=None, wide=None, pack=False, version=None):
     """Calls inside on the portable kernel (Gluon off) when `portable`; with `forward.SHORT_TILE_ROWS` (the query
     rows of a GQA group's tile below which a sequence leaves the Gluon kernel) set to `short_tile_rows` if given; the
     portable kernel's tiles chosen for at most `tile_rows` packed rows if given (in a routed call only the short
     launch's: several tiles of fewer rows a sequence, in place of one taller); the short launch's second form's
     tiles `wide` (BLOCK_M, BLOCK_N, num_warps, num_stages) in place of `_short_tiles`' where it has one; with `pack`,
-    the Gluon launch's items of two query heads (`forward_sm90.pack_heads`, which keeps packed sequences on one)."""
+    the Gluon launch's items of two query heads (`forward_sm90.pack_heads`, which keeps packed sequences on one);
+    `version`: the Gluon launch of that copy of `forward_sm90` (`load_module_copy`), the routing this package's."""
     from fmha.kernels import forward_sm90
     saved = forward.gluon_enabled, forward.SHORT_TILE_ROWS, forward._tile_config, forward._short_tiles
     gluon_call = forward_sm90.attention_forward_sm90
-    if pack:
-        forward_sm90.attention_forward_sm90 = lambda *a, **kw: gluon_call(*a, **kw, pack=True)
+    launch = (version or forward_sm90).attention_forward_sm90
+    forward_sm90.attention_forward_sm90 = (lambda *a, **kw: launch(*a, **kw, pack=True)) if pack else launch
     if portable:
         forward.gluon_enabled = lambda: False
     forward.SHORT_TILE_ROWS = short_tile_rows or saved[1]
@@ -84,7 +88,10 @@ def main():
     p.add_argument("--rows", type=int, nargs="*", default=None, help="indices of the rows to run (all by default)")
     p.add_argument("--heads", type=int, nargs=2, default=(32, 8), help="query heads and KV heads")
     p.add_argument("--case", nargs="*", default=[], help="rows to run in CASES' place, each COUNTxROWS,...@CONTEXT")
+    p.add_argument("--versions", nargs="*", default=[],
+                   help="copies of kernels/forward_sm90.py whose Gluon launch to time as routed (`ours@FILE`)")
     a = p.parse_args()
+    versions = [(os.path.basename(path), load_module_copy(path)) for path in a.versions]
     rows = []
     (hq, hk), d, page = a.heads, 128, 16
     cases = [(tuple(tuple(int(x) for x in g.split("x")) for g in spec.split("@")[0].split(",")),
@@ -134,6 +141,8 @@ def main():
             impls["wide" + spec.replace(",", "_")] = held_call(wide=tuple(int(x) for x in spec.split(",")))
         if a.pack:
             impls["pack"] = held_call(pack=True)
+        for name, module in versions:
+            impls[f"ours@{name}"] = held_call(version=module)
         compare = list(impls)[1:]
         if a.parts:
             impls.update(parts(q, k_cache, v_cache, cu_q, max(lens_q), context, used, table))
