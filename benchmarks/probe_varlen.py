@@ -1,14 +1,15 @@
 """Packed (varlen) prefill against the same sequences padded, in one process.
 
     PYTHONPATH=src python3 benchmarks/probe_varlen.py [--dims 64 128 192 256] [--versions A.py ..] [--fp8]
-        [--graph] [--out varlen.json]
+        [--graph] [--group 4] [--out varlen.json]
 
 Engines call prefill through varlen entry points (`flash_attn_varlen_func`), so `attention_varlen` is what they
-reach. For each head dim, sequence length (1k, 4k) and mask: 16k tokens as b equal sequences, timed as
-`fmha.attention` on (b, s, h, d), as `fmha.attention_varlen` on the same rows packed, and as the portable kernel
-on the packed rows (`backend="triton"`, what varlen calls ran before they reached the Gluon kernel); then a
-mixed batch of unequal lengths packed (no padded peer). TFLOP/s count each sequence's own visible pairs. Each
-packed output is checked against the padded one (or, for the mixed batch, against the portable kernel's).
+reach. For each head dim, sequence length (1k, 4k) and mask (`--group`: GQA, that many query heads a KV head): 16k
+tokens as b equal sequences, timed as `fmha.attention` on (b, s, h, d), as `fmha.attention_varlen` on the same rows
+packed, and as the portable kernel on the packed rows (`backend="triton"`, what varlen calls ran before they
+reached the Gluon kernel); then a mixed batch of unequal lengths and 48 short ones of 65-599 rows (`ragged`), packed
+(no padded peer). TFLOP/s count each sequence's own visible pairs. Each packed output is checked against the
+padded one (or, for the mixed and ragged batches, against the portable kernel's).
 `--versions` adds other copies of `kernels/forward_sm90.py` (e.g. from an earlier commit) on the same packed rows,
 as "varlen@<file>"; then every entry is timed twice, in the order A B .. B A, and the two averaged, so that a
 drift of the clocks within the process weighs on all alike. `--fp8`: q, k and v in e4m3 (the same values in bf16
@@ -57,6 +58,7 @@ def main():
     p.add_argument("--versions", nargs="*", default=[])
     p.add_argument("--fp8", action="store_true")
     p.add_argument("--graph", action="store_true")
+    p.add_argument("--group", type=int, default=1, help="query heads a KV head (GQA; 1: MHA)")
     p.add_argument("--out", default=None)
     a = p.parse_args()
     versions = [(os.path.basename(path), load_module_copy(path)) for path in a.versions]
@@ -66,11 +68,15 @@ def main():
         h = 2048 // d
         layouts = [(f"{16384 // s}x{s}", [s] * (16384 // s)) for s in (1024, 4096)]
         layouts.append(("mixed", [3000, 512, 1700, 64, 4096, 900, 2300, 128, 1500, 2184]))
+        # many short sequences, most of them ending in a row block of at most 64 rows
+        ragged = torch.randint(65, 600, (48,), generator=torch.Generator().manual_seed(1))
+        layouts.append(("ragged", ragged.tolist()))
         for name, lens in layouts:
             torch.manual_seed(0)
             total = sum(lens)
-            q, k = (torch.randn(total, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-            v = torch.randn(total, h, dv, device="cuda", dtype=torch.bfloat16)
+            q = torch.randn(total, h, d, device="cuda", dtype=torch.bfloat16)
+            k = torch.randn(total, h // a.group, d, device="cuda", dtype=torch.bfloat16)
+            v = torch.randn(total, h // a.group, dv, device="cuda", dtype=torch.bfloat16)
             if a.fp8:
                 q8, k8, v8 = (t.to(torch.float8_e4m3fn) for t in (q, k, v))
                 q, k, v = (t.to(torch.bfloat16) for t in (q8, k8, v8))
@@ -92,7 +98,7 @@ def main():
                     reference, tol = "varlen-triton", 0.05
                     for vname, module in versions:
                         impls[f"varlen@{vname}"] = version_call(module, q, k, v, cu, max(lens), causal)
-                if name != "mixed" and not a.fp8:
+                if name not in ("mixed", "ragged") and not a.fp8:
                     b, s = len(lens), lens[0]
                     qb, kb, vb = (t.view(b, s, *t.shape[1:]) for t in (q, k, v))
                     impls["padded"] = lambda: fmha.attention(qb, kb, vb, causal=causal).view(total, h, dv)
@@ -101,7 +107,7 @@ def main():
                 err = max((impls[n]().float() - ref).abs().max().item() for n in impls if n.startswith("varlen"))
                 if not err < tol:
                     raise RuntimeError(f"d={d} {name} causal={causal}: varlen disagrees (max abs diff {err})")
-                row = dict(d=d, dv=dv, layout=name, causal=causal, h=h, max_err=err, graph=a.graph)
+                row = dict(d=d, dv=dv, layout=name, causal=causal, h=h, hk=h // a.group, max_err=err, graph=a.graph)
                 order = list(impls) + (list(impls)[::-1] if versions else [])
                 times = {}
                 for impl in order:
