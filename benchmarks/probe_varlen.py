@@ -1,7 +1,7 @@
 """Packed (varlen) prefill against the same sequences padded, in one process.
 
     PYTHONPATH=src python3 benchmarks/probe_varlen.py [--dims 64 128 192 256] [--versions A.py ..] [--fp8]
-        [--graph] [--group 4] [--out varlen.json]
+        [--graph] [--group 4] [--layouts mixed ragged] [--out varlen.json]
 
 Engines call prefill through varlen entry points (`flash_attn_varlen_func`), so `attention_varlen` is what they
 reach. For each head dim, sequence length (1k, 4k) and mask (`--group`: GQA, that many query heads a KV head): 16k
@@ -59,6 +59,8 @@ def main():
     p.add_argument("--fp8", action="store_true")
     p.add_argument("--graph", action="store_true")
     p.add_argument("--group", type=int, default=1, help="query heads a KV head (GQA; 1: MHA)")
+    p.add_argument("--layouts", nargs="*", default=None, help="layouts to run (all by default): 16x1024 4x4096 "
+                   "mixed ragged")
     p.add_argument("--out", default=None)
     a = p.parse_args()
     versions = [(os.path.basename(path), load_module_copy(path)) for path in a.versions]
@@ -72,6 +74,8 @@ def main():
         ragged = torch.randint(65, 600, (48,), generator=torch.Generator().manual_seed(1))
         layouts.append(("ragged", ragged.tolist()))
         for name, lens in layouts:
+            if a.layouts is not None and name not in a.layouts:
+                continue
             torch.manual_seed(0)
             total = sum(lens)
             q = torch.randn(total, h, d, device="cuda", dtype=torch.bfloat16)

@@ -257,7 +257,7 @@ GLUON_SCRIPT = textwrap.dedent('''
         return f"tensordesc<{dt}[{','.join(map(str, box))}],{layout!r}>"
     consts = dict(BLOCK_N=bn, HEAD_D=d, HEAD_DV=dv, DV_STORE=store or dv, STAGES=stages, Q_BUFS=q_bufs, CAUSAL=causal,
                   PINGPONG=not causal and wgs == 2, CONSUMER_REGS=regs, WGS=wgs, OFFSETS_64=offsets_64,
-                  TRANSPOSE=transpose, MIN_ROWS=0)
+                  TRANSPOSE=transpose, MIN_ROWS=0, PAIR_TAILS=False)
     if not causal and not varlen and not window and not cache:  # as `launch_args` launches it: the counter for
         consts["COUNTER"] = None                                # unequal items
     # cache: 0 none, 1 a contiguous KV cache, 2 a paged one (16-row pages: 16-row TMA boxes), 3 a contiguous one
@@ -279,6 +279,7 @@ GLUON_SCRIPT = textwrap.dedent('''
         consts.update(CU_Q=None, **({} if cache == 3 else dict(CU_K=None)))
     elif cache == 2:              # packed queries over a paged cache: no packed keys, and the short sequences left
         consts.update(CU_K=None, MIN_ROWS=8)        # to the portable kernel (`forward._short_tiles`, group 2)
+        consts["PAIR_TAILS"] = wgs == 2 and not pack  # group 2: tails paired as `_plan` sets it
     if not sinks:
         consts["SINKS"] = None
     if not lefts:

@@ -428,9 +428,9 @@ def test_gluon_varlen_paired_tails(heads, form):
     which each sequence uses its first seqused_k, NaN after) whose last 128-row block holds at most 64 rows
     (`forward_sm90._paired_tail`: in an even GQA group that block of two query heads runs as one item, the odd
     head's own item left out): tails of 1, 17, 63 and 64 rows (paired), 65 and 127 (not), a sequence of none, one
-    with fewer keys than rows; causal, unmasked and a sliding window; and the same without a cache (no pairing
-    there). The output starts as NaN and every head's rows must match the oracle, so a head or a row that the
-    pairing drops, or writes to the wrong head, fails."""
+    with fewer keys than rows; causal, unmasked and a sliding window; and the same without a cache. The output
+    starts as NaN and every head's rows must match the oracle, so a head or a row that the pairing drops, or writes
+    to the wrong head, fails."""
     from fmha.kernels import forward_sm90
     from utils import paged_packed
     hq, hk = heads

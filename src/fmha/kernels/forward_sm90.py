@@ -32,13 +32,13 @@ that runs past a sequence's end gets TMA's zero fill (keys there are masked to -
 never stored). The output is written with masked pointer stores, one row per query, except in short padded d = 256
 calls, where it goes through a staging buffer by TMA store (`tma_store`; the box clips rows past the end). Packed
 sequences (VARLEN) are one batch of (1, total, columns): a sequence's tiles start at its cu_seqlens row, and a tile
-that runs past its end reads the next sequence's rows, masked like those past a padded sequence's end; over a KV
-cache, in an even GQA group, a sequence's last row block of at most 64 rows runs two query heads in one item
-(`_paired_tail`). A head_dim_qk that is not a power of two (192) is held as QK_PARTS column parts of a power-of-two
-width (`_QK_PART`), each its own TMA box and shared-memory slot, and Q·Kᵀ is one wgmma per part into the same
-scores (`_scores`). A head dim run padded (96 as 128, ...) is seen as (batch, seqlen, heads, head_dim) instead,
-whose boxes get TMA's zeros past the head's last column (`_at`, `_as_box`); the output's extra columns, zeros,
-are not stored (`DV_STORE`).
+that runs past its end reads the next sequence's rows, masked like those past a padded sequence's end; in an even
+GQA group a sequence's last row block of at most 64 rows runs two query heads in one item (`_paired_tail`). A
+head_dim_qk that is not a power of two (192) is held as QK_PARTS column parts of a power-of-two width (`_QK_PART`),
+each its own TMA box and shared-memory slot, and Q·Kᵀ is one wgmma per part into the same scores (`_scores`). A
+head dim run padded (96 as 128, ...) is seen as (batch, seqlen, heads, head_dim) instead, whose boxes get TMA's
+zeros past the head's last column (`_at`, `_as_box`); the output's extra columns, zeros, are not stored
+(`DV_STORE`).
 
 A KV cache: each sequence's key count from cache_seqlens, its keys at the start of its row of a contiguous cache
 (TMA batch = sequence), or paged: each key tile in boxes of at most a page, each box from the page its block-table
@@ -194,10 +194,7 @@ def _work_item(t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, CU_
         diag = sk - sq
         if WINDOW:
             diag += right
-        m_end = m_start + ITEM_ROWS
-        if VARLEN and SEQLENS is not None:        # the sequence's last row, where the item runs past it (a
-            m_end = gl.minimum(m_end, sq)         # paired tail's, `_paired_tail`)
-        hi = gl.maximum(gl.minimum(hi, m_end + diag), 0)
+        hi = gl.maximum(gl.minimum(hi, m_start + ITEM_ROWS + diag), 0)
     if VARLEN:
         hi = gl.where(m_start < sq, hi, 0)
     lo = 0
@@ -214,17 +211,18 @@ def _work_item(t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, CU_
 
 
 @gluon.jit
-def _paired_tail(m_start, sq, group, SEQLENS, VARLEN: gl.constexpr, WGS: gl.constexpr, HEADS: gl.constexpr):
+def _paired_tail(m_start, sq, PAIR_TAILS: gl.constexpr):
     """Whether an item of one head (`_work_item`: its first row m_start, the sequence's sq rows) is the last row
-    block of at most ROWS rows of a packed sequence over a KV cache (SEQLENS: a call `attention_forward` routes,
-    which leaves the shorter sequences to the portable kernel) in an even GQA group: that block of query heads h and
-    h + 1 (h even) runs as one item, each consumer warpgroup one head (as HEADS = 2 does every item), and head
-    h + 1's item is left out (`_skipped`). Without it the second warpgroup's rows there all lie past the sequence's
-    end: half of the item's work, and its keys read twice. Not compiled into packed calls without a cache: with it
-    their kernel (d = 64 / 128, MHA, 4 x 4096 causal) ran 3.5% slower in two H200 runs."""
+    block of at most ROWS rows of a packed sequence, in a kernel that pairs them (PAIR_TAILS: packed sequences, two
+    consumer warpgroups, an even GQA group; `_plan`): that block of query heads h and h + 1 (h even) runs as one
+    item, each consumer warpgroup one head (as HEADS = 2 does every item), and head h + 1's item is left out
+    (`_skipped`). Without it the second warpgroup's rows there all lie past the sequence's end: half of the item's
+    work, and its keys read twice. A constexpr, so that the other kernels compile without it: MHA packed prefill
+    with it compiled in (where it never fires) ran 0.3-1.9% slower at d = 64 (CUDA-graph timing, H200; NOTES.md,
+    eighty-first session)."""
     pair = False
-    if VARLEN and WGS == 2 and HEADS == 1 and SEQLENS is not None:
-        pair = (group % 2 == 0) & (sq - m_start <= ROWS)
+    if PAIR_TAILS:
+        pair = sq - m_start <= ROWS
     return pair
 
 
@@ -391,15 +389,16 @@ def _load_kv_tile(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_e
 @gluon.jit
 def _load_item(args, t, item, kv, w, BLOCK_N: gl.constexpr,
                STAGES: gl.constexpr, Q_BUFS: gl.constexpr, WGS: gl.constexpr, QK_PARTS: gl.constexpr,
-               PAGE_ROWS: gl.constexpr, HEADS: gl.constexpr, VARLEN: gl.constexpr, V_COPY: gl.constexpr):
+               PAGE_ROWS: gl.constexpr, HEADS: gl.constexpr, VARLEN: gl.constexpr, V_COPY: gl.constexpr,
+               PAIR_TAILS: gl.constexpr):
     """Post work item t (the producer's w-th; `item`: its `_work_item` fields) and load its Q rows and key tiles
     lo .. lo + n_tiles - 1 of its sk keys; returns (kv, w) after it. Consumer warpgroup g's Q: rows
     m_start + g * ROWS of head h, or with HEADS = 2 (or a paired tail, `_paired_tail`) rows m_start of head h + g."""
     (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
-     _, _, _, _, _, group, _, _, stride_qh, stride_kh, stride_vh, _, _, _, _, _, SEQLENS, BLOCK_TABLE, stride_bt,
+     _, _, _, _, _, _, _, _, stride_qh, stride_kh, stride_vh, _, _, _, _, _, _, BLOCK_TABLE, stride_bt,
      page_size) = args
     b, h, hk, m_start, lo, n_tiles, _, sk, row_q, row_k, tb, _ = item
-    pair = _paired_tail(m_start, item[6], group, SEQLENS, VARLEN, WGS, HEADS)
+    pair = _paired_tail(m_start, item[6], PAIR_TAILS)
     row_v = row_k
     if VARLEN and V_COPY:
         # FP8 packed sequences: V's copy has sequence b's keys from an aligned column (row_k = CU_K[b])
@@ -452,11 +451,11 @@ def _load_item(args, t, item, kv, w, BLOCK_N: gl.constexpr,
 
 
 @gluon.jit
-def _skipped(item, group, SEQLENS, WGS: gl.constexpr, HEADS: gl.constexpr, MIN_ROWS: gl.constexpr):
+def _skipped(item, PAIR_TAILS: gl.constexpr, MIN_ROWS: gl.constexpr):
     """Whether a packed sequence's item is left out: its first row past the sequence's query length, the odd head
     of a paired tail (`_paired_tail`: the even head's item runs it), or (MIN_ROWS > 0) a sequence of at most
     MIN_ROWS query rows."""
-    paired_odd = _paired_tail(item[3], item[6], group, SEQLENS, True, WGS, HEADS) & (item[1] % 2 == 1)
+    paired_odd = _paired_tail(item[3], item[6], PAIR_TAILS) & (item[1] % 2 == 1)
     skip = (item[3] >= item[6]) | paired_odd
     if MIN_ROWS > 0:
         skip = skip | (item[6] <= MIN_ROWS)
@@ -493,7 +492,7 @@ def _past_empty(COUNTER, t, item, CU_Q, n_m, n_bh, head_chunk, heads_q, CAUSAL: 
 
 @gluon.jit
 def _first_with_rows(t, args, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, WGS: gl.constexpr, WINDOW: gl.constexpr,
-                     HEADS: gl.constexpr, MIN_ROWS: gl.constexpr):
+                     HEADS: gl.constexpr, MIN_ROWS: gl.constexpr, PAIR_TAILS: gl.constexpr):
     """Packed sequences: (the first item from t on whose rows start inside their sequence, its `_work_item`). The
     grid counts every sequence's blocks up to the longest; a block past its own sequence's end is never posted, so
     the consumers see only items with rows. Each item's fields are worked out once; an index past the last item
@@ -504,7 +503,7 @@ def _first_with_rows(t, args, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, WGS: 
      _, CU_Q, CU_K, left, LEFTS, right, SEQLENS, _, _, _) = args
     item = _work_item(gl.minimum(t, n_m * n_bh - 1), n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, CU_Q,
                       CU_K, SEQLENS, left, LEFTS, right, BLOCK_N, CAUSAL, WGS, True, WINDOW, HEADS)
-    while (t < n_m * n_bh) & _skipped(item, group, SEQLENS, WGS, HEADS, MIN_ROWS):
+    while (t < n_m * n_bh) & _skipped(item, PAIR_TAILS, MIN_ROWS):
         _past_empty(COUNTER, t, item, CU_Q, n_m, n_bh, head_chunk, heads_q, CAUSAL, WGS, HEADS, MIN_ROWS)
         t = _next_item(COUNTER, t, True)
         item = _work_item(gl.minimum(t, n_m * n_bh - 1), n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k,
@@ -516,7 +515,7 @@ def _first_with_rows(t, args, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, WGS: 
 def _producer(args, staging, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr,
               WGS: gl.constexpr, QK_PARTS: gl.constexpr, VARLEN: gl.constexpr, WINDOW: gl.constexpr,
               PAGE_ROWS: gl.constexpr, DYNAMIC: gl.constexpr, HEADS: gl.constexpr, V_COPY: gl.constexpr,
-              TRANSPOSE: gl.constexpr, MIN_ROWS: gl.constexpr):
+              TRANSPOSE: gl.constexpr, MIN_ROWS: gl.constexpr, PAIR_TAILS: gl.constexpr):
     """The producer warp. DYNAMIC: items of unequal lengths, taken through the counter (`_next_item`).
     TRANSPOSE: V tiles go to the staging ring (`args` holds it in V's place), and after the last one the producer
     marks the next position as the end for `_transposer` (`staging`: that ring's barriers and the end flag)."""
@@ -529,18 +528,18 @@ def _producer(args, staging, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, Q_BUFS
         for i in gl.static_range(STAGES):
             _set_flag(staging[2].index(i), 0)
     if VARLEN:
-        t, item = _first_with_rows(t, args, BLOCK_N, CAUSAL, WGS, WINDOW, HEADS, MIN_ROWS)
+        t, item = _first_with_rows(t, args, BLOCK_N, CAUSAL, WGS, WINDOW, HEADS, MIN_ROWS, PAIR_TAILS)
         while t < n_m * n_bh:
             kv, w = _load_item(args, t, item, kv, w, BLOCK_N, STAGES, Q_BUFS, WGS, QK_PARTS, PAGE_ROWS, HEADS,
-                               VARLEN, V_COPY)
+                               VARLEN, V_COPY, PAIR_TAILS)
             t, item = _first_with_rows(_next_item(COUNTER, t, True), args, BLOCK_N, CAUSAL, WGS, WINDOW,
-                                       HEADS, MIN_ROWS)
+                                       HEADS, MIN_ROWS, PAIR_TAILS)
     else:
         while t < n_m * n_bh:
             item = _work_item(t, n_m, n_bh, head_chunk, heads_q, group, seqlen_q, seqlen_k, CU_Q, CU_K, SEQLENS, left,
                               LEFTS, right, BLOCK_N, CAUSAL, WGS, VARLEN, WINDOW, HEADS)
             kv, w = _load_item(args, t, item, kv, w, BLOCK_N, STAGES, Q_BUFS, WGS, QK_PARTS, PAGE_ROWS, HEADS,
-                               VARLEN, V_COPY)
+                               VARLEN, V_COPY, PAIR_TAILS)
             t = _next_item(COUNTER, t, DYNAMIC)
     # The end: an index past the last item tells the consumers to stop.
     qb = w % Q_BUFS
@@ -840,7 +839,7 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
               STAGES: gl.constexpr, Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr,
               WGS: gl.constexpr, OFFSETS_64: gl.constexpr, QK_PARTS: gl.constexpr, VARLEN: gl.constexpr,
               WINDOW: gl.constexpr, HAS_SINKS: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
-              CLEAN: gl.constexpr, HEADS: gl.constexpr, TMA_STORE: gl.constexpr):
+              CLEAN: gl.constexpr, HEADS: gl.constexpr, TMA_STORE: gl.constexpr, PAIR_TAILS: gl.constexpr):
     """Consumer warpgroup WG of WGS; `shared` holds the arguments common to all of them (one tuple, so that the
     kernel writes them once for two or three partitions). HEADS = 2: the item's rows of query head h + WG.
     DV_STORE: the output's columns, HEAD_DV or fewer for a padded head_dim_v (`padded_dims`)."""
@@ -896,8 +895,8 @@ def _consumer(shared, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DV: gl.const
         else:
             h = h0
             m0 = m_start + WG * ROWS
-            if WG > 0:            # a paired tail: the same rows of the next head
-                pair = _paired_tail(m_start, sq, group, SEQLENS, VARLEN, WGS, HEADS)
+            if PAIR_TAILS and WG > 0:             # a paired tail: the same rows of the next head
+                pair = _paired_tail(m_start, sq, PAIR_TAILS)
                 h = gl.where(pair, h0 + WG, h)
                 m0 = gl.where(pair, m_start, m0)
         q_pos = m0 + gl.arange(0, ROWS, layout=row_s)
@@ -1086,7 +1085,8 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, COUNTER, CU_Q, 
                          OFFSETS_64: gl.constexpr, VARLEN: gl.constexpr, WINDOW: gl.constexpr,
                          HAS_SINKS: gl.constexpr, SOFTCAP: gl.constexpr, KV_CACHE: gl.constexpr,
                          PAGE_ROWS: gl.constexpr, HAS_ALIBI: gl.constexpr, HEADS: gl.constexpr,
-                         TMA_STORE: gl.constexpr, TRANSPOSE: gl.constexpr, MIN_ROWS: gl.constexpr = 0):
+                         TMA_STORE: gl.constexpr, TRANSPOSE: gl.constexpr, MIN_ROWS: gl.constexpr = 0,
+                         PAIR_TAILS: gl.constexpr = False):
     """Persistent: each program runs work items until none is left (`_next_item`); COUNTER is two zeroed int32
     words (causal or windowed calls, `_counter`; None otherwise), which the kernel leaves zeroed. OFFSETS_64: O or
     LSE reaches past 2^31 elements (the epilogue's offsets in 64 bits). HEADS: query heads an item (1, or 2 for
@@ -1112,7 +1112,9 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, COUNTER, CU_Q, 
     (batch, seqlen_q, columns) with (1, ROWS, HEAD_DV) boxes; otherwise `o_desc` is None and the output is stored
     through pointers.
     MIN_ROWS > 0 (VARLEN): packed sequences of at most MIN_ROWS query rows are left to another launch
-    (`_first_with_rows`), their output rows untouched."""
+    (`_first_with_rows`), their output rows untouched. PAIR_TAILS (VARLEN, WGS = 2, HEADS = 1, an even GQA group:
+    `_plan`): a packed sequence's last row block of at most ROWS rows runs two query heads as one item
+    (`_paired_tail`)."""
     # V rows past a sequence may hold NaN (`_wait_v`); an FP8 V's copy has zeros there (`transposed_v`).
     CLEAN: gl.constexpr = KV_CACHE or (VARLEN and q_desc.dtype.primitive_bitwidth != 8)
     DYNAMIC: gl.constexpr = CAUSAL or WINDOW or VARLEN or KV_CACHE      # items of unequal lengths
@@ -1191,23 +1193,23 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, COUNTER, CU_Q, 
             (_transposer, (raw, staging, v_smem, v_ready, v_empty, BLOCK_N, HEAD_DV, STAGES)),
             (_consumer, (shared, 0, BLOCK_N, HEAD_DV, DV_STORE, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS,
                           OFFSETS_64, QK_PARTS, VARLEN, WINDOW, HAS_SINKS, SOFTCAP, HAS_ALIBI, CLEAN, HEADS,
-                          TMA_STORE)),
+                          TMA_STORE, PAIR_TAILS)),
             (_consumer, (shared, 1, BLOCK_N, HEAD_DV, DV_STORE, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS,
                           OFFSETS_64, QK_PARTS, VARLEN, WINDOW, HAS_SINKS, SOFTCAP, HAS_ALIBI, CLEAN, HEADS,
-                          TMA_STORE)),
+                          TMA_STORE, PAIR_TAILS)),
             (_producer, (producer, staging, BLOCK_N, STAGES, Q_BUFS, CAUSAL, WGS, QK_PARTS, VARLEN, WINDOW, PAGE_ROWS,
-                          DYNAMIC, HEADS, V_COPY, TRANSPOSE, MIN_ROWS)),
+                          DYNAMIC, HEADS, V_COPY, TRANSPOSE, MIN_ROWS, PAIR_TAILS)),
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
     elif WGS == 2:
         gl.warp_specialize([
             (_consumer, (shared, 0, BLOCK_N, HEAD_DV, DV_STORE, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS,
                           OFFSETS_64, QK_PARTS, VARLEN, WINDOW, HAS_SINKS, SOFTCAP, HAS_ALIBI, CLEAN, HEADS,
-                          TMA_STORE)),
+                          TMA_STORE, PAIR_TAILS)),
             (_consumer, (shared, 1, BLOCK_N, HEAD_DV, DV_STORE, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS,
                           OFFSETS_64, QK_PARTS, VARLEN, WINDOW, HAS_SINKS, SOFTCAP, HAS_ALIBI, CLEAN, HEADS,
-                          TMA_STORE)),
+                          TMA_STORE, PAIR_TAILS)),
             (_producer, (producer, staging, BLOCK_N, STAGES, Q_BUFS, CAUSAL, WGS, QK_PARTS, VARLEN, WINDOW, PAGE_ROWS,
-                          DYNAMIC, HEADS, V_COPY, TRANSPOSE, MIN_ROWS)),
+                          DYNAMIC, HEADS, V_COPY, TRANSPOSE, MIN_ROWS, PAIR_TAILS)),
         ], [4, 1], [CONSUMER_REGS, REGS_3WG - 2 * CONSUMER_REGS])
     else:
         # Three consumers run as workers, each at CONSUMER_REGS; the producer is the default partition (4 warps,
@@ -1216,16 +1218,16 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, COUNTER, CU_Q, 
         gl.static_assert(not TRANSPOSE, "an FP8 V is transposed in the kernel beside two consumer warpgroups only")
         gl.warp_specialize([
             (_producer, (producer, staging, BLOCK_N, STAGES, Q_BUFS, CAUSAL, WGS, QK_PARTS, VARLEN, WINDOW, PAGE_ROWS,
-                          DYNAMIC, HEADS, V_COPY, TRANSPOSE, MIN_ROWS)),
+                          DYNAMIC, HEADS, V_COPY, TRANSPOSE, MIN_ROWS, PAIR_TAILS)),
             (_consumer, (shared, 0, BLOCK_N, HEAD_DV, DV_STORE, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS,
                           OFFSETS_64, QK_PARTS, VARLEN, WINDOW, HAS_SINKS, SOFTCAP, HAS_ALIBI, CLEAN, HEADS,
-                          TMA_STORE)),
+                          TMA_STORE, PAIR_TAILS)),
             (_consumer, (shared, 1, BLOCK_N, HEAD_DV, DV_STORE, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS,
                           OFFSETS_64, QK_PARTS, VARLEN, WINDOW, HAS_SINKS, SOFTCAP, HAS_ALIBI, CLEAN, HEADS,
-                          TMA_STORE)),
+                          TMA_STORE, PAIR_TAILS)),
             (_consumer, (shared, 2, BLOCK_N, HEAD_DV, DV_STORE, STAGES, Q_BUFS, CAUSAL, PINGPONG, WGS,
                           OFFSETS_64, QK_PARTS, VARLEN, WINDOW, HAS_SINKS, SOFTCAP, HAS_ALIBI, CLEAN, HEADS,
-                          TMA_STORE)),
+                          TMA_STORE, PAIR_TAILS)),
         ], [4, 4, 4], [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS])
 
 
@@ -1445,9 +1447,10 @@ def _mask_bounds(causal, window):
 
 
 def pairs_tails(d, dv, group, window, seqlen_q, softcap, paged):
-    """Whether the items of a packed call over a KV cache pair two query heads' last row blocks of at most ROWS rows
-    (`_paired_tail`): an even GQA group on tiles of two consumer warpgroups (`choose_tiles`, as `_plan` picks them;
-    `d`, `dv` the call's head dims, `window` its (left, right) as `attention_forward_sm90` takes it)."""
+    """Whether the items of a packed call pair two query heads' last row blocks of at most ROWS rows (`_paired_tail`,
+    `_plan`'s PAIR_TAILS): an even GQA group on tiles of two consumer warpgroups (`choose_tiles`, as `_plan` picks
+    them; `d`, `dv` the call's head dims, `window` its (left, right) as `attention_forward_sm90` takes it). Read by
+    `forward.attention_forward` for calls over a KV cache (the short launch's rows)."""
     left, _, _, causal, narrower = _mask_bounds(False, window)
     dims = padded_dims(d, dv)
     return group % 2 == 0 and dims is not None and choose_tiles(dims[0], causal or narrower, seqlen_q, left, softcap,
@@ -1692,6 +1695,7 @@ def _plan(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None
     meta = dict(BLOCK_N=block_n, HEAD_D=d, HEAD_DV=dv, DV_STORE=dv_store, STAGES=stages, Q_BUFS=q_bufs, CAUSAL=causal,
                 PINGPONG=pingpong, CONSUMER_REGS=regs, WGS=wgs, OFFSETS_64=offsets_64,
                 VARLEN=varlen is not None, WINDOW=window, HAS_SINKS=sinks is not None, SOFTCAP=softcap > 0,
+                PAIR_TAILS=varlen is not None and heads == 1 and wgs == 2 and group % 2 == 0,
                 KV_CACHE=cache is not None, PAGE_ROWS=kv_rows if table is not None else 0,
                 HAS_ALIBI=alibi_slopes is not None, HEADS=heads, TMA_STORE=vo is not None, TRANSPOSE=transpose,
                 num_warps=4)
