@@ -119,8 +119,8 @@ def main():
                 for impl, ts in times.items():
                     row[f"{impl}_tflops"] = flops / (sum(ts) / len(ts)) / 1e12
                 add_probe_row(rows, row, "varlen", impls)
-    if a.out:
-        save_sweep(a.out, rows)
+                if a.out:             # after every row: a run cut by the device call's limit keeps what it timed
+                    save_sweep(a.out, rows)
 
 
 if __name__ == "__main__":
