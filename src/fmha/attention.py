@@ -161,7 +161,9 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
             / 32 rows at 64 / 8 heads) (`benchmarks/probe_varlen_paged.py` on 7872d4d:
             `history/probe_varlen_paged_h200_7872d4d.json`, `..._g8_h200_7872d4d.json`; the same within 2% on 35face3).
             32 sequences of 64 / 48 rows beside a 512-row chunk: 1.00 / 1.46 (0.59 / 1.11 before the paired row blocks;
-            `..._tails_h200_35face3.json`).
+            `..._tails_h200_35face3.json`). Without a cache the Hopper kernel pairs those row blocks too (an even
+            GQA group): 48 sequences of 65-599 rows, 16 / 4 heads, d = 128, 1.06 / 1.08 (unmasked / causal) of the
+            kernel without it (`benchmarks/probe_varlen.py --group 4`, NOTES.md, eighty-first session).
         Other options as in `attention` (FP8 descales are `(batch, heads_k)`, one row per sequence).
 
     Returns:
