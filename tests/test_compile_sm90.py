@@ -1,6 +1,7 @@
 """Compile the forward kernel for sm_90 on a machine with no GPU (Triton's bundled ptxas), so errors that
 the interpreter cannot see (non-constexpr globals, unsupported ops, shared memory over the limit) fail CI.
 It also checks that the Hopper instructions we rely on are there: wgmma, and TMA for descriptor loads."""
+import itertools
 import json
 import os
 import subprocess
@@ -886,6 +887,45 @@ def test_gluon_packed_chunks_hold_whole_sequences(heads_k, group, max_k, monkeyp
         assert 0 < chunk and heads % chunk == 0, (chunk, heads)
     kv_heads = plan.scalars[F.HEAD_CHUNK] // (group // plan.meta["HEADS"])
     assert kv_heads <= max(1, F.L2_BUDGET // (max_k * 2 * d * 2))   # still within L2's share
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("paged", [False, True], ids=["no-cache", "paged"])
+def test_gluon_pair_tails_plan_agrees(paged, monkeypatch):
+    """The kernel's PAIR_TAILS (`_plan`: a packed call's last row blocks of at most 64 rows run two query heads an
+    item) is set exactly where `pairs_tails` says, the rule `forward.attention_forward` halves the short launch's
+    rows by over a cache (were the kernel not to pair where the rule does, the 33-64-row sequences it keeps would
+    run unpaired), across groups, head dims, masks and lengths; never for a padded call or heads paired by `pack`.
+    The host side only."""
+    from fmha.kernels import forward_sm90 as F
+    monkeypatch.setattr(F, "num_sms", lambda device: 132)
+    lens, page = (64, 300), 16
+    cu = torch.tensor([0, lens[0], sum(lens)], dtype=torch.int32)
+    checked = set()
+    for (group, heads_k), d, window, max_q in itertools.product(
+            ((1, 8), (2, 4), (3, 2), (4, 2), (8, 1)), (64, 128, 256), ((-1, 0), (-1, -1), (128, 0)), (300, 1 << 16)):
+        hq = heads_k * group
+        q, out = (torch.zeros(sum(lens), hq, d, dtype=torch.float16) for _ in range(2))
+        lse = torch.empty(hq, sum(lens))
+        if paged:
+            k, v = (torch.zeros(2 * 32, page, heads_k, d, dtype=torch.float16) for _ in range(2))
+            cache = (torch.tensor(lens, dtype=torch.int32), torch.arange(64, dtype=torch.int32).view(2, 32), None)
+            varlen = (cu, None, max_q, 32 * page)
+        else:
+            k, v = (torch.zeros(sum(lens), heads_k, d, dtype=torch.float16) for _ in range(2))
+            cache, varlen = None, (cu, cu, max_q, max_q)
+        plan = F._plan(q, k, v, out, lse, causal=window[1] == 0, softmax_scale=0.1, varlen=varlen, window=window,
+                       cache=cache)
+        rule = F.pairs_tails(d, d, group, window, max_q, 0.0, paged)
+        assert plan.meta["PAIR_TAILS"] == rule, (group, d, window, max_q)
+        checked.add(rule)
+        if rule and not paged:    # heads paired in every item instead
+            assert not F._plan(q, k, v, out, lse, causal=window[1] == 0, softmax_scale=0.1, varlen=varlen,
+                               window=window, pack=True).meta["PAIR_TAILS"]
+    assert checked == {False, True}
+    q4, k4 = torch.zeros(2, 300, 8, 128, dtype=torch.float16), torch.zeros(2, 300, 2, 128, dtype=torch.float16)
+    assert not F._plan(q4, k4, k4, q4.clone(), torch.empty(2, 8, 300), causal=True,
+                       softmax_scale=0.1).meta["PAIR_TAILS"]
 
 
 @pytest.mark.cpu
