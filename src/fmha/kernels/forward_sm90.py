@@ -1426,12 +1426,18 @@ def _counter(device):
     return counter
 
 
+def _two_heads_fit(group, wgs):
+    """Whether an item can hold two query heads of one KV head, each consumer warpgroup one head: two consumer
+    warpgroups and an even GQA group (the rule both `pack_heads` and the paired tails, `_paired_tail`, rest on)."""
+    return wgs == 2 and group % 2 == 0
+
+
 def pack_heads(group, seqlen_q, wgs, varlen=False):
     """Whether an item takes ROWS rows of two query heads of one KV head (each consumer warpgroup one head) instead
     of 2 * ROWS rows of one head: padded calls (a KV-cache chunk among them) with an even GQA group and two consumer
     warpgroups whose last row block would be at most half full (64 query rows, 192, ...): the same work in fewer
     rows. Packed sequences keep single heads."""
-    return wgs == 2 and group % 2 == 0 and not varlen and 0 < seqlen_q % (2 * _ROWS) <= _ROWS
+    return _two_heads_fit(group, wgs) and not varlen and 0 < seqlen_q % (2 * _ROWS) <= _ROWS
 
 
 def _mask_bounds(causal, window):
@@ -1453,8 +1459,8 @@ def pairs_tails(d, dv, group, window, seqlen_q, softcap, paged):
     `forward.attention_forward` for calls over a KV cache (the short launch's rows)."""
     left, _, _, causal, narrower = _mask_bounds(False, window)
     dims = padded_dims(d, dv)
-    return group % 2 == 0 and dims is not None and choose_tiles(dims[0], causal or narrower, seqlen_q, left, softcap,
-                                                                paged, dims[1])[4] == 2
+    return dims is not None and _two_heads_fit(group, choose_tiles(dims[0], causal or narrower, seqlen_q, left,
+                                                                   softcap, paged, dims[1])[4])
 
 
 def page_rows(page_size, block_n):
@@ -1648,7 +1654,7 @@ def _plan(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None
     group = heads_q // heads_k
     if pack is None:
         pack = pack_heads(group, seqlen_q, wgs, varlen is not None)
-    elif pack and (wgs != 2 or group % 2):
+    elif pack and not _two_heads_fit(group, wgs):
         raise ValueError(f"pack: needs two consumer warpgroups and an even GQA group, got {wgs} and {group}")
     heads = 2 if pack else 1      # query heads an item
     vq, vk, vv = views or tuple(_view(t, padded) for t in (q, k, v))
@@ -1695,7 +1701,7 @@ def _plan(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None
     meta = dict(BLOCK_N=block_n, HEAD_D=d, HEAD_DV=dv, DV_STORE=dv_store, STAGES=stages, Q_BUFS=q_bufs, CAUSAL=causal,
                 PINGPONG=pingpong, CONSUMER_REGS=regs, WGS=wgs, OFFSETS_64=offsets_64,
                 VARLEN=varlen is not None, WINDOW=window, HAS_SINKS=sinks is not None, SOFTCAP=softcap > 0,
-                PAIR_TAILS=varlen is not None and heads == 1 and wgs == 2 and group % 2 == 0,
+                PAIR_TAILS=varlen is not None and heads == 1 and _two_heads_fit(group, wgs),
                 KV_CACHE=cache is not None, PAGE_ROWS=kv_rows if table is not None else 0,
                 HAS_ALIBI=alibi_slopes is not None, HEADS=heads, TMA_STORE=vo is not None, TRANSPOSE=transpose,
                 num_warps=4)
