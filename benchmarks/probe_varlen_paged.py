@@ -4,25 +4,24 @@ group of equal-length sequences (decodes, speculative decodes, chunks: each batc
 on the same cache.
 
     PYTHONPATH=src python3 benchmarks/probe_varlen_paged.py [--out varlen_paged.json] [--short 32 64:16] [--parts]
-        [--rows 2 3] [--wide 64,32,4,5] [--pack] [--kernels] [--heads 32 16] [--case 32x64,1x512@4096]
-        [--versions old_forward_sm90.py]
+        [--rows 2 3] [--wide 64,32,4,5 64,64,4,5+128,32,4,4] [--pack] [--kernels] [--heads 32 16] [--page 64]
+        [--case 32x64,1x512@4096] [--versions old_forward_sm90.py]
 
 Rows: groups of (count, query rows) sequences (causal), every sequence with `context` keys in 16-key pages
-(shuffled), 32 / 8 heads (`--heads` query and KV heads), d = 128, bf16; CASES, or with `--case` those given
+(`--page`; shuffled), 32 / 8 heads (`--heads` query and KV heads), d = 128, bf16; CASES, or with `--case` those given
 (COUNTxROWS,...@CONTEXT) in their place. TFLOP/s over the pairs the causal mask lets through, CUDA-graph replays;
 outputs compared first (`probe_row`). Besides the call as routed (`ours`) and the calls per group (`calls`): the
 same call held on the portable kernel (`portable`); with `forward.SHORT_TILE_ROWS` at each `--short` value
 (`shortN`: sequences of up to N / group query rows left to the portable kernel's second launch; N:R, `shortN_tilesR`:
 that launch's tiles those of R packed rows at most, one form, e.g. 16 for the decodes' narrow one; by default
-`short16`, the narrow form alone, as before the two forms of `forward._short_tiles`); with each `--wide` M,N,W,S,
-the short launch's second form in those tiles (`wideM_N_W_S`); with each `--versions` copy of
-`kernels/forward_sm90.py`, the call as routed on that copy's Gluon launch (`ours@FILE`); with `--pack`, the Gluon launch's items of two
-query heads (`forward_sm90.pack_heads`' form, which the package keeps to padded calls), as routed (`pack`) and
-with each `--short` value (`shortN_pack`); with `--parts`,
-each launch alone (`gluon_part`, `short_part`: the TFLOP/s of the whole row's pairs over that launch's time, so a
-part's share of the call is ours / part) and each group's call alone (`call_R`, R its rows a sequence); with
-`--kernels`, each kernel's GPU time a call (`ours:NAME_us`, eager calls under torch.profiler) of ours and of the
-`--short` / `--wide` forms.
+`short16`, the narrow form alone, as before the two forms of `forward._short_tiles`); with each `--wide` M,N,W,S
+(forms joined by +), the short launch's forms past the first in those tiles (`wideM_N_W_S`); with each
+`--versions` copy of `kernels/forward_sm90.py`, the call as routed on that copy's Gluon launch (`ours@FILE`); with
+`--pack`, the Gluon launch's items of two query heads (`forward_sm90.pack_heads`' form, which the package keeps to
+padded calls), as routed (`pack`) and with each `--short` value (`shortN_pack`); with `--parts`, each launch alone
+(`gluon_part`, `short_part`: the TFLOP/s of the whole row's pairs over that launch's time, so a part's share of the
+call is ours / part) and each group's call alone (`call_R`, R its rows a sequence); with `--kernels`, each kernel's
+GPU time a call (`ours:NAME_us`, eager calls under torch.profiler) of ours and of the `--short` / `--wide` forms.
 """
 import contextlib
 import argparse
@@ -41,7 +40,8 @@ def held(portable=False, short_tile_rows=None, tile_rows=None, wide=None, pack=F
     rows of a GQA group's tile below which a sequence leaves the Gluon kernel) set to `short_tile_rows` if given; the
     portable kernel's tiles chosen for at most `tile_rows` packed rows if given (in a routed call only the short
     launch's: several tiles of fewer rows a sequence, in place of one taller); the short launch's second form's
-    tiles `wide` (BLOCK_M, BLOCK_N, num_warps, num_stages) in place of `_short_tiles`' where it has one; with `pack`,
+    forms past the first `wide` (each (BLOCK_M, BLOCK_N, num_warps, num_stages)) in place of `_short_tiles`' where it
+    has them; with `pack`,
     the Gluon launch's items of two query heads (`forward_sm90.pack_heads`, which keeps packed sequences on one);
     `version`: the Gluon launch of that copy of `forward_sm90` (`load_module_copy`), the routing this package's."""
     from fmha.kernels import forward_sm90
@@ -79,7 +79,8 @@ def main():
     p.add_argument("--short", nargs="*", default=["16"],
                    help="SHORT_TILE_ROWS values to time, each N or N:R (the short launch's tiles for R rows at most)")
     p.add_argument("--wide", nargs="*", default=[],
-                   help="second tile forms of the short launch to time, each M,N,W,S (`wideM_N_W_S`)")
+                   help="tile forms past the first of the short launch to time, each M,N,W,S[+M,N,W,S...] "
+                        "(`wideM_N_W_S[__M_N_W_S]`)")
     p.add_argument("--pack", action="store_true",
                    help="also the call with the Gluon launch's items of two query heads (`pack`)")
     p.add_argument("--parts", action="store_true")
@@ -87,13 +88,14 @@ def main():
                    help="also each kernel's GPU time a call (torch.profiler) of ours and the --short / --wide forms")
     p.add_argument("--rows", type=int, nargs="*", default=None, help="indices of the rows to run (all by default)")
     p.add_argument("--heads", type=int, nargs=2, default=(32, 8), help="query heads and KV heads")
+    p.add_argument("--page", type=int, default=16, help="keys a page")
     p.add_argument("--case", nargs="*", default=[], help="rows to run in CASES' place, each COUNTxROWS,...@CONTEXT")
     p.add_argument("--versions", nargs="*", default=[],
                    help="copies of kernels/forward_sm90.py whose Gluon launch to time as routed (`ours@FILE`)")
     a = p.parse_args()
     versions = [(os.path.basename(path), load_module_copy(path)) for path in a.versions]
     rows = []
-    (hq, hk), d, page = a.heads, 128, 16
+    (hq, hk), d, page = a.heads, 128, a.page
     cases = [(tuple(tuple(int(x) for x in g.split("x")) for g in spec.split("@")[0].split(",")),
               int(spec.split("@")[1])) for spec in a.case] or CASES
     for index, (groups, context) in enumerate(cases):
@@ -138,7 +140,8 @@ def main():
             if a.pack:
                 impls[name + "_pack"] = held_call(short_tile_rows=int(n), tile_rows=int(cap or 0), pack=True)
         for spec in a.wide:
-            impls["wide" + spec.replace(",", "_")] = held_call(wide=tuple(int(x) for x in spec.split(",")))
+            forms = tuple(tuple(int(x) for x in form.split(",")) for form in spec.split("+"))
+            impls["wide" + spec.replace(",", "_").replace("+", "__")] = held_call(wide=forms)
         if a.pack:
             impls["pack"] = held_call(pack=True)
         for name, module in versions:
@@ -154,8 +157,8 @@ def main():
                     for kernel, us in kernel_times(impls[name]).items():
                         rows[-1][f"{name}:{kernel}_us"] = us
             print({k: round(v, 2) for k, v in rows[-1].items() if k.endswith("_us")})
-    if a.out:
-        save_sweep(a.out, rows)
+        if a.out:                 # after every row, so that a run cut by its time limit keeps what it measured
+            save_sweep(a.out, rows)
 
 
 def kernel_times(fn, reps=40):

@@ -262,28 +262,32 @@ def _packed_over_pages(len_q, len_k, hq, hk, d, dtype, seed):
 
 
 @pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("short_tile_rows", [64, 128, 512], ids=["one-block", "two-blocks", "capped"])
+@pytest.mark.parametrize("short_tile_rows", [64, 128, 512], ids=["two-forms", "three-forms", "capped"])
 def test_varlen_cache_short_two_forms(target, short_tile_rows, monkeypatch):
-    """The short launch's two tile forms (`forward._short_tiles`: decodes of at most NARROW_ROWS packed rows in the
-    narrow tile, longer short sequences, speculative decodes, in M blocks of the wide form): 8 query heads over 2 KV
-    heads, d = 128, a 16-key paged cache, sequences of 0 to 65 rows with keys in 3 splits or as planned, with
-    SHORT_TILE_ROWS giving one M block, two, or the cap of DECODE_ROWS rows. Each short sequence matches the oracle,
-    the longer ones' rows stay NaN; the launch has both forms (its WIDE_M) and its M blocks. On the CPU the
-    interpreter's one tile table is patched to two forms of 16 and 64 rows."""
+    """The short launch's tile forms (`forward._short_tiles`: decodes of at most NARROW_ROWS packed rows in the
+    narrow tile, longer short sequences, speculative decodes, in the wide form's tile of DECODE_ROWS rows, and those
+    of more packed rows in M blocks of the tall form, where the launch has them): 8 query heads over 2 KV heads,
+    d = 128, a 16-key paged cache, sequences of 0 to 65 rows with keys in 3 splits or as planned, with
+    SHORT_TILE_ROWS giving two forms and one M block, three forms and one M block, or the cap of DECODE_ROWS rows
+    (three forms, two M blocks). Each short sequence matches the oracle, the longer ones' rows stay NaN; the launch
+    has the forms (its WIDE) and its M blocks. On the CPU the interpreter's one tile table is patched to forms of
+    16, 64 and 128 rows."""
     from fmha.kernels import forward, launch
     device, dtype = target
     if device == "cpu":
         real = forward._tile_config
         monkeypatch.setattr(forward, "_tile_config", lambda *a, rows=None, **kw: real(*a, rows=rows, **kw)
                             if rows is None else ((16, 32, 4, 1) if rows <= forward.NARROW_ROWS else (64, 32, 4, 1)))
+        monkeypatch.setattr(forward, "_tall_tiles", lambda *a: (128, 32, 4, 1))
     monkeypatch.setattr(forward, "SHORT_TILE_ROWS", short_tile_rows)
     hq, hk, d = 8, 2, 128
     group = hq // hk
     short, tiles, wide = forward._short_tiles(d, d, group, True, device == "cpu")
-    assert wide is not None and tiles[0] < wide[0] and wide[0] <= forward.DECODE_ROWS
     assert short == min(short_tile_rows // group, forward.DECODE_ROWS)
-    len_q = [1, 0, 3, short, 2, 5, short + 1, 9, 40, 1, 4]
-    len_k = [70, 33, 0, 90, 17, 64, 50, 200, 45, 1, 130]
+    assert [m for m, *_ in wide] == [forward.DECODE_ROWS] + [128] * (short * group > forward.DECODE_ROWS)
+    assert tiles[0] == forward.NARROW_ROWS
+    len_q = [1, 0, 3, short, 2, 5, short + 1, 9, 40, 1, 4, forward.DECODE_ROWS // group]
+    len_k = [70, 33, 0, 90, 17, 64, 50, 200, 45, 1, 130, 77]
     q, cu_q, k_cache, v_cache, table, (ref, ref_lse) = _packed_over_pages(len_q, len_k, hq, hk, d, dtype, 11)
     for num_splits in (3, 0):
         out = torch.full_like(q, math.nan, device=device)
@@ -295,8 +299,8 @@ def test_varlen_cache_short_two_forms(target, short_tile_rows, monkeypatch):
                           cache_seqlens=torch.tensor(len_k, dtype=torch.int32, device=device),
                           block_table=table.to(device), interpret=device == "cpu", short_rows=short,
                           num_splits=num_splits)
-        assert [(meta["BLOCK_M"], meta.get("WIDE_M"), grid[1]) for name, grid, meta in launch.RECORD
-                if name == "attn_fwd_kernel"] == [(tiles[0], wide[0], -(-short * group // wide[0]))]
+        assert [(meta["BLOCK_M"], [form[0] for form in meta["WIDE"]], grid[1]) for name, grid, meta in launch.RECORD
+                if name == "attn_fwd_kernel"] == [(tiles[0], [m for m, *_ in wide], -(-short * group // wide[-1][0]))]
         _assert_sequences(out, lse, cu_q, [n <= short for n in len_q], (ref, ref_lse), dtype)
 
 
@@ -328,8 +332,9 @@ def test_varlen_cache_routing(heads, monkeypatch):
                       max_seqlen_k=max(len_k), softmax_scale=None, window=(-1, 0), softcap=0.0, alibi_slopes=None,
                       sinks=None, cache_seqlens=torch.tensor(len_k, dtype=torch.int32), block_table=table)
     assert left_out == [short]
-    assert [(meta["BLOCK_M"], meta.get("WIDE_M")) for name, _, meta in launch.RECORD
-            if name == "attn_fwd_kernel"] == [(tiles[0], wide and wide[0])]
+    assert [(meta["BLOCK_M"], meta.get("WIDE")) for name, _, meta in launch.RECORD
+            if name == "attn_fwd_kernel"] == [(tiles[0], wide and tuple((m, n, s, forward._page_tile(16, n))
+                                                                         for m, n, _, s in wide))]
     _assert_sequences(out, lse, cu_q, [n <= short for n in len_q], ref, torch.float16)
 
 

@@ -91,8 +91,8 @@ DECODE_SCRIPT = textwrap.dedent('''
                   Q_DESCALE=None, K_DESCALE=None, V_DESCALE=None, K_STARTS=None)
     ptrs = dict(Q="*bf16", K="*bf16", V="*bf16", O="*bf16", LSE="*fp32", SEQLENS_K="*i32", BLOCK_TABLE="*i32")
     if two_forms:
-        consts.update(IS_VARLEN=True, SHORT_ONLY=True, WIDE_M=wide[0], WIDE_N=wide[1], WIDE_STAGES=wide[3],
-                      WIDE_PAGE_TILE=_page_tile(page_size, wide[1]))
+        consts.update(IS_VARLEN=True, SHORT_ONLY=True,
+                      WIDE=tuple((m, n, s, _page_tile(page_size, n)) for m, n, _, s in wide))
         del consts["CU_Q"]
         ptrs["CU_Q"] = "*i32"
     if fp8:                       # an FP8 cache beside bf16 queries

@@ -207,7 +207,7 @@ def attn_fwd_kernel(
     REVERSE_M: tl.constexpr, TMA: tl.constexpr,
     HAS_SEQLENS_K: tl.constexpr, PAGED: tl.constexpr, SPLIT: tl.constexpr, LEFT_PER_BATCH: tl.constexpr,
     PAGE_TILE: tl.constexpr, V_WORDS: tl.constexpr = 0, PAIR: tl.constexpr = False, SHORT_ONLY: tl.constexpr = False,
-    WIDE_M: tl.constexpr = 0, WIDE_N: tl.constexpr = 0, WIDE_STAGES: tl.constexpr = 0, WIDE_PAGE_TILE: tl.constexpr = 0,
+    WIDE: tl.constexpr = None,
 ):
     pid_bh = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -241,21 +241,26 @@ def attn_fwd_kernel(
         if q_len > seqlen_q:
             return
     K_OFFSET: tl.constexpr = CU_K is not None or K_STARTS is not None       # keys from k_start on
-    # A short launch of two tile forms (WIDE_M > 0): a sequence of more packed rows than BLOCK_M takes tiles of
-    # WIDE_M rows (their own key tile and stages), the launch's M blocks (one in a routed call: `_short_tiles`).
-    if WIDE_M > 0:
-        if q_len * heads_per_program_row > BLOCK_M:
-            if m_block * WIDE_M >= q_len * heads_per_program_row:
-                return
-            _attn_tile(Q, K, V, O, LSE, SLOPES, SINKS, K_DESC, V_DESC, BLOCK_TABLE, Q_DESCALE, K_DESCALE, V_DESCALE,
-                       b, h_eff, m_block, q_start, q_len, k_start, k_len, window_left, stride_bt, page_size,
-                       stride_o_split, stride_l_split, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks,
-                       stride_kh, stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh, stride_lb,
-                       stride_lh, stride_ls, heads_per_program_row, group, heads_eff, qk_scale_log2, softcap,
-                       window_right,
-                       HEAD_DIM_QK, HEAD_DIM_V, WIDE_M, WIDE_N, BLOCK_D, BLOCK_DT, BLOCK_DV, HAS_TAIL,
-                       MASK_LEFT, MASK_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_SINKS, TMA, PAGED, SPLIT,
-                       WIDE_PAGE_TILE, 0, PAIR, K_OFFSET, WIDE_STAGES)
+    # A short launch of several tile forms (WIDE: their (BLOCK_M, BLOCK_N, num_stages, PAGE_TILE), BLOCK_M rising):
+    # a sequence of more packed rows than BLOCK_M takes the first form past BLOCK_M that holds them all, or the last
+    # form's tiles, its M blocks the launch's (`_short_tiles`).
+    if WIDE is not None:
+        rows = q_len * heads_per_program_row
+        if rows > BLOCK_M:
+            for i in tl.static_range(len(WIDE)):
+                # form i: more rows than the form before holds, at most its own BLOCK_M (the last: any)
+                if ((rows > (BLOCK_M if i == 0 else WIDE[i - 1][0]))
+                        & (rows <= (WIDE[i][0] if i < len(WIDE) - 1 else 2 ** 31 - 1))
+                        & (m_block * WIDE[i][0] < rows)):
+                    _attn_tile(Q, K, V, O, LSE, SLOPES, SINKS, K_DESC, V_DESC, BLOCK_TABLE, Q_DESCALE, K_DESCALE,
+                               V_DESCALE, b, h_eff, m_block, q_start, q_len, k_start, k_len, window_left, stride_bt,
+                               page_size, stride_o_split, stride_l_split, stride_qb, stride_qs, stride_qh,
+                               stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_ob,
+                               stride_os, stride_oh, stride_lb, stride_lh, stride_ls, heads_per_program_row, group,
+                               heads_eff, qk_scale_log2, softcap, window_right,
+                               HEAD_DIM_QK, HEAD_DIM_V, WIDE[i][0], WIDE[i][1], BLOCK_D, BLOCK_DT, BLOCK_DV, HAS_TAIL,
+                               MASK_LEFT, MASK_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_SINKS, TMA, PAGED, SPLIT,
+                               WIDE[i][3], 0, PAIR, K_OFFSET, WIDE[i][2])
             return
     if m_block * BLOCK_M >= q_len * heads_per_program_row:
         return
@@ -637,10 +642,10 @@ def _tma_ok(t, d, block_d):
 # most 64 rows in one item, `forward_sm90.pairs_tails`) to a second launch of the portable kernel
 # (`attention_forward`): there a sequence's rows of every query head of a KV head share decode tiles (M blocks of at
 # most DECODE_ROWS packed rows) and each tile reads the keys once, where the Gluon kernel would give each query head
-# its own 128-row item, filled to rows / 128. The launch has two tile forms (`_short_tiles`): the decodes' (at most
-# NARROW_ROWS packed rows) and DECODE_ROWS' table's for the longer sequences (speculative decodes); where the two
-# differ in warps, the decodes' form alone, for NARROW_ROWS // group rows. Its splits are planned on one M block a
-# sequence (the decodes').
+# its own 128-row item, filled to rows / 128. The launch has two or three tile forms (`_short_tiles`): the decodes' (at
+# most NARROW_ROWS packed rows), DECODE_ROWS' table's for the longer sequences (speculative decodes) and, where it
+# has sequences of more packed rows, `_GPU_SHORT_TALL_TILES`'; where the first two differ in warps, the decodes' form
+# alone, for NARROW_ROWS // group rows. Its splits are planned on one M block a sequence (the decodes').
 # H200, page 16, d = 128, 32 sequences of R rows beside a 512-row chunk, 4k keys, TFLOP/s against
 # `attention_with_kvcache` called per group (history/probe_varlen_paged_{groups,cap}G_h200_a91f978_mblocks.json):
 # 32 / 8 heads R = 32 0.51 -> 0.91 with SHORT_TILE_ROWS 128 or 256, R = 64 +1.6% at 256; 64 / 8 heads R = 16
@@ -658,14 +663,21 @@ def _tma_ok(t, d, block_d):
 # 72 KB, took back 0.4-1.0% there and cost the speculative decodes 0.4-1.5% (three processes:
 # ..._wide_h200_83c89ae.json, ..._wide2_..., ..._combine_...), so the 64-key tile stays.
 SHORT_TILE_ROWS = 4 * DECODE_ROWS
+# The short launch's third form, for its sequences of more packed rows than DECODE_ROWS (17-32 query rows in a group
+# of 4, 9-32 in a group of 8), which the second form would give two M blocks or more, each reading the keys: H200,
+# page 16, d = 128, 32 / 8 heads, 32 sequences of 32 rows beside a 512-row chunk, 4k keys, TFLOP/s as the only
+# wide form: (128, 32, 4, 4) 318 against the 64-row form's 301 (history/probe_varlen_paged_wide128_h200_0782e2d.json);
+# as the only one it lost on sequences of 8 / 16 rows (160 / 214 against 242 / 321), hence a third form.
+_GPU_SHORT_TALL_TILES = {True: {128: (128, 32, 4, 4)}, False: {}}
 
 
 def _short_tiles(dqk, dv, group, paged, interpret, rows=None, paired=False):
     """The short launch's (rows, tiles, wide): the query rows of its longest sequences (`rows` if given, else from
     SHORT_TILE_ROWS, at most DECODE_ROWS, or half that where the Gluon launch pairs two heads' tails: `paired`,
-    `forward_sm90.pairs_tails`), its tiles and its second form's (BLOCK_M, BLOCK_N, num_warps, num_stages) for
-    sequences of more packed rows than the first holds (None: one form), tiles of at most DECODE_ROWS packed rows:
-    a sequence of more takes several (the launch's M blocks)."""
+    `forward_sm90.pairs_tails`), its tiles and its further forms' (BLOCK_M, BLOCK_N, num_warps, num_stages), BLOCK_M
+    rising, for sequences of more packed rows than the first holds (None: one form): tiles of at most DECODE_ROWS
+    packed rows, then `_tall_tiles`' where the launch has sequences of more; a sequence of more rows than the last
+    form holds takes several of its tiles (the launch's M blocks)."""
     one = rows is not None
     rows = rows or max(1, min(SHORT_TILE_ROWS // group, DECODE_ROWS // 2 if paired else DECODE_ROWS))
     tiles = _tile_config(dqk, dv, interpret, rows=min(rows * group, DECODE_ROWS), paged=paged)
@@ -677,7 +689,17 @@ def _short_tiles(dqk, dv, group, paged, interpret, rows=None, paired=False):
         return rows, tiles, None
     if narrow[2] != tiles[2]:
         return (rows, tiles, None) if one else (narrow_rows, narrow, None)
-    return rows, narrow, tiles
+    tall = _tall_tiles(dqk, dv, paged, interpret)
+    if tall and tall[2] == tiles[2] and tall[0] > tiles[0] and rows * group > tiles[0]:
+        return rows, narrow, (tiles, tall)
+    return rows, narrow, (tiles,)
+
+
+def _tall_tiles(dqk, dv, paged, interpret):
+    """The short launch's tiles for its sequences of more than DECODE_ROWS packed rows (`_short_tiles`), or None."""
+    if interpret:
+        return None
+    return _GPU_SHORT_TALL_TILES[bool(paged)].get(max(16, next_pow2(dqk), next_pow2(dv)))
 
 
 def _pack_gqa(group, seqlen_q, block_m):
@@ -937,7 +959,8 @@ def _portable_plan(q4, k, v, o4, lse, lse_strides, *, pair, varlen, batch, seqle
                    block_table, num_splits, interpret, short=False, wide=None):
     """`_PortablePlan` of an `attention_forward` call that the portable kernel runs (q4 and o4 with a batch axis;
     with `pair`, k and v are the head-pair views; `short`: only the packed sequences of at most seqlen_q rows, with
-    `wide` the tiles of those of more rows than `tiles` holds, the M blocks in its rows)."""
+    `wide` the further forms' tiles for those of more rows than `tiles` holds, the last form's M blocks in its
+    rows: `_short_tiles`)."""
     heads_q, dqk = q4.shape[-2], k.shape[-1]          # with `pair`, the pair's width
     group = heads_q // k.shape[-2]
     dv = v.shape[-1]
@@ -954,7 +977,7 @@ def _portable_plan(q4, k, v, o4, lse, lse_strides, *, pair, varlen, batch, seqle
     # Varlen: per-sequence descriptors built in the kernel. Dense: descriptors built once on the host (building
     # them per program cost ~10-20% at s <= 4k).
     tma = (1 if varlen else 2) if use_tma else 0
-    m_blocks = cdiv(seqlen_q * gp, (wide or tiles)[0])
+    m_blocks = cdiv(seqlen_q * gp, (wide[-1] if wide else tiles)[0])
     if num_splits == 0:
         # Planned on the cache's capacity, not its lengths (no host sync); a short launch on one M block a
         # sequence, its decodes' (the M blocks past a sequence's rows return at once).
@@ -996,8 +1019,7 @@ def _portable_plan(q4, k, v, o4, lse, lse_strides, *, pair, varlen, batch, seqle
     if short:
         meta["SHORT_ONLY"] = True
     if wide:
-        meta.update(WIDE_M=wide[0], WIDE_N=wide[1], WIDE_STAGES=wide[3],
-                    WIDE_PAGE_TILE=_page_tile(k.shape[1], wide[1]) if paged else 0)
+        meta["WIDE"] = tuple((m, n, stages, _page_tile(k.shape[1], n) if paged else 0) for m, n, _, stages in wide)
     grid = (batch * heads_eff, m_blocks, num_splits)
     boxes = ([1, block_n, 1, block_d], [1, block_n, 1, block_dv])
     return _PortablePlan(grid, meta, scalars, num_splits, tma, boxes, parts)
