@@ -128,9 +128,10 @@ def _varlen_case(r, device, dims=None):
     (d, dv) pairs to draw from, and then at least one query row (otherwise any, and all sequences may be empty)."""
     d, dv = r.choice(dims) if dims else _head_dims(r, device)
     hk = r.choice([1, 2])
-    hq = hk * r.choice([1, 2, 4])
+    hq = hk * r.choice([1, 2, 4, 8] if device == "cuda" else [1, 2, 4])
     big = 1500 if device == "cuda" else 60
-    lens_q = [r.choice([0, 1, r.randint(1, big)]) for _ in range(r.randint(1, 5))]
+    # decodes, speculative decodes / short tails (2-40 rows: the short launch's forms over a cache), longer ones
+    lens_q = [r.choice([0, 1, r.randint(2, 40), r.randint(1, big)]) for _ in range(r.randint(1, 5))]
     if dims and not any(lens_q):
         lens_q[0] = r.randint(1, big)
     lens_k = [r.choice([n, r.randint(0, big)]) for n in lens_q]
