@@ -664,10 +664,14 @@ def _tma_ok(t, d, block_d):
 # ..._wide_h200_83c89ae.json, ..._wide2_..., ..._combine_...), so the 64-key tile stays.
 SHORT_TILE_ROWS = 4 * DECODE_ROWS
 # The short launch's third form, for its sequences of more packed rows than DECODE_ROWS (17-32 query rows in a group
-# of 4, 9-32 in a group of 8), which the second form would give two M blocks or more, each reading the keys: H200,
-# page 16, d = 128, 32 / 8 heads, 32 sequences of 32 rows beside a 512-row chunk, 4k keys, TFLOP/s as the only
-# wide form: (128, 32, 4, 4) 318 against the 64-row form's 301 (history/probe_varlen_paged_wide128_h200_0782e2d.json);
-# as the only one it lost on sequences of 8 / 16 rows (160 / 214 against 242 / 321), hence a third form.
+# of 4, 9-32 in a group of 8), which the second form would give two M blocks or more, each reading the keys. As the
+# only wide form (H200, page 16, d = 128, 32 / 8 heads, 32 sequences of R rows beside a 512-row chunk, 4k keys,
+# TFLOP/s; history/probe_varlen_paged_wide128_h200_0782e2d.json): (128, 32, 4, 4) 318 against the 64-row form's 301
+# at R = 32, but 160 / 214 against 242 / 321 at R = 8 / 16, hence a third form. As the third (the same rows,
+# history/probe_varlen_paged_tall_g{4,8}_h200_4b81433.json), ours / the 64-row form alone: 32 / 8 heads R = 17, 24,
+# 32 1.039, 1.041, 1.042, R = 8 0.999; 64 / 8 heads R = 9, 16, 32 1.039, 1.035, 1.055; (128, 32, 4, 3) level,
+# (128, 64, 4, 3) -15%. Still 0.92-0.94 of one call per group, whose 17-32-row call takes 8-warp (128, 128) tiles
+# (a launch's forms share its warps; the decodes' take 4).
 _GPU_SHORT_TALL_TILES = {True: {128: (128, 32, 4, 4)}, False: {}}
 
 
