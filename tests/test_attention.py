@@ -282,7 +282,7 @@ def test_varlen_cache_short_two_forms(target, short_tile_rows, monkeypatch):
     monkeypatch.setattr(forward, "SHORT_TILE_ROWS", short_tile_rows)
     hq, hk, d = 8, 2, 128
     group = hq // hk
-    short, tiles, wide = forward._short_tiles(d, d, group, True, device == "cpu")
+    short, tiles, wide = forward._short_tiles(d, d, group, 16, device == "cpu")
     assert short == min(short_tile_rows // group, forward.DECODE_ROWS)
     assert [m for m, *_ in wide] == [forward.DECODE_ROWS] + [128] * (short * group > forward.DECODE_ROWS)
     assert tiles[0] == forward.NARROW_ROWS
@@ -305,6 +305,20 @@ def test_varlen_cache_short_two_forms(target, short_tile_rows, monkeypatch):
 
 
 @pytest.mark.cpu
+def test_short_tiles_tall_form():
+    """`forward._short_tiles`' third form (`_GPU_SHORT_TALL_TILES`) on the GPU's tables: at d = 128 on 16-key pages
+    only (it lost on pages of 32-128 keys), and only where the launch's sequences can hold more packed rows than the
+    64-row form (not 32 rows in a group of 2)."""
+    from fmha.kernels import forward
+    tall = forward._GPU_SHORT_TALL_TILES[16][128]
+    for group, page, forms in [(4, 16, 2), (8, 16, 2), (2, 16, 1), (4, 32, 1), (4, 64, 1), (8, 128, 1), (4, None, 1)]:
+        _, tiles, wide = forward._short_tiles(128, 128, group, page, False, paired=True)
+        assert len(wide) == forms and wide[0][0] == forward.DECODE_ROWS and tiles[0] == forward.NARROW_ROWS
+        assert forms == 1 or wide[1] == tall
+    assert forward._short_tiles(64, 64, 4, 16, False, paired=True)[2] is None     # the narrow 2-warp form alone
+
+
+@pytest.mark.cpu
 @pytest.mark.parametrize("heads", [(8, 2), (6, 2)], ids=["group4", "group3"])
 def test_varlen_cache_routing(heads, monkeypatch):
     """The host side of a routed varlen call over a paged cache, on the CPU: the Gluon launch (a stand-in here, which
@@ -322,7 +336,7 @@ def test_varlen_cache_routing(heads, monkeypatch):
     (hq, hk), d = heads, 128
     paired = hq // hk % 2 == 0
     assert forward_sm90.pairs_tails(d, d, hq // hk, (-1, 0), 128, 0.0, True) == paired
-    short, tiles, wide = forward._short_tiles(d, d, hq // hk, True, False, paired=paired)
+    short, tiles, wide = forward._short_tiles(d, d, hq // hk, 16, False, paired=paired)
     assert short == forward.DECODE_ROWS // (2 if paired else 1)
     len_q, len_k = [1, 0, 3, short, 2, short + 1, 9, 1], [70, 33, 0, 90, 17, 64, 50, 1]
     q, cu_q, k_cache, v_cache, table, ref = _packed_over_pages(len_q, len_k, hq, hk, d, torch.float16, 3)

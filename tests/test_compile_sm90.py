@@ -81,7 +81,7 @@ DECODE_SCRIPT = textwrap.dedent('''
     d, page_size, rows, fp8, two_forms = json.loads(sys.argv[1])
     bm, bn, warps, stages = _tile_config(d, d, False, rows=rows, paged=True, kv_fp8=bool(fp8))
     if two_forms:                 # a short launch of packed sequences, group `rows`, in its two forms
-        _, (bm, bn, warps, stages), wide = _short_tiles(d, d, rows, True, False)
+        _, (bm, bn, warps, stages), wide = _short_tiles(d, d, rows, page_size, False)
     consts = dict(HEAD_DIM_QK=d, HEAD_DIM_V=d, BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=d, BLOCK_DT=16, BLOCK_DV=d,
                   HAS_TAIL=False, IS_VARLEN=False, MASK_LEFT=False, MASK_RIGHT=False, HAS_SOFTCAP=False,
                   HAS_ALIBI=False, HAS_SINKS=False, REVERSE_M=False, TMA=0, HAS_SEQLENS_K=True, PAGED=True,

@@ -671,18 +671,21 @@ SHORT_TILE_ROWS = 4 * DECODE_ROWS
 # history/probe_varlen_paged_tall_g{4,8}_h200_4b81433.json), ours / the 64-row form alone: 32 / 8 heads R = 17, 24,
 # 32 1.039, 1.041, 1.042, R = 8 0.999; 64 / 8 heads R = 9, 16, 32 1.039, 1.035, 1.055; (128, 32, 4, 3) level,
 # (128, 64, 4, 3) -15%. Still 0.92-0.94 of one call per group, whose 17-32-row call takes 8-warp (128, 128) tiles
-# (a launch's forms share its warps; the decodes' take 4).
-_GPU_SHORT_TALL_TILES = {True: {128: (128, 32, 4, 4)}, False: {}}
+# (a launch's forms share its warps; the decodes' take 4). Other pages, 32 / 8 heads R = 17 / 32 (R = 16 / 32 at
+# 64 / 8 heads; ..._tall_g{4,8}p{32,64,128}_h200_a0f27c6.json): page 32 0.961 / 0.968, page 64 0.967 / 0.979
+# (64 / 8 heads 0.983 / 0.976), page 128 0.970 / 0.979, so page 16 alone: {page size: {head dim: tiles}}.
+_GPU_SHORT_TALL_TILES = {16: {128: (128, 32, 4, 4)}}
 
 
-def _short_tiles(dqk, dv, group, paged, interpret, rows=None, paired=False):
-    """The short launch's (rows, tiles, wide): the query rows of its longest sequences (`rows` if given, else from
+def _short_tiles(dqk, dv, group, page_size, interpret, rows=None, paired=False):
+    """The short launch's (rows, tiles, wide) over a cache of `page_size`-key pages (None: contiguous): the query rows
+    of its longest sequences (`rows` if given, else from
     SHORT_TILE_ROWS, at most DECODE_ROWS, or half that where the Gluon launch pairs two heads' tails: `paired`,
     `forward_sm90.pairs_tails`), its tiles and its further forms' (BLOCK_M, BLOCK_N, num_warps, num_stages), BLOCK_M
     rising, for sequences of more packed rows than the first holds (None: one form): tiles of at most DECODE_ROWS
     packed rows, then `_tall_tiles`' where the launch has sequences of more; a sequence of more rows than the last
     form holds takes several of its tiles (the launch's M blocks)."""
-    one = rows is not None
+    one, paged = rows is not None, page_size is not None
     rows = rows or max(1, min(SHORT_TILE_ROWS // group, DECODE_ROWS // 2 if paired else DECODE_ROWS))
     tiles = _tile_config(dqk, dv, interpret, rows=min(rows * group, DECODE_ROWS), paged=paged)
     narrow_rows = min(NARROW_ROWS // group, rows)
@@ -693,17 +696,18 @@ def _short_tiles(dqk, dv, group, paged, interpret, rows=None, paired=False):
         return rows, tiles, None
     if narrow[2] != tiles[2]:
         return (rows, tiles, None) if one else (narrow_rows, narrow, None)
-    tall = _tall_tiles(dqk, dv, paged, interpret)
+    tall = _tall_tiles(dqk, dv, page_size, interpret)
     if tall and tall[2] == tiles[2] and tall[0] > tiles[0] and rows * group > tiles[0]:
         return rows, narrow, (tiles, tall)
     return rows, narrow, (tiles,)
 
 
-def _tall_tiles(dqk, dv, paged, interpret):
-    """The short launch's tiles for its sequences of more than DECODE_ROWS packed rows (`_short_tiles`), or None."""
+def _tall_tiles(dqk, dv, page_size, interpret):
+    """The short launch's tiles for its sequences of more than DECODE_ROWS packed rows over a cache of `page_size`-key
+    pages (None: contiguous; `_short_tiles`), or None."""
     if interpret:
         return None
-    return _GPU_SHORT_TALL_TILES[bool(paged)].get(max(16, next_pow2(dqk), next_pow2(dv)))
+    return _GPU_SHORT_TALL_TILES.get(page_size, {}).get(max(16, next_pow2(dqk), next_pow2(dv)))
 
 
 def _pack_gqa(group, seqlen_q, block_m):
@@ -853,6 +857,7 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
     plain = (k.dtype == q.dtype and (q.element_size() > 1 or cache_seqlens is None)
              and pack_gqa is None and use_tma is None and tiles is None and backend is None and not short_rows)
     wide = None
+    page_size = None if block_table is None else k.shape[1]
     if plain and not interpret and gluon_enabled() and _gluon_takes(
             cache_seqlens, num_splits, batch, heads_q, seqlen_q, q.device,
             None if block_table is None else k.shape[1]):
@@ -862,7 +867,7 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
         if varlen and cache_seqlens is not None:
             paired = forward_sm90.pairs_tails(dqk, dv, group, gluon_window, max_seqlen_q, softcap,
                                               block_table is not None)
-            short = _short_tiles(dqk, dv, group, block_table is not None, interpret, paired=paired)
+            short = _short_tiles(dqk, dv, group, page_size, interpret, paired=paired)
         if forward_sm90.attention_forward_sm90(
                 q, k, v, out, lse, causal=right >= 0, softmax_scale=scale,
                 varlen=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) if varlen else None,
@@ -876,7 +881,7 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
         seqlen_q = max_seqlen_q = short_rows
         pack_gqa = True
         if tiles is None:
-            _, tiles, wide = _short_tiles(dqk, dv, group, block_table is not None, interpret, short_rows)
+            _, tiles, wide = _short_tiles(dqk, dv, group, page_size, interpret, short_rows)
     if varlen and cache_seqlens is not None and num_splits == 1:
         num_splits = 0            # packed queries over a cache (decodes among them): keys split as planned
     # Head pairs (`HEAD_PAIRS`) are planned, not decided each call: the key holds what the rule reads.
