@@ -263,7 +263,7 @@ def _packed_over_pages(len_q, len_k, hq, hk, d, dtype, seed):
 
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("short_tile_rows", [64, 128, 512], ids=["two-forms", "three-forms", "capped"])
-def test_varlen_cache_short_two_forms(target, short_tile_rows, monkeypatch):
+def test_varlen_cache_short_forms(target, short_tile_rows, monkeypatch):
     """The short launch's tile forms (`forward._short_tiles`: decodes of at most NARROW_ROWS packed rows in the
     narrow tile, longer short sequences, speculative decodes, in the wide form's tile of DECODE_ROWS rows, and those
     of more packed rows in M blocks of the tall form, where the launch has them): 8 query heads over 2 KV heads,

@@ -679,12 +679,11 @@ _GPU_SHORT_TALL_TILES = {16: {128: (128, 32, 4, 4)}}
 
 def _short_tiles(dqk, dv, group, page_size, interpret, rows=None, paired=False):
     """The short launch's (rows, tiles, wide) over a cache of `page_size`-key pages (None: contiguous): the query rows
-    of its longest sequences (`rows` if given, else from
-    SHORT_TILE_ROWS, at most DECODE_ROWS, or half that where the Gluon launch pairs two heads' tails: `paired`,
-    `forward_sm90.pairs_tails`), its tiles and its further forms' (BLOCK_M, BLOCK_N, num_warps, num_stages), BLOCK_M
-    rising, for sequences of more packed rows than the first holds (None: one form): tiles of at most DECODE_ROWS
-    packed rows, then `_tall_tiles`' where the launch has sequences of more; a sequence of more rows than the last
-    form holds takes several of its tiles (the launch's M blocks)."""
+    of its longest sequences (`rows` if given, else from SHORT_TILE_ROWS, at most DECODE_ROWS, or half that where the
+    Gluon launch pairs two heads' tails: `paired`, `forward_sm90.pairs_tails`), its tiles and its further forms'
+    (BLOCK_M, BLOCK_N, num_warps, num_stages), BLOCK_M rising, for sequences of more packed rows than the first holds
+    (None: one form): tiles of at most DECODE_ROWS packed rows, then `_tall_tiles`' where the launch has sequences of
+    more; a sequence of more rows than the last form holds takes several of its tiles (the launch's M blocks)."""
     one, paged = rows is not None, page_size is not None
     rows = rows or max(1, min(SHORT_TILE_ROWS // group, DECODE_ROWS // 2 if paired else DECODE_ROWS))
     tiles = _tile_config(dqk, dv, interpret, rows=min(rows * group, DECODE_ROWS), paged=paged)
@@ -859,8 +858,7 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
     wide = None
     page_size = None if block_table is None else k.shape[1]
     if plain and not interpret and gluon_enabled() and _gluon_takes(
-            cache_seqlens, num_splits, batch, heads_q, seqlen_q, q.device,
-            None if block_table is None else k.shape[1]):
+            cache_seqlens, num_splits, batch, heads_q, seqlen_q, q.device, page_size):
         from . import forward_sm90
         short = (0, None, None)
         gluon_window = (left if window_lefts is None else window_lefts, right)
