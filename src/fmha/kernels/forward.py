@@ -668,12 +668,13 @@ SHORT_TILE_ROWS = 4 * DECODE_ROWS
 # only wide form (H200, page 16, d = 128, 32 / 8 heads, 32 sequences of R rows beside a 512-row chunk, 4k keys,
 # TFLOP/s; history/probe_varlen_paged_wide128_h200_0782e2d.json): (128, 32, 4, 4) 318 against the 64-row form's 301
 # at R = 32, but 160 / 214 against 242 / 321 at R = 8 / 16, hence a third form. As the third (the same rows,
-# history/probe_varlen_paged_tall_g{4,8}_h200_4b81433.json), ours / the 64-row form alone: 32 / 8 heads R = 17, 24,
+# history/probe_varlen_paged_tall_g{4,8}_h200_b39e8b8.json), ours / the 64-row form alone: 32 / 8 heads R = 17, 24,
 # 32 1.039, 1.041, 1.042, R = 8 0.999; 64 / 8 heads R = 9, 16, 32 1.039, 1.035, 1.055; (128, 32, 4, 3) level,
 # (128, 64, 4, 3) -15%. Still 0.92-0.94 of one call per group, whose 17-32-row call takes 8-warp (128, 128) tiles
 # (a launch's forms share its warps; the decodes' take 4). Other pages, 32 / 8 heads R = 17 / 32 (R = 16 / 32 at
-# 64 / 8 heads; ..._tall_g{4,8}p{32,64,128}_h200_a0f27c6.json): page 32 0.961 / 0.968, page 64 0.967 / 0.979
-# (64 / 8 heads 0.983 / 0.976), page 128 0.970 / 0.979, so page 16 alone: {page size: {head dim: tiles}}.
+# 64 / 8 heads; ..._tall_g4p{32,64,128}_h200_a0f27c6.json, ..._tall_g8p64_...): page 32 0.961 / 0.968, page 64
+# 0.967 / 0.979 (64 / 8 heads 0.983 / 0.976), page 128 0.970 / 0.979, so page 16 alone: {page size: {head dim:
+# tiles}}.
 _GPU_SHORT_TALL_TILES = {16: {128: (128, 32, 4, 4)}}
 
 
