@@ -12,6 +12,8 @@
 # H200, 2026-11-28: shards 309-406 s, and test_cli's 75 s after them fit the same call; 2026-11-29: 322-357 s, one
 # shard past 400 s; 1751f1e with 12 paired-tails cases of ~20 s, since cut to 6: 384-394 s, and SHARD_TIMEOUT=400 cut
 # 8 shards), or in two calls of 13: FIRST..LAST = 0..12, then 13..25 of 26. Keep 470: the call's 600 s fit it.
+# SHARD_TESTS (default `tests`) names the files to shard: a file given among the pytest arguments is collected
+# besides `tests`, not instead (SHARD_TESTS=tests/test_fuzz.py for the fuzz alone).
 set -u
 n=$1 first=$2 last=$3 out=$4
 shift 4
@@ -19,7 +21,7 @@ logs=$(mktemp -d)
 # Each process's torch would start a thread a core for the oracles' CPU work: 13 processes on 16 cores oversubscribe.
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 for i in $(seq "$first" "$last"); do
-    timeout -s KILL "${SHARD_TIMEOUT:-540}" python -m pytest tests -m gpu -v -p no:cacheprovider --durations=8 \
+    timeout -s KILL "${SHARD_TIMEOUT:-540}" python -m pytest ${SHARD_TESTS:-tests} -m gpu -v -p no:cacheprovider --durations=8 \
         --shard "$i/$n" "$@" > "$logs/$i.log" 2>&1 &
 done
 wait
