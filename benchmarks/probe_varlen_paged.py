@@ -5,7 +5,7 @@ on the same cache.
 
     PYTHONPATH=src python3 benchmarks/probe_varlen_paged.py [--out varlen_paged.json] [--short 32 64:16] [--parts]
         [--rows 2 3] [--wide 64,32,4,5 64,64,4,5+128,32,4,4] [--pack] [--kernels] [--heads 32 16] [--page 64]
-        [--case 32x64,1x512@4096] [--versions old_forward_sm90.py]
+        [--case 32x64,1x512@4096] [--versions old_forward_sm90.py] [--empty-launch]
 
 Rows: groups of (count, query rows) sequences (causal), every sequence with `context` keys in 16-key pages
 (`--page`; shuffled), 32 / 8 heads (`--heads` query and KV heads), d = 128, bf16; CASES, or with `--case` those given
@@ -21,13 +21,15 @@ that launch's tiles those of R packed rows at most, one form, e.g. 16 for the de
 padded calls), as routed (`pack`) and with each `--short` value (`shortN_pack`); with `--parts`, each launch alone
 (`gluon_part`, `short_part`: the TFLOP/s of the whole row's pairs over that launch's time, so a part's share of the
 call is ours / part) and each group's call alone (`call_R`, R its rows a sequence); with `--kernels`, each kernel's
-GPU time a call (`ours:NAME_us`, eager calls under torch.profiler) of ours and of the `--short` / `--wide` forms.
+GPU time a call (`ours:NAME_us`, eager calls under torch.profiler) of ours and of the `--short` / `--wide` forms;
+with `--empty-launch`, ours and then a launch whose programs return at once (`ours_empty`).
 """
 import contextlib
 import argparse
 import os
 
 import torch
+import triton
 
 import fmha
 from fmha.kernels import forward
@@ -84,6 +86,9 @@ def main():
     p.add_argument("--pack", action="store_true",
                    help="also the call with the Gluon launch's items of two query heads (`pack`)")
     p.add_argument("--parts", action="store_true")
+    p.add_argument("--empty-launch", action="store_true",
+                   help="also ours followed by a launch of a program a (sequence, KV head) that returns at once "
+                        "(`ours_empty`): what one more launch would cost the call")
     p.add_argument("--kernels", action="store_true",
                    help="also each kernel's GPU time a call (torch.profiler) of ours and the --short / --wide forms")
     p.add_argument("--rows", type=int, nargs="*", default=None, help="indices of the rows to run (all by default)")
@@ -144,6 +149,12 @@ def main():
             impls["wide" + spec.replace(",", "_").replace("+", "__")] = held_call(wide=forms)
         if a.pack:
             impls["pack"] = held_call(pack=True)
+        if a.empty_launch:
+            def ours_empty():
+                out = ours()
+                _returns[(b * hk, 1, 1)](cu_q)
+                return out
+            impls["ours_empty"] = ours_empty
         for name, module in versions:
             impls[f"ours@{name}"] = held_call(version=module)
         compare = list(impls)[1:]
@@ -159,6 +170,12 @@ def main():
             print({k: round(v, 2) for k, v in rows[-1].items() if k.endswith("_us")})
         if a.out:                 # after every row, so that a run cut by its time limit keeps what it measured
             save_sweep(a.out, rows)
+
+
+@triton.jit
+def _returns(CU_Q):
+    """Programs that return at once, as a launch's do where no sequence is theirs (`--empty-launch`)."""
+    pass
 
 
 def kernel_times(fn, reps=40):
