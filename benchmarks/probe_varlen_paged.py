@@ -199,8 +199,7 @@ def parts(q, k_cache, v_cache, cu_q, max_q, context, used, table):
     from fmha.kernels import forward_sm90
     out = torch.empty_like(q)
     lse = torch.empty(q.shape[1], q.shape[0], device=q.device)
-    short = forward._short_tiles(q.shape[-1], v_cache.shape[-1], q.shape[1] // k_cache.shape[2], k_cache.shape[1],
-                                 False)[0]
+    short = forward._short_tiles(q.shape[-1], v_cache.shape[-1], q.shape[1] // k_cache.shape[2], True, False)[0]
 
     def gluon_part():
         assert forward_sm90.attention_forward_sm90(q, k_cache, v_cache, out, lse, causal=True,

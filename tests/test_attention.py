@@ -262,29 +262,36 @@ def _packed_over_pages(len_q, len_k, hq, hk, d, dtype, seed):
 
 
 @pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("short_tile_rows", [64, 128, 512], ids=["two-forms", "three-forms", "capped"])
-def test_varlen_cache_short_forms(target, short_tile_rows, monkeypatch):
+@pytest.mark.parametrize("short_tile_rows,tall", [(64, False), (128, True), (512, False), (512, True)],
+                         ids=["two-forms", "three-forms", "capped", "capped-three-forms"])
+def test_varlen_cache_short_forms(target, short_tile_rows, tall, monkeypatch):
     """The short launch's tile forms (`forward._short_tiles`: decodes of at most NARROW_ROWS packed rows in the
-    narrow tile, longer short sequences, speculative decodes, in the wide form's tile of DECODE_ROWS rows, and those
-    of more packed rows in M blocks of the tall form, where the launch has them): 8 query heads over 2 KV heads,
-    d = 128, a 16-key paged cache, sequences of 0 to 65 rows with keys in 3 splits or as planned, with
-    SHORT_TILE_ROWS giving two forms and one M block, three forms and one M block, or the cap of DECODE_ROWS rows
-    (three forms, two M blocks). Each short sequence matches the oracle, the longer ones' rows stay NaN; the launch
-    has the forms (its WIDE) and its M blocks. On the CPU the interpreter's one tile table is patched to forms of
-    16, 64 and 128 rows."""
+    narrow tile, longer short sequences, speculative decodes, in the wide form's tile of DECODE_ROWS rows, several
+    for more) and the kernel's loop over its forms (WIDE) with a third of 128 rows added (`tall`; measured, not in
+    the tables: `probe_varlen_paged --wide` runs it so): 8 query heads over 2 KV heads, d = 128, a 16-key paged
+    cache, sequences of 0 to 65 rows with keys in 3 splits or as planned, with SHORT_TILE_ROWS giving one M block
+    (two forms, or three), or the cap of DECODE_ROWS rows (four M blocks of 64 rows, or two of 128). Each short
+    sequence matches the oracle, the longer ones' rows stay NaN; the launch has the forms and its M blocks. On the
+    CPU the interpreter's one tile table is patched to forms of 16 and 64 rows."""
     from fmha.kernels import forward, launch
     device, dtype = target
     if device == "cpu":
         real = forward._tile_config
         monkeypatch.setattr(forward, "_tile_config", lambda *a, rows=None, **kw: real(*a, rows=rows, **kw)
                             if rows is None else ((16, 32, 4, 1) if rows <= forward.NARROW_ROWS else (64, 32, 4, 1)))
-        monkeypatch.setattr(forward, "_tall_tiles", lambda *a: (128, 32, 4, 1))
-    monkeypatch.setattr(forward, "SHORT_TILE_ROWS", short_tile_rows)
     hq, hk, d = 8, 2, 128
     group = hq // hk
-    short, tiles, wide = forward._short_tiles(d, d, group, 16, device == "cpu")
+    if tall:
+        real_short, form = forward._short_tiles, (128, 32, 4, 1 if device == "cpu" else 4)
+
+        def with_tall(*a, **kw):
+            rows, tiles, wide = real_short(*a, **kw)
+            return rows, tiles, (wide + (form,) if wide and rows * group > wide[-1][0] else wide)
+        monkeypatch.setattr(forward, "_short_tiles", with_tall)
+    monkeypatch.setattr(forward, "SHORT_TILE_ROWS", short_tile_rows)
+    short, tiles, wide = forward._short_tiles(d, d, group, True, device == "cpu")
     assert short == min(short_tile_rows // group, forward.DECODE_ROWS)
-    assert [m for m, *_ in wide] == [forward.DECODE_ROWS] + [128] * (short * group > forward.DECODE_ROWS)
+    assert [m for m, *_ in wide] == [forward.DECODE_ROWS] + [128] * (tall and short * group > forward.DECODE_ROWS)
     assert tiles[0] == forward.NARROW_ROWS
     len_q = [1, 0, 3, short, 2, 5, short + 1, 9, 40, 1, 4, forward.DECODE_ROWS // group]
     len_k = [70, 33, 0, 90, 17, 64, 50, 200, 45, 1, 130, 77]
@@ -305,20 +312,6 @@ def test_varlen_cache_short_forms(target, short_tile_rows, monkeypatch):
 
 
 @pytest.mark.cpu
-def test_short_tiles_tall_form():
-    """`forward._short_tiles`' third form (`_GPU_SHORT_TALL_TILES`) on the GPU's tables: at d = 128 on 16-key pages
-    only (it lost on pages of 32-128 keys), and only where the launch's sequences can hold more packed rows than the
-    64-row form (not 32 rows in a group of 2)."""
-    from fmha.kernels import forward
-    tall = forward._GPU_SHORT_TALL_TILES[16][128]
-    for group, page, forms in [(4, 16, 2), (8, 16, 2), (2, 16, 1), (4, 32, 1), (4, 64, 1), (8, 128, 1), (4, None, 1)]:
-        _, tiles, wide = forward._short_tiles(128, 128, group, page, False, paired=True)
-        assert len(wide) == forms and wide[0][0] == forward.DECODE_ROWS and tiles[0] == forward.NARROW_ROWS
-        assert forms == 1 or wide[1] == tall
-    assert forward._short_tiles(64, 64, 4, 16, False, paired=True)[2] is None     # the narrow 2-warp form alone
-
-
-@pytest.mark.cpu
 @pytest.mark.parametrize("heads", [(8, 2), (6, 2)], ids=["group4", "group3"])
 def test_varlen_cache_routing(heads, monkeypatch):
     """The host side of a routed varlen call over a paged cache, on the CPU: the Gluon launch (a stand-in here, which
@@ -336,7 +329,7 @@ def test_varlen_cache_routing(heads, monkeypatch):
     (hq, hk), d = heads, 128
     paired = hq // hk % 2 == 0
     assert forward_sm90.pairs_tails(d, d, hq // hk, (-1, 0), 128, 0.0, True) == paired
-    short, tiles, wide = forward._short_tiles(d, d, hq // hk, 16, False, paired=paired)
+    short, tiles, wide = forward._short_tiles(d, d, hq // hk, True, False, paired=paired)
     assert short == forward.DECODE_ROWS // (2 if paired else 1)
     len_q, len_k = [1, 0, 3, short, 2, short + 1, 9, 1], [70, 33, 0, 90, 17, 64, 50, 1]
     q, cu_q, k_cache, v_cache, table, ref = _packed_over_pages(len_q, len_k, hq, hk, d, torch.float16, 3)

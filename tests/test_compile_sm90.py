@@ -81,7 +81,7 @@ DECODE_SCRIPT = textwrap.dedent('''
     d, page_size, rows, fp8, two_forms = json.loads(sys.argv[1])
     bm, bn, warps, stages = _tile_config(d, d, False, rows=rows, paged=True, kv_fp8=bool(fp8))
     if two_forms:                 # a short launch of packed sequences, group `rows`, in its forms (`_short_tiles`)
-        _, (bm, bn, warps, stages), wide = _short_tiles(d, d, rows, page_size, False)
+        _, (bm, bn, warps, stages), wide = _short_tiles(d, d, rows, True, False)
     consts = dict(HEAD_DIM_QK=d, HEAD_DIM_V=d, BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=d, BLOCK_DT=16, BLOCK_DV=d,
                   HAS_TAIL=False, IS_VARLEN=False, MASK_LEFT=False, MASK_RIGHT=False, HAS_SOFTCAP=False,
                   HAS_ALIBI=False, HAS_SINKS=False, REVERSE_M=False, TMA=0, HAS_SEQLENS_K=True, PAGED=True,
@@ -140,8 +140,8 @@ def test_paged_decode_tiles_fit_per_sm(case):
     counts 2-warp programs; with 17-32 rows the same in 32-row tiles, four an SM too; at d = 256, 2 warps, 64 keys
     and 3 stages, ~42 KB, four an SM. A bf16 cache at d = 64 with at most 16 rows: 2 warps, 128 keys and 3 stages,
     ~39 KB, four an SM, as its 255 registers allow.) And the short launch of a varlen call (`forward._short_tiles`,
-    GQA groups of 4 and 8 at d = 128): the narrow form and the 64-row one in one kernel (on 16-key pages the 128-row
-    one too), their buffers sharing the shared memory (the 64-row form's ~113 KB), still two an SM."""
+    GQA groups of 4 and 8 at d = 128): the narrow form and the 64-row one in one kernel, their buffers sharing the
+    shared memory (the 64-row form's ~113 KB), still two an SM."""
     d, page_size, rows, programs, fp8, *two_forms = case
     env = dict(os.environ, TRITON_INTERPRET="0")
     proc = subprocess.run([sys.executable, "-c", DECODE_SCRIPT, json.dumps([d, page_size, rows, fp8, two_forms])],

@@ -152,10 +152,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
             (32 in an even GQA group, where a sequence's last row block of at most 64 rows runs two query heads:
             `forward_sm90.pairs_tails`; 16 / (heads_q / heads_k) at d = 64 on a paged cache), then the portable
             kernel the others (decodes, speculative decodes, short chunks), their GQA heads packed in tiles (a
-            decode's of 16 rows, a longer sequence's of 64, several for more; at d = 128 on 16-key pages, tiles of
-            128 for more than 64 packed rows: 1.035-1.055 of the 64-row tiles on sequences of 9-32 rows beside a
-            512-row chunk, NOTES.md, eighty-second session) and their keys split where the grid would not fill the
-            GPU; other calls run the portable kernel alone, split the same way. On the H200
+            decode's of 16 rows, a longer sequence's of 64, several for more) and their keys split where the grid
+            would not fill the GPU; other calls run the portable kernel alone, split the same way. On the H200
             against `attention_with_kvcache` called once a group of equal-length sequences, page 16, 32 / 8 heads,
             d = 128: 1.00 / 1.00 on decodes alone (4k / 131k keys), 1.00 on 512-row chunks alone, 1.01 on 32 decodes
             with two such chunks, 0.98 on 8 decodes with a 2048-row chunk at 16k keys, 1.01 / 1.02 on 32 sequences of 4

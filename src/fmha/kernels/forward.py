@@ -642,10 +642,10 @@ def _tma_ok(t, d, block_d):
 # most 64 rows in one item, `forward_sm90.pairs_tails`) to a second launch of the portable kernel
 # (`attention_forward`): there a sequence's rows of every query head of a KV head share decode tiles (M blocks of at
 # most DECODE_ROWS packed rows) and each tile reads the keys once, where the Gluon kernel would give each query head
-# its own 128-row item, filled to rows / 128. The launch has two or three tile forms (`_short_tiles`): the decodes' (at
-# most NARROW_ROWS packed rows), DECODE_ROWS' table's for the longer sequences (speculative decodes) and, where it
-# has sequences of more packed rows, `_GPU_SHORT_TALL_TILES`'; where the first two differ in warps, the decodes' form
-# alone, for NARROW_ROWS // group rows. Its splits are planned on one M block a sequence (the decodes').
+# its own 128-row item, filled to rows / 128. The launch has two tile forms (`_short_tiles`): the decodes' (at most
+# NARROW_ROWS packed rows) and DECODE_ROWS' table's for the longer sequences (speculative decodes); where the two
+# differ in warps, the decodes' form alone, for NARROW_ROWS // group rows. Its splits are planned on one M block a
+# sequence (the decodes').
 # H200, page 16, d = 128, 32 sequences of R rows beside a 512-row chunk, 4k keys, TFLOP/s against
 # `attention_with_kvcache` called per group (history/probe_varlen_paged_{groups,cap}G_h200_a91f978_mblocks.json):
 # 32 / 8 heads R = 32 0.51 -> 0.91 with SHORT_TILE_ROWS 128 or 256, R = 64 +1.6% at 256; 64 / 8 heads R = 16
@@ -663,29 +663,19 @@ def _tma_ok(t, d, block_d):
 # 72 KB, took back 0.4-1.0% there and cost the speculative decodes 0.4-1.5% (three processes:
 # ..._wide_h200_83c89ae.json, ..._wide2_..., ..._combine_...), so the 64-key tile stays.
 SHORT_TILE_ROWS = 4 * DECODE_ROWS
-# The short launch's third form, for its sequences of more packed rows than DECODE_ROWS (17-32 query rows in a group
-# of 4, 9-32 in a group of 8), which the second form would give two M blocks or more, each reading the keys. As the
-# only wide form (H200, page 16, d = 128, 32 / 8 heads, 32 sequences of R rows beside a 512-row chunk, 4k keys,
-# TFLOP/s; history/probe_varlen_paged_wide128_h200_0782e2d.json): (128, 32, 4, 4) 318 against the 64-row form's 301
-# at R = 32, but 160 / 214 against 242 / 321 at R = 8 / 16, hence a third form. As the third (the same rows,
-# history/probe_varlen_paged_tall_g{4,8}_h200_b39e8b8.json), ours / the 64-row form alone: 32 / 8 heads R = 17, 24,
-# 32 1.039, 1.041, 1.042, R = 8 0.999; 64 / 8 heads R = 9, 16, 32 1.039, 1.035, 1.055; (128, 32, 4, 3) level,
-# (128, 64, 4, 3) -15%. Still 0.92-0.94 of one call per group, whose 17-32-row call takes 8-warp (128, 128) tiles
-# (a launch's forms share its warps; the decodes' take 4). Other pages, 32 / 8 heads R = 17 / 32 (R = 16 / 32 at
-# 64 / 8 heads; ..._tall_g4p{32,64,128}_h200_a0f27c6.json, ..._tall_g8p64_...): page 32 0.961 / 0.968, page 64
-# 0.967 / 0.979 (64 / 8 heads 0.983 / 0.976), page 128 0.970 / 0.979, so page 16 alone: {page size: {head dim:
-# tiles}}.
-_GPU_SHORT_TALL_TILES = {16: {128: (128, 32, 4, 4)}}
 
 
-def _short_tiles(dqk, dv, group, page_size, interpret, rows=None, paired=False):
-    """The short launch's (rows, tiles, wide) over a cache of `page_size`-key pages (None: contiguous): the query rows
-    of its longest sequences (`rows` if given, else from SHORT_TILE_ROWS, at most DECODE_ROWS, or half that where the
-    Gluon launch pairs two heads' tails: `paired`, `forward_sm90.pairs_tails`), its tiles and its further forms'
-    (BLOCK_M, BLOCK_N, num_warps, num_stages), BLOCK_M rising, for sequences of more packed rows than the first holds
-    (None: one form): tiles of at most DECODE_ROWS packed rows, then `_tall_tiles`' where the launch has sequences of
-    more; a sequence of more rows than the last form holds takes several of its tiles (the launch's M blocks)."""
-    one, paged = rows is not None, page_size is not None
+def _short_tiles(dqk, dv, group, paged, interpret, rows=None, paired=False):
+    """The short launch's (rows, tiles, wide): the query rows of its longest sequences (`rows` if given, else from
+    SHORT_TILE_ROWS, at most DECODE_ROWS, or half that where the Gluon launch pairs two heads' tails: `paired`,
+    `forward_sm90.pairs_tails`), its tiles and its further forms' (BLOCK_M, BLOCK_N, num_warps, num_stages), BLOCK_M
+    rising (the kernel's WIDE), for sequences of more packed rows than the first holds (None: one form): here one,
+    tiles of at most DECODE_ROWS packed rows; a sequence of more takes several (the launch's M blocks).
+    A third form of 128 rows (128, 32, 4, 4) for sequences of more than DECODE_ROWS packed rows took 1.035-1.055 on
+    17-32-row sequences (9-32 in a group of 8) beside a 512-row chunk on 16-key pages, but lost 2-4% on pages of
+    32-128 keys and, compiled in, cost decodes beside a chunk 0.7-0.8% on 16-key pages (H200, NOTES.md,
+    eighty-second session): not kept."""
+    one = rows is not None
     rows = rows or max(1, min(SHORT_TILE_ROWS // group, DECODE_ROWS // 2 if paired else DECODE_ROWS))
     tiles = _tile_config(dqk, dv, interpret, rows=min(rows * group, DECODE_ROWS), paged=paged)
     narrow_rows = min(NARROW_ROWS // group, rows)
@@ -696,18 +686,7 @@ def _short_tiles(dqk, dv, group, page_size, interpret, rows=None, paired=False):
         return rows, tiles, None
     if narrow[2] != tiles[2]:
         return (rows, tiles, None) if one else (narrow_rows, narrow, None)
-    tall = _tall_tiles(dqk, dv, page_size, interpret)
-    if tall and tall[2] == tiles[2] and tall[0] > tiles[0] and rows * group > tiles[0]:
-        return rows, narrow, (tiles, tall)
     return rows, narrow, (tiles,)
-
-
-def _tall_tiles(dqk, dv, page_size, interpret):
-    """The short launch's tiles for its sequences of more than DECODE_ROWS packed rows over a cache of `page_size`-key
-    pages (None: contiguous; `_short_tiles`), or None."""
-    if interpret:
-        return None
-    return _GPU_SHORT_TALL_TILES.get(page_size, {}).get(max(16, next_pow2(dqk), next_pow2(dv)))
 
 
 def _pack_gqa(group, seqlen_q, block_m):
@@ -857,16 +836,16 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
     plain = (k.dtype == q.dtype and (q.element_size() > 1 or cache_seqlens is None)
              and pack_gqa is None and use_tma is None and tiles is None and backend is None and not short_rows)
     wide = None
-    page_size = None if block_table is None else k.shape[1]
     if plain and not interpret and gluon_enabled() and _gluon_takes(
-            cache_seqlens, num_splits, batch, heads_q, seqlen_q, q.device, page_size):
+            cache_seqlens, num_splits, batch, heads_q, seqlen_q, q.device,
+            None if block_table is None else k.shape[1]):
         from . import forward_sm90
         short = (0, None, None)
         gluon_window = (left if window_lefts is None else window_lefts, right)
         if varlen and cache_seqlens is not None:
             paired = forward_sm90.pairs_tails(dqk, dv, group, gluon_window, max_seqlen_q, softcap,
                                               block_table is not None)
-            short = _short_tiles(dqk, dv, group, page_size, interpret, paired=paired)
+            short = _short_tiles(dqk, dv, group, block_table is not None, interpret, paired=paired)
         if forward_sm90.attention_forward_sm90(
                 q, k, v, out, lse, causal=right >= 0, softmax_scale=scale,
                 varlen=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) if varlen else None,
@@ -880,7 +859,7 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
         seqlen_q = max_seqlen_q = short_rows
         pack_gqa = True
         if tiles is None:
-            _, tiles, wide = _short_tiles(dqk, dv, group, page_size, interpret, short_rows)
+            _, tiles, wide = _short_tiles(dqk, dv, group, block_table is not None, interpret, short_rows)
     if varlen and cache_seqlens is not None and num_splits == 1:
         num_splits = 0            # packed queries over a cache (decodes among them): keys split as planned
     # Head pairs (`HEAD_PAIRS`) are planned, not decided each call: the key holds what the rule reads.
