@@ -21,8 +21,8 @@ logs=$(mktemp -d)
 # Each process's torch would start a thread a core for the oracles' CPU work: 13 processes on 16 cores oversubscribe.
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 for i in $(seq "$first" "$last"); do
-    timeout -s KILL "${SHARD_TIMEOUT:-540}" python -m pytest ${SHARD_TESTS:-tests} -m gpu -v -p no:cacheprovider --durations=8 \
-        --shard "$i/$n" "$@" > "$logs/$i.log" 2>&1 &
+    timeout -s KILL "${SHARD_TIMEOUT:-540}" python -m pytest ${SHARD_TESTS:-tests} -m gpu -v -p no:cacheprovider \
+        --durations=8 --shard "$i/$n" "$@" > "$logs/$i.log" 2>&1 &
 done
 wait
 {

@@ -668,9 +668,10 @@ SHORT_TILE_ROWS = 4 * DECODE_ROWS
 def _short_tiles(dqk, dv, group, paged, interpret, rows=None, paired=False):
     """The short launch's (rows, tiles, wide): the query rows of its longest sequences (`rows` if given, else from
     SHORT_TILE_ROWS, at most DECODE_ROWS, or half that where the Gluon launch pairs two heads' tails: `paired`,
-    `forward_sm90.pairs_tails`), its tiles and its further forms' (BLOCK_M, BLOCK_N, num_warps, num_stages), BLOCK_M
-    rising (the kernel's WIDE), for sequences of more packed rows than the first holds (None: one form): here one,
-    tiles of at most DECODE_ROWS packed rows; a sequence of more takes several (the launch's M blocks).
+    `forward_sm90.pairs_tails`), its tiles, and a tuple of further forms' tiles (BLOCK_M, BLOCK_N, num_warps,
+    num_stages), BLOCK_M rising (the kernel's WIDE; None: no further form), for sequences of more packed rows than
+    the first holds: here one, of at most DECODE_ROWS packed rows; a sequence of more takes several of its tiles
+    (the launch's M blocks).
     A third form of 128 rows (128, 32, 4, 4) for sequences of more than DECODE_ROWS packed rows took 1.035-1.055 on
     17-32-row sequences (9-32 in a group of 8) beside a 512-row chunk on 16-key pages, but lost 2-4% on pages of
     32-128 keys and, compiled in, cost decodes beside a chunk 0.7-0.8% on 16-key pages (H200, NOTES.md,
