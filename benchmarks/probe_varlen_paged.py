@@ -5,7 +5,7 @@ on the same cache.
 
     PYTHONPATH=src python3 benchmarks/probe_varlen_paged.py [--out varlen_paged.json] [--short 32 64:16] [--parts]
         [--rows 2 3] [--wide 64,32,4,5 64,64,4,5+128,32,4,4] [--pack] [--kernels] [--heads 32 16] [--page 64]
-        [--case 32x64,1x512@4096] [--versions old_forward_sm90.py] [--empty-launch]
+        [--case 32x64,1x512@4096] [--versions old_forward_sm90.py] [--empty-launch] [--streams]
 
 Rows: groups of (count, query rows) sequences (causal), every sequence with `context` keys in 16-key pages
 (`--page`; shuffled), 32 / 8 heads (`--heads` query and KV heads), d = 128, bf16; CASES, or with `--case` those given
@@ -22,7 +22,8 @@ padded calls), as routed (`pack`) and with each `--short` value (`shortN_pack`);
 (`gluon_part`, `short_part`: the TFLOP/s of the whole row's pairs over that launch's time, so a part's share of the
 call is ours / part) and each group's call alone (`call_R`, R its rows a sequence); with `--kernels`, each kernel's
 GPU time a call (`ours:NAME_us`, eager calls under torch.profiler) of ours and of the `--short` / `--wide` forms;
-with `--empty-launch`, ours and then a launch whose programs return at once (`ours_empty`).
+with `--empty-launch`, ours and then a launch whose programs return at once (`ours_empty`); with `--streams`, the
+two launches of `--parts` on two streams, the Gluon one beside the short one (`two_streams`).
 """
 import contextlib
 import argparse
@@ -86,6 +87,9 @@ def main():
     p.add_argument("--pack", action="store_true",
                    help="also the call with the Gluon launch's items of two query heads (`pack`)")
     p.add_argument("--parts", action="store_true")
+    p.add_argument("--streams", action="store_true",
+                   help="also the routed call's two launches on two streams, the Gluon one on a side stream "
+                        "(`two_streams`): what running the chunks beside the decodes would give")
     p.add_argument("--empty-launch", action="store_true",
                    help="also ours followed by a launch of a program a (sequence, KV head) that returns at once "
                         "(`ours_empty`): what one more launch would cost the call")
@@ -157,6 +161,8 @@ def main():
             impls["ours_empty"] = ours_empty
         for name, module in versions:
             impls[f"ours@{name}"] = held_call(version=module)
+        if a.streams:
+            impls["two_streams"] = two_streams(parts(q, k_cache, v_cache, cu_q, max(lens_q), context, used, table))
         compare = list(impls)[1:]
         if a.parts:
             impls.update(parts(q, k_cache, v_cache, cu_q, max(lens_q), context, used, table))
@@ -176,6 +182,23 @@ def main():
 def _returns(CU_Q):
     """Programs that return at once, as a launch's do where no sequence is theirs (`--empty-launch`)."""
     pass
+
+
+def two_streams(launches):
+    """The routed call's launches (`parts`) with the Gluon one on a side stream beside the short one, joined after:
+    the SMs the chunks' few items leave idle run the decodes meanwhile (the two write different rows). Capturable:
+    the side stream waits for the caller's stream first, the caller's for it last."""
+    side = torch.cuda.Stream()
+
+    def call():
+        main = torch.cuda.current_stream()
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            launches["gluon_part"]()
+        out = launches["short_part"]()
+        main.wait_stream(side)
+        return out
+    return call
 
 
 def kernel_times(fn, reps=40):
@@ -199,7 +222,9 @@ def parts(q, k_cache, v_cache, cu_q, max_q, context, used, table):
     from fmha.kernels import forward_sm90
     out = torch.empty_like(q)
     lse = torch.empty(q.shape[1], q.shape[0], device=q.device)
-    short = forward._short_tiles(q.shape[-1], v_cache.shape[-1], q.shape[1] // k_cache.shape[2], True, False)[0]
+    d, dv, group = q.shape[-1], v_cache.shape[-1], q.shape[1] // k_cache.shape[2]
+    paired = forward_sm90.pairs_tails(d, dv, group, (-1, 0), max_q, 0.0, True)     # as the routed call's
+    short = forward._short_tiles(d, dv, group, True, False, paired=paired)[0]
 
     def gluon_part():
         assert forward_sm90.attention_forward_sm90(q, k_cache, v_cache, out, lse, causal=True,
