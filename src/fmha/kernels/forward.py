@@ -662,6 +662,10 @@ def _tma_ok(t, d, block_d):
 # share of the wide form's 113 KB of shared memory (the narrow form's: 72 KB): a 32-key wide tile (64, 32, 4, 5), in
 # 72 KB, took back 0.4-1.0% there and cost the speculative decodes 0.4-1.5% (three processes:
 # ..._wide_h200_83c89ae.json, ..._wide2_..., ..._combine_...), so the 64-key tile stays.
+# A third form of 128 rows (128, 32, 4, 4) for sequences of more than DECODE_ROWS packed rows took 1.035-1.055 on
+# 17-32-row sequences (9-32 in a group of 8) beside a 512-row chunk on 16-key pages, but lost 2-4% on pages of 32-128
+# keys and, compiled in, cost decodes beside a chunk 0.7-0.8% on 16-key pages (H200, NOTES.md, eighty-second
+# session): not kept; the kernel's WIDE still takes several forms (`probe_varlen_paged --wide` times them).
 SHORT_TILE_ROWS = 4 * DECODE_ROWS
 
 
@@ -671,11 +675,7 @@ def _short_tiles(dqk, dv, group, paged, interpret, rows=None, paired=False):
     `forward_sm90.pairs_tails`), its tiles, and a tuple of further forms' tiles (BLOCK_M, BLOCK_N, num_warps,
     num_stages), BLOCK_M rising (the kernel's WIDE; None: no further form), for sequences of more packed rows than
     the first holds: here one, of at most DECODE_ROWS packed rows; a sequence of more takes several of its tiles
-    (the launch's M blocks).
-    A third form of 128 rows (128, 32, 4, 4) for sequences of more than DECODE_ROWS packed rows took 1.035-1.055 on
-    17-32-row sequences (9-32 in a group of 8) beside a 512-row chunk on 16-key pages, but lost 2-4% on pages of
-    32-128 keys and, compiled in, cost decodes beside a chunk 0.7-0.8% on 16-key pages (H200, NOTES.md,
-    eighty-second session): not kept."""
+    (the launch's M blocks)."""
     one = rows is not None
     rows = rows or max(1, min(SHORT_TILE_ROWS // group, DECODE_ROWS // 2 if paired else DECODE_ROWS))
     tiles = _tile_config(dqk, dv, interpret, rows=min(rows * group, DECODE_ROWS), paged=paged)
