@@ -5,11 +5,12 @@ on the same cache.
 
     PYTHONPATH=src python3 benchmarks/probe_varlen_paged.py [--out varlen_paged.json] [--short 32 64:16] [--parts]
         [--rows 2 3] [--wide 64,32,4,5 64,64,4,5+128,32,4,4] [--pack] [--kernels] [--heads 32 16] [--page 64]
-        [--case 32x64,1x512@4096] [--versions old_forward_sm90.py] [--empty-launch] [--streams]
+        [--case 32x64,1x512@4096] [--versions old_forward_sm90.py] [--empty-launch] [--streams] [--eager]
 
 Rows: groups of (count, query rows) sequences (causal), every sequence with `context` keys in 16-key pages
 (`--page`; shuffled), 32 / 8 heads (`--heads` query and KV heads), d = 128, bf16; CASES, or with `--case` those given
-(COUNTxROWS,...@CONTEXT) in their place. TFLOP/s over the pairs the causal mask lets through, CUDA-graph replays;
+(COUNTxROWS,...@CONTEXT) in their place. TFLOP/s over the pairs the causal mask lets through, CUDA-graph replays
+(`--eager`: eager calls, the host's time in);
 outputs compared first (`probe_row`). Besides the call as routed (`ours`) and the calls per group (`calls`): the
 same call held on the portable kernel (`portable`); with `forward.SHORT_TILE_ROWS` at each `--short` value
 (`shortN`: sequences of up to N / group query rows left to the portable kernel's second launch; N:R, `shortN_tilesR`:
@@ -23,7 +24,8 @@ padded calls), as routed (`pack`) and with each `--short` value (`shortN_pack`);
 call is ours / part) and each group's call alone (`call_R`, R its rows a sequence); with `--kernels`, each kernel's
 GPU time a call (`ours:NAME_us`, eager calls under torch.profiler) of ours and of the `--short` / `--wide` forms;
 with `--empty-launch`, ours and then a launch whose programs return at once (`ours_empty`); with `--streams`, the
-two launches of `--parts` on two streams, the Gluon one beside the short one (`two_streams`).
+call with its two launches on the caller's stream (`one_stream`: `forward.SIDE_STREAM` off), and the two launches of
+`--parts` on two streams, the Gluon one beside the short one (`two_streams`, as ours runs them since SIDE_STREAM).
 """
 import contextlib
 import argparse
@@ -34,11 +36,12 @@ import triton
 
 import fmha
 from fmha.kernels import forward
-from fmha.bench import attention_flops, bench_gpu_graph, load_module_copy, paged_copy, probe_row, save_sweep
+from fmha.bench import attention_flops, bench_gpu, bench_gpu_graph, load_module_copy, paged_copy, probe_row, save_sweep
 
 
 @contextlib.contextmanager
-def held(portable=False, short_tile_rows=None, tile_rows=None, wide=None, pack=False, version=None):
+def held(portable=False, short_tile_rows=None, tile_rows=None, wide=None, pack=False, version=None,
+         side_stream=True):
     """Calls inside on the portable kernel (Gluon off) when `portable`; with `forward.SHORT_TILE_ROWS` (the query
     rows of a GQA group's tile below which a sequence leaves the Gluon kernel) set to `short_tile_rows` if given; the
     portable kernel's tiles chosen for at most `tile_rows` packed rows if given (in a routed call only the short
@@ -46,9 +49,12 @@ def held(portable=False, short_tile_rows=None, tile_rows=None, wide=None, pack=F
     forms past the first `wide` (each (BLOCK_M, BLOCK_N, num_warps, num_stages)) in place of `_short_tiles`' where it
     has them; with `pack`,
     the Gluon launch's items of two query heads (`forward_sm90.pack_heads`, which keeps packed sequences on one);
-    `version`: the Gluon launch of that copy of `forward_sm90` (`load_module_copy`), the routing this package's."""
+    `version`: the Gluon launch of that copy of `forward_sm90` (`load_module_copy`), the routing this package's;
+    `side_stream` False: both launches on the caller's stream (`forward.SIDE_STREAM`)."""
     from fmha.kernels import forward_sm90
-    saved = forward.gluon_enabled, forward.SHORT_TILE_ROWS, forward._tile_config, forward._short_tiles
+    saved = (forward.gluon_enabled, forward.SHORT_TILE_ROWS, forward._tile_config, forward._short_tiles,
+             forward.SIDE_STREAM)
+    forward.SIDE_STREAM = side_stream
     gluon_call = forward_sm90.attention_forward_sm90
     launch = (version or forward_sm90).attention_forward_sm90
     forward_sm90.attention_forward_sm90 = (lambda *a, **kw: launch(*a, **kw, pack=True)) if pack else launch
@@ -65,7 +71,8 @@ def held(portable=False, short_tile_rows=None, tile_rows=None, wide=None, pack=F
     try:
         yield
     finally:
-        forward.gluon_enabled, forward.SHORT_TILE_ROWS, forward._tile_config, forward._short_tiles = saved
+        (forward.gluon_enabled, forward.SHORT_TILE_ROWS, forward._tile_config, forward._short_tiles,
+         forward.SIDE_STREAM) = saved
         forward_sm90.attention_forward_sm90 = gluon_call
 
 
@@ -88,8 +95,9 @@ def main():
                    help="also the call with the Gluon launch's items of two query heads (`pack`)")
     p.add_argument("--parts", action="store_true")
     p.add_argument("--streams", action="store_true",
-                   help="also the routed call's two launches on two streams, the Gluon one on a side stream "
-                        "(`two_streams`): what running the chunks beside the decodes would give")
+                   help="also the call as routed with both launches on the caller's stream (`one_stream`) and the "
+                        "two launches of --parts on two streams, the Gluon one on a side stream (`two_streams`)")
+    p.add_argument("--eager", action="store_true", help="eager calls timed (`bench_gpu`), not CUDA-graph replays")
     p.add_argument("--empty-launch", action="store_true",
                    help="also ours followed by a launch of a program a (sequence, KV head) that returns at once "
                         "(`ours_empty`): what one more launch would cost the call")
@@ -162,12 +170,14 @@ def main():
         for name, module in versions:
             impls[f"ours@{name}"] = held_call(version=module)
         if a.streams:
+            impls["one_stream"] = held_call(side_stream=False)
             impls["two_streams"] = two_streams(parts(q, k_cache, v_cache, cu_q, max(lens_q), context, used, table))
         compare = list(impls)[1:]
         if a.parts:
             impls.update(parts(q, k_cache, v_cache, cu_q, max(lens_q), context, used, table))
             impls.update({f"call_{n}": (lambda i=i: group_call(i)) for i, (_, n) in enumerate(groups)})
-        probe_row(rows, row, impls, flops, compare=compare, timer=bench_gpu_graph)
+        row["timer"] = "eager" if a.eager else "graph"
+        probe_row(rows, row, impls, flops, compare=compare, timer=bench_gpu if a.eager else bench_gpu_graph)
         if a.kernels:         # two rounds, the second kept (the first impl timed would pay the GPU's warm-up)
             for _ in range(2):
                 for name in ["ours"] + [n for n in impls if n.startswith(("short", "wide", "pack"))]:

@@ -345,6 +345,59 @@ def test_varlen_cache_routing(heads, monkeypatch):
     _assert_sequences(out, lse, cu_q, [n <= short for n in len_q], ref, torch.float16)
 
 
+@pytest.mark.gpu
+def test_varlen_cache_side_stream(monkeypatch):
+    """A routed varlen call over a paged cache, decodes beside two chunks, runs its Gluon launch on the device's
+    second stream (`forward._side_stream`) and its short launch on the caller's, and joins them: called on a stream
+    of the test's own while the second stream is held busy (`torch.cuda._sleep`) and read back on the caller's
+    stream at once, then captured in a CUDA graph (which refuses a fork left unjoined) and replayed over NaN. Every
+    row matches the oracle each time; with SIDE_STREAM off, both launches on the caller's stream."""
+    from fmha.kernels import forward, forward_sm90
+    from fmha.kernels.sm90 import capability, gluon_enabled
+    if not gluon_enabled() or capability(torch.cuda.current_device()) != (9, 0):
+        pytest.skip("the Gluon kernel runs on Hopper only")
+    gluon_call, streams = forward_sm90.attention_forward_sm90, []
+
+    def gluon_recorded(*a, **kw):
+        streams.append(torch.cuda.current_stream())
+        return gluon_call(*a, **kw)
+    monkeypatch.setattr(forward_sm90, "attention_forward_sm90", gluon_recorded)
+    len_q, len_k = [1] * 12 + [300, 3, 1, 130], [700] * 12 + [900, 64, 2000, 1300]
+    q, cu_q, k_cache, v_cache, table, (ref, ref_lse) = _packed_over_pages(len_q, len_k, 8, 2, 128, torch.bfloat16, 9)
+    q, cu_q, k_cache, v_cache, table = (t.cuda() for t in (q, cu_q, k_cache, v_cache, table))
+    used = torch.tensor(len_k, dtype=torch.int32, device="cuda")
+    out = torch.full_like(q, math.nan)
+
+    def call():
+        return fmha.attention_varlen(q, k_cache, v_cache, cu_q, None, max(len_q), max(len_k), causal=True,
+                                     seqused_k=used, block_table=table, out=out, return_lse=True)[1]
+    caller = torch.cuda.Stream()
+    caller.wait_stream(torch.cuda.current_stream())
+    for side_stream in (True, False):
+        monkeypatch.setattr(forward, "SIDE_STREAM", side_stream)
+        streams.clear()
+        with torch.cuda.stream(caller):
+            out.fill_(math.nan)
+            side = forward._side_stream(q.device)
+            with torch.cuda.stream(side):
+                torch.cuda._sleep(20_000_000)       # ~10 ms: a missing join would read NaN below
+            lse = call()
+            got = out.cpu(), lse.cpu()
+        assert streams == [side if side_stream else caller]
+        assert_matches(*got, (ref, ref_lse), torch.bfloat16)
+    monkeypatch.setattr(forward, "SIDE_STREAM", True)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        lse = call()
+    for _ in range(2):
+        out.fill_(math.nan)
+        lse.fill_(math.nan)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_matches(out, lse, (ref.cuda(), ref_lse.cuda()), torch.bfloat16)
+
+
 @pytest.mark.cpu
 def test_pairs_tails_rule():
     """`forward_sm90.pairs_tails`, which halves the short launch's rows a head: only an even GQA group on tiles of two

@@ -668,6 +668,27 @@ def _tma_ok(t, d, block_d):
 # session): not kept; the kernel's WIDE still takes several forms (`probe_varlen_paged --wide` times them).
 SHORT_TILE_ROWS = 4 * DECODE_ROWS
 
+# The two launches run side by side: the Gluon one on a second stream of the device (`_side_stream`), which first
+# waits for the caller's stream, the short one on the caller's, which then waits for the second (a fork and a join,
+# so a CUDA graph captures both). A mixed batch's few chunk items leave most SMs to the decodes meanwhile. H200,
+# page 16, 32 / 8 heads, d = 128, 4k keys, CUDA graphs, the launches one after the other / side by side (timed as
+# two streams around the launches: history/probe_varlen_paged_streams_h200_f893f24.json): 128 decodes + a 64-row
+# chunk 0.956, 32 decodes + a 128-row chunk 0.947, 64 decodes + 2 x 512 0.963. SIDE_STREAM False: one stream.
+SIDE_STREAM = True
+_SIDE_STREAMS = {}
+
+
+def _side_stream(device):
+    """The second stream of a CUDA `device` (one a device, made once), waiting for the caller's stream's work so
+    far; None for another device."""
+    if device.type != "cuda":
+        return None
+    side = _SIDE_STREAMS.get(device)
+    if side is None:
+        side = _SIDE_STREAMS[device] = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    return side
+
 
 def _short_tiles(dqk, dv, group, paged, interpret, rows=None, paired=False):
     """The short launch's (rows, tiles, wide): the query rows of its longest sequences (`rows` if given, else from
@@ -788,7 +809,7 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
                       softmax_scale, window, softcap, alibi_slopes, sinks, window_lefts=None, descales=(None,) * 3,
                       cache_seqlens=None, block_table=None, k_starts=None,
                       num_splits=1, pack_gqa=None, use_tma=None, tiles=None, backend=None, interpret=False,
-                      short_rows=0):
+                      short_rows=0, wide=None):
     """Launch the forward kernel. Dense: q (b, sq, hq, d). Varlen: q (total_q, hq, d) + cu_seqlens.
 
     Writes `out` (same layout as q, head_dim_v) and `lse` ((b, hq, sq) dense, (hq, total_q) varlen).
@@ -807,10 +828,11 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
     inputs FP8, no cache) (also turned off by the environment, FMHA_GLUON=0).
     Packed queries over a KV cache (vLLM's batches of prefill chunks and decodes) that the Gluon kernel takes run
     as two launches: it leaves out the sequences of at most `_short_tiles`' query rows, and this file's kernel runs
-    those after it, their GQA heads packed in decode tiles. Varlen calls over a cache that this file's kernel runs
-    split their keys as `num_splits` says, 1 as planned (`schedule.plan_num_splits`), and `combine` merges the
-    parts into the packed rows. `short_rows` > 0 asks for the second launch alone (the sequences of at most that
-    many rows; the others' output rows untouched).
+    those beside it (the Gluon launch on a second stream, joined: SIDE_STREAM), their GQA heads packed in decode
+    tiles. Varlen calls over a cache that this file's kernel runs split their keys as `num_splits` says, 1 as
+    planned (`schedule.plan_num_splits`), and `combine` merges the parts into the packed rows. `short_rows` > 0
+    asks for the second launch alone (the sequences of at most that many rows; the others' output rows untouched),
+    in `tiles` and `wide`'s further forms where given, else in `_short_tiles`'.
     """
     varlen = cu_seqlens_q is not None
     if varlen:
@@ -836,7 +858,6 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
     # `forward_sm90.transposed_v`); an FP8 K/V beside a 16-bit q, and FP8 caches, the portable one.
     plain = (k.dtype == q.dtype and (q.element_size() > 1 or cache_seqlens is None)
              and pack_gqa is None and use_tma is None and tiles is None and backend is None and not short_rows)
-    wide = None
     if plain and not interpret and gluon_enabled() and _gluon_takes(
             cache_seqlens, num_splits, batch, heads_q, seqlen_q, q.device,
             None if block_table is None else k.shape[1]):
@@ -847,15 +868,27 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
             paired = forward_sm90.pairs_tails(dqk, dv, group, gluon_window, max_seqlen_q, softcap,
                                               block_table is not None)
             short = _short_tiles(dqk, dv, group, block_table is not None, interpret, paired=paired)
-        if forward_sm90.attention_forward_sm90(
-                q, k, v, out, lse, causal=right >= 0, softmax_scale=scale,
-                varlen=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) if varlen else None,
-                window=gluon_window, sinks=sinks, softcap=softcap,
-                cache=None if cache_seqlens is None else (cache_seqlens, block_table, k_starts),
-                alibi_slopes=alibi_slopes, descales=descales, short_rows=short[0]):
-            if not short[0]:
-                return
-            short_rows, tiles, wide = short       # the sequences it left, next, in their tiles
+        side = _side_stream(q.device) if short[0] and SIDE_STREAM else None
+        try:
+            with torch.cuda.stream(side):         # None: the caller's stream
+                took = forward_sm90.attention_forward_sm90(
+                    q, k, v, out, lse, causal=right >= 0, softmax_scale=scale,
+                    varlen=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) if varlen else None,
+                    window=gluon_window, sinks=sinks, softcap=softcap,
+                    cache=None if cache_seqlens is None else (cache_seqlens, block_table, k_starts),
+                    alibi_slopes=alibi_slopes, descales=descales, short_rows=short[0])
+            if took and short[0]:                 # the sequences it left, beside it, in their tiles
+                attention_forward(q, k, v, out, lse, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                                  max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, softmax_scale=scale,
+                                  window=window, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
+                                  window_lefts=window_lefts, descales=descales, cache_seqlens=cache_seqlens,
+                                  block_table=block_table, k_starts=k_starts, num_splits=num_splits,
+                                  short_rows=short[0], tiles=short[1], wide=short[2])
+        finally:
+            if side is not None:
+                torch.cuda.current_stream(q.device).wait_stream(side)
+        if took:
+            return
     if short_rows:
         seqlen_q = max_seqlen_q = short_rows
         pack_gqa = True
