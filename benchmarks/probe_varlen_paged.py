@@ -10,7 +10,7 @@ on the same cache.
 Rows: groups of (count, query rows) sequences (causal), every sequence with `context` keys in 16-key pages
 (`--page`; shuffled), 32 / 8 heads (`--heads` query and KV heads), d = 128, bf16; CASES, or with `--case` those given
 (COUNTxROWS,...@CONTEXT) in their place. TFLOP/s over the pairs the causal mask lets through, CUDA-graph replays
-(`--eager`: eager calls, the host's time in);
+(`--eager`: eager calls, the host's time in, and each call's host time, `NAME_host_us`);
 outputs compared first (`probe_row`). Besides the call as routed (`ours`) and the calls per group (`calls`): the
 same call held on the portable kernel (`portable`); with `forward.SHORT_TILE_ROWS` at each `--short` value
 (`shortN`: sequences of up to N / group query rows left to the portable kernel's second launch; N:R, `shortN_tilesR`:
@@ -36,7 +36,8 @@ import triton
 
 import fmha
 from fmha.kernels import forward
-from fmha.bench import attention_flops, bench_gpu, bench_gpu_graph, load_module_copy, paged_copy, probe_row, save_sweep
+from fmha.bench import (_host_us, attention_flops, bench_gpu, bench_gpu_graph, load_module_copy, paged_copy,
+                        probe_row, save_sweep)
 
 
 @contextlib.contextmanager
@@ -178,6 +179,9 @@ def main():
             impls.update({f"call_{n}": (lambda i=i: group_call(i)) for i, (_, n) in enumerate(groups)})
         row["timer"] = "eager" if a.eager else "graph"
         probe_row(rows, row, impls, flops, compare=compare, timer=bench_gpu if a.eager else bench_gpu_graph)
+        if a.eager:           # the host's microseconds a call, least of 5 (above the GPU's, eager timings show it)
+            rows[-1].update({f"{name}_host_us": min(_host_us(fn) for _ in range(5)) for name, fn in impls.items()})
+            print({k: round(v, 1) for k, v in rows[-1].items() if k.endswith("_host_us")})
         if a.kernels:         # two rounds, the second kept (the first impl timed would pay the GPU's warm-up)
             for _ in range(2):
                 for name in ["ours"] + [n for n in impls if n.startswith(("short", "wide", "pack"))]:

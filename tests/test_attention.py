@@ -378,7 +378,7 @@ def test_varlen_cache_side_stream(monkeypatch):
         streams.clear()
         with torch.cuda.stream(caller):
             out.fill_(math.nan)
-            side = forward._side_stream(q.device)
+            side = forward._side_stream(q.device).stream
             with torch.cuda.stream(side):
                 torch.cuda._sleep(20_000_000)       # ~10 ms: a missing join would read NaN below
             lse = call()

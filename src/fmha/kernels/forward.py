@@ -8,6 +8,8 @@ what makes small-Sq / many-head (decode-like, DSV4) shapes efficient.
 Key tiles fall into three runs: masked tiles on the left edge of the window, unmasked tiles in the
 middle (no mask arithmetic, no bounds on loads), masked tiles on the right edge / sequence end.
 """
+import threading
+
 import torch
 import triton
 import triton.language as tl
@@ -678,15 +680,35 @@ SIDE_STREAM = True
 _SIDE_STREAMS = {}
 
 
+class _SideStream:
+    """A device's second stream and the two events of a fork (`fork`: it waits for the caller's stream's work so
+    far) and a join (`join`: the caller's stream waits for its work), kept: an event made each call would cost host
+    time (torch's `wait_stream` makes one)."""
+    __slots__ = ("stream", "forked", "joined")
+
+    def __init__(self, device):
+        self.stream = torch.cuda.Stream(device)
+        self.forked, self.joined = torch.cuda.Event(), torch.cuda.Event()
+
+    def fork(self, caller):
+        self.forked.record(caller)
+        self.stream.wait_event(self.forked)
+        return self.stream
+
+    def join(self, caller):
+        self.joined.record(self.stream)
+        caller.wait_event(self.joined)
+
+
 def _side_stream(device):
-    """The second stream of a CUDA `device` (one a device, made once), waiting for the caller's stream's work so
-    far; None for another device."""
+    """The `_SideStream` of a CUDA `device` for the calling thread (made once: the events' record and wait of one
+    call must not interleave with another thread's); None for another device."""
     if device.type != "cuda":
         return None
-    side = _SIDE_STREAMS.get(device)
+    key = device, threading.get_ident()
+    side = _SIDE_STREAMS.get(key)
     if side is None:
-        side = _SIDE_STREAMS[device] = torch.cuda.Stream(device)
-    side.wait_stream(torch.cuda.current_stream(device))
+        side = _SIDE_STREAMS[key] = _SideStream(device)
     return side
 
 
@@ -869,8 +891,9 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
                                               block_table is not None)
             short = _short_tiles(dqk, dv, group, block_table is not None, interpret, paired=paired)
         side = _side_stream(q.device) if short[0] and SIDE_STREAM else None
+        caller = torch.cuda.current_stream(q.device) if side else None
         try:
-            with torch.cuda.stream(side):         # None: the caller's stream
+            with torch.cuda.stream(side.fork(caller) if side else None):      # None: the caller's stream
                 took = forward_sm90.attention_forward_sm90(
                     q, k, v, out, lse, causal=right >= 0, softmax_scale=scale,
                     varlen=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) if varlen else None,
@@ -886,7 +909,7 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
                                   short_rows=short[0], tiles=short[1], wide=short[2])
         finally:
             if side is not None:
-                torch.cuda.current_stream(q.device).wait_stream(side)
+                side.join(caller)
         if took:
             return
     if short_rows:
