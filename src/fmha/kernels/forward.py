@@ -8,6 +8,7 @@ what makes small-Sq / many-head (decode-like, DSV4) shapes efficient.
 Key tiles fall into three runs: masked tiles on the left edge of the window, unmasked tiles in the
 middle (no mask arithmetic, no bounds on loads), masked tiles on the right edge / sequence end.
 """
+import contextlib
 import threading
 
 import torch
@@ -673,9 +674,12 @@ SHORT_TILE_ROWS = 4 * DECODE_ROWS
 # The two launches run side by side: the Gluon one on a second stream of the device (`_side_stream`), which first
 # waits for the caller's stream, the short one on the caller's, which then waits for the second (a fork and a join,
 # so a CUDA graph captures both). A mixed batch's few chunk items leave most SMs to the decodes meanwhile. H200,
-# page 16, 32 / 8 heads, d = 128, 4k keys, CUDA graphs, the launches one after the other / side by side (timed as
-# two streams around the launches: history/probe_varlen_paged_streams_h200_f893f24.json): 128 decodes + a 64-row
-# chunk 0.956, 32 decodes + a 128-row chunk 0.947, 64 decodes + 2 x 512 0.963. SIDE_STREAM False: one stream.
+# page 16, 32 / 8 heads, d = 128, CUDA graphs, side by side / one after the other (SIDE_STREAM off), in one process
+# (history/probe_varlen_paged_side_graph_h200_698eca0.json, ..._side_graph2_h200_5d2e804.json): 4k keys, 128
+# decodes + a 64-row chunk 1.044, 32 decodes + 128 rows 1.058, 64 decodes + 2 x 512 1.033, 32 x 16 rows + 512
+# 1.036, 32 x 32 rows + 512 1.032; 256 decodes + 4 x 256 at 2k keys 1.050; 8 decodes + 2048 rows at 16k 1.014;
+# 4 decodes + 8192 rows at 8k 1.006. Against a call per group, 128 decodes + 64 rows 0.909 -> 0.953, 32 decodes +
+# 128 rows 0.944 -> 0.996. The fork and the join cost the host two event records and waits (events kept).
 SIDE_STREAM = True
 _SIDE_STREAMS = {}
 
@@ -859,14 +863,10 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
     varlen = cu_seqlens_q is not None
     if varlen:
         batch = cu_seqlens_q.shape[0] - 1
-        q4, k4, v4, o4 = (t.unsqueeze(0) for t in (q, k, v, out))
         seqlen_q, seqlen_k = max_seqlen_q, max_seqlen_k
-        lse_strides = (0, lse.stride(0), lse.stride(1))
     else:
         batch = q.shape[0]
-        q4, k4, v4, o4 = q, k, v, out
         seqlen_q, seqlen_k = q.shape[1], k.shape[1]
-        lse_strides = lse.stride()
     heads_q, dqk = q.shape[-2], q.shape[-1]
     heads_k, dv = k.shape[-2], v.shape[-1]
     group = heads_q // heads_k
@@ -893,7 +893,7 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
         side = _side_stream(q.device) if short[0] and SIDE_STREAM else None
         caller = torch.cuda.current_stream(q.device) if side else None
         try:
-            with torch.cuda.stream(side.fork(caller) if side else None):      # None: the caller's stream
+            with torch.cuda.stream(side.fork(caller)) if side else contextlib.nullcontext():
                 took = forward_sm90.attention_forward_sm90(
                     q, k, v, out, lse, causal=right >= 0, softmax_scale=scale,
                     varlen=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) if varlen else None,
@@ -932,6 +932,9 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
            window_lefts is None, alibi_slopes is None, sinks is None, tuple(d is None for d in descales),
            cache_seqlens is None, block_table is None or (block_table.shape, block_table.stride()), num_splits,
            gp, tiles, wide, use_tma, interpret, may_pair and HEAD_PAIRS, short_rows)
+    # With a batch axis (varlen: of one), made here, past the Gluon launch (views cost ~2 us each on the host).
+    q4, k4, v4, o4 = (t.unsqueeze(0) for t in (q, k, v, out)) if varlen else (q, k, v, out)
+    lse_strides = (0, lse.stride(0), lse.stride(1)) if varlen else lse.stride()
     plan = _PLANS.get(key)
     if plan is None:
         pair = (may_pair
