@@ -679,7 +679,10 @@ SHORT_TILE_ROWS = 4 * DECODE_ROWS
 # decodes + a 64-row chunk 1.044, 32 decodes + 128 rows 1.058, 64 decodes + 2 x 512 1.033, 32 x 16 rows + 512
 # 1.036, 32 x 32 rows + 512 1.032; 256 decodes + 4 x 256 at 2k keys 1.050; 8 decodes + 2048 rows at 16k 1.014;
 # 4 decodes + 8192 rows at 8k 1.006. Against a call per group, 128 decodes + 64 rows 0.909 -> 0.953, 32 decodes +
-# 128 rows 0.944 -> 0.996. The fork and the join cost the host two event records and waits (events kept).
+# 128 rows 0.944 -> 0.996. On the host, the fork and the join (two event records and waits, the events kept) and
+# the short launch's own call of `attention_forward`: ours - one stream, least of 5 bursts of 20 eager calls, +21,
+# +22, +26 us in three rows, -6 and -25 in two (~150-215 us a call; ..._side_eager_host_h200_{5d2e804,45147cb}.json):
+# not measured finer (eager calls only; CUDA graphs leave the host out).
 SIDE_STREAM = True
 _SIDE_STREAMS = {}
 
@@ -932,7 +935,7 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
            window_lefts is None, alibi_slopes is None, sinks is None, tuple(d is None for d in descales),
            cache_seqlens is None, block_table is None or (block_table.shape, block_table.stride()), num_splits,
            gp, tiles, wide, use_tma, interpret, may_pair and HEAD_PAIRS, short_rows)
-    # With a batch axis (varlen: of one), made here, past the Gluon launch (views cost ~2 us each on the host).
+    # With a batch axis (varlen: of one), made here, past the Gluon launch (a view costs 1-2 us of host time).
     q4, k4, v4, o4 = (t.unsqueeze(0) for t in (q, k, v, out)) if varlen else (q, k, v, out)
     lse_strides = (0, lse.stride(0), lse.stride(1)) if varlen else lse.stride()
     plan = _PLANS.get(key)
