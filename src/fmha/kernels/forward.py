@@ -678,11 +678,12 @@ SHORT_TILE_ROWS = 4 * DECODE_ROWS
 # (history/probe_varlen_paged_side_graph_h200_698eca0.json, ..._side_graph2_h200_5d2e804.json): 4k keys, 128
 # decodes + a 64-row chunk 1.044, 32 decodes + 128 rows 1.058, 64 decodes + 2 x 512 1.033, 32 x 16 rows + 512
 # 1.036, 32 x 32 rows + 512 1.032; 256 decodes + 4 x 256 at 2k keys 1.050; 8 decodes + 2048 rows at 16k 1.014;
-# 4 decodes + 8192 rows at 8k 1.006. Against a call per group, 128 decodes + 64 rows 0.909 -> 0.953, 32 decodes +
-# 128 rows 0.944 -> 0.996. On the host, the fork and the join (two event records and waits, the events kept) and
-# the short launch's own call of `attention_forward`: ours - one stream, least of 5 bursts of 20 eager calls, +21,
-# +22, +26 us in three rows, -6 and -25 in two (~150-215 us a call; ..._side_eager_host_h200_{5d2e804,45147cb}.json):
-# not measured finer (eager calls only; CUDA graphs leave the host out).
+# 4 decodes + 8192 rows at 8k 1.006; chunks alone 0.993-1.011 (..._side_chunks_h200_01f11ab.json). Against a call
+# per group, 128 decodes + 64 rows 0.909 -> 0.953, 32 decodes + 128 rows 0.944 -> 0.996. On the host, the fork and
+# the join (two event records and waits, the events kept) and the short launch's own call of `attention_forward`:
+# ours - one stream, least of 5 bursts of 20 eager calls, +21, +22, +26 us in three rows, -6 and -25 in two
+# (~150-215 us a call; ..._side_eager_host_h200_{5d2e804,45147cb}.json): not measured finer (eager calls only;
+# CUDA graphs leave the host out).
 SIDE_STREAM = True
 _SIDE_STREAMS = {}
 
