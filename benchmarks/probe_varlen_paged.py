@@ -6,11 +6,13 @@ on the same cache.
     PYTHONPATH=src python3 benchmarks/probe_varlen_paged.py [--out varlen_paged.json] [--short 32 64:16] [--parts]
         [--rows 2 3] [--wide 64,32,4,5 64,64,4,5+128,32,4,4] [--pack] [--kernels] [--heads 32 16] [--page 64]
         [--case 32x64,1x512@4096] [--versions old_forward_sm90.py] [--empty-launch] [--streams] [--eager]
+        [--host-rounds 5]
 
 Rows: groups of (count, query rows) sequences (causal), every sequence with `context` keys in 16-key pages
 (`--page`; shuffled), 32 / 8 heads (`--heads` query and KV heads), d = 128, bf16; CASES, or with `--case` those given
 (COUNTxROWS,...@CONTEXT) in their place. TFLOP/s over the pairs the causal mask lets through, CUDA-graph replays
-(`--eager`: eager calls, the host's time in, and each call's host time, `NAME_host_us`);
+(`--eager`: eager calls, the host's time in, and each call's host time, `NAME_host_us`, the median of
+`--host-rounds` bursts, and its difference from ours, `NAME_minus_ours_host_us`);
 outputs compared first (`probe_row`). Besides the call as routed (`ours`) and the calls per group (`calls`): the
 same call held on the portable kernel (`portable`); with `forward.SHORT_TILE_ROWS` at each `--short` value
 (`shortN`: sequences of up to N / group query rows left to the portable kernel's second launch; N:R, `shortN_tilesR`:
@@ -99,6 +101,7 @@ def main():
                    help="also the call as routed with both launches on the caller's stream (`one_stream`) and the "
                         "two launches of --parts on two streams, the Gluon one on a side stream (`two_streams`)")
     p.add_argument("--eager", action="store_true", help="eager calls timed (`bench_gpu`), not CUDA-graph replays")
+    p.add_argument("--host-rounds", type=int, default=5, help="with --eager: rounds of the host-time bursts")
     p.add_argument("--empty-launch", action="store_true",
                    help="also ours followed by a launch of a program a (sequence, KV head) that returns at once "
                         "(`ours_empty`): what one more launch would cost the call")
@@ -179,8 +182,8 @@ def main():
             impls.update({f"call_{n}": (lambda i=i: group_call(i)) for i, (_, n) in enumerate(groups)})
         row["timer"] = "eager" if a.eager else "graph"
         probe_row(rows, row, impls, flops, compare=compare, timer=bench_gpu if a.eager else bench_gpu_graph)
-        if a.eager:           # the host's microseconds a call, least of 5 (above the GPU's, eager timings show it)
-            rows[-1].update({f"{name}_host_us": min(_host_us(fn) for _ in range(5)) for name, fn in impls.items()})
+        if a.eager:           # the host's microseconds a call (above the GPU's, eager timings show it)
+            rows[-1].update(host_times(impls, a.host_rounds))
             print({k: round(v, 1) for k, v in rows[-1].items() if k.endswith("_host_us")})
         if a.kernels:         # two rounds, the second kept (the first impl timed would pay the GPU's warm-up)
             for _ in range(2):
@@ -190,6 +193,21 @@ def main():
             print({k: round(v, 2) for k, v in rows[-1].items() if k.endswith("_us")})
         if a.out:                 # after every row, so that a run cut by its time limit keeps what it measured
             save_sweep(a.out, rows)
+
+
+def host_times(impls, rounds):
+    """{NAME_host_us: median over `rounds` of the host's microseconds a call (`_host_us`, a burst of calls)}, the
+    impls in alternating order each round (forward, backward), and {NAME_minus_ours_host_us: the median of the
+    rounds' differences}: bursts of one process drift by 10-15% on the device's hosts."""
+    times = {name: [] for name in impls}
+    for r in range(rounds):
+        for name in (list(impls) if r % 2 == 0 else list(impls)[::-1]):
+            times[name].append(_host_us(impls[name]))
+    median = lambda xs: sorted(xs)[len(xs) // 2]       # noqa: E731
+    out = {f"{name}_host_us": median(ts) for name, ts in times.items()}
+    out.update({f"{name}_minus_ours_host_us": median([t - o for t, o in zip(ts, times["ours"])])
+                for name, ts in times.items() if name != "ours"})
+    return out
 
 
 @triton.jit

@@ -8,7 +8,6 @@ what makes small-Sq / many-head (decode-like, DSV4) shapes efficient.
 Key tiles fall into three runs: masked tiles on the left edge of the window, unmasked tiles in the
 middle (no mask arithmetic, no bounds on loads), masked tiles on the right edge / sequence end.
 """
-import contextlib
 import threading
 
 import torch
@@ -690,8 +689,10 @@ _SIDE_STREAMS = {}
 
 class _SideStream:
     """A device's second stream and the two events of a fork (`fork`: it waits for the caller's stream's work so
-    far) and a join (`join`: the caller's stream waits for its work), kept: an event made each call would cost host
-    time (torch's `wait_stream` makes one)."""
+    far and becomes the current stream) and a join (`join`: the caller's stream current again, waiting for its
+    work), kept: an event made each call would cost host time (torch's `wait_stream` makes one), and so would
+    `torch.cuda.stream`'s context (it reads the current device and streams again); the caller's device is current
+    (`_side_stream`)."""
     __slots__ = ("stream", "forked", "joined")
 
     def __init__(self, device):
@@ -701,17 +702,19 @@ class _SideStream:
     def fork(self, caller):
         self.forked.record(caller)
         self.stream.wait_event(self.forked)
-        return self.stream
+        torch.cuda.set_stream(self.stream)
 
     def join(self, caller):
+        torch.cuda.set_stream(caller)             # already, unless the launch on the side stream raised
         self.joined.record(self.stream)
         caller.wait_event(self.joined)
 
 
 def _side_stream(device):
     """The `_SideStream` of a CUDA `device` for the calling thread (made once: the events' record and wait of one
-    call must not interleave with another thread's); None for another device."""
-    if device.type != "cuda":
+    call must not interleave with another thread's); None for another device or where `device` is not the current
+    one (the public calls make it so: `_ops.custom_op`)."""
+    if device.type != "cuda" or device.index != torch.cuda.current_device():
         return None
     key = device, threading.get_ident()
     side = _SIDE_STREAMS.get(key)
@@ -897,13 +900,16 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
         side = _side_stream(q.device) if short[0] and SIDE_STREAM else None
         caller = torch.cuda.current_stream(q.device) if side else None
         try:
-            with torch.cuda.stream(side.fork(caller)) if side else contextlib.nullcontext():
-                took = forward_sm90.attention_forward_sm90(
-                    q, k, v, out, lse, causal=right >= 0, softmax_scale=scale,
-                    varlen=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) if varlen else None,
-                    window=gluon_window, sinks=sinks, softcap=softcap,
-                    cache=None if cache_seqlens is None else (cache_seqlens, block_table, k_starts),
-                    alibi_slopes=alibi_slopes, descales=descales, short_rows=short[0])
+            if side:
+                side.fork(caller)                 # the side stream current, then the caller's again
+            took = forward_sm90.attention_forward_sm90(
+                q, k, v, out, lse, causal=right >= 0, softmax_scale=scale,
+                varlen=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) if varlen else None,
+                window=gluon_window, sinks=sinks, softcap=softcap,
+                cache=None if cache_seqlens is None else (cache_seqlens, block_table, k_starts),
+                alibi_slopes=alibi_slopes, descales=descales, short_rows=short[0])
+            if side:
+                torch.cuda.set_stream(caller)
             if took and short[0]:                 # the sequences it left, beside it, in their tiles
                 attention_forward(q, k, v, out, lse, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                                   max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, softmax_scale=scale,
@@ -912,7 +918,7 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
                                   block_table=block_table, k_starts=k_starts, num_splits=num_splits,
                                   short_rows=short[0], tiles=short[1], wide=short[2])
         finally:
-            if side is not None:
+            if side:
                 side.join(caller)
         if took:
             return
