@@ -12,7 +12,9 @@ starts with the launch plans emptied but for one call, as a running server's are
 
 With `--portable` the other file is a revision's `forward.py` and the entries are decode calls of
 `attention_forward` (b sequences of one query token, 32 / 8 heads, d = 128, 4096 keys: paged by 16 and by 64, and a
-contiguous cache; the split count left to the planner, as `attention_with_kvcache` leaves it).
+contiguous cache; the split count left to the planner, as `attention_with_kvcache` leaves it), and a mixed batch
+packed over a 16-key paged cache as `attention_varlen` calls it (`mixed_entries`: the Gluon launch and the short
+one; `--calls 100` keeps its ~4 launches a call within the GPU's launch queue).
 
 With `--launch` the other file is a revision's `kernels/launch.py`, whose `launch` replaces this tree's in every
 kernel module for the other's rounds; the entries are the decode calls and the padded-batch prefill calls.
@@ -26,6 +28,7 @@ kernel module for the other's rounds; the entries are the decode calls and the p
 import argparse
 import datetime
 import importlib.util
+import itertools
 import json
 import sys
 import time
@@ -96,6 +99,24 @@ def decode_entries(b, hq=32, hk=8, d=128, keys=4096):
     return found
 
 
+def mixed_entries(hq=32, hk=8, d=128, keys=4096, page=16):
+    """name -> (args, [kwargs]) for `forward.attention_forward`: packed queries over a paged cache, 32 decodes and a
+    128-row chunk (as `attention_varlen` calls it: the routed call, the Gluon launch and the short launch, side by
+    side since the eighty-third session)."""
+    lens = [1] * 32 + [128]
+    b = len(lens)
+    cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32, device="cuda")
+    q = torch.randn(sum(lens), hq, d, device="cuda", dtype=torch.bfloat16)
+    out, lse = torch.empty_like(q), torch.empty(hq, sum(lens), device="cuda")
+    k, v = (torch.randn(b * keys // page, page, hk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    table = torch.randperm(b * keys // page, device="cuda", dtype=torch.int32).view(b, -1)
+    seqlens = torch.full((b,), keys, dtype=torch.int32, device="cuda")
+    opts = dict(cu_seqlens_q=cu, cu_seqlens_k=None, max_seqlen_q=max(lens), max_seqlen_k=keys,
+                softmax_scale=d ** -0.5, window=(-1, 0), softcap=0.0, alibi_slopes=None, sinks=None,
+                cache_seqlens=seqlens, block_table=table)
+    return {f"mixed 32 x 1 + 1 x 128, page {page}": ((q, k, v, out, lse), [opts])}
+
+
 class LaunchedBy:
     """`forward` and `forward_sm90`'s entries with `fn` as every kernel module's `launch` (`--launch`): a decode
     call's args (5 tensors) go to `forward.attention_forward`, a prefill call's to `attention_forward_sm90`, a
@@ -158,7 +179,7 @@ def main():
                  **{name: ((fn,), [{}]) for name, fn in decode_levels().items()}}
     elif a.portable:
         modules = {"this tree": forward, "other": load(a.old, "fmha.kernels._ab_other_forward")}
-        found = decode_entries(a.decode_batch)
+        found = {**decode_entries(a.decode_batch), **mixed_entries()}
     else:
         modules = {"this tree": forward_sm90, "other": load(a.old)}
         b, s = a.shape[:2]
