@@ -681,8 +681,9 @@ SHORT_TILE_ROWS = 4 * DECODE_ROWS
 # per group, 128 decodes + 64 rows 0.909 -> 0.953, 32 decodes + 128 rows 0.944 -> 0.996. On the host, the fork and
 # the join (two event records and waits, the events kept) and the short launch's own call of `attention_forward`:
 # ours - one stream, least of 5 bursts of 20 eager calls, +21, +22, +26 us in three rows, -6 and -25 in two
-# (~150-215 us a call; ..._side_eager_host_h200_{5d2e804,45147cb}.json): not measured finer (eager calls only;
-# CUDA graphs leave the host out).
+# (~150-215 us a call; ..._side_eager_host_h200_{5d2e804,45147cb}.json); with the streams set directly (ff25012),
+# the median of 9 alternating rounds' differences +34 us on 206 (..._side_host_rounds_h200_ff25012.json). Eager
+# calls only: CUDA graphs leave the host out.
 SIDE_STREAM = True
 _SIDE_STREAMS = {}
 
