@@ -26,8 +26,8 @@ padded calls), as routed (`pack`) and with each `--short` value (`shortN_pack`);
 call is ours / part) and each group's call alone (`call_R`, R its rows a sequence); with `--kernels`, each kernel's
 GPU time a call (`ours:NAME_us`, eager calls under torch.profiler) of ours and of the `--short` / `--wide` forms;
 with `--empty-launch`, ours and then a launch whose programs return at once (`ours_empty`); with `--streams`, the
-call with its two launches on the caller's stream (`one_stream`: `forward.SIDE_STREAM` off), and the two launches of
-`--parts` on two streams, the Gluon one beside the short one (`two_streams`, as ours runs them since SIDE_STREAM).
+call with its two launches on the caller's stream (`one_stream`: `forward.SIDE_STREAM` off; ours runs them side by
+side). (Until 01f11ab also `two_streams`, the `--parts` launches on two streams: the same as ours since 698eca0.)
 """
 import contextlib
 import argparse
@@ -98,8 +98,7 @@ def main():
                    help="also the call with the Gluon launch's items of two query heads (`pack`)")
     p.add_argument("--parts", action="store_true")
     p.add_argument("--streams", action="store_true",
-                   help="also the call as routed with both launches on the caller's stream (`one_stream`) and the "
-                        "two launches of --parts on two streams, the Gluon one on a side stream (`two_streams`)")
+                   help="also the call as routed with both launches on the caller's stream (`one_stream`)")
     p.add_argument("--eager", action="store_true", help="eager calls timed (`bench_gpu`), not CUDA-graph replays")
     p.add_argument("--host-rounds", type=int, default=5, help="with --eager: rounds of the host-time bursts")
     p.add_argument("--empty-launch", action="store_true",
@@ -175,7 +174,6 @@ def main():
             impls[f"ours@{name}"] = held_call(version=module)
         if a.streams:
             impls["one_stream"] = held_call(side_stream=False)
-            impls["two_streams"] = two_streams(parts(q, k_cache, v_cache, cu_q, max(lens_q), context, used, table))
         compare = list(impls)[1:]
         if a.parts:
             impls.update(parts(q, k_cache, v_cache, cu_q, max(lens_q), context, used, table))
@@ -214,23 +212,6 @@ def host_times(impls, rounds):
 def _returns(CU_Q):
     """Programs that return at once, as a launch's do where no sequence is theirs (`--empty-launch`)."""
     pass
-
-
-def two_streams(launches):
-    """The routed call's launches (`parts`) with the Gluon one on a side stream beside the short one, joined after:
-    the SMs the chunks' few items leave idle run the decodes meanwhile (the two write different rows). Capturable:
-    the side stream waits for the caller's stream first, the caller's for it last."""
-    side = torch.cuda.Stream()
-
-    def call():
-        main = torch.cuda.current_stream()
-        side.wait_stream(main)
-        with torch.cuda.stream(side):
-            launches["gluon_part"]()
-        out = launches["short_part"]()
-        main.wait_stream(side)
-        return out
-    return call
 
 
 def kernel_times(fn, reps=40):
