@@ -692,23 +692,45 @@ class _SideStream:
     """A device's second stream and the two events of a fork (`fork`: it waits for the caller's stream's work so
     far and becomes the current stream) and a join (`join`: the caller's stream current again, waiting for its
     work), kept: an event made each call would cost host time (torch's `wait_stream` makes one), and so would
-    `torch.cuda.stream`'s context (it reads the current device and streams again); the caller's device is current
-    (`_side_stream`)."""
-    __slots__ = ("stream", "forked", "joined")
+    `torch.cuda.stream`'s context and `torch.cuda.current_stream` (4.5 us on the device's host: a `Stream` made
+    each call; the callers' streams are kept here by their ids instead, `callers`); the caller's device is current
+    (`_side_stream`). One fork at a time: the stream is the calling thread's."""
+    __slots__ = ("stream", "forked", "joined", "ids", "callers", "caller")
 
     def __init__(self, device):
         self.stream = torch.cuda.Stream(device)
         self.forked, self.joined = torch.cuda.Event(), torch.cuda.Event()
+        self.ids = self.stream.stream_id, self.stream.device_index, self.stream.device_type
+        self.callers, self.caller = {}, None
 
-    def fork(self, caller):
+    def fork(self):
+        ids = torch._C._cuda_getCurrentStream(self.ids[1])      # (stream_id, device_index, device_type)
+        caller = self.callers.get(ids)
+        if caller is None:
+            if len(self.callers) >= 64:
+                self.callers.clear()
+            caller = self.callers[ids] = torch.cuda.Stream(stream_id=ids[0], device_index=ids[1],
+                                                           device_type=ids[2])
+        self.caller = caller
         self.forked.record(caller)
         self.stream.wait_event(self.forked)
-        torch.cuda.set_stream(self.stream)
+        _set_stream(self.ids)
 
-    def join(self, caller):
-        torch.cuda.set_stream(caller)             # already, unless the launch on the side stream raised
+    def back(self):
+        """The caller's stream current again (the join does it too, for a launch that raised)."""
+        caller = self.caller
+        _set_stream((caller.stream_id, caller.device_index, caller.device_type))
+
+    def join(self):
+        self.back()
         self.joined.record(self.stream)
-        caller.wait_event(self.joined)
+        self.caller.wait_event(self.joined)
+
+
+def _set_stream(ids):
+    """`torch.cuda.set_stream` of the stream of `ids` (stream_id, device_index, device_type), without its two
+    Python frames."""
+    torch._C._cuda_setStream(stream_id=ids[0], device_index=ids[1], device_type=ids[2])
 
 
 def _side_stream(device):
@@ -888,21 +910,19 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
     # `forward_sm90.transposed_v`); an FP8 K/V beside a 16-bit q, and FP8 caches, the portable one.
     plain = (k.dtype == q.dtype and (q.element_size() > 1 or cache_seqlens is None)
              and pack_gqa is None and use_tma is None and tiles is None and backend is None and not short_rows)
-    if plain and not interpret and gluon_enabled() and _gluon_takes(
-            cache_seqlens, num_splits, batch, heads_q, seqlen_q, q.device,
-            None if block_table is None else k.shape[1]):
-        from . import forward_sm90
-        short = (0, None, None)
-        gluon_window = (left if window_lefts is None else window_lefts, right)
-        if varlen and cache_seqlens is not None:
-            paired = forward_sm90.pairs_tails(dqk, dv, group, gluon_window, max_seqlen_q, softcap,
-                                              block_table is not None)
-            short = _short_tiles(dqk, dv, group, block_table is not None, interpret, paired=paired)
-        side = _side_stream(q.device) if short[0] and SIDE_STREAM else None
-        caller = torch.cuda.current_stream(q.device) if side else None
-        try:
+    side = None
+    try:                                          # the join, where the Gluon launch forked (a raising one too)
+        if plain and not interpret and gluon_enabled() and _gluon_takes(
+                cache_seqlens, num_splits, batch, heads_q, seqlen_q, q.device,
+                None if block_table is None else k.shape[1]):
+            from . import forward_sm90
+            short = (0, None, None)
+            gluon_window = (left if window_lefts is None else window_lefts, right)
+            if varlen and cache_seqlens is not None:
+                short = _routed_short(dqk, dv, group, gluon_window, max_seqlen_q, softcap, block_table is not None)
+            side = _side_stream(q.device) if short[0] and SIDE_STREAM else None
             if side:
-                side.fork(caller)                 # the side stream current, then the caller's again
+                side.fork()                       # the side stream current, then the caller's again
             took = forward_sm90.attention_forward_sm90(
                 q, k, v, out, lse, causal=right >= 0, softmax_scale=scale,
                 varlen=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) if varlen else None,
@@ -910,85 +930,99 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
                 cache=None if cache_seqlens is None else (cache_seqlens, block_table, k_starts),
                 alibi_slopes=alibi_slopes, descales=descales, short_rows=short[0])
             if side:
-                torch.cuda.set_stream(caller)
-            if took and short[0]:                 # the sequences it left, beside it, in their tiles
-                attention_forward(q, k, v, out, lse, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                                  max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, softmax_scale=scale,
-                                  window=window, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
-                                  window_lefts=window_lefts, descales=descales, cache_seqlens=cache_seqlens,
-                                  block_table=block_table, k_starts=k_starts, num_splits=num_splits,
-                                  short_rows=short[0], tiles=short[1], wide=short[2])
-        finally:
-            if side:
-                side.join(caller)
-        if took:
-            return
-    if short_rows:
-        seqlen_q = max_seqlen_q = short_rows
-        pack_gqa = True
-        if tiles is None:
-            _, tiles, wide = _short_tiles(dqk, dv, group, block_table is not None, interpret, short_rows)
-    if varlen and cache_seqlens is not None and num_splits == 1:
-        num_splits = 0            # packed queries over a cache (decodes among them): keys split as planned
-    # Head pairs (`HEAD_PAIRS`) are planned, not decided each call: the key holds what the rule reads.
-    may_pair = HEAD_PAIRS is not False and pack_gqa is None and tiles is None and cache_seqlens is not None
-    if pack_gqa is None:
-        pack_gqa = _pack_gqa(group, seqlen_q, _tile_config(dqk, dv, interpret)[0])
-    gp = group if pack_gqa else 1
-    tiles = tuple(tiles or _tile_config(dqk, dv, interpret, rows=seqlen_q * gp, paged=block_table is not None,
-                                        kv_fp8=k.element_size() == 1))
-    key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), out.shape, out.stride(), lse.shape,
-           lse.stride(), q.dtype, k.dtype, v.dtype, out.dtype, q.device, k.data_ptr() % 16, v.data_ptr() % 16,
-           varlen and cu_seqlens_q.shape, max_seqlen_q, max_seqlen_k, scale, float(softcap), left, right,
-           window_lefts is None, alibi_slopes is None, sinks is None, tuple(d is None for d in descales),
-           cache_seqlens is None, block_table is None or (block_table.shape, block_table.stride()), num_splits,
-           gp, tiles, wide, use_tma, interpret, may_pair and HEAD_PAIRS, short_rows)
-    # With a batch axis (varlen: of one), made here, past the Gluon launch (a view costs 1-2 us of host time).
-    q4, k4, v4, o4 = (t.unsqueeze(0) for t in (q, k, v, out)) if varlen else (q, k, v, out)
-    lse_strides = (0, lse.stride(0), lse.stride(1)) if varlen else lse.stride()
-    plan = _PLANS.get(key)
-    if plan is None:
-        pair = (may_pair
-                and (HEAD_PAIRS or _pairs_pay(q, k, tiles, group, max_seqlen_k, num_splits))
-                and _pairs_heads(q, k, v, cache_seqlens, varlen, seqlen_q, group, descales))
-        kp, vp = k, v
-        if pair:
-            # Two KV heads a program: K and V seen as heads_k / 2 heads of both heads' values (views: the launch
-            # passes k and v themselves, the same addresses), q and out as they are (the kernel's PAIR), the
-            # group's rows of both heads packed in one tile.
-            kp = k.view(*k.shape[:-2], heads_k // 2, 2 * dqk)
-            vp = v.view(*v.shape[:-2], heads_k // 2, 2 * dv)
-            gp = 2 * group
-            tiles = _tile_config(2 * dqk, 2 * dv, interpret, rows=seqlen_q * gp, paged=block_table is not None,
-                                 pair=True)
-        plan = _portable_plan(q4, kp, vp, o4, lse, lse_strides, pair=pair, varlen=varlen, batch=batch,
-                              seqlen_q=seqlen_q, seqlen_k=seqlen_k, max_seqlen_k=max_seqlen_k, gp=gp, tiles=tiles,
-                              use_tma=use_tma, scale=scale, softcap=softcap, left=left, right=right,
-                              window_lefts=window_lefts, alibi_slopes=alibi_slopes, sinks=sinks,
-                              cache_seqlens=cache_seqlens, block_table=block_table, num_splits=num_splits,
-                              interpret=interpret, short=short_rows > 0, wide=wide)
-        _PLANS.keep(key, plan)
-    k_desc = v_desc = None
-    if plan.tma == 1:
-        _ensure_allocator(q.device)
-    elif plan.tma == 2:
-        from triton.tools.tensor_descriptor import TensorDescriptor
-        k_desc = TensorDescriptor(k, list(k.shape), list(k.stride()), list(plan.boxes[0]))
-        v_desc = TensorDescriptor(v, list(v.shape), list(v.stride()), list(plan.boxes[1]))
-    o_dst, lse_dst = o4, lse
-    if plan.splits > 1:
-        o_parts = torch.empty(plan.parts[0], dtype=torch.float32, device=q.device)
-        lse_parts = torch.empty(plan.parts[1], dtype=torch.float32, device=q.device)
-        o_dst, lse_dst = o_parts[0], lse_parts[0].transpose(1, 2)
-    args = (q4, k4, v4, o_dst, lse_dst, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks, k_desc, v_desc,
-            cache_seqlens, block_table, window_lefts, *(None if d is None else d.contiguous() for d in descales),
-            k_starts, *plan.scalars)
-    launch(attn_fwd_kernel, plan.grid, args, plan.meta, plan.fixed)
-    if plan.splits > 1:
-        rows = seqlen_q * heads_q
-        combine(out, lse, o_parts.view(plan.splits, batch, rows, dv), lse_parts.view(plan.splits, batch, rows),
-                rows_per_k=rows, group=heads_q, num_splits=plan.splits, sinks=sinks,
-                cu_seqlens_q=cu_seqlens_q if varlen else None)
+                side.back()
+            if took and not short[0]:
+                return
+            if took:                              # the sequences it left, beside it, in their tiles
+                short_rows, tiles, wide = short
+        if short_rows:
+            seqlen_q = short_rows
+            pack_gqa = True
+            if tiles is None:
+                _, tiles, wide = _short_tiles(dqk, dv, group, block_table is not None, interpret, short_rows)
+        if varlen and cache_seqlens is not None and num_splits == 1:
+            num_splits = 0        # packed queries over a cache (decodes among them): keys split as planned
+        # Head pairs (`HEAD_PAIRS`) are planned, not decided each call: the key holds what the rule reads.
+        may_pair = HEAD_PAIRS is not False and pack_gqa is None and tiles is None and cache_seqlens is not None
+        if pack_gqa is None:
+            pack_gqa = _pack_gqa(group, seqlen_q, _tile_config(dqk, dv, interpret)[0])
+        gp = group if pack_gqa else 1
+        tiles = tuple(tiles or _tile_config(dqk, dv, interpret, rows=seqlen_q * gp, paged=block_table is not None,
+                                            kv_fp8=k.element_size() == 1))
+        key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), out.shape, out.stride(), lse.shape,
+               lse.stride(), q.dtype, k.dtype, v.dtype, out.dtype, q.device, k.data_ptr() % 16, v.data_ptr() % 16,
+               varlen and cu_seqlens_q.shape, seqlen_q, max_seqlen_k, scale, float(softcap), left, right,
+               window_lefts is None, alibi_slopes is None, sinks is None, tuple(d is None for d in descales),
+               cache_seqlens is None, block_table is None or (block_table.shape, block_table.stride()), num_splits,
+               gp, tiles, wide, use_tma, interpret, may_pair and HEAD_PAIRS, short_rows)
+        # With a batch axis (varlen: of one), made here, past the Gluon launch (a view costs 1-2 us of host time).
+        q4, k4, v4, o4 = (t.unsqueeze(0) for t in (q, k, v, out)) if varlen else (q, k, v, out)
+        lse_strides = (0, lse.stride(0), lse.stride(1)) if varlen else lse.stride()
+        plan = _PLANS.get(key)
+        if plan is None:
+            pair = (may_pair
+                    and (HEAD_PAIRS or _pairs_pay(q, k, tiles, group, max_seqlen_k, num_splits))
+                    and _pairs_heads(q, k, v, cache_seqlens, varlen, seqlen_q, group, descales))
+            kp, vp = k, v
+            if pair:
+                # Two KV heads a program: K and V seen as heads_k / 2 heads of both heads' values (views: the launch
+                # passes k and v themselves, the same addresses), q and out as they are (the kernel's PAIR), the
+                # group's rows of both heads packed in one tile.
+                kp = k.view(*k.shape[:-2], heads_k // 2, 2 * dqk)
+                vp = v.view(*v.shape[:-2], heads_k // 2, 2 * dv)
+                gp = 2 * group
+                tiles = _tile_config(2 * dqk, 2 * dv, interpret, rows=seqlen_q * gp, paged=block_table is not None,
+                                     pair=True)
+            plan = _portable_plan(q4, kp, vp, o4, lse, lse_strides, pair=pair, varlen=varlen, batch=batch,
+                                  seqlen_q=seqlen_q, seqlen_k=seqlen_k, max_seqlen_k=max_seqlen_k, gp=gp, tiles=tiles,
+                                  use_tma=use_tma, scale=scale, softcap=softcap, left=left, right=right,
+                                  window_lefts=window_lefts, alibi_slopes=alibi_slopes, sinks=sinks,
+                                  cache_seqlens=cache_seqlens, block_table=block_table, num_splits=num_splits,
+                                  interpret=interpret, short=short_rows > 0, wide=wide)
+            _PLANS.keep(key, plan)
+        k_desc = v_desc = None
+        if plan.tma == 1:
+            _ensure_allocator(q.device)
+        elif plan.tma == 2:
+            from triton.tools.tensor_descriptor import TensorDescriptor
+            k_desc = TensorDescriptor(k, list(k.shape), list(k.stride()), list(plan.boxes[0]))
+            v_desc = TensorDescriptor(v, list(v.shape), list(v.stride()), list(plan.boxes[1]))
+        o_dst, lse_dst = o4, lse
+        if plan.splits > 1:
+            o_parts = torch.empty(plan.parts[0], dtype=torch.float32, device=q.device)
+            lse_parts = torch.empty(plan.parts[1], dtype=torch.float32, device=q.device)
+            o_dst, lse_dst = o_parts[0], lse_parts[0].transpose(1, 2)
+        args = (q4, k4, v4, o_dst, lse_dst, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks, k_desc, v_desc,
+                cache_seqlens, block_table, window_lefts, *(None if d is None else d.contiguous() for d in descales),
+                k_starts, *plan.scalars)
+        launch(attn_fwd_kernel, plan.grid, args, plan.meta, plan.fixed)
+        if plan.splits > 1:
+            rows = seqlen_q * heads_q
+            combine(out, lse, o_parts.view(plan.splits, batch, rows, dv), lse_parts.view(plan.splits, batch, rows),
+                    rows_per_k=rows, group=heads_q, num_splits=plan.splits, sinks=sinks,
+                    cu_seqlens_q=cu_seqlens_q if varlen else None)
+    finally:
+        if side:
+            side.join()
+
+
+# The short launch's (rows, tiles, wide) of a routed call (`_routed_short`), by what picks it.
+_SHORT_ROUTES = Plans()
+
+
+def _routed_short(dqk, dv, group, window, max_seqlen_q, softcap, paged):
+    """`_short_tiles`' triple for the short launch of a packed call over a KV cache that the Gluon kernel takes
+    (`window` as `attention_forward_sm90` takes it: its left a tensor where one a sequence), kept by what it reads:
+    with `forward_sm90.pairs_tails` it costs ~7 us of host time a call (this machine's CPU)."""
+    left = -2 if isinstance(window[0], torch.Tensor) else window[0]
+    key = dqk, dv, group, left, window[1], max_seqlen_q, softcap, paged
+    short = _SHORT_ROUTES.get(key)
+    if short is None:
+        from . import forward_sm90
+        paired = forward_sm90.pairs_tails(dqk, dv, group, window, max_seqlen_q, softcap, paged)
+        short = _short_tiles(dqk, dv, group, paged, False, paired=paired)
+        _SHORT_ROUTES.keep(key, short)
+    return short
 
 
 # Launch plans of the portable kernel (`_PortablePlan`), by the call key `attention_forward` makes: its tensors'
