@@ -679,11 +679,10 @@ SHORT_TILE_ROWS = 4 * DECODE_ROWS
 # 1.036, 32 x 32 rows + 512 1.032; 256 decodes + 4 x 256 at 2k keys 1.050; 8 decodes + 2048 rows at 16k 1.014;
 # 4 decodes + 8192 rows at 8k 1.006; chunks alone 0.993-1.011 (..._side_chunks_h200_01f11ab.json). Against a call
 # per group, 128 decodes + 64 rows 0.909 -> 0.953, 32 decodes + 128 rows 0.944 -> 0.996. On the host, the fork and
-# the join (two event records and waits, the events kept) and the short launch's own call of `attention_forward`:
-# ours - one stream, least of 5 bursts of 20 eager calls, +21, +22, +26 us in three rows, -6 and -25 in two
-# (~150-215 us a call; ..._side_eager_host_h200_{5d2e804,45147cb}.json); with the streams set directly (ff25012),
-# the median of 9 alternating rounds' differences +34 us on 206 (..._side_host_rounds_h200_ff25012.json). Eager
-# calls only: CUDA graphs leave the host out.
+# the join (two event records and waits, the events and the caller's `Stream` kept, the streams set through
+# torch._C), eager calls of 32 decodes + 128 rows timed in one process against f893f24's one-stream call (least of 8
+# alternating rounds of 100): +5.8 us on 112 (history/probe_host_ab_mixed_h200_53a62b0_vs_f893f24.json; +28.6 us
+# before 53a62b0, ..._a70841b_vs_f893f24.json). CUDA graphs leave the host out.
 SIDE_STREAM = True
 _SIDE_STREAMS = {}
 
