@@ -5,8 +5,8 @@ on the same cache.
 
     PYTHONPATH=src python3 benchmarks/probe_varlen_paged.py [--out varlen_paged.json] [--short 32 64:16] [--parts]
         [--rows 2 3] [--wide 64,32,4,5 64,64,4,5+128,32,4,4] [--pack] [--kernels] [--heads 32 16] [--page 64]
-        [--case 32x64,1x512@4096] [--versions old_forward_sm90.py] [--empty-launch] [--streams] [--eager]
-        [--host-rounds 5]
+        [--case 32x64,1x512@4096] [--versions old_forward_sm90.py] [--empty-launch] [--streams] [--eager] [--unpaired]
+        [--short-alone] [--host-rounds 5]
 
 Rows: groups of (count, query rows) sequences (causal), every sequence with `context` keys in 16-key pages
 (`--page`; shuffled), 32 / 8 heads (`--heads` query and KV heads), d = 128, bf16; CASES, or with `--case` those given
@@ -21,7 +21,9 @@ that launch's tiles those of R packed rows at most, one form, e.g. 16 for the de
 (forms joined by +), the short launch's forms past the first in those tiles (`wideM_N_W_S`); with each
 `--versions` copy of `kernels/forward_sm90.py`, the call as routed on that copy's Gluon launch (`ours@FILE`); with
 `--pack`, the Gluon launch's items of two query heads (`forward_sm90.pack_heads`' form, which the package keeps to
-padded calls), as routed (`pack`) and with each `--short` value (`shortN_pack`); with `--parts`, each launch alone
+padded calls), as routed (`pack`) and with each `--short` value (`shortN_pack`); with `--unpaired`, each
+`--short` value with the routing's half cap for even groups off (`shortN_unpaired`); with `--short-alone`, the call
+with `forward.SHORT_ALONE` off (`prefill_tiles`); with `--parts`, each launch alone
 (`gluon_part`, `short_part`: the TFLOP/s of the whole row's pairs over that launch's time, so a part's share of the
 call is ours / part) and each group's call alone (`call_R`, R its rows a sequence); with `--kernels`, each kernel's
 GPU time a call (`ours:NAME_us`, eager calls under torch.profiler) of ours and of the `--short` / `--wide` forms;
@@ -44,7 +46,7 @@ from fmha.bench import (_host_us, attention_flops, bench_gpu, bench_gpu_graph, l
 
 @contextlib.contextmanager
 def held(portable=False, short_tile_rows=None, tile_rows=None, wide=None, pack=False, version=None,
-         side_stream=True):
+         side_stream=True, unpaired=False, short_alone=True):
     """Calls inside on the portable kernel (Gluon off) when `portable`; with `forward.SHORT_TILE_ROWS` (the query
     rows of a GQA group's tile below which a sequence leaves the Gluon kernel) set to `short_tile_rows` if given; the
     portable kernel's tiles chosen for at most `tile_rows` packed rows if given (in a routed call only the short
@@ -53,12 +55,17 @@ def held(portable=False, short_tile_rows=None, tile_rows=None, wide=None, pack=F
     has them; with `pack`,
     the Gluon launch's items of two query heads (`forward_sm90.pack_heads`, which keeps packed sequences on one);
     `version`: the Gluon launch of that copy of `forward_sm90` (`load_module_copy`), the routing this package's;
-    `side_stream` False: both launches on the caller's stream (`forward.SIDE_STREAM`)."""
+    `side_stream` False: both launches on the caller's stream (`forward.SIDE_STREAM`); `unpaired`: the routing's
+    cap for even groups off (`forward_sm90.pairs_tails` False there: the short launch takes up to DECODE_ROWS rows a
+    sequence; the Gluon kernel still pairs the tails it runs); `short_alone` False: `forward.SHORT_ALONE` off (calls
+    the Gluon kernel does not take in one prefill tile a sequence, as before the eighty-fourth session)."""
     from fmha.kernels import forward_sm90
     saved = (forward.gluon_enabled, forward.SHORT_TILE_ROWS, forward._tile_config, forward._short_tiles,
-             forward.SIDE_STREAM)
-    forward.SIDE_STREAM = side_stream
-    gluon_call = forward_sm90.attention_forward_sm90
+             forward.SIDE_STREAM, forward.SHORT_ALONE)
+    forward.SIDE_STREAM, forward.SHORT_ALONE = side_stream, short_alone
+    gluon_call, pairs_tails = forward_sm90.attention_forward_sm90, forward_sm90.pairs_tails
+    if unpaired:
+        forward_sm90.pairs_tails = lambda *a, **kw: False
     launch = (version or forward_sm90).attention_forward_sm90
     forward_sm90.attention_forward_sm90 = (lambda *a, **kw: launch(*a, **kw, pack=True)) if pack else launch
     if portable:
@@ -75,8 +82,8 @@ def held(portable=False, short_tile_rows=None, tile_rows=None, wide=None, pack=F
         yield
     finally:
         (forward.gluon_enabled, forward.SHORT_TILE_ROWS, forward._tile_config, forward._short_tiles,
-         forward.SIDE_STREAM) = saved
-        forward_sm90.attention_forward_sm90 = gluon_call
+         forward.SIDE_STREAM, forward.SHORT_ALONE) = saved
+        forward_sm90.attention_forward_sm90, forward_sm90.pairs_tails = gluon_call, pairs_tails
 
 
 # (groups of (sequences, query rows), keys a sequence): decodes, chunks, mixed, speculative decodes of 4-16 rows alone
@@ -96,6 +103,10 @@ def main():
                         "(`wideM_N_W_S[__M_N_W_S]`)")
     p.add_argument("--pack", action="store_true",
                    help="also the call with the Gluon launch's items of two query heads (`pack`)")
+    p.add_argument("--unpaired", action="store_true",
+                   help="also each --short value with the routing's cap for even groups off (`shortN_unpaired`)")
+    p.add_argument("--short-alone", action="store_true",
+                   help="also the call with forward.SHORT_ALONE off (`prefill_tiles`)")
     p.add_argument("--parts", action="store_true")
     p.add_argument("--streams", action="store_true",
                    help="also the call as routed with both launches on the caller's stream (`one_stream`)")
@@ -159,11 +170,15 @@ def main():
             impls[name] = held_call(short_tile_rows=int(n), tile_rows=int(cap or 0))
             if a.pack:
                 impls[name + "_pack"] = held_call(short_tile_rows=int(n), tile_rows=int(cap or 0), pack=True)
+            if a.unpaired:
+                impls[name + "_unpaired"] = held_call(short_tile_rows=int(n), tile_rows=int(cap or 0), unpaired=True)
         for spec in a.wide:
             forms = tuple(tuple(int(x) for x in form.split(",")) for form in spec.split("+"))
             impls["wide" + spec.replace(",", "_").replace("+", "__")] = held_call(wide=forms)
         if a.pack:
             impls["pack"] = held_call(pack=True)
+        if a.short_alone:
+            impls["prefill_tiles"] = held_call(short_alone=False)
         if a.empty_launch:
             def ours_empty():
                 out = ours()

@@ -345,6 +345,51 @@ def test_varlen_cache_routing(heads, monkeypatch):
     _assert_sequences(out, lse, cu_q, [n <= short for n in len_q], ref, torch.float16)
 
 
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("lengths", ["mixed", "even"])
+@pytest.mark.parametrize("short_alone", [True, False], ids=["short-alone", "prefill-tiles"])
+def test_varlen_cache_short_alone(target, lengths, short_alone, monkeypatch):
+    """A varlen call over a paged cache that the Gluon kernel does not take (its longest sequence under
+    GLUON_CACHE_MIN_ROWS), whose longest sequence holds more packed rows than the decode tiles but fits the short
+    launch's forms (`forward.SHORT_ALONE`): sequences of mixed lengths (decodes among them), one launch of the short
+    forms over every sequence, in M blocks of the wide form (SHORT_ONLY, the narrow tile first); sequences of about
+    one length (their mean rows over SHORT_ALONE_MEAN of the longest's), or with SHORT_ALONE off, one prefill-sized
+    tile a sequence. 8 query heads over 2 KV heads, d = 128, sequences of 0 to 40 rows, keys as planned; every row
+    matches the oracle. On the CPU the interpreter's tile table is patched to forms of 16 and 64 rows."""
+    from fmha.kernels import forward, launch
+    device, dtype = target
+    if device == "cpu":
+        real = forward._tile_config
+        monkeypatch.setattr(forward, "_tile_config", lambda *a, rows=None, **kw: real(*a, rows=rows, **kw)
+                            if rows is None else ((16, 32, 4, 1) if rows <= forward.NARROW_ROWS else (64, 32, 4, 1)))
+    monkeypatch.setattr(forward, "SHORT_ALONE", short_alone)
+    hq, hk, d = 8, 2, 128
+    len_q = [1, 0, 3, 1, 40, 2, 17, 1, 1] if lengths == "mixed" else [40, 33, 39, 40, 37, 40, 36, 40, 38]
+    len_k = [70, 33, 0, 90, 117, 64, 50, 200, 1]
+    assert forward.DECODE_ROWS < max(len_q) * hq // hk <= forward._short_cap(hq // hk) * hq // hk
+    assert (sum(len_q) <= forward.SHORT_ALONE_MEAN * len(len_q) * max(len_q)) == (lengths == "mixed")
+    assert max(len_q) < forward.GLUON_CACHE_MIN_ROWS
+    q, cu_q, k_cache, v_cache, table, (ref, ref_lse) = _packed_over_pages(len_q, len_k, hq, hk, d, dtype, 13)
+    out = torch.full_like(q, math.nan, device=device)
+    lse = torch.full((hq, q.shape[0]), math.nan, device=device)
+    monkeypatch.setattr(launch, "RECORD", [])
+    attention_forward(q.to(device), k_cache.to(device), v_cache.to(device), out, lse, cu_seqlens_q=cu_q.to(device),
+                      cu_seqlens_k=None, max_seqlen_q=max(len_q), max_seqlen_k=max(len_k), softmax_scale=None,
+                      window=(-1, 0), softcap=0.0, alibi_slopes=None, sinks=None,
+                      cache_seqlens=torch.tensor(len_k, dtype=torch.int32, device=device),
+                      block_table=table.to(device), interpret=device == "cpu")
+    kernels = [(grid, meta) for name, grid, meta in launch.RECORD if name == "attn_fwd_kernel"]
+    assert len(kernels) == 1
+    grid, meta = kernels[0]
+    if short_alone and lengths == "mixed":
+        _, tiles, wide = forward._short_tiles(d, d, hq // hk, True, device == "cpu", max(len_q))
+        assert meta.get("SHORT_ONLY") and meta["BLOCK_M"] == tiles[0] == forward.NARROW_ROWS
+        assert grid[1] == -(-max(len_q) * hq // hk // wide[-1][0])
+    else:
+        assert not meta.get("SHORT_ONLY") and meta["BLOCK_M"] > forward.NARROW_ROWS
+    _assert_sequences(out, lse, cu_q, [True] * len(len_q), (ref, ref_lse), dtype)
+
+
 @pytest.mark.gpu
 def test_varlen_cache_side_stream(monkeypatch):
     """A routed varlen call over a paged cache, decodes beside two chunks, runs its Gluon launch on the device's

@@ -150,10 +150,13 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
             k and v (pages of a multiple of 16 keys) and a longest sequence of 64 query rows or more, the call is
             two launches: the Hopper kernel runs the sequences of over min(256 / (heads_q / heads_k), 64) query rows
             (32 in an even GQA group, where a sequence's last row block of at most 64 rows runs two query heads:
-            `forward_sm90.pairs_tails`; 16 / (heads_q / heads_k) at d = 64 on a paged cache), then the portable
-            kernel the others (decodes, speculative decodes, short chunks), their GQA heads packed in tiles (a
-            decode's of 16 rows, a longer sequence's of 64, several for more) and their keys split where the grid
-            would not fill the GPU; other calls run the portable kernel alone, split the same way. On the H200
+            `forward_sm90.pairs_tails`; 16 / (heads_q / heads_k) at d = 64 on a paged cache), and beside it (on a
+            second stream of the device, joined) the portable kernel the others (decodes, speculative decodes,
+            short chunks), their GQA heads packed in tiles (a decode's of 16 rows, a longer sequence's of 64,
+            several for more) and their keys split where the grid would not fill the GPU; other calls run the
+            portable kernel alone, split the same way, in those tiles where the longest sequence fits them and the
+            lengths are mixed (`forward.SHORT_ALONE`: 64 decodes with two 48-row chunks 0.97, 128 decodes with a
+            40-row chunk 1.04 of the calls below, 0.57 / 0.59 in one prefill tile a sequence). On the H200
             against `attention_with_kvcache` called once a group of equal-length sequences, page 16, 32 / 8 heads,
             d = 128: 1.00 / 1.00 on decodes alone (4k / 131k keys), 1.00 on 512-row chunks alone, 1.01 on 32 decodes
             with two such chunks, 0.98 on 8 decodes with a 2048-row chunk at 16k keys, 1.01 / 1.02 on 32 sequences of 4

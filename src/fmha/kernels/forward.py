@@ -686,6 +686,19 @@ SHORT_TILE_ROWS = 4 * DECODE_ROWS
 SIDE_STREAM = True
 _SIDE_STREAMS = {}
 
+# Packed queries over a KV cache that the Gluon kernel does not take, whose longest sequence holds more packed rows
+# than the decode tiles (DECODE_ROWS) but no more than the short launch's forms take (`_short_cap`: 17-64 rows a
+# sequence in a group of 4, 9-32 in one of 8), and whose sequences are of mixed lengths (their mean rows, the
+# tokens over the sequences, at most SHORT_ALONE_MEAN of the longest's: decodes among them), run as the short launch
+# alone: the decodes in the narrow tiles, the longer ones in the wide form's M blocks, in place of one prefill tile
+# a sequence (a decode's rows in a 128-row tile). H200, page 16, 32 / 8 heads, d = 128, 4k keys, CUDA graphs, short
+# launch alone / one prefill tile a sequence, in one process (history/probe_varlen_paged_short_alone_h200_*.json):
+# 64 decodes + 2 x 48 rows 1.703 (0.568 -> 0.967 of a call per group), 128 decodes + 40 rows 1.758 (0.593 -> 1.036),
+# 32 decodes + 32 x 20 rows 1.174; sequences of one length lose (32 x 32 0.895, 32 x 24 0.894; 8 x 48 1.021, 4 x 63
+# at 16k 0.993), which SHORT_ALONE_MEAN leaves on the prefill tiles.
+SHORT_ALONE = True
+SHORT_ALONE_MEAN = 0.75
+
 
 class _SideStream:
     """A device's second stream and the two events of a fork (`fork`: it waits for the caller's stream's work so
@@ -753,7 +766,7 @@ def _short_tiles(dqk, dv, group, paged, interpret, rows=None, paired=False):
     the first holds: here one, of at most DECODE_ROWS packed rows; a sequence of more takes several of its tiles
     (the launch's M blocks)."""
     one = rows is not None
-    rows = rows or max(1, min(SHORT_TILE_ROWS // group, DECODE_ROWS // 2 if paired else DECODE_ROWS))
+    rows = rows or _short_cap(group, paired)
     tiles = _tile_config(dqk, dv, interpret, rows=min(rows * group, DECODE_ROWS), paged=paged)
     narrow_rows = min(NARROW_ROWS // group, rows)
     if narrow_rows == 0 or narrow_rows == rows:
@@ -764,6 +777,11 @@ def _short_tiles(dqk, dv, group, paged, interpret, rows=None, paired=False):
     if narrow[2] != tiles[2]:
         return (rows, tiles, None) if one else (narrow_rows, narrow, None)
     return rows, narrow, (tiles,)
+
+
+def _short_cap(group, paired=False):
+    """The most query rows a sequence the short launch's forms take (`_short_tiles`), in a GQA group of `group`."""
+    return max(1, min(SHORT_TILE_ROWS // group, DECODE_ROWS // 2 if paired else DECODE_ROWS))
 
 
 def _pack_gqa(group, seqlen_q, block_m):
@@ -918,7 +936,9 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
             short = (0, None, None)
             gluon_window = (left if window_lefts is None else window_lefts, right)
             if varlen and cache_seqlens is not None:
-                short = _routed_short(dqk, dv, group, gluon_window, max_seqlen_q, softcap, block_table is not None)
+                paired = forward_sm90.pairs_tails(dqk, dv, group, gluon_window, max_seqlen_q, softcap,
+                                                  block_table is not None)
+                short = _short_tiles(dqk, dv, group, block_table is not None, interpret, paired=paired)
             side = _side_stream(q.device) if short[0] and SIDE_STREAM else None
             if side:
                 side.fork()                       # the side stream current, then the caller's again
@@ -934,6 +954,10 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
                 return
             if took:                              # the sequences it left, beside it, in their tiles
                 short_rows, tiles, wide = short
+        if (plain and SHORT_ALONE and varlen and cache_seqlens is not None and not short_rows
+                and DECODE_ROWS < group * max_seqlen_q and max_seqlen_q <= _short_cap(group)
+                and q.shape[0] <= SHORT_ALONE_MEAN * batch * max_seqlen_q):
+            short_rows = max_seqlen_q   # every sequence in the short launch's forms (SHORT_ALONE)
         if short_rows:
             seqlen_q = short_rows
             pack_gqa = True
@@ -1003,25 +1027,6 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
     finally:
         if side:
             side.join()
-
-
-# The short launch's (rows, tiles, wide) of a routed call (`_routed_short`), by what picks it.
-_SHORT_ROUTES = Plans()
-
-
-def _routed_short(dqk, dv, group, window, max_seqlen_q, softcap, paged):
-    """`_short_tiles`' triple for the short launch of a packed call over a KV cache that the Gluon kernel takes
-    (`window` as `attention_forward_sm90` takes it: its left a tensor where one a sequence), kept by what it reads:
-    with `forward_sm90.pairs_tails` it costs ~7 us of host time a call (this machine's CPU)."""
-    left = -2 if isinstance(window[0], torch.Tensor) else window[0]
-    key = dqk, dv, group, left, window[1], max_seqlen_q, softcap, paged
-    short = _SHORT_ROUTES.get(key)
-    if short is None:
-        from . import forward_sm90
-        paired = forward_sm90.pairs_tails(dqk, dv, group, window, max_seqlen_q, softcap, paged)
-        short = _short_tiles(dqk, dv, group, paged, False, paired=paired)
-        _SHORT_ROUTES.keep(key, short)
-    return short
 
 
 # Launch plans of the portable kernel (`_PortablePlan`), by the call key `attention_forward` makes: its tensors'
