@@ -680,9 +680,10 @@ SHORT_TILE_ROWS = 4 * DECODE_ROWS
 # 4 decodes + 8192 rows at 8k 1.006; chunks alone 0.993-1.011 (..._side_chunks_h200_01f11ab.json). Against a call
 # per group, 128 decodes + 64 rows 0.909 -> 0.953, 32 decodes + 128 rows 0.944 -> 0.996. On the host, the fork and
 # the join (two event records and waits, the events and the caller's `Stream` kept, the streams set through
-# torch._C), eager calls of 32 decodes + 128 rows timed in one process against f893f24's one-stream call (least of 8
-# alternating rounds of 100): +5.8 us on 112 (history/probe_host_ab_mixed_h200_53a62b0_vs_f893f24.json; +28.6 us
-# before 53a62b0, ..._a70841b_vs_f893f24.json). CUDA graphs leave the host out.
+# torch._C), the public call's host time, medians of 9 alternating rounds (probe_varlen_paged --eager
+# --host-rounds 9), ours - one stream: +8.4 / +8.6 us on 152 / 169 (32 decodes + 128 rows, 128 decodes + 64 rows;
+# history/probe_varlen_paged_side_host_rounds_h200_7cb56e8.json; +34 us before 53a62b0). CUDA graphs leave the
+# host out.
 SIDE_STREAM = True
 _SIDE_STREAMS = {}
 
