@@ -261,6 +261,30 @@ def _packed_over_pages(len_q, len_k, hq, hk, d, dtype, seed):
     return q, cu_q, k_cache, v_cache, table, attention_varlen_ref(q, k, v, cu_q, cu_k, causal=True)
 
 
+def _forward_over_pages(case, len_q, len_k, device, monkeypatch, **options):
+    """`attention_forward` over `_packed_over_pages`' `case` (causal, on `device`) into NaN-filled output and LSE:
+    (out, lse, the launches it recorded: (name, grid, meta) each)."""
+    from fmha.kernels import launch
+    q, cu_q, k_cache, v_cache, table, _ = case
+    out = torch.full_like(q, math.nan, device=device)
+    lse = torch.full((q.shape[1], q.shape[0]), math.nan, device=device)
+    monkeypatch.setattr(launch, "RECORD", [])
+    attention_forward(q.to(device), k_cache.to(device), v_cache.to(device), out, lse, cu_seqlens_q=cu_q.to(device),
+                      cu_seqlens_k=None, max_seqlen_q=max(len_q), max_seqlen_k=max(len_k), softmax_scale=None,
+                      window=(-1, 0), softcap=0.0, alibi_slopes=None, sinks=None,
+                      cache_seqlens=torch.tensor(len_k, dtype=torch.int32, device=device),
+                      block_table=table.to(device), interpret=device == "cpu", **options)
+    return out, lse, launch.RECORD
+
+
+def _cpu_short_forms(monkeypatch):
+    """On the CPU, the interpreter's one tile table patched to short forms of 16 and 64 rows."""
+    from fmha.kernels import forward
+    real = forward._tile_config
+    monkeypatch.setattr(forward, "_tile_config", lambda *a, rows=None, **kw: real(*a, rows=rows, **kw)
+                        if rows is None else ((16, 32, 4, 1) if rows <= forward.NARROW_ROWS else (64, 32, 4, 1)))
+
+
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("short_tile_rows,tall", [(64, False), (128, True), (512, False), (512, True)],
                          ids=["two-forms", "three-forms", "capped", "capped-three-forms"])
@@ -273,12 +297,10 @@ def test_varlen_cache_short_forms(target, short_tile_rows, tall, monkeypatch):
     (two forms, or three), or the cap of DECODE_ROWS rows (four M blocks of 64 rows, or two of 128). Each short
     sequence matches the oracle, the longer ones' rows stay NaN; the launch has the forms and its M blocks. On the
     CPU the interpreter's one tile table is patched to forms of 16 and 64 rows."""
-    from fmha.kernels import forward, launch
+    from fmha.kernels import forward
     device, dtype = target
     if device == "cpu":
-        real = forward._tile_config
-        monkeypatch.setattr(forward, "_tile_config", lambda *a, rows=None, **kw: real(*a, rows=rows, **kw)
-                            if rows is None else ((16, 32, 4, 1) if rows <= forward.NARROW_ROWS else (64, 32, 4, 1)))
+        _cpu_short_forms(monkeypatch)
     hq, hk, d = 8, 2, 128
     group = hq // hk
     if tall:
@@ -295,20 +317,13 @@ def test_varlen_cache_short_forms(target, short_tile_rows, tall, monkeypatch):
     assert tiles[0] == forward.NARROW_ROWS
     len_q = [1, 0, 3, short, 2, 5, short + 1, 9, 40, 1, 4, forward.DECODE_ROWS // group]
     len_k = [70, 33, 0, 90, 17, 64, 50, 200, 45, 1, 130, 77]
-    q, cu_q, k_cache, v_cache, table, (ref, ref_lse) = _packed_over_pages(len_q, len_k, hq, hk, d, dtype, 11)
+    case = _packed_over_pages(len_q, len_k, hq, hk, d, dtype, 11)
     for num_splits in (3, 0):
-        out = torch.full_like(q, math.nan, device=device)
-        lse = torch.full((hq, q.shape[0]), math.nan, device=device)
-        monkeypatch.setattr(launch, "RECORD", [])
-        attention_forward(q.to(device), k_cache.to(device), v_cache.to(device), out, lse, cu_seqlens_q=cu_q.to(device),
-                          cu_seqlens_k=None, max_seqlen_q=max(len_q), max_seqlen_k=max(len_k), softmax_scale=None,
-                          window=(-1, 0), softcap=0.0, alibi_slopes=None, sinks=None,
-                          cache_seqlens=torch.tensor(len_k, dtype=torch.int32, device=device),
-                          block_table=table.to(device), interpret=device == "cpu", short_rows=short,
-                          num_splits=num_splits)
-        assert [(meta["BLOCK_M"], [form[0] for form in meta["WIDE"]], grid[1]) for name, grid, meta in launch.RECORD
+        out, lse, record = _forward_over_pages(case, len_q, len_k, device, monkeypatch, short_rows=short,
+                                               num_splits=num_splits)
+        assert [(meta["BLOCK_M"], [form[0] for form in meta["WIDE"]], grid[1]) for name, grid, meta in record
                 if name == "attn_fwd_kernel"] == [(tiles[0], [m for m, *_ in wide], -(-short * group // wide[-1][0]))]
-        _assert_sequences(out, lse, cu_q, [n <= short for n in len_q], (ref, ref_lse), dtype)
+        _assert_sequences(out, lse, case[1], [n <= short for n in len_q], case[-1], dtype)
 
 
 @pytest.mark.cpu
@@ -356,12 +371,10 @@ def test_varlen_cache_short_alone(target, lengths, short_alone, monkeypatch):
     one length (their mean rows over SHORT_ALONE_MEAN of the longest's), or with SHORT_ALONE off, one prefill-sized
     tile a sequence. 8 query heads over 2 KV heads, d = 128, sequences of 0 to 40 rows, keys as planned; every row
     matches the oracle. On the CPU the interpreter's tile table is patched to forms of 16 and 64 rows."""
-    from fmha.kernels import forward, launch
+    from fmha.kernels import forward
     device, dtype = target
     if device == "cpu":
-        real = forward._tile_config
-        monkeypatch.setattr(forward, "_tile_config", lambda *a, rows=None, **kw: real(*a, rows=rows, **kw)
-                            if rows is None else ((16, 32, 4, 1) if rows <= forward.NARROW_ROWS else (64, 32, 4, 1)))
+        _cpu_short_forms(monkeypatch)
     monkeypatch.setattr(forward, "SHORT_ALONE", short_alone)
     hq, hk, d = 8, 2, 128
     len_q = [1, 0, 3, 1, 40, 2, 17, 1, 1] if lengths == "mixed" else [40, 33, 39, 40, 37, 40, 36, 40, 38]
@@ -369,16 +382,9 @@ def test_varlen_cache_short_alone(target, lengths, short_alone, monkeypatch):
     assert forward.DECODE_ROWS < max(len_q) * hq // hk <= forward._short_cap(hq // hk) * hq // hk
     assert (sum(len_q) <= forward.SHORT_ALONE_MEAN * len(len_q) * max(len_q)) == (lengths == "mixed")
     assert max(len_q) < forward.GLUON_CACHE_MIN_ROWS
-    q, cu_q, k_cache, v_cache, table, (ref, ref_lse) = _packed_over_pages(len_q, len_k, hq, hk, d, dtype, 13)
-    out = torch.full_like(q, math.nan, device=device)
-    lse = torch.full((hq, q.shape[0]), math.nan, device=device)
-    monkeypatch.setattr(launch, "RECORD", [])
-    attention_forward(q.to(device), k_cache.to(device), v_cache.to(device), out, lse, cu_seqlens_q=cu_q.to(device),
-                      cu_seqlens_k=None, max_seqlen_q=max(len_q), max_seqlen_k=max(len_k), softmax_scale=None,
-                      window=(-1, 0), softcap=0.0, alibi_slopes=None, sinks=None,
-                      cache_seqlens=torch.tensor(len_k, dtype=torch.int32, device=device),
-                      block_table=table.to(device), interpret=device == "cpu")
-    kernels = [(grid, meta) for name, grid, meta in launch.RECORD if name == "attn_fwd_kernel"]
+    case = _packed_over_pages(len_q, len_k, hq, hk, d, dtype, 13)
+    out, lse, record = _forward_over_pages(case, len_q, len_k, device, monkeypatch)
+    kernels = [(grid, meta) for name, grid, meta in record if name == "attn_fwd_kernel"]
     assert len(kernels) == 1
     grid, meta = kernels[0]
     if short_alone and lengths == "mixed":
@@ -387,7 +393,7 @@ def test_varlen_cache_short_alone(target, lengths, short_alone, monkeypatch):
         assert grid[1] == -(-max(len_q) * hq // hk // wide[-1][0])
     else:
         assert not meta.get("SHORT_ONLY") and meta["BLOCK_M"] > forward.NARROW_ROWS
-    _assert_sequences(out, lse, cu_q, [True] * len(len_q), (ref, ref_lse), dtype)
+    _assert_sequences(out, lse, case[1], [True] * len(len_q), case[-1], dtype)
 
 
 @pytest.mark.gpu
