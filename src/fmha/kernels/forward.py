@@ -708,13 +708,13 @@ class _SideStream:
     `torch.cuda.stream`'s context and `torch.cuda.current_stream` (4.5 us on the device's host: a `Stream` made
     each call; the callers' streams are kept here by their ids instead, `callers`); the caller's device is current
     (`_side_stream`). One fork at a time: the stream is the calling thread's."""
-    __slots__ = ("stream", "forked", "joined", "ids", "callers", "caller")
+    __slots__ = ("stream", "forked", "joined", "ids", "callers", "caller", "caller_ids")
 
     def __init__(self, device):
         self.stream = torch.cuda.Stream(device)
         self.forked, self.joined = torch.cuda.Event(), torch.cuda.Event()
         self.ids = self.stream.stream_id, self.stream.device_index, self.stream.device_type
-        self.callers, self.caller = {}, None
+        self.callers, self.caller, self.caller_ids = {}, None, None
 
     def fork(self):
         ids = torch._C._cuda_getCurrentStream(self.ids[1])      # (stream_id, device_index, device_type)
@@ -724,15 +724,14 @@ class _SideStream:
                 self.callers.clear()
             caller = self.callers[ids] = torch.cuda.Stream(stream_id=ids[0], device_index=ids[1],
                                                            device_type=ids[2])
-        self.caller = caller
+        self.caller, self.caller_ids = caller, ids
         self.forked.record(caller)
         self.stream.wait_event(self.forked)
         _set_stream(self.ids)
 
     def back(self):
         """The caller's stream current again (the join does it too, for a launch that raised)."""
-        caller = self.caller
-        _set_stream((caller.stream_id, caller.device_index, caller.device_type))
+        _set_stream(self.caller_ids)
 
     def join(self):
         self.back()
