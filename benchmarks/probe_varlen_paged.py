@@ -6,10 +6,10 @@ on the same cache.
     PYTHONPATH=src python3 benchmarks/probe_varlen_paged.py [--out varlen_paged.json] [--short 32 64:16] [--parts]
         [--rows 2 3] [--wide 64,32,4,5 64,64,4,5+128,32,4,4] [--pack] [--kernels] [--heads 32 16] [--page 64]
         [--case 32x64,1x512@4096] [--versions old_forward_sm90.py] [--empty-launch] [--streams] [--eager] [--unpaired]
-        [--short-alone] [--host-rounds 5]
+        [--short-alone] [--host-rounds 5] [--head-dim 64]
 
 Rows: groups of (count, query rows) sequences (causal), every sequence with `context` keys in 16-key pages
-(`--page`; shuffled), 32 / 8 heads (`--heads` query and KV heads), d = 128, bf16; CASES, or with `--case` those given
+(`--page`; shuffled), 32 / 8 heads (`--heads` query and KV heads), d = 128 (`--head-dim`), bf16; CASES, or with `--case` those given
 (COUNTxROWS,...@CONTEXT) in their place. TFLOP/s over the pairs the causal mask lets through, CUDA-graph replays
 (`--eager`: eager calls, the host's time in, and each call's host time, `NAME_host_us`, the median of
 `--host-rounds` bursts, and its difference from ours, `NAME_minus_ours_host_us`);
@@ -120,13 +120,14 @@ def main():
     p.add_argument("--rows", type=int, nargs="*", default=None, help="indices of the rows to run (all by default)")
     p.add_argument("--heads", type=int, nargs=2, default=(32, 8), help="query heads and KV heads")
     p.add_argument("--page", type=int, default=16, help="keys a page")
+    p.add_argument("--head-dim", type=int, default=128, help="head_dim of q, k and v")
     p.add_argument("--case", nargs="*", default=[], help="rows to run in CASES' place, each COUNTxROWS,...@CONTEXT")
     p.add_argument("--versions", nargs="*", default=[],
                    help="copies of kernels/forward_sm90.py whose Gluon launch to time as routed (`ours@FILE`)")
     a = p.parse_args()
     versions = [(os.path.basename(path), load_module_copy(path)) for path in a.versions]
     rows = []
-    (hq, hk), d, page = a.heads, 128, a.page
+    (hq, hk), d, page = a.heads, a.head_dim, a.page
     cases = [(tuple(tuple(int(x) for x in g.split("x")) for g in spec.split("@")[0].split(",")),
               int(spec.split("@")[1])) for spec in a.case] or CASES
     for index, (groups, context) in enumerate(cases):
@@ -162,7 +163,7 @@ def main():
         def calls():
             return torch.cat([group_call(i) for i in range(len(groups))])
         flops = sum(attention_flops(count, n, context, hq, d, d, causal=True) for count, n in groups)
-        row = dict(groups=" ".join(f"{c}x{n}" for c, n in groups), context=context, page=page, heads=f"{hq}/{hk}")
+        row = dict(groups=" ".join(f"{c}x{n}" for c, n in groups), context=context, page=page, heads=f"{hq}/{hk}", head_dim=d)
         impls = {"ours": ours, "calls": calls, "portable": held_call(portable=True)}
         for spec in a.short:
             n, _, cap = spec.partition(":")
