@@ -9,7 +9,8 @@ on the same cache.
         [--short-alone] [--host-rounds 5] [--head-dim 64]
 
 Rows: groups of (count, query rows) sequences (causal), every sequence with `context` keys in 16-key pages
-(`--page`; shuffled), 32 / 8 heads (`--heads` query and KV heads), d = 128 (`--head-dim`), bf16; CASES, or with `--case` those given
+(`--page`; shuffled), 32 / 8 heads (`--heads` query and KV heads),
+d = 128 (`--head-dim`), bf16; CASES, or with `--case` those given
 (COUNTxROWS,...@CONTEXT) in their place. TFLOP/s over the pairs the causal mask lets through, CUDA-graph replays
 (`--eager`: eager calls, the host's time in, and each call's host time, `NAME_host_us`, the median of
 `--host-rounds` bursts, and its difference from ours, `NAME_minus_ours_host_us`);
@@ -163,7 +164,8 @@ def main():
         def calls():
             return torch.cat([group_call(i) for i in range(len(groups))])
         flops = sum(attention_flops(count, n, context, hq, d, d, causal=True) for count, n in groups)
-        row = dict(groups=" ".join(f"{c}x{n}" for c, n in groups), context=context, page=page, heads=f"{hq}/{hk}", head_dim=d)
+        row = dict(groups=" ".join(f"{c}x{n}" for c, n in groups), context=context, page=page, heads=f"{hq}/{hk}",
+                   head_dim=d)
         impls = {"ours": ours, "calls": calls, "portable": held_call(portable=True)}
         for spec in a.short:
             n, _, cap = spec.partition(":")
