@@ -7,6 +7,7 @@ on the same cache.
         [--rows 2 3] [--wide 64,32,4,5 64,64,4,5+128,32,4,4] [--pack] [--kernels] [--heads 32 16] [--page 64]
         [--case 32x64,1x512@4096] [--versions old_forward_sm90.py] [--empty-launch] [--streams] [--eager] [--unpaired]
         [--short-alone] [--host-rounds 5] [--head-dim 64]
+        [--decode-tiles 64,32,4,2]
 
 Rows: groups of (count, query rows) sequences (causal), every sequence with `context` keys in 16-key pages
 (`--page`; shuffled), 32 / 8 heads (`--heads` query and KV heads),
@@ -23,7 +24,9 @@ that launch's tiles those of R packed rows at most, one form, e.g. 16 for the de
 `--versions` copy of `kernels/forward_sm90.py`, the call as routed on that copy's Gluon launch (`ours@FILE`); with
 `--pack`, the Gluon launch's items of two query heads (`forward_sm90.pack_heads`' form, which the package keeps to
 padded calls), as routed (`pack`) and with each `--short` value (`shortN_pack`); with `--unpaired`, each
-`--short` value with the routing's half cap for even groups off (`shortN_unpaired`); with `--short-alone`, the call
+`--short` value with the routing's half cap for even groups off (`shortN_unpaired`); with each `--decode-tiles`
+M,N,W,S, the call with those tiles in the 64-row decode tables (DECODE_ROWS packed rows: the short launch's wide
+form, speculative decodes; `decodeM_N_W_S`); with `--short-alone`, the call
 with `forward.SHORT_ALONE` off (`prefill_tiles`); with `--parts`, each launch alone
 (`gluon_part`, `short_part`: the TFLOP/s of the whole row's pairs over that launch's time, so a part's share of the
 call is ours / part) and each group's call alone (`call_R`, R its rows a sequence); with `--kernels`, each kernel's
@@ -47,7 +50,7 @@ from fmha.bench import (_host_us, attention_flops, bench_gpu, bench_gpu_graph, l
 
 @contextlib.contextmanager
 def held(portable=False, short_tile_rows=None, tile_rows=None, wide=None, pack=False, version=None,
-         side_stream=True, unpaired=False, short_alone=True):
+         side_stream=True, unpaired=False, short_alone=True, decode_tiles=None):
     """Calls inside on the portable kernel (Gluon off) when `portable`; with `forward.SHORT_TILE_ROWS` (the query
     rows of a GQA group's tile below which a sequence leaves the Gluon kernel) set to `short_tile_rows` if given; the
     portable kernel's tiles chosen for at most `tile_rows` packed rows if given (in a routed call only the short
@@ -59,11 +62,17 @@ def held(portable=False, short_tile_rows=None, tile_rows=None, wide=None, pack=F
     `side_stream` False: both launches on the caller's stream (`forward.SIDE_STREAM`); `unpaired`: the routing's
     cap for even groups off (`forward_sm90.pairs_tails` False there: the short launch takes up to DECODE_ROWS rows a
     sequence; the Gluon kernel still pairs the tails it runs); `short_alone` False: `forward.SHORT_ALONE` off (calls
-    the Gluon kernel does not take in one prefill tile a sequence, as before the eighty-fourth session)."""
+    the Gluon kernel does not take in one prefill tile a sequence, as before the eighty-fourth session);
+    `decode_tiles` (head dim, tiles): those tiles in both 64-row decode tables' entry for that (padded) head dim."""
     from fmha.kernels import forward_sm90
     saved = (forward.gluon_enabled, forward.SHORT_TILE_ROWS, forward._tile_config, forward._short_tiles,
              forward.SIDE_STREAM, forward.SHORT_ALONE)
     forward.SIDE_STREAM, forward.SHORT_ALONE = side_stream, short_alone
+    tables = (forward._GPU_DECODE_TILES, forward._GPU_PAGED_DECODE_TILES)
+    saved_tiles = [dict(table) for table in tables]
+    if decode_tiles:
+        for table in tables:
+            table[decode_tiles[0]] = decode_tiles[1]
     gluon_call, pairs_tails = forward_sm90.attention_forward_sm90, forward_sm90.pairs_tails
     if unpaired:
         forward_sm90.pairs_tails = lambda *a, **kw: False
@@ -85,6 +94,9 @@ def held(portable=False, short_tile_rows=None, tile_rows=None, wide=None, pack=F
         (forward.gluon_enabled, forward.SHORT_TILE_ROWS, forward._tile_config, forward._short_tiles,
          forward.SIDE_STREAM, forward.SHORT_ALONE) = saved
         forward_sm90.attention_forward_sm90, forward_sm90.pairs_tails = gluon_call, pairs_tails
+        for table, old in zip(tables, saved_tiles):
+            table.clear()
+            table.update(old)
 
 
 # (groups of (sequences, query rows), keys a sequence): decodes, chunks, mixed, speculative decodes of 4-16 rows alone
@@ -108,6 +120,8 @@ def main():
                    help="also each --short value with the routing's cap for even groups off (`shortN_unpaired`)")
     p.add_argument("--short-alone", action="store_true",
                    help="also the call with forward.SHORT_ALONE off (`prefill_tiles`)")
+    p.add_argument("--decode-tiles", nargs="*", default=[],
+                   help="tiles M,N,W,S to time in the 64-row decode tables' entry for the head dim (`decodeM_N_W_S`)")
     p.add_argument("--parts", action="store_true")
     p.add_argument("--streams", action="store_true",
                    help="also the call as routed with both launches on the caller's stream (`one_stream`)")
@@ -180,6 +194,9 @@ def main():
             impls["wide" + spec.replace(",", "_").replace("+", "__")] = held_call(wide=forms)
         if a.pack:
             impls["pack"] = held_call(pack=True)
+        for spec in a.decode_tiles:
+            impls["decode" + spec.replace(",", "_")] = held_call(
+                decode_tiles=(max(16, triton.next_power_of_2(d)), tuple(int(x) for x in spec.split(","))))
         if a.short_alone:
             impls["prefill_tiles"] = held_call(short_alone=False)
         if a.empty_launch:
