@@ -361,26 +361,30 @@ def test_varlen_cache_routing(heads, monkeypatch):
 
 
 @pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("lengths", ["mixed", "even"])
+@pytest.mark.parametrize("lengths", ["mixed", "even", "long"])
 @pytest.mark.parametrize("short_alone", [True, False], ids=["short-alone", "prefill-tiles"])
 def test_varlen_cache_short_alone(target, lengths, short_alone, monkeypatch):
     """A varlen call over a paged cache that the Gluon kernel does not take (its longest sequence under
     GLUON_CACHE_MIN_ROWS), whose longest sequence holds more packed rows than the decode tiles but fits the short
     launch's forms (`forward.SHORT_ALONE`): sequences of mixed lengths (decodes among them), one launch of the short
     forms over every sequence, in M blocks of the wide form (SHORT_ONLY, the narrow tile first); sequences of about
-    one length (their mean rows over SHORT_ALONE_MEAN of the longest's), or with SHORT_ALONE off, one prefill-sized
-    tile a sequence. 8 query heads over 2 KV heads, d = 128, sequences of 0 to 40 rows, keys as planned; every row
-    matches the oracle. On the CPU the interpreter's tile table is patched to forms of 16 and 64 rows."""
+    one length (their mean rows over SHORT_ALONE_MEAN of the longest's), long ones (mixed, but over
+    SHORT_ALONE_PACKED packed rows on average), or with SHORT_ALONE off, one prefill-sized tile a sequence. 8 query
+    heads over 2 KV heads, d = 128, sequences of 0 to 63 rows, keys as planned; every row matches the oracle. On the
+    CPU the interpreter's tile table is patched to forms of 16 and 64 rows."""
     from fmha.kernels import forward
     device, dtype = target
     if device == "cpu":
         _cpu_short_forms(monkeypatch)
     monkeypatch.setattr(forward, "SHORT_ALONE", short_alone)
     hq, hk, d = 8, 2, 128
-    len_q = [1, 0, 3, 1, 40, 2, 17, 1, 1] if lengths == "mixed" else [40, 33, 39, 40, 37, 40, 36, 40, 38]
+    len_q = {"mixed": [1, 0, 3, 1, 40, 2, 17, 1, 1], "even": [40, 33, 39, 40, 37, 40, 36, 40, 38],
+             "long": [63, 41, 42, 63, 40, 42, 41, 43, 44]}[lengths]
     len_k = [70, 33, 0, 90, 117, 64, 50, 200, 1]
     assert forward.DECODE_ROWS < max(len_q) * hq // hk <= forward._short_cap(hq // hk) * hq // hk
-    assert (sum(len_q) <= forward.SHORT_ALONE_MEAN * len(len_q) * max(len_q)) == (lengths == "mixed")
+    assert ((sum(len_q) <= forward.SHORT_ALONE_MEAN * len(len_q) * max(len_q),
+             sum(len_q) * hq // hk <= forward.SHORT_ALONE_PACKED * len(len_q))
+            == {"mixed": (True, True), "even": (False, True), "long": (True, False)}[lengths])
     assert max(len_q) < forward.GLUON_CACHE_MIN_ROWS
     case = _packed_over_pages(len_q, len_k, hq, hk, d, dtype, 13)
     out, lse, record = _forward_over_pages(case, len_q, len_k, device, monkeypatch)

@@ -123,7 +123,7 @@ DECODE_SCRIPT = textwrap.dedent('''
 
 @pytest.mark.cpu
 @pytest.mark.parametrize("case", [(128, 16, 4, 2, False), (128, 64, 4, 2, False), (128, 16, 32, 2, False),
-                                  (128, 64, 32, 2, False), (64, 16, 4, 4, False), (256, 64, 32, 1, False),
+                                  (128, 64, 32, 2, False), (64, 16, 4, 4, False), (256, 64, 32, 2, False),
                                   (256, 64, 4, 2, False), (128, 16, 4, 4, True), (128, 64, 32, 4, True),
                                   (256, 64, 4, 4, True), (128, 16, 4, 2, False, True), (128, 64, 8, 2, False, True)],
                          ids=["d128-p16", "d128-p64", "d128-p16-rows32", "d128-p64-rows32", "d64-p16",
@@ -134,8 +134,8 @@ def test_paged_decode_tiles_fit_per_sm(case):
     packed rows at d = 128) exist for their pipelining, and are only worth it while two programs still fit on an SM:
     check both, the K/V loads pipelined as cp.async, and the shared memory within an H100 SM's 228 KB (less 1 KB the
     driver reserves per program) and the registers within its 64K for that many programs, with a bf16 or an FP8
-    cache (its tiles widened after the load). (d=256 past 16 rows: one program per SM with its 2-stage 64-key tiles,
-    160 KB; not tuned; at most 16 rows, 64 keys and 4 stages, ~74 KB, two an SM. An FP8 cache with at most 16 rows:
+    cache (its tiles widened after the load). (d=256 past 16 rows: 32 keys and 3 stages, ~98 KB and 255 registers, two
+    an SM; at most 16 rows, 64 keys and 4 stages, ~74 KB, two an SM. An FP8 cache with at most 16 rows:
     2 warps, 64 keys and 6 stages, the FP8 tile sweep's pick, ~39 KB, and four programs an SM, as `plan_num_splits`
     counts 2-warp programs; with 17-32 rows the same in 32-row tiles, four an SM too; at d = 256, 2 warps, 64 keys
     and 3 stages, ~42 KB, four an SM. A bf16 cache at d = 64 with at most 16 rows: 2 warps, 128 keys and 3 stages,

@@ -499,8 +499,13 @@ _GPU_DECODE_TILES = {16: (64, 64, 4, 2), 32: (64, 64, 4, 2), 64: (64, 64, 4, 2),
 # and keep K/V two tiles ahead (three buffers; at d=256 they would not fit twice per SM). In
 # benchmarks/results/probe_decode_h100.json this took page 16 from 0.945x to 0.970x cuDNN-on-a-contiguous-cache
 # and page 64 / b=4 by 0.3-1.1%; on contiguous caches it lost 3.5%, so they keep the table above.
+# Head dim 256 paged: (64, 32, 4, 3) in place of (64, 64, 4, 2), H200, page 16, 32 / 8 heads, 4k keys, packed
+# queries over the cache, one process (history/probe_varlen_paged_d256_tiles_h200_e28c0a6.json), TFLOP/s: 32 x 16
+# rows 188.0 -> 242.7, 64 x 8 rows 96.1 -> 126.7, 32 decodes + 32 x 20 / x 48 (the short launch's wide form) 88.5 /
+# 153.6 -> 115.4 / 198.9; (64, 32, 4, 2) 234.9 / 122.0 / 116.2 / 198.9, (64, 16, 4, 3) 179.9 / 92.6 / 92.3 / 157.3,
+# (64, 64, 8, 2) 160.0 / 82.3 / 72.3 / 126.0. The contiguous table's d = 256 entry was not measured.
 _GPU_PAGED_DECODE_TILES = {16: (64, 64, 4, 5), 32: (64, 64, 4, 5), 64: (64, 64, 4, 5), 128: (64, 64, 4, 5),
-                           256: (64, 64, 4, 2)}
+                           256: (64, 32, 4, 3)}
 # Calls with at most NARROW_ROWS packed rows (one query token, GQA groups up to 16): 16-row tiles (mma.sync; wgmma
 # cannot go below 64 rows, 60 of them padding for a group of 4) and 128-key tiles. Paged: in two processes
 # (benchmarks/results/history/probe_decode_m16*_h100_3e7c534.json, ratio to cuDNN on a contiguous cache) they
@@ -696,9 +701,18 @@ _SIDE_STREAMS = {}
 # launch alone / one prefill tile a sequence, in one process (history/probe_varlen_paged_short_alone_h200_*.json):
 # 64 decodes + 2 x 48 rows 1.703 (0.568 -> 0.967 of a call per group), 128 decodes + 40 rows 1.758 (0.593 -> 1.036),
 # 32 decodes + 32 x 20 rows 1.174; sequences of one length lose (32 x 32 0.895, 32 x 24 0.894; 8 x 48 1.021, 4 x 63
-# at 16k 0.993), which SHORT_ALONE_MEAN leaves on the prefill tiles.
+# at 16k 0.993), which SHORT_ALONE_MEAN leaves on the prefill tiles. Nor where the sequences hold more than
+# SHORT_ALONE_PACKED packed rows on average (group x the mean rows): there most of them are long, and each of their
+# 64-row M blocks reads the keys that one 128-row tile would read for two. Same setting, short launch alone / prefill
+# tiles, by mean packed rows (history/probe_varlen_paged_short_alone_{mean,g8,g4b,g8b,...}_h200_29bd4fa/15cc96d
+# .json): 64 / 8 heads 16 x 32 + 16 x 16 (192) 0.911, 32 / 8 heads 16 x 64 + 16 x 32 (192) 1.007 (left out); 64 / 8
+# heads 32 decodes + 32 x 32 (132) 1.055, 32 / 8 heads 16 x 48 + 16 x 20 (136) 1.013, 16 x 48 + 16 x 10 (116) 1.397,
+# 16 x 32 + 16 x 16 (96) 1.126, 32 decodes + 32 x 48 (98) 1.309 (kept). Page 64 and d = 64 as at page 16 (64 decodes
+# + 2 x 48 1.509 / 1.894, 32 decodes + 32 x 20 1.058 / 1.123); d = 256 after its 64-row paged tiles below, 32
+# decodes + 32 x 20 / x 48 1.05 / 1.17 (..._d256_tiles_h200_e28c0a6.json).
 SHORT_ALONE = True
 SHORT_ALONE_MEAN = 0.75
+SHORT_ALONE_PACKED = 160
 
 
 class _SideStream:
@@ -956,7 +970,8 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
                 short_rows, tiles, wide = short
         if (plain and SHORT_ALONE and varlen and cache_seqlens is not None and not short_rows
                 and DECODE_ROWS < group * max_seqlen_q and max_seqlen_q <= _short_cap(group)
-                and q.shape[0] <= SHORT_ALONE_MEAN * batch * max_seqlen_q):
+                and q.shape[0] <= SHORT_ALONE_MEAN * batch * max_seqlen_q
+                and group * q.shape[0] <= SHORT_ALONE_PACKED * batch):
             short_rows = max_seqlen_q   # every sequence in the short launch's forms (SHORT_ALONE)
         if short_rows:
             seqlen_q = short_rows
