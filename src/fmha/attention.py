@@ -157,11 +157,11 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
             portable kernel alone, split the same way, in those tiles where the longest sequence fits them and the
             lengths are mixed, most of them short (`forward.SHORT_ALONE`: 64 decodes with two 48-row chunks 0.97,
             128 decodes with a 40-row chunk 1.04 of the calls below, 0.57 / 0.59 in one prefill tile a sequence).
-            On the H200 against `attention_with_kvcache` called once a group of equal-length sequences, page 16,
-            32 / 8 heads, d = 128: 1.00 / 1.00 on decodes alone (4k / 131k keys), 1.00 on 512-row chunks alone,
-            1.01 on 32 decodes with two such chunks, 0.98 on 8 decodes with a 2048-row chunk at 16k keys, 1.01 / 1.02 on 32 sequences of 4
-            / 8 rows alone, 0.99 / 1.00 / 0.89 on 32 of 8 / 16 / 32 rows beside a 512-row chunk (0.91 / 0.90 on 32 of 16
-            / 32 rows at 64 / 8 heads) (`benchmarks/probe_varlen_paged.py` on 7872d4d:
+            On the H200 against `attention_with_kvcache` called once a group of equal-length sequences, page 16, 32 / 8
+            heads, d = 128: 1.00 / 1.00 on decodes alone (4k / 131k keys), 1.00 on 512-row chunks alone, 1.01 on 32
+            decodes with two such chunks, 0.98 on 8 decodes with a 2048-row chunk at 16k keys, 1.01 / 1.02 on 32
+            sequences of 4 / 8 rows alone, 0.99 / 1.00 / 0.89 on 32 of 8 / 16 / 32 rows beside a 512-row chunk (0.91 /
+            0.90 on 32 of 16 / 32 rows at 64 / 8 heads) (`benchmarks/probe_varlen_paged.py` on 7872d4d:
             `history/probe_varlen_paged_h200_7872d4d.json`, `..._g8_h200_7872d4d.json`; the same within 2% on 35face3).
             32 sequences of 64 / 48 rows beside a 512-row chunk: 1.00 / 1.46 (0.59 / 1.11 before the paired row blocks;
             `..._tails_h200_35face3.json`). Without a cache the Hopper kernel pairs those row blocks too (an even
