@@ -704,12 +704,12 @@ _SIDE_STREAMS = {}
 # at 16k 0.993), which SHORT_ALONE_MEAN leaves on the prefill tiles. Nor where the sequences hold more than
 # SHORT_ALONE_PACKED packed rows on average (group x the mean rows): there most of them are long, and each of their
 # 64-row M blocks reads the keys that one 128-row tile would read for two. Same setting, short launch alone / prefill
-# tiles, by mean packed rows (history/probe_varlen_paged_short_alone_{mean,g8,g4b,g8b,...}_h200_29bd4fa/15cc96d
-# .json): 64 / 8 heads 16 x 32 + 16 x 16 (192) 0.911, 32 / 8 heads 16 x 64 + 16 x 32 (192) 1.007 (left out); 64 / 8
-# heads 32 decodes + 32 x 32 (132) 1.055, 32 / 8 heads 16 x 48 + 16 x 20 (136) 1.013, 16 x 48 + 16 x 10 (116) 1.397,
-# 16 x 32 + 16 x 16 (96) 1.126, 32 decodes + 32 x 48 (98) 1.309 (kept). Page 64 and d = 64 as at page 16 (64 decodes
-# + 2 x 48 1.509 / 1.894, 32 decodes + 32 x 20 1.058 / 1.123); d = 256 after its 64-row paged tiles below, 32
-# decodes + 32 x 20 / x 48 1.05 / 1.17 (..._d256_tiles_h200_e28c0a6.json).
+# tiles, by mean packed rows (history/probe_varlen_paged_short_alone_{mean,g8}_h200_29bd4fa.json, ..._{g4b,g8b}_h200_
+# 15cc96d.json): 64 / 8 heads 16 x 32 + 16 x 16 (192) 0.911, 32 / 8 heads 16 x 64 + 16 x 32 (192) 1.007 (left out); 64 /
+# 8 heads 32 decodes + 32 x 32 (132) 1.055, 32 / 8 heads 16 x 48 + 16 x 20 (136) 1.013, 16 x 48 + 16 x 10 (116) 1.397,
+# 16 x 32 + 16 x 16 (96) 1.126, 32 decodes + 32 x 48 (98) 1.309 (kept). Page 64 and d = 64 as at page 16 (64 decodes + 2
+# x 48 1.509 / 1.894, 32 decodes + 32 x 20 1.058 / 1.123); d = 256 with its 64-row paged tiles of b5aab9c (above), 32
+# decodes + 32 x 20 / x 48 1.061 / 1.179 (history/probe_varlen_paged_d256_confirm_h200_b5aab9c.json).
 SHORT_ALONE = True
 SHORT_ALONE_MEAN = 0.75
 SHORT_ALONE_PACKED = 160
