@@ -8,8 +8,11 @@ decode` is the record.
 contiguous one, byte for byte), shuffled in runs of pages that fill 2 MB, or shuffled one by one (what
 `fmha bench decode` does). It separates the cost of the paged code path from the cost of scattered pages.
 
+`--head-dim` and `--seqlen-q` set the cases' head dim (128) and query rows a sequence (1; more: speculative
+decodes, unmasked, so that cuDNN computes the same).
+
     PYTHONPATH=src python3 benchmarks/probe_decode.py [--rounds 2] [--placement] [--variants 64,64,4,5 ...]
-        [--contiguous] [--out probe.json]
+        [--contiguous] [--head-dim 256] [--seqlen-q 4] [--out probe.json]
 """
 import argparse
 
@@ -31,13 +34,13 @@ PLACEMENTS = ("in-order", "2MB-runs", "shuffled")
 D = 128
 
 
-def _case(b, hq, hk, sk, page):
+def _case(b, hq, hk, sk, page, d=D, seqlen_q=1):
     """Inputs of one decode case on a contiguous cache, cuDNN on it (the call, its output as the reference, its
     first timing in the row)."""
     torch.manual_seed(0)
-    q = torch.randn(b, 1, hq, D, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(b, sk, hk, D, device="cuda", dtype=torch.bfloat16)
-    v = torch.randn(b, sk, hk, D, device="cuda", dtype=torch.bfloat16)
+    q = torch.randn(b, seqlen_q, hq, d, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(b, sk, hk, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(b, sk, hk, d, device="cuda", dtype=torch.bfloat16)
     lens = torch.full((b,), sk, dtype=torch.int32, device="cuda")
     nbytes = (2 * k.numel() + 2 * q.numel()) * k.element_size()
     qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
@@ -46,7 +49,8 @@ def _case(b, hq, hk, sk, page):
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
             return F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=hq != hk)
     ref = cudnn().transpose(1, 2).float()
-    row = dict(b=b, hq=hq, hk=hk, sk=sk, page=page or 0, cudnn_gbps=[nbytes / bench_gpu_graph(cudnn) / 1e9])
+    row = dict(b=b, hq=hq, hk=hk, sk=sk, page=page or 0, d=d, seqlen_q=seqlen_q,
+               cudnn_gbps=[nbytes / bench_gpu_graph(cudnn) / 1e9])
     return q, k, v, lens, nbytes, cudnn, ref, row
 
 
@@ -102,6 +106,8 @@ def main():
                         "contiguous cache), to see the cost of a partly filled last wave of programs")
     p.add_argument("--variants", nargs="*", default=None, help="tiles to compare instead, e.g. 16,64,4,5")
     p.add_argument("--contiguous", action="store_true", help="every case's shape on a contiguous cache only")
+    p.add_argument("--head-dim", type=int, default=D, help="the cases' head dim")
+    p.add_argument("--seqlen-q", type=int, default=1, help="query rows a sequence (unmasked)")
     p.add_argument("--out", default=None, help="also write the rows as JSON (GPU, date, commit recorded)")
     args = p.parse_args()
     cases, variants = CASES, VARIANTS
@@ -118,15 +124,16 @@ def main():
         if args.out:
             save_sweep(args.out, rows)
         return
-    tables = forward._GPU_DECODE_TABLES
-    defaults = [t[D] for t in tables]
+    key = max(16, triton.next_power_of_2(args.head_dim))       # the tables' key (`forward._tile_config`)
+    tables = [table for *_, table in forward._DECODE_LOOKUP if key in table]      # not the head pairs' (2 x d)
+    defaults = [t[key] for t in tables]
     for b, hq, hk, sk, page in cases:
-        q, k, v, lens, nbytes, cudnn, ref, row = _case(b, hq, hk, sk, page)
+        q, k, v, lens, nbytes, cudnn, ref, row = _case(b, hq, hk, sk, page, args.head_dim, args.seqlen_q)
         k_cache, v_cache, table = (k, v, None) if page is None else paged_copy(page, k, v)
         for r in range(args.rounds):
             for tiles in variants:
                 for table_, own in zip(tables, defaults):
-                    table_[D] = tiles or own
+                    table_[key] = tiles or own
                 call = lambda: fmha.attention_with_kvcache(q, k_cache, v_cache, lens, block_table=table)
                 key = _label(tiles)
                 try:
@@ -137,7 +144,7 @@ def main():
                     row[f"{key}_error"] = str(e).splitlines()[0]
                     row.setdefault(f"{key}_gbps", []).append(0.0)
         for table_, tiles in zip(tables, defaults):
-            table_[D] = tiles
+            table_[key] = tiles
         row["cudnn_gbps"].append(nbytes / bench_gpu_graph(cudnn) / 1e9)
         rows.append(row)
         cudnn_best = max(row["cudnn_gbps"])
