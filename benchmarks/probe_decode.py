@@ -9,7 +9,8 @@ contiguous one, byte for byte), shuffled in runs of pages that fill 2 MB, or shu
 `fmha bench decode` does). It separates the cost of the paged code path from the cost of scattered pages.
 
 `--head-dim` and `--seqlen-q` set the cases' head dim (128) and query rows a sequence (1; more: speculative
-decodes, unmasked, so that cuDNN computes the same).
+decodes, unmasked, so that cuDNN computes the same). Calls that run two KV heads a program (`forward.HEAD_PAIRS`,
+`_pairs_pay`: d = 128 GQA decodes that fill the GPU unsplit) take the pairs' own tiles, which the variants leave.
 
     PYTHONPATH=src python3 benchmarks/probe_decode.py [--rounds 2] [--placement] [--variants 64,64,4,5 ...]
         [--contiguous] [--head-dim 256] [--seqlen-q 4] [--out probe.json]
