@@ -10,7 +10,8 @@ contiguous one, byte for byte), shuffled in runs of pages that fill 2 MB, or shu
 
 `--head-dim` and `--seqlen-q` set the cases' head dim (128) and query rows a sequence (1; more: speculative
 decodes, unmasked, so that cuDNN computes the same). Calls that run two KV heads a program (`forward.HEAD_PAIRS`,
-`_pairs_pay`: d = 128 GQA decodes that fill the GPU unsplit) take the pairs' own tiles, which the variants leave.
+`_pairs_pay`: d = 128 GQA decodes that fill the GPU unsplit) take the tiles of twice the head dim (the pairs'
+table, else the tables' 2 x d entries), which the variants leave.
 
     PYTHONPATH=src python3 benchmarks/probe_decode.py [--rounds 2] [--placement] [--variants 64,64,4,5 ...]
         [--contiguous] [--head-dim 256] [--seqlen-q 4] [--out probe.json]
