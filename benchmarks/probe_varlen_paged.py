@@ -68,11 +68,10 @@ def held(portable=False, short_tile_rows=None, tile_rows=None, wide=None, pack=F
     saved = (forward.gluon_enabled, forward.SHORT_TILE_ROWS, forward._tile_config, forward._short_tiles,
              forward.SIDE_STREAM, forward.SHORT_ALONE)
     forward.SIDE_STREAM, forward.SHORT_ALONE = side_stream, short_alone
-    tables = (forward._GPU_DECODE_TILES, forward._GPU_PAGED_DECODE_TILES)
-    saved_tiles = [dict(table) for table in tables]
-    if decode_tiles:
-        for table in tables:
-            table[decode_tiles[0]] = decode_tiles[1]
+    tables = (forward._GPU_DECODE_TILES, forward._GPU_PAGED_DECODE_TILES) if decode_tiles else ()
+    saved_tiles = [table[decode_tiles[0]] for table in tables]       # both tables hold every head dim's entry
+    for table in tables:
+        table[decode_tiles[0]] = decode_tiles[1]
     gluon_call, pairs_tails = forward_sm90.attention_forward_sm90, forward_sm90.pairs_tails
     if unpaired:
         forward_sm90.pairs_tails = lambda *a, **kw: False
@@ -95,8 +94,7 @@ def held(portable=False, short_tile_rows=None, tile_rows=None, wide=None, pack=F
          forward.SIDE_STREAM, forward.SHORT_ALONE) = saved
         forward_sm90.attention_forward_sm90, forward_sm90.pairs_tails = gluon_call, pairs_tails
         for table, old in zip(tables, saved_tiles):
-            table.clear()
-            table.update(old)
+            table[decode_tiles[0]] = old
 
 
 # (groups of (sequences, query rows), keys a sequence): decodes, chunks, mixed, speculative decodes of 4-16 rows alone
