@@ -14,7 +14,7 @@ decodes, unmasked, so that cuDNN computes the same). Calls that run two KV heads
 table, else the tables' 2 x d entries), which the variants leave.
 
     PYTHONPATH=src python3 benchmarks/probe_decode.py [--rounds 2] [--placement] [--variants 64,64,4,5 ...]
-        [--contiguous] [--head-dim 256] [--seqlen-q 4] [--out probe.json]
+        [--contiguous] [--head-dim 256] [--seqlen-q 4] [--cases 64,32,8,4096,16 ...] [--out probe.json]
 """
 import argparse
 
@@ -110,6 +110,8 @@ def main():
     p.add_argument("--contiguous", action="store_true", help="every case's shape on a contiguous cache only")
     p.add_argument("--head-dim", type=int, default=D, help="the cases' head dim")
     p.add_argument("--seqlen-q", type=int, default=1, help="query rows a sequence (unmasked)")
+    p.add_argument("--cases", nargs="*", default=None,
+                   help="these cases instead, each b,hq,hk,sk,page (page -: a contiguous cache), e.g. 64,32,8,4096,16")
     p.add_argument("--out", default=None, help="also write the rows as JSON (GPU, date, commit recorded)")
     args = p.parse_args()
     cases, variants = CASES, VARIANTS
@@ -118,6 +120,8 @@ def main():
     if args.batches:
         cases = [(b, 32, 8, 4096, page) for b in args.batches for page in (16, 64, None)]
         variants = [None]             # each table's own tiles
+    if args.cases:
+        cases = [tuple(None if x == "-" else int(x) for x in c.split(",")) for c in args.cases]
     if args.contiguous:
         cases = list(dict.fromkeys((b, hq, hk, sk, None) for b, hq, hk, sk, _ in cases))
     rows = []
@@ -137,20 +141,20 @@ def main():
                 for table_, own in zip(tables, defaults):
                     table_[key] = tiles or own
                 call = lambda: fmha.attention_with_kvcache(q, k_cache, v_cache, lens, block_table=table)
-                key = _label(tiles)
+                name = _label(tiles)
                 try:
                     if r == 0:
-                        row[f"{key}_maxdiff"] = (call().float() - ref).abs().max().item()
-                    row.setdefault(f"{key}_gbps", []).append(nbytes / bench_gpu_graph(call) / 1e9)
+                        row[f"{name}_maxdiff"] = (call().float() - ref).abs().max().item()
+                    row.setdefault(f"{name}_gbps", []).append(nbytes / bench_gpu_graph(call) / 1e9)
                 except triton.runtime.errors.OutOfResources as e:      # a variant too big for this GPU
-                    row[f"{key}_error"] = str(e).splitlines()[0]
-                    row.setdefault(f"{key}_gbps", []).append(0.0)
+                    row[f"{name}_error"] = str(e).splitlines()[0]
+                    row.setdefault(f"{name}_gbps", []).append(0.0)
         for table_, tiles in zip(tables, defaults):
             table_[key] = tiles
         row["cudnn_gbps"].append(nbytes / bench_gpu_graph(cudnn) / 1e9)
         rows.append(row)
         cudnn_best = max(row["cudnn_gbps"])
-        cells = "  ".join(f"{k} {max(row[f'{k}_gbps']) / cudnn_best:.3f}" for k in map(_label, variants))
+        cells = "  ".join(f"{n} {max(row[f'{n}_gbps']) / cudnn_best:.3f}" for n in map(_label, variants))
         print(f"b={b:<3} hq={hq} hk={hk} sk={sk:<6} page={page or '-':<3} | cuDNN "
               f"{'/'.join(f'{x:.0f}' for x in row['cudnn_gbps'])} GB/s | best of rounds / best cuDNN: {cells}",
               flush=True)
