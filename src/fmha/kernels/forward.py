@@ -493,8 +493,14 @@ _INTERPRET_TILES = (32, 32, 4, 1)
 # Decode-like calls (at most 64 packed query rows): wgmma's smallest M (64) instead of 128 wasted rows,
 # 4 warps and 64-key tiles: benchmarks/results/tune_decode_h100.json, where (64, 64, 4, 2) beat
 # (64, 128, 4, 3) by 8-29% and the prefill tiles (128, 128, 8, 3) by 10-59% at d=128.
-_GPU_DECODE_TILES = {16: (64, 64, 4, 2), 32: (64, 64, 4, 2), 64: (64, 64, 4, 2), 128: (64, 64, 4, 2),
-                     256: (64, 64, 4, 2)}
+# On the H200, speculative decodes of 8 / 16 rows a sequence, GQA 4 (32 / 64 packed rows), b = 64 at 4k keys and
+# b = 4 at 131k (d = 64: b = 64 only), GB/s, one process a head dim and row count
+# (history/probe_decode_64rows_*_h200_31d8cc3.json): d = 64 (64, 64, 4, 2) 2813-2829 -> (64, 64, 4, 3) 4078-4112
+# ((64, 64, 4, 5) 3832-3983, (64, 128, 4, 3) 3977-4050); d = 128 3878-4101 -> (64, 64, 4, 3) 4255-4303 ((64, 32, 4, 3)
+# 3981-4188, 4 stages 3832-3862); d = 256 3144-3195 -> (64, 32, 4, 4) 3787-3980 ((64, 32, 4, 3) 3685-3908,
+# (64, 32, 4, 2) 3619-3770).
+_GPU_DECODE_TILES = {16: (64, 64, 4, 2), 32: (64, 64, 4, 2), 64: (64, 64, 4, 3), 128: (64, 64, 4, 3),
+                     256: (64, 32, 4, 4)}
 # Paged caches: 5 stages make the pipeliner fetch each tile's page numbers (cp.async) a stage before the tile
 # and keep K/V two tiles ahead (three buffers; at d=256 they would not fit twice per SM). In
 # benchmarks/results/probe_decode_h100.json this took page 16 from 0.945x to 0.970x cuDNN-on-a-contiguous-cache
@@ -503,8 +509,12 @@ _GPU_DECODE_TILES = {16: (64, 64, 4, 2), 32: (64, 64, 4, 2), 64: (64, 64, 4, 2),
 # queries over the cache, one process (history/probe_varlen_paged_d256_tiles_h200_e28c0a6.json), TFLOP/s: 32 x 16
 # rows 188.0 -> 242.7, 64 x 8 rows 96.1 -> 126.7, 32 decodes + 32 x 20 / x 48 (the short launch's wide form) 88.5 /
 # 153.6 -> 115.4 / 198.9; (64, 32, 4, 2) 234.9 / 122.0 / 116.2 / 198.9, (64, 16, 4, 3) 179.9 / 92.6 / 92.3 / 157.3,
-# (64, 64, 8, 2) 160.0 / 82.3 / 72.3 / 126.0. The contiguous table's d = 256 entry was not measured.
-_GPU_PAGED_DECODE_TILES = {16: (64, 64, 4, 5), 32: (64, 64, 4, 5), 64: (64, 64, 4, 5), 128: (64, 64, 4, 5),
+# (64, 64, 8, 2) 160.0 / 82.3 / 72.3 / 126.0. Speculative decodes through attention_with_kvcache (the sweep above the
+# contiguous table) kept it: GB/s at page 16 / 64 / b = 4 131k page 64, 8 rows a sequence, 3931 / 3866 / 3601 against
+# (64, 32, 4, 2) 3792 / 3942 / 3744 and (64, 32, 4, 4) 3926 / 3852 / 3610. In that sweep d = 128 kept (64, 64, 4, 5)
+# (4185-4306 at 8 rows; 3 stages 3669-3835, (64, 32, 4, 5) 3351-4005), and d = 64 took (64, 64, 4, 3): page 16, 8 /
+# 16 rows, 3344-3384 -> 3556-3668 ((64, 128, 4, 3) 3311-3394; page 64 not measured there).
+_GPU_PAGED_DECODE_TILES = {16: (64, 64, 4, 5), 32: (64, 64, 4, 5), 64: (64, 64, 4, 3), 128: (64, 64, 4, 5),
                            256: (64, 32, 4, 3)}
 # Calls with at most NARROW_ROWS packed rows (one query token, GQA groups up to 16): 16-row tiles (mma.sync; wgmma
 # cannot go below 64 rows, 60 of them padding for a group of 4) and 128-key tiles. Paged: in two processes
