@@ -514,7 +514,7 @@ _GPU_DECODE_TILES = {16: (64, 64, 4, 2), 32: (64, 64, 4, 2), 64: (64, 64, 4, 3),
 # (64, 32, 4, 2) 3792 / 3942 / 3744 and (64, 32, 4, 4) 3926 / 3852 / 3610. In that sweep d = 128 kept (64, 64, 4, 5)
 # (4185-4306 at 8 rows; 3 stages 3669-3835, (64, 32, 4, 5) 3351-4005), and d = 64 took (64, 64, 4, 3): page 16, 8 /
 # 16 rows, 3344-3384 -> 3556-3668 ((64, 128, 4, 3) 3311-3394; page 64 not measured there).
-_GPU_PAGED_DECODE_TILES = {16: (64, 64, 4, 5), 32: (64, 64, 4, 5), 64: (64, 64, 4, 3), 128: (64, 64, 4, 5),
+_GPU_PAGED_DECODE_TILES = {16: (64, 64, 4, 5), 32: (64, 64, 4, 5), 64: (64, 64, 4, 5), 128: (64, 64, 4, 5),
                            256: (64, 32, 4, 3)}
 # Calls with at most NARROW_ROWS packed rows (one query token, GQA groups up to 16): 16-row tiles (mma.sync; wgmma
 # cannot go below 64 rows, 60 of them padding for a group of 4) and 128-key tiles. Paged: in two processes
