@@ -493,12 +493,13 @@ _INTERPRET_TILES = (32, 32, 4, 1)
 # Decode-like calls (at most 64 packed query rows): wgmma's smallest M (64) instead of 128 wasted rows,
 # 4 warps and 64-key tiles: benchmarks/results/tune_decode_h100.json, where (64, 64, 4, 2) beat
 # (64, 128, 4, 3) by 8-29% and the prefill tiles (128, 128, 8, 3) by 10-59% at d=128.
-# On the H200, speculative decodes of 8 / 16 rows a sequence, GQA 4 (32 / 64 packed rows), b = 64 at 4k keys and
-# b = 4 at 131k (d = 64: b = 64 only), GB/s, one process a head dim and row count
-# (history/probe_decode_64rows_*_h200_31d8cc3.json): d = 64 (64, 64, 4, 2) 2813-2829 -> (64, 64, 4, 3) 4078-4112
-# ((64, 64, 4, 5) 3832-3983, (64, 128, 4, 3) 3977-4050); d = 128 3878-4101 -> (64, 64, 4, 3) 4255-4303 ((64, 32, 4, 3)
-# 3981-4188, 4 stages 3832-3862); d = 256 3144-3195 -> (64, 32, 4, 4) 3787-3980 ((64, 32, 4, 3) 3685-3908,
-# (64, 32, 4, 2) 3619-3770).
+# On the H200: speculative decodes of 8 / 16 rows a sequence, GQA 4 (32 / 64 packed rows), b = 64 at 4k keys and
+# b = 4 at 131k, GB/s, one process a head dim and row count (history/probe_decode_64rows_*_h200_{31d8cc3,5a2d566}.json).
+# - d = 64: (64, 64, 4, 2) 2813-2829 -> (64, 64, 4, 3) 4078-4112; (64, 64, 4, 5) 3832-3983, (64, 128, 4, 3)
+#   3977-4050. At b = 4 / 1 with 131k keys: 2978 / 2728 -> 3976 / 3655; 5 stages 4121 / 3642.
+# - d = 128: 3878-4101 -> (64, 64, 4, 3) 4255-4303; (64, 32, 4, 3) 3981-4188, 4 stages 3832-3862.
+# - d = 256: 3144-3195 -> (64, 32, 4, 4) 3787-3980; (64, 32, 4, 3) 3685-3908, (64, 32, 4, 2) 3619-3770. At b = 4 / 1
+#   with 131k keys: 3405 / 3226 -> 3965 / 3899.
 _GPU_DECODE_TILES = {16: (64, 64, 4, 2), 32: (64, 64, 4, 2), 64: (64, 64, 4, 3), 128: (64, 64, 4, 3),
                      256: (64, 32, 4, 4)}
 # Paged caches: 5 stages make the pipeliner fetch each tile's page numbers (cp.async) a stage before the tile
@@ -512,8 +513,9 @@ _GPU_DECODE_TILES = {16: (64, 64, 4, 2), 32: (64, 64, 4, 2), 64: (64, 64, 4, 3),
 # (64, 64, 8, 2) 160.0 / 82.3 / 72.3 / 126.0. Speculative decodes through attention_with_kvcache (the sweep above the
 # contiguous table) kept it: GB/s at page 16 / 64 / b = 4 131k page 64, 8 rows a sequence, 3931 / 3866 / 3601 against
 # (64, 32, 4, 2) 3792 / 3942 / 3744 and (64, 32, 4, 4) 3926 / 3852 / 3610. In that sweep d = 128 kept (64, 64, 4, 5)
-# (4185-4306 at 8 rows; 3 stages 3669-3835, (64, 32, 4, 5) 3351-4005), and d = 64 took (64, 64, 4, 3): page 16, 8 /
-# 16 rows, 3344-3384 -> 3556-3668 ((64, 128, 4, 3) 3311-3394; page 64 not measured there).
+# (4185-4306 at 8 rows; 3 stages 3669-3835, (64, 32, 4, 5) 3351-4005), and so did d = 64: (64, 64, 4, 3) gained at 4k
+# keys (page 16, 8 / 16 rows, 3344-3384 -> 3556-3668; page 64, 8 rows, 3495 -> 3644) but lost at b = 4 with 131k keys
+# on pages of 64, split, 3700 -> 2752 (history/probe_decode_64rows_d64_p64_s8_h200_5a2d566.json; not understood).
 _GPU_PAGED_DECODE_TILES = {16: (64, 64, 4, 5), 32: (64, 64, 4, 5), 64: (64, 64, 4, 5), 128: (64, 64, 4, 5),
                            256: (64, 32, 4, 3)}
 # Calls with at most NARROW_ROWS packed rows (one query token, GQA groups up to 16): 16-row tiles (mma.sync; wgmma
