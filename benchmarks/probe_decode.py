@@ -14,7 +14,8 @@ decodes, unmasked, so that cuDNN computes the same). Calls that run two KV heads
 table, else the tables' 2 x d entries), which the variants leave.
 
     PYTHONPATH=src python3 benchmarks/probe_decode.py [--rounds 2] [--placement] [--variants 64,64,4,5 ...]
-        [--contiguous] [--head-dim 256] [--seqlen-q 4] [--cases 64,32,8,4096,16 ...] [--out probe.json]
+        [--contiguous] [--head-dim 256] [--seqlen-q 4] [--cases 64,32,8,4096,16 ...] [--kernel-copy PATH]
+        [--out probe.json]
 """
 import argparse
 
@@ -106,17 +107,20 @@ def main():
     p.add_argument("--batches", type=int, nargs="*", default=None,
                    help="instead: the table's own tiles on b=64's shape at these batch sizes (pages 16, 64 and a "
                         "contiguous cache), to see the cost of a partly filled last wave of programs")
-    p.add_argument("--variants", nargs="*", default=None, help="tiles to compare instead, e.g. 16,64,4,5")
+    p.add_argument("--variants", nargs="*", default=None, help="tiles to compare instead, e.g. 16,64,4,5 (default: each table's own)")
     p.add_argument("--contiguous", action="store_true", help="every case's shape on a contiguous cache only")
     p.add_argument("--head-dim", type=int, default=D, help="the cases' head dim")
     p.add_argument("--seqlen-q", type=int, default=1, help="query rows a sequence (unmasked)")
     p.add_argument("--cases", nargs="*", default=None,
                    help="these cases instead, each b,hq,hk,sk,page (page -: a contiguous cache), e.g. 64,32,8,4096,16")
+    p.add_argument("--kernel-copy", default=None,
+                   help="also run each variant on this copy of forward.py's attn_fwd_kernel (e.g. a patched file), "
+                        "labelled +copy: a one-process A/B of a kernel change")
     p.add_argument("--out", default=None, help="also write the rows as JSON (GPU, date, commit recorded)")
     args = p.parse_args()
     cases, variants = CASES, VARIANTS
     if args.variants:
-        variants = [tuple(int(x) for x in v.split(",")) for v in args.variants]
+        variants = [None if v == "default" else tuple(int(x) for x in v.split(",")) for v in args.variants]
     if args.batches:
         cases = [(b, 32, 8, 4096, page) for b in args.batches for page in (16, 64, None)]
         variants = [None]             # each table's own tiles
@@ -130,6 +134,11 @@ def main():
         if args.out:
             save_sweep(args.out, rows)
         return
+    kernels = {"": forward.attn_fwd_kernel}
+    if args.kernel_copy:
+        from fmha.bench import load_module_copy
+        kernels["+copy"] = load_module_copy(args.kernel_copy).attn_fwd_kernel
+    runs = [(tiles, suffix) for tiles in variants for suffix in kernels]
     key = max(16, triton.next_power_of_2(args.head_dim))       # the tables' key (`forward._tile_config`)
     tables = [table for *_, table in forward._DECODE_LOOKUP if key in table]      # not the head pairs' (2 x d)
     defaults = [t[key] for t in tables]
@@ -137,11 +146,12 @@ def main():
         q, k, v, lens, nbytes, cudnn, ref, row = _case(b, hq, hk, sk, page, args.head_dim, args.seqlen_q)
         k_cache, v_cache, table = (k, v, None) if page is None else paged_copy(page, k, v)
         for r in range(args.rounds):
-            for tiles in variants:
+            for tiles, suffix in runs:
                 for table_, own in zip(tables, defaults):
                     table_[key] = tiles or own
+                forward.attn_fwd_kernel = kernels[suffix]     # `attention_forward` launches the module's global
                 call = lambda: fmha.attention_with_kvcache(q, k_cache, v_cache, lens, block_table=table)
-                name = _label(tiles)
+                name = _label(tiles) + suffix
                 try:
                     if r == 0:
                         row[f"{name}_maxdiff"] = (call().float() - ref).abs().max().item()
@@ -151,10 +161,11 @@ def main():
                     row.setdefault(f"{name}_gbps", []).append(0.0)
         for table_, tiles in zip(tables, defaults):
             table_[key] = tiles
+        forward.attn_fwd_kernel = kernels[""]
         row["cudnn_gbps"].append(nbytes / bench_gpu_graph(cudnn) / 1e9)
         rows.append(row)
         cudnn_best = max(row["cudnn_gbps"])
-        cells = "  ".join(f"{n} {max(row[f'{n}_gbps']) / cudnn_best:.3f}" for n in map(_label, variants))
+        cells = "  ".join(f"{n} {max(row[f'{n}_gbps']) / cudnn_best:.3f}" for n in (_label(t) + x for t, x in runs))
         print(f"b={b:<3} hq={hq} hk={hk} sk={sk:<6} page={page or '-':<3} | cuDNN "
               f"{'/'.join(f'{x:.0f}' for x in row['cudnn_gbps'])} GB/s | best of rounds / best cuDNN: {cells}",
               flush=True)
