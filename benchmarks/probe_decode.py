@@ -107,7 +107,8 @@ def main():
     p.add_argument("--batches", type=int, nargs="*", default=None,
                    help="instead: the table's own tiles on b=64's shape at these batch sizes (pages 16, 64 and a "
                         "contiguous cache), to see the cost of a partly filled last wave of programs")
-    p.add_argument("--variants", nargs="*", default=None, help="tiles to compare instead, e.g. 16,64,4,5 (default: each table's own)")
+    p.add_argument("--variants", nargs="*", default=None,
+                   help="tiles to compare instead, e.g. 16,64,4,5 (default: each table's own)")
     p.add_argument("--contiguous", action="store_true", help="every case's shape on a contiguous cache only")
     p.add_argument("--head-dim", type=int, default=D, help="the cases' head dim")
     p.add_argument("--seqlen-q", type=int, default=1, help="query rows a sequence (unmasked)")
