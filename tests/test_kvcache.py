@@ -713,10 +713,12 @@ def test_page_tile():
 
 def _gpu_decode_tiles():
     """(tiles, FP8 cache) of every GPU decode table (`forward._DECODE_LOOKUP`; an FP8-only table's on an FP8
-    cache; the head pairs' own)."""
+    cache; the head pairs' own), one a tile shape: the interpreter runs BLOCK_M x BLOCK_N alone (warps and stages
+    are the compiler's; the test forces its splits, so the planner, which reads the warps, does not run)."""
     from fmha.kernels import forward
-    return sorted({(t, fp8_only) for fp8_only, _, _, table in forward._DECODE_LOOKUP for t in table.values()}
-                  | {(t, False) for table in forward._GPU_PAIR_DECODE_TILES.values() for t in table.values()})
+    tiles = ({(t, fp8_only) for fp8_only, _, _, table in forward._DECODE_LOOKUP for t in table.values()}
+             | {(t, False) for table in forward._GPU_PAIR_DECODE_TILES.values() for t in table.values()})
+    return sorted({(t[:2], fp8): (t, fp8) for t, fp8 in sorted(tiles)}.values())
 
 
 @pytest.mark.cpu
@@ -727,7 +729,7 @@ def _gpu_decode_tiles():
 def test_kvcache_gpu_tile_shapes(tiles, fp8, page_size, seqlen_q, num_splits, monkeypatch):
     """The interpreter runs its own small tiles; this runs the tile shapes the GPU tables pick for decode (16-row
     tiles of 32 to 128 keys and 64-row / 64-key tiles, so 1 to 8 pages per key tile, or a tile inside one page, or a
-    contiguous cache; and the FP8 tables' 2-warp 16-row and 32-row tiles on an FP8 cache with descales) on a GQA
+    contiguous cache; and the FP8 tables' 16-row and 32-row tiles on an FP8 cache with descales) on a GQA
     group of 4 (4 or, with 4 causal query tokens, 16 packed rows) with shuffled pages and NaN in every slot the
     kernel must not read."""
     from fmha.kernels import forward
