@@ -6,12 +6,11 @@ on the same cache.
     PYTHONPATH=src python3 benchmarks/probe_varlen_paged.py [--out varlen_paged.json] [--short 32 64:16] [--parts]
         [--rows 2 3] [--wide 64,32,4,5 64,64,4,5+128,32,4,4] [--pack] [--kernels] [--heads 32 16] [--page 64]
         [--case 32x64,1x512@4096] [--versions old_forward_sm90.py] [--empty-launch] [--streams] [--eager] [--unpaired]
-        [--short-alone] [--host-rounds 5] [--head-dim 64]
-        [--decode-tiles 64,32,4,2]
+        [--short-alone] [--host-rounds 5] [--head-dim 64] [--decode-tiles 64,32,4,2]
 
 Rows: groups of (count, query rows) sequences (causal), every sequence with `context` keys in 16-key pages
-(`--page`; shuffled), 32 / 8 heads (`--heads` query and KV heads),
-d = 128 (`--head-dim`), bf16; CASES, or with `--case` those given
+(`--page`; shuffled), 32 / 8 heads (`--heads` query and KV heads), d = 128 (`--head-dim`), bf16; CASES, or with
+`--case` those given
 (COUNTxROWS,...@CONTEXT) in their place. TFLOP/s over the pairs the causal mask lets through, CUDA-graph replays
 (`--eager`: eager calls, the host's time in, and each call's host time, `NAME_host_us`, the median of
 `--host-rounds` bursts, and its difference from ours, `NAME_minus_ours_host_us`);

@@ -54,9 +54,9 @@ def compiled(request, script, arg_of):
     if (script, key) not in _RESULTS:
         args = [key]
         if "PYTEST_XDIST_WORKER" not in os.environ and (script, key) not in _TRIED:
-            args += [json.dumps(arg_of(item.callspec.params)) for item in request.session.items
-                     if getattr(item, "function", None) is request.function and item is not request.node]
-            args = [a for a in dict.fromkeys(args) if a == key or (script, a) not in _TRIED]
+            siblings = (json.dumps(arg_of(item.callspec.params)) for item in request.session.items
+                        if getattr(item, "function", None) is request.function)
+            args = [a for a in dict.fromkeys([key, *siblings]) if (script, a) not in _TRIED]
         stderr = _run_scripts(script, [json.loads(a) for a in args])
         if (script, key) not in _RESULTS and len(args) > 1:
             stderr = _run_scripts(script, [json.loads(key)])
