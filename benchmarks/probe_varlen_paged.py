@@ -10,9 +10,8 @@ on the same cache.
 
 Rows: groups of (count, query rows) sequences (causal), every sequence with `context` keys in 16-key pages
 (`--page`; shuffled), 32 / 8 heads (`--heads` query and KV heads), d = 128 (`--head-dim`), bf16; CASES, or with
-`--case` those given
-(COUNTxROWS,...@CONTEXT) in their place. TFLOP/s over the pairs the causal mask lets through, CUDA-graph replays
-(`--eager`: eager calls, the host's time in, and each call's host time, `NAME_host_us`, the median of
+`--case` those given (COUNTxROWS,...@CONTEXT) in their place. TFLOP/s over the pairs the causal mask lets
+through, CUDA-graph replays (`--eager`: eager calls, the host's time in, and each call's host time, `NAME_host_us`, the median of
 `--host-rounds` bursts, and its difference from ours, `NAME_minus_ours_host_us`);
 outputs compared first (`probe_row`). Besides the call as routed (`ours`) and the calls per group (`calls`): the
 same call held on the portable kernel (`portable`); with `forward.SHORT_TILE_ROWS` at each `--short` value
