@@ -8,30 +8,29 @@ on the same cache.
         [--case 32x64,1x512@4096] [--versions old_forward_sm90.py] [--empty-launch] [--streams] [--eager] [--unpaired]
         [--short-alone] [--host-rounds 5] [--head-dim 64] [--decode-tiles 64,32,4,2]
 
-Rows: groups of (count, query rows) sequences (causal), every sequence with `context` keys in 16-key pages
-(`--page`; shuffled), 32 / 8 heads (`--heads` query and KV heads), d = 128 (`--head-dim`), bf16; CASES, or with
-`--case` those given (COUNTxROWS,...@CONTEXT) in their place. TFLOP/s over the pairs the causal mask lets
-through, CUDA-graph replays (`--eager`: eager calls, the host's time in, and each call's host time, `NAME_host_us`, the median of
-`--host-rounds` bursts, and its difference from ours, `NAME_minus_ours_host_us`);
-outputs compared first (`probe_row`). Besides the call as routed (`ours`) and the calls per group (`calls`): the
-same call held on the portable kernel (`portable`); with `forward.SHORT_TILE_ROWS` at each `--short` value
-(`shortN`: sequences of up to N / group query rows left to the portable kernel's second launch; N:R, `shortN_tilesR`:
-that launch's tiles those of R packed rows at most, one form, e.g. 16 for the decodes' narrow one; by default
-`short16`, the narrow form alone, as before the two forms of `forward._short_tiles`); with each `--wide` M,N,W,S
-(forms joined by +), the short launch's forms past the first in those tiles (`wideM_N_W_S`); with each
-`--versions` copy of `kernels/forward_sm90.py`, the call as routed on that copy's Gluon launch (`ours@FILE`); with
-`--pack`, the Gluon launch's items of two query heads (`forward_sm90.pack_heads`' form, which the package keeps to
-padded calls), as routed (`pack`) and with each `--short` value (`shortN_pack`); with `--unpaired`, each
-`--short` value with the routing's half cap for even groups off (`shortN_unpaired`); with each `--decode-tiles`
-M,N,W,S, the call with those tiles in the 64-row decode tables (DECODE_ROWS packed rows: the short launch's wide
-form, speculative decodes; `decodeM_N_W_S`); with `--short-alone`, the call
-with `forward.SHORT_ALONE` off (`prefill_tiles`); with `--parts`, each launch alone
-(`gluon_part`, `short_part`: the TFLOP/s of the whole row's pairs over that launch's time, so a part's share of the
-call is ours / part) and each group's call alone (`call_R`, R its rows a sequence); with `--kernels`, each kernel's
-GPU time a call (`ours:NAME_us`, eager calls under torch.profiler) of ours and of the `--short` / `--wide` forms;
-with `--empty-launch`, ours and then a launch whose programs return at once (`ours_empty`); with `--streams`, the
-call with its two launches on the caller's stream (`one_stream`: `forward.SIDE_STREAM` off; ours runs them side by
-side). (Until 01f11ab also `two_streams`, the `--parts` launches on two streams: the same as ours since 698eca0.)
+Rows: groups of (count, query rows) sequences (causal), every sequence with `context` keys in 16-key pages (`--page`;
+shuffled), 32 / 8 heads (`--heads` query and KV heads), d = 128 (`--head-dim`), bf16; CASES, or with `--case` those
+given (COUNTxROWS,...@CONTEXT) in their place. TFLOP/s over the pairs the causal mask lets through, CUDA-graph replays
+(`--eager`: eager calls, the host's time in, and each call's host time, `NAME_host_us`, the median of `--host-rounds`
+bursts, and its difference from ours, `NAME_minus_ours_host_us`); outputs compared first (`probe_row`). Besides the
+call as routed (`ours`) and the calls per group (`calls`): the same call held on the portable kernel (`portable`);
+with `forward.SHORT_TILE_ROWS` at each `--short` value (`shortN`: sequences of up to N / group query rows left to the
+portable kernel's second launch; N:R, `shortN_tilesR`: that launch's tiles those of R packed rows at most, one form,
+e.g. 16 for the decodes' narrow one; by default `short16`, the narrow form alone, as before the two forms of
+`forward._short_tiles`); with each `--wide` M,N,W,S (forms joined by +), the short launch's forms past the first in
+those tiles (`wideM_N_W_S`); with each `--versions` copy of `kernels/forward_sm90.py`, the call as routed on that
+copy's Gluon launch (`ours@FILE`); with `--pack`, the Gluon launch's items of two query heads
+(`forward_sm90.pack_heads`' form, which the package keeps to padded calls), as routed (`pack`) and with each `--short`
+value (`shortN_pack`); with `--unpaired`, each `--short` value with the routing's half cap for even groups off
+(`shortN_unpaired`); with each `--decode-tiles` M,N,W,S, the call with those tiles in the 64-row decode tables
+(DECODE_ROWS packed rows: the short launch's wide form, speculative decodes; `decodeM_N_W_S`); with `--short-alone`,
+the call with `forward.SHORT_ALONE` off (`prefill_tiles`); with `--parts`, each launch alone (`gluon_part`,
+`short_part`: the TFLOP/s of the whole row's pairs over that launch's time, so a part's share of the call is ours /
+part) and each group's call alone (`call_R`, R its rows a sequence); with `--kernels`, each kernel's GPU time a call
+(`ours:NAME_us`, eager calls under torch.profiler) of ours and of the `--short` / `--wide` forms; with
+`--empty-launch`, ours and then a launch whose programs return at once (`ours_empty`); with `--streams`, the call with
+its two launches on the caller's stream (`one_stream`: `forward.SIDE_STREAM` off; ours runs them side by side). (Until
+01f11ab also `two_streams`, the `--parts` launches on two streams: the same as ours since 698eca0.)
 """
 import contextlib
 import argparse
