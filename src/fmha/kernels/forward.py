@@ -404,7 +404,9 @@ def _attn_tile(Q, K, V, O, LSE, SLOPES, SINKS, K_DESC, V_DESC, BLOCK_TABLE, Q_DE
         # takes their rows to the packed output): a sequence's rows from its own start, not from CU_Q's.
         q_start = 0
     lo = (lo // BLOCK_N) * BLOCK_N
-    mid_lo = tl.minimum(tl.maximum(lo, tl.cdiv(full_lo, BLOCK_N) * BLOCK_N), tl.maximum(hi, lo))
+    mid_lo = lo           # without a left window no row's first keys are masked: lo = full_lo, tile-aligned
+    if MASK_LEFT:
+        mid_lo = tl.minimum(tl.maximum(lo, tl.cdiv(full_lo, BLOCK_N) * BLOCK_N), tl.maximum(hi, lo))
     mid_hi = tl.maximum(mid_lo, (full_hi // BLOCK_N) * BLOCK_N)
 
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
