@@ -15,7 +15,7 @@ table, else the tables' 2 x d entries), which the variants leave.
 
     PYTHONPATH=src python3 benchmarks/probe_decode.py [--rounds 2] [--placement] [--variants 64,64,4,5 ...]
         [--contiguous] [--head-dim 256] [--seqlen-q 4] [--cases 64,32,8,4096,16 ...] [--kernel-copy PATH]
-        [--out probe.json]
+        [--num-splits 0 1 4] [--out probe.json]
 """
 import argparse
 
@@ -95,9 +95,10 @@ def probe_placement(args, rows):
         torch.cuda.empty_cache()
 
 
-def _label(tiles):
-    """A variant's key in the rows: its tiles joined by x, or "default" for each table's own."""
-    return "x".join(map(str, tiles)) if tiles else "default"
+def _label(tiles, suffix="", splits=0):
+    """A run's key in the rows: its tiles joined by x, or "default" for each table's own; then the kernel's suffix
+    and /sN where num_splits is forced."""
+    return ("x".join(map(str, tiles)) if tiles else "default") + suffix + (f"/s{splits}" if splits else "")
 
 
 def main():
@@ -117,6 +118,8 @@ def main():
     p.add_argument("--kernel-copy", default=None,
                    help="also run each variant on this copy of forward.py's attn_fwd_kernel (e.g. a patched file), "
                         "labelled +copy: a one-process A/B of a kernel change")
+    p.add_argument("--num-splits", type=int, nargs="*", default=[0],
+                   help="run each variant with each of these num_splits (0: the planner's), labelled /sN unless 0")
     p.add_argument("--out", default=None, help="also write the rows as JSON (GPU, date, commit recorded)")
     args = p.parse_args()
     cases, variants = CASES, VARIANTS
@@ -139,7 +142,7 @@ def main():
     if args.kernel_copy:
         from fmha.bench import load_module_copy
         kernels["+copy"] = load_module_copy(args.kernel_copy).attn_fwd_kernel
-    runs = [(tiles, suffix) for tiles in variants for suffix in kernels]
+    runs = [(tiles, suffix, n) for tiles in variants for suffix in kernels for n in args.num_splits]
     key = max(16, triton.next_power_of_2(args.head_dim))       # the tables' key (`forward._tile_config`)
     tables = [table for *_, table in forward._DECODE_LOOKUP if key in table]      # not the head pairs' (2 x d)
     defaults = [t[key] for t in tables]
@@ -147,12 +150,13 @@ def main():
         q, k, v, lens, nbytes, cudnn, ref, row = _case(b, hq, hk, sk, page, args.head_dim, args.seqlen_q)
         k_cache, v_cache, table = (k, v, None) if page is None else paged_copy(page, k, v)
         for r in range(args.rounds):
-            for tiles, suffix in runs:
+            for tiles, suffix, splits in runs:
                 for table_, own in zip(tables, defaults):
                     table_[key] = tiles or own
                 forward.attn_fwd_kernel = kernels[suffix]     # `attention_forward` launches the module's global
-                call = lambda: fmha.attention_with_kvcache(q, k_cache, v_cache, lens, block_table=table)
-                name = _label(tiles) + suffix
+                call = lambda: fmha.attention_with_kvcache(q, k_cache, v_cache, lens, block_table=table,
+                                                           num_splits=splits)
+                name = _label(tiles, suffix, splits)
                 try:
                     if r == 0:
                         row[f"{name}_maxdiff"] = (call().float() - ref).abs().max().item()
@@ -166,7 +170,7 @@ def main():
         row["cudnn_gbps"].append(nbytes / bench_gpu_graph(cudnn) / 1e9)
         rows.append(row)
         cudnn_best = max(row["cudnn_gbps"])
-        cells = "  ".join(f"{n} {max(row[f'{n}_gbps']) / cudnn_best:.3f}" for n in (_label(t) + x for t, x in runs))
+        cells = "  ".join(f"{n} {max(row[f'{n}_gbps']) / cudnn_best:.3f}" for n in (_label(*run) for run in runs))
         print(f"b={b:<3} hq={hq} hk={hk} sk={sk:<6} page={page or '-':<3} | cuDNN "
               f"{'/'.join(f'{x:.0f}' for x in row['cudnn_gbps'])} GB/s | best of rounds / best cuDNN: {cells}",
               flush=True)
