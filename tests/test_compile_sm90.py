@@ -181,18 +181,18 @@ DECODE_SCRIPT = textwrap.dedent('''
                               "d256-p64-rows32", "d256-p64", "d128-p16-fp8", "d128-p64-rows32-fp8", "d256-p64-fp8",
                               "d128-p16-short-g4", "d128-p64-short-g8"])
 def test_paged_decode_tiles_fit_per_sm(case, request):
-    """The paged decode tiles (64 rows and 5 stages at d <= 128; 16 rows, 128 keys and 3 stages for at most 16
-    packed rows at d = 128) exist for their pipelining, and are only worth it while two programs still fit on an SM:
-    check both, the K/V loads pipelined as cp.async, and the shared memory within an H100 SM's 228 KB (less 1 KB the
-    driver reserves per program) and the registers within its 64K for that many programs, with a bf16 or an FP8
+    """The paged decode tiles (64 rows and 5 stages at d <= 128, 3 at d = 64 unsplit; 16 rows, 128 keys and 3 stages for
+    at most 16 packed rows at d = 128) exist for their pipelining, and are only worth it while two programs still fit on
+    an SM: check both, the K/V loads pipelined as cp.async, and the shared memory within an H100 SM's 228 KB (less 1 KB
+    the driver reserves per program) and the registers within its 64K for that many programs, with a bf16 or an FP8
     cache (its tiles widened after the load). (d=256 past 16 rows: 32 keys and 3 stages, ~98 KB and 255 registers, two
-    an SM; at most 16 rows, 64 keys and 4 stages, ~74 KB, two an SM. An FP8 cache with at most 16 rows:
-    2 warps, 64 keys and 6 stages, the FP8 tile sweep's pick, ~39 KB, and four programs an SM, as `plan_num_splits`
-    counts 2-warp programs; with 17-32 rows the same in 32-row tiles, four an SM too; at d = 256, 2 warps, 64 keys
-    and 3 stages, ~42 KB, four an SM. A bf16 cache at d = 64 with at most 16 rows: 2 warps, 128 keys and 3 stages,
-    ~39 KB, four an SM, as its 255 registers allow.) And the short launch of a varlen call (`forward._short_tiles`,
-    GQA groups of 4 and 8 at d = 128): the narrow form and the 64-row one in one kernel, their buffers sharing the
-    shared memory (the 64-row form's ~113 KB), still two an SM."""
+    an SM; at most 16 rows, 64 keys and 4 stages, ~74 KB, two an SM. An FP8 cache with at most 16 rows: 2 warps, 64 keys
+    and 6 stages, the FP8 tile sweep's pick, ~39 KB, and four programs an SM, as `plan_num_splits` counts 2-warp
+    programs; with 17-32 rows the same in 32-row tiles, four an SM too; at d = 256, 2 warps, 64 keys and 3 stages, ~42
+    KB, four an SM. A bf16 cache at d = 64 with at most 16 rows: 2 warps, 128 keys and 3 stages, ~39 KB, four an SM, as
+    its 255 registers allow.) And the short launch of a varlen call (`forward._short_tiles`, GQA groups of 4 and 8 at d
+    = 128): the narrow form and the 64-row one in one kernel, their buffers sharing the shared memory (the 64-row form's
+    ~113 KB), still two an SM."""
     d, page_size, rows, programs, fp8, *two_forms = case
     info = compiled(request, DECODE_SCRIPT, lambda p: [*p["case"][:3], p["case"][4], list(p["case"][5:])])
     assert info["cp_async"] > 0, info

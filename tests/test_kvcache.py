@@ -277,6 +277,45 @@ def test_head_pairs_pay(monkeypatch):
     assert not pay(hq=32, hk=32) and not pay(d=64) and not pay(num_splits=1) and not pay(num_splits=2)
 
 
+class _Planned(Exception):
+    """Raised by a test's stand-in for `forward.launch` with (split count, num_stages) of the plan: nothing runs."""
+
+
+@pytest.mark.cpu
+def test_split_stages(monkeypatch):
+    """`forward._GPU_SPLIT_STAGES` in a 132-SM GPU's plans (speculative decodes of 8 rows, GQA 4: 32 packed rows, the
+    64-row decode tiles): the paged d = 64 and contiguous d = 32 tiles launch their table's 3 stages unsplit and the
+    rule's 5 / 4 when the keys are split, planned or forced; tiles the rule does not name keep their stages split."""
+    from fmha.kernels import forward
+    monkeypatch.setattr(forward, "num_sms", lambda device: 132)
+
+    def launch(kernel, grid, args, meta, fixed):
+        raise _Planned(grid[2], meta["num_stages"])
+    monkeypatch.setattr(forward, "launch", launch)
+
+    def planned(d, paged, b, max_k, num_splits=0, hq=32, hk=8, seqlen_q=8):
+        q = torch.zeros(b, seqlen_q, hq, d, dtype=torch.float16)
+        k = torch.zeros((2, 64, hk, d) if paged else (b, 64, hk, d), dtype=torch.float16)    # the plan reads max_k
+        table = torch.zeros(b, max_k // 64, dtype=torch.int32) if paged else None
+        with pytest.raises(_Planned) as e:
+            forward.attention_forward(q, k, k, torch.empty_like(q), torch.empty(b, hq, seqlen_q), cu_seqlens_q=None,
+                                      cu_seqlens_k=None, max_seqlen_q=seqlen_q, max_seqlen_k=max_k,
+                                      softmax_scale=None, window=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None,
+                                      cache_seqlens=torch.full((b,), max_k, dtype=torch.int32), block_table=table,
+                                      num_splits=num_splits)
+        return e.value.args
+
+    assert planned(64, True, 64, 4096) == (1, 3) and planned(64, True, 64, 4096, num_splits=2) == (2, 5)
+    splits, stages = planned(64, True, 4, 131072)
+    assert splits > 1 and stages == 5
+    assert planned(32, False, 64, 4096) == (1, 3) and planned(32, False, 32, 8192, hk=32) == (1, 3)
+    splits, stages = planned(32, False, 4, 131072)
+    assert splits > 1 and stages == 4
+    assert planned(64, False, 4, 131072, num_splits=8) == (8, 3)          # contiguous d = 64: no rule
+    assert planned(128, True, 4, 131072, num_splits=8) == (8, 5)          # paged d = 128: the table's 5
+    assert planned(32, True, 4, 131072, num_splits=8) == (8, 5)
+
+
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("page_size", [None, 16], ids=lambda p: f"page{p}" if p else "contiguous")
 def test_kvcache_fp8_odd_v(target, page_size):

@@ -502,7 +502,11 @@ _INTERPRET_TILES = (32, 32, 4, 1)
 # - d = 128: 3878-4101 -> (64, 64, 4, 3) 4255-4303; (64, 32, 4, 3) 3981-4188, 4 stages 3832-3862.
 # - d = 256: 3144-3195 -> (64, 32, 4, 4) 3787-3980; (64, 32, 4, 3) 3685-3908, (64, 32, 4, 2) 3619-3770. At b = 4 / 1
 #   with 131k keys: 3405 / 3226 -> 3965 / 3899.
-_GPU_DECODE_TILES = {16: (64, 64, 4, 2), 32: (64, 64, 4, 2), 64: (64, 64, 4, 3), 128: (64, 64, 4, 3),
+# - d = 32 (later; 8 rows, ratios to cuDNN, which is slow at d = 32): (64, 64, 4, 2) 5.41 -> (64, 64, 4, 3) 6.58 at
+#   b = 64 with 4k keys, 1.43 -> 1.67 at MHA b = 32 with 8k; split (b = 4 / 1 at 131k keys) 3.54 / 13.2 -> 5.59 /
+#   20.3, and 4 stages 5.96 / 22.5 there (`_GPU_SPLIT_STAGES`), 5.98 / 1.60 unsplit
+#   (history/probe_decode_d32_contig_s8_h200_63cb7d4.json). d <= 16 is not measured.
+_GPU_DECODE_TILES = {16: (64, 64, 4, 2), 32: (64, 64, 4, 3), 64: (64, 64, 4, 3), 128: (64, 64, 4, 3),
                      256: (64, 32, 4, 4)}
 # Paged caches: 5 stages make the pipeliner fetch each tile's page numbers (cp.async) a stage before the tile
 # and keep K/V two tiles ahead (three buffers; at d=256 they would not fit twice per SM). In
@@ -517,9 +521,15 @@ _GPU_DECODE_TILES = {16: (64, 64, 4, 2), 32: (64, 64, 4, 2), 64: (64, 64, 4, 3),
 # (64, 32, 4, 2) 3792 / 3942 / 3744 and (64, 32, 4, 4) 3926 / 3852 / 3610. In that sweep d = 128 kept (64, 64, 4, 5)
 # (4185-4306 at 8 rows; 3 stages 3669-3835, (64, 32, 4, 5) 3351-4005), and so did d = 64: (64, 64, 4, 3) gained at 4k
 # keys (page 16, 8 / 16 rows, 3344-3384 -> 3556-3668; page 64, 8 rows, 3495 -> 3644) but lost at b = 4 with 131k keys
-# on pages of 64, split, 3700 -> 2752 (history/probe_decode_64rows_d64_p64_s8_h200_5a2d566.json; not understood).
-_GPU_PAGED_DECODE_TILES = {16: (64, 64, 4, 5), 32: (64, 64, 4, 5), 64: (64, 64, 4, 5), 128: (64, 64, 4, 5),
+# on pages of 64, split, 3700 -> 2752 (history/probe_decode_64rows_d64_p64_s8_h200_5a2d566.json). The loss is the
+# split's: 8 rows, page 64, ratios to cuDNN in one process, 3 / 5 stages, b = 64 at 4k keys unsplit 3.86 / 3.68, the
+# same split in 2 (forced) 3.13 / 3.77, in 16 2.30 / 2.47, b = 4 at 131k (planned split) 2.95 / 3.88
+# (history/probe_decode_d64_p64_s8_splits_h200_63cb7d4.json). So 3 stages, and 5 when split (`_GPU_SPLIT_STAGES`).
+_GPU_PAGED_DECODE_TILES = {16: (64, 64, 4, 5), 32: (64, 64, 4, 5), 64: (64, 64, 4, 3), 128: (64, 64, 4, 5),
                            256: (64, 32, 4, 3)}
+# Split launches (a sequence's keys over several programs) of these 64-row tiles take more stages, measured above:
+# {(paged, padded head dim, tiles): num_stages}. (Why a split launch wants the deeper pipeline is not known.)
+_GPU_SPLIT_STAGES = {(True, 64, (64, 64, 4, 3)): 5, (False, 32, (64, 64, 4, 3)): 4}
 # Calls with at most NARROW_ROWS packed rows (one query token, GQA groups up to 16): 16-row tiles (mma.sync; wgmma
 # cannot go below 64 rows, 60 of them padding for a group of 4) and 128-key tiles. Paged: in two processes
 # (benchmarks/results/history/probe_decode_m16*_h100_3e7c534.json, ratio to cuDNN on a contiguous cache) they
@@ -1108,6 +1118,8 @@ def _portable_plan(q4, k, v, o4, lse, lse_strides, *, pair, varlen, batch, seqle
         # sequence, its decodes' (the M blocks past a sequence's rows return at once).
         num_splits = plan_num_splits(batch * heads_eff * (1 if short else m_blocks), max_seqlen_k, block_n,
                                      num_sms(q4.device), num_warps)
+    if num_splits > 1 and not interpret:
+        num_stages = _GPU_SPLIT_STAGES.get((paged, max(16, next_pow2(dqk), next_pow2(dv)), tuple(tiles)), num_stages)
     o_dst, lse_dst, split_strides, parts = o4, lse, (0, 0), None
     if num_splits > 1:
         # Partial results in fp32, one slab per split, merged after. The LSE slab is (b, sq, hq) so that each
