@@ -505,8 +505,10 @@ _INTERPRET_TILES = (32, 32, 4, 1)
 # - d = 32 (later; 8 rows, ratios to cuDNN, which is slow at d = 32): (64, 64, 4, 2) 5.41 -> (64, 64, 4, 3) 6.58 at
 #   b = 64 with 4k keys, 1.43 -> 1.67 at MHA b = 32 with 8k; split (b = 4 / 1 at 131k keys) 3.54 / 13.2 -> 5.59 /
 #   20.3, and 4 stages 5.96 / 22.5 there (`_GPU_SPLIT_STAGES`), 5.98 / 1.60 unsplit
-#   (history/probe_decode_d32_contig_s8_h200_63cb7d4.json). d <= 16 is not measured.
-_GPU_DECODE_TILES = {16: (64, 64, 4, 2), 32: (64, 64, 4, 3), 64: (64, 64, 4, 3), 128: (64, 64, 4, 3),
+#   (history/probe_decode_d32_contig_s8_h200_63cb7d4.json).
+# - d <= 16 (the same cases): (64, 64, 4, 2) 6.26 / 1.70 -> (64, 64, 4, 4) 8.78 / 2.37 unsplit, 3.95 / 14.7 -> 8.01 /
+#   27.9 split; 3 stages 8.14 / 2.30 and 6.46 / 23.3 (history/probe_decode_d16_contig_s8_h200_9282c91.json).
+_GPU_DECODE_TILES = {16: (64, 64, 4, 4), 32: (64, 64, 4, 3), 64: (64, 64, 4, 3), 128: (64, 64, 4, 3),
                      256: (64, 32, 4, 4)}
 # Paged caches: 5 stages make the pipeliner fetch each tile's page numbers (cp.async) a stage before the tile
 # and keep K/V two tiles ahead (three buffers; at d=256 they would not fit twice per SM). In
