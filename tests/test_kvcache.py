@@ -313,7 +313,7 @@ def test_split_stages(monkeypatch):
     assert splits > 1 and stages == 4
     assert planned(64, False, 4, 131072, num_splits=8) == (8, 3)          # contiguous d = 64: no rule
     assert planned(128, True, 4, 131072, num_splits=8) == (8, 5)          # paged d = 128: the table's 5
-    assert planned(32, True, 4, 131072, num_splits=8) == (8, 5)
+    assert planned(32, True, 4, 131072, num_splits=8) == (8, 5)           # paged d = 32: the table's 5
 
 
 @pytest.mark.parametrize("target", TARGETS)
