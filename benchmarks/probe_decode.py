@@ -11,11 +11,13 @@ contiguous one, byte for byte), shuffled in runs of pages that fill 2 MB, or shu
 `--head-dim` and `--seqlen-q` set the cases' head dim (128) and query rows a sequence (1; more: speculative
 decodes, unmasked, so that cuDNN computes the same). Calls that run two KV heads a program (`forward.HEAD_PAIRS`,
 `_pairs_pay`: d = 128 GQA decodes that fill the GPU unsplit) take the tiles of twice the head dim (the pairs'
-table, else the tables' 2 x d entries), which the variants leave.
+table, else the tables' 2 x d entries), which the variants leave. `--causal 0 1` runs each variant also with
+causal=True (labelled /c): at one query row that mask hides no key, so the /c runs time the causal form of the same
+work (their maxdiff is against cuDNN's unmasked output, so it means something at one row only).
 
     PYTHONPATH=src python3 benchmarks/probe_decode.py [--rounds 2] [--placement] [--variants 64,64,4,5 ...]
         [--contiguous] [--head-dim 256] [--seqlen-q 4] [--cases 64,32,8,4096,16 ...] [--kernel-copy PATH]
-        [--num-splits 0 1 4] [--out probe.json]
+        [--num-splits 0 1 4] [--causal 0 1] [--out probe.json]
 """
 import argparse
 
@@ -95,10 +97,11 @@ def probe_placement(args, rows):
         torch.cuda.empty_cache()
 
 
-def _label(tiles, suffix="", splits=0):
-    """A run's key in the rows: its tiles joined by x, or "default" for each table's own; then the kernel's suffix
-    and /sN where num_splits is forced."""
-    return ("x".join(map(str, tiles)) if tiles else "default") + suffix + (f"/s{splits}" if splits else "")
+def _label(tiles, suffix="", splits=0, causal=False):
+    """A run's key in the rows: its tiles joined by x, or "default" for each table's own; then the kernel's suffix,
+    /sN where num_splits is forced and /c where the call is causal."""
+    return (("x".join(map(str, tiles)) if tiles else "default") + suffix + (f"/s{splits}" if splits else "")
+            + ("/c" if causal else ""))
 
 
 def main():
@@ -120,6 +123,8 @@ def main():
                         "labelled +copy: a one-process A/B of a kernel change")
     p.add_argument("--num-splits", type=int, nargs="*", default=[0],
                    help="run each variant with each of these num_splits (0: the planner's), labelled /sN unless 0")
+    p.add_argument("--causal", type=int, nargs="*", default=[0],
+                   help="run each variant with each of these causal flags (1: causal=True, labelled /c)")
     p.add_argument("--out", default=None, help="also write the rows as JSON (GPU, date, commit recorded)")
     args = p.parse_args()
     cases, variants = CASES, VARIANTS
@@ -142,7 +147,8 @@ def main():
     if args.kernel_copy:
         from fmha.bench import load_module_copy
         kernels["+copy"] = load_module_copy(args.kernel_copy).attn_fwd_kernel
-    runs = [(tiles, suffix, n) for tiles in variants for suffix in kernels for n in args.num_splits]
+    runs = [(tiles, suffix, n, bool(c)) for tiles in variants for suffix in kernels for n in args.num_splits
+            for c in args.causal]
     key = max(16, triton.next_power_of_2(args.head_dim))       # the tables' key (`forward._tile_config`)
     tables = [table for *_, table in forward._DECODE_LOOKUP if key in table]      # not the head pairs' (2 x d)
     defaults = [t[key] for t in tables]
@@ -151,7 +157,7 @@ def main():
         q, k, v, lens, nbytes, cudnn, ref, row = _case(b, hq, hk, sk, page, args.head_dim, args.seqlen_q)
         k_cache, v_cache, table = (k, v, None) if page is None else paged_copy(page, k, v)
         for r in range(args.rounds):
-            for tiles, suffix, splits in runs:
+            for tiles, suffix, splits, causal in runs:
                 for table_, own in zip(tables, defaults):
                     table_[key] = tiles or own
                 # a variant's own stages in split launches too (`forward._GPU_SPLIT_STAGES` for the tables' tiles)
@@ -159,8 +165,8 @@ def main():
                 forward._PLANS.clear()
                 forward.attn_fwd_kernel = kernels[suffix]     # `attention_forward` launches the module's global
                 call = lambda: fmha.attention_with_kvcache(q, k_cache, v_cache, lens, block_table=table,
-                                                           num_splits=splits)
-                name = _label(tiles, suffix, splits)
+                                                           num_splits=splits, causal=causal)
+                name = _label(tiles, suffix, splits, causal)
                 try:
                     if r == 0:
                         row[f"{name}_maxdiff"] = (call().float() - ref).abs().max().item()
