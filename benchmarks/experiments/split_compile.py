@@ -3,8 +3,10 @@
 with SPLIT set and the split strides marked 16-divisible, as a real split call's are; PTX and cubin go to /tmp.
 
     TRITON_INTERPRET=0 PYTHONPATH=src python3 benchmarks/experiments/split_compile.py '[64, 64, 32, false, []]' True 3
+        [MASK_RIGHT=True REVERSE_M=True ...]
 
-The case is DECODE_SCRIPT's: [head dim, page size, packed rows, fp8, two forms]; then SPLIT and num_stages."""
+The case is DECODE_SCRIPT's: [head dim, page size, packed rows, fp8, two forms]; then SPLIT and num_stages, and
+any of the script's other constexprs as NAME=VALUE (its value as Python)."""
 import sys
 import textwrap
 
@@ -12,15 +14,18 @@ text = open("tests/test_compile_sm90.py").read()
 mark = "DECODE_SCRIPT = textwrap.dedent(" + "'" * 3
 start = text.index(mark) + len(mark)
 script = textwrap.dedent(text[start:text.index("'" * 3 + ")", start)])
-case, split, stages = sys.argv[1:4]
+case, split, stages, *sets = sys.argv[1:]
 script = script.replace("SPLIT=False", f"SPLIT={split}")
+if sets:                      # set after the script's own constants (`consts` is made before `ptrs`)
+    script = script.replace("ptrs = dict(Q=", f"consts.update({', '.join(sets)})\nptrs = dict(Q=", 1)
+tag = "".join(f"_{x}" for x in sets)
 script = script.replace("num_stages=stages)", f"num_stages={int(stages)})")
 script = script.replace("stages=stages,", f"stages={int(stages)},")
 script = script.replace("n not in DECODE_ODD_ARGS", "(n not in DECODE_ODD_ARGS or n.startswith('stride_o_split')"
                                                     " or n.startswith('stride_l_split'))")
 script = script.replace("print(json.dumps(dict(",
-                        f"open('/tmp/decode_split{split}_s{stages}.ptx', 'w').write(ptx); "
-                        f"open('/tmp/decode_split{split}_s{stages}.cubin', 'wb').write(k.asm['cubin']); "
+                        f"open('/tmp/decode_split{split}_s{stages}{tag}.ptx', 'w').write(ptx); "
+                        f"open('/tmp/decode_split{split}_s{stages}{tag}.cubin', 'wb').write(k.asm['cubin']); "
                         "print(json.dumps(dict(")
 sys.argv = [sys.argv[0], case]
 exec(compile(script, "DECODE_SCRIPT", "exec"))
