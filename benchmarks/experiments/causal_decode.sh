@@ -5,7 +5,7 @@
 # MASK_RIGHT=True REVERSE_M=True`, then `cuobjdump -sass` of the cubin it leaves in /tmp).
 # `causal_decode.patch` (attention_forward: right = -1 when seqlen_q == 1; exact, CPU tests of test_kvcache,
 # test_attention and test_fuzz pass with it) makes causal=True run the unmasked form; land it if /c reads slower
-# here, with a test that a causal one-row call plans MASK_RIGHT off and equals the unmasked call.
+# here. The patch carries its test (`test_causal_decode_plans_unmasked`: fails without the change).
 export PYTHONUNBUFFERED=1 PYTHONPATH=src FMHA_COMMIT=$1
 for d in 128 64; do
   python3 benchmarks/probe_decode.py --head-dim $d --rounds 3 --variants default --causal 0 1 \
