@@ -149,7 +149,7 @@ def main():
         kernels["+copy"] = load_module_copy(args.kernel_copy).attn_fwd_kernel
     runs = [(tiles, suffix, n, bool(c)) for tiles in variants for suffix in kernels for n in args.num_splits
             for c in args.causal]
-    key = max(16, triton.next_power_of_2(args.head_dim))       # the tables' key (`forward._tile_config`)
+    key = forward.tile_key(args.head_dim, args.head_dim)
     tables = [table for *_, table in forward._DECODE_LOOKUP if key in table]      # not the head pairs' (2 x d)
     defaults = [t[key] for t in tables]
     split_stages = forward._GPU_SPLIT_STAGES

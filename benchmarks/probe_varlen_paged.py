@@ -191,7 +191,7 @@ def main():
             impls["pack"] = held_call(pack=True)
         for spec in a.decode_tiles:
             impls["decode" + spec.replace(",", "_")] = held_call(
-                decode_tiles=(max(16, triton.next_power_of_2(d)), tuple(int(x) for x in spec.split(","))))
+                decode_tiles=(forward.tile_key(d, d), tuple(int(x) for x in spec.split(","))))
         if a.short_alone:
             impls["prefill_tiles"] = held_call(short_alone=False)
         if a.empty_launch:

@@ -639,12 +639,17 @@ _GPU_PAIR_DECODE_TILES = {False: {256: (16, 64, 4, 2)}, True: {}}
 _GPU_DECODE_TABLES = (*(table for *_, table in _DECODE_LOOKUP), *_GPU_PAIR_DECODE_TILES.values())
 
 
+def tile_key(dqk, dv):
+    """The tile tables' key for head dims dqk and dv: the wider padded to a power of two, at least 16."""
+    return max(16, next_pow2(dqk), next_pow2(dv))
+
+
 def _tile_config(dqk, dv, interpret, rows=None, paged=False, kv_fp8=False, pair=False):
     """Tiles for a call whose programs hold `rows` packed query rows (None: prefill-sized) on a paged KV cache
     or not, FP8 or not; `pair`: a head-pair decode (dqk and dv the pair's widths)."""
     if interpret:
         return _INTERPRET_TILES
-    key = max(16, next_pow2(dqk), next_pow2(dv))
+    key = tile_key(dqk, dv)
     if pair and key in _GPU_PAIR_DECODE_TILES[bool(paged)]:
         return _GPU_PAIR_DECODE_TILES[bool(paged)][key]
     if rows is not None:
@@ -1121,7 +1126,7 @@ def _portable_plan(q4, k, v, o4, lse, lse_strides, *, pair, varlen, batch, seqle
         num_splits = plan_num_splits(batch * heads_eff * (1 if short else m_blocks), max_seqlen_k, block_n,
                                      num_sms(q4.device), num_warps)
     if num_splits > 1 and not interpret:
-        num_stages = _GPU_SPLIT_STAGES.get((paged, max(16, next_pow2(dqk), next_pow2(dv)), tuple(tiles)), num_stages)
+        num_stages = _GPU_SPLIT_STAGES.get((paged, tile_key(dqk, dv), tiles), num_stages)
     o_dst, lse_dst, split_strides, parts = o4, lse, (0, 0), None
     if num_splits > 1:
         # Partial results in fp32, one slab per split, merged after. The LSE slab is (b, sq, hq) so that each
