@@ -284,8 +284,9 @@ class _Planned(Exception):
 @pytest.mark.cpu
 def test_split_stages(monkeypatch):
     """`forward._GPU_SPLIT_STAGES` in a 132-SM GPU's plans (speculative decodes of 8 rows, GQA 4: 32 packed rows, the
-    64-row decode tiles): the paged d = 64 and contiguous d = 32 tiles launch their table's 3 stages unsplit and the
-    rule's 5 / 4 when the keys are split, planned or forced; tiles the rule does not name keep their stages split."""
+    64-row decode tiles): the paged d = 64 and d = 256 and contiguous d = 32 tiles launch their table's 3 stages unsplit
+    and the rule's 5 / 5 / 4 when the keys are split, planned or forced; tiles the rule does not name keep their
+    stages split."""
     from fmha.kernels import forward
     monkeypatch.setattr(forward, "num_sms", lambda device: 132)
 
@@ -314,6 +315,8 @@ def test_split_stages(monkeypatch):
     assert planned(64, False, 4, 131072, num_splits=8) == (8, 3)          # contiguous d = 64: no rule
     assert planned(128, True, 4, 131072, num_splits=8) == (8, 5)          # paged d = 128: the table's 5
     assert planned(32, True, 4, 131072, num_splits=8) == (8, 5)           # paged d = 32: the table's 5
+    assert planned(256, True, 64, 4096) == (1, 3) and planned(256, True, 4, 131072, num_splits=4) == (4, 5)
+    assert planned(256, False, 4, 131072, num_splits=4) == (4, 4)         # contiguous d = 256: the table's 4
 
 
 @pytest.mark.parametrize("target", TARGETS)
