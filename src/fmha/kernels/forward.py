@@ -532,8 +532,13 @@ _GPU_PAGED_DECODE_TILES = {16: (64, 64, 4, 5), 32: (64, 64, 4, 5), 64: (64, 64, 
 # Split launches (a sequence's keys over several programs) of these 64-row tiles take more stages, measured above:
 # {(paged, padded head dim, tiles): num_stages}. (Why a split launch wants the deeper pipeline is not known.)
 # Paged d = 256 too: 8 rows, page 64, 131k keys, planned splits, GB/s best of 2 rounds in one process, 3 / 5 / 6
-# stages, b = 4 3657 / 3816 / 3807, b = 1 3532 / 3740 / 3751; contiguous (64, 32, 4, 4) level with 5 and 6 there,
-# d = 128's and d = 64's entries level or ahead of 4-6 stages (history/probe_split_stages_d*_s8_h200_55cf5c8.json).
+# stages, b = 4 3657 / 3816 / 3807, b = 1 3532 / 3740 / 3751 (history/probe_split_stages_d256_s8_h200_55cf5c8.json;
+# a second process +5.1% / +6.7%, history/probe_confirm_d256_split_s8_h200_8cfc8c7.json), though its 5 stages take
+# 132 KB of shared memory (compiled for sm_90, split): one program an SM where 3 stages' 98 KB fit two, and
+# `plan_num_splits` still counts two. In the same sweep
+# (history/probe_split_stages_d*_s8_h200_55cf5c8.json) the contiguous d = 256 entry was level with 5 and 6 stages,
+# the d = 128 entries level with or ahead of 4-6, and the contiguous d = 64 entry 1.5% behind 4 or 5 (two rounds; not
+# taken).
 _GPU_SPLIT_STAGES = {(True, 64, (64, 64, 4, 3)): 5, (False, 32, (64, 64, 4, 3)): 4, (True, 256, (64, 32, 4, 3)): 5}
 # Calls with at most NARROW_ROWS packed rows (one query token, GQA groups up to 16): 16-row tiles (mma.sync; wgmma
 # cannot go below 64 rows, 60 of them padding for a group of 4) and 128-key tiles. Paged: in two processes
