@@ -285,7 +285,7 @@ class _Planned(Exception):
 def test_split_stages(monkeypatch):
     """`forward._GPU_SPLIT_STAGES` in a 132-SM GPU's plans (speculative decodes of 8 rows, GQA 4: 32 packed rows, the
     64-row decode tiles): the paged d = 64 and d = 256 and contiguous d = 32 tiles launch their table's 3 stages unsplit
-    and the rule's 5 / 5 / 4 when the keys are split, planned or forced; tiles the rule does not name keep their
+    and the rule's 7 / 5 / 4 when the keys are split, planned or forced; tiles the rule does not name keep their
     stages split."""
     from fmha.kernels import forward
     monkeypatch.setattr(forward, "num_sms", lambda device: 132)
@@ -306,9 +306,9 @@ def test_split_stages(monkeypatch):
                                       num_splits=num_splits)
         return e.value.args
 
-    assert planned(64, True, 64, 4096) == (1, 3) and planned(64, True, 64, 4096, num_splits=2) == (2, 5)
+    assert planned(64, True, 64, 4096) == (1, 3) and planned(64, True, 64, 4096, num_splits=2) == (2, 7)
     splits, stages = planned(64, True, 4, 131072)
-    assert splits > 1 and stages == 5
+    assert splits > 1 and stages == 7
     assert planned(32, False, 64, 4096) == (1, 3) and planned(32, False, 32, 8192, hk=32) == (1, 3)
     splits, stages = planned(32, False, 4, 131072)
     assert splits > 1 and stages == 4

@@ -526,7 +526,7 @@ _GPU_DECODE_TILES = {16: (64, 64, 4, 4), 32: (64, 64, 4, 3), 64: (64, 64, 4, 3),
 # on pages of 64, split, 3700 -> 2752 (history/probe_decode_64rows_d64_p64_s8_h200_5a2d566.json). The loss is the
 # split's: 8 rows, page 64, ratios to cuDNN in one process, 3 / 5 stages, b = 64 at 4k keys unsplit 3.86 / 3.68, the
 # same split in 2 (forced) 3.13 / 3.77, in 16 2.30 / 2.47, b = 4 at 131k (planned split) 2.95 / 3.88
-# (history/probe_decode_d64_p64_s8_splits_h200_63cb7d4.json). So 3 stages, and 5 when split (`_GPU_SPLIT_STAGES`).
+# (history/probe_decode_d64_p64_s8_splits_h200_63cb7d4.json). So 3 stages, and more when split (`_GPU_SPLIT_STAGES`).
 _GPU_PAGED_DECODE_TILES = {16: (64, 64, 4, 5), 32: (64, 64, 4, 5), 64: (64, 64, 4, 3), 128: (64, 64, 4, 5),
                            256: (64, 32, 4, 3)}
 # Split launches (a sequence's keys over several programs) of these 64-row tiles take more stages, measured above:
@@ -538,8 +538,12 @@ _GPU_PAGED_DECODE_TILES = {16: (64, 64, 4, 5), 32: (64, 64, 4, 5), 64: (64, 64, 
 # `plan_num_splits` still counts two. In the same sweep
 # (history/probe_split_stages_d*_s8_h200_55cf5c8.json) the contiguous d = 256 entry was level with 5 and 6 stages,
 # the d = 128 entries level with or ahead of 4-6, and the contiguous d = 64 entry 1.5% behind 4 or 5 (two rounds; not
-# taken).
-_GPU_SPLIT_STAGES = {(True, 64, (64, 64, 4, 3)): 5, (False, 32, (64, 64, 4, 3)): 4, (True, 256, (64, 32, 4, 3)): 5}
+# taken). Paged d = 64 then went 5 -> 7 stages: 8 rows, GB/s in every round of two processes, b = 4 / b = 1 at 131k
+# keys page 64, b = 16 at 32k page 16, 5 / 7 stages 3719-3739 / 3759-3814, 3527-3539 / 3599-3606, 3795-3815 /
+# 3880-3888 (history/probe_confirm_d64_split7_s8_h200_0d3e5ab.json; the first process, 9 stages level with 7,
+# history/probe_split_deep_d64_s8_h200_7bb95f1.json). Compiled for sm_90, split: 57 / 73 KB of shared memory, three
+# programs an SM either way.
+_GPU_SPLIT_STAGES = {(True, 64, (64, 64, 4, 3)): 7, (False, 32, (64, 64, 4, 3)): 4, (True, 256, (64, 32, 4, 3)): 5}
 # Calls with at most NARROW_ROWS packed rows (one query token, GQA groups up to 16): 16-row tiles (mma.sync; wgmma
 # cannot go below 64 rows, 60 of them padding for a group of 4) and 128-key tiles. Paged: in two processes
 # (benchmarks/results/history/probe_decode_m16*_h100_3e7c534.json, ratio to cuDNN on a contiguous cache) they
