@@ -29,6 +29,9 @@ RUNNER = textwrap.dedent('''
             err = traceback.format_exc()
         print("@@case " + json.dumps([arg, out.getvalue(), err]), flush=True)
 ''')
+# Under pytest-xdist with `--dist loadgroup` (the CPU default, `conftest.pytest_cmdline_main`) one worker runs all of
+# this file's cases, so the sharing holds there too; under other `--dist` modes each case runs alone.
+pytestmark = pytest.mark.xdist_group("compile_sm90")
 _RESULTS = {}           # (script, JSON of its argument) -> (what it printed, its traceback or None)
 _TRIED = set()          # (script, JSON of its argument) run in a process already
 
@@ -48,12 +51,14 @@ def _run_scripts(script, args):
 
 def compiled(request, script, arg_of):
     """The JSON that `script` prints last when run, with the interpreter off, on `arg_of(params)` for this test's
-    parameters; the first case of a test function to run also runs its other selected cases' (one process, not
-    under pytest-xdist, whose workers share the cases out). A case whose process died is run again alone."""
+    parameters; the first case of a test function to run also runs its other selected cases' (one process; under
+    pytest-xdist only with `--dist loadgroup`, else the workers share the cases out). A case whose process died is
+    run again alone."""
     key = json.dumps(arg_of(request.node.callspec.params))
     if (script, key) not in _RESULTS:
         args = [key]
-        if "PYTEST_XDIST_WORKER" not in os.environ and (script, key) not in _TRIED:
+        grouped = "PYTEST_XDIST_WORKER" not in os.environ or getattr(request.config.option, "loadgroup", False)
+        if grouped and (script, key) not in _TRIED:
             siblings = (json.dumps(arg_of(item.callspec.params)) for item in request.session.items
                         if getattr(item, "function", None) is request.function)
             args = [a for a in dict.fromkeys([key, *siblings]) if (script, a) not in _TRIED]
