@@ -16,14 +16,15 @@ if not ON_GPU:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config):
-    """Without a GPU, spread the tests over the machine's cores (up to 8) with pytest-xdist, a test extra, when it
-    is installed and `-n` / `--dist` were not given (`-n 0` runs one process): the interpreter runs a test on one
-    core. Each compile test file's cases go to one worker (`--dist loadgroup`; its `xdist_group`), so that they
-    share the compile processes (`test_compile_sm90.compiled`)."""
+    """Without a GPU, spread the tests over the machine's cores (up to 8) with pytest-xdist, a test extra, when it is
+    installed and `-n` / `--dist` / `--pdb` / `--trace` were not given (`-n 0` runs one process): the interpreter runs a
+    test on one core. Each compile test file's cases go to one worker (`--dist loadgroup`; its `xdist_group`), so that
+    they share the compile processes (`test_compile_sm90.compiled`)."""
     if ON_GPU or hasattr(config, "workerinput") or not config.pluginmanager.hasplugin("xdist"):
         return
     cores = min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1, 8)
-    if config.option.numprocesses is None and config.option.dist == "no" and cores > 1:
+    debugging = config.getoption("usepdb", False) or config.getoption("trace", False)
+    if config.option.numprocesses is None and config.option.dist == "no" and cores > 1 and not debugging:
         config.option.numprocesses, config.option.dist = cores, "loadgroup"
 
 

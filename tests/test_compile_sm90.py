@@ -186,7 +186,7 @@ DECODE_SCRIPT = textwrap.dedent('''
                               "d256-p64-rows32", "d256-p64", "d128-p16-fp8", "d128-p64-rows32-fp8", "d256-p64-fp8",
                               "d128-p16-short-g4", "d128-p64-short-g8"])
 def test_paged_decode_tiles_fit_per_sm(case, request):
-    """The paged decode tiles (64 rows and 5 stages at d <= 128, 3 at d = 64 unsplit; 16 rows, 128 keys and 3 stages for
+    """The paged decode tiles (64 rows and 5 stages at d <= 128, d = 64: 3, 7 split; 16 rows, 128 keys and 3 stages for
     at most 16 packed rows at d = 128) exist for their pipelining, and are only worth it while two programs still fit on
     an SM: check both, the K/V loads pipelined as cp.async, and the shared memory within an H100 SM's 228 KB (less 1 KB
     the driver reserves per program) and the registers within its 64K for that many programs, with a bf16 or an FP8
