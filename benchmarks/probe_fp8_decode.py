@@ -36,10 +36,11 @@ CASES = [(64, 32, 8, 4096, None), (64, 32, 8, 4096, 16), (64, 32, 8, 4096, 64), 
 # `fmha bench decode`'s MHA row (one packed row a program); 10 and 11 tell its two traits apart: 10 as many
 # programs (1024, unsplit) in GQA groups of 4, 11 MHA's 4 KB between a key's heads with half the programs; 12 and
 # 13, case 2's bytes in half as many programs of twice the keys and in twice as many of half (what a program's
-# fixed cost, its pipeline fill and output, weighs).
+# fixed cost, its pipeline fill and output, weighs); 14 and 15, case 5's 32 packed rows at b = 4 with 131k keys,
+# paged and contiguous (split launches of the 32-row tiles).
 EXTRA_CASES = [(64, 256, 8, 4096, 64), (4, 32, 8, 131072, None), (1, 32, 8, 131072, None), (64, 256, 8, 4096, None),
                (32, 32, 32, 8192, 64), (128, 32, 8, 4096, 64), (16, 32, 32, 8192, 64), (32, 32, 8, 8192, 64),
-               (128, 32, 8, 2048, 64)]
+               (128, 32, 8, 2048, 64), (4, 256, 8, 131072, 64), (4, 256, 8, 131072, None)]
 D = 128
 
 

@@ -186,8 +186,9 @@ def test_kvcache_fp8(target, page_size, seqlen_q, num_splits):
 @pytest.mark.parametrize("d", [64, 256])
 @pytest.mark.parametrize("fp8", [False, True], ids=["cache_dtype", "fp8"])
 def test_kvcache_head_dims(target, page_size, d, fp8):
-    """A KV cache (q's dtype or FP8) at head dims 64 and 256, decode (4 packed rows) and 4 causal queries (16 rows):
-    on the GPU the 16-row tables' entries for those head dims, split by the planner."""
+    """A KV cache (q's dtype or FP8) at head dims 64 and 256, decode (4 packed rows), 4 and 8 causal queries (16, 32
+    rows): on the GPU the 16-row tables' entries for those head dims and, at 32 rows, the FP8 32-row tables' (a
+    16-bit cache's 64-row forms), split by the planner."""
     device, dtype = target
     c = _case(target)
     k_cache, v_cache, table, k, v = _cache(c["seqlens"], c["capacity"], c["hk"], d, d,
@@ -195,7 +196,7 @@ def test_kvcache_head_dims(target, page_size, d, fp8):
     b = len(c["seqlens"])
     seqlens = torch.tensor(c["seqlens"], dtype=torch.int32, device=device)
     descales = _descales(b, c["hk"], device) if fp8 else {}
-    for seqlen_q in (1, 4):
+    for seqlen_q in (1, 4, 8):
         q = torch.randn(b, seqlen_q, c["hq"], d, device=device, dtype=dtype)
         got, lse = fmha.attention_with_kvcache(q, k_cache, v_cache, seqlens, block_table=table, return_lse=True,
                                                causal=True, **descales)
