@@ -195,10 +195,11 @@ def test_paged_decode_tiles_fit_per_sm(case, request):
     an SM; at most 16 rows, 64 keys and 4 stages, ~74 KB, two an SM. An FP8 cache with at most 16 rows: 2 warps, 64 keys
     and 6 stages, the FP8 tile sweep's pick, ~39 KB, and four programs an SM, as `plan_num_splits` counts 2-warp
     programs; with 17-32 rows the same in 32-row tiles, four an SM too; at d = 256, 2 warps, 64 keys and 3 stages,
-    ~42 KB, four an SM, and with 17-32 rows 4 warps, 128 keys and 2 stages, ~88 KB and 255 registers, two an SM. A bf16 cache at d = 64 with at most 16 rows: 2 warps, 128 keys and 3 stages, ~39 KB, four an SM,
-    as its 255 registers allow.) And the short launch of a varlen call (`forward._short_tiles`, GQA groups of 4 and 8 at
-    d = 128): the narrow form and the 64-row one in one kernel, their buffers sharing the shared memory (the 64-row
-    form's ~113 KB), still two an SM."""
+    ~42 KB, four an SM, and with 17-32 rows 4 warps, 128 keys and 2 stages, ~88 KB and 255 registers, two an SM. A
+    bf16 cache at d = 64 with at most 16 rows: 2 warps, 128 keys and 3 stages, ~39 KB, four an SM, as its 255
+    registers allow.) And the short launch of a varlen call (`forward._short_tiles`, GQA groups of 4 and 8 at d =
+    128): the narrow form and the 64-row one in one kernel, their buffers sharing the shared memory (the 64-row form's
+    ~113 KB), still two an SM."""
     d, page_size, rows, programs, fp8, *two_forms = case
     info = compiled(request, DECODE_SCRIPT, lambda p: [*p["case"][:3], p["case"][4], list(p["case"][5:])])
     assert info["cp_async"] > 0, info

@@ -605,13 +605,17 @@ NARROW_ROWS = 16
 # with the table in place 2445 against 1808 (..._confirm_h200.json). Only that shape was measured; bf16 calls of
 # these rows keep the 64-row forms (32-row tiles lost there: history/probe_bf16_32rows_h200.json).
 # Head dims 64 and 256 at 32 rows (before, the 64-row forms), H200, the same shape (b = 64, 256 query heads over 8,
-# 4k keys), one process a head dim, three rounds, GB/s of FP8 bytes (history/probe_fp8_32rows_d{64,256}_h200_f5865b9
-# .json): d = 64 paged (page 64) (32, 64, 2, 6) 2765 (the 64-row form 1832, the cache's read 3874; (32, 128, 2, 4)
-# 2802, (32, 64, 2, 8) 2759, (32, 64, 2, 4) 2178, (32, 128, 4, 3) 1558), contiguous (32, 64, 2, 4) 2849 (1471; (32,
-# 64, 2, 6) 2644, (32, 128, 2, 4) 2635, (32, 64, 4, 4) 1679); d = 256 paged (32, 128, 4, 2) 3364 (1622, read 4613;
-# (32, 32, 2, 4) 2995, (32, 64, 4, 3) 2910, (32, 64, 4, 4) 2906, (32, 32, 4, 6) 2458), contiguous (32, 128, 4, 2)
-# 3480 (1945, read 4695; (32, 64, 4, 3) 3292, (32, 64, 2, 3) 2984). d = 64 paged takes d = 128's tile, level with
-# the fastest and four an SM as `plan_num_splits` counts 2-warp programs; d = 256's (88 KB, 255 registers) two an SM.
+# 4k keys), three rounds, GB/s of FP8 bytes (history/probe_fp8_32rows_d64_h200_f5865b9.json and its d256 twin):
+# d = 64 paged (page 64) (32, 64, 2, 6) 2765 (the 64-row form 1832, the cache's read 3874; (32, 128, 2, 4) 2802,
+# (32, 64, 2, 8) 2759, (32, 64, 2, 4) 2178, (32, 128, 4, 3) 1558), contiguous (32, 64, 2, 4) 2849 (1471; (32, 64, 2,
+# 6) 2644, (32, 128, 2, 4) 2635, (32, 64, 4, 4) 1679); d = 256 paged (32, 128, 4, 2) 3364 (1622, read 4613; (32, 32,
+# 2, 4) 2995, (32, 64, 4, 3) 2910, (32, 64, 4, 4) 2906, (32, 32, 4, 6) 2458), contiguous (32, 128, 4, 2) 3480 (1945,
+# read 4695; (32, 64, 4, 3) 3292, (32, 64, 2, 3) 2984). A second process with these tables
+# (history/probe_fp8_32rows_confirm_d64_h200_b7b5c5b.json, d256 twin; 2 rounds), the table's tile / the 64-row form:
+# d = 64 paged 2723 / 1830, contiguous 2795 / 1464, paged b = 4 at 131k keys (split) 2722 / 1660, where (32, 128, 2,
+# 4) read 2917 (2762 at b = 64); d = 256 paged 3278 / 1620, contiguous 3414 / 1954, b = 4 at 131k 3238 / 1880
+# ((32, 64, 4, 3) 2878 / 3209 / 2856). d = 64 paged takes d = 128's tile, four an SM as `plan_num_splits` counts
+# 2-warp programs; d = 256's (88 KB, 255 registers) fits two an SM.
 FP8_MID_ROWS = 32
 # Head dims 64 and 256 (16 rows; before, they took the 64-row wgmma form), H200, b = 64, 4k keys, one process per
 # head dim, GB/s of FP8 bytes (history/probe_fp8_d{64,256}_h200_2770dbe.json): d = 64 contiguous (16, 64, 2, 4) 2944
