@@ -4,7 +4,7 @@
 # 2. 33-64 packed rows (8 tokens a GQA group of 8) on an FP8 cache, d = 128: the 64-row wgmma form (the default;
 #    at 32 rows it read 0.45 of the cache) against two 32-row blocks a KV head (the 32-row tables' tiles) and
 #    2-warp 64-row mma.sync tiles (V read byte by byte: `v_words_mode` gives 64-row tiles 0; compiled for sm_90,
-#    (64, 64, 2, 6) is mma.sync at 255 registers, 57 KB).
+#    (64, 64, 2, 6) is mma.sync at 255 registers, 57 KB: split_compile.py ... False 6 TILES=64,64,2).
 # 3. bf16 caches at d = 64 with 32 packed rows: the 64-row tiles read 2659 GB/s paged (page 64) and 3625 contiguous
 #    against the cache's read 4573 / 4609 (0.58 / 0.79; d = 256 0.85 / 0.94) in b7b5c5b's confirm run; 32-row tiles
 #    lost to them at d = 128 only (history/probe_bf16_32rows_h200.json), d = 64 was never swept.
