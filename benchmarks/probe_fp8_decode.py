@@ -38,11 +38,12 @@ CASES = [(64, 32, 8, 4096, None), (64, 32, 8, 4096, 16), (64, 32, 8, 4096, 64), 
 # 13, case 2's bytes in half as many programs of twice the keys and in twice as many of half (what a program's
 # fixed cost, its pipeline fill and output, weighs); 14 and 15, case 5's 32 packed rows at b = 4 with 131k keys,
 # paged and contiguous (split launches of the 32-row tiles); 16 and 17, 64 packed rows (8 tokens a GQA group of 8),
-# paged and contiguous: the 64-row forms, or with --fp8-tiles 32,.. two 32-row blocks a KV head.
+# paged and contiguous: the 64-row forms, or with --fp8-tiles 32,.. two 32-row blocks a KV head; 18, case 16's 64
+# rows at b = 4 with 131k keys, paged (split launches of the 64-row forms).
 EXTRA_CASES = [(64, 256, 8, 4096, 64), (4, 32, 8, 131072, None), (1, 32, 8, 131072, None), (64, 256, 8, 4096, None),
                (32, 32, 32, 8192, 64), (128, 32, 8, 4096, 64), (16, 32, 32, 8192, 64), (32, 32, 8, 8192, 64),
                (128, 32, 8, 2048, 64), (4, 256, 8, 131072, 64), (4, 256, 8, 131072, None), (64, 512, 8, 4096, 64),
-               (64, 512, 8, 4096, None)]
+               (64, 512, 8, 4096, None), (4, 512, 8, 131072, 64)]
 D = 128
 
 

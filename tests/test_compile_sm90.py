@@ -182,10 +182,12 @@ DECODE_SCRIPT = textwrap.dedent('''
                                   (128, 64, 32, 2, False), (64, 16, 4, 4, False), (256, 64, 32, 2, False),
                                   (256, 64, 4, 2, False), (128, 16, 4, 4, True), (128, 64, 32, 4, True),
                                   (256, 64, 4, 4, True), (256, 64, 32, 2, True), (128, 16, 4, 2, False, True),
-                                  (128, 64, 8, 2, False, True)],
+                                  (128, 64, 8, 2, False, True), (64, 64, 32, 4, False), (64, 64, 32, 4, True),
+                                  (128, 64, 64, 2, True)],
                          ids=["d128-p16", "d128-p64", "d128-p16-rows32", "d128-p64-rows32", "d64-p16",
                               "d256-p64-rows32", "d256-p64", "d128-p16-fp8", "d128-p64-rows32-fp8", "d256-p64-fp8",
-                              "d256-p64-rows32-fp8", "d128-p16-short-g4", "d128-p64-short-g8"])
+                              "d256-p64-rows32-fp8", "d128-p16-short-g4", "d128-p64-short-g8", "d64-p64-rows32",
+                              "d64-p64-rows32-fp8", "d128-p64-rows64-fp8"])
 def test_paged_decode_tiles_fit_per_sm(case, request):
     """The paged decode tiles (64 rows and 5 stages at d <= 128, d = 64: 3, 7 split; 16 rows, 128 keys and 3 stages for
     at most 16 packed rows at d = 128) exist for their pipelining, and are only worth it while two programs still fit on
@@ -195,9 +197,11 @@ def test_paged_decode_tiles_fit_per_sm(case, request):
     an SM; at most 16 rows, 64 keys and 4 stages, ~74 KB, two an SM. An FP8 cache with at most 16 rows: 2 warps, 64 keys
     and 6 stages, the FP8 tile sweep's pick, ~39 KB, and four programs an SM, as `plan_num_splits` counts 2-warp
     programs; with 17-32 rows the same in 32-row tiles, four an SM too; at d = 256, 2 warps, 64 keys and 3 stages,
-    ~42 KB, four an SM, and with 17-32 rows 4 warps, 128 keys and 2 stages, ~88 KB and 255 registers, two an SM. A
-    bf16 cache at d = 64 with at most 16 rows: 2 warps, 128 keys and 3 stages, ~39 KB, four an SM, as its 255
-    registers allow.) And the short launch of a varlen call (`forward._short_tiles`, GQA groups of 4 and 8 at d =
+    ~42 KB, four an SM, and with 17-32 rows 4 warps, 128 keys and 2 stages, ~88 KB and 255 registers, two an SM; at
+    d = 64 with 17-32 rows, 2 warps, 128 keys and 4 stages, ~20 KB and 255 registers, four an SM; at d = 128 with
+    33-64 rows, the 64-row wgmma form of 128 keys and 3 stages, ~115 KB, two an SM. A bf16 cache at d = 64 with at
+    most 16 rows: 2 warps, 128 keys and 3 stages, ~39 KB, four an SM, as its 255 registers allow; with 17-32 rows,
+    2 warps, 64 keys and 6 stages, ~41 KB, four an SM.) And the short launch of a varlen call (`forward._short_tiles`, GQA groups of 4 and 8 at d =
     128): the narrow form and the 64-row one in one kernel, their buffers sharing the shared memory (the 64-row form's
     ~113 KB), still two an SM."""
     d, page_size, rows, programs, fp8, *two_forms = case
@@ -208,7 +212,8 @@ def test_paged_decode_tiles_fit_per_sm(case, request):
     assert programs * info["warps"] * 32 * -(-info["regs"] // 8) * 8 <= 65536, info
     if two_forms:
         assert info["wgmma"] > 0 and info["mma_sync"] > 0, info
-    if fp8:     # V read as 16-bit words: transposed by ldmatrix, its bytes paired by permutes (`_fp8_word_halves`)
+    if fp8 and not info["wgmma"]:   # the mma.sync forms read V as 16-bit words: transposed by ldmatrix, its bytes
+        # paired by permutes (`_fp8_word_halves`)
         assert info["v_trans"] and info["prmt"] > 0, info
 
 

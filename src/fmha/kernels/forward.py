@@ -508,6 +508,8 @@ _INTERPRET_TILES = (32, 32, 4, 1)
 #   (history/probe_decode_d32_contig_s8_h200_63cb7d4.json).
 # - d <= 16 (the same cases): (64, 64, 4, 2) 6.26 / 1.70 -> (64, 64, 4, 4) 8.78 / 2.37 unsplit, 3.95 / 14.7 -> 8.01 /
 #   27.9 split; 3 stages 8.14 / 2.30 and 6.46 / 23.3 (history/probe_decode_d16_contig_s8_h200_9282c91.json).
+# Calls of at most this many packed rows take the decode tables (prefill's `_GPU_TILES` past it).
+DECODE_ROWS = 64
 _GPU_DECODE_TILES = {16: (64, 64, 4, 4), 32: (64, 64, 4, 3), 64: (64, 64, 4, 3), 128: (64, 64, 4, 3),
                      256: (64, 32, 4, 4)}
 # Paged caches: 5 stages make the pipeliner fetch each tile's page numbers (cp.async) a stage before the tile
@@ -573,6 +575,15 @@ _GPU_SPLIT_STAGES = {(True, 64, (64, 64, 4, 3)): 7, (False, 32, (64, 64, 4, 3)):
 _GPU_NARROW_DECODE_TABLES = {False: {64: (16, 64, 4, 4), 128: (16, 128, 4, 3), 256: (16, 32, 4, 4)},
                              True: {64: (16, 128, 2, 3), 128: (16, 128, 4, 3), 256: (16, 64, 4, 4)}}
 NARROW_ROWS = 16
+# Calls of NARROW_ROWS to MID_ROWS packed rows (speculative decoding's 2-4 tokens a GQA group of 8, 8 a group of 4)
+# where the 64-row tables below lost. d = 64 (before, (64, 64, 4, 3) both; chosen on 16-row cases and never swept
+# at 32 rows), H200, b = 64, 256 query heads over 8 (32 rows of one token), 4k keys, one process, two rounds, GB/s
+# (history/probe_bf16_32rows_d64_h200_bc904dc.json; the cache's read 4475 paged, 4504 contiguous): paged (page 64)
+# (32, 64, 2, 6) 4035 (the 64-row tile 2659; (64, 128, 4, 3) 3555, (32, 64, 4, 4) 3355, (64, 64, 4, 5) 3329,
+# (32, 128, 4, 3) 3321), contiguous (64, 128, 4, 3) 4055 (3537; (64, 64, 4, 5) 3974, (32, 128, 4, 3) 3870,
+# (32, 64, 4, 4) 3666, (32, 64, 2, 6) 3463). By paged or not: {head dim: tiles}.
+_GPU_MID_DECODE_TABLES = {False: {64: (64, 128, 4, 3)}, True: {64: (32, 64, 2, 6)}}
+MID_ROWS = 32
 # An FP8 (e4m3) KV cache, at most NARROW_ROWS packed rows, contiguous / paged: its tiles are half the bytes, and
 # widening them costs instructions, so the tables above, tuned for bf16, do not carry over. Re-swept on the fp16
 # math (one conversion per pair of values) in one H100 run (benchmarks/results/probe_fp8_decode_h100.json, GB/s of
@@ -596,7 +607,7 @@ NARROW_ROWS = 16
 # The contiguous form took 2-warp programs later, with 4 stages: (16, 128, 4, 3) -> (16, 64, 2, 4) read 3173 / 3242 /
 # 2938 -> 3314 / 3443 / 3026 GB/s of FP8 bytes at b = 64 with 4k keys and b = 4 / 1 with 131k, in one process
 # (history/probe_fp8_contig_tiles_h200.json), where the paged table's (16, 64, 2, 6) lost (2606 / 2861 / 2309).
-# An FP8 cache with NARROW_ROWS to FP8_MID_ROWS packed rows (speculative decoding's 2-4 tokens a GQA group of
+# An FP8 cache with NARROW_ROWS to MID_ROWS packed rows (speculative decoding's 2-4 tokens a GQA group of
 # 8, 16 heads a KV head): 32-row mma.sync tiles in place of the 64-row wgmma form, which read 2038 GB/s of FP8
 # bytes (0.45 of the cache's read) at b = 64, 256 query heads over 8, page 64, 4k keys; paged, (32, 64, 2, 6) read
 # 2480 there, (32, 128, 4, 3) 2323, (32, 64, 4, 6) 1982 (history/probe_fp8_32rows_h200.json, one process). The
@@ -614,9 +625,17 @@ NARROW_ROWS = 16
 # (history/probe_fp8_32rows_confirm_d64_h200_b7b5c5b.json, d256 twin; 2 rounds), the table's tile / the 64-row form:
 # d = 64 paged 2723 / 1830, contiguous 2795 / 1464, paged b = 4 at 131k keys (split) 2722 / 1660, where (32, 128, 2,
 # 4) read 2917 (2762 at b = 64); d = 256 paged 3278 / 1620, contiguous 3414 / 1954, b = 4 at 131k 3238 / 1880
-# ((32, 64, 4, 3) 2878 / 3209 / 2856). d = 64 paged takes d = 128's tile, four an SM as `plan_num_splits` counts
-# 2-warp programs; d = 256's (88 KB, 255 registers) fits two an SM.
-FP8_MID_ROWS = 32
+# ((32, 64, 4, 3) 2878 / 3209 / 2856). d = 256's (88 KB, 255 registers) fits two an SM. d = 64 paged then took
+# (32, 128, 2, 4) for d = 128's tile (32, 64, 2, 6), as a third process agreed (b = 64 2719 / 2697, b = 4 at 131k
+# 2872 / 2680; history/probe_fp8_32rows_d64_p_h200_bc904dc.json): 20 KB and 255 registers, four an SM as
+# `plan_num_splits` counts 2-warp programs.
+# 33-64 packed rows (8 tokens a GQA group of 8) keep the 64-row wgmma form, which widens each FP8 tile in registers
+# and stores it back for the wgmma, so it reads ~0.45 of the cache (in tokens a second 0.96 of a bf16 cache). d = 128,
+# b = 64, 512 query heads over 8, 4k keys, GB/s of FP8 bytes (history/probe_fp8_64rows{,_paged}_h200_bc904dc.json,
+# two processes): paged (page 64), (64, 128, 4, 3) 2153 / 2149 against the bf16 table's (64, 64, 4, 5) 2053 / 2058
+# ((64, 128, 4, 4) 2148, two 32-row blocks a KV head (32, 64, 2, 6) 1556 and (32, 128, 4, 3) 1351, (64, 128, 8, 3)
+# 1219, 2-warp mma.sync (64, 64, 2, 6) 540, its V read byte by byte); contiguous, the bf16 table's (64, 64, 4, 3)
+# 2089 stays ((64, 128, 4, 3) 1755, (32, 128, 4, 3) 1528).
 # Head dims 64 and 256 (16 rows; before, they took the 64-row wgmma form), H200, b = 64, 4k keys, one process per
 # head dim, GB/s of FP8 bytes (history/probe_fp8_d{64,256}_h200_2770dbe.json): d = 64 contiguous (16, 64, 2, 4) 2944
 # (the cache's read 3633; (16, 64, 2, 6) 2676, (16, 128, 4, 3) 2734, (16, 64, 4, 4) 2864), paged (page 64)
@@ -627,8 +646,9 @@ FP8_MID_ROWS = 32
 _GPU_FP8_DECODE_TABLES = {
     (False, NARROW_ROWS): {64: (16, 64, 2, 4), 128: (16, 64, 2, 4), 256: (16, 64, 4, 4)},
     (True, NARROW_ROWS): {64: (16, 64, 2, 6), 128: (16, 64, 2, 6), 256: (16, 64, 2, 3)},
-    (False, FP8_MID_ROWS): {64: (32, 64, 2, 4), 128: (32, 128, 4, 3), 256: (32, 128, 4, 2)},
-    (True, FP8_MID_ROWS): {64: (32, 64, 2, 6), 128: (32, 64, 2, 6), 256: (32, 128, 4, 2)},
+    (False, MID_ROWS): {64: (32, 64, 2, 4), 128: (32, 128, 4, 3), 256: (32, 128, 4, 2)},
+    (True, MID_ROWS): {64: (32, 128, 2, 4), 128: (32, 64, 2, 6), 256: (32, 128, 4, 2)},
+    (True, DECODE_ROWS): {128: (64, 128, 4, 3)},
 }
 # How the mma.sync forms read an FP8 V (`_fp8_word_halves`): 2 as 16-bit words split by byte permutes, 1 the same
 # split in triton.language (what the interpreter runs), 0 byte by byte as before. The loop of the paged 2-warp form
@@ -640,13 +660,12 @@ _GPU_FP8_DECODE_TABLES = {
 # (history/probe_fp8_v_words_h200_23d1441.json). With mode 2 the tables' tiles still led (16, 128, 2, 3),
 # (16, 128, 4, 3) and (16, 64, 4, 6) in the same run.
 FP8_V_WORDS = 2
-# Calls of at most this many packed rows take the decode tables (prefill's `_GPU_TILES` past it).
-DECODE_ROWS = 64
 # The decode tables in the order `_tile_config` tries them, the first holding the head dim wins: (FP8 caches only,
 # paged or not, at most this many packed rows, table). An FP8 call with no FP8 entry takes the bf16 ones.
 _DECODE_LOOKUP = (
     *((True, paged, bound, table) for (paged, bound), table in _GPU_FP8_DECODE_TABLES.items()),
     *((False, paged, NARROW_ROWS, table) for paged, table in _GPU_NARROW_DECODE_TABLES.items()),
+    *((False, paged, MID_ROWS, table) for paged, table in _GPU_MID_DECODE_TABLES.items()),
     (False, False, DECODE_ROWS, _GPU_DECODE_TILES),
     (False, True, DECODE_ROWS, _GPU_PAGED_DECODE_TILES),
 )
@@ -836,7 +855,10 @@ def _short_tiles(dqk, dv, group, paged, interpret, rows=None, paired=False):
     (the launch's M blocks)."""
     one = rows is not None
     rows = rows or _short_cap(group, paired)
-    tiles = _tile_config(dqk, dv, interpret, rows=min(rows * group, DECODE_ROWS), paged=paged)
+    # Past NARROW_ROWS packed rows the 64-row tables' form (`_GPU_MID_DECODE_TABLES` was measured on calls of one
+    # query length, not beside a chunk).
+    packed = rows * group
+    tiles = _tile_config(dqk, dv, interpret, rows=packed if packed <= NARROW_ROWS else DECODE_ROWS, paged=paged)
     narrow_rows = min(NARROW_ROWS // group, rows)
     if narrow_rows == 0 or narrow_rows == rows:
         return rows, tiles, None
