@@ -201,9 +201,9 @@ def test_paged_decode_tiles_fit_per_sm(case, request):
     d = 64 with 17-32 rows, 2 warps, 128 keys and 4 stages, ~20 KB and 255 registers, four an SM; at d = 128 with
     33-64 rows, the 64-row wgmma form of 128 keys and 3 stages, ~115 KB, two an SM. A bf16 cache at d = 64 with at
     most 16 rows: 2 warps, 128 keys and 3 stages, ~39 KB, four an SM, as its 255 registers allow; with 17-32 rows,
-    2 warps, 64 keys and 6 stages, ~41 KB, four an SM.) And the short launch of a varlen call (`forward._short_tiles`, GQA groups of 4 and 8 at d =
-    128): the narrow form and the 64-row one in one kernel, their buffers sharing the shared memory (the 64-row form's
-    ~113 KB), still two an SM."""
+    2 warps, 64 keys and 6 stages, ~41 KB, four an SM.) And the short launch of a varlen call
+    (`forward._short_tiles`, GQA groups of 4 and 8 at d = 128): the narrow form and the 64-row one in one kernel,
+    their buffers sharing the shared memory (the 64-row form's ~113 KB), still two an SM."""
     d, page_size, rows, programs, fp8, *two_forms = case
     info = compiled(request, DECODE_SCRIPT, lambda p: [*p["case"][:3], p["case"][4], list(p["case"][5:])])
     assert info["cp_async"] > 0, info

@@ -771,8 +771,8 @@ def _gpu_decode_tiles():
 @pytest.mark.parametrize("seqlen_q,num_splits", [(1, 1), (1, 3), (4, 2)])
 def test_kvcache_gpu_tile_shapes(tiles, fp8, page_size, seqlen_q, num_splits, monkeypatch):
     """The interpreter runs its own small tiles; this runs the tile shapes the GPU tables pick for decode (16-row
-    tiles of 32 to 128 keys and 64-row / 64-key tiles, so 1 to 8 pages per key tile, or a tile inside one page, or a
-    contiguous cache; and the FP8 tables' 16-row and 32-row tiles on an FP8 cache with descales) on a GQA
+    tiles of 32 to 128 keys, 32-row ones of 64 keys and 64-row ones of 32 to 128, so 1 to 8 pages per key tile, or a
+    tile inside one page, or a contiguous cache; and the FP8 tables' tiles on an FP8 cache with descales) on a GQA
     group of 4 (4 or, with 4 causal query tokens, 16 packed rows) with shuffled pages and NaN in every slot the
     kernel must not read."""
     from fmha.kernels import forward

@@ -576,12 +576,16 @@ _GPU_NARROW_DECODE_TABLES = {False: {64: (16, 64, 4, 4), 128: (16, 128, 4, 3), 2
                              True: {64: (16, 128, 2, 3), 128: (16, 128, 4, 3), 256: (16, 64, 4, 4)}}
 NARROW_ROWS = 16
 # Calls of NARROW_ROWS to MID_ROWS packed rows (speculative decoding's 2-4 tokens a GQA group of 8, 8 a group of 4)
-# where the 64-row tables below lost. d = 64 (before, (64, 64, 4, 3) both; chosen on 16-row cases and never swept
+# where the 64-row tables above lost. d = 64 (before, (64, 64, 4, 3) both; chosen on 16-row cases and never swept
 # at 32 rows), H200, b = 64, 256 query heads over 8 (32 rows of one token), 4k keys, one process, two rounds, GB/s
 # (history/probe_bf16_32rows_d64_h200_bc904dc.json; the cache's read 4475 paged, 4504 contiguous): paged (page 64)
 # (32, 64, 2, 6) 4035 (the 64-row tile 2659; (64, 128, 4, 3) 3555, (32, 64, 4, 4) 3355, (64, 64, 4, 5) 3329,
 # (32, 128, 4, 3) 3321), contiguous (64, 128, 4, 3) 4055 (3537; (64, 64, 4, 5) 3974, (32, 128, 4, 3) 3870,
-# (32, 64, 4, 4) 3666, (32, 64, 2, 6) 3463). By paged or not: {head dim: tiles}.
+# (32, 64, 4, 4) 3666, (32, 64, 2, 6) 3463). A second process with the table in place, new / old tile
+# (history/probe_mid_d64_confirm_h200_afbef6a.json): paged 4209 / 2667, contiguous 4197 / 3646; b = 4 at 131k keys
+# (split) paged 4222 / 3790, contiguous 4345 / 4106. 8 query tokens a GQA group of 4 (32 rows; b = 64, 32 / 8
+# heads, 4k keys; ratios to cuDNN, causal in brackets): page 16 4.43 / 4.02 (4.39 / 2.85), page 64 4.48 / 4.00
+# (4.45 / 4.01), contiguous level (4.46 / 4.48, causal 4.39 / 4.45). By paged or not: {head dim: tiles}.
 _GPU_MID_DECODE_TABLES = {False: {64: (64, 128, 4, 3)}, True: {64: (32, 64, 2, 6)}}
 MID_ROWS = 32
 # An FP8 (e4m3) KV cache, at most NARROW_ROWS packed rows, contiguous / paged: its tiles are half the bytes, and
@@ -635,7 +639,8 @@ MID_ROWS = 32
 # two processes): paged (page 64), (64, 128, 4, 3) 2153 / 2149 against the bf16 table's (64, 64, 4, 5) 2053 / 2058
 # ((64, 128, 4, 4) 2148, two 32-row blocks a KV head (32, 64, 2, 6) 1556 and (32, 128, 4, 3) 1351, (64, 128, 8, 3)
 # 1219, 2-warp mma.sync (64, 64, 2, 6) 540, its V read byte by byte); contiguous, the bf16 table's (64, 64, 4, 3)
-# 2089 stays ((64, 128, 4, 3) 1755, (32, 128, 4, 3) 1528).
+# 2089 stays ((64, 128, 4, 3) 1755, (32, 128, 4, 3) 1528). With the entry in place, a third process
+# (history/probe_fp8_64rows_confirm_h200_afbef6a.json): 2155 / 2055, and b = 4 at 131k keys (split) 2167 / 2058.
 # Head dims 64 and 256 (16 rows; before, they took the 64-row wgmma form), H200, b = 64, 4k keys, one process per
 # head dim, GB/s of FP8 bytes (history/probe_fp8_d{64,256}_h200_2770dbe.json): d = 64 contiguous (16, 64, 2, 4) 2944
 # (the cache's read 3633; (16, 64, 2, 6) 2676, (16, 128, 4, 3) 2734, (16, 64, 4, 4) 2864), paged (page 64)
