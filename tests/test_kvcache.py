@@ -284,10 +284,10 @@ class _Planned(Exception):
 
 @pytest.mark.cpu
 def test_split_stages(monkeypatch):
-    """`forward._GPU_SPLIT_STAGES` in a 132-SM GPU's plans (speculative decodes of 8 rows, GQA 4: 32 packed rows, the
+    """`forward._GPU_SPLIT_STAGES` in a 132-SM GPU's plans (speculative decodes of 16 rows, GQA 4: 64 packed rows, the
     64-row decode tiles): the paged d = 64 and d = 256 and contiguous d = 32 tiles launch their table's 3 stages unsplit
     and the rule's 7 / 5 / 4 when the keys are split, planned or forced; tiles the rule does not name keep their
-    stages split."""
+    stages split (paged d = 64 at 32 rows, the 17-32-row table's (32, 64, 2, 6), among them)."""
     from fmha.kernels import forward
     monkeypatch.setattr(forward, "num_sms", lambda device: 132)
 
@@ -295,7 +295,7 @@ def test_split_stages(monkeypatch):
         raise _Planned(grid[2], meta["num_stages"])
     monkeypatch.setattr(forward, "launch", launch)
 
-    def planned(d, paged, b, max_k, num_splits=0, hq=32, hk=8, seqlen_q=8):
+    def planned(d, paged, b, max_k, num_splits=0, hq=32, hk=8, seqlen_q=16):
         q = torch.zeros(b, seqlen_q, hq, d, dtype=torch.float16)
         k = torch.zeros((2, 64, hk, d) if paged else (b, 64, hk, d), dtype=torch.float16)    # the plan reads max_k
         table = torch.zeros(b, max_k // 64, dtype=torch.int32) if paged else None
@@ -310,6 +310,8 @@ def test_split_stages(monkeypatch):
     assert planned(64, True, 64, 4096) == (1, 3) and planned(64, True, 64, 4096, num_splits=2) == (2, 7)
     splits, stages = planned(64, True, 4, 131072)
     assert splits > 1 and stages == 7
+    assert planned(64, True, 64, 4096, seqlen_q=8) == (1, 6) and planned(64, True, 4, 131072, num_splits=8,
+                                                                         seqlen_q=8) == (8, 6)
     assert planned(32, False, 64, 4096) == (1, 3) and planned(32, False, 32, 8192, hk=32) == (1, 3)
     splits, stages = planned(32, False, 4, 131072)
     assert splits > 1 and stages == 4
