@@ -7,6 +7,9 @@
 #    d = 64 entry at 64 rows: 1837 / 1486 GB/s of FP8 bytes there);
 # 2. 16 query tokens a GQA group of 4 (64 rows), causal and not, pages 16 / 64 / contiguous and b = 4 at 131k;
 #    (64, 64, 4, 7) is what the split case runs today.
+# Compiled for sm_90 (split_compile.py '[64, 64, 64, false, []]' True 3 TILES=64,128,4): 75 KB and 229-231
+# registers, two an SM (by registers), where (64, 64, 4, 7) split is 75 KB and 128 registers, three an SM; the FP8
+# (64, 128, 4, 3) 57 KB and 206.
 # If (64, 128, 4, 3) leads, a second process decides, with the short launch measured (`probe_varlen_paged`).
 export PYTHONUNBUFFERED=1 PYTHONPATH=src FMHA_COMMIT=$1
 nvidia-smi --query-gpu=name --format=csv,noheader
