@@ -20,3 +20,8 @@ timeout 220 python3 benchmarks/probe_decode.py --head-dim 64 --seqlen-q 16 --rou
   --cases 64,32,8,4096,16 64,32,8,4096,64 64,32,8,4096,- 4,32,8,131072,64 \
   --variants default 64,128,4,3 64,64,4,7 --out $OUT/probe_rows64_d64_spec16_h200_$1.json 2>&1 \
   | grep -v Warning | tail -4
+# 3. The split case of 8 tokens a group of 4 (32 rows: the 17-32-row table's tiles since afbef6a), whose probe ran
+#    past its timeout in mid_rows_confirm.sh: the new tiles (default) against the old 64-row tile (3 stages; 7 split).
+timeout 120 python3 benchmarks/probe_decode.py --head-dim 64 --seqlen-q 8 --rounds 2 \
+  --cases 4,32,8,131072,64 4,32,8,131072,- --variants default 64,64,4,3 64,64,4,7 \
+  --out $OUT/probe_mid_d64_spec8_split_h200_$1.json 2>&1 | grep -v Warning | tail -2
