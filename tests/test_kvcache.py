@@ -187,8 +187,8 @@ def test_kvcache_fp8(target, page_size, seqlen_q, num_splits):
 @pytest.mark.parametrize("fp8", [False, True], ids=["cache_dtype", "fp8"])
 def test_kvcache_head_dims(target, page_size, d, fp8):
     """A KV cache (q's dtype or FP8) at head dims 64 and 256, decode (4 packed rows), 4 and 8 causal queries (16, 32
-    rows): on the GPU the 16-row tables' entries for those head dims and, at 32 rows, the FP8 32-row tables' (a
-    16-bit cache's 64-row forms), split by the planner."""
+    rows): on the GPU the 16-row tables' entries for those head dims and, at 32 rows, the 17-32-row tables' (FP8;
+    a 16-bit cache's at d = 64, the 64-row forms at d = 256), split by the planner."""
     device, dtype = target
     c = _case(target)
     k_cache, v_cache, table, k, v = _cache(c["seqlens"], c["capacity"], c["hk"], d, d,
