@@ -6,7 +6,7 @@ paged (pages shuffled as the bench shuffles them), once in bf16 and once as floa
 cache (`kernels.kv_read`, the yardstick `fmha bench decode` uses), and cuDNN SDPA on the contiguous bf16 cache, all in
 one process with CUDA-graph timing. GB/s count each call's own bytes (an FP8 cache is half the K/V bytes);
 `fp8_speedup` is the bf16 call's time over the FP8 call's (tokens a second). Paged caches also run with the 64-row
-decode tiles in place of the 16-row ones (`_with_tiles`: what FP8 calls of head dims without an FP8 table entry
+decode tiles in place of the 16- and 32-row ones (`_with_tiles`: what FP8 calls of head dims without an FP8 table entry
 run). Every call is checked first: bf16 against cuDNN, FP8 against the fp32
 oracle on the same FP8 values.
 
@@ -56,8 +56,8 @@ def _read_call(k_cache, v_cache, table, keys):
 
 def _with_tiles(fn, tiles=None, key=None):
     """fn run (and so captured, under graph timing) with `tiles` (BLOCK_M, BLOCK_N, num_warps, num_stages) in
-    every decode table at head dim `key` (default D), or, with tiles None, with the 16-row decode tiles (bf16, FP8)
-    and the FP8 32-row ones switched off (the 64-row forms)."""
+    every decode table at head dim `key` (default D), or, with tiles None, with every table below DECODE_ROWS rows
+    (the 16-row and 32-row ones, bf16 and FP8) switched off (the 64-row forms)."""
     def call():
         saved = [dict(t) for t in forward._GPU_DECODE_TABLES]
         if tiles is None:

@@ -560,7 +560,6 @@ _GPU_SPLIT_STAGES = {(True, 64, (64, 64, 4, 3)): 7, (False, 32, (64, 64, 4, 3)):
 # (16, 64, 2, 6) 4133 / 4233, (16, 128, 4, 3) 3966 / 4447); paged, page 16 / page 64 / b = 4 at 131k page 64,
 # (16, 64, 2, 6) 4279 / 4330 / 4369 (the 64-row form 3523 / 3415 / 3901; (16, 128, 2, 4) 4262 / 4339 / 4409 at 255
 # registers, (16, 128, 4, 3) 4241 / 4298 / 3899, (16, 64, 4, 4) 3964 / 3911 / 2643).
-# By paged or not: {head dim: tiles}.
 # Head dim 256 (before, the 64-row forms: 0.77 / 0.70 of the cache's read contiguous / page 64), H200, one process,
 # GB/s (history/probe_bf16_d256_h200_986a797.json; the cache's read 4485-4615, cuDNN on the contiguous cache
 # 3403-3464): contiguous, b = 64 at 4k / b = 4 at 131k keys, (16, 32, 4, 4) 4523 / 4519 (the 64-row form 3855 /
@@ -572,8 +571,6 @@ _GPU_SPLIT_STAGES = {(True, 64, (64, 64, 4, 3)): 7, (False, 32, (64, 64, 4, 3)):
 # cuDNN's 4420-4582; (16, 128, 2, 3), 255 registers (no spills, options on or off) and so four an SM, read 4206-4495
 # on those grids and level or ahead on b = 64 x 8 (4351 against 4332), H200, one process
 # (history/probe_bf16_d64_many_h200_aa075bf.json; the cases and the other tiles tried are in NOTES.md).
-_GPU_NARROW_DECODE_TABLES = {False: {64: (16, 64, 4, 4), 128: (16, 128, 4, 3), 256: (16, 32, 4, 4)},
-                             True: {64: (16, 128, 2, 3), 128: (16, 128, 4, 3), 256: (16, 64, 4, 4)}}
 NARROW_ROWS = 16
 # Calls of NARROW_ROWS to MID_ROWS packed rows (speculative decoding's 2-4 tokens a GQA group of 8, 8 a group of 4)
 # where the 64-row tables above lost. d = 64 (before, (64, 64, 4, 3) both; chosen on 16-row cases and never swept
@@ -585,9 +582,16 @@ NARROW_ROWS = 16
 # (history/probe_mid_d64_confirm_h200_afbef6a.json): paged 4209 / 2667, contiguous 4197 / 3646; b = 4 at 131k keys
 # (split) paged 4222 / 3790, contiguous 4345 / 4106. 8 query tokens a GQA group of 4 (32 rows; b = 64, 32 / 8
 # heads, 4k keys; ratios to cuDNN, causal in brackets): page 16 4.43 / 4.02 (4.39 / 2.85), page 64 4.48 / 4.00
-# (4.45 / 4.01), contiguous level (4.46 / 4.48, causal 4.39 / 4.45). By paged or not: {head dim: tiles}.
-_GPU_MID_DECODE_TABLES = {False: {64: (64, 128, 4, 3)}, True: {64: (32, 64, 2, 6)}}
+# (4.45 / 4.01), contiguous level (4.46 / 4.48, causal 4.39 / 4.45).
 MID_ROWS = 32
+# The 16-bit caches' tables above, as the FP8 ones below, by (paged, at most this many packed rows), the smaller
+# bound first: {head dim: tiles}.
+_GPU_16BIT_DECODE_TABLES = {
+    (False, NARROW_ROWS): {64: (16, 64, 4, 4), 128: (16, 128, 4, 3), 256: (16, 32, 4, 4)},
+    (True, NARROW_ROWS): {64: (16, 128, 2, 3), 128: (16, 128, 4, 3), 256: (16, 64, 4, 4)},
+    (False, MID_ROWS): {64: (64, 128, 4, 3)},
+    (True, MID_ROWS): {64: (32, 64, 2, 6)},
+}
 # An FP8 (e4m3) KV cache, at most NARROW_ROWS packed rows, contiguous / paged: its tiles are half the bytes, and
 # widening them costs instructions, so the tables above, tuned for bf16, do not carry over. Re-swept on the fp16
 # math (one conversion per pair of values) in one H100 run (benchmarks/results/probe_fp8_decode_h100.json, GB/s of
@@ -669,8 +673,7 @@ FP8_V_WORDS = 2
 # paged or not, at most this many packed rows, table). An FP8 call with no FP8 entry takes the bf16 ones.
 _DECODE_LOOKUP = (
     *((True, paged, bound, table) for (paged, bound), table in _GPU_FP8_DECODE_TABLES.items()),
-    *((False, paged, NARROW_ROWS, table) for paged, table in _GPU_NARROW_DECODE_TABLES.items()),
-    *((False, paged, MID_ROWS, table) for paged, table in _GPU_MID_DECODE_TABLES.items()),
+    *((False, paged, bound, table) for (paged, bound), table in _GPU_16BIT_DECODE_TABLES.items()),
     (False, False, DECODE_ROWS, _GPU_DECODE_TILES),
     (False, True, DECODE_ROWS, _GPU_PAGED_DECODE_TILES),
 )
@@ -860,7 +863,7 @@ def _short_tiles(dqk, dv, group, paged, interpret, rows=None, paired=False):
     (the launch's M blocks)."""
     one = rows is not None
     rows = rows or _short_cap(group, paired)
-    # Past NARROW_ROWS packed rows the 64-row tables' form (`_GPU_MID_DECODE_TABLES` was measured on calls of one
+    # Past NARROW_ROWS packed rows the 64-row tables' form (the MID_ROWS tables were measured on calls of one
     # query length, not beside a chunk).
     packed = rows * group
     tiles = _tile_config(dqk, dv, interpret, rows=packed if packed <= NARROW_ROWS else DECODE_ROWS, paged=paged)
