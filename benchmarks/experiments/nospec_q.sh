@@ -1,0 +1,18 @@
+# One-process A/B (ninety-second session): attn_fwd_kernel with seqlen_q left unspecialised
+# (`forward_nospec_q.py`: `@triton.jit(do_not_specialize=["seqlen_q"])`) against the package's, where Triton
+# specialises a seqlen_q of 1 (every one-token decode). Compiled for sm_90 (split_compile.py with seqlen_q=1 as a
+# constexpr), the specialisation costs registers: paged d = 64 (64, 64, 4, 3) 127 -> 142 (four programs an SM ->
+# three), paged d = 16 (64, 64, 4, 5) 90 -> 98 (five -> four); issue 3's d = 128 16-row form 190 -> 194 (two
+# either way). `bash benchmarks/experiments/nospec_q.sh COMMIT`
+export PYTHONUNBUFFERED=1 PYTHONPATH=src FMHA_COMMIT=$1
+K=benchmarks/experiments/forward_nospec_q.py
+timeout 150 python3 benchmarks/probe_decode.py --head-dim 128 --rounds 2 --variants default --kernel-copy $K \
+  --out $OUT/probe_nospec_d128_h200_$1.json 2>&1 | grep -v Warning | tail -6
+timeout 120 python3 benchmarks/probe_decode.py --head-dim 64 --rounds 2 --variants default --kernel-copy $K \
+  --cases 64,512,8,4096,64 64,512,8,4096,- 64,32,8,4096,16 64,32,8,4096,- 4,32,8,131072,64 \
+  --out $OUT/probe_nospec_d64_h200_$1.json 2>&1 | grep -v Warning | tail -5
+timeout 80 python3 benchmarks/probe_decode.py --head-dim 16 --rounds 2 --variants default --kernel-copy $K \
+  --cases 64,32,8,4096,16 64,32,8,4096,64 --out $OUT/probe_nospec_d16_h200_$1.json 2>&1 | grep -v Warning | tail -2
+timeout 80 python3 benchmarks/probe_decode.py --head-dim 256 --rounds 2 --variants default --kernel-copy $K \
+  --cases 64,32,8,4096,16 64,32,8,4096,64 64,32,8,4096,- --out $OUT/probe_nospec_d256_h200_$1.json 2>&1 \
+  | grep -v Warning | tail -3
