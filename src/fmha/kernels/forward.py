@@ -719,6 +719,32 @@ def v_words_mode(kv_fp8, block_m, interpret=False):
     return 1 if interpret else FP8_V_WORDS
 
 
+# Triton compiles an i32 argument of 1 as the constant 1, so one-token calls (seqlen_q = 1) run a form of their own.
+# In the 64-row (wgmma) forms the constant costs registers: compiled for sm_90 (benchmarks/experiments/
+# split_compile.py with seqlen_q=1 as a constexpr), paged d = 64 (64, 64, 4, 3) 127 -> 142, four programs an SM ->
+# three; paged d = 16 (64, 64, 4, 5) 90 -> 98, five -> four. H200, one process, GB/s, the package's kernel against
+# one with seqlen_q unspecialised (history/probe_nospec_d{16,64,128,256}_h200_e8f795b.json): d = 64, b = 64, one token
+# of 512 query heads over 8 (64 packed rows), 4k keys, page 64 2642 -> 3543, contiguous 3457 -> 4065 (the same
+# tile read 3550 / 4050 with those 64 rows as 16 tokens of 4 heads, history/probe_gp_shape_h200_b0476d1.json);
+# d = 16 (64-row forms at one token too) page 64 1715 -> 1750, page 16 1862 -> 1854. The 16-row forms keep the
+# constant: unspecialised, d = 64 one-token decodes lost 0.2-0.5% (page 16 4170 -> 4148, contiguous 4185 -> 4170,
+# b = 4 at 131k 4339 -> 4328) and d = 128 / 256 were level (issue 3's rows within 0.1%, b = 1 at 131k +0.5%).
+_UNSPECIALISED_Q = {}
+
+
+def _forward_kernel(block_m):
+    """The kernel a launch of `block_m`-row tiles takes: `attn_fwd_kernel` below 64 rows, else the same function
+    jitted with seqlen_q never specialised (made once per kernel object: probes that swap `attn_fwd_kernel` for a
+    patched copy get that copy's twin)."""
+    kernel = attn_fwd_kernel
+    if block_m < 64:
+        return kernel
+    twin = _UNSPECIALISED_Q.get(kernel)
+    if twin is None:
+        twin = _UNSPECIALISED_Q[kernel] = triton.jit(kernel.fn, do_not_specialize=["seqlen_q"])
+    return twin
+
+
 def _tma_ok(t, d, block_d):
     """Device-side TMA descriptors need 16-byte aligned base and row stride, and a box of <= 256 columns."""
     es = t.element_size()
@@ -1118,7 +1144,7 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
         args = (q4, k4, v4, o_dst, lse_dst, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks, k_desc, v_desc,
                 cache_seqlens, block_table, window_lefts, *(None if d is None else d.contiguous() for d in descales),
                 k_starts, *plan.scalars)
-        launch(attn_fwd_kernel, plan.grid, args, plan.meta, plan.fixed)
+        launch(_forward_kernel(plan.meta["BLOCK_M"]), plan.grid, args, plan.meta, plan.fixed)
         if plan.splits > 1:
             rows = seqlen_q * heads_q
             combine(out, lse, o_parts.view(plan.splits, batch, rows, dv), lse_parts.view(plan.splits, batch, rows),
