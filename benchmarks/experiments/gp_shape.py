@@ -1,14 +1,14 @@
 """Same 64 packed rows, other packings: does a decode tile read a cache as fast whether its rows are 64 query
 heads of one token or 4 heads of 16 tokens? (The ninety-second session saw (64, 64, 4, 3) at d = 64 read 2650 GB/s
 for one token of 512 heads over 8 and ~3550 for 16 tokens of 32 heads over 8, paged, b = 64, 4k keys.)
-One process, CUDA-graph timing, GB/s of K + V + Q + O bytes; prints a table and writes JSON to argv[1]."""
-import json
+One process, CUDA-graph timing, GB/s of K + V + Q + O bytes; prints each row and writes them as JSON to argv[1]
+(the first run, history/probe_gp_shape_h200_b0476d1.json, recorded only the GPU: date 2026-11-30, commit b0476d1)."""
 import sys
 
 import torch
 
 import fmha
-from fmha.bench import bench_gpu_graph, paged_copy
+from fmha.bench import bench_gpu_graph, paged_copy, save_sweep
 from fmha.kernels import forward
 
 B, HK, SK, PAGE = 64, 8, 4096, 64
@@ -42,4 +42,4 @@ for d in (64, 128):
                 row = dict(d=d, sq=sq, hq=hq, paged=paged, tiles=tiles or "default", gbps=gbps)
                 rows.append(row)
                 print(row, flush=True)
-json.dump(dict(gpu=torch.cuda.get_device_name(), rows=rows), open(sys.argv[1], "w"), indent=1)
+save_sweep(sys.argv[1], rows)       # with the GPU, date and commit (set FMHA_COMMIT on the device)
