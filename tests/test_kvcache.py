@@ -236,17 +236,18 @@ def test_kvcache_head_pairs(target, page_size, d, monkeypatch):
 
 @pytest.mark.cpu
 def test_forward_kernel_pick():
-    """`forward._forward_kernel`: tiles below 64 rows launch `attn_fwd_kernel` itself, 64-row ones one twin of it,
-    the same function jitted apart (with seqlen_q unspecialised on a GPU), made once and followed when
-    `attn_fwd_kernel` is swapped for another kernel."""
+    """`forward._forward_kernel`: 64-row tiles with a seqlen_q of 1 launch one twin of `attn_fwd_kernel`, the same
+    function jitted apart (with seqlen_q unspecialised on a GPU), made once and followed when `attn_fwd_kernel` is
+    swapped for another kernel; every other launch `attn_fwd_kernel` itself."""
     from fmha.kernels import forward
-    twin = forward._forward_kernel(64)
-    assert all(forward._forward_kernel(rows) is forward.attn_fwd_kernel for rows in (16, 32))
+    twin = forward._forward_kernel(64, 1)
+    assert all(forward._forward_kernel(rows, n) is forward.attn_fwd_kernel
+               for rows, n in ((16, 1), (32, 1), (64, 16), (64, 2), (128, 4096)))
     assert twin is not forward.attn_fwd_kernel and twin.fn is forward.attn_fwd_kernel.fn
-    assert forward._forward_kernel(128) is twin
+    assert forward._forward_kernel(128, 1) is twin
     other = forward._UNSPECIALISED_Q.pop(forward.attn_fwd_kernel)
     try:
-        assert forward._forward_kernel(64) is not other       # a new twin when none is kept
+        assert forward._forward_kernel(64, 1) is not other       # a new twin when none is kept
     finally:
         forward._UNSPECIALISED_Q[forward.attn_fwd_kernel] = other
 
@@ -264,7 +265,7 @@ def test_kvcache_one_token_64_rows(page_size):
     lens = torch.tensor(seqlens, dtype=torch.int32, device="cuda")
     got, lse = fmha.attention_with_kvcache(q, k_cache, v_cache, lens, block_table=table, return_lse=True)
     assert_matches(got, lse, _oracle(q, k, v, seqlens), torch.bfloat16)
-    twin = forward._forward_kernel(64)
+    twin = forward._forward_kernel(64, 1)
     compiled = [kernel for (fn, _, _, items), (kernel, _) in launch._COMPILED.items()
                 if fn is twin and dict(items)["HEAD_DIM_QK"] == 64 and dict(items)["PAGED"] == (page_size is not None)
                 and dict(items)["BLOCK_M"] == 64]

@@ -732,12 +732,13 @@ def v_words_mode(kv_fp8, block_m, interpret=False):
 _UNSPECIALISED_Q = {}
 
 
-def _forward_kernel(block_m):
-    """The kernel a launch of `block_m`-row tiles takes: `attn_fwd_kernel` below 64 rows, else the same function
-    jitted with seqlen_q never specialised (made once per kernel object: probes that swap `attn_fwd_kernel` for a
-    patched copy get that copy's twin)."""
+def _forward_kernel(block_m, seqlen_q):
+    """The kernel a launch of `block_m`-row tiles and `seqlen_q` (its first scalar) takes: `attn_fwd_kernel`, or
+    for 64-row tiles and a seqlen_q of 1 the same function jitted with seqlen_q never specialised (which would also
+    drop its divisibility by 16 for other values: those keep `attn_fwd_kernel`). Made once per kernel object, so
+    that probes which swap `attn_fwd_kernel` for a patched copy get that copy's twin."""
     kernel = attn_fwd_kernel
-    if block_m < 64:
+    if block_m < 64 or seqlen_q != 1:
         return kernel
     twin = _UNSPECIALISED_Q.get(kernel)
     if twin is None:
@@ -1144,7 +1145,7 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
         args = (q4, k4, v4, o_dst, lse_dst, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks, k_desc, v_desc,
                 cache_seqlens, block_table, window_lefts, *(None if d is None else d.contiguous() for d in descales),
                 k_starts, *plan.scalars)
-        launch(_forward_kernel(plan.meta["BLOCK_M"]), plan.grid, args, plan.meta, plan.fixed)
+        launch(_forward_kernel(plan.meta["BLOCK_M"], plan.scalars[0]), plan.grid, args, plan.meta, plan.fixed)
         if plan.splits > 1:
             rows = seqlen_q * heads_q
             combine(out, lse, o_parts.view(plan.splits, batch, rows, dv), lse_parts.view(plan.splits, batch, rows),
