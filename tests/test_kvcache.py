@@ -255,20 +255,21 @@ def test_forward_kernel_pick():
 @pytest.mark.gpu
 @pytest.mark.parametrize("page_size", [None, 64], ids=lambda p: f"page{p}" if p else "contiguous")
 def test_kvcache_one_token_64_rows(page_size):
-    """One query token of 64 heads a KV head (64 packed rows: the 64-row decode forms) at d = 64: the oracle's
-    answer, from the twin kernel with seqlen_q unspecialised (`forward._forward_kernel`), compiled to at most 128
-    registers a thread, four programs an SM (as a constant 1, seqlen_q took it to 142 on the paged form: three)."""
+    """One query token of 64 heads a KV head (64 packed rows: the 64-row decode forms) at d = 64, unsplit: the
+    oracle's answer, from the twin kernel with seqlen_q unspecialised (`forward._forward_kernel`), compiled to at
+    most 128 registers a thread, four programs an SM (as a constant 1, seqlen_q took the paged form to 142: three)."""
     from fmha.kernels import forward, launch
     seqlens = [3000, 0, 17, 4096]
     k_cache, v_cache, table, k, v = _cache(seqlens, 4096, 2, 64, 64, torch.bfloat16, "cuda", page_size, seed=64)
     q = torch.randn(len(seqlens), 1, 128, 64, device="cuda", dtype=torch.bfloat16)
     lens = torch.tensor(seqlens, dtype=torch.int32, device="cuda")
-    got, lse = fmha.attention_with_kvcache(q, k_cache, v_cache, lens, block_table=table, return_lse=True)
+    got, lse = fmha.attention_with_kvcache(q, k_cache, v_cache, lens, block_table=table, num_splits=1,
+                                           return_lse=True)
     assert_matches(got, lse, _oracle(q, k, v, seqlens), torch.bfloat16)
     twin = forward._forward_kernel(64, 1)
     compiled = [kernel for (fn, _, _, items), (kernel, _) in launch._COMPILED.items()
                 if fn is twin and dict(items)["HEAD_DIM_QK"] == 64 and dict(items)["PAGED"] == (page_size is not None)
-                and dict(items)["BLOCK_M"] == 64]
+                and dict(items)["BLOCK_M"] == 64 and not dict(items)["SPLIT"]]
     assert compiled and all(kernel.n_regs <= 128 for kernel in compiled), [kernel.n_regs for kernel in compiled]
 
 
