@@ -236,18 +236,19 @@ def test_kvcache_head_pairs(target, page_size, d, monkeypatch):
 
 @pytest.mark.cpu
 def test_forward_kernel_pick():
-    """`forward._forward_kernel`: 64-row tiles with a seqlen_q of 1 launch one twin of `attn_fwd_kernel`, the same
-    function jitted apart (with seqlen_q unspecialised on a GPU), made once and followed when `attn_fwd_kernel` is
-    swapped for another kernel; every other launch `attn_fwd_kernel` itself."""
+    """`forward._forward_kernel`: 64-row tiles with a seqlen_q of 1 over a 16-bit cache launch one twin of
+    `attn_fwd_kernel`, the same function jitted apart (with seqlen_q unspecialised on a GPU), made once and followed
+    when `attn_fwd_kernel` is swapped for another kernel; every other launch (FP8 caches too) `attn_fwd_kernel`."""
     from fmha.kernels import forward
-    twin = forward._forward_kernel(64, 1)
-    assert all(forward._forward_kernel(rows, n) is forward.attn_fwd_kernel
-               for rows, n in ((16, 1), (32, 1), (64, 16), (64, 2), (128, 4096)))
+    twin = forward._forward_kernel(64, 1, False)
+    assert all(forward._forward_kernel(rows, n, fp8) is forward.attn_fwd_kernel
+               for rows, n, fp8 in ((16, 1, False), (32, 1, False), (64, 16, False), (64, 2, False),
+                                    (128, 4096, False), (64, 1, True)))
     assert twin is not forward.attn_fwd_kernel and twin.fn is forward.attn_fwd_kernel.fn
-    assert forward._forward_kernel(128, 1) is twin
+    assert forward._forward_kernel(128, 1, False) is twin
     other = forward._UNSPECIALISED_Q.pop(forward.attn_fwd_kernel)
     try:
-        assert forward._forward_kernel(64, 1) is not other       # a new twin when none is kept
+        assert forward._forward_kernel(64, 1, False) is not other       # a new twin when none is kept
     finally:
         forward._UNSPECIALISED_Q[forward.attn_fwd_kernel] = other
 
@@ -266,7 +267,7 @@ def test_kvcache_one_token_64_rows(page_size):
     got, lse = fmha.attention_with_kvcache(q, k_cache, v_cache, lens, block_table=table, num_splits=1,
                                            return_lse=True)
     assert_matches(got, lse, _oracle(q, k, v, seqlens), torch.bfloat16)
-    twin = forward._forward_kernel(64, 1)
+    twin = forward._forward_kernel(64, 1, False)
     compiled = [kernel for (fn, _, _, items), (kernel, _) in launch._COMPILED.items()
                 if fn is twin and dict(items)["HEAD_DIM_QK"] == 64 and dict(items)["PAGED"] == (page_size is not None)
                 and dict(items)["BLOCK_M"] == 64 and not dict(items)["SPLIT"]]

@@ -729,16 +729,20 @@ def v_words_mode(kv_fp8, block_m, interpret=False):
 # d = 16 (64-row forms at one token too) page 64 1715 -> 1750, page 16 1862 -> 1854. The 16-row forms keep the
 # constant: unspecialised, d = 64 one-token decodes lost 0.2-0.5% (page 16 4170 -> 4148, contiguous 4185 -> 4170,
 # b = 4 at 131k 4339 -> 4328) and d = 128 / 256 were level (issue 3's rows within 0.1%, b = 1 at 131k +0.5%).
+# A second process with the twin in place (history/probe_rows64_d64_confirm_h200_122dc5a.json, the same one-token
+# case): bf16 paged 3725 GB/s (0.81 of the cache's read; 0.59 before), contiguous 4224 (0.91; 0.77). FP8 caches
+# keep the constant: the same tile on an FP8 cache went the other way, 128 -> 140 registers unspecialised (four
+# programs an SM -> three), paged 1838 -> 1190 GB/s of FP8 bytes, though contiguous 1479 -> 1893.
 _UNSPECIALISED_Q = {}
 
 
-def _forward_kernel(block_m, seqlen_q):
+def _forward_kernel(block_m, seqlen_q, kv_fp8):
     """The kernel a launch of `block_m`-row tiles and `seqlen_q` (its first scalar) takes: `attn_fwd_kernel`, or
-    for 64-row tiles and a seqlen_q of 1 the same function jitted with seqlen_q never specialised (which would also
-    drop its divisibility by 16 for other values: those keep `attn_fwd_kernel`). Made once per kernel object, so
-    that probes which swap `attn_fwd_kernel` for a patched copy get that copy's twin."""
+    for 64-row tiles, a seqlen_q of 1 and a 16-bit cache the same function jitted with seqlen_q never specialised
+    (which would also drop its divisibility by 16 for other values: those keep `attn_fwd_kernel`). Made once per
+    kernel object, so that probes which swap `attn_fwd_kernel` for a patched copy get that copy's twin."""
     kernel = attn_fwd_kernel
-    if block_m < 64 or seqlen_q != 1:
+    if block_m < 64 or seqlen_q != 1 or kv_fp8:
         return kernel
     twin = _UNSPECIALISED_Q.get(kernel)
     if twin is None:
@@ -1145,7 +1149,8 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
         args = (q4, k4, v4, o_dst, lse_dst, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks, k_desc, v_desc,
                 cache_seqlens, block_table, window_lefts, *(None if d is None else d.contiguous() for d in descales),
                 k_starts, *plan.scalars)
-        launch(_forward_kernel(plan.meta["BLOCK_M"], plan.scalars[0]), plan.grid, args, plan.meta, plan.fixed)
+        launch(_forward_kernel(plan.meta["BLOCK_M"], plan.scalars[0], k.element_size() == 1), plan.grid, args,
+               plan.meta, plan.fixed)
         if plan.splits > 1:
             rows = seqlen_q * heads_q
             combine(out, lse, o_parts.view(plan.splits, batch, rows, dv), lse_parts.view(plan.splits, batch, rows),
