@@ -1,0 +1,84 @@
+"""One process: the 64-row decode forms at d = 64 with Triton's `maxnreg` capped at 128, for four 4-warp programs an
+SM, against the package's own (ninety-second session's next step; not yet run).
+
+Why: the paged d = 64 64-row form (64, 64, 4, 3) sits at the edge of 128 registers, and whatever pushes it past
+costs a program an SM and a quarter of its read. Compiled for sm_90 on the CPU (benchmarks/experiments/
+split_compile.py): one token as the constant seqlen_q = 1 142 registers (the package now launches an unspecialised
+twin there, 127), 16 causal query tokens on 16-key pages 150 (measured: 2682 GB/s causal against 3590 unmasked,
+history/probe_rows64_d64_spec16_h200_b0476d1.json), an FP8 cache unspecialised 140 (paged 1190 GB/s against 1838
+with the constant, history/probe_rows64_d64_confirm_h200_122dc5a.json) and contiguous 144 / 159 (unspecialised /
+constant; 1893 against 1479 GB/s of FP8 bytes). Capped at 128, ptxas fits all of these with no spills (STACK 0)
+except the constant-seqlen_q bf16 paged form and 16 causal tokens with seqlen_q = 1 (8 bytes of stack).
+
+    PYTHONPATH=src FMHA_COMMIT=... python3 benchmarks/experiments/rows64_cap.py [--caps 128] [--out f.json]
+
+Cases: (query tokens, query heads over 8 KV heads, page or None, FP8, causal), b = 64 at 4k keys, and b = 4 at 131k
+keys (split) for the first two. GB/s of the cache's bytes (FP8 bytes for FP8) plus q and out."""
+import argparse
+
+import torch
+
+import fmha
+from fmha.bench import bench_gpu_graph, paged_copy, quantize_fp8, save_sweep
+from fmha.kernels import forward
+
+D, HK = 64, 8
+CASES = [(1, 512, 64, False, False, 64, 4096), (1, 512, None, False, False, 64, 4096),
+         (1, 512, 64, True, False, 64, 4096), (1, 512, None, True, False, 64, 4096),
+         (16, 32, 16, False, True, 64, 4096), (16, 32, 16, False, False, 64, 4096),
+         (16, 32, 64, False, True, 64, 4096), (16, 32, None, False, True, 64, 4096),
+         (1, 512, 64, False, False, 4, 131072), (16, 32, 64, False, True, 4, 131072)]
+_plan = forward._portable_plan
+CAP = [None]
+
+
+def _capped(*a, **kw):
+    """`_portable_plan` with maxnreg = CAP on the 64-row forms at head dim D."""
+    plan = _plan(*a, **kw)
+    if CAP[0] and plan.meta["BLOCK_M"] == 64 and plan.meta["HEAD_DIM_QK"] == D:
+        plan.meta = {**plan.meta, "maxnreg": CAP[0]}
+        plan.fixed = (plan.fixed[0], tuple(plan.meta.items())) if plan.fixed else plan.fixed
+    return plan
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--caps", type=int, nargs="*", default=[128])
+    p.add_argument("--out", default=None)
+    args = p.parse_args()
+    forward._portable_plan = _capped
+    rows = []
+    for sq, hq, page, fp8, causal, b, sk in CASES:
+        torch.manual_seed(0)
+        q = torch.randn(b, sq, hq, D, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(b, sk, HK, D, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(b, sk, HK, D, device="cuda", dtype=torch.bfloat16)
+        descales = {}
+        if fp8:
+            (k, descales["k_descale"]), (v, descales["v_descale"]) = quantize_fp8(k, HK), quantize_fp8(v, HK)
+        kc, vc, table = (k, v, None) if page is None else paged_copy(page, k, v, perm=torch.randperm(
+            b * (sk // page), device="cuda"))
+        lens = torch.full((b,), sk, dtype=torch.int32, device="cuda")
+        nbytes = 2 * k.numel() * k.element_size() + 2 * q.numel() * 2
+        call = lambda: fmha.attention_with_kvcache(q, kc, vc, lens, block_table=table, causal=causal, **descales)
+        forward._PLANS.clear()
+        ref = call().float()
+        row = dict(sq=sq, hq=hq, hk=HK, page=page or 0, fp8=fp8, causal=causal, b=b, sk=sk)
+        for _ in range(args.rounds):
+            for cap in [None, *args.caps]:
+                CAP[0] = cap
+                forward._PLANS.clear()
+                name = f"cap{cap}" if cap else "ours"
+                row[f"{name}_maxdiff"] = (call().float() - ref).abs().max().item()
+                row.setdefault(f"{name}_gbps", []).append(nbytes / bench_gpu_graph(call) / 1e9)
+        CAP[0] = None
+        forward._PLANS.clear()
+        rows.append(row)
+        print(row, flush=True)
+    if args.out:
+        save_sweep(args.out, rows)
+
+
+if __name__ == "__main__":
+    main()
