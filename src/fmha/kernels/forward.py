@@ -740,7 +740,8 @@ def _forward_kernel(block_m, seqlen_q, kv_fp8):
     """The kernel a launch of `block_m`-row tiles and `seqlen_q` (its first scalar) takes: `attn_fwd_kernel`, or
     for 64-row tiles, a seqlen_q of 1 and a 16-bit cache the same function jitted with seqlen_q never specialised
     (which would also drop its divisibility by 16 for other values: those keep `attn_fwd_kernel`). Made once per
-    kernel object, so that probes which swap `attn_fwd_kernel` for a patched copy get that copy's twin."""
+    kernel object, so that probes which swap `attn_fwd_kernel` for a patched copy (and empty `_PLANS`, which hold
+    the pick) get that copy's twin."""
     kernel = attn_fwd_kernel
     if block_m < 64 or seqlen_q != 1 or kv_fp8:
         return kernel
@@ -1149,8 +1150,7 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
         args = (q4, k4, v4, o_dst, lse_dst, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks, k_desc, v_desc,
                 cache_seqlens, block_table, window_lefts, *(None if d is None else d.contiguous() for d in descales),
                 k_starts, *plan.scalars)
-        launch(_forward_kernel(plan.meta["BLOCK_M"], plan.scalars[0], k.element_size() == 1), plan.grid, args,
-               plan.meta, plan.fixed)
+        launch(plan.kernel, plan.grid, args, plan.meta, plan.fixed)
         if plan.splits > 1:
             rows = seqlen_q * heads_q
             combine(out, lse, o_parts.view(plan.splits, batch, rows, dv), lse_parts.view(plan.splits, batch, rows),
@@ -1171,13 +1171,14 @@ _PLANS = Plans()
 
 
 class _PortablePlan:
-    """A portable launch without its tensors: the grid, the meta-parameters and their `launch` classes, the scalar
-    arguments after the tensors, the key splits, TMA (0, 1: per-sequence descriptors made in the kernel, 2: K and V
-    descriptors made on the host in `boxes`) and the split buffers' shapes (`parts`)."""
-    __slots__ = ("grid", "meta", "scalars", "fixed", "splits", "tma", "boxes", "parts")
+    """A portable launch without its tensors: the kernel (`_forward_kernel`'s pick), the grid, the meta-parameters
+    and their `launch` classes, the scalar arguments after the tensors, the key splits, TMA (0, 1: per-sequence
+    descriptors made in the kernel, 2: K and V descriptors made on the host in `boxes`) and the split buffers'
+    shapes (`parts`)."""
+    __slots__ = ("kernel", "grid", "meta", "scalars", "fixed", "splits", "tma", "boxes", "parts")
 
-    def __init__(self, grid, meta, scalars, splits, tma, boxes, parts):
-        self.grid, self.meta, self.scalars, self.splits = grid, meta, scalars, splits
+    def __init__(self, kernel, grid, meta, scalars, splits, tma, boxes, parts):
+        self.kernel, self.grid, self.meta, self.scalars, self.splits = kernel, grid, meta, scalars, splits
         self.tma, self.boxes, self.parts = tma, boxes, parts
         self.fixed = fixed_classes(scalars, meta)
 
@@ -1252,4 +1253,5 @@ def _portable_plan(q4, k, v, o4, lse, lse_strides, *, pair, varlen, batch, seqle
         meta["WIDE"] = tuple((m, n, stages, _page_tile(k.shape[1], n) if paged else 0) for m, n, _, stages in wide)
     grid = (batch * heads_eff, m_blocks, num_splits)
     boxes = ([1, block_n, 1, block_d], [1, block_n, 1, block_dv])
-    return _PortablePlan(grid, meta, scalars, num_splits, tma, boxes, parts)
+    kernel = _forward_kernel(block_m, seqlen_q, k.element_size() == 1)
+    return _PortablePlan(kernel, grid, meta, scalars, num_splits, tma, boxes, parts)
