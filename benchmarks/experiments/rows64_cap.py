@@ -20,7 +20,7 @@ import torch
 
 import fmha
 from fmha.bench import bench_gpu_graph, paged_copy, quantize_fp8, save_sweep
-from fmha.kernels import forward
+from fmha.kernels import forward, launch
 
 D, HK = 64, 8
 CASES = [(1, 512, 64, False, False, 64, 4096), (1, 512, None, False, False, 64, 4096),
@@ -70,7 +70,10 @@ def main():
                 CAP[0] = cap
                 forward._PLANS.clear()
                 name = f"cap{cap}" if cap else "ours"
+                launch._COMPILED.clear()
                 row[f"{name}_maxdiff"] = (call().float() - ref).abs().max().item()
+                row[f"{name}_regs"] = sorted(kernel.n_regs for (fn, *_), (kernel, _) in launch._COMPILED.items()
+                                             if fn in (forward.attn_fwd_kernel, *forward._UNSPECIALISED_Q.values()))
                 row.setdefault(f"{name}_gbps", []).append(nbytes / bench_gpu_graph(call) / 1e9)
         CAP[0] = None
         forward._PLANS.clear()
