@@ -33,9 +33,13 @@ CAP = [None]
 
 
 def _capped(*a, **kw):
-    """`_portable_plan` with maxnreg = CAP on the 64-row forms at head dim D."""
+    """`_portable_plan` with maxnreg = CAP on the 64-row forms at head dim D, or with CAP "twin" the
+    seqlen_q-unspecialised twin on every one-token 64-row launch (FP8 caches too)."""
     plan = _plan(*a, **kw)
-    if CAP[0] and plan.meta["BLOCK_M"] == 64 and plan.meta["HEAD_DIM_QK"] == D:
+    if CAP[0] == "twin":
+        if kw["seqlen_q"] == 1 and plan.meta["BLOCK_M"] == 64:
+            plan.kernel = forward._forward_kernel(64, 1, False)
+    elif CAP[0] and plan.meta["BLOCK_M"] == 64 and plan.meta["HEAD_DIM_QK"] == D:
         plan.meta = {**plan.meta, "maxnreg": CAP[0]}
         plan.fixed = (plan.fixed[0], tuple(plan.meta.items())) if plan.fixed else plan.fixed
     return plan
@@ -44,7 +48,7 @@ def _capped(*a, **kw):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--caps", type=int, nargs="*", default=[128])
+    p.add_argument("--caps", nargs="*", default=["128", "twin"])
     p.add_argument("--out", default=None)
     args = p.parse_args()
     forward._portable_plan = _capped
@@ -65,11 +69,12 @@ def main():
         forward._PLANS.clear()
         ref = call().float()
         row = dict(sq=sq, hq=hq, hk=HK, page=page or 0, fp8=fp8, causal=causal, b=b, sk=sk)
+        caps = [c if c == "twin" else int(c) for c in args.caps if c != "twin" or sq == 1]
         for _ in range(args.rounds):
-            for cap in [None, *args.caps]:
+            for cap in [None, *caps]:
                 CAP[0] = cap
                 forward._PLANS.clear()
-                name = f"cap{cap}" if cap else "ours"
+                name = "twin" if cap == "twin" else f"cap{cap}" if cap else "ours"
                 launch._COMPILED.clear()
                 row[f"{name}_maxdiff"] = (call().float() - ref).abs().max().item()
                 row[f"{name}_regs"] = sorted(kernel.n_regs for (fn, *_), (kernel, _) in launch._COMPILED.items()
