@@ -253,25 +253,56 @@ def test_forward_kernel_pick():
         forward._UNSPECIALISED_Q[forward.attn_fwd_kernel] = other
 
 
+@pytest.mark.cpu
+def test_register_cap_rule():
+    """Which portable launches compile under a register cap (`forward._register_cap`): the GPU tables' 4-warp
+    64-row forms of 64-key tiles at d = 64 (paged or not, whatever the cache's dtype: the tables key them by rows),
+    at 128; not the 128-key 64-row form, other head dims' 64-row forms, the narrow forms, a short launch with further
+    forms, nor the interpreter."""
+    from fmha.kernels.forward import _register_cap, _tile_config
+    rows64 = [_tile_config(64, 64, False, rows=64, paged=paged, kv_fp8=fp8) for paged in (False, True)
+              for fp8 in (False, True)]
+    assert {tiles[:3] for tiles in rows64} == {(64, 64, 4)}
+    assert all(_register_cap(64, 64, tiles, None, False) == 128 for tiles in rows64)
+    assert _register_cap(48, 64, (64, 64, 4, 7), None, False) == 128          # padded to 64; split stages
+    assert _register_cap(64, 64, rows64[0], None, True) is None                 # interpreter
+    assert _register_cap(64, 64, rows64[0], ((64, 64, 4, 3),), False) is None   # a short launch's further forms
+    for d in (16, 32, 64, 128, 256):
+        for rows in (16, 32, 64, None):
+            for paged in (False, True):
+                tiles = _tile_config(d, d, False, rows=rows, paged=paged)
+                if (d, tiles[:3]) != (64, (64, 64, 4)):
+                    assert _register_cap(d, d, tiles, None, False) is None, (d, rows, paged, tiles)
+    assert _register_cap(64, 64, (64, 128, 4, 3), None, False) is None
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("page_size", [None, 64], ids=lambda p: f"page{p}" if p else "contiguous")
-def test_kvcache_one_token_64_rows(page_size):
-    """One query token of 64 heads a KV head (64 packed rows: the 64-row decode forms) at d = 64, unsplit: the
-    oracle's answer, from the twin kernel with seqlen_q unspecialised (`forward._forward_kernel`), compiled to at
-    most 128 registers a thread, four programs an SM (as a constant 1, seqlen_q took the paged form to 142: three)."""
+@pytest.mark.parametrize("page_size,seqlen_q,fp8", [(None, 1, False), (64, 1, False), (None, 1, True), (64, 1, True),
+                                                    (16, 16, False), (None, 16, True)], ids=str)
+def test_kvcache_64_rows_d64(page_size, seqlen_q, fp8):
+    """64 packed query rows at d = 64 (one token of 64 heads a KV head, or 16 causal tokens of 4: the 64-row decode
+    forms), bf16 or FP8, unsplit: the oracle's answer, compiled to at most 128 registers a thread, four programs an
+    SM: under the `forward._GPU_MAXNREG` cap (uncapped, ptxas took an FP8 cache to 140-159 and 16 causal tokens on
+    16-key pages to 150: three), and for one token over a bf16 cache from the twin kernel with seqlen_q
+    unspecialised (`forward._forward_kernel`; as a constant 1, seqlen_q took the paged form to 142)."""
     from fmha.kernels import forward, launch
-    seqlens = [3000, 0, 17, 4096]
-    k_cache, v_cache, table, k, v = _cache(seqlens, 4096, 2, 64, 64, torch.bfloat16, "cuda", page_size, seed=64)
-    q = torch.randn(len(seqlens), 1, 128, 64, device="cuda", dtype=torch.bfloat16)
+    seqlens = [3000, 16 if seqlen_q > 1 else 0, 17, 4096]
+    kv_dtype = torch.float8_e4m3fn if fp8 else torch.bfloat16
+    k_cache, v_cache, table, k, v = _cache(seqlens, 4096, 2, 64, 64, kv_dtype, "cuda", page_size, seed=64)
+    q = torch.randn(len(seqlens), seqlen_q, 128 // seqlen_q, 64, device="cuda", dtype=torch.bfloat16)
     lens = torch.tensor(seqlens, dtype=torch.int32, device="cuda")
+    options = dict(causal=seqlen_q > 1, **(_descales(len(seqlens), 2, "cuda") if fp8 else {}))
+    launch._COMPILED.clear()
     got, lse = fmha.attention_with_kvcache(q, k_cache, v_cache, lens, block_table=table, num_splits=1,
-                                           return_lse=True)
-    assert_matches(got, lse, _oracle(q, k, v, seqlens), torch.bfloat16)
-    twin = forward._forward_kernel(64, 1, False)
-    compiled = [kernel for (fn, _, _, items), (kernel, _) in launch._COMPILED.items()
-                if fn is twin and dict(items)["HEAD_DIM_QK"] == 64 and dict(items)["PAGED"] == (page_size is not None)
-                and dict(items)["BLOCK_M"] == 64 and not dict(items)["SPLIT"]]
-    assert compiled and all(kernel.n_regs <= 128 for kernel in compiled), [kernel.n_regs for kernel in compiled]
+                                           return_lse=True, **options)
+    assert_matches(got, lse, _oracle(q, k, v, seqlens, **options), torch.bfloat16)
+    kernel = forward._forward_kernel(64, seqlen_q, fp8)
+    assert (kernel is forward.attn_fwd_kernel) == (fp8 or seqlen_q > 1)
+    compiled = [(compiled, dict(items)) for (fn, _, _, items), (compiled, _) in launch._COMPILED.items()
+                if fn is kernel]
+    assert [(m["BLOCK_M"], m["HEAD_DIM_QK"], m["SPLIT"], m["PAGED"], m.get("maxnreg")) for _, m in compiled] == [
+        (64, 64, False, page_size is not None, 128)]
+    assert compiled[0][0].n_regs <= 128, compiled[0][0].n_regs
 
 
 @pytest.mark.cpu

@@ -1,5 +1,7 @@
 """One process: the 64-row decode forms at d = 64 with Triton's `maxnreg` capped at 128, for four 4-warp programs an
-SM, against the package's own (ninety-second session's next step; not yet run).
+SM, against the package's own (the ninety-second session's next step; run in the ninety-third,
+history/rows64_cap_h200_0978768.json, before the package took the cap: `forward._GPU_MAXNREG`; since then
+`--caps 0` measures the forms uncapped).
 
 Why: the paged d = 64 64-row form (64, 64, 4, 3) sits at the edge of 128 registers, and whatever pushes it past
 costs a program an SM and a quarter of its read. Compiled for sm_90 on the CPU (benchmarks/experiments/
@@ -10,7 +12,8 @@ with the constant, history/probe_rows64_d64_confirm_h200_122dc5a.json) and conti
 constant; 1893 against 1479 GB/s of FP8 bytes). Capped at 128, ptxas fits all of these with no spills (STACK 0)
 except the constant-seqlen_q bf16 paged form and 16 causal tokens with seqlen_q = 1 (8 bytes of stack).
 
-    PYTHONPATH=src FMHA_COMMIT=... python3 benchmarks/experiments/rows64_cap.py [--caps 128] [--out f.json]
+    PYTHONPATH=src FMHA_COMMIT=... python3 benchmarks/experiments/rows64_cap.py [--caps 0 128 twin] [--more]
+        [--out f.json]
 
 Cases: (query tokens, query heads over 8 KV heads, page or None, FP8, causal), b = 64 at 4k keys, and b = 4 at 131k
 keys (split) for the first two. GB/s of the cache's bytes (FP8 bytes for FP8) plus q and out."""
@@ -28,19 +31,26 @@ CASES = [(1, 512, 64, False, False, 64, 4096), (1, 512, None, False, False, 64, 
          (16, 32, 16, False, True, 64, 4096), (16, 32, 16, False, False, 64, 4096),
          (16, 32, 64, False, True, 64, 4096), (16, 32, None, False, True, 64, 4096),
          (1, 512, 64, False, False, 4, 131072), (16, 32, 64, False, True, 4, 131072)]
+# --more: FP8 at 16 tokens (140-148 registers uncapped), contiguous split (bf16 16 tokens 135, one token 143), and
+# causal 16 tokens on 16-key pages split.
+MORE = [(16, 32, 64, True, False, 64, 4096), (16, 32, None, True, False, 64, 4096),
+        (16, 32, None, False, False, 4, 131072), (1, 512, None, False, False, 4, 131072),
+        (16, 32, 16, False, True, 4, 32768)]
 _plan = forward._portable_plan
 CAP = [None]
 
 
 def _capped(*a, **kw):
-    """`_portable_plan` with maxnreg = CAP on the 64-row forms at head dim D, or with CAP "twin" the
+    """`_portable_plan` with maxnreg = CAP on the 64-row forms at head dim D (0: none), or with CAP "twin" the
     seqlen_q-unspecialised twin on every one-token 64-row launch (FP8 caches too)."""
     plan = _plan(*a, **kw)
     if CAP[0] == "twin":
         if kw["seqlen_q"] == 1 and plan.meta["BLOCK_M"] == 64:
             plan.kernel = forward._forward_kernel(64, 1, False)
-    elif CAP[0] and plan.meta["BLOCK_M"] == 64 and plan.meta["HEAD_DIM_QK"] == D:
+    elif CAP[0] is not None and plan.meta["BLOCK_M"] == 64 and plan.meta["HEAD_DIM_QK"] == D:
         plan.meta = {**plan.meta, "maxnreg": CAP[0]}
+        if not CAP[0]:
+            del plan.meta["maxnreg"]
         plan.fixed = (plan.fixed[0], tuple(plan.meta.items())) if plan.fixed else plan.fixed
     return plan
 
@@ -50,10 +60,11 @@ def main():
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--caps", nargs="*", default=["128", "twin"])
     p.add_argument("--out", default=None)
+    p.add_argument("--more", action="store_true", help="the second run's cases: FP8 16 tokens, contiguous split")
     args = p.parse_args()
     forward._portable_plan = _capped
     rows = []
-    for sq, hq, page, fp8, causal, b, sk in CASES:
+    for sq, hq, page, fp8, causal, b, sk in CASES + MORE if args.more else CASES:
         torch.manual_seed(0)
         q = torch.randn(b, sq, hq, D, device="cuda", dtype=torch.bfloat16)
         k = torch.randn(b, sk, HK, D, device="cuda", dtype=torch.bfloat16)

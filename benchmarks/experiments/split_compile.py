@@ -7,7 +7,8 @@ with SPLIT set and the split strides marked 16-divisible, as a real split call's
 
 The case is DECODE_SCRIPT's: [head dim, page size, packed rows, fp8, two forms]; then SPLIT and num_stages, and
 any of the script's other constexprs as NAME=VALUE (its value as Python). TILES=M,N,W compiles BLOCK_M x BLOCK_N
-tiles of W warps in place of the tables' pick for the case (a tile not in any table yet)."""
+tiles of W warps in place of the tables' pick for the case (a tile not in any table yet); MAXNREG=R caps the
+registers (Triton's maxnreg option)."""
 import sys
 import textwrap
 
@@ -17,7 +18,8 @@ start = text.index(mark) + len(mark)
 script = textwrap.dedent(text[start:text.index("'" * 3 + ")", start)])
 case, split, stages, *sets = sys.argv[1:]
 tiles = [x.split("=", 1)[1] for x in sets if x.startswith("TILES=")]
-sets = [x for x in sets if not x.startswith("TILES=")]
+maxnreg = [x.split("=", 1)[1] for x in sets if x.startswith("MAXNREG=")]
+sets = [x for x in sets if not x.startswith(("TILES=", "MAXNREG="))]
 if tiles:
     pick = "bm, bn, warps, stages = _tile_config(d, d, False, rows=rows, paged=True, kv_fp8=bool(fp8))"
     assert pick in script, "DECODE_SCRIPT's tile pick moved"
@@ -25,7 +27,10 @@ if tiles:
 script = script.replace("SPLIT=False", f"SPLIT={split}")
 if sets:                      # set after the script's own constants (`consts` is made before `ptrs`)
     script = script.replace("ptrs = dict(Q=", f"consts.update({', '.join(sets)})\nptrs = dict(Q=", 1)
-tag = "".join(f"_{x}" for x in sets) + "".join(f"_t{t.replace(',', '_')}" for t in tiles)
+tag = ("".join(f"_{x}" for x in sets) + "".join(f"_t{t.replace(',', '_')}" for t in tiles)
+       + "".join(f"_r{r}" for r in maxnreg))
+if maxnreg:
+    script = script.replace("options=dict(num_warps=warps,", f"options=dict(maxnreg={int(maxnreg[0])}, num_warps=warps,")
 script = script.replace("num_stages=stages)", f"num_stages={int(stages)})")
 script = script.replace("stages=stages,", f"stages={int(stages)},")
 script = script.replace("n not in DECODE_ODD_ARGS", "(n not in DECODE_ODD_ARGS or n.startswith('stride_o_split')"

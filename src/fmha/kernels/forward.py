@@ -719,6 +719,31 @@ def v_words_mode(kv_fp8, block_m, interpret=False):
     return 1 if interpret else FP8_V_WORDS
 
 
+# Register caps (Triton's `maxnreg`) by (padded head dim, BLOCK_M, BLOCK_N, num_warps): the 4-warp 64-row form of
+# 64-key tiles at d = 64 is four programs an SM within 128 registers a thread (its 41-57 KB of shared memory fit
+# four), and ptxas took many of its compiles past 128, three an SM: compiled for sm_90 (benchmarks/experiments/
+# split_compile.py MAXNREG=128, a sweep of paged / contiguous, bf16 / FP8, seqlen_q 1 / 16, causal or not, split or
+# not), an FP8 cache 138-159 registers in every case but one-token paged unsplit (128), bf16 one-token 136-145 as the
+# constant seqlen_q (the twin below: 127), bf16 16 tokens split contiguous 135-147; capped, 121-128 with no spills on
+# the FP8 forms and 8-24 bytes of stack on some bf16 ones. H200, one process, GB/s (FP8 bytes for FP8; b = 64, 8 KV
+# heads, 4k keys; history/rows64_cap_h200_0978768.json, means of two rounds): one token of 512 query heads on a
+# contiguous FP8 cache 1478 -> 2116 (159 -> 126 registers), 16 causal query tokens a GQA group of 4 on 16-key pages
+# 2670 -> 3532 (150 -> 126), the rest level: bf16 one token paged / contiguous / split (b = 4 at 131k keys) 3520 /
+# 4051 / 3544 -> 3514 / 4000 / 3561, 16 tokens unmasked at page 16, causal at page 64 / contiguous / split within
+# 0.6%; FP8 one token paged 1819 -> 1798 (128 -> 126). The 64-row 128-key form (contiguous d = 64, 17-32 rows) is two
+# programs an SM by its 106 KB, and spills 40-80 bytes at 128: not capped.
+_GPU_MAXNREG = {(64, 64, 64, 4): 128}
+
+
+def _register_cap(dqk, dv, tiles, wide, interpret):
+    """Triton's `maxnreg` for a portable launch of `tiles` (`_GPU_MAXNREG`), or None: none in the interpreter, nor
+    for a launch with further forms (`wide`, whose tiles share the kernel and were not measured capped)."""
+    if interpret or wide:
+        return None
+    block_m, block_n, num_warps, _ = tiles
+    return _GPU_MAXNREG.get((tile_key(dqk, dv), block_m, block_n, num_warps))
+
+
 # Triton compiles an i32 argument of 1 as the constant 1, so one-token calls (seqlen_q = 1) run a form of their own.
 # In the 64-row (wgmma) forms the constant costs registers: compiled for sm_90 (benchmarks/experiments/
 # split_compile.py with seqlen_q=1 as a constexpr), paged d = 64 (64, 64, 4, 3) 127 -> 142, four programs an SM ->
@@ -1251,6 +1276,9 @@ def _portable_plan(q4, k, v, o4, lse, lse_strides, *, pair, varlen, batch, seqle
         meta["SHORT_ONLY"] = True
     if wide:
         meta["WIDE"] = tuple((m, n, stages, _page_tile(k.shape[1], n) if paged else 0) for m, n, _, stages in wide)
+    cap = _register_cap(dqk, dv, tiles, wide, interpret)
+    if cap:
+        meta["maxnreg"] = cap
     grid = (batch * heads_eff, m_blocks, num_splits)
     boxes = ([1, block_n, 1, block_d], [1, block_n, 1, block_dv])
     kernel = _forward_kernel(block_m, seqlen_q, k.element_size() == 1)
