@@ -1,7 +1,8 @@
 """One process: the 64-row decode forms at d = 64 with Triton's `maxnreg` capped at 128, for four 4-warp programs an
 SM, against the package's own (the ninety-second session's next step; run in the ninety-third,
 history/rows64_cap_h200_0978768.json, before the package took the cap: `forward._GPU_MAXNREG`; since then
-`--caps 0` measures the forms uncapped).
+`--caps 0` measures the forms uncapped; in history/rows64_cap_confirm_h200_c442fbc.json, run before a fix of the
+column names, "ours_gbps" alternates capped / uncapped, and "ours_regs" and "ours_maxdiff" are the uncapped's).
 
 Why: the paged d = 64 64-row form (64, 64, 4, 3) sits at the edge of 128 registers, and whatever pushes it past
 costs a program an SM and a quarter of its read. Compiled for sm_90 on the CPU (benchmarks/experiments/
@@ -85,7 +86,7 @@ def main():
             for cap in [None, *caps]:
                 CAP[0] = cap
                 forward._PLANS.clear()
-                name = "twin" if cap == "twin" else f"cap{cap}" if cap else "ours"
+                name = "twin" if cap == "twin" else "ours" if cap is None else f"cap{cap}"
                 launch._COMPILED.clear()
                 row[f"{name}_maxdiff"] = (call().float() - ref).abs().max().item()
                 row[f"{name}_regs"] = sorted(kernel.n_regs for (fn, *_), (kernel, _) in launch._COMPILED.items()

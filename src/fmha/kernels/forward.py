@@ -731,7 +731,12 @@ def v_words_mode(kv_fp8, block_m, interpret=False):
 # 2670 -> 3532 (150 -> 126), the rest level: bf16 one token paged / contiguous / split (b = 4 at 131k keys) 3520 /
 # 4051 / 3544 -> 3514 / 4000 / 3561, 16 tokens unmasked at page 16, causal at page 64 / contiguous / split within
 # 0.6%; FP8 one token paged 1819 -> 1798 (128 -> 126). The 64-row 128-key form (contiguous d = 64, 17-32 rows) is two
-# programs an SM by its 106 KB, and spills 40-80 bytes at 128: not capped.
+# programs an SM by its 106 KB, and spills 40-80 bytes at 128: not capped. A second process, capped / uncapped
+# alternating (history/rows64_cap_confirm_h200_c442fbc.json, means of two rounds): FP8 16 query tokens a GQA group of
+# 4 paged (page 64) 1192 -> 1824, contiguous 1789 -> 2107; FP8 one token contiguous 1477 -> 2103, paged 1820 -> 1794
+# (the one loss past 1%, taken with the rule: that form was already 128 registers); 16 causal tokens at page 16 2669
+# -> 3486; the other ten cases (bf16 one token and 16 tokens, paged, contiguous, split at b = 4 with 131k or 32k keys)
+# within 0.8%.
 _GPU_MAXNREG = {(64, 64, 64, 4): 128}
 
 
