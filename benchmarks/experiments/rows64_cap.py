@@ -13,8 +13,11 @@ with the constant, history/probe_rows64_d64_confirm_h200_122dc5a.json) and conti
 constant; 1893 against 1479 GB/s of FP8 bytes). Capped at 128, ptxas fits all of these with no spills (STACK 0)
 except the constant-seqlen_q bf16 paged form and 16 causal tokens with seqlen_q = 1 (8 bytes of stack).
 
-    PYTHONPATH=src FMHA_COMMIT=... python3 benchmarks/experiments/rows64_cap.py [--caps 0 128 twin] [--more]
-        [--out f.json]
+    PYTHONPATH=src FMHA_COMMIT=... python3 benchmarks/experiments/rows64_cap.py [--caps 0 128 twin const] [--more]
+        [--head-dim 64] [--only 0 1 ...] [--out f.json]
+
+Variants beside the package's ("ours"): a cap (0: uncapped) on the 64-row forms at the head dim, "twin" (one-token
+launches on the seqlen_q-unspecialised twin, FP8 too), "const" (one-token launches with seqlen_q the constant 1).
 
 Cases: (query tokens, query heads over 8 KV heads, page or None, FP8, causal), b = 64 at 4k keys, and b = 4 at 131k
 keys (split) for the first two. GB/s of the cache's bytes (FP8 bytes for FP8) plus q and out."""
@@ -43,11 +46,12 @@ CAP = [None]
 
 def _capped(*a, **kw):
     """`_portable_plan` with maxnreg = CAP on the 64-row forms at head dim D (0: none), or with CAP "twin" the
-    seqlen_q-unspecialised twin on every one-token 64-row launch (FP8 caches too)."""
+    seqlen_q-unspecialised twin on every one-token 64-row launch (FP8 caches too), with "const" none (seqlen_q = 1
+    a constant)."""
     plan = _plan(*a, **kw)
-    if CAP[0] == "twin":
+    if CAP[0] in ("twin", "const"):
         if kw["seqlen_q"] == 1 and plan.meta["BLOCK_M"] == 64:
-            plan.kernel = forward._forward_kernel(64, 1, False)
+            plan.kernel = forward._forward_kernel(64, 1, False) if CAP[0] == "twin" else forward.attn_fwd_kernel
     elif CAP[0] is not None and plan.meta["BLOCK_M"] == 64 and plan.meta["HEAD_DIM_QK"] == D:
         plan.meta = {**plan.meta, "maxnreg": CAP[0]}
         if not CAP[0]:
@@ -62,10 +66,15 @@ def main():
     p.add_argument("--caps", nargs="*", default=["128", "twin"])
     p.add_argument("--out", default=None)
     p.add_argument("--more", action="store_true", help="the second run's cases: FP8 16 tokens, contiguous split")
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--only", type=int, nargs="*", default=None, help="indices of the cases to run")
     args = p.parse_args()
+    global D
+    D = args.head_dim
     forward._portable_plan = _capped
     rows = []
-    for sq, hq, page, fp8, causal, b, sk in CASES + MORE if args.more else CASES:
+    cases = CASES + MORE if args.more else CASES
+    for sq, hq, page, fp8, causal, b, sk in [cases[i] for i in args.only] if args.only is not None else cases:
         torch.manual_seed(0)
         q = torch.randn(b, sq, hq, D, device="cuda", dtype=torch.bfloat16)
         k = torch.randn(b, sk, HK, D, device="cuda", dtype=torch.bfloat16)
@@ -80,13 +89,13 @@ def main():
         call = lambda: fmha.attention_with_kvcache(q, kc, vc, lens, block_table=table, causal=causal, **descales)
         forward._PLANS.clear()
         ref = call().float()
-        row = dict(sq=sq, hq=hq, hk=HK, page=page or 0, fp8=fp8, causal=causal, b=b, sk=sk)
-        caps = [c if c == "twin" else int(c) for c in args.caps if c != "twin" or sq == 1]
+        row = dict(d=D, sq=sq, hq=hq, hk=HK, page=page or 0, fp8=fp8, causal=causal, b=b, sk=sk)
+        caps = [c if c in ("twin", "const") else int(c) for c in args.caps if c not in ("twin", "const") or sq == 1]
         for _ in range(args.rounds):
             for cap in [None, *caps]:
                 CAP[0] = cap
                 forward._PLANS.clear()
-                name = "twin" if cap == "twin" else "ours" if cap is None else f"cap{cap}"
+                name = cap if cap in ("twin", "const") else "ours" if cap is None else f"cap{cap}"
                 launch._COMPILED.clear()
                 row[f"{name}_maxdiff"] = (call().float() - ref).abs().max().item()
                 row[f"{name}_regs"] = sorted(kernel.n_regs for (fn, *_), (kernel, _) in launch._COMPILED.items()
