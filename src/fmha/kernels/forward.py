@@ -762,7 +762,11 @@ def _register_cap(dqk, dv, tiles, wide, interpret):
 # A second process with the twin in place (history/probe_rows64_d64_confirm_h200_122dc5a.json, the same one-token
 # case): bf16 paged 3725 GB/s (0.81 of the cache's read; 0.59 before), contiguous 4224 (0.91; 0.77). FP8 caches
 # keep the constant: the same tile on an FP8 cache went the other way, 128 -> 140 registers unspecialised (four
-# programs an SM -> three), paged 1838 -> 1190 GB/s of FP8 bytes, though contiguous 1479 -> 1893.
+# programs an SM -> three), paged 1838 -> 1190 GB/s of FP8 bytes, though contiguous 1479 -> 1893 (the register cap
+# above now takes that form to 2103). One token of 512 query heads over 8 (64 rows) at d = 128 / 256, b = 64 at 4k
+# keys, later (history/rows64_const_d{128,256}_h200_d90267a.json, one process each), the twin against the constant,
+# page 64 / contiguous / b = 4 at 131k keys (split): d = 128 level, 4223 / 4296 / 4239 against 4215 / 4304 / 4243;
+# d = 256 ahead, 3805 / 3918 / 3644 against 3725 / 3855 / 3466.
 _UNSPECIALISED_Q = {}
 
 
