@@ -292,14 +292,13 @@ def test_kvcache_64_rows_d64(page_size, seqlen_q, fp8):
     q = torch.randn(len(seqlens), seqlen_q, 128 // seqlen_q, 64, device="cuda", dtype=torch.bfloat16)
     lens = torch.tensor(seqlens, dtype=torch.int32, device="cuda")
     options = dict(causal=seqlen_q > 1, **(_descales(len(seqlens), 2, "cuda") if fp8 else {}))
-    launch._COMPILED.clear()
+    launch._COMPILED.clear()          # only this call's compiles (a cache: later launches compile again)
     got, lse = fmha.attention_with_kvcache(q, k_cache, v_cache, lens, block_table=table, num_splits=1,
                                            return_lse=True, **options)
     assert_matches(got, lse, _oracle(q, k, v, seqlens, **options), torch.bfloat16)
     kernel = forward._forward_kernel(64, seqlen_q, fp8)
     assert (kernel is forward.attn_fwd_kernel) == (fp8 or seqlen_q > 1)
-    compiled = [(compiled, dict(items)) for (fn, _, _, items), (compiled, _) in launch._COMPILED.items()
-                if fn is kernel]
+    compiled = [(binary, dict(items)) for (fn, _, _, items), (binary, _) in launch._COMPILED.items() if fn is kernel]
     assert [(m["BLOCK_M"], m["HEAD_DIM_QK"], m["SPLIT"], m["PAGED"], m.get("maxnreg")) for _, m in compiled] == [
         (64, 64, False, page_size is not None, 128)]
     assert compiled[0][0].n_regs <= 128, compiled[0][0].n_regs
