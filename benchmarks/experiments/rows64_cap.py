@@ -42,6 +42,7 @@ MORE = [(16, 32, 64, True, False, 64, 4096), (16, 32, None, True, False, 64, 409
         (16, 32, 16, False, True, 4, 32768)]
 _plan = forward._portable_plan
 CAP = [None]
+KERNELS = ("twin", "const")       # the variants that pick the one-token kernel rather than a cap
 
 
 def _capped(*a, **kw):
@@ -49,7 +50,7 @@ def _capped(*a, **kw):
     seqlen_q-unspecialised twin on every one-token 64-row launch (FP8 caches too), with "const" none (seqlen_q = 1
     a constant)."""
     plan = _plan(*a, **kw)
-    if CAP[0] in ("twin", "const"):
+    if CAP[0] in KERNELS:
         if kw["seqlen_q"] == 1 and plan.meta["BLOCK_M"] == 64:
             plan.kernel = forward._forward_kernel(64, 1, False) if CAP[0] == "twin" else forward.attn_fwd_kernel
     elif CAP[0] is not None and plan.meta["BLOCK_M"] == 64 and plan.meta["HEAD_DIM_QK"] == D:
@@ -90,12 +91,12 @@ def main():
         forward._PLANS.clear()
         ref = call().float()
         row = dict(d=D, sq=sq, hq=hq, hk=HK, page=page or 0, fp8=fp8, causal=causal, b=b, sk=sk)
-        caps = [c if c in ("twin", "const") else int(c) for c in args.caps if c not in ("twin", "const") or sq == 1]
+        caps = [c if c in KERNELS else int(c) for c in args.caps if c not in KERNELS or sq == 1]
         for _ in range(args.rounds):
             for cap in [None, *caps]:
                 CAP[0] = cap
                 forward._PLANS.clear()
-                name = cap if cap in ("twin", "const") else "ours" if cap is None else f"cap{cap}"
+                name = cap if cap in KERNELS else "ours" if cap is None else f"cap{cap}"
                 launch._COMPILED.clear()
                 row[f"{name}_maxdiff"] = (call().float() - ref).abs().max().item()
                 row[f"{name}_regs"] = sorted(kernel.n_regs for (fn, *_), (kernel, _) in launch._COMPILED.items()
