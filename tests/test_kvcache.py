@@ -236,19 +236,18 @@ def test_kvcache_head_pairs(target, page_size, d, monkeypatch):
 
 @pytest.mark.cpu
 def test_forward_kernel_pick():
-    """`forward._forward_kernel`: 64-row tiles with a seqlen_q of 1 over a 16-bit cache launch one twin of
+    """`forward._forward_kernel`: 64-row tiles with a seqlen_q of 1 (16-bit or FP8 cache) launch one twin of
     `attn_fwd_kernel`, the same function jitted apart (with seqlen_q unspecialised on a GPU), made once and followed
-    when `attn_fwd_kernel` is swapped for another kernel; every other launch (FP8 caches too) `attn_fwd_kernel`."""
+    when `attn_fwd_kernel` is swapped for another kernel; every other launch `attn_fwd_kernel`."""
     from fmha.kernels import forward
-    twin = forward._forward_kernel(64, 1, False)
-    assert all(forward._forward_kernel(rows, n, fp8) is forward.attn_fwd_kernel
-               for rows, n, fp8 in ((16, 1, False), (32, 1, False), (64, 16, False), (64, 2, False),
-                                    (128, 4096, False), (64, 1, True)))
+    twin = forward._forward_kernel(64, 1)
+    assert all(forward._forward_kernel(rows, n) is forward.attn_fwd_kernel
+               for rows, n in ((16, 1), (32, 1), (64, 16), (64, 2), (128, 4096)))
     assert twin is not forward.attn_fwd_kernel and twin.fn is forward.attn_fwd_kernel.fn
-    assert forward._forward_kernel(128, 1, False) is twin
+    assert forward._forward_kernel(128, 1) is twin
     other = forward._UNSPECIALISED_Q.pop(forward.attn_fwd_kernel)
     try:
-        assert forward._forward_kernel(64, 1, False) is not other       # a new twin when none is kept
+        assert forward._forward_kernel(64, 1) is not other       # a new twin when none is kept
     finally:
         forward._UNSPECIALISED_Q[forward.attn_fwd_kernel] = other
 
@@ -283,8 +282,8 @@ def test_kvcache_64_rows_d64(page_size, seqlen_q, fp8):
     """64 packed query rows at d = 64 (one token of 64 heads a KV head, or 16 causal tokens of 4: the 64-row decode
     forms), bf16 or FP8, unsplit: the oracle's answer, compiled to at most 128 registers a thread, four programs an
     SM: under the `forward._GPU_MAXNREG` cap (uncapped, ptxas took an FP8 cache to 140-159 and 16 causal tokens on
-    16-key pages to 150: three), and for one token over a bf16 cache from the twin kernel with seqlen_q
-    unspecialised (`forward._forward_kernel`; as a constant 1, seqlen_q took the paged form to 142)."""
+    16-key pages to 150: three), and for one token from the twin kernel with seqlen_q unspecialised
+    (`forward._forward_kernel`; as a constant 1, seqlen_q took the paged bf16 form to 142)."""
     from fmha.kernels import forward, launch
     seqlens = [3000, 16 if seqlen_q > 1 else 0, 17, 4096]
     kv_dtype = torch.float8_e4m3fn if fp8 else torch.bfloat16
@@ -296,8 +295,8 @@ def test_kvcache_64_rows_d64(page_size, seqlen_q, fp8):
     got, lse = fmha.attention_with_kvcache(q, k_cache, v_cache, lens, block_table=table, num_splits=1,
                                            return_lse=True, **options)
     assert_matches(got, lse, _oracle(q, k, v, seqlens, **options), torch.bfloat16)
-    kernel = forward._forward_kernel(64, seqlen_q, fp8)
-    assert (kernel is forward.attn_fwd_kernel) == (fp8 or seqlen_q > 1)
+    kernel = forward._forward_kernel(64, seqlen_q)
+    assert (kernel is forward.attn_fwd_kernel) == (seqlen_q > 1)
     compiled = [(binary, dict(items)) for (fn, _, _, items), (binary, _) in launch._COMPILED.items() if fn is kernel]
     assert [(m["BLOCK_M"], m["HEAD_DIM_QK"], m["SPLIT"], m["PAGED"], m.get("maxnreg")) for _, m in compiled] == [
         (64, 64, False, page_size is not None, 128)]

@@ -52,7 +52,7 @@ def _capped(*a, **kw):
     plan = _plan(*a, **kw)
     if CAP[0] in KERNELS:
         if kw["seqlen_q"] == 1 and plan.meta["BLOCK_M"] == 64:
-            plan.kernel = forward._forward_kernel(64, 1, False) if CAP[0] == "twin" else forward.attn_fwd_kernel
+            plan.kernel = forward._forward_kernel(64, 1) if CAP[0] == "twin" else forward.attn_fwd_kernel
     elif CAP[0] is not None and plan.meta["BLOCK_M"] == 64 and plan.meta["HEAD_DIM_QK"] == D:
         plan.meta = {**plan.meta, "maxnreg": CAP[0]}
         if not CAP[0]:

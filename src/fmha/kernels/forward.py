@@ -734,7 +734,7 @@ def v_words_mode(kv_fp8, block_m, interpret=False):
 # programs an SM by its 106 KB, and spills 40-80 bytes at 128: not capped. A second process, capped / uncapped
 # alternating (history/rows64_cap_confirm_h200_c442fbc.json, means of two rounds): FP8 16 query tokens a GQA group of
 # 4 paged (page 64) 1192 -> 1824, contiguous 1789 -> 2107; FP8 one token contiguous 1477 -> 2103, paged 1820 -> 1794
-# (the one loss past 1%, taken with the rule: that form was already 128 registers); 16 causal tokens at page 16 2669
+# (the one loss past 1%, taken with the rule: that form was already 128 registers; on the twin below since, 1845); 16 causal tokens at page 16 2669
 # -> 3486; the other ten cases (bf16 one token and 16 tokens, paged, contiguous, split at b = 4 with 131k or 32k keys)
 # within 0.8%.
 _GPU_MAXNREG = {(64, 64, 64, 4): 128}
@@ -760,24 +760,27 @@ def _register_cap(dqk, dv, tiles, wide, interpret):
 # constant: unspecialised, d = 64 one-token decodes lost 0.2-0.5% (page 16 4170 -> 4148, contiguous 4185 -> 4170,
 # b = 4 at 131k 4339 -> 4328) and d = 128 / 256 were level (issue 3's rows within 0.1%, b = 1 at 131k +0.5%).
 # A second process with the twin in place (history/probe_rows64_d64_confirm_h200_122dc5a.json, the same one-token
-# case): bf16 paged 3725 GB/s (0.81 of the cache's read; 0.59 before), contiguous 4224 (0.91; 0.77). FP8 caches
-# keep the constant: the same tile on an FP8 cache went the other way, 128 -> 140 registers unspecialised (four
-# programs an SM -> three), paged 1838 -> 1190 GB/s of FP8 bytes, though contiguous 1479 -> 1893 (the register cap
-# above now takes that form to 2103). One token of 512 query heads over 8 (64 rows) at d = 128 / 256, b = 64 at 4k
-# keys, later (history/rows64_const_d{128,256}_h200_d90267a.json, one process each), the twin against the constant,
-# page 64 / contiguous / b = 4 at 131k keys (split): d = 128 level, 4223 / 4296 / 4239 against 4215 / 4304 / 4243;
-# d = 256 ahead, 3805 / 3918 / 3644 against 3725 / 3855 / 3466.
+# case): bf16 paged 3725 GB/s (0.81 of the cache's read; 0.59 before), contiguous 4224 (0.91; 0.77). One token of 512
+# query heads over 8 (64 rows) at d = 128 / 256, b = 64 at 4k keys, later (history/rows64_const_d{128,256}_h200_
+# d90267a.json, one process each), the twin against the constant, page 64 / contiguous / b = 4 at 131k keys (split):
+# d = 128 level, 4223 / 4296 / 4239 against 4215 / 4304 / 4243; d = 256 ahead, 3805 / 3918 / 3644 against 3725 /
+# 3855 / 3466. FP8 caches take the twin too since the register cap above: uncapped, the twin had taken the paged
+# d = 64 FP8 form from 128 to 140 registers (1838 -> 1190 GB/s of FP8 bytes); under the cap it is 125 and ahead.
+# The same one-token case on FP8 caches, the constant against the twin, page 64 / contiguous, GB/s of FP8 bytes,
+# three rounds (history/twin_fp8_d{16,32,64,128,256}_h200_683d184.json, one process a head dim): d = 64 1804 / 2171
+# -> 1845 / 2169; d = 256 1644 / 1971 -> 1664 / 2039; d = 16 750 / 871 -> 782 / 885; d = 32 1449 / 1583 -> 1453 /
+# 1578; d = 128 2148 / 2092 -> 2153 / 2085 (losses within 0.35%).
 _UNSPECIALISED_Q = {}
 
 
-def _forward_kernel(block_m, seqlen_q, kv_fp8):
+def _forward_kernel(block_m, seqlen_q):
     """The kernel a launch of `block_m`-row tiles and `seqlen_q` (its first scalar) takes: `attn_fwd_kernel`, or
-    for 64-row tiles, a seqlen_q of 1 and a 16-bit cache the same function jitted with seqlen_q never specialised
+    for 64-row tiles and a seqlen_q of 1 the same function jitted with seqlen_q never specialised
     (which would also drop its divisibility by 16 for other values: those keep `attn_fwd_kernel`). Made once per
     kernel object, so that probes which swap `attn_fwd_kernel` for a patched copy (and empty `_PLANS`, which hold
     the pick) get that copy's twin."""
     kernel = attn_fwd_kernel
-    if block_m < 64 or seqlen_q != 1 or kv_fp8:
+    if block_m < 64 or seqlen_q != 1:
         return kernel
     twin = _UNSPECIALISED_Q.get(kernel)
     if twin is None:
@@ -1290,5 +1293,5 @@ def _portable_plan(q4, k, v, o4, lse, lse_strides, *, pair, varlen, batch, seqle
         meta["maxnreg"] = cap
     grid = (batch * heads_eff, m_blocks, num_splits)
     boxes = ([1, block_n, 1, block_d], [1, block_n, 1, block_dv])
-    kernel = _forward_kernel(block_m, seqlen_q, k.element_size() == 1)
+    kernel = _forward_kernel(block_m, seqlen_q)
     return _PortablePlan(kernel, grid, meta, scalars, num_splits, tma, boxes, parts)
