@@ -769,7 +769,9 @@ def _register_cap(dqk, dv, tiles, wide, interpret):
 # The same one-token case on FP8 caches, the constant against the twin, page 64 / contiguous, GB/s of FP8 bytes,
 # three rounds (history/twin_fp8_d{16,32,64,128,256}_h200_683d184.json, one process a head dim): d = 64 1804 / 2171
 # -> 1845 / 2169; d = 256 1644 / 1971 -> 1664 / 2039; d = 16 750 / 871 -> 782 / 885; d = 32 1449 / 1583 -> 1453 /
-# 1578; d = 128 2148 / 2092 -> 2153 / 2085 (losses within 0.35%).
+# 1578; d = 128 2148 / 2092 -> 2153 / 2085 (losses within 0.35%). A second process with the twin in place, the
+# constant against it (history/twin_fp8_confirm_d{16,64,128,256}_h200_fca6043.json): d = 64 1798 / 2122 -> 1828 /
+# 2121; d = 256 1644 / 1965 -> 1663 / 2022; d = 16 751 / 870 -> 781 / 884; d = 128 2140 / 2085 -> 2149 / 2080.
 _UNSPECIALISED_Q = {}
 
 
