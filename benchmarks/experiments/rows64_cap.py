@@ -13,11 +13,12 @@ with the constant, history/probe_rows64_d64_confirm_h200_122dc5a.json) and conti
 constant; 1893 against 1479 GB/s of FP8 bytes). Capped at 128, ptxas fits all of these with no spills (STACK 0)
 except the constant-seqlen_q bf16 paged form and 16 causal tokens with seqlen_q = 1 (8 bytes of stack).
 
-    PYTHONPATH=src FMHA_COMMIT=... python3 benchmarks/experiments/rows64_cap.py [--caps 0 128 twin const] [--more]
-        [--head-dim 64] [--only 0 1 ...] [--out f.json]
+    PYTHONPATH=src FMHA_COMMIT=... python3 benchmarks/experiments/rows64_cap.py [--caps 0 128 twin const twin_all]
+        [--more | --narrow] [--head-dim 64] [--only 0 1 ...] [--out f.json]
 
 Variants beside the package's ("ours"): a cap (0: uncapped) on the 64-row forms at the head dim, "twin" (one-token
-launches on the seqlen_q-unspecialised twin, FP8 too), "const" (one-token launches with seqlen_q the constant 1).
+64-row launches on the seqlen_q-unspecialised twin, FP8 too: the package's since fca6043), "twin_all" (every
+one-token launch on it, the narrow forms too), "const" (one-token launches with seqlen_q the constant 1).
 
 Cases: (query tokens, query heads over 8 KV heads, page or None, FP8, causal), b = 64 at 4k keys, and b = 4 at 131k
 keys (split) for the first two. GB/s of the cache's bytes (FP8 bytes for FP8) plus q and out."""
@@ -40,17 +41,24 @@ CASES = [(1, 512, 64, False, False, 64, 4096), (1, 512, None, False, False, 64, 
 MORE = [(16, 32, 64, True, False, 64, 4096), (16, 32, None, True, False, 64, 4096),
         (16, 32, None, False, False, 4, 131072), (1, 512, None, False, False, 4, 131072),
         (16, 32, 16, False, True, 4, 32768)]
+# --narrow: one token over an FP8 cache in the narrow (16-row, mma.sync) forms, which keep the constant seqlen_q = 1:
+# GQA 8 (8 rows) on 16- / 64-key pages, contiguous, and split (b = 4 at 131k keys); GQA 4 (4 rows) on 64-key pages.
+NARROW = [(1, 64, 16, True, False, 64, 4096), (1, 64, 64, True, False, 64, 4096), (1, 64, None, True, False, 64, 4096),
+          (1, 64, 64, True, False, 4, 131072), (1, 32, 64, True, False, 64, 4096)]
 _plan = forward._portable_plan
 CAP = [None]
-KERNELS = ("twin", "const")       # the variants that pick the one-token kernel rather than a cap
+KERNELS = ("twin", "const", "twin_all")   # the variants that pick the one-token kernel rather than a cap
 
 
 def _capped(*a, **kw):
     """`_portable_plan` with maxnreg = CAP on the 64-row forms at head dim D (0: none), or with CAP "twin" the
-    seqlen_q-unspecialised twin on every one-token 64-row launch (FP8 caches too), with "const" none (seqlen_q = 1
-    a constant)."""
+    seqlen_q-unspecialised twin on every one-token 64-row launch (FP8 caches too), with "twin_all" on every one-token
+    launch (the narrow forms too), with "const" none (seqlen_q = 1 a constant)."""
     plan = _plan(*a, **kw)
-    if CAP[0] in KERNELS:
+    if CAP[0] == "twin_all":
+        if kw["seqlen_q"] == 1:
+            plan.kernel = forward._forward_kernel(64, 1)
+    elif CAP[0] in KERNELS:
         if kw["seqlen_q"] == 1 and plan.meta["BLOCK_M"] == 64:
             plan.kernel = forward._forward_kernel(64, 1) if CAP[0] == "twin" else forward.attn_fwd_kernel
     elif CAP[0] is not None and plan.meta["BLOCK_M"] == 64 and plan.meta["HEAD_DIM_QK"] == D:
@@ -67,6 +75,7 @@ def main():
     p.add_argument("--caps", nargs="*", default=["128", "twin"])
     p.add_argument("--out", default=None)
     p.add_argument("--more", action="store_true", help="the second run's cases: FP8 16 tokens, contiguous split")
+    p.add_argument("--narrow", action="store_true", help="the one-token FP8 cases of the narrow forms (alone)")
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--only", type=int, nargs="*", default=None, help="indices of the cases to run")
     args = p.parse_args()
@@ -74,7 +83,7 @@ def main():
     D = args.head_dim
     forward._portable_plan = _capped
     rows = []
-    cases = CASES + MORE if args.more else CASES
+    cases = NARROW if args.narrow else CASES + MORE if args.more else CASES
     for sq, hq, page, fp8, causal, b, sk in [cases[i] for i in args.only] if args.only is not None else cases:
         torch.manual_seed(0)
         q = torch.randn(b, sq, hq, D, device="cuda", dtype=torch.bfloat16)
