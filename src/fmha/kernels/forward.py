@@ -734,9 +734,9 @@ def v_words_mode(kv_fp8, block_m, interpret=False):
 # programs an SM by its 106 KB, and spills 40-80 bytes at 128: not capped. A second process, capped / uncapped
 # alternating (history/rows64_cap_confirm_h200_c442fbc.json, means of two rounds): FP8 16 query tokens a GQA group of
 # 4 paged (page 64) 1192 -> 1824, contiguous 1789 -> 2107; FP8 one token contiguous 1477 -> 2103, paged 1820 -> 1794
-# (the one loss past 1%, taken with the rule: that form was already 128 registers; on the twin below since, 1845); 16 causal tokens at page 16 2669
-# -> 3486; the other ten cases (bf16 one token and 16 tokens, paged, contiguous, split at b = 4 with 131k or 32k keys)
-# within 0.8%.
+# (the one loss past 1%, taken with the rule: that form was already 128 registers; on the twin below since, 1845);
+# 16 causal tokens at page 16 2669 -> 3486; the other ten cases (bf16 one token and 16 tokens, paged, contiguous,
+# split at b = 4 with 131k or 32k keys) within 0.8%.
 _GPU_MAXNREG = {(64, 64, 64, 4): 128}
 
 
@@ -758,7 +758,9 @@ def _register_cap(dqk, dv, tiles, wide, interpret):
 # tile read 3550 / 4050 with those 64 rows as 16 tokens of 4 heads, history/probe_gp_shape_h200_b0476d1.json);
 # d = 16 (64-row forms at one token too) page 64 1715 -> 1750, page 16 1862 -> 1854. The 16-row forms keep the
 # constant: unspecialised, d = 64 one-token decodes lost 0.2-0.5% (page 16 4170 -> 4148, contiguous 4185 -> 4170,
-# b = 4 at 131k 4339 -> 4328) and d = 128 / 256 were level (issue 3's rows within 0.1%, b = 1 at 131k +0.5%).
+# b = 4 at 131k 4339 -> 4328) and d = 128 / 256 were level (issue 3's rows within 0.1%, b = 1 at 131k +0.5%); one
+# token over an FP8 cache in them (8 or 4 rows a KV head, 16-key / 64-key pages, contiguous, split) was level too,
+# -0.6..+1.3% at d = 64 / 128 (history/twin_narrow_fp8_d{64,128}_h200_9614f36.json, whose "commit" field was mistyped).
 # A second process with the twin in place (history/probe_rows64_d64_confirm_h200_122dc5a.json, the same one-token
 # case): bf16 paged 3725 GB/s (0.81 of the cache's read; 0.59 before), contiguous 4224 (0.91; 0.77). One token of 512
 # query heads over 8 (64 rows) at d = 128 / 256, b = 64 at 4k keys, later (history/rows64_const_d{128,256}_h200_
@@ -777,10 +779,10 @@ _UNSPECIALISED_Q = {}
 
 def _forward_kernel(block_m, seqlen_q):
     """The kernel a launch of `block_m`-row tiles and `seqlen_q` (its first scalar) takes: `attn_fwd_kernel`, or
-    for 64-row tiles and a seqlen_q of 1 the same function jitted with seqlen_q never specialised
-    (which would also drop its divisibility by 16 for other values: those keep `attn_fwd_kernel`). Made once per
-    kernel object, so that probes which swap `attn_fwd_kernel` for a patched copy (and empty `_PLANS`, which hold
-    the pick) get that copy's twin."""
+    for 64-row tiles and a seqlen_q of 1 (16-bit or FP8 cache) the same function jitted with seqlen_q never
+    specialised (which would also drop its divisibility by 16 for other values: those keep `attn_fwd_kernel`). Made
+    once per kernel object, so that probes which swap `attn_fwd_kernel` for a patched copy (and empty `_PLANS`,
+    which hold the pick) get that copy's twin."""
     kernel = attn_fwd_kernel
     if block_m < 64 or seqlen_q != 1:
         return kernel
