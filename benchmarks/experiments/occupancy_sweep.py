@@ -11,7 +11,9 @@ and 8, where `_short_tiles` gives a second form), each under the package's regis
 (`forward._register_cap`). Programs an SM from the registers (65536 a SM, allocated 8 a
 thread at a time), from the shared memory (228 KB a SM, 1 KB more a program) and from the warps (64 a SM);
 `cap_for_one_more`: the most registers a thread that would fit one more program, where the registers bind (marked
-where that is within 15% of what the form takes now)."""
+where that is within 15% of what the form takes now). The forms are the unmasked ones: a causal launch can take
+more (the d = 64 short launch's two forms: 134 here, 156 in a causal varlen call on the H200,
+`short_cap.py`)."""
 import argparse
 import concurrent.futures
 import datetime

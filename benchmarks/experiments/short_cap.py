@@ -6,7 +6,11 @@ seqused_k, no block table) under Triton's maxnreg = 128 against uncapped. `occup
     PYTHONPATH=src FMHA_COMMIT=... python3 benchmarks/experiments/short_cap.py [--rounds 3] [--out f.json]
 
 Cases: decodes and short chunks (COUNTxROWS query rows), 32 / 8 heads, 4k keys a sequence, causal, bf16, CUDA-graph
-replays; TFLOP/s over the visible pairs. Each row records which launches ran with WIDE forms (`wide_launches`)."""
+replays; TFLOP/s over the visible pairs. Each row records which launches ran with WIDE forms (`wide_launches`).
+
+Run once (history/short_cap_d64_h200_8519203.json): the causal two-form launch took 156 registers uncapped, and
+capped at 128 it lost (64 decodes + 2 x 48 rows 32.9 -> 32.0 TFLOP/s, 32 decodes + 32 x 20 115.6 -> 108.4, 128
+decodes + 1 x 40 level): the package leaves those launches uncapped."""
 import argparse
 
 import torch
