@@ -13,7 +13,7 @@ thread at a time), from the shared memory (228 KB a SM, 1 KB more a program) and
 `cap_for_one_more`: the most registers a thread that would fit one more program, where the registers bind (marked
 where that is within 15% of what the form takes now). The forms are the unmasked ones: a causal launch can take
 more (the d = 64 short launch's two forms: 134 here, 156 in a causal varlen call on the H200,
-`short_cap.py`)."""
+history/short_cap_d64_h200_8519203.json)."""
 import argparse
 import concurrent.futures
 import datetime
