@@ -14,7 +14,7 @@ constant; 1893 against 1479 GB/s of FP8 bytes). Capped at 128, ptxas fits all of
 except the constant-seqlen_q bf16 paged form and 16 causal tokens with seqlen_q = 1 (8 bytes of stack).
 
     PYTHONPATH=src FMHA_COMMIT=... python3 benchmarks/experiments/rows64_cap.py [--caps 0 128 twin const twin_all]
-        [--more | --narrow] [--head-dim 64] [--only 0 1 ...] [--out f.json]
+        [--more | --narrow | --rows32] [--cap-tile M,N,W] [--head-dim 64] [--only 0 1 ...] [--out f.json]
 
 Variants beside the package's ("ours"): a cap (0: uncapped) on the 64-row forms at the head dim, "twin" (one-token
 64-row launches on the seqlen_q-unspecialised twin, FP8 too: the package's since fca6043), "twin_all" (every
@@ -45,15 +45,21 @@ MORE = [(16, 32, 64, True, False, 64, 4096), (16, 32, None, True, False, 64, 409
 # GQA 8 (8 rows) on 16- / 64-key pages, contiguous, and split (b = 4 at 131k keys); GQA 4 (4 rows) on 64-key pages.
 NARROW = [(1, 64, 16, True, False, 64, 4096), (1, 64, 64, True, False, 64, 4096), (1, 64, None, True, False, 64, 4096),
           (1, 64, 64, True, False, 4, 131072), (1, 32, 64, True, False, 64, 4096)]
+# --rows32: FP8 caches at 32 packed rows (4 causal tokens of a GQA group of 8), contiguous, 64-key pages, and b = 4
+# at 131k keys (split); with --cap-tile 32,64,2 the caps apply to those forms' tiles (the sm_90 occupancy sweep:
+# contiguous (32, 64, 2, 4) at 168 registers, six programs an SM, 144 for seven).
+ROWS32 = [(4, 64, None, True, True, 64, 4096), (4, 64, 64, True, True, 64, 4096), (4, 64, None, True, True, 4, 131072)]
 _plan = forward._portable_plan
 CAP = [None]
+CAP_TILE = [(64, None, None)]     # (BLOCK_M, BLOCK_N, num_warps) the caps apply to, None: any
 KERNELS = ("twin", "const", "twin_all")   # the variants that pick the one-token kernel rather than a cap
 
 
 def _capped(*a, **kw):
-    """`_portable_plan` with maxnreg = CAP on the 64-row forms at head dim D (0: none), or with CAP "twin" the
-    seqlen_q-unspecialised twin on every one-token 64-row launch (FP8 caches too), with "twin_all" on every one-token
-    launch (the narrow forms too), with "const" none (seqlen_q = 1 a constant)."""
+    """`_portable_plan` with maxnreg = CAP on the 64-row forms at head dim D (0: none; CAP_TILE's tiles with
+    --cap-tile), or with CAP "twin" the seqlen_q-unspecialised twin on every one-token 64-row launch (FP8 caches
+    too), with "twin_all" on every one-token launch (the narrow forms too), with "const" none (seqlen_q = 1 a
+    constant)."""
     plan = _plan(*a, **kw)
     if CAP[0] == "twin_all":
         if kw["seqlen_q"] == 1:
@@ -61,7 +67,9 @@ def _capped(*a, **kw):
     elif CAP[0] in KERNELS:
         if kw["seqlen_q"] == 1 and plan.meta["BLOCK_M"] == 64:
             plan.kernel = forward._forward_kernel(64, 1) if CAP[0] == "twin" else forward.attn_fwd_kernel
-    elif CAP[0] is not None and plan.meta["BLOCK_M"] == 64 and plan.meta["HEAD_DIM_QK"] == D:
+    elif CAP[0] is not None and plan.meta["HEAD_DIM_QK"] == D and all(
+            want is None or plan.meta[key] == want
+            for key, want in zip(("BLOCK_M", "BLOCK_N", "num_warps"), CAP_TILE[0])):
         plan.meta = {**plan.meta, "maxnreg": CAP[0]}
         if not CAP[0]:
             del plan.meta["maxnreg"]
@@ -76,6 +84,8 @@ def main():
     p.add_argument("--out", default=None)
     p.add_argument("--more", action="store_true", help="the second run's cases: FP8 16 tokens, contiguous split")
     p.add_argument("--narrow", action="store_true", help="the one-token FP8 cases of the narrow forms (alone)")
+    p.add_argument("--rows32", action="store_true", help="FP8 caches at 32 packed rows (alone)")
+    p.add_argument("--cap-tile", default=None, help="M,N,W: the tiles the caps apply to (default: 64-row forms)")
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--only", type=int, nargs="*", default=None, help="indices of the cases to run")
     args = p.parse_args()
@@ -83,7 +93,9 @@ def main():
     D = args.head_dim
     forward._portable_plan = _capped
     rows = []
-    cases = NARROW if args.narrow else CASES + MORE if args.more else CASES
+    if args.cap_tile:
+        CAP_TILE[0] = tuple(int(x) for x in args.cap_tile.split(","))
+    cases = NARROW if args.narrow else ROWS32 if args.rows32 else CASES + MORE if args.more else CASES
     for sq, hq, page, fp8, causal, b, sk in [cases[i] for i in args.only] if args.only is not None else cases:
         torch.manual_seed(0)
         q = torch.randn(b, sq, hq, D, device="cuda", dtype=torch.bfloat16)
