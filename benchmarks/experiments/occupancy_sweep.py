@@ -20,18 +20,17 @@ import datetime
 import json
 import subprocess
 import sys
-import textwrap
 
+import split_compile
 from fmha.kernels.forward import _short_tiles
 
 SM_REGS, SM_SHARED, PROGRAM_SHARED, SM_WARPS = 65536, 233472, 1024, 64
 
 
 def decode_script(paged, two_forms):
-    text = open("tests/test_compile_sm90.py").read()
-    mark = "DECODE_SCRIPT = textwrap.dedent(" + "'" * 3
-    start = text.index(mark) + len(mark)
-    script = textwrap.dedent(text[start:text.index("'" * 3 + ")", start)])
+    """DECODE_SCRIPT (`split_compile.decode_script`) for the case: contiguous where not `paged`, reporting the
+    stack too, compiled under the package's register cap."""
+    script = split_compile.decode_script()
     script = script.replace("regs=int(re.search", "stack=int(re.search(r'STACK:([0-9]+)', usage).group(1)), "
                             "regs=int(re.search", 1)
     if not paged:
