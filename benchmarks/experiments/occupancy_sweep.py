@@ -43,7 +43,7 @@ def decode_script(paged, two_forms):
     old = "options=dict(num_warps=warps, num_stages=stages)"
     assert old in script, "DECODE_SCRIPT's compile options moved"
     cap = ("__import__('fmha.kernels.forward', fromlist=['_register_cap'])._register_cap(d, d, (bm, bn, warps, "
-           f"stages), {'wide' if two_forms else 'None'}, False)")
+           f"stages), {'wide' if two_forms else 'None'}, False, bool(fp8))")
     return script.replace(old, f"options=dict(num_warps=warps, num_stages=stages, maxnreg={cap})")
 
 

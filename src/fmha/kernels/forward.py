@@ -738,15 +738,24 @@ def v_words_mode(kv_fp8, block_m, interpret=False):
 # 16 causal tokens at page 16 2669 -> 3486; the other ten cases (bf16 one token and 16 tokens, paged, contiguous,
 # split at b = 4 with 131k or 32k keys) within 0.8%.
 _GPU_MAXNREG = {(64, 64, 64, 4): 128}
+# FP8 caches only, looked up first, the same keys: the contiguous table's 32-row form at d = 64, (32, 64, 2, 4),
+# compiled for sm_90 to 168 registers and 8 bytes of stack, six 2-warp programs an SM (its 28 KB of shared memory
+# fit seven); at 144, seven (the occupancy sweep, history/occupancy_sweep_sm90_8519203.json). H200, one process,
+# b = 64 at 4k keys, 4 causal query tokens a GQA group of 8 (32 rows), GB/s of FP8 bytes, three rounds, uncapped /
+# 144 / 160 (history/rows32_cap_d64_h200_8a36ece.json): 2668-2685 / 2735-2748 / 2721-2736; b = 4 at 131k keys
+# (split) 2645-2648 / 2642-2656 / 2682-2695.
+_GPU_FP8_MAXNREG = {(64, 32, 64, 2): 144}
 
 
-def _register_cap(dqk, dv, tiles, wide, interpret):
-    """Triton's `maxnreg` for a portable launch of `tiles` (`_GPU_MAXNREG`), or None: none in the interpreter, nor
-    for a launch with further forms (`wide`, whose tiles share the kernel and were not measured capped)."""
+def _register_cap(dqk, dv, tiles, wide, interpret, kv_fp8=False):
+    """Triton's `maxnreg` for a portable launch of `tiles` (`_GPU_FP8_MAXNREG` first for an FP8 cache, then
+    `_GPU_MAXNREG`), or None: none in the interpreter, nor for a launch with further forms (`wide`, whose tiles
+    share the kernel and were not measured capped)."""
     if interpret or wide:
         return None
     block_m, block_n, num_warps, _ = tiles
-    return _GPU_MAXNREG.get((tile_key(dqk, dv), block_m, block_n, num_warps))
+    key = (tile_key(dqk, dv), block_m, block_n, num_warps)
+    return (kv_fp8 and _GPU_FP8_MAXNREG.get(key)) or _GPU_MAXNREG.get(key)
 
 
 # Triton compiles an i32 argument of 1 as the constant 1, so one-token calls (seqlen_q = 1) run a form of their own.
@@ -1292,7 +1301,7 @@ def _portable_plan(q4, k, v, o4, lse, lse_strides, *, pair, varlen, batch, seqle
         meta["SHORT_ONLY"] = True
     if wide:
         meta["WIDE"] = tuple((m, n, stages, _page_tile(k.shape[1], n) if paged else 0) for m, n, _, stages in wide)
-    cap = _register_cap(dqk, dv, tiles, wide, interpret)
+    cap = _register_cap(dqk, dv, tiles, wide, interpret, v.element_size() == 1)
     if cap:
         meta["maxnreg"] = cap
     grid = (batch * heads_eff, m_blocks, num_splits)
