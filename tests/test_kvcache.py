@@ -256,7 +256,7 @@ def test_forward_kernel_pick():
 def test_register_cap_rule():
     """Which portable launches compile under a register cap (`forward._register_cap`): the GPU tables' 4-warp
     64-row forms of 64-key tiles at d = 64 (paged or not, whatever the cache's dtype: the tables key them by rows),
-    at 128, and the FP8 contiguous 32-row form at d = 64 at 144 (FP8 caches only); not the 128-key 64-row form, other
+    at 128, and the FP8 contiguous 32-row form at d = 64 at 160 (FP8 caches only); not the 128-key 64-row form, other
     head dims' 64-row forms, the narrow forms, a short launch with further forms, nor the interpreter."""
     from fmha.kernels.forward import _register_cap, _tile_config
     rows64 = [_tile_config(64, 64, False, rows=64, paged=paged, kv_fp8=fp8) for paged in (False, True)
@@ -275,7 +275,7 @@ def test_register_cap_rule():
     assert _register_cap(64, 64, (64, 128, 4, 3), None, False) is None
     fp8_32 = _tile_config(64, 64, False, rows=32, paged=False, kv_fp8=True)
     assert fp8_32[:3] == (32, 64, 2)
-    assert _register_cap(64, 64, fp8_32, None, False, True) == 144
+    assert _register_cap(64, 64, fp8_32, None, False, True) == 160
     assert _register_cap(64, 64, fp8_32, None, False) is None                    # a 16-bit cache on those tiles
     assert _register_cap(64, 64, fp8_32, None, True, True) is None               # interpreter
     assert all(_register_cap(64, 64, tiles, None, False, True) == 128 for tiles in rows64)
@@ -321,8 +321,8 @@ def test_kvcache_64_rows_d64(page_size, seqlen_q, fp8):
 def test_kvcache_fp8_32_rows_d64(seqlen_q, causal, num_splits):
     """32 packed query rows at d = 64 over a contiguous FP8 cache (4 tokens of a GQA group of 8, or one token of 32
     heads a KV head: the FP8 contiguous table's (32, 64, 2, 4)), split or not: the oracle's answer, compiled under
-    the FP8 register cap (`forward._GPU_FP8_MAXNREG`) to at most 144 registers a thread, seven 2-warp programs an
-    SM (uncapped, ptxas took the causal form to 168 and 8 bytes of stack: six)."""
+    the FP8 register cap (`forward._GPU_FP8_MAXNREG`) to at most 160 registers a thread (uncapped, ptxas took the
+    causal form to 168 and 8 bytes of stack, and it read 1-5% slower)."""
     from fmha.kernels import forward, launch
     seqlens = [3000, 0, 17, 4096]
     k_cache, v_cache, _, k, v = _cache(seqlens, 4096, 2, 64, 64, torch.float8_e4m3fn, "cuda", seed=32)
@@ -336,8 +336,8 @@ def test_kvcache_fp8_32_rows_d64(seqlen_q, causal, num_splits):
     compiled = [(binary, dict(items)) for (fn, _, _, items), (binary, _) in launch._COMPILED.items()
                 if fn is forward.attn_fwd_kernel]
     assert [(m["BLOCK_M"], m["BLOCK_N"], m["num_warps"], m["SPLIT"], m.get("maxnreg")) for _, m in compiled] == [
-        (32, 64, 2, num_splits > 1, 144)]
-    assert compiled[0][0].n_regs <= 144, compiled[0][0].n_regs
+        (32, 64, 2, num_splits > 1, 160)]
+    assert compiled[0][0].n_regs <= 160, compiled[0][0].n_regs
 
 
 @pytest.mark.cpu

@@ -740,11 +740,15 @@ def v_words_mode(kv_fp8, block_m, interpret=False):
 _GPU_MAXNREG = {(64, 64, 64, 4): 128}
 # FP8 caches only, looked up first, the same keys: the contiguous table's 32-row form at d = 64, (32, 64, 2, 4),
 # compiled for sm_90 to 168 registers and 8 bytes of stack, six 2-warp programs an SM (its 28 KB of shared memory
-# fit seven); at 144, seven (the occupancy sweep, history/occupancy_sweep_sm90_8519203.json). H200, one process,
-# b = 64 at 4k keys, 4 causal query tokens a GQA group of 8 (32 rows), GB/s of FP8 bytes, three rounds, uncapped /
-# 144 / 160 (history/rows32_cap_d64_h200_8a36ece.json): 2668-2685 / 2735-2748 / 2721-2736; b = 4 at 131k keys
-# (split) 2645-2648 / 2642-2656 / 2682-2695.
-_GPU_FP8_MAXNREG = {(64, 32, 64, 2): 144}
+# fit seven; the occupancy sweep, history/occupancy_sweep_sm90_8519203.json). The cap that wins is not the one that
+# adds a program: at 144 (seven an SM) the split launches were level, at 160 (157 registers split, still six) every
+# case gained. H200, GB/s of FP8 bytes, three rounds, uncapped / 144 / 160, 4 causal query tokens a GQA group of 8
+# (32 rows) unless named: first process (history/rows32_cap_d64_h200_8a36ece.json) b = 64 at 4k keys 2668-2685 /
+# 2735-2748 / 2721-2736, b = 4 at 131k keys (split) 2645-2648 / 2642-2656 / 2682-2695; second process
+# (history/rows32_cap_confirm_d64_h200_168cb6b.json) b = 64 2786-2818 / 2876-2878 / 2870-2879, unmasked 2795-2825 /
+# 2875-2890 / 2894-2912, one token of 256 query heads (32 rows) 2845-2859 / 2844-2855 / 2870-2893, b = 4 at 131k
+# 2756-2784 / 2778-2793 / 2923-2930, b = 1 at 131k 2518-2522 / 2525-2528 / 2646-2657.
+_GPU_FP8_MAXNREG = {(64, 32, 64, 2): 160}
 
 
 def _register_cap(dqk, dv, tiles, wide, interpret, kv_fp8=False):
