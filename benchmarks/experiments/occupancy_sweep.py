@@ -1,7 +1,7 @@
 """Compile the portable decode forms for sm_90 on the CPU and list those whose registers, not their shared memory,
 hold them to fewer programs an SM: where a register cap (`forward._GPU_MAXNREG`, `_GPU_FP8_MAXNREG`) could add
-one. No GPU needed; it
-runs `test_compile_sm90`'s DECODE_SCRIPT (as `split_compile.py` does) once a case, in a subprocess.
+one. No GPU needed; it runs `test_compile_sm90`'s DECODE_SCRIPT (as `split_compile.py` does) once a case, in a
+subprocess.
 
     TRITON_INTERPRET=0 PYTHONPATH=src python3 benchmarks/experiments/occupancy_sweep.py [--dims 64 128]
         [--rows 8 16 32 64] [--jobs 2] [--out sweep.json]
