@@ -49,10 +49,11 @@ NARROW = [(1, 64, 16, True, False, 64, 4096), (1, 64, 64, True, False, 64, 4096)
 # at 131k keys (split); with --cap-tile 32,64,2 the caps apply to those forms' tiles (the sm_90 occupancy sweep:
 # contiguous (32, 64, 2, 4) at 168 registers, six programs an SM, 144 for seven).
 # Cases 3-5 (the second process, with the package's cap of 144 on the contiguous form): 4 tokens unmasked, one token
-# of 256 query heads (32 rows), b = 1 at 131k keys (split).
+# of 256 query heads (32 rows), b = 1 at 131k keys (split). Case 6: 64-key pages at b = 4 with 131k keys (split), for
+# the paged form's tile (32, 128, 2, 4) at 255 registers, four programs an SM (--cap-tile 32,128,2).
 ROWS32 = [(4, 64, None, True, True, 64, 4096), (4, 64, 64, True, True, 64, 4096), (4, 64, None, True, True, 4, 131072),
           (4, 64, None, True, False, 64, 4096), (1, 256, None, True, False, 64, 4096),
-          (4, 64, None, True, True, 1, 131072)]
+          (4, 64, None, True, True, 1, 131072), (4, 64, 64, True, True, 4, 131072)]
 _plan = forward._portable_plan
 CAP = [None]
 CAP_TILE = [(64, None, None)]     # (BLOCK_M, BLOCK_N, num_warps) the caps apply to, None: any
