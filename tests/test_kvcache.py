@@ -266,12 +266,6 @@ def test_register_cap_rule():
     assert _register_cap(48, 64, (64, 64, 4, 7), None, False) == 128          # padded to 64; split stages
     assert _register_cap(64, 64, rows64[0], None, True) is None                 # interpreter
     assert _register_cap(64, 64, rows64[0], ((64, 64, 4, 3),), False) is None   # a short launch's further forms
-    for d in (16, 32, 64, 128, 256):
-        for rows in (16, 32, 64, None):
-            for paged in (False, True):
-                tiles = _tile_config(d, d, False, rows=rows, paged=paged)
-                if (d, tiles[:3]) != (64, (64, 64, 4)):
-                    assert _register_cap(d, d, tiles, None, False) is None, (d, rows, paged, tiles)
     assert _register_cap(64, 64, (64, 128, 4, 3), None, False) is None
     fp8_32 = _tile_config(64, 64, False, rows=32, paged=False, kv_fp8=True)
     assert fp8_32[:3] == (32, 64, 2)
@@ -279,12 +273,29 @@ def test_register_cap_rule():
     assert _register_cap(64, 64, fp8_32, None, False) is None                    # a 16-bit cache on those tiles
     assert _register_cap(64, 64, fp8_32, None, True, True) is None               # interpreter
     assert all(_register_cap(64, 64, tiles, None, False, True) == 128 for tiles in rows64)
-    for d in (16, 32, 64, 128, 256):
-        for rows in (16, 32, 64, None):
-            for paged in (False, True):
-                tiles = _tile_config(d, d, False, rows=rows, paged=paged, kv_fp8=True)
-                if (d, tiles[:3]) not in ((64, (64, 64, 4)), (64, (32, 64, 2))):
-                    assert _register_cap(d, d, tiles, None, False, True) is None, (d, rows, paged, tiles)
+    for fp8, capped in ((False, {(64, 64, 4)}), (True, {(64, 64, 4), (32, 64, 2)})):
+        for d in (16, 32, 64, 128, 256):
+            for rows in (16, 32, 64, None):
+                for paged in (False, True):
+                    tiles = _tile_config(d, d, False, rows=rows, paged=paged, kv_fp8=fp8)
+                    if d != 64 or tiles[:3] not in capped:
+                        assert _register_cap(d, d, tiles, None, False, fp8) is None, (d, rows, paged, fp8, tiles)
+
+
+def _call_compiled(seqlens, seqlen_q, heads_q, kv_dtype, page_size, kernel, seed, num_splits=1, causal=False):
+    """One `attention_with_kvcache` call at d = 64 over 2 KV heads (NaN past each length, descales for an FP8
+    cache), checked against the oracle; returns this call's compiles of `kernel` as (binary, meta) pairs."""
+    from fmha.kernels import launch
+    fp8 = kv_dtype == torch.float8_e4m3fn
+    k_cache, v_cache, table, k, v = _cache(seqlens, 4096, 2, 64, 64, kv_dtype, "cuda", page_size, seed=seed)
+    q = torch.randn(len(seqlens), seqlen_q, heads_q, 64, device="cuda", dtype=torch.bfloat16)
+    lens = torch.tensor(seqlens, dtype=torch.int32, device="cuda")
+    options = dict(causal=causal, **(_descales(len(seqlens), 2, "cuda") if fp8 else {}))
+    launch._COMPILED.clear()          # only this call's compiles (a cache: later launches compile again)
+    got, lse = fmha.attention_with_kvcache(q, k_cache, v_cache, lens, block_table=table, num_splits=num_splits,
+                                           return_lse=True, **options)
+    assert_matches(got, lse, _oracle(q, k, v, seqlens, **options), torch.bfloat16)
+    return [(binary, dict(items)) for (fn, _, _, items), (binary, _) in launch._COMPILED.items() if fn is kernel]
 
 
 @pytest.mark.gpu
@@ -296,20 +307,12 @@ def test_kvcache_64_rows_d64(page_size, seqlen_q, fp8):
     SM: under the `forward._GPU_MAXNREG` cap (uncapped, ptxas took an FP8 cache to 140-159 and 16 causal tokens on
     16-key pages to 150: three), and for one token from the twin kernel with seqlen_q unspecialised
     (`forward._forward_kernel`; as a constant 1, seqlen_q took the paged bf16 form to 142)."""
-    from fmha.kernels import forward, launch
-    seqlens = [3000, 16 if seqlen_q > 1 else 0, 17, 4096]
-    kv_dtype = torch.float8_e4m3fn if fp8 else torch.bfloat16
-    k_cache, v_cache, table, k, v = _cache(seqlens, 4096, 2, 64, 64, kv_dtype, "cuda", page_size, seed=64)
-    q = torch.randn(len(seqlens), seqlen_q, 128 // seqlen_q, 64, device="cuda", dtype=torch.bfloat16)
-    lens = torch.tensor(seqlens, dtype=torch.int32, device="cuda")
-    options = dict(causal=seqlen_q > 1, **(_descales(len(seqlens), 2, "cuda") if fp8 else {}))
-    launch._COMPILED.clear()          # only this call's compiles (a cache: later launches compile again)
-    got, lse = fmha.attention_with_kvcache(q, k_cache, v_cache, lens, block_table=table, num_splits=1,
-                                           return_lse=True, **options)
-    assert_matches(got, lse, _oracle(q, k, v, seqlens, **options), torch.bfloat16)
+    from fmha.kernels import forward
     kernel = forward._forward_kernel(64, seqlen_q)
     assert (kernel is forward.attn_fwd_kernel) == (seqlen_q > 1)
-    compiled = [(binary, dict(items)) for (fn, _, _, items), (binary, _) in launch._COMPILED.items() if fn is kernel]
+    compiled = _call_compiled([3000, 16 if seqlen_q > 1 else 0, 17, 4096], seqlen_q, 128 // seqlen_q,
+                              torch.float8_e4m3fn if fp8 else torch.bfloat16, page_size, kernel, 64,
+                              causal=seqlen_q > 1)
     assert [(m["BLOCK_M"], m["HEAD_DIM_QK"], m["SPLIT"], m["PAGED"], m.get("maxnreg")) for _, m in compiled] == [
         (64, 64, False, page_size is not None, 128)]
     assert compiled[0][0].n_regs <= 128, compiled[0][0].n_regs
@@ -321,20 +324,11 @@ def test_kvcache_64_rows_d64(page_size, seqlen_q, fp8):
 def test_kvcache_fp8_32_rows_d64(seqlen_q, causal, num_splits):
     """32 packed query rows at d = 64 over a contiguous FP8 cache (4 tokens of a GQA group of 8, or one token of 32
     heads a KV head: the FP8 contiguous table's (32, 64, 2, 4)), split or not: the oracle's answer, compiled under
-    the FP8 register cap (`forward._GPU_FP8_MAXNREG`) to at most 160 registers a thread (uncapped, ptxas took the
+    the FP8 register cap (`forward._GPU_MAXNREG`) to at most 160 registers a thread (uncapped, ptxas took the
     causal form to 168 and 8 bytes of stack, and it read 1-5% slower)."""
-    from fmha.kernels import forward, launch
-    seqlens = [3000, 0, 17, 4096]
-    k_cache, v_cache, _, k, v = _cache(seqlens, 4096, 2, 64, 64, torch.float8_e4m3fn, "cuda", seed=32)
-    q = torch.randn(len(seqlens), seqlen_q, 64 // seqlen_q, 64, device="cuda", dtype=torch.bfloat16)
-    lens = torch.tensor(seqlens, dtype=torch.int32, device="cuda")
-    options = dict(causal=causal, **_descales(len(seqlens), 2, "cuda"))
-    launch._COMPILED.clear()          # only this call's compiles (a cache: later launches compile again)
-    got, lse = fmha.attention_with_kvcache(q, k_cache, v_cache, lens, num_splits=num_splits, return_lse=True,
-                                           **options)
-    assert_matches(got, lse, _oracle(q, k, v, seqlens, **options), torch.bfloat16)
-    compiled = [(binary, dict(items)) for (fn, _, _, items), (binary, _) in launch._COMPILED.items()
-                if fn is forward.attn_fwd_kernel]
+    from fmha.kernels import forward
+    compiled = _call_compiled([3000, 0, 17, 4096], seqlen_q, 64 // seqlen_q, torch.float8_e4m3fn, None,
+                              forward.attn_fwd_kernel, 32, num_splits=num_splits, causal=causal)
     assert [(m["BLOCK_M"], m["BLOCK_N"], m["num_warps"], m["SPLIT"], m.get("maxnreg")) for _, m in compiled] == [
         (32, 64, 2, num_splits > 1, 160)]
     assert compiled[0][0].n_regs <= 160, compiled[0][0].n_regs

@@ -1,5 +1,5 @@
 """Compile the portable decode forms for sm_90 on the CPU and list those whose registers, not their shared memory,
-hold them to fewer programs an SM: where a register cap (`forward._GPU_MAXNREG`, `_GPU_FP8_MAXNREG`) could add
+hold them to fewer programs an SM: where a register cap (`forward._GPU_MAXNREG`, FP8-only entries too) could add
 one. No GPU needed; it runs `test_compile_sm90`'s DECODE_SCRIPT (as `split_compile.py` does) once a case, in a
 subprocess.
 

@@ -719,9 +719,10 @@ def v_words_mode(kv_fp8, block_m, interpret=False):
     return 1 if interpret else FP8_V_WORDS
 
 
-# Register caps (Triton's `maxnreg`) by (padded head dim, BLOCK_M, BLOCK_N, num_warps): the 4-warp 64-row form of
-# 64-key tiles at d = 64 is four programs an SM within 128 registers a thread (its 41-57 KB of shared memory fit
-# four), and ptxas took many of its compiles past 128, three an SM: compiled for sm_90 (benchmarks/experiments/
+# Register caps (Triton's `maxnreg`) by (FP8 caches only, padded head dim, BLOCK_M, BLOCK_N, num_warps), FP8-only
+# entries marked as `_DECODE_LOOKUP` marks the tile tables'. The 4-warp 64-row form of 64-key tiles at d = 64 is four
+# programs an SM within 128 registers a thread (its 41-57 KB of shared memory fit four), and ptxas took many of its
+# compiles past 128, three an SM: compiled for sm_90 (benchmarks/experiments/
 # split_compile.py MAXNREG=128, a sweep of paged / contiguous, bf16 / FP8, seqlen_q 1 / 16, causal or not, split or
 # not), an FP8 cache 138-159 registers in every case but one-token paged unsplit (128), bf16 one-token 136-145 as the
 # constant seqlen_q (the twin below: 127), bf16 16 tokens split contiguous 135-147; capped, 121-128 with no spills on
@@ -737,8 +738,7 @@ def v_words_mode(kv_fp8, block_m, interpret=False):
 # (the one loss past 1%, taken with the rule: that form was already 128 registers; on the twin below since, 1845);
 # 16 causal tokens at page 16 2669 -> 3486; the other ten cases (bf16 one token and 16 tokens, paged, contiguous,
 # split at b = 4 with 131k or 32k keys) within 0.8%.
-_GPU_MAXNREG = {(64, 64, 64, 4): 128}
-# FP8 caches only, looked up first, the same keys: the contiguous table's 32-row form at d = 64, (32, 64, 2, 4),
+# FP8 caches only (their entries looked up first): the contiguous table's 32-row form at d = 64, (32, 64, 2, 4),
 # compiled for sm_90 to 168 registers and 8 bytes of stack, six 2-warp programs an SM (its 28 KB of shared memory
 # fit seven; the occupancy sweep, history/occupancy_sweep_sm90_8519203.json). The cap that wins is not the one that
 # adds a program: at 144 (seven an SM) the split launches were level, at 160 (157 registers split, still six) every
@@ -751,18 +751,22 @@ _GPU_MAXNREG = {(64, 64, 64, 4): 128}
 # place (history/rows32_cap_third_d64_h200_85853e7.json) b = 64 2658-2661 / 2712-2729 / 2711-2727, b = 4 at 131k
 # 2632-2647 / 2629-2642 / 2729-2734, one token of 256 2552-2554 / 2587-2596 / 2564-2572, b = 1 at 131k 2403-2412 /
 # 2424-2426 / 2526-2537.
-_GPU_FP8_MAXNREG = {(64, 32, 64, 2): 160}
+_GPU_MAXNREG = {(False, 64, 64, 64, 4): 128, (True, 64, 32, 64, 2): 160}
 
 
 def _register_cap(dqk, dv, tiles, wide, interpret, kv_fp8=False):
-    """Triton's `maxnreg` for a portable launch of `tiles` (`_GPU_FP8_MAXNREG` first for an FP8 cache, then
-    `_GPU_MAXNREG`), or None: none in the interpreter, nor for a launch with further forms (`wide`, whose tiles
-    share the kernel and were not measured capped)."""
+    """Triton's `maxnreg` for a portable launch of `tiles` (`_GPU_MAXNREG`, its FP8-only entries first for an FP8
+    cache), or None: none in the interpreter, nor for a launch with further forms (`wide`, whose tiles share the
+    kernel and were not measured capped)."""
     if interpret or wide:
         return None
     block_m, block_n, num_warps, _ = tiles
     key = (tile_key(dqk, dv), block_m, block_n, num_warps)
-    return (kv_fp8 and _GPU_FP8_MAXNREG.get(key)) or _GPU_MAXNREG.get(key)
+    for fp8_only in ((True, False) if kv_fp8 else (False,)):
+        cap = _GPU_MAXNREG.get((fp8_only, *key))
+        if cap:
+            return cap
+    return None
 
 
 # Triton compiles an i32 argument of 1 as the constant 1, so one-token calls (seqlen_q = 1) run a form of their own.
@@ -1251,6 +1255,7 @@ def _portable_plan(q4, k, v, o4, lse, lse_strides, *, pair, varlen, batch, seqle
     group = heads_q // k.shape[-2]
     dv = v.shape[-1]
     paged = block_table is not None
+    kv_fp8 = v.element_size() == 1
     block_m, block_n, num_warps, num_stages = tiles
     heads_eff = heads_q // gp
     block_d, block_dt = _split_head_dim(dqk)
@@ -1291,7 +1296,7 @@ def _portable_plan(q4, k, v, o4, lse, lse_strides, *, pair, varlen, batch, seqle
     v_words = 0
     if (not tma and block_dv >= 32 and v.data_ptr() % 2 == 0
             and all(st % 2 == 0 for st in v.stride()[:-1])):
-        v_words = v_words_mode(v.element_size() == 1, block_m, interpret)
+        v_words = v_words_mode(kv_fp8, block_m, interpret)
     meta = dict(
         HEAD_DIM_QK=dqk, HEAD_DIM_V=dv, BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_D=block_d, BLOCK_DT=max(block_dt, 16), BLOCK_DV=block_dv, HAS_TAIL=block_dt > 0,
@@ -1308,7 +1313,7 @@ def _portable_plan(q4, k, v, o4, lse, lse_strides, *, pair, varlen, batch, seqle
         meta["SHORT_ONLY"] = True
     if wide:
         meta["WIDE"] = tuple((m, n, stages, _page_tile(k.shape[1], n) if paged else 0) for m, n, _, stages in wide)
-    cap = _register_cap(dqk, dv, tiles, wide, interpret, v.element_size() == 1)
+    cap = _register_cap(dqk, dv, tiles, wide, interpret, kv_fp8)
     if cap:
         meta["maxnreg"] = cap
     grid = (batch * heads_eff, m_blocks, num_splits)
