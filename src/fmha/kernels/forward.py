@@ -739,18 +739,11 @@ def v_words_mode(kv_fp8, block_m, interpret=False):
 # 16 causal tokens at page 16 2669 -> 3486; the other ten cases (bf16 one token and 16 tokens, paged, contiguous,
 # split at b = 4 with 131k or 32k keys) within 0.8%.
 # FP8 caches only (their entries looked up first): the contiguous table's 32-row form at d = 64, (32, 64, 2, 4),
-# compiled for sm_90 to 168 registers and 8 bytes of stack, six 2-warp programs an SM (its 28 KB of shared memory
-# fit seven; the occupancy sweep, history/occupancy_sweep_sm90_8519203.json). The cap that wins is not the one that
-# adds a program: at 144 (seven an SM) the split launches were level, at 160 (157 registers split, still six) every
-# case gained. H200, GB/s of FP8 bytes, three rounds, uncapped / 144 / 160, 4 causal query tokens a GQA group of 8
-# (32 rows) unless named: first process (history/rows32_cap_d64_h200_8a36ece.json) b = 64 at 4k keys 2668-2685 /
-# 2735-2748 / 2721-2736, b = 4 at 131k keys (split) 2645-2648 / 2642-2656 / 2682-2695; second process
-# (history/rows32_cap_confirm_d64_h200_168cb6b.json) b = 64 2786-2818 / 2876-2878 / 2870-2879, unmasked 2795-2825 /
-# 2875-2890 / 2894-2912, one token of 256 query heads (32 rows) 2845-2859 / 2844-2855 / 2870-2893, b = 4 at 131k
-# 2756-2784 / 2778-2793 / 2923-2930, b = 1 at 131k 2518-2522 / 2525-2528 / 2646-2657; a third process with 160 in
-# place (history/rows32_cap_third_d64_h200_85853e7.json) b = 64 2658-2661 / 2712-2729 / 2711-2727, b = 4 at 131k
-# 2632-2647 / 2629-2642 / 2729-2734, one token of 256 2552-2554 / 2587-2596 / 2564-2572, b = 1 at 131k 2403-2412 /
-# 2424-2426 / 2526-2537.
+# compiled for sm_90 to 168 registers and 8 bytes of stack, six 2-warp programs an SM. The cap that wins is not the
+# one that would add a program: at 144 (seven an SM) the split launches were level, at 160 (still six) every case
+# read 2-5% more, in three processes (history/rows32_cap{,_confirm,_third}_d64_h200_*.json; figures in NOTES.md,
+# ninety-fifth session). Caps measured and not taken there and since: the FP8 paged 32-row forms at d = 64 / 128
+# and the FP8 narrow forms at d = 128.
 _GPU_MAXNREG = {(False, 64, 64, 64, 4): 128, (True, 64, 32, 64, 2): 160}
 
 
@@ -783,17 +776,11 @@ def _register_cap(dqk, dv, tiles, wide, interpret, kv_fp8=False):
 # -0.6..+1.3% at d = 64 / 128 (history/twin_narrow_fp8_d{64,128}_h200_9614f36.json, whose "commit" field was mistyped).
 # A second process with the twin in place (history/probe_rows64_d64_confirm_h200_122dc5a.json, the same one-token
 # case): bf16 paged 3725 GB/s (0.81 of the cache's read; 0.59 before), contiguous 4224 (0.91; 0.77). One token of 512
-# query heads over 8 (64 rows) at d = 128 / 256, b = 64 at 4k keys, later (history/rows64_const_d{128,256}_h200_
-# d90267a.json, one process each), the twin against the constant, page 64 / contiguous / b = 4 at 131k keys (split):
-# d = 128 level, 4223 / 4296 / 4239 against 4215 / 4304 / 4243; d = 256 ahead, 3805 / 3918 / 3644 against 3725 /
-# 3855 / 3466. FP8 caches take the twin too since the register cap above: uncapped, the twin had taken the paged
-# d = 64 FP8 form from 128 to 140 registers (1838 -> 1190 GB/s of FP8 bytes); under the cap it is 125 and ahead.
-# The same one-token case on FP8 caches, the constant against the twin, page 64 / contiguous, GB/s of FP8 bytes,
-# three rounds (history/twin_fp8_d{16,32,64,128,256}_h200_683d184.json, one process a head dim): d = 64 1804 / 2171
-# -> 1845 / 2169; d = 256 1644 / 1971 -> 1664 / 2039; d = 16 750 / 871 -> 782 / 885; d = 32 1449 / 1583 -> 1453 /
-# 1578; d = 128 2148 / 2092 -> 2153 / 2085 (losses within 0.35%). A second process with the twin in place, the
-# constant against it (history/twin_fp8_confirm_d{16,64,128,256}_h200_fca6043.json): d = 64 1798 / 2122 -> 1828 /
-# 2121; d = 256 1644 / 1965 -> 1663 / 2022; d = 16 751 / 870 -> 781 / 884; d = 128 2140 / 2085 -> 2149 / 2080.
+# query heads over 8 (64 rows) at d = 128 / 256 (history/rows64_const_d{128,256}_h200_d90267a.json): the twin level
+# with the constant at d = 128, 2-5% ahead at d = 256. FP8 caches take the twin too since the register cap above:
+# uncapped, the twin had taken the paged d = 64 FP8 form from 128 to 140 registers (1838 -> 1190 GB/s of FP8 bytes);
+# under the cap it is 125, and at d = 16-256 the twin was level or ahead of the constant in two processes (losses
+# within 0.35%; history/twin_fp8_d*_h200_683d184.json, twin_fp8_confirm_d*_h200_fca6043.json, NOTES.md).
 _UNSPECIALISED_Q = {}
 
 
