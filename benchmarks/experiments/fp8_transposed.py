@@ -12,8 +12,9 @@ What the sm_90 compile shows (ninety-seventh session, NOTES.md): it works as pla
 and straight into wgmma's A fragments, V as 16-bit words by cp.async and ldmatrix.trans, only P^T stored), but the
 softmax down the key axis crosses the warps of the accumulator's rows (a shuffle and shared-memory reduction for
 each of max and sum every tile) and K's fragments load two bytes at a time: the loop issues 2.4-4.8x the package's
-instructions a key (per 128 keys: 9300-18600 warp instructions against the package's masked loop's 3900). The
-package's 64-row form is already bound by its instructions, so this was not timed; `time` below has not run on a GPU.
+instructions a key (per 128 keys: 9300-18600 warp instructions against the package's masked loop's 3900). Timed on
+the H200 (`results/history/fp8_transposed_h200_3aa5ed9.json`, page 64, GB/s of FP8 bytes): the package 2115, this
+form 1316 at its best (128 keys, 3 stages, 4 warps), 600-1046 in the others. Not worth pursuing in this form.
 
     TRITON_INTERPRET=1 PYTHONPATH=src python3 benchmarks/experiments/fp8_transposed.py check
         the kernel against `fmha.reference` on small FP8 caches (contiguous and paged, causal packed tokens,
