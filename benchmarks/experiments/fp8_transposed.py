@@ -1,5 +1,5 @@
 """The transposed FP8-cache decode form for 33-64 packed query rows: S^T = K Q^T with the widened FP8 K as
-wgmma's register A operand, the softmax down the key axis, O^T = V^T P^T. Not in the package: a lead to measure.
+wgmma's register A operand, the softmax down the key axis, O^T = V^T P^T. Not in the package: measured, and slower (below).
 
 Why: the package's 64-row form computes S = Q K^T and O = P V. wgmma takes its B operand from shared memory only,
 so each FP8 K and V tile is loaded to registers, widened to bf16 and stored back for the wgmma (NOTES.md,
@@ -20,11 +20,12 @@ form 1316 at its best (128 keys, 3 stages, 4 warps), 600-1046 in the others. Not
         the kernel against `fmha.reference` on small FP8 caches (contiguous and paged, causal packed tokens,
         ragged lengths with NaN past each end), fp16 queries (the interpreter's bf16 is wrong)
     TRITON_INTERPRET=0 PYTHONPATH=src python3 benchmarks/experiments/fp8_transposed.py compile [N STAGES WARPS]
-        compile for sm_90 here (no GPU): shared memory, registers, and the loop's shared-memory traffic from the
-        PTX, beside the package's 64-row FP8 form (`test_compile_sm90`'s `d128-p64-rows64-fp8` case)
+        compile for sm_90 here (no GPU): shared memory, registers, shared-memory and wgmma instruction counts;
+        PTX, TTGIR and cubin in /tmp. The package's 64-row FP8 form to compare: `split_compile.py
+        '[128, 64, 64, true, []]' False 3`
     PYTHONPATH=src python3 benchmarks/experiments/fp8_transposed.py time [--out F.json]   (on a GPU)
         GB/s of FP8 bytes, this kernel against `attention_with_kvcache` (the package) on the same FP8 cache: b = 64,
-        8 KV heads, 8 tokens a GQA group of 8 (64 rows), d = 128, 4k keys, page 64 and contiguous; checked first.
+        8 KV heads, 8 tokens a GQA group of 8 (64 rows), d = 128, 4k keys, page 64; each variant checked first.
 """
 import json
 import os
