@@ -76,6 +76,13 @@ def _with_tiles(fn, tiles=None, key=None):
     return call
 
 
+def _tiles_and_cap(spec):
+    """--fp8-tiles / --bf16-tiles' "M,N,W,S[,R]": the tiles (BLOCK_M, BLOCK_N, num_warps, num_stages) and the
+    register cap R (Triton's maxnreg, in `forward._GPU_MAXNREG` for those tiles at D) or None."""
+    values = tuple(int(x) for x in spec.split(","))
+    return values[:4], (values[4] if len(values) > 4 else None)
+
+
 def _with_settings(fn, **values):
     """fn run with these attributes of `forward` set (`HEAD_PAIRS=True`: adjacent KV heads as one head of twice the
     width; `FP8_V_WORDS=mode`: how the mma.sync forms read an FP8 V), on launch plans of its own (a plan holds the
@@ -114,10 +121,12 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--out", default=None)
-    p.add_argument("--fp8-tiles", nargs="*", default=[], metavar="M,N,W,S",
-                   help="also time the FP8 cache with these decode tiles in place of the tables' own")
-    p.add_argument("--bf16-tiles", nargs="*", default=[], metavar="M,N,W,S",
-                   help="also time the bf16 cache with these decode tiles in place of the tables' own")
+    p.add_argument("--fp8-tiles", nargs="*", default=[], metavar="M,N,W,S[,R]",
+                   help="also time the FP8 cache with these decode tiles in place of the tables' own (R: capped at R "
+                        "registers, an FP8-only `_GPU_MAXNREG` entry)")
+    p.add_argument("--bf16-tiles", nargs="*", default=[], metavar="M,N,W,S[,R]",
+                   help="also time the bf16 cache with these decode tiles in place of the tables' own (R: capped at "
+                        "R registers)")
     p.add_argument("--head-dim", type=int, default=D,
                    help="d of q, k and v (the tables' key; --fp8-tiles / --bf16-tiles then go in at that key)")
     p.add_argument("--v-words", type=int, nargs="*", default=[], metavar="MODE",
@@ -174,8 +183,10 @@ def main():
             calls["ours_fp8_wide"] = _with_tiles(calls["ours_fp8"])
         for cache, specs in (("fp8", args.fp8_tiles), ("bf16", args.bf16_tiles)):
             for spec in specs:
+                tiles, cap = _tiles_and_cap(spec)
+                caps = {**forward._GPU_MAXNREG, (cache == "fp8", D, *tiles[:3]): cap} if cap else forward._GPU_MAXNREG
                 calls[f"ours_{cache}_t{spec.replace(',', '_')}"] = _with_settings(_with_tiles(
-                    calls[f"ours_{cache}"], tuple(int(x) for x in spec.split(","))), HEAD_PAIRS=False)
+                    calls[f"ours_{cache}"], tiles), HEAD_PAIRS=False, _GPU_MAXNREG=caps)
         if args.pairs:
             calls["ours_bf16_pairs"] = _with_settings(calls["ours_bf16"], HEAD_PAIRS=True)
             calls["ours_bf16_pairs_off"] = _with_settings(calls["ours_bf16"], HEAD_PAIRS=False)
