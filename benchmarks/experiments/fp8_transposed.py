@@ -35,6 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
+from fmha.bench import paged_copy
 from fmha.kernels.forward import _fp8_word_halves
 
 LOG2E = 1.4426950408889634
@@ -155,14 +156,8 @@ def _inputs(b, s_q, h_q, h_k, d, lens, page, device, dtype, seed=0):
     table = None
     kc, vc = k, v
     if page:
-        per = -(-max_len // page)
-        table = torch.randperm(b * per, generator=g, device=device).view(b, per).to(torch.int32)
-        pad = per * page - max_len
-        kc = torch.full((b * per, page, h_k, d), float("nan"), device=device).to(torch.float8_e4m3fn)
-        vc = kc.clone()
-        for cache, src in ((kc, k), (vc, v)):
-            padded = torch.nn.functional.pad(src.view(torch.uint8), (0, 0, 0, 0, 0, pad), value=0x7F)
-            cache.view(torch.uint8)[table.flatten().long()] = padded.reshape(b * per, page, h_k, d)
+        perm = torch.randperm(b * -(-max_len // page), generator=g, device=device)
+        kc, vc, table = paged_copy(page, k, v, perm=perm)
     return q, kc, vc, seqlens, kd, vd, table, k, v
 
 
