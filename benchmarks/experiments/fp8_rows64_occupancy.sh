@@ -1,5 +1,7 @@
 # FP8 caches at 33-64 packed rows, d = 128 (`bash benchmarks/experiments/fp8_rows64_occupancy.sh COMMIT`, one device
-# call, ~4-5 min with compiles; written in the ninety-seventh session, not yet run).
+# call, ~3-4 min with compiles; written in the ninety-seventh session). Run in the ninety-eighth
+# (`history/probe_fp8_64rows_occupancy_h200_c327e2e.json`): every form at three programs an SM was slower than the
+# package's at two (paged (64, 64, 4, 3) 1675 -> 1404 GB/s capped); NOTES.md has the table.
 # The package's 64-row FP8 forms run two programs an SM and read ~0.45 of the cache: (64, 128, 4, 3) paged is 115 KB
 # (two by shared memory), contiguous (64, 64, 4, 3) 82 KB and 189 registers (two by both). Their loop is latency-
 # bound, not issue-bound: at 2115 GB/s a 128-key tile takes a program ~4 us for ~780-970 instructions a warp (SASS
