@@ -1,0 +1,454 @@
+"""FP8 KV-cache decode at 33-64 packed query rows as a warp-specialised Gluon kernel (experiment).
+
+Written in the ninety-eighth session and compiled for sm_90 on the CPU; **not yet run on a GPU** (the session's
+device time was spent). Why: the package's 64-row FP8 form (`forward.py`, (64, 128, 4, 3)) reads 0.46 of an FP8
+cache's bandwidth, no faster than a bf16 cache. ncu (`results/history/ncu_decode_fp8_rows64_p64_*_h200_c327e2e.txt`)
+puts DRAM at 44%: each tile is one serial chain (its single-buffered FP8 loads, the widening to fp16 through
+registers and back to shared memory, Q·Kᵀ, the softmax, P·V) and two programs an SM are too few to hide it;
+more programs (register caps) and more buffers (one program an SM) were both slower (NOTES.md).
+
+This form splits the chain over partitions of one persistent program an SM:
+* producer (1 warp): TMA loads of each key tile's FP8 K and V into a ring of RAW_STAGES raw slots (paged: one box
+  per page piece, from the block table), tiles ahead of the others;
+* widener (4 warps): each raw tile to fp16 in a ring of W_STAGES K and V slots in wgmma's layout (every e4m3 value
+  is an fp16 value, one conversion a pair); V rows past the sequence's length zeroed (they may hold NaN);
+* consumer (the default partition, 4 warps): the query heads of one KV head (tokens x group <= 64 rows) in one
+  64-row tile, Q·Kᵀ and P·V on wgmma, S_i issued with P_{i-1}·V_{i-1} (the prefill kernel's overlap).
+Work items are (batch, KV head), round-robin over the programs; no split of the keys yet (b x h_k >= the SM count
+is the case it is for). The math as the package's FP8 path: q scaled by a power of two into fp16's range, the
+descales per (batch, KV head) on the scores and the output, fp32 accumulation.
+
+    python3 benchmarks/experiments/fp8_gluon_decode.py compile [BLOCK_N RAW_STAGES W_STAGES D]  (CPU: sm_90 compile)
+    python3 benchmarks/experiments/fp8_gluon_decode.py check                                   (GPU: vs the oracle)
+    python3 benchmarks/experiments/fp8_gluon_decode.py time --out F.json                       (GPU: vs the package)
+
+On the GPU run each under `timeout`: a barrier phase wrong anywhere hangs the kernel rather than failing. Compiled
+here (sm_90, paged, d = 128): (128, 2, 2) 221 KB of shared memory, (128, 3, 1) 189 KB, (64, 4, 3) / (64, 6, 2)
+189 KB; the consumer at 256 registers, the widener 160, the producer 40; the 128-key forms spill 112-120 bytes of
+item-loop values (reloaded once an item, none in the key loop); d = 64 (128, 4, 3) 180 KB, d = 256 (64, 3, 1) 205 KB.
+"""
+import json
+import os
+import sys
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                              warpgroup_mma_wait)
+
+from fmha.bench import paged_copy
+
+ROWS = gl.constexpr(64)
+LN2 = gl.constexpr(0.6931471805599453)
+LOG2E = 1.4426950408889634
+
+
+@gluon.jit
+def _item(t, n_hk, SEQLENS, BLOCK_N: gl.constexpr):
+    """Work item t: (batch, KV head, key count, key tiles)."""
+    b = t // n_hk
+    hk = t % n_hk
+    sk = gl.load(SEQLENS + b)
+    return b, hk, sk, gl.cdiv(sk, BLOCK_N)
+
+
+@gluon.jit
+def _producer(k_desc, v_desc, raw_k, raw_v, raw_ready, raw_empty, SEQLENS, BLOCK_TABLE, stride_bt, n_items, n_hk,
+              seq_rows, page_size, BLOCK_N: gl.constexpr, RAW_STAGES: gl.constexpr, PAGED: gl.constexpr):
+    """Every key tile of this program's items, K and V, into the raw ring: BLOCK_N // box rows TMA boxes each,
+    paged boxes from the page the block table names (past the last page, the last page again: rows past the end,
+    masked and zeroed downstream, and no block-table entry past the sequence's is read)."""
+    BOX: gl.constexpr = k_desc.block_type.shape[0]
+    D: gl.constexpr = k_desc.block_type.shape[1]
+    BOXES: gl.constexpr = BLOCK_N // BOX
+    c = 0
+    for t in range(gl.program_id(0), n_items, gl.num_programs(0)):
+        b, hk, sk, n_tiles = _item(t, n_hk, SEQLENS, BLOCK_N)
+        last_page = gl.maximum(gl.cdiv(sk, page_size) - 1, 0)
+        for i in range(n_tiles):
+            slot = c % RAW_STAGES
+            mbarrier.wait(raw_empty.index(slot), ((c // RAW_STAGES) & 1) ^ 1)
+            mbarrier.expect(raw_ready.index(slot), 2 * BOXES * k_desc.block_type.nbytes)
+            for r in gl.static_range(BOXES):
+                key = i * BLOCK_N + r * BOX
+                if PAGED:
+                    page = gl.minimum(key // page_size, last_page)
+                    row = gl.load(BLOCK_TABLE + b * stride_bt + page) * page_size + (key - page * page_size)
+                else:
+                    row = b * seq_rows + key
+                tma.async_copy_global_to_shared(k_desc, [row, hk * D], raw_ready.index(slot),
+                                                raw_k.index(slot).slice(r * BOX, BOX, dim=0))
+                tma.async_copy_global_to_shared(v_desc, [row, hk * D], raw_ready.index(slot),
+                                                raw_v.index(slot).slice(r * BOX, BOX, dim=0))
+            c += 1
+
+
+@gluon.jit
+def _widen(src, dst, first_key, tail, ZERO_TAIL: gl.constexpr, CH: gl.constexpr):
+    """The raw FP8 tile `src` into the fp16 slot `dst`, CH rows at a time; ZERO_TAIL: rows at or past key `tail`
+    (this tile's first key being first_key) as zeros."""
+    D: gl.constexpr = src.shape[1]
+    TPW_C: gl.constexpr = D // 16                  # 16 bytes a thread across a row
+    layout: gl.constexpr = gl.BlockedLayout([1, 16], [32 // TPW_C, TPW_C], [4, 1], [1, 0])
+    for j in gl.static_range(src.shape[0] // CH):
+        x = src.slice(j * CH, CH, dim=0).load(layout).to(gl.float16)
+        if ZERO_TAIL:
+            keys = first_key + j * CH + gl.arange(0, CH, layout=gl.SliceLayout(1, layout))
+            x = gl.where((keys < tail)[:, None], x, 0.0)
+        dst.slice(j * CH, CH, dim=0).store(x)
+
+
+@gluon.jit
+def _widener(raw_k, raw_v, raw_ready, raw_empty, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, SEQLENS, n_items,
+             n_hk, BLOCK_N: gl.constexpr, RAW_STAGES: gl.constexpr, W_STAGES: gl.constexpr, CH: gl.constexpr):
+    """Each raw tile, in the producer's order, widened into the K and V slots once the consumer has freed them (K
+    after its Q·Kᵀ, V after its P·V), then marked ready and its raw slot released."""
+    c = 0
+    for t in range(gl.program_id(0), n_items, gl.num_programs(0)):
+        b, hk, sk, n_tiles = _item(t, n_hk, SEQLENS, BLOCK_N)
+        for i in range(n_tiles):
+            slot = c % RAW_STAGES
+            ws = c % W_STAGES
+            mbarrier.wait(raw_ready.index(slot), (c // RAW_STAGES) & 1)
+            mbarrier.wait(k_empty.index(ws), ((c // W_STAGES) & 1) ^ 1)
+            _widen(raw_k.index(slot), k_smem.index(ws), i * BLOCK_N, sk, False, CH)
+            fence_async_shared()
+            gl.thread_barrier()
+            mbarrier.arrive(k_ready.index(ws), count=1)
+            mbarrier.wait(v_empty.index(ws), ((c // W_STAGES) & 1) ^ 1)
+            _widen(raw_v.index(slot), v_smem.index(ws), i * BLOCK_N, sk, True, CH)
+            fence_async_shared()
+            gl.thread_barrier()
+            mbarrier.arrive(v_ready.index(ws), count=1)
+            mbarrier.arrive(raw_empty.index(slot), count=1)
+            c += 1
+
+
+@gluon.jit
+def _softmax(s, i, m_i, l_i, last_key, scale, masked, BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
+    """Fold key tile i's raw scores into (m_i, l_i) in the log2 domain (`scale` = the softmax scale times log2(e),
+    q's power of two and k's descale folded in); masked: keys past each row's `last_key` (its last visible key)
+    to -inf, which also removes the NaN of a cache's slots past the length."""
+    if masked:
+        cols = i * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        s = gl.where(cols[None, :] <= last_key[:, None], s, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, 1) * scale)
+    m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+    p = gl.exp2(s * scale - m_use[:, None])
+    alpha = gl.exp2(m_i - m_use)
+    return p, m_new, l_i * alpha + gl.sum(p, 1), alpha
+
+
+@gluon.jit
+def _consumer(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, Q, O, LSE, SEQLENS, K_DESCALE, V_DESCALE,
+              n_items, n_hk, group, seqlen_q, stride_qb, stride_qs, stride_qh, stride_ob, stride_os, stride_oh,
+              stride_lb, stride_lh, stride_ls, qk_scale_log2, BLOCK_N: gl.constexpr, W_STAGES: gl.constexpr,
+              CAUSAL: gl.constexpr):
+    """One item at a time: its 64 rows (row r: token r // group, query head hk * group + r % group) over every key
+    tile, S_i issued with P_{i-1}·V_{i-1}, the softmax of S_i while P·V runs; then the output and LSE rows that
+    exist (a row with no key: 0 and -inf)."""
+    D: gl.constexpr = q_smem.shape[1]
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    io: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    zero_s = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
+    rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, io))
+    cols = gl.arange(0, D, layout=gl.SliceLayout(0, io))
+    tok = rows // group
+    row_ok = tok < seqlen_q
+    tok_s = gl.arange(0, ROWS, layout=row_s) // group
+    c = 0
+    for t in range(gl.program_id(0), n_items, gl.num_programs(0)):
+        b, hk, sk, n_tiles = _item(t, n_hk, SEQLENS, BLOCK_N)
+        head = hk * group + rows % group
+        q = gl.load(Q + b * stride_qb + tok[:, None] * stride_qs + head[:, None] * stride_qh + cols[None, :],
+                    mask=row_ok[:, None], other=0.0).to(gl.float32)
+        # q into fp16 scaled by 2^(14 - ceil(log2 max|q|)) (exact; the scale undoes it), as the package's FP8 path
+        bits = gl.max(gl.max(gl.abs(q), 1), 0).to(gl.int32, bitcast=True)
+        q_exp = ((bits >> 23) & 0xFF) - 127 + ((bits & 0x7FFFFF) != 0).to(gl.int32)
+        q_mul = gl.exp2((14 - gl.maximum(q_exp, -100)).to(gl.float32))
+        q_smem.store((q * q_mul).to(gl.float16))
+        fence_async_shared()
+        gl.thread_barrier()
+        at = b * n_hk + hk
+        scale = qk_scale_log2 / q_mul * gl.load(K_DESCALE + at)
+        v_scale = gl.load(V_DESCALE + at)
+        if CAUSAL:                # bottom-right: token j of seqlen_q sees keys up to sk - seqlen_q + j
+            last_key = sk - seqlen_q + tok_s
+            mask_from = gl.maximum(sk - seqlen_q + 1, 0) // BLOCK_N
+        else:
+            last_key = sk - 1 + tok_s * 0
+            mask_from = sk // BLOCK_N
+        acc = gl.zeros([ROWS, D], gl.float32, o_layout)
+        m_i = gl.full([ROWS], float("-inf"), gl.float32, row_s)
+        l_i = gl.zeros([ROWS], gl.float32, row_s)
+        if n_tiles > 0:
+            ws = c % W_STAGES
+            mbarrier.wait(k_ready.index(ws), (c // W_STAGES) & 1)
+            s_tok = warpgroup_mma(q_smem, k_smem.index(ws).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            s = warpgroup_mma_wait(0, deps=(s_tok,))
+            mbarrier.arrive(k_empty.index(ws), count=1)
+            p, m_i, l_i, alpha = _softmax(s, 0, m_i, l_i, last_key, scale, mask_from == 0, BLOCK_N, s_layout)
+            for i in range(1, n_tiles):
+                ci = c + i
+                ws = ci % W_STAGES
+                prev = (ci - 1) % W_STAGES
+                acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+                p_op = gl.convert_layout(p.to(gl.float16), p_layout)
+                mbarrier.wait(k_ready.index(ws), (ci // W_STAGES) & 1)
+                mbarrier.wait(v_ready.index(prev), ((ci - 1) // W_STAGES) & 1)
+                s_tok = warpgroup_mma(q_smem, k_smem.index(ws).permute((1, 0)), zero_s, use_acc=False,
+                                      is_async=True)
+                o_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+                s = warpgroup_mma_wait(1, deps=(s_tok,))
+                mbarrier.arrive(k_empty.index(ws), count=1)
+                p, m_i, l_i, alpha = _softmax(s, i, m_i, l_i, last_key, scale, i >= mask_from, BLOCK_N, s_layout)
+                acc = warpgroup_mma_wait(0, deps=(o_tok,))
+                mbarrier.arrive(v_empty.index(prev), count=1)
+            cl = c + n_tiles - 1
+            last = cl % W_STAGES
+            acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+            p_op = gl.convert_layout(p.to(gl.float16), p_layout)
+            mbarrier.wait(v_ready.index(last), (cl // W_STAGES) & 1)
+            o_tok = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
+            acc = warpgroup_mma_wait(0, deps=(o_tok,))
+            mbarrier.arrive(v_empty.index(last), count=1)
+        c += n_tiles
+        empty = l_i == 0.0
+        lse = gl.where(empty, float("-inf"), (m_i + gl.log2(gl.where(empty, 1.0, l_i))) * LN2)
+        inv_l = gl.convert_layout(v_scale / gl.where(empty, 1.0, l_i), row_o)
+        out = gl.convert_layout((acc * inv_l[:, None]).to(O.dtype.element_ty), io)
+        gl.store(O + b * stride_ob + tok[:, None] * stride_os + head[:, None] * stride_oh + cols[None, :], out,
+                 mask=row_ok[:, None])
+        lse_io = gl.convert_layout(lse, gl.SliceLayout(1, io))
+        gl.store(LSE + b * stride_lb + head * stride_lh + tok * stride_ls, lse_io, mask=row_ok)
+
+
+@gluon.jit
+def fp8_decode_kernel(k_desc, v_desc, Q, O, LSE, SEQLENS, BLOCK_TABLE, K_DESCALE, V_DESCALE, stride_bt, n_items, n_hk,
+                      group, seqlen_q, seq_rows, page_size, stride_qb, stride_qs, stride_qh, stride_ob, stride_os,
+                      stride_oh, stride_lb, stride_lh, stride_ls, qk_scale_log2,
+                      BLOCK_N: gl.constexpr, RAW_STAGES: gl.constexpr, W_STAGES: gl.constexpr, CH: gl.constexpr,
+                      PAGED: gl.constexpr, CAUSAL: gl.constexpr, WIDEN_REGS: gl.constexpr,
+                      PRODUCER_REGS: gl.constexpr):
+    D: gl.constexpr = k_desc.block_type.shape[1]
+    raw_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D], gl.float8e4nv)
+    w_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D], gl.float16)
+    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, D], gl.float16)
+    raw_k = gl.allocate_shared_memory(gl.float8e4nv, [RAW_STAGES, BLOCK_N, D], raw_layout)
+    raw_v = gl.allocate_shared_memory(gl.float8e4nv, [RAW_STAGES, BLOCK_N, D], raw_layout)
+    k_smem = gl.allocate_shared_memory(gl.float16, [W_STAGES, BLOCK_N, D], w_layout)
+    v_smem = gl.allocate_shared_memory(gl.float16, [W_STAGES, BLOCK_N, D], w_layout)
+    q_smem = gl.allocate_shared_memory(gl.float16, [ROWS, D], q_layout)
+    raw_ready = gl.allocate_shared_memory(gl.int64, [RAW_STAGES, 1], mbarrier.MBarrierLayout())
+    raw_empty = gl.allocate_shared_memory(gl.int64, [RAW_STAGES, 1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [W_STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [W_STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [W_STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [W_STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(RAW_STAGES):
+        mbarrier.init(raw_ready.index(i), count=1)
+        mbarrier.init(raw_empty.index(i), count=1)
+    for i in gl.static_range(W_STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(k_empty.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(v_empty.index(i), count=1)
+    gl.warp_specialize([
+        (_consumer, (q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, Q, O, LSE, SEQLENS, K_DESCALE,
+                     V_DESCALE, n_items, n_hk, group, seqlen_q, stride_qb, stride_qs, stride_qh, stride_ob,
+                     stride_os, stride_oh, stride_lb, stride_lh, stride_ls, qk_scale_log2, BLOCK_N, W_STAGES,
+                     CAUSAL)),
+        (_widener, (raw_k, raw_v, raw_ready, raw_empty, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, SEQLENS,
+                    n_items, n_hk, BLOCK_N, RAW_STAGES, W_STAGES, CH)),
+        (_producer, (k_desc, v_desc, raw_k, raw_v, raw_ready, raw_empty, SEQLENS, BLOCK_TABLE, stride_bt, n_items,
+                     n_hk, seq_rows, page_size, BLOCK_N, RAW_STAGES, PAGED)),
+    ], [4, 1], [WIDEN_REGS, PRODUCER_REGS])
+
+
+# (BLOCK_N, RAW_STAGES, W_STAGES) by head dim: 227 KB of shared memory hold Q (64 x d fp16), RAW_STAGES raw K and V
+# tiles (BLOCK_N x d bytes each) and W_STAGES widened ones (twice that).
+CONFIGS = {64: (128, 4, 3), 128: (128, 2, 2), 256: (64, 3, 1)}
+WIDEN_REGS = 160
+PRODUCER_REGS = 40            # the consumer, the default partition, gets what the two leave of 3 x 168
+
+
+def fp8_decode(q, k_cache, v_cache, cache_seqlens, k_descale, v_descale, block_table=None, causal=True,
+               softmax_scale=None, config=None, ch=32):
+    """(out, lse) of one decode step over an FP8 cache: q (b, s_q, h_q, d) bf16 / fp16 with s_q x (h_q / h_k) <= 64,
+    caches (num_blocks, page, h_k, d) with block_table, or (b, max_len, h_k, d); descales (b, h_k) fp32."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    b, s_q, h_q, d = q.shape
+    h_k = k_cache.shape[2]
+    group = h_q // h_k
+    assert s_q * group <= 64 and k_cache.is_contiguous() and v_cache.is_contiguous()
+    block_n, raw_stages, w_stages = config or CONFIGS[d]
+    paged = block_table is not None
+    if paged:
+        page = k_cache.shape[1]
+        box = min(page, block_n)
+        assert page % box == 0 and block_n % box == 0
+        seq_rows, table, stride_bt = 0, block_table, block_table.stride(0)
+    else:
+        page = block_n
+        box = block_n
+        seq_rows, table, stride_bt = k_cache.shape[1], cache_seqlens, 0
+    rows = k_cache.shape[0] * k_cache.shape[1]
+    layout = gl.NVMMASharedLayout.get_default_for([box, d], gl.float8e4nv)
+    k_desc = TensorDescriptor(k_cache, [rows, h_k * d], [h_k * d, 1], [box, d], layout)
+    v_desc = TensorDescriptor(v_cache, [rows, h_k * d], [h_k * d, 1], [box, d], layout)
+    out = torch.empty_like(q)
+    lse = torch.empty(b, h_q, s_q, device=q.device, dtype=torch.float32)
+    scale = (softmax_scale if softmax_scale is not None else d ** -0.5) * LOG2E
+    n_items = b * h_k
+    grid = (min(n_items, torch.cuda.get_device_properties(q.device).multi_processor_count),)
+    fp8_decode_kernel[grid](k_desc, v_desc, q, out, lse, cache_seqlens, table, k_descale.contiguous(),
+                            v_descale.contiguous(), stride_bt, n_items, h_k, group, s_q, seq_rows, page,
+                            q.stride(0), q.stride(1), q.stride(2), out.stride(0), out.stride(1), out.stride(2),
+                            lse.stride(0), lse.stride(1), lse.stride(2), scale,
+                            BLOCK_N=block_n, RAW_STAGES=raw_stages, W_STAGES=w_stages, CH=ch, PAGED=paged,
+                            CAUSAL=causal, WIDEN_REGS=WIDEN_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4)
+    return out, lse
+
+
+def _inputs(b, s_q, h_q, h_k, d, lens, page, seed=0):
+    """q (bf16), FP8 caches holding NaN past each length (paged with shuffled pages when page, else contiguous),
+    lengths, descales, block table, and the contiguous FP8 keys and values for the oracle; on the GPU."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    max_len = max(lens)
+    q = torch.randn(b, s_q, h_q, d, generator=g, device="cuda").to(torch.bfloat16)
+    k = (torch.randn(b, max_len, h_k, d, generator=g, device="cuda") * 2).to(torch.float8_e4m3fn)
+    v = (torch.randn(b, max_len, h_k, d, generator=g, device="cuda") * 2).to(torch.float8_e4m3fn)
+    nan = torch.tensor(float("nan"), device="cuda").to(torch.float8_e4m3fn)
+    for i, n in enumerate(lens):
+        k[i, n:] = nan
+        v[i, n:] = nan
+    kd = torch.rand(b, h_k, generator=g, device="cuda") + 0.5
+    vd = torch.rand(b, h_k, generator=g, device="cuda") + 0.5
+    seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    table = None
+    kc, vc = k, v
+    if page:
+        perm = torch.randperm(b * -(-max_len // page), generator=g, device="cuda")
+        kc, vc, table = paged_copy(page, k, v, perm=perm)
+    return q, kc, vc, seqlens, kd, vd, table, k, v
+
+
+# (b, s_q, h_q, h_k, d, lengths, page or None, causal)
+CHECK_CASES = [(3, 1, 64, 1, 128, [4096, 1000, 77], 64, False), (2, 8, 64, 8, 128, [300, 129], 16, True),
+               (4, 2, 32, 2, 128, [128, 0, 1, 513], None, True), (2, 1, 512, 8, 128, [2048, 4000], 64, False),
+               (2, 4, 16, 2, 64, [700, 64], 32, True), (2, 1, 64, 1, 256, [1000, 257], 128, False),
+               (2, 8, 64, 8, 128, [5000, 33], 256, True)]
+
+
+def check():
+    """Every CHECK_CASES case against `fmha.reference` (fp32, the FP8 values dequantised), out and LSE."""
+    from fmha.reference import attention_ref
+
+    worst = 0.0
+    for (b, s_q, h_q, h_k, d, lens, page, causal) in CHECK_CASES:
+        q, kc, vc, seqlens, kd, vd, table, k, v = _inputs(b, s_q, h_q, h_k, d, lens, page)
+        out, lse = fp8_decode(q, kc, vc, seqlens, kd, vd, table, causal=causal)
+        torch.cuda.synchronize()
+        for i, n in enumerate(lens):
+            ref, ref_lse = attention_ref(q[i:i + 1].float(), k[i:i + 1, :n].float(), v[i:i + 1, :n].float(),
+                                         causal=causal, k_descale=kd[i:i + 1], v_descale=vd[i:i + 1])
+            err = (out[i:i + 1].float() - ref).abs().max().item()
+            lse_err = (lse[i:i + 1] - ref_lse).abs().nan_to_num(0.0).max().item()
+            ok = err < 3e-2 and lse_err < 1e-2 and torch.equal(lse[i:i + 1].isinf(), ref_lse.isinf())
+            print(json.dumps(dict(case=[b, s_q, h_q, h_k, d, page, causal], seq=i, keys=n, err=err,
+                                  lse_err=lse_err, ok=ok)), flush=True)
+            worst = max(worst, err)
+            assert ok
+    print(json.dumps(dict(check="passed", cases=len(CHECK_CASES), max_abs_err=worst)))
+
+
+def time_gpu(out_path=None):
+    """This kernel's configurations against the package on probe_fp8_decode.py's cases 16 / 17 (b = 64, one token
+    of 512 query heads over 8, 4k keys, page 64 / contiguous) and 8 causal tokens of a group of 8; GB/s of FP8 K and
+    V bytes, medians of interleaved rounds in one process; each configuration first checked against the package."""
+    import fmha
+    from fmha.bench import interleaved_times
+
+    rows = []
+    b, h_k, d, n = 64, 8, 128, 4096
+    for s_q, h_q, causal in ((1, 512, False), (8, 64, True)):
+        for page in (64, None):
+            q, kc, vc, seqlens, kd, vd, table, k, v = _inputs(b, s_q, h_q, h_k, d, [n] * b, page)
+            del k, v
+            pkg = lambda: fmha.attention_with_kvcache(q, kc, vc, seqlens, block_table=table,  # noqa: E731
+                                                      causal=causal, k_descale=kd, v_descale=vd)
+            ref = pkg().float()
+            calls = {"package": pkg}
+            for cfg in ((128, 2, 2), (128, 3, 1), (64, 4, 3), (64, 6, 2)):
+                f = (lambda cfg=cfg: fp8_decode(q, kc, vc, seqlens, kd, vd, table, causal=causal, config=cfg))
+                err = (f()[0].float() - ref).abs().max().item()
+                name = "gluon %d,%d,%d" % cfg
+                if not err < 3e-2:
+                    rows.append(dict(s_q=s_q, h_q=h_q, page=page, name=name, error=err))
+                    print(s_q, page, name, "max err", err, flush=True)
+                    continue
+                calls[name] = f
+            nbytes = 2 * b * n * h_k * d
+            times = interleaved_times(calls, 3)
+            for name, ts in times.items():
+                t = sorted(ts)[len(ts) // 2]
+                rows.append(dict(s_q=s_q, h_q=h_q, page=page, name=name, gbps=nbytes / t / 1e9,
+                                 rounds=[nbytes / x / 1e9 for x in ts]))
+                print(s_q, page, name, f"{nbytes / t / 1e9:.0f} GB/s", flush=True)
+    if out_path:
+        json.dump(dict(gpu=torch.cuda.get_device_name(), commit=os.environ.get("FMHA_COMMIT", "unknown"),
+                       case=dict(b=b, h_k=h_k, d=d, keys=n), rows=rows), open(out_path, "w"), indent=1)
+
+
+def compile_sm90(block_n=128, raw_stages=2, w_stages=2, d=128, paged=True):
+    """Shared memory, registers, spills and the serialisation check of the sm_90 compile (no GPU needed)."""
+    import re
+    import subprocess
+    import tempfile
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    box = 64 if paged else block_n
+    layout = gl.NVMMASharedLayout.get_default_for([box, d], gl.float8e4nv)
+    desc = f"tensordesc<fp8e4nv[{box},{d}],{layout!r}>"
+    names = list(fp8_decode_kernel.arg_names)
+    consts = dict(BLOCK_N=block_n, RAW_STAGES=raw_stages, W_STAGES=w_stages, CH=32, PAGED=paged, CAUSAL=True,
+                  WIDEN_REGS=WIDEN_REGS, PRODUCER_REGS=PRODUCER_REGS)
+    ptrs = dict(k_desc=desc, v_desc=desc, Q="*bf16", O="*bf16", LSE="*fp32", SEQLENS="*i32", BLOCK_TABLE="*i32",
+                K_DESCALE="*fp32", V_DESCALE="*fp32")
+    sig = {n: "constexpr" if n in consts else ptrs.get(n, "fp32" if n == "qk_scale_log2" else "i32") for n in names}
+    src = GluonASTSource(fp8_decode_kernel, sig, constexprs={(names.index(k),): v for k, v in consts.items()})
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
+    ptx = k.asm["ptx"]
+    open("/tmp/fp8_gluon_decode.ptx", "w").write(ptx)
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(k.asm["cubin"])
+        f.flush()
+        tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+        usage = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
+        sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
+    open("/tmp/fp8_gluon_decode.sass", "w").write(sass)
+    print(json.dumps(dict(block_n=block_n, raw_stages=raw_stages, w_stages=w_stages, d=d, paged=paged,
+                          shared=k.metadata.shared, regs=int(re.search(r"REG:([0-9]+)", usage).group(1)),
+                          stack=int(re.search(r"STACK:([0-9]+)", usage).group(1)),
+                          wgmma=ptx.count("wgmma.mma_async"), tma=ptx.count("cp.async.bulk.tensor"),
+                          setmaxnreg=ptx.count("setmaxnreg"), cvt_e4m3=ptx.count("e4m3x2"),
+                          local=len(re.findall(r"\b(LDL|STL)\b", sass)))))
+
+
+if __name__ == "__main__":
+    what = sys.argv[1] if len(sys.argv) > 1 else "compile"
+    if what == "compile":
+        compile_sm90(*map(int, sys.argv[2:7]))
+    elif what == "check":
+        check()
+    else:
+        time_gpu(sys.argv[sys.argv.index("--out") + 1] if "--out" in sys.argv else None)
