@@ -21,6 +21,7 @@ descales per (batch, KV head) on the scores and the output, fp32 accumulation.
     python3 benchmarks/experiments/fp8_gluon_decode.py compile [BLOCK_N RAW_STAGES W_STAGES D]  (CPU: sm_90 compile)
     python3 benchmarks/experiments/fp8_gluon_decode.py check                                   (GPU: vs the oracle)
     python3 benchmarks/experiments/fp8_gluon_decode.py time --out F.json                       (GPU: vs the package)
+    python3 benchmarks/experiments/fp8_gluon_decode.py profile [PAGE]                          (GPU: for ncu)
 
 On the GPU run each under `timeout`: a barrier phase wrong anywhere hangs the kernel rather than failing. Compiled
 here (sm_90, paged, d = 128): (128, 2, 2) 221 KB of shared memory, (128, 3, 1) 189 KB, (64, 4, 3) / (64, 6, 2)
@@ -384,38 +385,38 @@ def check():
 
 
 def time_gpu(out_path=None):
-    """This kernel's configurations against the package on probe_fp8_decode.py's cases 16 / 17 (b = 64, one token
-    of 512 query heads over 8, 4k keys, page 64 / contiguous) and 8 causal tokens of a group of 8; GB/s of FP8 K and
-    V bytes, medians of interleaved rounds in one process; each configuration first checked against the package."""
+    """This kernel's configurations against the package, GB/s of FP8 K and V bytes (medians of three interleaved
+    rounds in one process), each configuration first checked against the package's output: b = 64, 8 KV heads,
+    d = 128, 4k keys; one token of 512 query heads (probe_fp8_decode.py's cases 16 / 17: page 64 and contiguous)
+    and 8 causal tokens of a group of 8 (page 64)."""
     import fmha
     from fmha.bench import interleaved_times
 
     rows = []
     b, h_k, d, n = 64, 8, 128, 4096
-    for s_q, h_q, causal in ((1, 512, False), (8, 64, True)):
-        for page in (64, None):
-            q, kc, vc, seqlens, kd, vd, table, k, v = _inputs(b, s_q, h_q, h_k, d, [n] * b, page)
-            del k, v
-            pkg = lambda: fmha.attention_with_kvcache(q, kc, vc, seqlens, block_table=table,  # noqa: E731
-                                                      causal=causal, k_descale=kd, v_descale=vd)
-            ref = pkg().float()
-            calls = {"package": pkg}
-            for cfg in ((128, 2, 2), (128, 3, 1), (64, 4, 3), (64, 6, 2)):
-                f = (lambda cfg=cfg: fp8_decode(q, kc, vc, seqlens, kd, vd, table, causal=causal, config=cfg))
-                err = (f()[0].float() - ref).abs().max().item()
-                name = "gluon %d,%d,%d" % cfg
-                if not err < 3e-2:
-                    rows.append(dict(s_q=s_q, h_q=h_q, page=page, name=name, error=err))
-                    print(s_q, page, name, "max err", err, flush=True)
-                    continue
-                calls[name] = f
-            nbytes = 2 * b * n * h_k * d
-            times = interleaved_times(calls, 3)
-            for name, ts in times.items():
-                t = sorted(ts)[len(ts) // 2]
-                rows.append(dict(s_q=s_q, h_q=h_q, page=page, name=name, gbps=nbytes / t / 1e9,
-                                 rounds=[nbytes / x / 1e9 for x in ts]))
-                print(s_q, page, name, f"{nbytes / t / 1e9:.0f} GB/s", flush=True)
+    for s_q, h_q, causal, page in ((1, 512, False, 64), (1, 512, False, None), (8, 64, True, 64)):
+        q, kc, vc, seqlens, kd, vd, table, k, v = _inputs(b, s_q, h_q, h_k, d, [n] * b, page)
+        del k, v
+        pkg = lambda: fmha.attention_with_kvcache(q, kc, vc, seqlens, block_table=table,  # noqa: E731
+                                                  causal=causal, k_descale=kd, v_descale=vd)
+        ref = pkg().float()
+        calls = {"package": pkg}
+        for cfg in ((128, 2, 2), (128, 3, 1), (64, 4, 3)):
+            f = (lambda cfg=cfg: fp8_decode(q, kc, vc, seqlens, kd, vd, table, causal=causal, config=cfg))
+            err = (f()[0].float() - ref).abs().max().item()
+            name = "gluon %d,%d,%d" % cfg
+            if not err < 3e-2:
+                rows.append(dict(s_q=s_q, h_q=h_q, page=page, name=name, error=err))
+                print(s_q, page, name, "max err", err, flush=True)
+                continue
+            calls[name] = f
+        nbytes = 2 * b * n * h_k * d
+        times = interleaved_times(calls, 3)
+        for name, ts in times.items():
+            t = sorted(ts)[len(ts) // 2]
+            rows.append(dict(s_q=s_q, h_q=h_q, page=page, name=name, gbps=nbytes / t / 1e9,
+                             rounds=[nbytes / x / 1e9 for x in ts]))
+            print(s_q, page, name, f"{nbytes / t / 1e9:.0f} GB/s", flush=True)
     if out_path:
         json.dump(dict(gpu=torch.cuda.get_device_name(), commit=os.environ.get("FMHA_COMMIT", "unknown"),
                        case=dict(b=b, h_k=h_k, d=d, keys=n), rows=rows), open(out_path, "w"), indent=1)
@@ -457,11 +458,23 @@ def compile_sm90(block_n=128, raw_stages=2, w_stages=2, d=128, paged=True):
                           local=len(re.findall(r"\b(LDL|STL)\b", sass)))))
 
 
+def profile(page=64, config=None):
+    """Three calls on case 16 (b = 64, one token of 512 query heads over 8, 4k keys, page 64 or 0 = contiguous) for
+    ncu, the first compiling: `ncu --kernel-name regex:fp8_decode --launch-skip 2 --launch-count 1 --set full
+    --import-source yes -o R python3 benchmarks/experiments/fp8_gluon_decode.py profile [PAGE]`."""
+    q, kc, vc, seqlens, kd, vd, table, k, v = _inputs(64, 1, 512, 8, 128, [4096] * 64, page or None)
+    for _ in range(3):
+        fp8_decode(q, kc, vc, seqlens, kd, vd, table, causal=False, config=config)
+    torch.cuda.synchronize()
+
+
 if __name__ == "__main__":
     what = sys.argv[1] if len(sys.argv) > 1 else "compile"
     if what == "compile":
         compile_sm90(*map(int, sys.argv[2:7]))
     elif what == "check":
         check()
+    elif what == "profile":
+        profile(*map(int, sys.argv[2:3]))
     else:
         time_gpu(sys.argv[sys.argv.index("--out") + 1] if "--out" in sys.argv else None)
