@@ -376,7 +376,8 @@ def fp8_decode_kernel(k_desc, v_desc, Q, O, LSE, SEQLENS, BLOCK_TABLE, K_DESCALE
 # (BLOCK_N, RAW_STAGES, W_STAGES, CONSUMERS) by head dim: 227 KB of shared memory hold Q (64 x d fp16), RAW_STAGES
 # raw K and V tiles (BLOCK_N x d bytes each), W_STAGES widened ones (twice that), and with two consumers the merge
 # buffer (64 x d fp32). Two consumers need W_STAGES >= 2: with one slot, the widener's V_c waits for V_{c-1}, which
-# the other consumer frees only with its next tile's Q·Kᵀ, whose K the widener writes after V_c.
+# the other consumer frees only with its next tile's Q·Kᵀ, whose K the widener writes after V_c
+# (`fp8_gluon_decode_protocol.py` simulates the barriers: clean at W_STAGES >= 2, deadlocks or early passes at 1).
 CONFIGS = {64: (128, 4, 3, 1), 128: (128, 2, 2, 1), 256: (64, 3, 1, 1)}
 # registers a thread: (consumer, widener, producer) by CONSUMERS; the default partition (the consumer with one, the
 # widener with two) has what the others leave of 128 x the warpgroups (3 or 4), which `compile` reports
