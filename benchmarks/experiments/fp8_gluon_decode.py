@@ -21,6 +21,7 @@ is the case it is for). The math as the package's FP8 path: q scaled by a power 
 descales per (batch, KV head) on the scores and the output, fp32 accumulation.
 
     python3 benchmarks/experiments/fp8_gluon_decode.py compile [BN RAW W D PAGED CONSUMERS]  (CPU: sm_90 compile)
+    python3 benchmarks/experiments/fp8_gluon_decode.py check-cpu                            (CPU: `emulate`)
     python3 benchmarks/experiments/fp8_gluon_decode.py check                                (GPU: vs the oracle)
     python3 benchmarks/experiments/fp8_gluon_decode.py time --out F.json                    (GPU: vs the package)
     python3 benchmarks/experiments/fp8_gluon_decode.py profile [PAGE]                       (GPU: for ncu)
@@ -34,6 +35,7 @@ here (sm_90, paged, d = 128), shared memory and registers a thread (setmaxnreg):
   no spill in the consumers' key loops, one 4-byte spill and reload in the widener's.
 """
 import json
+import math
 import os
 import sys
 
@@ -425,6 +427,103 @@ def fp8_decode(q, k_cache, v_cache, cache_seqlens, k_descale, v_descale, block_t
     return out, lse
 
 
+def emulate(q, k, v, cache_seqlens, k_descale, v_descale, causal=True, softmax_scale=None, config=None):
+    """The kernel's arithmetic in torch on the CPU, tile by tile (no GPU needed): the packed rows, q's power of two
+    and fp16 rounding, fp16 K / V / P into fp32 products, K's rows past the length NaN and V's zeroed (as the cache
+    and the widener leave them), the masked tiles, each consumer's tiles and the two consumers' merge. Contiguous
+    caches (paging only moves rows). Returns (out, lse) as `fp8_decode`."""
+    b, s_q, h_q, d = q.shape
+    h_k = k.shape[2]
+    group = h_q // h_k
+    block_n, _, _, consumers = config or CONFIGS[d]
+    scale_log2 = (softmax_scale if softmax_scale is not None else d ** -0.5) * LOG2E
+    out = torch.zeros(b, s_q, h_q, d)
+    lse = torch.full((b, h_q, s_q), float("-inf"))
+    r = torch.arange(64)
+    tok, within = r // group, r % group
+    ok = tok < s_q
+    for bi in range(b):
+        sk = int(cache_seqlens[bi])
+        n_tiles = -(-sk // block_n)
+        keys = torch.arange(n_tiles * block_n)
+        kk = torch.full((n_tiles * block_n, d), float("nan"))
+        vv = torch.zeros(n_tiles * block_n, d)
+        for hk in range(h_k):
+            kk[:sk] = k[bi, :sk, hk].float()
+            vv[:sk] = v[bi, :sk, hk].float()
+            qr = torch.zeros(64, d)
+            qr[ok] = q[bi, tok[ok], hk * group + within[ok]].float()
+            bits = qr.abs().max().view(torch.int32).item()
+            q_exp = ((bits >> 23) & 0xFF) - 127 + int((bits & 0x7FFFFF) != 0)
+            q_mul = 2.0 ** (14 - max(q_exp, -100))
+            qh = (qr * q_mul).half().float()
+            scale = scale_log2 / q_mul * float(k_descale[bi, hk])
+            if causal:
+                last_key = sk - s_q + tok
+                mask_from = max(sk - s_q + 1, 0) // block_n
+            else:
+                last_key = torch.full((64,), sk - 1)
+                mask_from = sk // block_n
+            parts = []
+            for g in range(consumers):
+                m = torch.full((64,), float("-inf"))
+                ll = torch.zeros(64)
+                acc = torch.zeros(64, d)
+                for i in range(g, n_tiles, consumers):
+                    cols = keys[i * block_n:(i + 1) * block_n]
+                    sc = qh @ kk[cols].half().float().T
+                    if i >= mask_from:
+                        sc = torch.where(cols[None, :] <= last_key[:, None], sc, float("-inf"))
+                    m_new = torch.maximum(m, sc.max(1).values * scale)
+                    m_use = torch.where(m_new == float("-inf"), 0.0, m_new)
+                    p = torch.exp2(sc * scale - m_use[:, None])
+                    alpha = torch.exp2(m - m_use)
+                    ll = ll * alpha + p.sum(1)
+                    acc = acc * alpha[:, None] + p.half().float() @ vv[cols].half().float()
+                    m = m_new
+                parts.append((m, ll, acc))
+            m, ll, acc = parts[0]
+            if consumers > 1:
+                m_1, l_1, acc_1 = parts[1]
+                m_new = torch.maximum(m, m_1)
+                m_use = torch.where(m_new == float("-inf"), 0.0, m_new)
+                a_0, a_1 = torch.exp2(m - m_use), torch.exp2(m_1 - m_use)
+                ll = ll * a_0 + l_1 * a_1
+                acc = acc * a_0[:, None] + acc_1 * a_1[:, None]
+                m = m_new
+            empty = ll == 0
+            row_lse = torch.where(empty, float("-inf"), (m + torch.log2(torch.where(empty, 1.0, ll))) * math.log(2))
+            o = acc * (float(v_descale[bi, hk]) / torch.where(empty, 1.0, ll))[:, None]
+            out[bi, tok[ok], hk * group + within[ok]] = o[ok]
+            lse[bi, hk * group + within[ok], tok[ok]] = row_lse[ok]
+    return out, lse
+
+
+def check_cpu():
+    """`emulate` against `fmha.reference` on CHECK_CASES' shapes (contiguous), one consumer and two."""
+    from fmha.reference import attention_ref
+
+    worst = 0.0
+    for (b, s_q, h_q, h_k, d, lens, _, causal) in CHECK_CASES:
+        g = torch.Generator().manual_seed(0)
+        q = torch.randn(b, s_q, h_q, d, generator=g).to(torch.bfloat16)
+        k = (torch.randn(b, max(lens), h_k, d, generator=g) * 2).to(torch.float8_e4m3fn)
+        v = (torch.randn(b, max(lens), h_k, d, generator=g) * 2).to(torch.float8_e4m3fn)
+        kd = torch.rand(b, h_k, generator=g) + 0.5
+        vd = torch.rand(b, h_k, generator=g) + 0.5
+        for config in (None, (64, 4, 3, 2)):
+            out, lse = emulate(q, k, v, torch.tensor(lens), kd, vd, causal=causal, config=config)
+            for i, n in enumerate(lens):
+                ref, ref_lse = attention_ref(q[i:i + 1].float(), k[i:i + 1, :n].float(), v[i:i + 1, :n].float(),
+                                             causal=causal, k_descale=kd[i:i + 1], v_descale=vd[i:i + 1])
+                err = (out[i:i + 1] - ref).abs().max().item()
+                lse_err = (lse[i:i + 1] - ref_lse).abs().nan_to_num(0.0).max().item()
+                assert err < 3e-2 and lse_err < 1e-2 and torch.equal(lse[i:i + 1].isinf(), ref_lse.isinf()), (
+                    b, s_q, h_q, d, lens, causal, config, i, err, lse_err)
+                worst = max(worst, err)
+    print(json.dumps(dict(check_cpu="passed", cases=len(CHECK_CASES), max_abs_err=worst)))
+
+
 def _inputs(b, s_q, h_q, h_k, d, lens, page, seed=0):
     """q (bf16), FP8 caches holding NaN past each length (paged with shuffled pages when page, else contiguous),
     lengths, descales, block table, and the contiguous FP8 keys and values for the oracle; on the GPU."""
@@ -571,6 +670,8 @@ if __name__ == "__main__":
         compile_sm90(*map(int, sys.argv[2:8]))
     elif what == "check":
         check()
+    elif what == "check-cpu":
+        check_cpu()
     elif what == "profile":
         profile(*map(int, sys.argv[2:3]))
     else:
