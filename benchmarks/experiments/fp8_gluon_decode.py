@@ -46,8 +46,6 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from fmha.bench import paged_copy
-
 ROWS = gl.constexpr(64)
 LN2 = gl.constexpr(0.6931471805599453)
 LOG2E = 1.4426950408889634
@@ -505,14 +503,9 @@ def check_cpu():
 
     worst = 0.0
     for (b, s_q, h_q, h_k, d, lens, _, causal) in CHECK_CASES:
-        g = torch.Generator().manual_seed(0)
-        q = torch.randn(b, s_q, h_q, d, generator=g).to(torch.bfloat16)
-        k = (torch.randn(b, max(lens), h_k, d, generator=g) * 2).to(torch.float8_e4m3fn)
-        v = (torch.randn(b, max(lens), h_k, d, generator=g) * 2).to(torch.float8_e4m3fn)
-        kd = torch.rand(b, h_k, generator=g) + 0.5
-        vd = torch.rand(b, h_k, generator=g) + 0.5
+        q, k, v, seqlens, kd, vd, _, _, _ = _inputs(b, s_q, h_q, h_k, d, lens, None, "cpu")
         for config in (None, (64, 4, 3, 2)):
-            out, lse = emulate(q, k, v, torch.tensor(lens), kd, vd, causal=causal, config=config)
+            out, lse = emulate(q, k, v, seqlens, kd, vd, causal=causal, config=config)
             for i, n in enumerate(lens):
                 ref, ref_lse = attention_ref(q[i:i + 1].float(), k[i:i + 1, :n].float(), v[i:i + 1, :n].float(),
                                              causal=causal, k_descale=kd[i:i + 1], v_descale=vd[i:i + 1])
@@ -524,27 +517,12 @@ def check_cpu():
     print(json.dumps(dict(check_cpu="passed", cases=len(CHECK_CASES), max_abs_err=worst)))
 
 
-def _inputs(b, s_q, h_q, h_k, d, lens, page, seed=0):
-    """q (bf16), FP8 caches holding NaN past each length (paged with shuffled pages when page, else contiguous),
-    lengths, descales, block table, and the contiguous FP8 keys and values for the oracle; on the GPU."""
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    max_len = max(lens)
-    q = torch.randn(b, s_q, h_q, d, generator=g, device="cuda").to(torch.bfloat16)
-    k = (torch.randn(b, max_len, h_k, d, generator=g, device="cuda") * 2).to(torch.float8_e4m3fn)
-    v = (torch.randn(b, max_len, h_k, d, generator=g, device="cuda") * 2).to(torch.float8_e4m3fn)
-    nan = torch.tensor(float("nan"), device="cuda").to(torch.float8_e4m3fn)
-    for i, n in enumerate(lens):
-        k[i, n:] = nan
-        v[i, n:] = nan
-    kd = torch.rand(b, h_k, generator=g, device="cuda") + 0.5
-    vd = torch.rand(b, h_k, generator=g, device="cuda") + 0.5
-    seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
-    table = None
-    kc, vc = k, v
-    if page:
-        perm = torch.randperm(b * -(-max_len // page), generator=g, device="cuda")
-        kc, vc, table = paged_copy(page, k, v, perm=perm)
-    return q, kc, vc, seqlens, kd, vd, table, k, v
+def _inputs(b, s_q, h_q, h_k, d, lens, page, device="cuda"):
+    """`fp8_transposed._inputs` in bf16: q, FP8 caches holding NaN past each length (paged with shuffled pages when
+    page, else contiguous), lengths, descales, block table, and the contiguous FP8 keys and values for the oracle."""
+    import fp8_transposed
+
+    return fp8_transposed._inputs(b, s_q, h_q, h_k, d, lens, page, device, torch.bfloat16)
 
 
 # (b, s_q, h_q, h_k, d, lengths, page or None, causal)
@@ -618,10 +596,10 @@ def time_gpu(out_path=None):
 def compile_sm90(block_n=128, raw_stages=2, w_stages=2, d=128, paged=True, consumers=1):
     """Shared memory, registers, spills and setmaxnreg of the sm_90 compile (no GPU needed)."""
     import re
-    import subprocess
-    import tempfile
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
+
+    from sm90_report import sass_and_usage
 
     box = 64 if paged else block_n
     layout = gl.NVMMASharedLayout.get_default_for([box, d], gl.float8e4nv)
@@ -637,18 +615,12 @@ def compile_sm90(block_n=128, raw_stages=2, w_stages=2, d=128, paged=True, consu
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
     ptx = k.asm["ptx"]
     open("/tmp/fp8_gluon_decode.ptx", "w").write(ptx)
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(k.asm["cubin"])
-        f.flush()
-        tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-        usage = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
-        sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
+    sass, regs, stack = sass_and_usage(k)
     open("/tmp/fp8_gluon_decode.sass", "w").write(sass)
     print(json.dumps(dict(block_n=block_n, raw_stages=raw_stages, w_stages=w_stages, d=d, paged=paged,
                           consumers=consumers, maxnreg=sorted(set(re.findall(r"setmaxnreg\.(\w+)\.sync\.aligned"
                                                                              r"\.u32\s+(\d+)", ptx))),
-                          shared=k.metadata.shared, regs=int(re.search(r"REG:([0-9]+)", usage).group(1)),
-                          stack=int(re.search(r"STACK:([0-9]+)", usage).group(1)),
+                          shared=k.metadata.shared, regs=regs, stack=stack,
                           wgmma=ptx.count("wgmma.mma_async"), tma=ptx.count("cp.async.bulk.tensor"),
                           setmaxnreg=ptx.count("setmaxnreg"), cvt_e4m3=ptx.count("e4m3x2"),
                           local=len(re.findall(r"\b(LDL|STL)\b", sass)))))

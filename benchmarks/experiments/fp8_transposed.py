@@ -181,10 +181,10 @@ def check():
 def compile_sm90(block_n=128, stages=3, warps=4):
     """PTX / registers of this kernel and of the package's 64-row FP8 form at d = 128, page 64."""
     import re
-    import subprocess
-    import tempfile
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+
+    from sm90_report import sass_and_usage
 
     names = list(fp8_decode_t_kernel.arg_names)
     consts = dict(GROUP=8, HEAD_DIM=128, BLOCK_M=64, BLOCK_N=block_n, PAGED=True, NUM_STAGES=stages, V_WORDS=2)
@@ -201,20 +201,14 @@ def compile_sm90(block_n=128, stages=3, warps=4):
     open("/tmp/fp8_transposed.ptx", "w").write(ptx)
     open("/tmp/fp8_transposed.ttgir", "w").write(k.asm["ttgir"])
     open("/tmp/fp8_transposed.cubin", "wb").write(k.asm["cubin"])
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(k.asm["cubin"])
-        f.flush()
-        tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-        usage = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
-        sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
+    sass, regs, stack = sass_and_usage(k)
     counts = {op: len(re.findall(rf"\b{op}\b", sass)) for op in ("STS", "LDS", "LDSM", "HGMMA", "F2FP", "LDGSTS")}
     counts["STS_all"] = len(re.findall(r"\bSTS(\.\w+)*\b", sass))
     counts["LDS_all"] = len(re.findall(r"\bLDS(\.\w+)*\b", sass))
     counts["LDSM_all"] = len(re.findall(r"\bLDSM(\.\w+)*\b", sass))
     counts["HGMMA_all"] = len(re.findall(r"\bHGMMA(\.\w+)*\b", sass))
     print(json.dumps(dict(kernel="transposed", block_n=block_n, stages=stages, warps=warps, shared=k.metadata.shared,
-                          regs=int(re.search(r"REG:([0-9]+)", usage).group(1)),
-                          stack=int(re.search(r"STACK:([0-9]+)", usage).group(1)),
+                          regs=regs, stack=stack,
                           wgmma=ptx.count("wgmma.mma_async"), cvt_e4m3=ptx.count("e4m3x2"),
                           st_shared=ptx.count("st.shared"), ld_shared=ptx.count("ld.shared"),
                           ldmatrix=ptx.count("ldmatrix"), sass=counts)))
