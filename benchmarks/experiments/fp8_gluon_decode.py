@@ -16,8 +16,9 @@ This form splits the chain over partitions of one persistent program an SM:
   and P·V on wgmma, each tile's Q·Kᵀ issued with the P·V of the consumer's previous one (the prefill kernel's
   overlap). With two, consumer g takes the item's tiles g, g + 2, ... (one's softmax runs beside the other's
   products) and consumer 1 hands its (m, l, O) to consumer 0 through shared memory at the item's end.
-Work items are (batch, KV head), round-robin over the programs; no split of the keys yet (b x h_k >= the SM count
-is the case it is for). The math as the package's FP8 path: q scaled by a power of two into fp16's range, the
+Work items are (batch, KV head, split), round-robin over the programs; `splits` > 1 cuts each sequence's key
+tiles into that many runs, whose (out, lse) an fp32 workspace takes and `fmha.merge` merges (for b x h_k under the
+SM count). The math as the package's FP8 path: q scaled by a power of two into fp16's range, the
 descales per (batch, KV head) on the scores and the output, fp32 accumulation.
 
     python3 benchmarks/experiments/fp8_gluon_decode.py compile [BN RAW W D PAGED CONSUMERS]  (CPU: sm_90 compile)
@@ -52,17 +53,22 @@ LOG2E = 1.4426950408889634
 
 
 @gluon.jit
-def _item(t, n_hk, SEQLENS, BLOCK_N: gl.constexpr):
-    """Work item t: (batch, KV head, key count, key tiles)."""
-    b = t // n_hk
-    hk = t % n_hk
+def _item(t, n_hk, n_splits, SEQLENS, BLOCK_N: gl.constexpr):
+    """Work item t: (batch, KV head, split, key count, first key tile, key tiles): split sp of n_splits takes the
+    sp-th run of cdiv(tiles, n_splits) of the sequence's key tiles (fewer or none at the end)."""
+    sp = t % n_splits
+    b = t // n_splits // n_hk
+    hk = t // n_splits % n_hk
     sk = gl.load(SEQLENS + b)
-    return b, hk, sk, gl.cdiv(sk, BLOCK_N)
+    tiles = gl.cdiv(sk, BLOCK_N)
+    per = gl.cdiv(tiles, n_splits)
+    lo = gl.minimum(sp * per, tiles)
+    return b, hk, sp, sk, lo, gl.minimum(lo + per, tiles) - lo
 
 
 @gluon.jit
 def _producer(k_desc, v_desc, raw_k, raw_v, raw_ready, raw_empty, SEQLENS, BLOCK_TABLE, stride_bt, n_items, n_hk,
-              seq_rows, page_size, BLOCK_N: gl.constexpr, RAW_STAGES: gl.constexpr, PAGED: gl.constexpr):
+              n_splits, seq_rows, page_size, BLOCK_N: gl.constexpr, RAW_STAGES: gl.constexpr, PAGED: gl.constexpr):
     """Every key tile of this program's items, K and V, into the raw ring: BLOCK_N // box rows TMA boxes each,
     paged boxes from the page the block table names (past the last page, the last page again: rows past the end,
     masked and zeroed downstream, and no block-table entry past the sequence's is read)."""
@@ -71,9 +77,9 @@ def _producer(k_desc, v_desc, raw_k, raw_v, raw_ready, raw_empty, SEQLENS, BLOCK
     BOXES: gl.constexpr = BLOCK_N // BOX
     c = 0
     for t in range(gl.program_id(0), n_items, gl.num_programs(0)):
-        b, hk, sk, n_tiles = _item(t, n_hk, SEQLENS, BLOCK_N)
+        b, hk, sp, sk, lo, n_tiles = _item(t, n_hk, n_splits, SEQLENS, BLOCK_N)
         last_page = gl.maximum(gl.cdiv(sk, page_size) - 1, 0)
-        for i in range(n_tiles):
+        for i in range(lo, lo + n_tiles):
             slot = c % RAW_STAGES
             mbarrier.wait(raw_empty.index(slot), ((c // RAW_STAGES) & 1) ^ 1)
             mbarrier.expect(raw_ready.index(slot), 2 * BOXES * k_desc.block_type.nbytes)
@@ -120,13 +126,13 @@ def _widen_rows(src, dst, first_key, tail, ZERO: gl.constexpr, CH: gl.constexpr)
 
 @gluon.jit
 def _widener(raw_k, raw_v, raw_ready, raw_empty, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, SEQLENS, n_items,
-             n_hk, BLOCK_N: gl.constexpr, RAW_STAGES: gl.constexpr, W_STAGES: gl.constexpr, CH: gl.constexpr):
+             n_hk, n_splits, BLOCK_N: gl.constexpr, RAW_STAGES: gl.constexpr, W_STAGES: gl.constexpr, CH: gl.constexpr):
     """Each raw tile, in the producer's order, widened into the K and V slots once the consumer has freed them (K
     after its Q·Kᵀ, V after its P·V), then marked ready and its raw slot released."""
     c = 0
     for t in range(gl.program_id(0), n_items, gl.num_programs(0)):
-        b, hk, sk, n_tiles = _item(t, n_hk, SEQLENS, BLOCK_N)
-        for i in range(n_tiles):
+        b, hk, sp, sk, lo, n_tiles = _item(t, n_hk, n_splits, SEQLENS, BLOCK_N)
+        for i in range(lo, lo + n_tiles):
             slot = c % RAW_STAGES
             ws = c % W_STAGES
             mbarrier.wait(raw_ready.index(slot), (c // RAW_STAGES) & 1)
@@ -168,8 +174,8 @@ def _consumer(shared, G: gl.constexpr, BLOCK_N: gl.constexpr, W_STAGES: gl.const
     once consumer 1 has handed over its (m, l, O) through shared memory (`merge`), merges and stores; each releases
     Q after its last Q·Kᵀ of the item. Then the output and LSE rows that exist (a row with no key: 0 and -inf)."""
     (q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, q_bars, merge, Q, O, LSE, SEQLENS, K_DESCALE,
-     V_DESCALE, n_items, n_hk, group, seqlen_q, stride_qb, stride_qs, stride_qh, stride_ob, stride_os, stride_oh,
-     stride_lb, stride_lh, stride_ls, qk_scale_log2) = shared
+     V_DESCALE, n_items, n_hk, n_splits, group, seqlen_q, stride_qb, stride_qs, stride_qh, stride_osp, stride_ob,
+     stride_os, stride_oh, stride_lsp, stride_lb, stride_lh, stride_ls, qk_scale_log2) = shared
     q_ready, q_empty = q_bars
     D: gl.constexpr = q_smem.shape[1]
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -188,7 +194,7 @@ def _consumer(shared, G: gl.constexpr, BLOCK_N: gl.constexpr, W_STAGES: gl.const
     c = 0
     w = 0
     for t in range(gl.program_id(0), n_items, gl.num_programs(0)):
-        b, hk, sk, n_tiles = _item(t, n_hk, SEQLENS, BLOCK_N)
+        b, hk, sp, sk, lo, n_tiles = _item(t, n_hk, n_splits, SEQLENS, BLOCK_N)
         head = hk * group + rows % group
         q = gl.load(Q + b * stride_qb + tok[:, None] * stride_qs + head[:, None] * stride_qh + cols[None, :],
                     mask=row_ok[:, None], other=0.0).to(gl.float32)
@@ -232,10 +238,11 @@ def _consumer(shared, G: gl.constexpr, BLOCK_N: gl.constexpr, W_STAGES: gl.const
             if CONSUMERS > 1:
                 if n_mine == 1:
                     mbarrier.arrive(q_empty.index(0), count=1)
-            p, m_i, l_i, alpha = _softmax(s, G, m_i, l_i, last_key, scale, G >= mask_from, BLOCK_N, s_layout)
+            p, m_i, l_i, alpha = _softmax(s, lo + G, m_i, l_i, last_key, scale, lo + G >= mask_from, BLOCK_N,
+                                          s_layout)
             for j in range(1, n_mine):
-                i = G + CONSUMERS * j
-                ci = c + i
+                ci = c + G + CONSUMERS * j        # the ring's count; i the tile's index in the sequence
+                i = lo + G + CONSUMERS * j
                 ws = ci % W_STAGES
                 prev = (ci - CONSUMERS) % W_STAGES
                 acc = acc * gl.convert_layout(alpha, row_o)[:, None]
@@ -294,16 +301,16 @@ def _consumer(shared, G: gl.constexpr, BLOCK_N: gl.constexpr, W_STAGES: gl.const
             lse = gl.where(empty, float("-inf"), (m_i + gl.log2(gl.where(empty, 1.0, l_i))) * LN2)
             inv_l = gl.convert_layout(v_scale / gl.where(empty, 1.0, l_i), row_o)
             out = gl.convert_layout((acc * inv_l[:, None]).to(O.dtype.element_ty), io)
-            gl.store(O + b * stride_ob + tok[:, None] * stride_os + head[:, None] * stride_oh + cols[None, :], out,
-                     mask=row_ok[:, None])
+            gl.store(O + sp * stride_osp + b * stride_ob + tok[:, None] * stride_os + head[:, None] * stride_oh
+                     + cols[None, :], out, mask=row_ok[:, None])
             lse_io = gl.convert_layout(lse, gl.SliceLayout(1, io))
-            gl.store(LSE + b * stride_lb + head * stride_lh + tok * stride_ls, lse_io, mask=row_ok)
+            gl.store(LSE + sp * stride_lsp + b * stride_lb + head * stride_lh + tok * stride_ls, lse_io, mask=row_ok)
 
 
 @gluon.jit
 def fp8_decode_kernel(k_desc, v_desc, Q, O, LSE, SEQLENS, BLOCK_TABLE, K_DESCALE, V_DESCALE, stride_bt, n_items, n_hk,
-                      group, seqlen_q, seq_rows, page_size, stride_qb, stride_qs, stride_qh, stride_ob, stride_os,
-                      stride_oh, stride_lb, stride_lh, stride_ls, qk_scale_log2,
+                      n_splits, group, seqlen_q, seq_rows, page_size, stride_qb, stride_qs, stride_qh, stride_osp,
+                      stride_ob, stride_os, stride_oh, stride_lsp, stride_lb, stride_lh, stride_ls, qk_scale_log2,
                       BLOCK_N: gl.constexpr, RAW_STAGES: gl.constexpr, W_STAGES: gl.constexpr, CH: gl.constexpr,
                       PAGED: gl.constexpr, CAUSAL: gl.constexpr, CONSUMERS: gl.constexpr,
                       CONSUMER_REGS: gl.constexpr, WIDEN_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
@@ -352,24 +359,24 @@ def fp8_decode_kernel(k_desc, v_desc, Q, O, LSE, SEQLENS, BLOCK_TABLE, K_DESCALE
         merge = (k_ready, k_ready, k_ready, k_ready, k_ready)
         q_bars = (k_ready, k_ready)
     shared = (q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, q_bars, merge, Q, O, LSE, SEQLENS, K_DESCALE,
-              V_DESCALE, n_items, n_hk, group, seqlen_q, stride_qb, stride_qs, stride_qh, stride_ob, stride_os,
-              stride_oh, stride_lb, stride_lh, stride_ls, qk_scale_log2)
+              V_DESCALE, n_items, n_hk, n_splits, group, seqlen_q, stride_qb, stride_qs, stride_qh, stride_osp,
+              stride_ob, stride_os, stride_oh, stride_lsp, stride_lb, stride_lh, stride_ls, qk_scale_log2)
     if CONSUMERS == 1:
         gl.warp_specialize([
             (_consumer, (shared, 0, BLOCK_N, W_STAGES, CAUSAL, CONSUMERS)),
             (_widener, (raw_k, raw_v, raw_ready, raw_empty, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
-                        SEQLENS, n_items, n_hk, BLOCK_N, RAW_STAGES, W_STAGES, CH)),
+                        SEQLENS, n_items, n_hk, n_splits, BLOCK_N, RAW_STAGES, W_STAGES, CH)),
             (_producer, (k_desc, v_desc, raw_k, raw_v, raw_ready, raw_empty, SEQLENS, BLOCK_TABLE, stride_bt, n_items,
-                         n_hk, seq_rows, page_size, BLOCK_N, RAW_STAGES, PAGED)),
+                         n_hk, n_splits, seq_rows, page_size, BLOCK_N, RAW_STAGES, PAGED)),
         ], [4, 1], [WIDEN_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
             (_widener, (raw_k, raw_v, raw_ready, raw_empty, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
-                        SEQLENS, n_items, n_hk, BLOCK_N, RAW_STAGES, W_STAGES, CH)),
+                        SEQLENS, n_items, n_hk, n_splits, BLOCK_N, RAW_STAGES, W_STAGES, CH)),
             (_consumer, (shared, 0, BLOCK_N, W_STAGES, CAUSAL, CONSUMERS)),
             (_consumer, (shared, 1, BLOCK_N, W_STAGES, CAUSAL, CONSUMERS)),
             (_producer, (k_desc, v_desc, raw_k, raw_v, raw_ready, raw_empty, SEQLENS, BLOCK_TABLE, stride_bt, n_items,
-                         n_hk, seq_rows, page_size, BLOCK_N, RAW_STAGES, PAGED)),
+                         n_hk, n_splits, seq_rows, page_size, BLOCK_N, RAW_STAGES, PAGED)),
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -385,9 +392,11 @@ REGS = {1: (None, 160, 40), 2: (208, None, 24)}
 
 
 def fp8_decode(q, k_cache, v_cache, cache_seqlens, k_descale, v_descale, block_table=None, causal=True,
-               softmax_scale=None, config=None, ch=32):
+               softmax_scale=None, config=None, ch=32, splits=1):
     """(out, lse) of one decode step over an FP8 cache: q (b, s_q, h_q, d) bf16 / fp16 with s_q x (h_q / h_k) <= 64,
-    caches (num_blocks, page, h_k, d) with block_table, or (b, max_len, h_k, d); descales (b, h_k) fp32."""
+    caches (num_blocks, page, h_k, d) with block_table, or (b, max_len, h_k, d); descales (b, h_k) fp32. splits > 1:
+    each sequence's key tiles in that many runs, each item's (out, lse) into an fp32 workspace, merged by
+    `fmha.merge.merge_attention_states_list` (a second launch; the package's combine kernel would take its place)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     b, s_q, h_q, d = q.shape
@@ -410,39 +419,49 @@ def fp8_decode(q, k_cache, v_cache, cache_seqlens, k_descale, v_descale, block_t
     layout = gl.NVMMASharedLayout.get_default_for([box, d], gl.float8e4nv)
     k_desc = TensorDescriptor(k_cache, [rows, h_k * d], [h_k * d, 1], [box, d], layout)
     v_desc = TensorDescriptor(v_cache, [rows, h_k * d], [h_k * d, 1], [box, d], layout)
-    out = torch.empty_like(q)
-    lse = torch.empty(b, h_q, s_q, device=q.device, dtype=torch.float32)
+    if splits > 1:
+        out = torch.empty(splits, b, s_q, h_q, d, device=q.device, dtype=torch.float32)
+        lse = torch.empty(splits, b, h_q, s_q, device=q.device, dtype=torch.float32)
+    else:
+        out = torch.empty_like(q)[None]
+        lse = torch.empty(1, b, h_q, s_q, device=q.device, dtype=torch.float32)
     scale = (softmax_scale if softmax_scale is not None else d ** -0.5) * LOG2E
-    n_items = b * h_k
+    n_items = b * h_k * splits
     grid = (min(n_items, torch.cuda.get_device_properties(q.device).multi_processor_count),)
     fp8_decode_kernel[grid](k_desc, v_desc, q, out, lse, cache_seqlens, table, k_descale.contiguous(),
-                            v_descale.contiguous(), stride_bt, n_items, h_k, group, s_q, seq_rows, page,
-                            q.stride(0), q.stride(1), q.stride(2), out.stride(0), out.stride(1), out.stride(2),
-                            lse.stride(0), lse.stride(1), lse.stride(2), scale,
+                            v_descale.contiguous(), stride_bt, n_items, h_k, splits, group, s_q, seq_rows, page,
+                            q.stride(0), q.stride(1), q.stride(2), *out.stride()[:4], *lse.stride(), scale,
                             BLOCK_N=block_n, RAW_STAGES=raw_stages, W_STAGES=w_stages, CH=ch, PAGED=paged,
                             CAUSAL=causal, CONSUMERS=consumers, CONSUMER_REGS=REGS[consumers][0],
                             WIDEN_REGS=REGS[consumers][1], PRODUCER_REGS=REGS[consumers][2], num_warps=4)
-    return out, lse
+    if splits == 1:
+        return out[0], lse[0]
+    from fmha.merge import merge_attention_states_list
+
+    o, l_ = merge_attention_states_list(list(out), [x.transpose(1, 2) for x in lse])
+    return o.to(q.dtype), l_.transpose(1, 2)
 
 
-def emulate(q, k, v, cache_seqlens, k_descale, v_descale, causal=True, softmax_scale=None, config=None):
+def emulate(q, k, v, cache_seqlens, k_descale, v_descale, causal=True, softmax_scale=None, config=None, splits=1):
     """The kernel's arithmetic in torch on the CPU, tile by tile (no GPU needed): the packed rows, q's power of two
     and fp16 rounding, fp16 K / V / P into fp32 products, K's rows past the length NaN and V's zeroed (as the cache
-    and the widener leave them), the masked tiles, each consumer's tiles and the two consumers' merge. Contiguous
-    caches (paging only moves rows). Returns (out, lse) as `fp8_decode`."""
+    and the widener leave them), the masked tiles, each split's run of tiles, each consumer's tiles and the two
+    consumers' merge, then the splits' merge as `fp8_decode` does it. Contiguous caches (paging only moves rows).
+    Returns (out, lse) as `fp8_decode`."""
     b, s_q, h_q, d = q.shape
     h_k = k.shape[2]
     group = h_q // h_k
     block_n, _, _, consumers = config or CONFIGS[d]
     scale_log2 = (softmax_scale if softmax_scale is not None else d ** -0.5) * LOG2E
-    out = torch.zeros(b, s_q, h_q, d)
-    lse = torch.full((b, h_q, s_q), float("-inf"))
+    out = torch.zeros(splits, b, s_q, h_q, d)
+    lse = torch.full((splits, b, h_q, s_q), float("-inf"))
     r = torch.arange(64)
     tok, within = r // group, r % group
     ok = tok < s_q
     for bi in range(b):
         sk = int(cache_seqlens[bi])
         n_tiles = -(-sk // block_n)
+        per = -(-n_tiles // splits)
         keys = torch.arange(n_tiles * block_n)
         kk = torch.full((n_tiles * block_n, d), float("nan"))
         vv = torch.zeros(n_tiles * block_n, d)
@@ -462,57 +481,67 @@ def emulate(q, k, v, cache_seqlens, k_descale, v_descale, causal=True, softmax_s
             else:
                 last_key = torch.full((64,), sk - 1)
                 mask_from = sk // block_n
-            parts = []
-            for g in range(consumers):
-                m = torch.full((64,), float("-inf"))
-                ll = torch.zeros(64)
-                acc = torch.zeros(64, d)
-                for i in range(g, n_tiles, consumers):
-                    cols = keys[i * block_n:(i + 1) * block_n]
-                    sc = qh @ kk[cols].half().float().T
-                    if i >= mask_from:
-                        sc = torch.where(cols[None, :] <= last_key[:, None], sc, float("-inf"))
-                    m_new = torch.maximum(m, sc.max(1).values * scale)
+            for sp in range(splits):
+                lo = min(sp * per, n_tiles)
+                hi = min(lo + per, n_tiles)
+                parts = []
+                for g in range(consumers):
+                    m = torch.full((64,), float("-inf"))
+                    ll = torch.zeros(64)
+                    acc = torch.zeros(64, d)
+                    for i in range(lo + g, hi, consumers):
+                        cols = keys[i * block_n:(i + 1) * block_n]
+                        sc = qh @ kk[cols].half().float().T
+                        if i >= mask_from:
+                            sc = torch.where(cols[None, :] <= last_key[:, None], sc, float("-inf"))
+                        m_new = torch.maximum(m, sc.max(1).values * scale)
+                        m_use = torch.where(m_new == float("-inf"), 0.0, m_new)
+                        p = torch.exp2(sc * scale - m_use[:, None])
+                        alpha = torch.exp2(m - m_use)
+                        ll = ll * alpha + p.sum(1)
+                        acc = acc * alpha[:, None] + p.half().float() @ vv[cols].half().float()
+                        m = m_new
+                    parts.append((m, ll, acc))
+                m, ll, acc = parts[0]
+                if consumers > 1:
+                    m_1, l_1, acc_1 = parts[1]
+                    m_new = torch.maximum(m, m_1)
                     m_use = torch.where(m_new == float("-inf"), 0.0, m_new)
-                    p = torch.exp2(sc * scale - m_use[:, None])
-                    alpha = torch.exp2(m - m_use)
-                    ll = ll * alpha + p.sum(1)
-                    acc = acc * alpha[:, None] + p.half().float() @ vv[cols].half().float()
+                    a_0, a_1 = torch.exp2(m - m_use), torch.exp2(m_1 - m_use)
+                    ll = ll * a_0 + l_1 * a_1
+                    acc = acc * a_0[:, None] + acc_1 * a_1[:, None]
                     m = m_new
-                parts.append((m, ll, acc))
-            m, ll, acc = parts[0]
-            if consumers > 1:
-                m_1, l_1, acc_1 = parts[1]
-                m_new = torch.maximum(m, m_1)
-                m_use = torch.where(m_new == float("-inf"), 0.0, m_new)
-                a_0, a_1 = torch.exp2(m - m_use), torch.exp2(m_1 - m_use)
-                ll = ll * a_0 + l_1 * a_1
-                acc = acc * a_0[:, None] + acc_1 * a_1[:, None]
-                m = m_new
-            empty = ll == 0
-            row_lse = torch.where(empty, float("-inf"), (m + torch.log2(torch.where(empty, 1.0, ll))) * math.log(2))
-            o = acc * (float(v_descale[bi, hk]) / torch.where(empty, 1.0, ll))[:, None]
-            out[bi, tok[ok], hk * group + within[ok]] = o[ok]
-            lse[bi, hk * group + within[ok], tok[ok]] = row_lse[ok]
-    return out, lse
+                empty = ll == 0
+                row_lse = torch.where(empty, float("-inf"),
+                                      (m + torch.log2(torch.where(empty, 1.0, ll))) * math.log(2))
+                o = acc * (float(v_descale[bi, hk]) / torch.where(empty, 1.0, ll))[:, None]
+                out[sp, bi, tok[ok], hk * group + within[ok]] = o[ok]
+                lse[sp, bi, hk * group + within[ok], tok[ok]] = row_lse[ok]
+    if splits == 1:
+        return out[0], lse[0]
+    from fmha.merge import merge_attention_states_list
+
+    o, l_ = merge_attention_states_list(list(out), [x.transpose(1, 2) for x in lse])
+    return o, l_.transpose(1, 2)
 
 
 def check_cpu():
-    """`emulate` against `fmha.reference` on CHECK_CASES' shapes (contiguous), one consumer and two."""
+    """`emulate` against `fmha.reference` on CHECK_CASES' shapes (contiguous), one consumer and two, unsplit and
+    split."""
     from fmha.reference import attention_ref
 
     worst = 0.0
     for (b, s_q, h_q, h_k, d, lens, _, causal) in CHECK_CASES:
         q, k, v, seqlens, kd, vd, _, _, _ = _inputs(b, s_q, h_q, h_k, d, lens, None, "cpu")
-        for config in (None, (64, 4, 3, 2)):
-            out, lse = emulate(q, k, v, seqlens, kd, vd, causal=causal, config=config)
+        for config, splits in ((None, 1), ((64, 4, 3, 2), 1), (None, 3), ((64, 4, 3, 2), 2)):
+            out, lse = emulate(q, k, v, seqlens, kd, vd, causal=causal, config=config, splits=splits)
             for i, n in enumerate(lens):
                 ref, ref_lse = attention_ref(q[i:i + 1].float(), k[i:i + 1, :n].float(), v[i:i + 1, :n].float(),
                                              causal=causal, k_descale=kd[i:i + 1], v_descale=vd[i:i + 1])
                 err = (out[i:i + 1] - ref).abs().max().item()
                 lse_err = (lse[i:i + 1] - ref_lse).abs().nan_to_num(0.0).max().item()
                 assert err < 3e-2 and lse_err < 1e-2 and torch.equal(lse[i:i + 1].isinf(), ref_lse.isinf()), (
-                    b, s_q, h_q, d, lens, causal, config, i, err, lse_err)
+                    b, s_q, h_q, d, lens, causal, config, splits, i, err, lse_err)
                 worst = max(worst, err)
     print(json.dumps(dict(check_cpu="passed", cases=len(CHECK_CASES), max_abs_err=worst)))
 
@@ -541,15 +570,18 @@ def check():
         q, kc, vc, seqlens, kd, vd, table, k, v = _inputs(b, s_q, h_q, h_k, d, lens, page)
         refs = [attention_ref(q[i:i + 1].float(), k[i:i + 1, :n].float(), v[i:i + 1, :n].float(), causal=causal,
                               k_descale=kd[i:i + 1], v_descale=vd[i:i + 1]) for i, n in enumerate(lens)]
-        for config in [None] + ([(64, 4, 3, 2)] if d <= 128 else []):     # one consumer, then two
-            out, lse = fp8_decode(q, kc, vc, seqlens, kd, vd, table, causal=causal, config=config)
+        # one consumer, then two; and split in three where the sequences are long (d = 128)
+        runs = [(None, 1)] + ([((64, 4, 3, 2), 1)] if d <= 128 else [])
+        runs += [(None, 3)] if d == 128 and max(lens) >= 1000 else []
+        for config, splits in runs:
+            out, lse = fp8_decode(q, kc, vc, seqlens, kd, vd, table, causal=causal, config=config, splits=splits)
             torch.cuda.synchronize()
             for i, (n, (ref, ref_lse)) in enumerate(zip(lens, refs)):
                 err = (out[i:i + 1].float() - ref).abs().max().item()
                 lse_err = (lse[i:i + 1] - ref_lse).abs().nan_to_num(0.0).max().item()
                 ok = err < 3e-2 and lse_err < 1e-2 and torch.equal(lse[i:i + 1].isinf(), ref_lse.isinf())
-                print(json.dumps(dict(case=[b, s_q, h_q, h_k, d, page, causal], config=config, seq=i, keys=n,
-                                      err=err, lse_err=lse_err, ok=ok)), flush=True)
+                print(json.dumps(dict(case=[b, s_q, h_q, h_k, d, page, causal], config=config, splits=splits, seq=i,
+                                      keys=n, err=err, lse_err=lse_err, ok=ok)), flush=True)
                 worst = max(worst, err)
                 assert ok
     print(json.dumps(dict(check="passed", cases=len(CHECK_CASES), max_abs_err=worst)))
@@ -557,40 +589,45 @@ def check():
 
 def time_gpu(out_path=None):
     """Configurations (BLOCK_N, RAW_STAGES, W_STAGES, CONSUMERS) against the package, GB/s of FP8 K and V bytes
-    (medians of three interleaved rounds in one process), each first checked against the package's output: b = 64,
-    8 KV heads, d = 128, 4k keys; one token of 512 query heads (probe_fp8_decode.py's cases 16 / 17: page 64 and
-    contiguous) and 8 causal tokens of a group of 8 (page 64)."""
+    (medians of three interleaved rounds in one process), each first checked against the package's output: 8 KV
+    heads, d = 128; b = 64 with 4k keys: one token of 512 query heads (probe_fp8_decode.py's cases 16 / 17: page 64
+    and contiguous) and 8 causal tokens of a group of 8 (page 64); b = 4 with 128k keys, one token of 512 query
+    heads, page 64, split in four (32 items x 4 on 132 SMs)."""
     import fmha
     from fmha.bench import interleaved_times
 
     rows = []
-    b, h_k, d, n = 64, 8, 128, 4096
-    for s_q, h_q, causal, page in ((1, 512, False, 64), (1, 512, False, None), (8, 64, True, 64)):
+    h_k, d = 8, 128
+    configs = ((128, 2, 2, 1), (64, 4, 3, 1), (64, 4, 3, 2))
+    for b, n, s_q, h_q, causal, page, splits, cfgs in (
+            (64, 4096, 1, 512, False, 64, 1, configs), (64, 4096, 1, 512, False, None, 1, configs),
+            (64, 4096, 8, 64, True, 64, 1, configs), (4, 131072, 1, 512, False, 64, 4, configs[::2])):
         q, kc, vc, seqlens, kd, vd, table, k, v = _inputs(b, s_q, h_q, h_k, d, [n] * b, page)
         del k, v
         pkg = lambda: fmha.attention_with_kvcache(q, kc, vc, seqlens, block_table=table,  # noqa: E731
                                                   causal=causal, k_descale=kd, v_descale=vd)
         ref = pkg().float()
         calls = {"package": pkg}
-        for cfg in ((128, 2, 2, 1), (64, 4, 3, 1), (64, 4, 3, 2), (64, 6, 2, 2)):
-            f = (lambda cfg=cfg: fp8_decode(q, kc, vc, seqlens, kd, vd, table, causal=causal, config=cfg))
+        for cfg in cfgs:
+            f = (lambda cfg=cfg: fp8_decode(q, kc, vc, seqlens, kd, vd, table, causal=causal, config=cfg,
+                                            splits=splits))
             err = (f()[0].float() - ref).abs().max().item()
-            name = "gluon %d,%d,%d,%d" % cfg
+            name = "gluon %d,%d,%d,%d" % cfg + (f" split {splits}" if splits > 1 else "")
             if not err < 3e-2:
-                rows.append(dict(s_q=s_q, h_q=h_q, page=page, name=name, error=err))
-                print(s_q, page, name, "max err", err, flush=True)
+                rows.append(dict(b=b, keys=n, s_q=s_q, h_q=h_q, page=page, name=name, error=err))
+                print(b, n, s_q, page, name, "max err", err, flush=True)
                 continue
             calls[name] = f
         nbytes = 2 * b * n * h_k * d
         times = interleaved_times(calls, 3)
         for name, ts in times.items():
             t = sorted(ts)[len(ts) // 2]
-            rows.append(dict(s_q=s_q, h_q=h_q, page=page, name=name, gbps=nbytes / t / 1e9,
+            rows.append(dict(b=b, keys=n, s_q=s_q, h_q=h_q, page=page, name=name, gbps=nbytes / t / 1e9,
                              rounds=[nbytes / x / 1e9 for x in ts]))
-            print(s_q, page, name, f"{nbytes / t / 1e9:.0f} GB/s", flush=True)
-    if out_path:
-        json.dump(dict(gpu=torch.cuda.get_device_name(), commit=os.environ.get("FMHA_COMMIT", "unknown"),
-                       case=dict(b=b, h_k=h_k, d=d, keys=n), rows=rows), open(out_path, "w"), indent=1)
+            print(b, n, s_q, page, name, f"{nbytes / t / 1e9:.0f} GB/s", flush=True)
+        if out_path:              # after every case: a timeout later keeps what ran
+            json.dump(dict(gpu=torch.cuda.get_device_name(), commit=os.environ.get("FMHA_COMMIT", "unknown"),
+                           h_k=h_k, d=d, rows=rows), open(out_path, "w"), indent=1)
 
 
 def compile_sm90(block_n=128, raw_stages=2, w_stages=2, d=128, paged=True, consumers=1):

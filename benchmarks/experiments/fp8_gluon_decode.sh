@@ -3,9 +3,9 @@
 # configuration on case 16 (page 64) if the timing ran. Every step under a timeout: a wrong barrier phase hangs.
 export PYTHONUNBUFFERED=1 PYTHONPATH=src FMHA_COMMIT=$1
 nvidia-smi --query-gpu=name --format=csv,noheader
-timeout 180 python3 benchmarks/experiments/fp8_gluon_decode.py check > $OUT/fp8_gluon_check.txt 2>&1
+timeout 200 python3 benchmarks/experiments/fp8_gluon_decode.py check > $OUT/fp8_gluon_check.txt 2>&1
 echo "check rc $?"; tail -4 $OUT/fp8_gluon_check.txt | cut -c1-300
-timeout 280 python3 benchmarks/experiments/fp8_gluon_decode.py time --out $OUT/fp8_gluon_decode_h200_$1.json \
+timeout 260 python3 benchmarks/experiments/fp8_gluon_decode.py time --out $OUT/fp8_gluon_decode_h200_$1.json \
   2>&1 | grep -v Warning | tail -24
 if [ -s $OUT/fp8_gluon_decode_h200_$1.json ]; then
   NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
