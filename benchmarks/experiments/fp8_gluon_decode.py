@@ -25,7 +25,7 @@ descales per (batch, KV head) on the scores and the output, fp32 accumulation.
     python3 benchmarks/experiments/fp8_gluon_decode.py check-cpu                            (CPU: `emulate`)
     python3 benchmarks/experiments/fp8_gluon_decode.py check                                (GPU: vs the oracle)
     python3 benchmarks/experiments/fp8_gluon_decode.py time --out F.json                    (GPU: vs the package)
-    python3 benchmarks/experiments/fp8_gluon_decode.py profile [PAGE]                       (GPU: for ncu)
+    python3 benchmarks/experiments/fp8_gluon_decode.py profile [PAGE [BN RAW W CONSUMERS]]  (GPU: for ncu)
 
 On the GPU run each under `timeout`: a barrier phase wrong anywhere hangs the kernel rather than failing. Compiled
 here (sm_90, paged, d = 128), shared memory and registers a thread (setmaxnreg):
@@ -663,10 +663,12 @@ def compile_sm90(block_n=128, raw_stages=2, w_stages=2, d=128, paged=True, consu
                           local=len(re.findall(r"\b(LDL|STL)\b", sass)))))
 
 
-def profile(page=64, config=None):
+def profile(page=64, *config):
     """Three calls on case 16 (b = 64, one token of 512 query heads over 8, 4k keys, page 64 or 0 = contiguous) for
-    ncu, the first compiling: `ncu --kernel-name regex:fp8_decode --launch-skip 2 --launch-count 1 --set full
-    --import-source yes -o R python3 benchmarks/experiments/fp8_gluon_decode.py profile [PAGE]`."""
+    ncu, the first compiling, in `config` (BLOCK_N RAW_STAGES W_STAGES CONSUMERS; default d = 128's):
+    `ncu --kernel-name regex:fp8_decode --launch-skip 2 --launch-count 1 --set full --import-source yes -o R
+    python3 benchmarks/experiments/fp8_gluon_decode.py profile [PAGE [BN RAW W CONSUMERS]]`."""
+    config = tuple(config) or None
     q, kc, vc, seqlens, kd, vd, table, k, v = _inputs(64, 1, 512, 8, 128, [4096] * 64, page or None)
     for _ in range(3):
         fp8_decode(q, kc, vc, seqlens, kd, vd, table, causal=False, config=config)
@@ -682,6 +684,6 @@ if __name__ == "__main__":
     elif what == "check-cpu":
         check_cpu()
     elif what == "profile":
-        profile(*map(int, sys.argv[2:3]))
+        profile(*map(int, sys.argv[2:7]))
     else:
         time_gpu(sys.argv[sys.argv.index("--out") + 1] if "--out" in sys.argv else None)
