@@ -170,13 +170,14 @@ def _consumer(shared, G: gl.constexpr, BLOCK_N: gl.constexpr, W_STAGES: gl.const
               CONSUMERS: gl.constexpr):
     """Consumer G of CONSUMERS, one item at a time: its 64 rows (row r: token r // group, query head
     hk * group + r % group) over the item's key tiles G, G + CONSUMERS, ..., S_i issued with the P·V of its previous
-    tile, the softmax of S_i while that P·V runs. With two, consumer 0 writes each item's Q for both (q_bars) and,
-    once consumer 1 has handed over its (m, l, O) through shared memory (`merge`), merges and stores; each releases
-    Q after its last Q·Kᵀ of the item. Then the output and LSE rows that exist (a row with no key: 0 and -inf)."""
+    tile, the softmax of S_i while that P·V runs. With two, consumer 0 reads q and writes each item's Q for both
+    (q_bars, q's power of two in q_scale) and, once consumer 1 has handed over its (m, l, O) through shared memory
+    (`merge`), merges and stores; each releases Q after its last Q·Kᵀ of the item. Then the output and LSE rows
+    that exist (a row with no key: 0 and -inf)."""
     (q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, q_bars, merge, Q, O, LSE, SEQLENS, K_DESCALE,
      V_DESCALE, n_items, n_hk, n_splits, group, seqlen_q, stride_qb, stride_qs, stride_qh, stride_osp, stride_ob,
      stride_os, stride_oh, stride_lsp, stride_lb, stride_lh, stride_ls, qk_scale_log2) = shared
-    q_ready, q_empty = q_bars
+    q_ready, q_empty, q_scale = q_bars
     D: gl.constexpr = q_smem.shape[1]
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
@@ -196,12 +197,14 @@ def _consumer(shared, G: gl.constexpr, BLOCK_N: gl.constexpr, W_STAGES: gl.const
     for t in range(gl.program_id(0), n_items, gl.num_programs(0)):
         b, hk, sp, sk, lo, n_tiles = _item(t, n_hk, n_splits, SEQLENS, BLOCK_N)
         head = hk * group + rows % group
-        q = gl.load(Q + b * stride_qb + tok[:, None] * stride_qs + head[:, None] * stride_qh + cols[None, :],
-                    mask=row_ok[:, None], other=0.0).to(gl.float32)
-        # q into fp16 scaled by 2^(14 - ceil(log2 max|q|)) (exact; the scale undoes it), as the package's FP8 path
-        bits = gl.max(gl.max(gl.abs(q), 1), 0).to(gl.int32, bitcast=True)
-        q_exp = ((bits >> 23) & 0xFF) - 127 + ((bits & 0x7FFFFF) != 0).to(gl.int32)
-        q_mul = gl.exp2((14 - gl.maximum(q_exp, -100)).to(gl.float32))
+        if G == 0:                # q is read by consumer 0 only; consumer 1 takes its power of two from q_scale
+            q = gl.load(Q + b * stride_qb + tok[:, None] * stride_qs + head[:, None] * stride_qh + cols[None, :],
+                        mask=row_ok[:, None], other=0.0).to(gl.float32)
+            # q into fp16 scaled by 2^(14 - ceil(log2 max|q|)) (exact; the scale undoes it), as the package's FP8
+            # path
+            bits = gl.max(gl.max(gl.abs(q), 1), 0).to(gl.int32, bitcast=True)
+            q_exp = ((bits >> 23) & 0xFF) - 127 + ((bits & 0x7FFFFF) != 0).to(gl.int32)
+            q_mul = gl.exp2((14 - gl.maximum(q_exp, -100)).to(gl.float32))
         if CONSUMERS == 1:
             gl.thread_barrier()   # every warp's wgmma of the last item done with q_smem
             q_smem.store((q * q_mul).to(gl.float16))
@@ -211,10 +214,13 @@ def _consumer(shared, G: gl.constexpr, BLOCK_N: gl.constexpr, W_STAGES: gl.const
             if G == 0:
                 mbarrier.wait(q_empty.index(0), (w & 1) ^ 1)
                 q_smem.store((q * q_mul).to(gl.float16))
+                q_scale.store(gl.zeros([ROWS], gl.float32, row_s) + q_mul)
                 fence_async_shared()
                 gl.thread_barrier()
                 mbarrier.arrive(q_ready.index(0), count=1)
             mbarrier.wait(q_ready.index(0), w & 1)
+            if G == 1:            # read before this consumer's first Q·Kᵀ, so before it frees Q (q_empty)
+                q_mul = gl.max(q_scale.load(row_s), 0)
         at = b * n_hk + hk
         scale = qk_scale_log2 / q_mul * gl.load(K_DESCALE + at)
         v_scale = gl.load(V_DESCALE + at)
@@ -354,10 +360,10 @@ def fp8_decode_kernel(k_desc, v_desc, Q, O, LSE, SEQLENS, BLOCK_TABLE, K_DESCALE
         merge = (gl.allocate_shared_memory(gl.float32, [ROWS, D], flat),
                  gl.allocate_shared_memory(gl.float32, [ROWS], vec), gl.allocate_shared_memory(gl.float32, [ROWS], vec),
                  merge_ready, merge_free)
-        q_bars = (q_ready, q_empty)
+        q_bars = (q_ready, q_empty, gl.allocate_shared_memory(gl.float32, [ROWS], vec))
     else:                         # unused stand-ins: a tuple holds no None
         merge = (k_ready, k_ready, k_ready, k_ready, k_ready)
-        q_bars = (k_ready, k_ready)
+        q_bars = (k_ready, k_ready, k_ready)
     shared = (q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, q_bars, merge, Q, O, LSE, SEQLENS, K_DESCALE,
               V_DESCALE, n_items, n_hk, n_splits, group, seqlen_q, stride_qb, stride_qs, stride_qh, stride_osp,
               stride_ob, stride_os, stride_oh, stride_lsp, stride_lb, stride_lh, stride_ls, qk_scale_log2)
