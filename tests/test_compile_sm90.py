@@ -410,6 +410,53 @@ def test_gluon_prefill_compiles_for_sm90(case, request):
     assert info["shared"] <= 232448, f"shared memory {info['shared']} over the H100 limit"
 
 
+FP8_DECODE_SCRIPT = textwrap.dedent('''
+    import json, sys
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from fmha.kernels.fp8_decode_sm90 import CH, CONFIGS, PRODUCER_REGS, WIDEN_REGS, fp8_decode_kernel
+    d, page, causal, descales, out = json.loads(sys.argv[1])
+    block_n, raw_stages, w_stages = CONFIGS[d]
+    box = min(page, block_n) if page else block_n        # as `fp8_decode_forward_sm90` cuts a tile
+    layout = gl.NVMMASharedLayout.get_default_for([box, d], gl.float8e4nv)
+    desc = f"tensordesc<fp8e4nv[{box},{d}],{layout!r}>"
+    consts = dict(BLOCK_N=block_n, RAW_STAGES=raw_stages, W_STAGES=w_stages, CH=CH, PAGED=bool(page), CAUSAL=causal,
+                  WIDEN_REGS=WIDEN_REGS, PRODUCER_REGS=PRODUCER_REGS)
+    if not page:
+        consts["BLOCK_TABLE"] = None
+    if not descales:
+        consts.update(K_DESCALE=None, V_DESCALE=None)
+    names = list(fp8_decode_kernel.arg_names)
+    ptrs = dict(k_desc=desc, v_desc=desc, Q="*bf16", O=f"*{out}", LSE="*fp32", SEQLENS="*i32", BLOCK_TABLE="*i32",
+                K_DESCALE="*fp32", V_DESCALE="*fp32")
+    sig = {n: "constexpr" if n in consts else ptrs.get(n, "fp32" if n == "qk_scale_log2" else "i32") for n in names}
+    src = GluonASTSource(fp8_decode_kernel, sig, constexprs={(names.index(k),): v for k, v in consts.items()})
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
+    ptx = k.asm["ptx"]
+    print(json.dumps(dict(shared=k.metadata.shared, wgmma=ptx.count("wgmma.mma_async"),
+                          tma="cp.async.bulk.tensor.2d" in ptx, setmaxnreg="setmaxnreg" in ptx,
+                          e4m3="e4m3x2" in ptx, serialized=serialized(ptx))))
+''')
+
+
+@pytest.mark.cpu
+# (head dim, page size or 0 for a contiguous cache, causal, descales given, the output's dtype: q's, or fp32 parts)
+@pytest.mark.parametrize("case", [(128, 64, False, True, "bf16"), (128, 0, True, False, "fp32"),
+                                  (64, 16, True, True, "bf16"), (256, 256, False, True, "fp32")],
+                         ids=["d128-p64", "d128-contiguous-causal-split", "d64-p16-causal", "d256-p256-split"])
+def test_fp8_decode_compiles_for_sm90(case, request):
+    """The Gluon decode over an FP8 cache (`fp8_decode_sm90`) compiles for sm_90 in every head dim's tiles within the
+    H100's shared memory, with TMA loads of the raw tiles, the e4m3 pair conversions, wgmma for both products (Q·Kᵀ
+    and P·V, two instructions a 16-deep step each), per-partition register budgets, and no wgmma serialised."""
+    info = compiled(request, SERIALIZED + FP8_DECODE_SCRIPT, lambda p: p["case"])
+    assert info["tma"] and info["e4m3"] and info["setmaxnreg"], info
+    assert info["wgmma"] >= 2, info
+    assert not info["serialized"], f"ptxas serialised the wgmmas: {info['serialized']}"
+    assert info["shared"] <= 232448, f"shared memory {info['shared']} over the H100 limit"
+
+
 @pytest.mark.cpu
 def test_gluon_fp8_host_pieces(monkeypatch):
     """The host side of FP8 calls on the Gluon kernel: V transposed into a copy whose TMA view has the keys as

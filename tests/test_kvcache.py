@@ -301,13 +301,16 @@ def _call_compiled(seqlens, seqlen_q, heads_q, kv_dtype, page_size, kernel, seed
 @pytest.mark.gpu
 @pytest.mark.parametrize("page_size,seqlen_q,fp8", [(None, 1, False), (64, 1, False), (None, 1, True), (64, 1, True),
                                                     (16, 16, False), (None, 16, True)], ids=str)
-def test_kvcache_64_rows_d64(page_size, seqlen_q, fp8):
+def test_kvcache_64_rows_d64(page_size, seqlen_q, fp8, monkeypatch):
     """64 packed query rows at d = 64 (one token of 64 heads a KV head, or 16 causal tokens of 4: the 64-row decode
     forms), bf16 or FP8, unsplit: the oracle's answer, compiled to at most 128 registers a thread, four programs an
     SM: under the `forward._GPU_MAXNREG` cap (uncapped, ptxas took an FP8 cache to 140-159 and 16 causal tokens on
     16-key pages to 150: three), and for one token from the twin kernel with seqlen_q unspecialised
-    (`forward._forward_kernel`; as a constant 1, seqlen_q took the paged bf16 form to 142)."""
+    (`forward._forward_kernel`; as a constant 1, seqlen_q took the paged bf16 form to 142). An FP8 cache with the
+    Gluon paths off (FMHA_GLUON=0): on Hopper `fp8_decode_sm90` takes these calls, the portable form runs elsewhere."""
     from fmha.kernels import forward
+    if fp8:
+        monkeypatch.setenv("FMHA_GLUON", "0")
     kernel = forward._forward_kernel(64, seqlen_q)
     assert (kernel is forward.attn_fwd_kernel) == (seqlen_q > 1)
     compiled = _call_compiled([3000, 16 if seqlen_q > 1 else 0, 17, 4096], seqlen_q, 128 // seqlen_q,
@@ -316,6 +319,75 @@ def test_kvcache_64_rows_d64(page_size, seqlen_q, fp8):
     assert [(m["BLOCK_M"], m["HEAD_DIM_QK"], m["SPLIT"], m["PAGED"], m.get("maxnreg")) for _, m in compiled] == [
         (64, 64, False, page_size is not None, 128)]
     assert compiled[0][0].n_regs <= 128, compiled[0][0].n_regs
+
+
+@pytest.mark.cpu
+def test_fp8_decode_gluon_rule(monkeypatch):
+    """Which KV-cache calls go to the Gluon decode over an FP8 cache (`forward._fp8_decode_takes`, then
+    `fp8_decode_sm90.supported`, here as on an sm_90 GPU): 33-64 packed rows, head dims 64 / 128 / 256, a 16-bit q
+    beside e4m3 caches of its head dim, contiguous and aligned caches, pages whole boxes of a key tile; no window but
+    the causal one, no softcap, ALiBi, sinks, key starts, q descale or overrides."""
+    from fmha.kernels import fp8_decode_sm90
+    from fmha.kernels.forward import _fp8_decode_takes
+    monkeypatch.setattr(fp8_decode_sm90, "_hopper", lambda t: True)
+    f8 = torch.float8_e4m3fn
+
+    def takes(left=-1, right=-1, window_lefts=None, softcap=0.0, alibi=None, sinks=None, descales=(None,) * 3,
+              k_starts=None, pack_gqa=None, use_tma=None, tiles=None, backend=None, short_rows=0):
+        return _fp8_decode_takes(left, right, window_lefts, softcap, alibi, sinks, descales, k_starts, pack_gqa,
+                                 use_tma, tiles, backend, short_rows)
+
+    one = torch.ones(1)
+    assert takes() and takes(right=0) and takes(descales=(None, one, one))
+    assert not any([takes(left=5), takes(right=3), takes(window_lefts=one), takes(softcap=30.0), takes(alibi=one),
+                    takes(sinks=one), takes(descales=(one, None, None)), takes(k_starts=one), takes(pack_gqa=True),
+                    takes(use_tma=False), takes(tiles=(64, 64, 4, 3)), takes(backend="triton"), takes(short_rows=8)])
+
+    def supported(rows=64, d=128, q_dtype=torch.bfloat16, kv_dtype=f8, page=64, dk=None, table_stride=1, gap=False):
+        q = torch.zeros(2, 1, 8, d, dtype=q_dtype)
+        k = torch.zeros(9, page or 256, 2, (dk or d) + gap, dtype=kv_dtype)[..., :dk or d]
+        table = None if page is None else torch.zeros(2, 4 * table_stride, dtype=torch.int32)[:, ::table_stride]
+        return fp8_decode_sm90.supported(q, k, k, q, table, rows)
+
+    assert supported() and supported(rows=33) and supported(d=64) and supported(d=256) and supported(page=None)
+    assert supported(q_dtype=torch.float16) and all(supported(page=p) for p in (16, 32, 128, 256, 512))
+    assert not any([supported(rows=32), supported(rows=65), supported(d=96), supported(q_dtype=torch.float32),
+                    supported(kv_dtype=torch.bfloat16), supported(d=128, dk=64), supported(page=48),
+                    supported(table_stride=2), supported(gap=True), supported(page=None, gap=True)])
+
+
+@pytest.mark.gpu
+# (head dim, page size or None, seqlen_q, query heads, KV heads, causal, num_splits, descales, q's dtype, q's
+# magnitude): 33-64 packed rows a KV head (seqlen_q x group), odd counts among them
+@pytest.mark.parametrize("case", [
+    (128, 64, 1, 512, 8, False, 0, True, torch.bfloat16, 1.0), (128, 16, 8, 64, 8, True, 1, True, torch.bfloat16, 1.0),
+    (128, None, 8, 64, 8, True, 3, False, torch.float16, 1.0), (128, 256, 2, 256, 8, True, 0, True, torch.bfloat16, 1.0),
+    (128, 32, 5, 56, 7, True, 2, True, torch.bfloat16, 2.0 ** 20), (64, 64, 4, 64, 4, True, 0, True, torch.bfloat16, 1.0),
+    (64, None, 1, 48, 1, False, 1, False, torch.bfloat16, 2.0 ** -20), (256, 128, 8, 32, 4, True, 0, True,
+                                                                        torch.bfloat16, 1.0),
+    (256, None, 3, 44, 4, True, 2, True, torch.float16, 1.0)], ids=str)
+def test_kvcache_fp8_gluon_decode(case, monkeypatch):
+    """The Gluon decode over an FP8 cache (`fp8_decode_sm90`): head dims 64 / 128 / 256, pages of 16-256 keys
+    (boxes of a key tile, whole tiles of a page) or none, 33-64 packed rows, causal or not, split as planned, unsplit
+    or split as given (the parts merged by `combine`), descales or none, bf16 or fp16 queries, some 2^20 or 2^-20
+    times the usual (softmax_scale undoing it: q's power of two into fp16), lengths 0 to the capacity with NaN past
+    each and in unused pages: the oracle's answer, and the call went to that kernel."""
+    from fmha.kernels import fp8_decode_sm90
+    d, page_size, seqlen_q, hq, hk, causal, num_splits, with_descales, dtype, magnitude = case
+    calls = []
+    run = fp8_decode_sm90.fp8_decode_forward_sm90
+    monkeypatch.setattr(fp8_decode_sm90, "fp8_decode_forward_sm90", lambda *a, **kw: calls.append(1) or run(*a, **kw))
+    seqlens = [3000, 0, 17, 4096, 1, 64 + seqlen_q]
+    k_cache, v_cache, table, k, v = _cache(seqlens, 4096, hk, d, d, torch.float8_e4m3fn, "cuda", page_size, seed=d)
+    q = (torch.randn(len(seqlens), seqlen_q, hq, d, device="cuda") * magnitude).to(dtype)
+    lens = torch.tensor(seqlens, dtype=torch.int32, device="cuda")
+    options = dict(causal=causal, softmax_scale=d ** -0.5 / magnitude,
+                   **(_descales(len(seqlens), hk, "cuda") if with_descales else {}))
+    got, lse = fmha.attention_with_kvcache(q, k_cache, v_cache, lens, block_table=table, num_splits=num_splits,
+                                           return_lse=True, **options)
+    assert calls == [1]
+    assert got.dtype == dtype
+    assert_matches(got, lse, _oracle(q, k, v, seqlens, **options), dtype)
 
 
 @pytest.mark.gpu

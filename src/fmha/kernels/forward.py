@@ -1036,6 +1036,16 @@ def _gluon_takes(cache_seqlens, num_splits, batch, heads_q, seqlen_q, device, pa
 HEAD_PAIRS = None
 
 
+def _fp8_decode_takes(left, right, window_lefts, softcap, alibi_slopes, sinks, descales, k_starts, pack_gqa, use_tma,
+                      tiles, backend, short_rows):
+    """Whether an FP8-cache decode of 33-64 packed rows (the caller's checks) may go to the Gluon kernel of
+    `fp8_decode_sm90` (which then checks the tensors, `supported`): no window but the causal one (right = 0),
+    no softcap, ALiBi, sinks, key starts or q descale, and no override of the portable kernel's choices."""
+    return (left < 0 and right in (-1, 0) and window_lefts is None and not softcap and alibi_slopes is None
+            and sinks is None and descales[0] is None and k_starts is None and pack_gqa is None and use_tma is None
+            and tiles is None and backend is None and not short_rows)
+
+
 def _pairs_heads(q, k, v, cache_seqlens, varlen, seqlen_q, group, descales):
     """Whether a call runs its KV heads in pairs (`HEAD_PAIRS`): a 16-bit KV cache, d = 64 or 128, an even number
     of KV heads stored side by side, and both heads' query rows within the 16-row decode tiles."""
@@ -1077,7 +1087,8 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
     `pack_gqa`, `use_tma` and `tiles` (BLOCK_M, BLOCK_N, num_warps, num_stages) override the automatic
     choices (tests and tuning); so does `backend`: "triton" forces this file's kernel, None lets a call on Hopper
     with no split take the Gluon kernel of `forward_sm90` (a KV-cache call: `_gluon_takes`; FP8 only all three
-    inputs FP8, no cache) (also turned off by the environment, FMHA_GLUON=0).
+    inputs FP8, no cache) (also turned off by the environment, FMHA_GLUON=0), and a decode of 33-64 packed rows
+    over an FP8 cache beside a 16-bit q the Gluon kernel of `fp8_decode_sm90` (`_fp8_decode_takes`, `supported`).
     Packed queries over a KV cache (vLLM's batches of prefill chunks and decodes) that the Gluon kernel takes run
     as two launches: it leaves out the sequences of at most `_short_tiles`' query rows, and this file's kernel runs
     those beside it (the Gluon launch on a second stream, joined: SIDE_STREAM), their GQA heads packed in decode
@@ -1103,9 +1114,21 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
                                                                        cache_seqlens, k_starts)
     scale = softmax_scale if softmax_scale is not None else dqk ** -0.5
     # FP8 q, k and v take the Gluon kernel in calls without a KV cache (V transposed there, a copy:
-    # `forward_sm90.transposed_v`); an FP8 K/V beside a 16-bit q, and FP8 caches, the portable one.
+    # `forward_sm90.transposed_v`); an FP8 K/V beside a 16-bit q, and FP8 caches, the portable one (but the
+    # decodes that `fp8_decode_sm90` takes, next).
     plain = (k.dtype == q.dtype and (q.element_size() > 1 or cache_seqlens is None)
              and pack_gqa is None and use_tma is None and tiles is None and backend is None and not short_rows)
+    if (k.element_size() == 1 and q.element_size() == 2 and cache_seqlens is not None and not varlen
+            and MID_ROWS < seqlen_q * group <= DECODE_ROWS and not interpret and gluon_enabled()
+            and _fp8_decode_takes(left, right, window_lefts, softcap, alibi_slopes, sinks, descales, k_starts,
+                                  pack_gqa, use_tma, tiles, backend, short_rows)):
+        from . import fp8_decode_sm90
+        if fp8_decode_sm90.supported(q, k, v, out, block_table, seqlen_q * group):
+            k_descale, v_descale = (None if x is None else x.contiguous() for x in descales[1:])
+            fp8_decode_sm90.fp8_decode_forward_sm90(q, k, v, out, lse, cache_seqlens, block_table, k_descale,
+                                                    v_descale, causal=right == 0, softmax_scale=scale,
+                                                    max_seqlen_k=max_seqlen_k, num_splits=num_splits)
+            return
     side = None
     try:                                          # the join, where the Gluon launch forked (a raising one too)
         if plain and not interpret and gluon_enabled() and _gluon_takes(
