@@ -18,11 +18,14 @@ path: q scaled by a power of two into fp16's range (exact; the scale undoes it),
 the scores and the output, fp32 accumulation.
 
 `forward.attention_forward` sends it the calls `supported` accepts; the portable kernel runs the rest. Measured on
-the H200 in one process (`benchmarks/results/history/fp8_gluon_decode_h200_342f4f2.json`; GB/s of FP8 bytes, b = 64,
-8 KV heads, d = 128, 4k keys): one token of 512 query heads, page 64 / contiguous 2367 / 2403 against the portable
-kernel's 2089 / 2023; 8 causal tokens of a group of 8, page 64, 2373 against 2040; b = 4 at 128k keys split in four
-2296 against 2143. A second consumer warpgroup on alternate tiles was slower (2027 / 2008 / 2021: the experiment
-`benchmarks/experiments/fp8_gluon_decode.py` at 342f4f2).
+the H200 through the API, this kernel against the portable one in one process, 8 KV heads, GB/s of FP8 bytes
+(`benchmarks/results/history/fp8_gluon_decode_landed_h200_e295c0f.json`, `experiments/fp8_gluon_decode.py time`):
+d = 128, every case ahead, 1.09-1.34x (b = 64 at 4k keys, one token of 512 query heads: page 64 2297 / 2076,
+contiguous 2288 / 2004, page 16 2205 / 1977; 8 and 5 causal tokens of a group of 8, page 64, 1.11x / 1.15x; b = 16
+1.34x, b = 4 at 16k 1.17x, b = 4 and 1 at 128k split as planned 1.09x / 1.13x, b = 8 at 32k contiguous 1.19x).
+d = 64 / 256 paged ahead, 1.07-1.21x; contiguous behind (8 causal tokens of 8: 0.93x / 0.98x), so a contiguous
+cache is taken at d = 128 only. A second consumer warpgroup on alternate tiles was slower than one (2027 against
+2367, page 64; `history/fp8_gluon_decode_h200_342f4f2.json`, the experiment's kernel at 342f4f2).
 """
 from __future__ import annotations
 
@@ -309,9 +312,10 @@ def fp8_decode_kernel(k_desc, v_desc, Q, O, LSE, SEQLENS, BLOCK_TABLE, K_DESCALE
 def supported(q, k, v, out, block_table, rows):
     """Whether this kernel runs a KV-cache call of `rows` packed query rows a KV head (seqlen_q x group) with no
     varlen, window, softcap, ALiBi, sinks, key starts or q descale (the caller's checks): a 16-bit q beside an e4m3
-    cache of one head dim in CONFIGS on sm_90, 33-64 rows, the caches contiguous and 16-byte aligned (one TMA view
-    of rows x heads), q and out with unit last strides, and a paged cache's pages whole TMA boxes of a key tile
-    (16-key multiples that divide or are divided by its BLOCK_N: not 48)."""
+    cache of one head dim in CONFIGS on sm_90 (a contiguous cache at d = 128 only), 33-64 rows, the caches
+    contiguous and 16-byte aligned (one TMA view of rows x heads), q and out with unit last strides, and a paged
+    cache's pages whole TMA boxes of a key tile (16-key multiples that divide or are divided by its BLOCK_N: not
+    48)."""
     d = q.shape[-1]
     if (not 32 < rows <= ROWS or d not in CONFIGS or q.element_size() != 2 or k.dtype != torch.float8_e4m3fn
             or v.dtype != k.dtype or k.shape != v.shape or k.shape[-1] != d):
@@ -319,6 +323,8 @@ def supported(q, k, v, out, block_table, rows):
     if not (k.is_contiguous() and v.is_contiguous() and k.data_ptr() % 16 == 0 and v.data_ptr() % 16 == 0
             and q.stride(-1) == 1 and out.stride(-1) == 1):
         return False
+    if block_table is None and d != 128:
+        return False              # behind the portable kernel's contiguous forms there (module docstring)
     if block_table is not None:
         page, block_n = k.shape[1], CONFIGS[d][0]
         box = min(page, block_n)
