@@ -353,27 +353,32 @@ def test_fp8_decode_gluon_rule(monkeypatch):
     assert supported() and supported(rows=33) and supported(d=64) and supported(d=256) and supported(page=None)
     assert supported(q_dtype=torch.float16) and all(supported(page=p) for p in (16, 32, 128, 256, 512))
     assert not supported(d=64, page=None) and not supported(d=256, page=None)     # contiguous: d = 128 only
+    # its splits: one wave of (batch, KV head, split) items, one program an SM
+    assert [plan_num_splits(items, 131072, 128, 132, per_sm=1) for items in (8, 32, 64, 132, 512)] == [16, 4, 2, 1, 1]
+    assert plan_num_splits(32, 2048, 128, 132, per_sm=1) == 4 and plan_num_splits(32, 1024, 128, 132, per_sm=1) == 2
     assert not any([supported(rows=32), supported(rows=65), supported(d=96), supported(q_dtype=torch.float32),
                     supported(kv_dtype=torch.bfloat16), supported(d=128, dk=64), supported(page=48),
                     supported(table_stride=2), supported(gap=True), supported(page=None, gap=True)])
+
+
+BF16, FP16 = torch.bfloat16, torch.float16
 
 
 @pytest.mark.gpu
 # (head dim, page size or None, seqlen_q, query heads, KV heads, causal, num_splits, descales, q's dtype, q's
 # magnitude): 33-64 packed rows a KV head (seqlen_q x group), odd counts among them
 @pytest.mark.parametrize("case", [
-    (128, 64, 1, 512, 8, False, 0, True, torch.bfloat16, 1.0), (128, 16, 8, 64, 8, True, 1, True, torch.bfloat16, 1.0),
-    (128, None, 8, 64, 8, True, 3, False, torch.float16, 1.0), (128, 256, 2, 256, 8, True, 0, True, torch.bfloat16, 1.0),
-    (128, 32, 5, 56, 7, True, 2, True, torch.bfloat16, 2.0 ** 20), (64, 64, 4, 64, 4, True, 0, True, torch.bfloat16, 1.0),
-    (64, 32, 1, 48, 1, False, 1, False, torch.bfloat16, 2.0 ** -20), (256, 128, 8, 32, 4, True, 0, True,
-                                                                      torch.bfloat16, 1.0),
-    (256, 16, 3, 44, 4, True, 2, True, torch.float16, 1.0)], ids=str)
+    (128, 64, 1, 512, 8, False, 0, True, BF16, 1.0), (128, 16, 8, 64, 8, True, 1, True, BF16, 1.0),
+    (128, None, 8, 64, 8, True, 3, False, FP16, 1.0), (128, 256, 2, 256, 8, True, 0, True, BF16, 1.0),
+    (128, 32, 5, 56, 7, True, 2, True, BF16, 2.0 ** 20), (64, 64, 4, 64, 4, True, 0, True, BF16, 1.0),
+    (64, 32, 1, 48, 1, False, 1, False, BF16, 2.0 ** -20), (256, 128, 8, 32, 4, True, 0, True, BF16, 1.0),
+    (256, 16, 3, 44, 4, True, 2, True, FP16, 1.0)], ids=str)
 def test_kvcache_fp8_gluon_decode(case, monkeypatch):
     """The Gluon decode over an FP8 cache (`fp8_decode_sm90`): head dims 64 / 128 / 256, pages of 16-256 keys
-    (boxes of a key tile, whole tiles of a page) or none (d = 128), 33-64 packed rows, causal or not, split as planned, unsplit
-    or split as given (the parts merged by `combine`), descales or none, bf16 or fp16 queries, some 2^20 or 2^-20
-    times the usual (softmax_scale undoing it: q's power of two into fp16), lengths 0 to the capacity with NaN past
-    each and in unused pages: the oracle's answer, and the call went to that kernel."""
+    (boxes of a key tile, whole tiles of a page) or none (d = 128), 33-64 packed rows, causal or not, split as
+    planned, unsplit or split as given (the parts merged by `combine`), descales or none, bf16 or fp16 queries,
+    some 2^20 or 2^-20 times the usual (softmax_scale undoing it: q's power of two into fp16), lengths 0 to the
+    capacity with NaN past each and in unused pages: the oracle's answer, and the call went to that kernel."""
     from fmha.kernels import fp8_decode_sm90
     d, page_size, seqlen_q, hq, hk, causal, num_splits, with_descales, dtype, magnitude = case
     calls = []

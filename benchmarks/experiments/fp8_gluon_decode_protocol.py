@@ -1,17 +1,18 @@
-"""The barrier protocol of `fp8_gluon_decode.py`, simulated on the CPU: each partition (producer, widener, one or two
-consumers) as a generator that yields its mbarrier waits and arrivals in the kernel's order, run under random
+"""The barrier protocol of the Gluon FP8 decode (`fmha.kernels.fp8_decode_sm90`, one consumer; the experiment's
+kernel at commit 342f4f2 had an optional second one), simulated on the CPU: each partition (producer, widener, one
+or two consumers) as a generator that yields its mbarrier waits and arrivals in the kernel's order, run under random
 interleavings over random items (0-5 key tiles each). A run fails on a deadlock (no partition can move) or on a
 wait that passes while its slot holds another tile than the waiter's (a parity wait passes when the slot is two
 phases behind as well as when it is done).
 
     python3 benchmarks/experiments/fp8_gluon_decode_protocol.py
 
-Expected: every (RAW_STAGES, W_STAGES, CONSUMERS) runs clean except two consumers with W_STAGES = 1, which must
-fail (the reason `fp8_decode` asserts W_STAGES >= 2 there): the widener's V_c waits for V_{c-1}, which the other
-consumer frees only with its next Q·Kᵀ, whose K the widener writes after V_c; and with one slot a consumer that
+Expected: every (RAW_STAGES, W_STAGES, CONSUMERS) runs clean except two consumers with W_STAGES = 1, which must fail
+(the reason the experiment's `fp8_decode` asserted W_STAGES >= 2 there): the widener's V_c waits for V_{c-1}, which the
+other consumer frees only with its next Q·Kᵀ, whose K the widener writes after V_c; and with one slot a consumer that
 skips the other's tile can pass the slot's parity wait while the slot is two phases behind. At W_STAGES >= 2 a
-consumer's waits stay within one phase of their tile: within an item its previous tile is two back, and across
-items Q's barrier (consumer 0 writes the next item's Q only after both have done this item's Q·Kᵀ) orders them.
+consumer's waits stay within one phase of their tile: within an item its previous tile is two back, and across items Q's
+barrier (consumer 0 writes the next item's Q only after both have done this item's Q·Kᵀ) orders them.
 """
 import random
 

@@ -9,9 +9,9 @@ This kernel splits the chain over the partitions of one persistent program an SM
   box a page piece, from the block table), tiles ahead of the others;
 * a widener warpgroup: each raw tile to fp16 in a ring of W_STAGES K and V slots in wgmma's layout (every e4m3
   value is an fp16 value: one conversion a pair), V's rows past the sequence's length zeroed (they may hold NaN);
-* the consumer warpgroup (the default partition): the 64 rows of one KV head's query heads (row r: token r // group,
-  head r % group), Q·Kᵀ and P·V on wgmma, each tile's Q·Kᵀ issued with the previous tile's P·V, the softmax of the
-  one while the other runs.
+* the consumer warpgroup (the default partition): the 64 rows of one KV head's query heads (row r: token
+  r // group, head r % group), Q·Kᵀ and P·V on wgmma, each tile's Q·Kᵀ issued with the previous tile's P·V, the
+  softmax of the one while the other runs.
 Work items are (batch, KV head, split), round-robin over the programs. `splits` > 1 cuts each sequence's key tiles
 into that many runs, whose (out, lse) go to fp32 parts that `combine` merges. The math is the portable kernel's FP8
 path: q scaled by a power of two into fp16's range (exact; the scale undoes it), the (batch, KV head) descales on
