@@ -9,6 +9,7 @@ one consumer at 128 keys ahead of the package on every case, two consumers behin
     python3 benchmarks/experiments/fp8_gluon_decode.py compile [D PAGE]   (CPU: sm_90 registers, spills, shared)
     python3 benchmarks/experiments/fp8_gluon_decode.py check-cpu          (CPU: `emulate` against the oracle)
     python3 benchmarks/experiments/fp8_gluon_decode.py profile [PAGE]     (GPU: three calls of case 16, for ncu)
+    python3 benchmarks/experiments/fp8_gluon_decode.py sweep --out F.json  (GPU: SWEEP's tiles, ring depths, CH)
 
 `time` runs every case twice through `fmha.attention_with_kvcache`, FMHA_GLUON=0 (the portable kernel's 64-row form)
 and 1 (this kernel: checked by `launch.RECORD`), medians of three interleaved rounds of CUDA-graph replays, GB/s of
@@ -61,8 +62,8 @@ def time_gpu(out_path=None):
                                                    k_descale=kd, v_descale=vd)
             return run
         calls = {"portable": call("0"), "gluon": call("1")}
-        launch.RECORD = []
         ref = calls["portable"]().float()
+        launch.RECORD = []        # the kernels of the Gluon call alone
         err = (calls["gluon"]().float() - ref).abs().max().item()
         ran = sorted({name for name, _, _ in launch.RECORD})
         launch.RECORD = None
@@ -81,7 +82,57 @@ def time_gpu(out_path=None):
         if out_path:              # after every case: a timeout later keeps what ran
             json.dump(dict(gpu=torch.cuda.get_device_name(), commit=os.environ.get("FMHA_COMMIT", "unknown"),
                            rows=rows), open(out_path, "w"), indent=1)
-        del q, kc, vc
+        torch.cuda.empty_cache()
+
+
+# (d, case as TIME_CASES' tail, configurations (BLOCK_N, RAW_STAGES, W_STAGES, CH) to time); shared memory: Q 128 d
+# bytes, raw tiles 2 BLOCK_N d a stage, widened ones twice that, within 227 KB
+SWEEP = [(128, (64, 4096, 1, 512, 8, False, 64), [(128, 2, 2, 32), (128, 3, 1, 32), (128, 2, 2, 16), (128, 2, 2, 64),
+                                                 (64, 4, 3, 32), (64, 8, 2, 32)]),
+         (128, (64, 4096, 8, 64, 8, True, 64), [(128, 2, 2, 32), (128, 3, 1, 32), (128, 2, 2, 64), (64, 8, 2, 32)]),
+         (64, (64, 4096, 8, 64, 8, True, None), [(128, 4, 3, 32), (128, 6, 2, 32), (64, 8, 4, 32), (128, 4, 3, 64)]),
+         (256, (64, 4096, 8, 64, 8, True, None), [(64, 3, 1, 32), (64, 2, 1, 32), (32, 6, 2, 32), (64, 3, 1, 16)])]
+
+
+def sweep(out_path=None):
+    """SWEEP's configurations of the landed kernel (called directly, so a contiguous d = 64 / 256 cache too) against
+    the portable kernel through the API, one process, medians of three interleaved rounds, GB/s of FP8 bytes."""
+    import fmha
+    from fmha.bench import interleaved_times
+    from fmha.kernels import fp8_decode_sm90 as k8
+
+    rows = []
+    for d, (b, n, s_q, h_q, h_k, causal, page), configs in SWEEP:
+        q, kc, vc, seqlens, kd, vd, table, k, v = _inputs(b, s_q, h_q, h_k, d, [n] * b, page)
+        del k, v
+        os.environ["FMHA_GLUON"] = "0"
+        calls = {"portable": lambda: fmha.attention_with_kvcache(q, kc, vc, seqlens, block_table=table, causal=causal,
+                                                                 k_descale=kd, v_descale=vd)}
+        ref = calls["portable"]().float()
+        for cfg in configs:
+            def run(cfg=cfg):
+                k8.CONFIGS[d], k8.CH = cfg[:3], cfg[3]
+                out = torch.empty_like(q)
+                lse = torch.empty(b, h_q, s_q, device=q.device)
+                k8.fp8_decode_forward_sm90(q, kc, vc, out, lse, seqlens, table, kd, vd, causal=causal,
+                                           softmax_scale=d ** -0.5, max_seqlen_k=n, num_splits=0)
+                return out
+            try:
+                err = (run().float() - ref).abs().max().item()
+            except Exception as e:            # a configuration over the shared memory: its row says so
+                rows.append(dict(d=d, case=[b, n, s_q, h_q, h_k, causal, page], config=cfg, error=repr(e)[:300]))
+                continue
+            if err < 3e-2:
+                calls["%d,%d,%d,%d" % cfg] = run
+        nbytes = 2 * b * n * h_k * d
+        for name, ts in interleaved_times(calls, 3).items():
+            rows.append(dict(d=d, case=[b, n, s_q, h_q, h_k, causal, page], config=name,
+                             gbps=nbytes / sorted(ts)[1] / 1e9, rounds=[nbytes / t / 1e9 for t in ts]))
+            print(d, b, n, s_q, page, name, f"{rows[-1]['gbps']:.0f} GB/s", flush=True)
+        os.environ["FMHA_GLUON"] = "1"
+        if out_path:
+            json.dump(dict(gpu=torch.cuda.get_device_name(), commit=os.environ.get("FMHA_COMMIT", "unknown"),
+                           rows=rows), open(out_path, "w"), indent=1)
         torch.cuda.empty_cache()
 
 
@@ -235,5 +286,7 @@ if __name__ == "__main__":
         check_cpu()
     elif what == "profile":
         profile(*map(int, sys.argv[2:3]))
+    elif what == "sweep":
+        sweep(sys.argv[sys.argv.index("--out") + 1] if "--out" in sys.argv else None)
     else:
         time_gpu(sys.argv[sys.argv.index("--out") + 1] if "--out" in sys.argv else None)
