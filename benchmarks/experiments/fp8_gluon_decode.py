@@ -9,7 +9,7 @@ one consumer at 128 keys ahead of the package on every case, two consumers behin
     python3 benchmarks/experiments/fp8_gluon_decode.py compile [D PAGE]   (CPU: sm_90 registers, spills, shared)
     python3 benchmarks/experiments/fp8_gluon_decode.py check-cpu          (CPU: `emulate` against the oracle)
     python3 benchmarks/experiments/fp8_gluon_decode.py profile [PAGE]     (GPU: three calls of case 16, for ncu)
-    python3 benchmarks/experiments/fp8_gluon_decode.py sweep --out F.json  (GPU: SWEEP's tiles, ring depths, CH)
+    python3 benchmarks/experiments/fp8_gluon_decode.py sweep [tiles|ch] --out F.json   (GPU: SWEEPS' configurations)
 
 `time` runs every case twice through `fmha.attention_with_kvcache`, FMHA_GLUON=0 (the portable kernel's 64-row form)
 and 1 (this kernel: checked by `launch.RECORD`), medians of three interleaved rounds of CUDA-graph replays, GB/s of
@@ -86,23 +86,31 @@ def time_gpu(out_path=None):
 
 
 # (d, case as TIME_CASES' tail, configurations (BLOCK_N, RAW_STAGES, W_STAGES, CH) to time); shared memory: Q 128 d
-# bytes, raw tiles 2 BLOCK_N d a stage, widened ones twice that, within 227 KB
-SWEEP = [(128, (64, 4096, 1, 512, 8, False, 64), [(128, 2, 2, 32), (128, 3, 1, 32), (128, 2, 2, 16), (128, 2, 2, 64),
-                                                 (64, 4, 3, 32), (64, 8, 2, 32)]),
-         (128, (64, 4096, 8, 64, 8, True, 64), [(128, 2, 2, 32), (128, 3, 1, 32), (128, 2, 2, 64), (64, 8, 2, 32)]),
-         (64, (64, 4096, 8, 64, 8, True, None), [(128, 4, 3, 32), (128, 6, 2, 32), (64, 8, 4, 32), (128, 4, 3, 64)]),
-         (256, (64, 4096, 8, 64, 8, True, None), [(64, 3, 1, 32), (64, 2, 1, 32), (32, 6, 2, 32), (64, 3, 1, 16)])]
+# bytes, raw tiles 2 BLOCK_N d a stage, widened ones twice that, within 227 KB. "tiles" (05503da's sweep) and "ch":
+# the widener's chunk up to the whole tile (Triton's membar puts a CTA barrier between the chunks' stores into one
+# slot, which it cannot tell apart: 14 / 8 / 5 widener bar.syncs in the d = 128 code at CH 32 / 64 / 128).
+SWEEPS = dict(ch=[(128, (64, 4096, 1, 512, 8, False, 64), [(128, 2, 2, 32), (128, 2, 2, 64), (128, 2, 2, 128)]),
+                  (128, (64, 4096, 8, 64, 8, True, 64), [(128, 2, 2, 32), (128, 2, 2, 64), (128, 2, 2, 128)]),
+                  (64, (64, 4096, 1, 512, 8, False, 64), [(128, 4, 3, 32), (128, 4, 3, 64), (128, 4, 3, 128)]),
+                  (256, (64, 4096, 1, 512, 8, False, 64), [(64, 3, 1, 32), (64, 3, 1, 64), (32, 6, 2, 32)]),
+                  (256, (64, 4096, 8, 64, 8, True, None), [(64, 3, 1, 32), (64, 3, 1, 64), (32, 6, 2, 32)])])
+SWEEPS["tiles"] = [
+    (128, (64, 4096, 1, 512, 8, False, 64), [(128, 2, 2, 32), (128, 3, 1, 32), (128, 2, 2, 16), (128, 2, 2, 64),
+                                             (64, 4, 3, 32), (64, 8, 2, 32)]),
+    (128, (64, 4096, 8, 64, 8, True, 64), [(128, 2, 2, 32), (128, 3, 1, 32), (128, 2, 2, 64), (64, 8, 2, 32)]),
+    (64, (64, 4096, 8, 64, 8, True, None), [(128, 4, 3, 32), (128, 6, 2, 32), (64, 8, 4, 32), (128, 4, 3, 64)]),
+    (256, (64, 4096, 8, 64, 8, True, None), [(64, 3, 1, 32), (64, 2, 1, 32), (32, 6, 2, 32), (64, 3, 1, 16)])]
 
 
-def sweep(out_path=None):
-    """SWEEP's configurations of the landed kernel (called directly, so a contiguous d = 64 / 256 cache too) against
-    the portable kernel through the API, one process, medians of three interleaved rounds, GB/s of FP8 bytes."""
+def sweep(which="tiles", out_path=None):
+    """SWEEPS[which]'s configurations of the landed kernel (called directly, so a contiguous d = 64 / 256 cache too)
+    against the portable kernel through the API, one process, medians of three interleaved rounds, GB/s of FP8 bytes."""
     import fmha
     from fmha.bench import interleaved_times
     from fmha.kernels import fp8_decode_sm90 as k8
 
     rows = []
-    for d, (b, n, s_q, h_q, h_k, causal, page), configs in SWEEP:
+    for d, (b, n, s_q, h_q, h_k, causal, page), configs in SWEEPS[which]:
         q, kc, vc, seqlens, kd, vd, table, k, v = _inputs(b, s_q, h_q, h_k, d, [n] * b, page)
         del k, v
         os.environ["FMHA_GLUON"] = "0"
@@ -287,6 +295,7 @@ if __name__ == "__main__":
     elif what == "profile":
         profile(*map(int, sys.argv[2:3]))
     elif what == "sweep":
-        sweep(sys.argv[sys.argv.index("--out") + 1] if "--out" in sys.argv else None)
+        sweep(sys.argv[2] if len(sys.argv) > 2 and sys.argv[2] != "--out" else "tiles",
+              sys.argv[sys.argv.index("--out") + 1] if "--out" in sys.argv else None)
     else:
         time_gpu(sys.argv[sys.argv.index("--out") + 1] if "--out" in sys.argv else None)
