@@ -1,6 +1,6 @@
 # The landed Gluon FP8 decode (`fmha.kernels.fp8_decode_sm90`) on the GPU, one device call
-# (`bash benchmarks/experiments/fp8_gluon_land.sh COMMIT`): its GPU tests and the FP8 cache tests beside them, a few
-# GPU fuzz cases, then the timing against the portable kernel through the API (`fp8_gluon_decode.py time`).
+# (`bash benchmarks/experiments/fp8_gluon_land.sh COMMIT`): its GPU tests and the FP8 cache tests beside them,
+# then the timing against the portable kernel through the API (`fp8_gluon_decode.py time`).
 export PYTHONUNBUFFERED=1 PYTHONPATH=src FMHA_COMMIT=$1
 nvidia-smi --query-gpu=name --format=csv,noheader
 timeout 240 python3 -m pytest -m gpu -q -p no:cacheprovider -n 12 tests/test_kvcache.py \
