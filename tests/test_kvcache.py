@@ -326,8 +326,8 @@ def test_fp8_decode_gluon_rule(monkeypatch):
     """Which KV-cache calls go to the Gluon decode over an FP8 cache (`forward._fp8_decode_takes`, then
     `fp8_decode_sm90.supported`, here as on an sm_90 GPU): 33-64 packed rows, head dims 64 / 128 / 256, a 16-bit q
     beside e4m3 caches of its head dim, contiguous and aligned caches (unpaged at d = 128 only), pages whole boxes
-    of a key tile; no window but
-    the causal one, no softcap, ALiBi, sinks, key starts, q descale or overrides."""
+    of a key tile; no window but the causal one, no softcap, ALiBi, sinks, key starts, q descale or overrides; and
+    its split planning (`plan_num_splits(per_sm=1)`)."""
     from fmha.kernels import fp8_decode_sm90
     from fmha.kernels.forward import _fp8_decode_takes
     monkeypatch.setattr(fp8_decode_sm90, "_hopper", lambda t: True)
@@ -353,12 +353,12 @@ def test_fp8_decode_gluon_rule(monkeypatch):
     assert supported() and supported(rows=33) and supported(d=64) and supported(d=256) and supported(page=None)
     assert supported(q_dtype=torch.float16) and all(supported(page=p) for p in (16, 32, 128, 256, 512))
     assert not supported(d=64, page=None) and not supported(d=256, page=None)     # contiguous: d = 128 only
-    # its splits: one wave of (batch, KV head, split) items, one program an SM
-    assert [plan_num_splits(items, 131072, 128, 132, per_sm=1) for items in (8, 32, 64, 132, 512)] == [16, 4, 2, 1, 1]
-    assert plan_num_splits(32, 2048, 128, 132, per_sm=1) == 4 and plan_num_splits(32, 1024, 128, 132, per_sm=1) == 2
     assert not any([supported(rows=32), supported(rows=65), supported(d=96), supported(q_dtype=torch.float32),
                     supported(kv_dtype=torch.bfloat16), supported(d=128, dk=64), supported(page=48),
                     supported(table_stride=2), supported(gap=True), supported(page=None, gap=True)])
+    # its splits: one wave of (batch, KV head, split) items, one program an SM
+    assert [plan_num_splits(items, 131072, 128, 132, per_sm=1) for items in (8, 32, 64, 132, 512)] == [16, 4, 2, 1, 1]
+    assert plan_num_splits(32, 2048, 128, 132, per_sm=1) == 4 and plan_num_splits(32, 1024, 128, 132, per_sm=1) == 2
 
 
 BF16, FP16 = torch.bfloat16, torch.float16

@@ -37,12 +37,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from ..schedule import num_sms, plan_num_splits
 from .combine import combine
+from .forward_sm90 import LN2, LOG2E, ROWS      # ROWS: packed query rows a work item, one wgmma tile
 from .launch import launch
 from .sm90 import capability, descriptor
 
-ROWS = gl.constexpr(64)           # packed query rows a work item: one wgmma tile
-LN2 = gl.constexpr(0.6931471805599453)
-LOG2E = 1.4426950408889634
 # (BLOCK_N, RAW_STAGES, W_STAGES) by head dim: 227 KB of shared memory hold Q (64 x d fp16), RAW_STAGES raw K and V
 # tiles (BLOCK_N x d bytes each) and W_STAGES widened ones (twice that): 180 / 221 / 205 KB.
 CONFIGS = {64: (128, 4, 3), 128: (128, 2, 2), 256: (64, 3, 1)}
