@@ -119,7 +119,7 @@ def sweep(which="tiles", out_path=None):
         ref = calls["portable"]().float()
         for cfg in configs:
             def run(cfg=cfg):
-                k8.CONFIGS[d], k8.CH = cfg[:3], cfg[3]
+                k8.CONFIGS[d] = cfg
                 out = torch.empty_like(q)
                 lse = torch.empty(b, h_q, s_q, device=q.device)
                 k8.fp8_decode_forward_sm90(q, kc, vc, out, lse, seqlens, table, kd, vd, causal=causal,
@@ -250,15 +250,15 @@ def compile_sm90(d=128, page=64):
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from fmha.kernels.fp8_decode_sm90 import CH, CONFIGS, PRODUCER_REGS, WIDEN_REGS, fp8_decode_kernel
+    from fmha.kernels.fp8_decode_sm90 import CONFIGS, PRODUCER_REGS, WIDEN_REGS, fp8_decode_kernel
     from sm90_report import sass_and_usage
 
-    block_n, raw_stages, w_stages = CONFIGS[d]
+    block_n, raw_stages, w_stages, ch = CONFIGS[d]
     box = min(page, block_n) if page else block_n
     layout = gl.NVMMASharedLayout.get_default_for([box, d], gl.float8e4nv)
     desc = f"tensordesc<fp8e4nv[{box},{d}],{layout!r}>"
     names = list(fp8_decode_kernel.arg_names)
-    consts = dict(BLOCK_N=block_n, RAW_STAGES=raw_stages, W_STAGES=w_stages, CH=CH, PAGED=bool(page), CAUSAL=True,
+    consts = dict(BLOCK_N=block_n, RAW_STAGES=raw_stages, W_STAGES=w_stages, CH=ch, PAGED=bool(page), CAUSAL=True,
                   WIDEN_REGS=WIDEN_REGS, PRODUCER_REGS=PRODUCER_REGS)
     ptrs = dict(k_desc=desc, v_desc=desc, Q="*bf16", O="*bf16", LSE="*fp32", SEQLENS="*i32", BLOCK_TABLE="*i32",
                 K_DESCALE="*fp32", V_DESCALE="*fp32")
