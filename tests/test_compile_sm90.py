@@ -416,14 +416,14 @@ FP8_DECODE_SCRIPT = textwrap.dedent('''
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
-    from fmha.kernels.fp8_decode_sm90 import CH, CONFIGS, PRODUCER_REGS, WIDEN_REGS, fp8_decode_kernel
+    from fmha.kernels.fp8_decode_sm90 import CONFIGS, PRODUCER_REGS, WIDEN_REGS, fp8_decode_kernel
     d, page, causal, descales, out = json.loads(sys.argv[1])
-    block_n, raw_stages, w_stages = CONFIGS[d]
+    block_n, raw_stages, w_stages, ch, paired = CONFIGS[d]
     box = min(page, block_n) if page else block_n        # as `fp8_decode_forward_sm90` cuts a tile
     layout = gl.NVMMASharedLayout.get_default_for([box, d], gl.float8e4nv)
     desc = f"tensordesc<fp8e4nv[{box},{d}],{layout!r}>"
-    consts = dict(BLOCK_N=block_n, RAW_STAGES=raw_stages, W_STAGES=w_stages, CH=CH, PAGED=bool(page), CAUSAL=causal,
-                  WIDEN_REGS=WIDEN_REGS, PRODUCER_REGS=PRODUCER_REGS)
+    consts = dict(BLOCK_N=block_n, RAW_STAGES=raw_stages, W_STAGES=w_stages, CH=ch, PAIRED=paired, PAGED=bool(page),
+                  CAUSAL=causal, WIDEN_REGS=WIDEN_REGS, PRODUCER_REGS=PRODUCER_REGS)
     if not page:
         consts["BLOCK_TABLE"] = None
     if not descales:
@@ -444,8 +444,10 @@ FP8_DECODE_SCRIPT = textwrap.dedent('''
 @pytest.mark.cpu
 # (head dim, page size or 0 for a contiguous cache, causal, descales given, the output's dtype: q's, or fp32 parts)
 @pytest.mark.parametrize("case", [(128, 64, False, True, "bf16"), (128, 0, True, False, "fp32"),
-                                  (64, 16, True, True, "bf16"), (256, 256, False, True, "fp32")],
-                         ids=["d128-p64", "d128-contiguous-causal-split", "d64-p16-causal", "d256-p256-split"])
+                                  (64, 16, True, True, "bf16"), (256, 256, False, True, "fp32"),
+                                  (256, 0, True, True, "bf16")],
+                         ids=["d128-p64", "d128-contiguous-causal-split", "d64-p16-causal", "d256-p256-split",
+                              "d256-contiguous-causal"])
 def test_fp8_decode_compiles_for_sm90(case, request):
     """The Gluon decode over an FP8 cache (`fp8_decode_sm90`) compiles for sm_90 in every head dim's tiles within the
     H100's shared memory, with TMA loads of the raw tiles, the e4m3 pair conversions, wgmma for both products (Q·Kᵀ

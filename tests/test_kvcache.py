@@ -325,7 +325,7 @@ def test_kvcache_64_rows_d64(page_size, seqlen_q, fp8, monkeypatch):
 def test_fp8_decode_gluon_rule(monkeypatch):
     """Which KV-cache calls go to the Gluon decode over an FP8 cache (`forward._fp8_decode_takes`, then
     `fp8_decode_sm90.supported`, here as on an sm_90 GPU): 33-64 packed rows, head dims 64 / 128 / 256, a 16-bit q
-    beside e4m3 caches of its head dim, contiguous and aligned caches (unpaged at d = 128 only), pages whole boxes
+    beside e4m3 caches of its head dim, contiguous and aligned caches (unpaged at d = 128 / 256), pages whole boxes
     of a key tile; no window but the causal one, no softcap, ALiBi, sinks, key starts, q descale or overrides; and
     its split planning (`plan_num_splits(per_sm=1)`)."""
     from fmha.kernels import fp8_decode_sm90
@@ -352,7 +352,7 @@ def test_fp8_decode_gluon_rule(monkeypatch):
 
     assert supported() and supported(rows=33) and supported(d=64) and supported(d=256) and supported(page=None)
     assert supported(q_dtype=torch.float16) and all(supported(page=p) for p in (16, 32, 128, 256, 512))
-    assert not supported(d=64, page=None) and not supported(d=256, page=None)     # contiguous: d = 128 only
+    assert not supported(d=64, page=None) and supported(d=256, page=None)         # contiguous: d = 128 / 256
     assert not any([supported(rows=32), supported(rows=65), supported(d=96), supported(q_dtype=torch.float32),
                     supported(kv_dtype=torch.bfloat16), supported(d=128, dk=64), supported(page=48),
                     supported(table_stride=2), supported(gap=True), supported(page=None, gap=True)])
@@ -372,10 +372,10 @@ BF16, FP16 = torch.bfloat16, torch.float16
     (128, None, 8, 64, 8, True, 3, False, FP16, 1.0), (128, 256, 2, 256, 8, True, 0, True, BF16, 1.0),
     (128, 32, 5, 56, 7, True, 2, True, BF16, 2.0 ** 20), (64, 64, 4, 64, 4, True, 0, True, BF16, 1.0),
     (64, 32, 1, 48, 1, False, 1, False, BF16, 2.0 ** -20), (256, 128, 8, 32, 4, True, 0, True, BF16, 1.0),
-    (256, 16, 3, 44, 4, True, 2, True, FP16, 1.0)], ids=str)
+    (256, 16, 3, 44, 4, True, 2, True, FP16, 1.0), (256, None, 8, 64, 8, True, 0, True, BF16, 1.0)], ids=str)
 def test_kvcache_fp8_gluon_decode(case, monkeypatch):
     """The Gluon decode over an FP8 cache (`fp8_decode_sm90`): head dims 64 / 128 / 256, pages of 16-256 keys
-    (boxes of a key tile, whole tiles of a page) or none (d = 128), 33-64 packed rows, causal or not, split as
+    (boxes of a key tile, whole tiles of a page) or none (d = 128 / 256), 33-64 packed rows, causal or not, split as
     planned, unsplit or split as given (the parts merged by `combine`), descales or none, bf16 or fp16 queries,
     some 2^20 or 2^-20 times the usual (softmax_scale undoing it: q's power of two into fp16), lengths 0 to the
     capacity with NaN past each and in unused pages: the oracle's answer, and the call went to that kernel."""

@@ -9,7 +9,7 @@ one consumer at 128 keys ahead of the package on every case, two consumers behin
     python3 benchmarks/experiments/fp8_gluon_decode.py compile [D PAGE]   (CPU: sm_90 registers, spills, shared)
     python3 benchmarks/experiments/fp8_gluon_decode.py check-cpu          (CPU: `emulate` against the oracle)
     python3 benchmarks/experiments/fp8_gluon_decode.py profile [PAGE]     (GPU: three calls of case 16, for ncu)
-    python3 benchmarks/experiments/fp8_gluon_decode.py sweep [tiles|ch] --out F.json   (GPU: SWEEPS' configurations)
+    python3 benchmarks/experiments/fp8_gluon_decode.py sweep [paired] --out F.json (GPU: SWEEPS' configurations)
 
 `time` runs every case twice through `fmha.attention_with_kvcache`, FMHA_GLUON=0 (the portable kernel's 64-row form)
 and 1 (this kernel: checked by `launch.RECORD`), medians of three interleaved rounds of CUDA-graph replays, GB/s of
@@ -85,24 +85,19 @@ def time_gpu(out_path=None):
         torch.cuda.empty_cache()
 
 
-# (d, case as TIME_CASES' tail, configurations (BLOCK_N, RAW_STAGES, W_STAGES, CH) to time); shared memory: Q 128 d
-# bytes, raw tiles 2 BLOCK_N d a stage, widened ones twice that, within 227 KB. "tiles" (05503da's sweep) and "ch":
-# the widener's chunk up to the whole tile (Triton's membar puts a CTA barrier between the chunks' stores into one
-# slot, which it cannot tell apart: 14 / 8 / 5 widener bar.syncs in the d = 128 code at CH 32 / 64 / 128).
-SWEEPS = dict(ch=[(128, (64, 4096, 1, 512, 8, False, 64), [(128, 2, 2, 32), (128, 2, 2, 64), (128, 2, 2, 128)]),
-                  (128, (64, 4096, 8, 64, 8, True, 64), [(128, 2, 2, 32), (128, 2, 2, 64), (128, 2, 2, 128)]),
-                  (64, (64, 4096, 1, 512, 8, False, 64), [(128, 4, 3, 32), (128, 4, 3, 64), (128, 4, 3, 128)]),
-                  (256, (64, 4096, 1, 512, 8, False, 64), [(64, 3, 1, 32), (64, 3, 1, 64), (32, 6, 2, 32)]),
-                  (256, (64, 4096, 8, 64, 8, True, None), [(64, 3, 1, 32), (64, 3, 1, 64), (32, 6, 2, 32)])])
-SWEEPS["tiles"] = [
-    (128, (64, 4096, 1, 512, 8, False, 64), [(128, 2, 2, 32), (128, 3, 1, 32), (128, 2, 2, 16), (128, 2, 2, 64),
-                                             (64, 4, 3, 32), (64, 8, 2, 32)]),
-    (128, (64, 4096, 8, 64, 8, True, 64), [(128, 2, 2, 32), (128, 3, 1, 32), (128, 2, 2, 64), (64, 8, 2, 32)]),
-    (64, (64, 4096, 8, 64, 8, True, None), [(128, 4, 3, 32), (128, 6, 2, 32), (64, 8, 4, 32), (128, 4, 3, 64)]),
-    (256, (64, 4096, 8, 64, 8, True, None), [(64, 3, 1, 32), (64, 2, 1, 32), (32, 6, 2, 32), (64, 3, 1, 16)])]
+# (d, case as TIME_CASES' tail, configurations (BLOCK_N, RAW_STAGES, W_STAGES, CH, PAIRED) to time); shared memory: Q
+# 128 d bytes, raw tiles 2 BLOCK_N d a stage, widened ones twice that, within 227 KB. The sweeps "tiles" and "ch" of
+# 05503da / cf0426b (this file at cf0426b; records history/fp8_gluon_sweep{,_ch}_h200_*.json) chose CONFIGS' tiles
+# and CH. "paired" (`_widener`'s PAIRED: the whole raw K and V tiles loaded together, one store a slot) against
+# CONFIGS.
+SWEEPS = dict(paired=[
+    (128, (64, 4096, 1, 512, 8, False, 64), [(128, 2, 2, 64, False), (128, 2, 2, 128, True)]),
+    (128, (64, 4096, 8, 64, 8, True, None), [(128, 2, 2, 64, False), (128, 2, 2, 128, True)]),
+    (64, (64, 4096, 1, 512, 8, False, 64), [(128, 4, 3, 64, False), (128, 4, 3, 128, True)]),
+    (256, (64, 4096, 8, 64, 8, True, None), [(32, 6, 2, 32, False), (32, 6, 2, 32, True)])])
 
 
-def sweep(which="tiles", out_path=None):
+def sweep(which="paired", out_path=None):
     """SWEEPS[which]'s configurations of the landed kernel (called directly, so a contiguous d = 64 / 256 cache too)
     against the portable kernel through the API, one process, medians of three interleaved rounds, GB/s of FP8 bytes."""
     import fmha
@@ -119,7 +114,7 @@ def sweep(which="tiles", out_path=None):
         ref = calls["portable"]().float()
         for cfg in configs:
             def run(cfg=cfg):
-                k8.CONFIGS[d], k8.CH = cfg[:3], cfg[3]
+                k8.CONFIGS[d] = cfg
                 out = torch.empty_like(q)
                 lse = torch.empty(b, h_q, s_q, device=q.device)
                 k8.fp8_decode_forward_sm90(q, kc, vc, out, lse, seqlens, table, kd, vd, causal=causal,
@@ -131,7 +126,10 @@ def sweep(which="tiles", out_path=None):
                 rows.append(dict(d=d, case=[b, n, s_q, h_q, h_k, causal, page], config=cfg, error=repr(e)[:300]))
                 continue
             if err < 3e-2:
-                calls["%d,%d,%d,%d" % cfg] = run
+                calls[",".join(map(str, cfg))] = run
+            else:                     # wrong: recorded, not timed
+                rows.append(dict(d=d, case=[b, n, s_q, h_q, h_k, causal, page], config=cfg, max_abs_err=err))
+                print(d, b, n, s_q, page, cfg, "max abs err", err, flush=True)
         nbytes = 2 * b * n * h_k * d
         for name, ts in interleaved_times(calls, 3).items():
             rows.append(dict(d=d, case=[b, n, s_q, h_q, h_k, causal, page], config=name,
@@ -250,16 +248,16 @@ def compile_sm90(d=128, page=64):
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from fmha.kernels.fp8_decode_sm90 import CH, CONFIGS, PRODUCER_REGS, WIDEN_REGS, fp8_decode_kernel
+    from fmha.kernels.fp8_decode_sm90 import CONFIGS, PRODUCER_REGS, WIDEN_REGS, fp8_decode_kernel
     from sm90_report import sass_and_usage
 
-    block_n, raw_stages, w_stages = CONFIGS[d]
+    block_n, raw_stages, w_stages, ch, paired = CONFIGS[d]
     box = min(page, block_n) if page else block_n
     layout = gl.NVMMASharedLayout.get_default_for([box, d], gl.float8e4nv)
     desc = f"tensordesc<fp8e4nv[{box},{d}],{layout!r}>"
     names = list(fp8_decode_kernel.arg_names)
-    consts = dict(BLOCK_N=block_n, RAW_STAGES=raw_stages, W_STAGES=w_stages, CH=CH, PAGED=bool(page), CAUSAL=True,
-                  WIDEN_REGS=WIDEN_REGS, PRODUCER_REGS=PRODUCER_REGS)
+    consts = dict(BLOCK_N=block_n, RAW_STAGES=raw_stages, W_STAGES=w_stages, CH=ch, PAIRED=paired, PAGED=bool(page),
+                  CAUSAL=True, WIDEN_REGS=WIDEN_REGS, PRODUCER_REGS=PRODUCER_REGS)
     ptrs = dict(k_desc=desc, v_desc=desc, Q="*bf16", O="*bf16", LSE="*fp32", SEQLENS="*i32", BLOCK_TABLE="*i32",
                 K_DESCALE="*fp32", V_DESCALE="*fp32")
     sig = {n: "constexpr" if n in consts else ptrs.get(n, "fp32" if n == "qk_scale_log2" else "i32") for n in names}
@@ -295,7 +293,7 @@ if __name__ == "__main__":
     elif what == "profile":
         profile(*map(int, sys.argv[2:3]))
     elif what == "sweep":
-        sweep(sys.argv[2] if len(sys.argv) > 2 and sys.argv[2] != "--out" else "tiles",
+        sweep(sys.argv[2] if len(sys.argv) > 2 and sys.argv[2] != "--out" else "paired",
               sys.argv[sys.argv.index("--out") + 1] if "--out" in sys.argv else None)
     else:
         time_gpu(sys.argv[sys.argv.index("--out") + 1] if "--out" in sys.argv else None)

@@ -21,11 +21,13 @@ the scores and the output, fp32 accumulation.
 the H200 through the API, this kernel against the portable one in one process, 8 KV heads, GB/s of FP8 bytes
 (`benchmarks/results/history/fp8_gluon_decode_landed_h200_e295c0f.json`, `experiments/fp8_gluon_decode.py time`):
 d = 128, every case ahead, 1.09-1.34x (b = 64 at 4k keys, one token of 512 query heads: page 64 2297 / 2076,
-contiguous 2288 / 2004, page 16 2205 / 1977; 8 and 5 causal tokens of a group of 8, page 64, 1.11x / 1.15x; b = 16
-1.34x, b = 4 at 16k 1.17x, b = 4 and 1 at 128k split as planned 1.09x / 1.13x, b = 8 at 32k contiguous 1.19x).
-d = 64 / 256 paged ahead, 1.07-1.21x; contiguous behind (8 causal tokens of 8: 0.93x / 0.98x), so a contiguous
-cache is taken at d = 128 only. A second consumer warpgroup on alternate tiles was slower than one (2027 against
-2367, page 64; `history/fp8_gluon_decode_h200_342f4f2.json`, the experiment's kernel at 342f4f2).
+contiguous 2288 / 2004, page 16 2205 / 1977; 8 and 5 causal tokens of a group of 8, page 64, 1.11x / 1.15x;
+b = 16 1.34x, b = 4 at 16k 1.17x, b = 4 and 1 at 128k split as planned 1.09x / 1.13x, b = 8 at 32k contiguous
+1.19x). d = 64 / 256 paged ahead, 1.07-1.21x; contiguous behind (8 causal tokens of 8: 0.93x / 0.98x) in those
+tiles. Since CONFIGS' CH and d = 256's (32, 6, 2), d = 256 contiguous reads 1.055x the portable kernel; d = 64
+contiguous, behind in every form tried, stays with it. A second consumer warpgroup on alternate tiles was slower
+than one (2027 against 2367, page 64; `history/fp8_gluon_decode_h200_342f4f2.json`, the experiment's kernel at
+342f4f2).
 """
 from __future__ import annotations
 
@@ -41,10 +43,15 @@ from .forward_sm90 import LN2, LOG2E, ROWS      # ROWS: packed query rows a work
 from .launch import launch
 from .sm90 import capability, descriptor
 
-# (BLOCK_N, RAW_STAGES, W_STAGES) by head dim: 227 KB of shared memory hold Q (64 x d fp16), RAW_STAGES raw K and V
-# tiles (BLOCK_N x d bytes each) and W_STAGES widened ones (twice that): 180 / 221 / 205 KB.
-CONFIGS = {64: (128, 4, 3), 128: (128, 2, 2), 256: (64, 3, 1)}
-CH = 32                           # rows the widener converts at a time
+# (BLOCK_N, RAW_STAGES, W_STAGES, CH, PAIRED: `_widener`) by head dim: 227 KB of shared memory hold Q (64 x d fp16),
+# RAW_STAGES raw K and V tiles (BLOCK_N x d bytes each) and W_STAGES widened ones (twice that): 180 / 221 / 194 KB.
+# CH: the rows the widener converts at a time. Triton's membar puts a CTA barrier between its chunk stores into one
+# slot (it does not tell disjoint slices of one buffer apart), so fewer chunks wait less; the whole tile
+# at once, one long dependency chain, was slower. Measured on the H200 (history/fp8_gluon_sweep{,_ch}_h200_*.json,
+# NOTES.md, ninety-ninth session; GB/s of FP8 bytes, b = 64, 4k keys): d = 128 CH 32 / 64 / 128 2267 / 2332 / 2231
+# (one token of 512 heads, page 64) and 2217 / 2299 / 2224 (8 causal tokens of 8); d = 64 1902 / 1914 / 1814; d = 256
+# (64, 3, 1) against (32, 6, 2) 1953 / 2023 paged and 1897 / 2035 contiguous (the portable kernel 1929 there).
+CONFIGS = {64: (128, 4, 3, 64, False), 128: (128, 2, 2, 64, False), 256: (32, 6, 2, 32, False)}
 WIDEN_REGS, PRODUCER_REGS = 160, 40     # the consumer has what these leave of 3 x 128 registers a thread
 
 
@@ -107,11 +114,15 @@ def _widen(src, dst, first_key, tail, ZERO_TAIL: gl.constexpr, CH: gl.constexpr)
         _widen_rows(src, dst, first_key, tail, False, CH)
 
 
+@gluon.constexpr_function
+def _raw_layout(d):
+    """The widener's registers: 16 bytes of a raw row a thread."""
+    return gl.BlockedLayout([1, 16], [32 // (d // 16), d // 16], [4, 1], [1, 0])
+
+
 @gluon.jit
 def _widen_rows(src, dst, first_key, tail, ZERO: gl.constexpr, CH: gl.constexpr):
-    D: gl.constexpr = src.shape[1]
-    TPW_C: gl.constexpr = D // 16                  # 16 bytes a thread across a row
-    layout: gl.constexpr = gl.BlockedLayout([1, 16], [32 // TPW_C, TPW_C], [4, 1], [1, 0])
+    layout: gl.constexpr = _raw_layout(src.shape[1])
     for j in gl.static_range(src.shape[0] // CH):
         x = src.slice(j * CH, CH, dim=0).load(layout).to(gl.float16)
         if ZERO:
@@ -122,9 +133,13 @@ def _widen_rows(src, dst, first_key, tail, ZERO: gl.constexpr, CH: gl.constexpr)
 
 @gluon.jit
 def _widener(raw_k, raw_v, raw_ready, raw_empty, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, SEQLENS, n_items,
-             n_hk, n_splits, BLOCK_N: gl.constexpr, RAW_STAGES: gl.constexpr, W_STAGES: gl.constexpr, CH: gl.constexpr):
+             n_hk, n_splits, BLOCK_N: gl.constexpr, RAW_STAGES: gl.constexpr, W_STAGES: gl.constexpr, CH: gl.constexpr,
+             PAIRED: gl.constexpr):
     """Each raw tile, in the producer's order, widened into the K and V slots once the consumer has freed them (K
-    after its Q·Kᵀ, V after its P·V), then marked ready and its raw slot released."""
+    after its Q·Kᵀ, V after its P·V), then marked ready and its raw slot released. PAIRED: the whole raw K and V
+    tiles into registers at once, before the wait for K's slot, and each stored whole (one store a slot: Triton's
+    membar puts a CTA barrier between stores into one buffer, even disjoint slices of it)."""
+    layout: gl.constexpr = _raw_layout(raw_k.shape[2])
     c = 0
     for t in range(gl.program_id(0), n_items, gl.num_programs(0)):
         b, hk, sp, sk, lo, n_tiles = _item(t, n_hk, n_splits, SEQLENS, BLOCK_N)
@@ -132,13 +147,27 @@ def _widener(raw_k, raw_v, raw_ready, raw_empty, k_smem, v_smem, k_ready, k_empt
             slot = c % RAW_STAGES
             ws = c % W_STAGES
             mbarrier.wait(raw_ready.index(slot), (c // RAW_STAGES) & 1)
-            mbarrier.wait(k_empty.index(ws), ((c // W_STAGES) & 1) ^ 1)
-            _widen(raw_k.index(slot), k_smem.index(ws), i * BLOCK_N, sk, False, CH)
+            if PAIRED:
+                xk = raw_k.index(slot).load(layout)
+                xv = raw_v.index(slot).load(layout)
+                mbarrier.wait(k_empty.index(ws), ((c // W_STAGES) & 1) ^ 1)
+                k_smem.index(ws).store(xk.to(gl.float16))
+            else:
+                mbarrier.wait(k_empty.index(ws), ((c // W_STAGES) & 1) ^ 1)
+                _widen(raw_k.index(slot), k_smem.index(ws), i * BLOCK_N, sk, False, CH)
             fence_async_shared()
             gl.thread_barrier()
             mbarrier.arrive(k_ready.index(ws), count=1)
-            mbarrier.wait(v_empty.index(ws), ((c // W_STAGES) & 1) ^ 1)
-            _widen(raw_v.index(slot), v_smem.index(ws), i * BLOCK_N, sk, True, CH)
+            if PAIRED:
+                v = xv.to(gl.float16)
+                if (i + 1) * BLOCK_N > sk:            # the tile past the length: its rows there zeroed
+                    keys = i * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, layout))
+                    v = gl.where((keys < sk)[:, None], v, 0.0)
+                mbarrier.wait(v_empty.index(ws), ((c // W_STAGES) & 1) ^ 1)
+                v_smem.index(ws).store(v)
+            else:
+                mbarrier.wait(v_empty.index(ws), ((c // W_STAGES) & 1) ^ 1)
+                _widen(raw_v.index(slot), v_smem.index(ws), i * BLOCK_N, sk, True, CH)
             fence_async_shared()
             gl.thread_barrier()
             mbarrier.arrive(v_ready.index(ws), count=1)
@@ -268,7 +297,7 @@ def fp8_decode_kernel(k_desc, v_desc, Q, O, LSE, SEQLENS, BLOCK_TABLE, K_DESCALE
                       n_splits, group, seqlen_q, seq_rows, page_size, stride_qb, stride_qs, stride_qh, stride_osp,
                       stride_ob, stride_os, stride_oh, stride_lsp, stride_lb, stride_lh, stride_ls, qk_scale_log2,
                       BLOCK_N: gl.constexpr, RAW_STAGES: gl.constexpr, W_STAGES: gl.constexpr, CH: gl.constexpr,
-                      PAGED: gl.constexpr, CAUSAL: gl.constexpr, WIDEN_REGS: gl.constexpr,
+                      PAIRED: gl.constexpr, PAGED: gl.constexpr, CAUSAL: gl.constexpr, WIDEN_REGS: gl.constexpr,
                       PRODUCER_REGS: gl.constexpr):
     """The consumer is the default partition (4 warps), the widener (4 warps, WIDEN_REGS) and the producer (1 warp,
     PRODUCER_REGS) its workers."""
@@ -301,7 +330,7 @@ def fp8_decode_kernel(k_desc, v_desc, Q, O, LSE, SEQLENS, BLOCK_TABLE, K_DESCALE
                      stride_ob, stride_os, stride_oh, stride_lsp, stride_lb, stride_lh, stride_ls, qk_scale_log2,
                      BLOCK_N, W_STAGES, CAUSAL)),
         (_widener, (raw_k, raw_v, raw_ready, raw_empty, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, SEQLENS,
-                    n_items, n_hk, n_splits, BLOCK_N, RAW_STAGES, W_STAGES, CH)),
+                    n_items, n_hk, n_splits, BLOCK_N, RAW_STAGES, W_STAGES, CH, PAIRED)),
         (_producer, (k_desc, v_desc, raw_k, raw_v, raw_ready, raw_empty, SEQLENS, BLOCK_TABLE, stride_bt, n_items,
                      n_hk, n_splits, seq_rows, page_size, BLOCK_N, RAW_STAGES, PAGED)),
     ], [4, 1], [WIDEN_REGS, PRODUCER_REGS])
@@ -310,7 +339,7 @@ def fp8_decode_kernel(k_desc, v_desc, Q, O, LSE, SEQLENS, BLOCK_TABLE, K_DESCALE
 def supported(q, k, v, out, block_table, rows):
     """Whether this kernel runs a KV-cache call of `rows` packed query rows a KV head (seqlen_q x group) with no
     varlen, window, softcap, ALiBi, sinks, key starts or q descale (the caller's checks): a 16-bit q beside an e4m3
-    cache of one head dim in CONFIGS on sm_90 (a contiguous cache at d = 128 only), 33-64 rows, the caches
+    cache of one head dim in CONFIGS on sm_90 (a contiguous cache at d = 128 / 256), 33-64 rows, the caches
     contiguous and 16-byte aligned (one TMA view of rows x heads), q and out with unit last strides, and a paged
     cache's pages whole TMA boxes of a key tile (16-key multiples that divide or are divided by its BLOCK_N: not
     48)."""
@@ -321,8 +350,8 @@ def supported(q, k, v, out, block_table, rows):
     if not (k.is_contiguous() and v.is_contiguous() and k.data_ptr() % 16 == 0 and v.data_ptr() % 16 == 0
             and q.stride(-1) == 1 and out.stride(-1) == 1):
         return False
-    if block_table is None and d != 128:
-        return False              # behind the portable kernel's contiguous forms there (module docstring)
+    if block_table is None and d == 64:
+        return False              # behind the portable kernel's contiguous form there (module docstring)
     if block_table is not None:
         page, block_n = k.shape[1], CONFIGS[d][0]
         box = min(page, block_n)
@@ -345,7 +374,7 @@ def fp8_decode_forward_sm90(q, k, v, out, lse, cache_seqlens, block_table, k_des
     `combine`."""
     b, s_q, h_q, d = q.shape
     h_k = k.shape[2]
-    block_n, raw_stages, w_stages = CONFIGS[d]
+    block_n, raw_stages, w_stages, ch, paired = CONFIGS[d]
     sms = num_sms(q.device)
     if num_splits == 0:
         num_splits = plan_num_splits(b * h_k, max_seqlen_k, block_n, sms, per_sm=1)
@@ -370,8 +399,8 @@ def fp8_decode_forward_sm90(q, k, v, out, lse, cache_seqlens, block_table, k_des
     args = (k_desc, v_desc, q, o_dst, lse_dst, cache_seqlens, table, k_descale, v_descale, stride_bt, n_items, h_k,
             num_splits, h_q // h_k, s_q, seq_rows, page, *q.stride()[:3], *o_strides, *lse_strides,
             softmax_scale * LOG2E)
-    meta = dict(BLOCK_N=block_n, RAW_STAGES=raw_stages, W_STAGES=w_stages, CH=CH, PAGED=paged, CAUSAL=causal,
-                WIDEN_REGS=WIDEN_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4)
+    meta = dict(BLOCK_N=block_n, RAW_STAGES=raw_stages, W_STAGES=w_stages, CH=ch, PAIRED=paired, PAGED=paged,
+                CAUSAL=causal, WIDEN_REGS=WIDEN_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4)
     launch(fp8_decode_kernel, (min(n_items, sms),), args, meta)
     if num_splits > 1:
         rows = s_q * h_q
