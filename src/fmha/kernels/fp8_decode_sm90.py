@@ -43,15 +43,16 @@ from .forward_sm90 import LN2, LOG2E, ROWS      # ROWS: packed query rows a work
 from .launch import launch
 from .sm90 import capability, descriptor
 
-# (BLOCK_N, RAW_STAGES, W_STAGES, CH, PAIRED: `_widener`) by head dim: 227 KB of shared memory hold Q (64 x d fp16),
-# RAW_STAGES raw K and V tiles (BLOCK_N x d bytes each) and W_STAGES widened ones (twice that): 180 / 221 / 194 KB.
-# CH: the rows the widener converts at a time. Triton's membar puts a CTA barrier between its chunk stores into one
-# slot (it does not tell disjoint slices of one buffer apart), so fewer chunks wait less; the whole tile
-# at once, one long dependency chain, was slower. Measured on the H200 (history/fp8_gluon_sweep{,_ch}_h200_*.json,
-# NOTES.md, ninety-ninth session; GB/s of FP8 bytes, b = 64, 4k keys): d = 128 CH 32 / 64 / 128 2267 / 2332 / 2231
-# (one token of 512 heads, page 64) and 2217 / 2299 / 2224 (8 causal tokens of 8); d = 64 1902 / 1914 / 1814; d = 256
-# (64, 3, 1) against (32, 6, 2) 1953 / 2023 paged and 1897 / 2035 contiguous (the portable kernel 1929 there).
-CONFIGS = {64: (128, 4, 3, 64, False), 128: (128, 2, 2, 64, False), 256: (32, 6, 2, 32, False)}
+# (BLOCK_N, RAW_STAGES, W_STAGES, CH) by head dim: 227 KB of shared memory hold Q (64 x d fp16), RAW_STAGES raw K
+# and V tiles (BLOCK_N x d bytes each) and W_STAGES widened ones (twice that): 180 / 221 / 194 KB. CH: the rows the
+# widener converts at a time. Triton's membar puts a CTA barrier between its chunk stores into one slot (it does not
+# tell disjoint slices of one buffer apart), so fewer chunks wait less; the whole tile at once, one long dependency
+# chain, was slower. Measured on the H200 (history/fp8_gluon_sweep{,_ch,_paired}_h200_*.json, NOTES.md; GB/s of FP8
+# bytes, b = 64, 4k keys): d = 128 CH 32 / 64 / 128 2267 / 2332 / 2231 (one token of 512 heads, page 64) and 2217 /
+# 2299 / 2224 (8 causal tokens of 8); d = 64 1902 / 1914 / 1814; d = 256 (64, 3, 1) against (32, 6, 2) 1953 / 2023
+# paged and 1897 / 2035 contiguous (the portable kernel 1929 there). The raw K and V tiles loaded whole together and
+# stored one slot at a time (at b7b97bd) were 2-6% slower at d = 64 / 128 and 1.5% faster at d = 256.
+CONFIGS = {64: (128, 4, 3, 64), 128: (128, 2, 2, 64), 256: (32, 6, 2, 32)}
 WIDEN_REGS, PRODUCER_REGS = 160, 40     # the consumer has what these leave of 3 x 128 registers a thread
 
 
@@ -114,15 +115,11 @@ def _widen(src, dst, first_key, tail, ZERO_TAIL: gl.constexpr, CH: gl.constexpr)
         _widen_rows(src, dst, first_key, tail, False, CH)
 
 
-@gluon.constexpr_function
-def _raw_layout(d):
-    """The widener's registers: 16 bytes of a raw row a thread."""
-    return gl.BlockedLayout([1, 16], [32 // (d // 16), d // 16], [4, 1], [1, 0])
-
-
 @gluon.jit
 def _widen_rows(src, dst, first_key, tail, ZERO: gl.constexpr, CH: gl.constexpr):
-    layout: gl.constexpr = _raw_layout(src.shape[1])
+    D: gl.constexpr = src.shape[1]
+    TPW_C: gl.constexpr = D // 16                  # 16 bytes a thread across a row
+    layout: gl.constexpr = gl.BlockedLayout([1, 16], [32 // TPW_C, TPW_C], [4, 1], [1, 0])
     for j in gl.static_range(src.shape[0] // CH):
         x = src.slice(j * CH, CH, dim=0).load(layout).to(gl.float16)
         if ZERO:
@@ -133,13 +130,9 @@ def _widen_rows(src, dst, first_key, tail, ZERO: gl.constexpr, CH: gl.constexpr)
 
 @gluon.jit
 def _widener(raw_k, raw_v, raw_ready, raw_empty, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, SEQLENS, n_items,
-             n_hk, n_splits, BLOCK_N: gl.constexpr, RAW_STAGES: gl.constexpr, W_STAGES: gl.constexpr, CH: gl.constexpr,
-             PAIRED: gl.constexpr):
+             n_hk, n_splits, BLOCK_N: gl.constexpr, RAW_STAGES: gl.constexpr, W_STAGES: gl.constexpr, CH: gl.constexpr):
     """Each raw tile, in the producer's order, widened into the K and V slots once the consumer has freed them (K
-    after its Q·Kᵀ, V after its P·V), then marked ready and its raw slot released. PAIRED: the whole raw K and V
-    tiles into registers at once, before the wait for K's slot, and each stored whole (one store a slot: Triton's
-    membar puts a CTA barrier between stores into one buffer, even disjoint slices of it)."""
-    layout: gl.constexpr = _raw_layout(raw_k.shape[2])
+    after its Q·Kᵀ, V after its P·V), then marked ready and its raw slot released."""
     c = 0
     for t in range(gl.program_id(0), n_items, gl.num_programs(0)):
         b, hk, sp, sk, lo, n_tiles = _item(t, n_hk, n_splits, SEQLENS, BLOCK_N)
@@ -147,27 +140,13 @@ def _widener(raw_k, raw_v, raw_ready, raw_empty, k_smem, v_smem, k_ready, k_empt
             slot = c % RAW_STAGES
             ws = c % W_STAGES
             mbarrier.wait(raw_ready.index(slot), (c // RAW_STAGES) & 1)
-            if PAIRED:
-                xk = raw_k.index(slot).load(layout)
-                xv = raw_v.index(slot).load(layout)
-                mbarrier.wait(k_empty.index(ws), ((c // W_STAGES) & 1) ^ 1)
-                k_smem.index(ws).store(xk.to(gl.float16))
-            else:
-                mbarrier.wait(k_empty.index(ws), ((c // W_STAGES) & 1) ^ 1)
-                _widen(raw_k.index(slot), k_smem.index(ws), i * BLOCK_N, sk, False, CH)
+            mbarrier.wait(k_empty.index(ws), ((c // W_STAGES) & 1) ^ 1)
+            _widen(raw_k.index(slot), k_smem.index(ws), i * BLOCK_N, sk, False, CH)
             fence_async_shared()
             gl.thread_barrier()
             mbarrier.arrive(k_ready.index(ws), count=1)
-            if PAIRED:
-                v = xv.to(gl.float16)
-                if (i + 1) * BLOCK_N > sk:            # the tile past the length: its rows there zeroed
-                    keys = i * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, layout))
-                    v = gl.where((keys < sk)[:, None], v, 0.0)
-                mbarrier.wait(v_empty.index(ws), ((c // W_STAGES) & 1) ^ 1)
-                v_smem.index(ws).store(v)
-            else:
-                mbarrier.wait(v_empty.index(ws), ((c // W_STAGES) & 1) ^ 1)
-                _widen(raw_v.index(slot), v_smem.index(ws), i * BLOCK_N, sk, True, CH)
+            mbarrier.wait(v_empty.index(ws), ((c // W_STAGES) & 1) ^ 1)
+            _widen(raw_v.index(slot), v_smem.index(ws), i * BLOCK_N, sk, True, CH)
             fence_async_shared()
             gl.thread_barrier()
             mbarrier.arrive(v_ready.index(ws), count=1)
@@ -297,7 +276,7 @@ def fp8_decode_kernel(k_desc, v_desc, Q, O, LSE, SEQLENS, BLOCK_TABLE, K_DESCALE
                       n_splits, group, seqlen_q, seq_rows, page_size, stride_qb, stride_qs, stride_qh, stride_osp,
                       stride_ob, stride_os, stride_oh, stride_lsp, stride_lb, stride_lh, stride_ls, qk_scale_log2,
                       BLOCK_N: gl.constexpr, RAW_STAGES: gl.constexpr, W_STAGES: gl.constexpr, CH: gl.constexpr,
-                      PAIRED: gl.constexpr, PAGED: gl.constexpr, CAUSAL: gl.constexpr, WIDEN_REGS: gl.constexpr,
+                      PAGED: gl.constexpr, CAUSAL: gl.constexpr, WIDEN_REGS: gl.constexpr,
                       PRODUCER_REGS: gl.constexpr):
     """The consumer is the default partition (4 warps), the widener (4 warps, WIDEN_REGS) and the producer (1 warp,
     PRODUCER_REGS) its workers."""
@@ -330,7 +309,7 @@ def fp8_decode_kernel(k_desc, v_desc, Q, O, LSE, SEQLENS, BLOCK_TABLE, K_DESCALE
                      stride_ob, stride_os, stride_oh, stride_lsp, stride_lb, stride_lh, stride_ls, qk_scale_log2,
                      BLOCK_N, W_STAGES, CAUSAL)),
         (_widener, (raw_k, raw_v, raw_ready, raw_empty, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, SEQLENS,
-                    n_items, n_hk, n_splits, BLOCK_N, RAW_STAGES, W_STAGES, CH, PAIRED)),
+                    n_items, n_hk, n_splits, BLOCK_N, RAW_STAGES, W_STAGES, CH)),
         (_producer, (k_desc, v_desc, raw_k, raw_v, raw_ready, raw_empty, SEQLENS, BLOCK_TABLE, stride_bt, n_items,
                      n_hk, n_splits, seq_rows, page_size, BLOCK_N, RAW_STAGES, PAGED)),
     ], [4, 1], [WIDEN_REGS, PRODUCER_REGS])
@@ -374,7 +353,7 @@ def fp8_decode_forward_sm90(q, k, v, out, lse, cache_seqlens, block_table, k_des
     `combine`."""
     b, s_q, h_q, d = q.shape
     h_k = k.shape[2]
-    block_n, raw_stages, w_stages, ch, paired = CONFIGS[d]
+    block_n, raw_stages, w_stages, ch = CONFIGS[d]
     sms = num_sms(q.device)
     if num_splits == 0:
         num_splits = plan_num_splits(b * h_k, max_seqlen_k, block_n, sms, per_sm=1)
@@ -399,8 +378,8 @@ def fp8_decode_forward_sm90(q, k, v, out, lse, cache_seqlens, block_table, k_des
     args = (k_desc, v_desc, q, o_dst, lse_dst, cache_seqlens, table, k_descale, v_descale, stride_bt, n_items, h_k,
             num_splits, h_q // h_k, s_q, seq_rows, page, *q.stride()[:3], *o_strides, *lse_strides,
             softmax_scale * LOG2E)
-    meta = dict(BLOCK_N=block_n, RAW_STAGES=raw_stages, W_STAGES=w_stages, CH=ch, PAIRED=paired, PAGED=paged,
-                CAUSAL=causal, WIDEN_REGS=WIDEN_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4)
+    meta = dict(BLOCK_N=block_n, RAW_STAGES=raw_stages, W_STAGES=w_stages, CH=ch, PAGED=paged, CAUSAL=causal,
+                WIDEN_REGS=WIDEN_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4)
     launch(fp8_decode_kernel, (min(n_items, sms),), args, meta)
     if num_splits > 1:
         rows = s_q * h_q
