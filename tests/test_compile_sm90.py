@@ -416,14 +416,14 @@ FP8_DECODE_SCRIPT = textwrap.dedent('''
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
-    from fmha.kernels.fp8_decode_sm90 import CONFIGS, PRODUCER_REGS, fp8_decode_kernel
+    from fmha.kernels.fp8_decode_sm90 import CONFIGS, PRODUCER_REGS, WIDEN_REGS, fp8_decode_kernel
     d, page, causal, descales, out = json.loads(sys.argv[1])
-    block_n, raw_stages, w_stages, ch, wideners, widen_regs = CONFIGS[d]
+    block_n, raw_stages, w_stages, ch = CONFIGS[d]
     box = min(page, block_n) if page else block_n        # as `fp8_decode_forward_sm90` cuts a tile
     layout = gl.NVMMASharedLayout.get_default_for([box, d], gl.float8e4nv)
     desc = f"tensordesc<fp8e4nv[{box},{d}],{layout!r}>"
-    consts = dict(BLOCK_N=block_n, RAW_STAGES=raw_stages, W_STAGES=w_stages, CH=ch, WIDENERS=wideners,
-                  PAGED=bool(page), CAUSAL=causal, WIDEN_REGS=widen_regs, PRODUCER_REGS=PRODUCER_REGS)
+    consts = dict(BLOCK_N=block_n, RAW_STAGES=raw_stages, W_STAGES=w_stages, CH=ch, PAGED=bool(page), CAUSAL=causal,
+                  WIDEN_REGS=WIDEN_REGS, PRODUCER_REGS=PRODUCER_REGS)
     if not page:
         consts["BLOCK_TABLE"] = None
     if not descales:

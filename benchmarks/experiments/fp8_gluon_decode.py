@@ -9,7 +9,7 @@ one consumer at 128 keys ahead of the package on every case, two consumers behin
     python3 benchmarks/experiments/fp8_gluon_decode.py compile [D PAGE]   (CPU: sm_90 registers, spills, shared)
     python3 benchmarks/experiments/fp8_gluon_decode.py check-cpu          (CPU: `emulate` against the oracle)
     python3 benchmarks/experiments/fp8_gluon_decode.py profile [PAGE]     (GPU: three calls of case 16, for ncu)
-    python3 benchmarks/experiments/fp8_gluon_decode.py sweep [wideners] --out F.json (GPU: SWEEPS' configurations)
+    python3 benchmarks/experiments/fp8_gluon_decode.py sweep [ch] --out F.json       (GPU: SWEEPS' configurations)
 
 `time` runs every case twice through `fmha.attention_with_kvcache`, FMHA_GLUON=0 (the portable kernel's 64-row form)
 and 1 (this kernel: checked by `launch.RECORD`), medians of three interleaved rounds of CUDA-graph replays, GB/s of
@@ -86,24 +86,22 @@ def time_gpu(out_path=None):
         torch.cuda.empty_cache()
 
 
-# (d, case as TIME_CASES' tail, configurations (BLOCK_N, RAW_STAGES, W_STAGES, CH, WIDENERS, WIDEN_REGS) to time);
-# shared memory: Q 128 d bytes, raw tiles 2 BLOCK_N d a stage, widened ones twice that, within 227 KB. The sweeps
-# "tiles" and "ch" of 05503da / cf0426b (this file at cf0426b; records history/fp8_gluon_sweep{,_ch}_h200_*.json)
-# chose CONFIGS' tiles and CH. The sweep "paired" (this file and the kernel at b7b97bd, `_widener`'s PAIRED form: the
-# whole raw K and V tiles loaded together, one store a slot; record history/fp8_gluon_sweep_paired_h200_b7b97bd.json)
-# was behind CONFIGS at d = 64 / 128 and 1.5% ahead at d = 256, so the form was taken out again. "wideners": K and V
-# widened by two warpgroups at once (each with its own slots' barriers, both releasing the raw slot) against one (not
-# d = 256: its wgmma does not compile at the 128 registers a thread that 13 warps launch with).
-SWEEPS = dict(wideners=[
-    (128, (64, 4096, 1, 512, 8, False, 64), [(128, 2, 2, 64, 1, 160), (128, 2, 2, 64, 2, 112),
-                                             (128, 2, 2, 32, 2, 96), (64, 4, 4, 64, 2, 112),
-                                             (64, 4, 4, 64, 1, 160)]),
-    (128, (64, 4096, 8, 64, 8, True, None), [(128, 2, 2, 64, 1, 160), (128, 2, 2, 64, 2, 112),
-                                             (128, 2, 2, 32, 2, 96), (64, 4, 4, 64, 2, 112)]),
-    (64, (64, 4096, 1, 512, 8, False, 64), [(128, 4, 3, 64, 1, 160), (128, 4, 3, 64, 2, 112)])])
+# (d, case as TIME_CASES' tail, configurations (BLOCK_N, RAW_STAGES, W_STAGES, CH) to time); shared memory: Q 128 d
+# bytes, raw tiles 2 BLOCK_N d a stage, widened ones twice that, within 227 KB. Earlier sweeps, each at the commit of
+# its record (history/fp8_gluon_sweep_*_h200_*.json), with this file and the kernel as they were there:
+# - "tiles" (05503da) and "ch" (cf0426b) chose CONFIGS' tiles and CH;
+# - "paired" (b7b97bd: the whole raw K and V tiles loaded together, one store a slot): behind CONFIGS at d = 64 / 128,
+#   1.5% ahead at d = 256; taken out again;
+# - "wideners" (6b0c633: K and V widened by two warpgroups at once, 13 warps; d = 256's wgmma does not compile at the
+#   128 registers a thread that 13 warps launch with): at d = 128 CH 64 / 112 registers 4-5% behind one widener, CH
+#   32 / 96 registers +1.9% / +0.5%; BLOCK_N 64 (4 raw, 4 widened stages) 14-16% behind; d = 64 3% behind; taken out.
+# Now "ch": d = 128's CH around CONFIGS'.
+SWEEPS = dict(ch=[
+    (128, (64, 4096, 1, 512, 8, False, 64), [(128, 2, 2, 32), (128, 2, 2, 64)]),
+    (128, (64, 4096, 8, 64, 8, True, None), [(128, 2, 2, 32), (128, 2, 2, 64)])])
 
 
-def sweep(which="wideners", out_path=None):
+def sweep(which="ch", out_path=None):
     """SWEEPS[which]'s configurations of the landed kernel (called directly, so a contiguous d = 64 / 256 cache too)
     against the portable kernel through the API, one process, medians of three interleaved rounds, GB/s of FP8 bytes."""
     import fmha
@@ -254,16 +252,16 @@ def compile_sm90(d=128, page=64):
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from fmha.kernels.fp8_decode_sm90 import CONFIGS, PRODUCER_REGS, fp8_decode_kernel
+    from fmha.kernels.fp8_decode_sm90 import CONFIGS, PRODUCER_REGS, WIDEN_REGS, fp8_decode_kernel
     from sm90_report import sass_and_usage
 
-    block_n, raw_stages, w_stages, ch, wideners, widen_regs = CONFIGS[d]
+    block_n, raw_stages, w_stages, ch = CONFIGS[d]
     box = min(page, block_n) if page else block_n
     layout = gl.NVMMASharedLayout.get_default_for([box, d], gl.float8e4nv)
     desc = f"tensordesc<fp8e4nv[{box},{d}],{layout!r}>"
     names = list(fp8_decode_kernel.arg_names)
-    consts = dict(BLOCK_N=block_n, RAW_STAGES=raw_stages, W_STAGES=w_stages, CH=ch, WIDENERS=wideners,
-                  PAGED=bool(page), CAUSAL=True, WIDEN_REGS=widen_regs, PRODUCER_REGS=PRODUCER_REGS)
+    consts = dict(BLOCK_N=block_n, RAW_STAGES=raw_stages, W_STAGES=w_stages, CH=ch, PAGED=bool(page), CAUSAL=True,
+                  WIDEN_REGS=WIDEN_REGS, PRODUCER_REGS=PRODUCER_REGS)
     ptrs = dict(k_desc=desc, v_desc=desc, Q="*bf16", O="*bf16", LSE="*fp32", SEQLENS="*i32", BLOCK_TABLE="*i32",
                 K_DESCALE="*fp32", V_DESCALE="*fp32")
     sig = {n: "constexpr" if n in consts else ptrs.get(n, "fp32" if n == "qk_scale_log2" else "i32") for n in names}
@@ -299,7 +297,7 @@ if __name__ == "__main__":
     elif what == "profile":
         profile(*map(int, sys.argv[2:3]))
     elif what == "sweep":
-        sweep(sys.argv[2] if len(sys.argv) > 2 and sys.argv[2] != "--out" else "wideners",
+        sweep(sys.argv[2] if len(sys.argv) > 2 and sys.argv[2] != "--out" else "ch",
               sys.argv[sys.argv.index("--out") + 1] if "--out" in sys.argv else None)
     else:
         time_gpu(sys.argv[sys.argv.index("--out") + 1] if "--out" in sys.argv else None)

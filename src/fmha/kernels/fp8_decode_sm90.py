@@ -52,8 +52,8 @@ from .sm90 import capability, descriptor
 # 2299 / 2224 (8 causal tokens of 8); d = 64 1902 / 1914 / 1814; d = 256 (64, 3, 1) against (32, 6, 2) 1953 / 2023
 # paged and 1897 / 2035 contiguous (the portable kernel 1929 there). The raw K and V tiles loaded whole together and
 # stored one slot at a time (at b7b97bd) were 2-6% slower at d = 64 / 128 and 1.5% faster at d = 256.
-CONFIGS = {64: (128, 4, 3, 64, 1, 160), 128: (128, 2, 2, 64, 1, 160), 256: (32, 6, 2, 32, 1, 160)}
-PRODUCER_REGS = 40     # the consumer has what these leave of 3 x 128 registers a thread
+CONFIGS = {64: (128, 4, 3, 64), 128: (128, 2, 2, 64), 256: (32, 6, 2, 32)}
+WIDEN_REGS, PRODUCER_REGS = 160, 40     # the consumer has what these leave of 3 x 128 registers a thread
 
 
 @gluon.jit
@@ -129,33 +129,27 @@ def _widen_rows(src, dst, first_key, tail, ZERO: gl.constexpr, CH: gl.constexpr)
 
 
 @gluon.jit
-def _widen_slot(raw, w_smem, w_ready, w_empty, c, first_key, sk, W_STAGES: gl.constexpr, ZERO_TAIL: gl.constexpr,
-                CH: gl.constexpr):
-    """Raw tile c into its fp16 slot once the consumer has freed it, then marked ready."""
-    ws = c % W_STAGES
-    mbarrier.wait(w_empty.index(ws), ((c // W_STAGES) & 1) ^ 1)
-    _widen(raw, w_smem.index(ws), first_key, sk, ZERO_TAIL, CH)
-    fence_async_shared()
-    gl.thread_barrier()
-    mbarrier.arrive(w_ready.index(ws), count=1)
-
-
-@gluon.jit
-def _widener(raw_a, raw_b, raw_ready, raw_empty, a_smem, a_ready, a_empty, b_smem, b_ready, b_empty, SEQLENS,
-             n_items, n_hk, n_splits, BLOCK_N: gl.constexpr, RAW_STAGES: gl.constexpr, W_STAGES: gl.constexpr,
-             CH: gl.constexpr, A_IS_V: gl.constexpr, BOTH: gl.constexpr):
-    """Each raw tile, in the producer's order, widened into its slots once the consumer has freed them (K after its
-    Q·Kᵀ, V after its P·V), then its raw slot released. BOTH: a is K and b is V, one widener; else a alone (K, or V
-    when A_IS_V), one of two wideners that each release the raw slot."""
+def _widener(raw_k, raw_v, raw_ready, raw_empty, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, SEQLENS, n_items,
+             n_hk, n_splits, BLOCK_N: gl.constexpr, RAW_STAGES: gl.constexpr, W_STAGES: gl.constexpr, CH: gl.constexpr):
+    """Each raw tile, in the producer's order, widened into the K and V slots once the consumer has freed them (K
+    after its Q·Kᵀ, V after its P·V), then marked ready and its raw slot released."""
     c = 0
     for t in range(gl.program_id(0), n_items, gl.num_programs(0)):
         b, hk, sp, sk, lo, n_tiles = _item(t, n_hk, n_splits, SEQLENS, BLOCK_N)
         for i in range(lo, lo + n_tiles):
             slot = c % RAW_STAGES
+            ws = c % W_STAGES
             mbarrier.wait(raw_ready.index(slot), (c // RAW_STAGES) & 1)
-            _widen_slot(raw_a.index(slot), a_smem, a_ready, a_empty, c, i * BLOCK_N, sk, W_STAGES, A_IS_V, CH)
-            if BOTH:
-                _widen_slot(raw_b.index(slot), b_smem, b_ready, b_empty, c, i * BLOCK_N, sk, W_STAGES, True, CH)
+            mbarrier.wait(k_empty.index(ws), ((c // W_STAGES) & 1) ^ 1)
+            _widen(raw_k.index(slot), k_smem.index(ws), i * BLOCK_N, sk, False, CH)
+            fence_async_shared()
+            gl.thread_barrier()
+            mbarrier.arrive(k_ready.index(ws), count=1)
+            mbarrier.wait(v_empty.index(ws), ((c // W_STAGES) & 1) ^ 1)
+            _widen(raw_v.index(slot), v_smem.index(ws), i * BLOCK_N, sk, True, CH)
+            fence_async_shared()
+            gl.thread_barrier()
+            mbarrier.arrive(v_ready.index(ws), count=1)
             mbarrier.arrive(raw_empty.index(slot), count=1)
             c += 1
 
@@ -282,7 +276,7 @@ def fp8_decode_kernel(k_desc, v_desc, Q, O, LSE, SEQLENS, BLOCK_TABLE, K_DESCALE
                       n_splits, group, seqlen_q, seq_rows, page_size, stride_qb, stride_qs, stride_qh, stride_osp,
                       stride_ob, stride_os, stride_oh, stride_lsp, stride_lb, stride_lh, stride_ls, qk_scale_log2,
                       BLOCK_N: gl.constexpr, RAW_STAGES: gl.constexpr, W_STAGES: gl.constexpr, CH: gl.constexpr,
-                      WIDENERS: gl.constexpr, PAGED: gl.constexpr, CAUSAL: gl.constexpr, WIDEN_REGS: gl.constexpr,
+                      PAGED: gl.constexpr, CAUSAL: gl.constexpr, WIDEN_REGS: gl.constexpr,
                       PRODUCER_REGS: gl.constexpr):
     """The consumer is the default partition (4 warps), the widener (4 warps, WIDEN_REGS) and the producer (1 warp,
     PRODUCER_REGS) its workers."""
@@ -303,37 +297,22 @@ def fp8_decode_kernel(k_desc, v_desc, Q, O, LSE, SEQLENS, BLOCK_TABLE, K_DESCALE
     v_empty = gl.allocate_shared_memory(gl.int64, [W_STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(RAW_STAGES):
         mbarrier.init(raw_ready.index(i), count=1)
-        mbarrier.init(raw_empty.index(i), count=WIDENERS)
+        mbarrier.init(raw_empty.index(i), count=1)
     for i in gl.static_range(W_STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(k_empty.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
         mbarrier.init(v_empty.index(i), count=1)
-    # the partitions' arguments (one tuple literal each: Gluon binds no function to a name)
-    if WIDENERS == 1:
-        gl.warp_specialize([
-            (_consumer, (q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, Q, O, LSE, SEQLENS, K_DESCALE,
-                         V_DESCALE, n_items, n_hk, n_splits, group, seqlen_q, stride_qb, stride_qs, stride_qh,
-                         stride_osp, stride_ob, stride_os, stride_oh, stride_lsp, stride_lb, stride_lh, stride_ls,
-                         qk_scale_log2, BLOCK_N, W_STAGES, CAUSAL)),
-            (_widener, (raw_k, raw_v, raw_ready, raw_empty, k_smem, k_ready, k_empty, v_smem, v_ready, v_empty,
-                        SEQLENS, n_items, n_hk, n_splits, BLOCK_N, RAW_STAGES, W_STAGES, CH, False, True)),
-            (_producer, (k_desc, v_desc, raw_k, raw_v, raw_ready, raw_empty, SEQLENS, BLOCK_TABLE, stride_bt, n_items,
-                         n_hk, n_splits, seq_rows, page_size, BLOCK_N, RAW_STAGES, PAGED)),
-        ], [4, 1], [WIDEN_REGS, PRODUCER_REGS])
-    else:
-        gl.warp_specialize([
-            (_consumer, (q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, Q, O, LSE, SEQLENS, K_DESCALE,
-                         V_DESCALE, n_items, n_hk, n_splits, group, seqlen_q, stride_qb, stride_qs, stride_qh,
-                         stride_osp, stride_ob, stride_os, stride_oh, stride_lsp, stride_lb, stride_lh, stride_ls,
-                         qk_scale_log2, BLOCK_N, W_STAGES, CAUSAL)),
-            (_widener, (raw_k, raw_v, raw_ready, raw_empty, k_smem, k_ready, k_empty, v_smem, v_ready, v_empty,
-                        SEQLENS, n_items, n_hk, n_splits, BLOCK_N, RAW_STAGES, W_STAGES, CH, False, False)),
-            (_widener, (raw_v, raw_k, raw_ready, raw_empty, v_smem, v_ready, v_empty, k_smem, k_ready, k_empty,
-                        SEQLENS, n_items, n_hk, n_splits, BLOCK_N, RAW_STAGES, W_STAGES, CH, True, False)),
-            (_producer, (k_desc, v_desc, raw_k, raw_v, raw_ready, raw_empty, SEQLENS, BLOCK_TABLE, stride_bt, n_items,
-                         n_hk, n_splits, seq_rows, page_size, BLOCK_N, RAW_STAGES, PAGED)),
-        ], [4, 4, 1], [WIDEN_REGS, WIDEN_REGS, PRODUCER_REGS])
+    gl.warp_specialize([
+        (_consumer, (q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, Q, O, LSE, SEQLENS, K_DESCALE,
+                     V_DESCALE, n_items, n_hk, n_splits, group, seqlen_q, stride_qb, stride_qs, stride_qh, stride_osp,
+                     stride_ob, stride_os, stride_oh, stride_lsp, stride_lb, stride_lh, stride_ls, qk_scale_log2,
+                     BLOCK_N, W_STAGES, CAUSAL)),
+        (_widener, (raw_k, raw_v, raw_ready, raw_empty, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, SEQLENS,
+                    n_items, n_hk, n_splits, BLOCK_N, RAW_STAGES, W_STAGES, CH)),
+        (_producer, (k_desc, v_desc, raw_k, raw_v, raw_ready, raw_empty, SEQLENS, BLOCK_TABLE, stride_bt, n_items,
+                     n_hk, n_splits, seq_rows, page_size, BLOCK_N, RAW_STAGES, PAGED)),
+    ], [4, 1], [WIDEN_REGS, PRODUCER_REGS])
 
 
 def supported(q, k, v, out, block_table, rows):
@@ -374,7 +353,7 @@ def fp8_decode_forward_sm90(q, k, v, out, lse, cache_seqlens, block_table, k_des
     `combine`."""
     b, s_q, h_q, d = q.shape
     h_k = k.shape[2]
-    block_n, raw_stages, w_stages, ch, wideners, widen_regs = CONFIGS[d]
+    block_n, raw_stages, w_stages, ch = CONFIGS[d]
     sms = num_sms(q.device)
     if num_splits == 0:
         num_splits = plan_num_splits(b * h_k, max_seqlen_k, block_n, sms, per_sm=1)
@@ -399,8 +378,8 @@ def fp8_decode_forward_sm90(q, k, v, out, lse, cache_seqlens, block_table, k_des
     args = (k_desc, v_desc, q, o_dst, lse_dst, cache_seqlens, table, k_descale, v_descale, stride_bt, n_items, h_k,
             num_splits, h_q // h_k, s_q, seq_rows, page, *q.stride()[:3], *o_strides, *lse_strides,
             softmax_scale * LOG2E)
-    meta = dict(BLOCK_N=block_n, RAW_STAGES=raw_stages, W_STAGES=w_stages, CH=ch, WIDENERS=wideners, PAGED=paged,
-                CAUSAL=causal, WIDEN_REGS=widen_regs, PRODUCER_REGS=PRODUCER_REGS, num_warps=4)
+    meta = dict(BLOCK_N=block_n, RAW_STAGES=raw_stages, W_STAGES=w_stages, CH=ch, PAGED=paged, CAUSAL=causal,
+                WIDEN_REGS=WIDEN_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4)
     launch(fp8_decode_kernel, (min(n_items, sms),), args, meta)
     if num_splits > 1:
         rows = s_q * h_q
