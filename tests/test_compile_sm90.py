@@ -460,6 +460,33 @@ def test_fp8_decode_compiles_for_sm90(case, request):
 
 
 @pytest.mark.cpu
+def test_fp8_decode_widener_layout_conflict_free():
+    """The widener's register layout (`widen_layout`) loads each raw chunk of the FP8 ring and stores it into the fp16
+    slot with no shared-memory bank conflict, at every head dim's CONFIGS (Triton's own count, `bank_conflicts`: the
+    excess wavefronts of each ld/st.shared the layout compiles to). The 16-bytes-a-thread layout it replaced, counted
+    the same way, conflicts at d = 128: the count tells them apart."""
+    from triton._C.libtriton import gluon_ir, ir
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language._semantic import GluonSemantic
+
+    from fmha.kernels.fp8_decode_sm90 import CONFIGS, widen_layout
+
+    context = ir.context()
+    ir.load_dialects(context)
+    semantic = GluonSemantic(gluon_ir.GluonOpBuilder(context))
+
+    def conflicts(layout, dtype, block_n, rows, d):
+        shared = gl.NVMMASharedLayout.get_default_for([block_n, d], dtype)
+        slot = gl.shared_memory_descriptor_type(dtype, [rows, d], shared, [rows, d])
+        return semantic.bank_conflicts(gl.distributed_type(dtype, [rows, d], layout), slot)
+
+    for d, (block_n, _, _, ch) in CONFIGS.items():
+        for dtype in (gl.float8e4nv, gl.float16):
+            assert conflicts(widen_layout(d), dtype, block_n, ch, d) == 0, (d, dtype)
+    assert conflicts(gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0]), gl.float16, 128, 64, 128) == 1
+
+
+@pytest.mark.cpu
 def test_gluon_fp8_host_pieces(monkeypatch):
     """The host side of FP8 calls on the Gluon kernel: V transposed into a copy whose TMA view has the keys as
     columns (rows 16-byte aligned, the padding outside the view); packed sequences each from a 16-byte-aligned

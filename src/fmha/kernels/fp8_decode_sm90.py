@@ -115,11 +115,18 @@ def _widen(src, dst, first_key, tail, ZERO_TAIL: gl.constexpr, CH: gl.constexpr)
         _widen_rows(src, dst, first_key, tail, False, CH)
 
 
+@gluon.constexpr_function
+def widen_layout(d):
+    """The widener's registers: 8 keys' bytes a thread across a row, so that each quarter warp's 16-byte stores fill
+    the 32 banks once in the fp16 slot's 128-byte swizzle (16 a thread stored two-way conflicts at d = 128 and 256:
+    `gl.bank_conflicts`, test_compile_sm90) and each half warp's loads a 128-byte raw row."""
+    across = min(d // 8, 32)
+    return gl.BlockedLayout([1, 8], [32 // across, across], [4, 1], [1, 0])
+
+
 @gluon.jit
 def _widen_rows(src, dst, first_key, tail, ZERO: gl.constexpr, CH: gl.constexpr):
-    D: gl.constexpr = src.shape[1]
-    TPW_C: gl.constexpr = D // 16                  # 16 bytes a thread across a row
-    layout: gl.constexpr = gl.BlockedLayout([1, 16], [32 // TPW_C, TPW_C], [4, 1], [1, 0])
+    layout: gl.constexpr = widen_layout(src.shape[1])
     for j in gl.static_range(src.shape[0] // CH):
         x = src.slice(j * CH, CH, dim=0).load(layout).to(gl.float16)
         if ZERO:
