@@ -19,15 +19,14 @@ the scores and the output, fp32 accumulation.
 
 `forward.attention_forward` sends it the calls `supported` accepts; the portable kernel runs the rest. Measured on
 the H200 through the API, this kernel against the portable one in one process, 8 KV heads, GB/s of FP8 bytes
-(`benchmarks/results/history/fp8_gluon_decode_landed_h200_e295c0f.json`, `experiments/fp8_gluon_decode.py time`):
-d = 128, every case ahead, 1.09-1.34x (b = 64 at 4k keys, one token of 512 query heads: page 64 2297 / 2076,
-contiguous 2288 / 2004, page 16 2205 / 1977; 8 and 5 causal tokens of a group of 8, page 64, 1.11x / 1.15x;
-b = 16 1.34x, b = 4 at 16k 1.17x, b = 4 and 1 at 128k split as planned 1.09x / 1.13x, b = 8 at 32k contiguous
-1.19x). d = 64 / 256 paged ahead, 1.07-1.21x; contiguous behind (8 causal tokens of 8: 0.93x / 0.98x) in those
-tiles. Since CONFIGS' CH and d = 256's (32, 6, 2), d = 256 contiguous reads 1.055x the portable kernel; d = 64
-contiguous, behind in every form tried, stays with it. A second consumer warpgroup on alternate tiles was slower
-than one (2027 against 2367, page 64; `history/fp8_gluon_decode_h200_342f4f2.json`, the experiment's kernel at
-342f4f2).
+(`benchmarks/results/history/fp8_gluon_decode_landed_h200_a94c6b4.json`, `experiments/fp8_gluon_decode.py time`):
+d = 128, every case ahead, 1.20-1.50x (b = 64 at 4k keys, one token of 512 query heads: page 64 2501 / 2089,
+contiguous 2529 / 2008, page 16 2434 / 1979; 8 and 5 causal tokens of a group of 8, page 64, 1.23x / 1.25x;
+b = 16 1.50x, b = 4 at 16k 1.31x, b = 4 and 1 at 128k split as planned 1.21x / 1.25x, b = 8 at 32k contiguous
+1.31x); d = 256 1.17-1.45x (contiguous 1.17x); d = 64 paged 1.06-1.08x. d = 64 contiguous was behind in every form
+tried (0.93x at e295c0f) and stays with the portable kernel. A second consumer warpgroup on alternate tiles was
+slower than one (2027 against 2367, page 64; `history/fp8_gluon_decode_h200_342f4f2.json`, the experiment's kernel
+at 342f4f2), and so were two widener warpgroups (`history/fp8_gluon_sweep_wideners_h200_6b0c633.json`).
 """
 from __future__ import annotations
 
@@ -117,9 +116,9 @@ def _widen(src, dst, first_key, tail, ZERO_TAIL: gl.constexpr, CH: gl.constexpr)
 
 @gluon.constexpr_function
 def widen_layout(d):
-    """The widener's registers: 8 keys' bytes a thread across a row, so that each quarter warp's 16-byte stores fill
+    """The widener's registers: 8 bytes of a key's row a thread, so that each quarter warp's 16-byte stores fill
     the 32 banks once in the fp16 slot's 128-byte swizzle (16 a thread stored two-way conflicts at d = 128 and 256:
-    `gl.bank_conflicts`, test_compile_sm90) and each half warp's loads a 128-byte raw row. On the H200, against the
+    `gl.bank_conflicts`, test_compile_sm90) and each half warp's loads 128 bytes of raw rows. On the H200, against the
     portable kernel in one process, one token of 512 heads, page 64 (history/fp8_gluon_decode_landed_h200_{b7b97bd,
     a94c6b4}.json): d = 128 1.137x -> 1.197x, d = 256 1.445x; d = 64 (conflict-free either way) 1.082x -> 1.065x."""
     across = min(d // 8, 32)
