@@ -95,10 +95,12 @@ def time_gpu(out_path=None):
 # - "wideners" (6b0c633: K and V widened by two warpgroups at once, 13 warps; d = 256's wgmma does not compile at the
 #   128 registers a thread that 13 warps launch with): at d = 128 CH 64 / 112 registers 4-5% behind one widener, CH
 #   32 / 96 registers +1.9% / +0.5%; BLOCK_N 64 (4 raw, 4 widened stages) 14-16% behind; d = 64 3% behind; taken out.
-# Now "ch": d = 128's CH around CONFIGS'.
+# Now "ch" (after a94c6b4's conflict-free widener layout): each head dim's CH and tiles around CONFIGS'.
 SWEEPS = dict(ch=[
-    (128, (64, 4096, 1, 512, 8, False, 64), [(128, 2, 2, 32), (128, 2, 2, 64)]),
-    (128, (64, 4096, 8, 64, 8, True, None), [(128, 2, 2, 32), (128, 2, 2, 64)])])
+    (128, (64, 4096, 1, 512, 8, False, 64), [(128, 2, 2, 64), (128, 2, 2, 32), (128, 2, 2, 128)]),
+    (128, (64, 4096, 8, 64, 8, True, None), [(128, 2, 2, 64), (128, 2, 2, 32), (128, 2, 2, 128)]),
+    (64, (64, 4096, 1, 512, 8, False, 64), [(128, 4, 3, 64), (128, 4, 3, 32), (128, 4, 3, 128)]),
+    (256, (64, 4096, 1, 512, 8, False, 64), [(32, 6, 2, 32), (64, 3, 1, 32), (64, 3, 1, 64)])])
 
 
 def sweep(which="ch", out_path=None):
