@@ -572,12 +572,15 @@ def test_out_past_2g_elements(target, causal):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
-def test_tensors_on_another_device():
+def test_tensors_on_another_device(monkeypatch):
     """Every kernel-launching op called with its tensors on cuda:1 while cuda:0 is current (a model split over GPUs
-    in one process): prefill (Hopper kernel), a split paged decode (its combine), MLA decode and the sparse prefill
-    all run on cuda:1, match the oracle, and leave cuda:0 current."""
+    in one process): prefill (Hopper kernel), a split paged decode (its combine), a decode over an FP8 cache (the
+    Gluon FP8 decode, 64 packed rows), MLA decode and the sparse prefill all run on cuda:1, match the oracle, and
+    leave cuda:0 current."""
     import fmha.mla as flash_mla
+    from fmha.kernels import fp8_decode_sm90
     from fmha.reference import mla_decode_ref, mla_sparse_prefill_ref
+    from test_kvcache import _cache, _descales, _oracle
 
     dev, dtype = torch.device("cuda:1"), torch.bfloat16
     torch.cuda.set_device(0)
@@ -597,6 +600,18 @@ def test_tensors_on_another_device():
         rows = pages[i].long()
         k_i, v_i = (c[rows].flatten(0, 1)[None, :n] for c in (k_cache, v_cache))
         assert_matches(got[i:i + 1], lse[i:i + 1], attention_ref(q1[i:i + 1], k_i, v_i), dtype)
+
+    calls = []
+    run = fp8_decode_sm90.fp8_decode_forward_sm90
+    monkeypatch.setattr(fp8_decode_sm90, "fp8_decode_forward_sm90", lambda *a, **kw: calls.append(1) or run(*a, **kw))
+    fp8_lens = [300, 0, 65]
+    k_fp8, v_fp8, fp8_table, k_ref, v_ref = _cache(fp8_lens, 512, 2, 128, 128, torch.float8_e4m3fn, dev, 64, seed=5)
+    q_fp8 = torch.randn(3, 1, 128, 128, device=dev, dtype=dtype)
+    descales = _descales(3, 2, dev)
+    got, lse = fmha.attention_with_kvcache(q_fp8, k_fp8, v_fp8, torch.tensor(fp8_lens, dtype=torch.int32, device=dev),
+                                           block_table=fp8_table, return_lse=True, **descales)
+    assert calls == [1] and got.device == dev
+    assert_matches(got, lse, _oracle(q_fp8, k_ref, v_ref, fp8_lens, **descales), dtype)
 
     cache = torch.randn(40, 64, 1, 576, device=dev, dtype=dtype)
     q2 = torch.randn(4, 2, 64, 576, device=dev, dtype=dtype)
