@@ -70,10 +70,12 @@ def main():
     smi.wait()
     samples = []
     for line in open(log):
-        ts, clock, power, reasons = [x.strip() for x in line.split(",")]
-        # "2026/11/30 19:40:01.123"
-        t = time.mktime(time.strptime(ts.split(".")[0], "%Y/%m/%d %H:%M:%S")) + float("0." + ts.split(".")[1])
-        samples.append((t, float(clock), float(power), reasons))
+        try:        # "2026/11/30 19:40:01.123, 1980, 650.12, 0x0000000000000004"
+            ts, clock, power, reasons = [x.strip() for x in line.split(",")]
+            t = time.mktime(time.strptime(ts.split(".")[0], "%Y/%m/%d %H:%M:%S")) + float("0." + ts.split(".")[1])
+            samples.append((t, float(clock), float(power), reasons))
+        except ValueError:
+            print("unparsed sample:", line.strip())
     for ph in phases:
         inside = [x for x in samples if ph["t0"] + 1.0 <= x[0] <= ph["t1"]]      # after a second of warm-up
         ph["samples"] = len(inside)
