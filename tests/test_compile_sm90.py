@@ -1052,7 +1052,7 @@ def test_mla_launch_plan_binds_each_call(case, monkeypatch):
     """A kept MLA route (`mla_decode._ROUTES`: the Gluon kernel's launch plan) and the combine's plan
     (`combine._PLANS`) give a later call of their key that call's own tensors: the same launches, argument for
     argument, as routing and planning it afresh, and not the first call's; the argument classes the plans keep are
-    those of the call's own arguments. The host side only (capability, `is_cuda` and the launches replaced), so it
+    those of the call's own arguments. The host side only (`on_hopper`, `is_cuda` and the launches replaced), so it
     runs without a GPU."""
     import fmha.mla as flash_mla
     from fmha.kernels import combine, mla_decode, mla_decode_sm90
@@ -1063,7 +1063,7 @@ def test_mla_launch_plan_binds_each_call(case, monkeypatch):
         launches.append((fn, grid, args, meta, fixed))
     monkeypatch.setattr(mla_decode_sm90, "launch", record)
     monkeypatch.setattr(combine, "launch", record)
-    monkeypatch.setattr(mla_decode_sm90, "capability", lambda index: (9, 0))
+    monkeypatch.setattr(mla_decode_sm90, "on_hopper", lambda t: True)
     monkeypatch.setattr(mla_decode, "gluon_enabled", lambda: True)
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))
     forward = mla_decode.mla_decode_forward

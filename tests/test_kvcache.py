@@ -329,14 +329,14 @@ def test_fp8_decode_gluon_rule(monkeypatch):
     of a key tile; no window but the causal one, no softcap, ALiBi, sinks, key starts, q descale or overrides; and
     its split planning (`plan_num_splits(per_sm=1)`)."""
     from fmha.kernels import fp8_decode_sm90
-    from fmha.kernels.forward import _fp8_decode_takes
-    monkeypatch.setattr(fp8_decode_sm90, "_hopper", lambda t: True)
+    from fmha.kernels.forward import _fp8_decode_takes, _overridden
+    monkeypatch.setattr(fp8_decode_sm90, "on_hopper", lambda t: True)
     f8 = torch.float8_e4m3fn
 
     def takes(left=-1, right=-1, window_lefts=None, softcap=0.0, alibi=None, sinks=None, descales=(None,) * 3,
               k_starts=None, pack_gqa=None, use_tma=None, tiles=None, backend=None, short_rows=0):
-        return _fp8_decode_takes(left, right, window_lefts, softcap, alibi, sinks, descales, k_starts, pack_gqa,
-                                 use_tma, tiles, backend, short_rows)
+        return _fp8_decode_takes(left, right, window_lefts, softcap, alibi, sinks, descales, k_starts,
+                                 _overridden(pack_gqa, use_tma, tiles, backend, short_rows))
 
     one = torch.ones(1)
     assert takes() and takes(right=0) and takes(descales=(None, one, one))

@@ -1036,14 +1036,20 @@ def _gluon_takes(cache_seqlens, num_splits, batch, heads_q, seqlen_q, device, pa
 HEAD_PAIRS = None
 
 
-def _fp8_decode_takes(left, right, window_lefts, softcap, alibi_slopes, sinks, descales, k_starts, pack_gqa, use_tma,
-                      tiles, backend, short_rows):
+def _overridden(pack_gqa, use_tma, tiles, backend, short_rows):
+    """Whether a call overrides the automatic choices (`attention_forward`'s tests-and-tuning arguments): it then
+    runs this file's kernel, in the forms it asks for."""
+    return (pack_gqa is not None or use_tma is not None or tiles is not None or backend is not None
+            or bool(short_rows))
+
+
+def _fp8_decode_takes(left, right, window_lefts, softcap, alibi_slopes, sinks, descales, k_starts, overridden):
     """Whether an FP8-cache decode of 33-64 packed rows (the caller's checks) may go to the Gluon kernel of
     `fp8_decode_sm90` (which then checks the tensors, `supported`): no window but the causal one (right = 0),
-    no softcap, ALiBi, sinks, key starts or q descale, and no override of the portable kernel's choices."""
+    no softcap, ALiBi, sinks, key starts or q descale, and no override of the portable kernel's choices
+    (`_overridden`)."""
     return (left < 0 and right in (-1, 0) and window_lefts is None and not softcap and alibi_slopes is None
-            and sinks is None and descales[0] is None and k_starts is None and pack_gqa is None and use_tma is None
-            and tiles is None and backend is None and not short_rows)
+            and sinks is None and descales[0] is None and k_starts is None and not overridden)
 
 
 def _pairs_heads(q, k, v, cache_seqlens, varlen, seqlen_q, group, descales):
@@ -1116,12 +1122,12 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
     # FP8 q, k and v take the Gluon kernel in calls without a KV cache (V transposed there, a copy:
     # `forward_sm90.transposed_v`); an FP8 K/V beside a 16-bit q, and FP8 caches, the portable one (but the
     # decodes that `fp8_decode_sm90` takes, next).
-    plain = (k.dtype == q.dtype and (q.element_size() > 1 or cache_seqlens is None)
-             and pack_gqa is None and use_tma is None and tiles is None and backend is None and not short_rows)
+    overridden = _overridden(pack_gqa, use_tma, tiles, backend, short_rows)
+    plain = k.dtype == q.dtype and (q.element_size() > 1 or cache_seqlens is None) and not overridden
     if (k.element_size() == 1 and q.element_size() == 2 and cache_seqlens is not None and not varlen
             and MID_ROWS < seqlen_q * group <= DECODE_ROWS and not interpret and gluon_enabled()
             and _fp8_decode_takes(left, right, window_lefts, softcap, alibi_slopes, sinks, descales, k_starts,
-                                  pack_gqa, use_tma, tiles, backend, short_rows)):
+                                  overridden)):
         from . import fp8_decode_sm90
         if fp8_decode_sm90.supported(q, k, v, out, block_table, seqlen_q * group):
             k_descale, v_descale = (None if x is None else x.contiguous() for x in descales[1:])

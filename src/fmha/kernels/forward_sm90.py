@@ -66,7 +66,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from ..schedule import num_sms, outside_graph_pools
 from .launch import Plans, _arg_class, cdiv, fixed_classes, launch
-from .sm90 import box as sm90_box, capability, descriptor, descriptor_in
+from .sm90 import box as sm90_box, descriptor, descriptor_in, on_hopper
 from .transpose import TAIL, packed_start, transpose_keys
 
 _ROWS = 64                        # query rows per consumer warpgroup; a CTA has two or three
@@ -593,6 +593,21 @@ def _transposer(raw, staging, v_smem, v_ready, v_empty, BLOCK_N: gl.constexpr, H
         mbarrier.arrive(raw_empty.index(slot), count=1)
         kv += 1
         mbarrier.wait(raw_ready.index(kv % STAGES), (kv // STAGES) & 1)
+
+
+@gluon.jit
+def bars(n: gl.constexpr, count: gl.constexpr):
+    """n mbarriers in an allocation of their own, each expecting `count` arrivals."""
+    b = gl.allocate_shared_memory(gl.int64, [n, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(n):
+        mbarrier.init(b.index(i), count=count)
+    return b
+
+
+@gluon.jit
+def bar(count: gl.constexpr):
+    """One mbarrier in an allocation of its own."""
+    return bars(1, count).index(0)
 
 
 @gluon.jit
@@ -1132,44 +1147,30 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, COUNTER, CU_Q, 
         v_smem = gl.allocate_shared_memory(dtype, [STAGES, HEAD_DV, BLOCK_N], v_layout)
     else:
         v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DV], raw_layout)
-    q_ready = gl.allocate_shared_memory(gl.int64, [Q_BUFS, 1], mbarrier.MBarrierLayout())
-    q_empty = gl.allocate_shared_memory(gl.int64, [Q_BUFS, 1], mbarrier.MBarrierLayout())
-    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    # A buffer's or slot's ready barrier expects one arrival, its empty barrier one from every consumer warpgroup.
+    q_ready = bars(Q_BUFS, 1)
+    q_empty = bars(Q_BUFS, WGS)
+    k_ready = bars(STAGES, 1)
+    k_empty = bars(STAGES, WGS)
+    v_ready = bars(STAGES, 1)
+    v_empty = bars(STAGES, WGS)
     items = gl.allocate_shared_memory(gl.int32, [Q_BUFS, ITEM_WORDS_], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    turn = bars(2, 1)
     if TMA_STORE:                 # the output's staging buffer and its turns (`_consumer`'s epilogue)
         o_stage = gl.allocate_shared_memory(dtype, [ROWS, HEAD_DV],
                                             gl.NVMMASharedLayout.get_default_for([ROWS, HEAD_DV], dtype))
-        o_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        mbarrier.init(o_free.index(0), count=1)
-        mbarrier.init(o_free.index(1), count=1)
+        o_free = bars(2, 1)
     else:                         # unused stand-ins: a tuple holds no None
         o_desc, o_stage, o_free = q_desc, q_smem, turn
     if TRANSPOSE:                 # V as given, staged for `_transposer`: its ring, barriers and end flag
         raw = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DV], raw_layout)
-        raw_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        raw_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        raw_ready = bars(STAGES, 1)
+        raw_empty = bars(STAGES, 1)
         stop = gl.allocate_shared_memory(gl.int32, [STAGES, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-        for i in gl.static_range(STAGES):
-            mbarrier.init(raw_ready.index(i), count=1)
-            mbarrier.init(raw_empty.index(i), count=1)
         staging = (raw_ready, raw_empty, stop)
     else:                         # V's own ring; `staging` an unused stand-in
         raw, raw_ready, raw_empty = v_smem, v_ready, v_empty
         staging = (v_ready, v_empty, items)
-    mbarrier.init(turn.index(0), count=1)
-    mbarrier.init(turn.index(1), count=1)
-    for i in gl.static_range(Q_BUFS):
-        mbarrier.init(q_ready.index(i), count=1)
-        mbarrier.init(q_empty.index(i), count=WGS)      # every consumer warpgroup releases a buffer
-    for i in gl.static_range(STAGES):
-        mbarrier.init(k_ready.index(i), count=1)
-        mbarrier.init(k_empty.index(i), count=WGS)
-        mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(v_empty.index(i), count=WGS)
 
     # The consumers take each item's fields from the producer (`_read_item`), not the schedule's arguments.
     shared = (q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, O, LSE, n_m, n_bh,
@@ -1278,7 +1279,7 @@ def supported(q, k, v):
     (head_dim_qk, head_dim_v) in `HEAD_DIMS` (FP8) or run padded to a pair there (`padded_dims`, fp16 / bf16),
     keys present, and q/k/v strides that TMA accepts. Returns the three TMA views (`_view`, for
     `attention_forward_sm90`), or None."""
-    if not q.is_cuda or capability(q.device.index)[0] != 9:
+    if not on_hopper(q):
         return None
     if q.dtype not in (torch.float16, torch.bfloat16, torch.float8_e4m3fn) or q.dim() != 4:
         return None

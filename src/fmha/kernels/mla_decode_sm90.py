@@ -81,9 +81,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from .._kv_fp8 import MODEL1_ROW, MODEL1_TAIL, model1_parts
 from ..schedule import SCHED_BLOCK, SCHED_FIELDS as _SCHED_FIELDS
-from .forward_sm90 import zero_rows_from
+from .forward_sm90 import bar, bars, zero_rows_from
 from .launch import cdiv, fixed_classes, launch
-from .sm90 import box, capability, descriptor_in
+from .sm90 import box, descriptor_in, on_hopper
 
 ROWS = gl.constexpr(64)           # packed query rows per program (wgmma's M)
 BLOCK_N = gl.constexpr(64)        # keys per tile: one scheduling block
@@ -179,21 +179,6 @@ def _scores(q_lat, q_rope, bufs, t, FIRST: gl.constexpr, s_layout: gl.constexpr,
     if HAS_ROPE:
         s = _score_part(q_lat, q_rope, bufs, t, s, PART_ROPE, GATHER, FP8)
     return s
-
-
-@gluon.jit
-def _bars(n: gl.constexpr, count: gl.constexpr):
-    """n mbarriers in an allocation of their own, each expecting `count` arrivals."""
-    bars = gl.allocate_shared_memory(gl.int64, [n, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(n):
-        mbarrier.init(bars.index(i), count=count)
-    return bars
-
-
-@gluon.jit
-def _bar(count: gl.constexpr):
-    """One mbarrier in an allocation of its own."""
-    return _bars(1, count).index(0)
 
 
 @gluon.jit
@@ -1051,12 +1036,12 @@ def mla_decode_sm90_kernel(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_d
     # Each part's ready barriers (one per ring slot) and each hand-off barrier in an allocation of its own: Triton
     # puts a warpgroup barrier between two waits on barriers of one allocation, and a tile pair has a dozen waits.
     # A TMA load arrives once (with its byte count); a gather once per thread of the loading warpgroup.
-    k_ready = (_bars(STAGES, 128 if GATHER else 1), _bars(STAGES, 128 if GATHER else 1),
-               _bars(STAGES, 128 if GATHER else 1))
+    k_ready = (bars(STAGES, 128 if GATHER else 1), bars(STAGES, 128 if GATHER else 1),
+               bars(STAGES, 128 if GATHER else 1))
     k_free = k_ready                  # unused without a producer
     if LOADER:                        # a consumer released a part (`_release`)
-        k_free = (_bars(STAGES, 1), _bars(STAGES, 1), _bars(STAGES, 1))
-    handoff = (_bar(1), _bar(1), _bar(1), _bar(1), _bar(1), _bar(1), _bar(1))
+        k_free = (bars(STAGES, 1), bars(STAGES, 1), bars(STAGES, 1))
+    handoff = (bar(1), bar(1), bar(1), bar(1), bar(1), bar(1), bar(1))
 
     # What the partitions take, packed once (None entries included: descriptors and pointers a call does not use).
     descs = (q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_desc)
@@ -1114,7 +1099,7 @@ def supported(q_lat, q_rope, kv_lat, k_rope, out, rows_per_k, sparse=False, fp8_
     pages of a multiple of 64 keys with TMA-readable strides. Sparse and FP8 calls gather their keys (no cache
     views, any page size, rows 16-byte aligned, model1's 8; `extra` as `mla_decode_forward_sm90` takes it).
     Otherwise None."""
-    if not q_lat.is_cuda or capability(q_lat.device.index)[0] != 9 or (q_rope is None) != (k_rope is None):
+    if not on_hopper(q_lat) or (q_rope is None) != (k_rope is None):
         return None
     if q_lat.dtype not in (torch.float16, torch.bfloat16) or out.dtype != q_lat.dtype:
         return None

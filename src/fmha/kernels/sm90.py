@@ -1,7 +1,8 @@
-"""Host-side pieces shared by the Gluon kernels for Hopper (`forward_sm90`, `mla_decode_sm90`, `sparse_decode_sm90`):
-whether they may run, the device's compute capability, TMA descriptors built without the constructor's checks, and
-2-CTA cluster launches of kernels compiled for one CTA (plain launches: `launch.launch`). Gluon is
-imported only when a descriptor is built: the portable paths (and the interpreter) never import it here."""
+"""Host-side pieces shared by the Gluon kernels for Hopper (`forward_sm90`, `fp8_decode_sm90`, `mla_decode_sm90`,
+`sparse_decode_sm90`): whether they may run, the device's compute capability and whether a tensor is on Hopper, TMA
+descriptors built without the constructor's checks, and 2-CTA cluster launches of kernels compiled for one CTA (plain
+launches: `launch.launch`). Gluon is imported only when a descriptor is built: the portable paths (and the
+interpreter) never import it here."""
 from __future__ import annotations
 
 import functools
@@ -18,6 +19,11 @@ def gluon_enabled() -> bool:
 @functools.lru_cache(maxsize=None)
 def capability(index):
     return torch.cuda.get_device_capability(index)
+
+
+def on_hopper(t) -> bool:
+    """Whether tensor t is on an sm_90 GPU, where the Gluon kernels run."""
+    return t.is_cuda and capability(t.device.index)[0] == 9
 
 
 @functools.lru_cache(maxsize=None)
