@@ -1,0 +1,130 @@
+"""A/B of a refactor of the Gluon kernels: the package as it is against an older copy of it, in one process, on the
+same inputs, through the kernels' own entry points (`fp8_decode_sm90.fp8_decode_forward_sm90`,
+`forward_sm90.attention_forward_sm90`). Written in the hundred-and-second session for the review mends of 7d0dc4f
+(the FP8 decode's softmax through `forward_sm90._softmax_tile`, the mbarrier helper `bars` in the prefill and FP8
+decode kernels).
+
+    rm -rf build/old_src && mkdir -p build/old_src && git archive REV src/fmha | tar -x -C /tmp \
+        && cp -r /tmp/src/fmha build/old_src/fmha_old && : > build/old_src/fmha_old/__init__.py
+    python3 benchmarks/experiments/mend_ab.py --out F.json      (GPU; `build/old_src` carried to the device)
+    python3 benchmarks/experiments/mend_ab.py --fp8 0 1 3 --rounds 9 --old-first --out F.json    (a repeat)
+
+The old copy's `__init__` is empty, so it registers no custom ops beside the package's. Each case: the largest
+difference between the two outputs (the refactor should leave them bitwise equal), and medians of five interleaved
+rounds (or --rounds) of CUDA-graph replays (`fmha.bench.interleaved_times`): new / old time.
+"""
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "..", "build", "old_src"))
+
+# FP8 decode: (d, b, keys, seqlen_q, query heads, KV heads, causal, page or None), from fp8_gluon_decode.TIME_CASES
+FP8_CASES = [(128, 64, 4096, 1, 512, 8, False, 64), (128, 64, 4096, 1, 512, 8, False, None),
+             (128, 64, 4096, 1, 512, 8, False, 16), (128, 64, 4096, 8, 64, 8, True, 64),
+             (128, 4, 131072, 1, 512, 8, False, 64), (64, 64, 4096, 1, 512, 8, False, 64),
+             (256, 64, 4096, 1, 512, 8, False, 64)]
+# Prefill: (d, sequence length, causal), 16k tokens and hidden 2048 as `fmha bench prefill`
+PREFILL_CASES = [(64, 1024, False), (64, 4096, True), (128, 1024, False), (128, 4096, True), (256, 16384, True)]
+
+
+ROUNDS, OLD_FIRST = 5, False
+
+
+def _time(calls):
+    from fmha.bench import interleaved_times
+    if OLD_FIRST:
+        calls = {"old": calls["old"], "new": calls["new"]}
+    times = interleaved_times(calls, ROUNDS)
+    med = {name: sorted(ts)[ROUNDS // 2] for name, ts in times.items()}
+    return med["new"] / med["old"], med
+
+
+def fp8_rows(which=None):
+    import fp8_gluon_decode
+    from fmha.kernels import fp8_decode_sm90 as new
+    from fmha_old.kernels import fp8_decode_sm90 as old
+
+    rows = []
+    for d, b, n, s_q, h_q, h_k, causal, page in [c for i, c in enumerate(FP8_CASES) if which is None or i in which]:
+        q, kc, vc, seqlens, kd, vd, table, k, v = fp8_gluon_decode._inputs(b, s_q, h_q, h_k, d, [n] * b, page)
+        del k, v
+        outs = {}
+
+        def call(mod, name):
+            out = torch.empty(b, s_q, h_q, d, dtype=q.dtype, device="cuda")
+            lse = torch.empty(b, h_q, s_q, dtype=torch.float32, device="cuda")
+            outs[name] = (out, lse)
+            return lambda: mod.fp8_decode_forward_sm90(q, kc, vc, out, lse, seqlens, table, kd.contiguous(),
+                                                       vd.contiguous(), causal=causal, softmax_scale=d ** -0.5,
+                                                       max_seqlen_k=n, num_splits=0)
+        calls = {"new": call(new, "new"), "old": call(old, "old")}
+        for c in calls.values():
+            c()
+        torch.cuda.synchronize()
+        diff = max((outs["new"][0].float() - outs["old"][0].float()).abs().max().item(),
+                   (outs["new"][1] - outs["old"][1]).abs().max().item())
+        ratio, med = _time(calls)
+        rows.append(dict(kernel="fp8_decode", d=d, b=b, keys=n, s_q=s_q, h_q=h_q, h_k=h_k, causal=causal, page=page,
+                         max_diff=diff, new_over_old_time=ratio, seconds=med))
+        print(f"fp8 d={d} b={b} keys={n} s_q={s_q} h_q={h_q} causal={causal} page={page}: diff {diff:.3g} "
+              f"new/old time {ratio:.4f}", flush=True)
+        torch.cuda.empty_cache()
+    return rows
+
+
+def prefill_rows():
+    from fmha.kernels import forward_sm90 as new
+    from fmha_old.kernels import forward_sm90 as old
+
+    rows = []
+    for d, s, causal in PREFILL_CASES:
+        b, h = 16384 // s, 2048 // d
+        g = torch.Generator(device="cuda").manual_seed(d + s)
+        q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+        outs = {}
+
+        def call(mod, name):
+            out = torch.empty_like(q)
+            lse = torch.empty(b, h, s, dtype=torch.float32, device="cuda")
+            outs[name] = (out, lse)
+
+            def run():
+                assert mod.attention_forward_sm90(q, k, v, out, lse, causal=causal, softmax_scale=d ** -0.5)
+            return run
+        calls = {"new": call(new, "new"), "old": call(old, "old")}
+        for c in calls.values():
+            c()
+        torch.cuda.synchronize()
+        diff = max((outs["new"][0].float() - outs["old"][0].float()).abs().max().item(),
+                   (outs["new"][1] - outs["old"][1]).abs().max().item())
+        ratio, med = _time(calls)
+        rows.append(dict(kernel="prefill", d=d, b=b, seqlen=s, heads=h, causal=causal, max_diff=diff,
+                         new_over_old_time=ratio, seconds=med))
+        print(f"prefill d={d} s={s} causal={causal}: diff {diff:.3g} new/old time {ratio:.4f}", flush=True)
+        torch.cuda.empty_cache()
+    return rows
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out")
+    parser.add_argument("--fp8", type=int, nargs="*", help="these FP8_CASES alone (no prefill)")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--old-first", action="store_true", help="time the old copy first in each round")
+    args = parser.parse_args()
+    global ROUNDS, OLD_FIRST
+    ROUNDS, OLD_FIRST = args.rounds, args.old_first
+    rows = fp8_rows(args.fp8) if args.fp8 else fp8_rows() + prefill_rows()
+    if args.out:
+        json.dump(dict(gpu=torch.cuda.get_device_name(), commit=os.environ.get("FMHA_COMMIT", "unknown"),
+                       old=os.environ.get("FMHA_OLD_COMMIT", "unknown"), rows=rows), open(args.out, "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()
