@@ -45,6 +45,17 @@ def _time(calls):
     return med["new"] / med["old"], med
 
 
+def _compare(calls, outs):
+    """Each call once, then (the largest difference between the two (out, lse) in `outs`, `_time`'s ratio and
+    medians)."""
+    for c in calls.values():
+        c()
+    torch.cuda.synchronize()
+    diff = max((outs["new"][0].float() - outs["old"][0].float()).abs().max().item(),
+               (outs["new"][1] - outs["old"][1]).abs().max().item())
+    return (diff,) + _time(calls)
+
+
 def fp8_rows(which=None):
     import fp8_gluon_decode
     from fmha.kernels import fp8_decode_sm90 as new
@@ -63,13 +74,7 @@ def fp8_rows(which=None):
             return lambda: mod.fp8_decode_forward_sm90(q, kc, vc, out, lse, seqlens, table, kd.contiguous(),
                                                        vd.contiguous(), causal=causal, softmax_scale=d ** -0.5,
                                                        max_seqlen_k=n, num_splits=0)
-        calls = {"new": call(new, "new"), "old": call(old, "old")}
-        for c in calls.values():
-            c()
-        torch.cuda.synchronize()
-        diff = max((outs["new"][0].float() - outs["old"][0].float()).abs().max().item(),
-                   (outs["new"][1] - outs["old"][1]).abs().max().item())
-        ratio, med = _time(calls)
+        diff, ratio, med = _compare({"new": call(new, "new"), "old": call(old, "old")}, outs)
         rows.append(dict(kernel="fp8_decode", d=d, b=b, keys=n, s_q=s_q, h_q=h_q, h_k=h_k, causal=causal, page=page,
                          max_diff=diff, new_over_old_time=ratio, seconds=med))
         print(f"fp8 d={d} b={b} keys={n} s_q={s_q} h_q={h_q} causal={causal} page={page}: diff {diff:.3g} "
@@ -97,13 +102,7 @@ def prefill_rows():
             def run():
                 assert mod.attention_forward_sm90(q, k, v, out, lse, causal=causal, softmax_scale=d ** -0.5)
             return run
-        calls = {"new": call(new, "new"), "old": call(old, "old")}
-        for c in calls.values():
-            c()
-        torch.cuda.synchronize()
-        diff = max((outs["new"][0].float() - outs["old"][0].float()).abs().max().item(),
-                   (outs["new"][1] - outs["old"][1]).abs().max().item())
-        ratio, med = _time(calls)
+        diff, ratio, med = _compare({"new": call(new, "new"), "old": call(old, "old")}, outs)
         rows.append(dict(kernel="prefill", d=d, b=b, seqlen=s, heads=h, causal=causal, max_diff=diff,
                          new_over_old_time=ratio, seconds=med))
         print(f"prefill d={d} s={s} causal={causal}: diff {diff:.3g} new/old time {ratio:.4f}", flush=True)

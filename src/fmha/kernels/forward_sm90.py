@@ -597,7 +597,10 @@ def _transposer(raw, staging, v_smem, v_ready, v_empty, BLOCK_N: gl.constexpr, H
 
 @gluon.jit
 def bars(n: gl.constexpr, count: gl.constexpr):
-    """n mbarriers in an allocation of their own, each expecting `count` arrivals."""
+    """n mbarriers in an allocation of their own, each expecting `count` arrivals. Triton's membar puts a CTA barrier
+    between two inits of one allocation: a few in a kernel's prologue, once a program (the prefill and FP8 decode
+    kernels timed level with their inits interleaved over the rings, `history/mend_ab*_h200*_{7d0dc4f,24bcdcb}.json`).
+    `sparse_decode_sm90` allocates its own: `sm90.launch_pairs` finds two of them by their variables' names."""
     b = gl.allocate_shared_memory(gl.int64, [n, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(n):
         mbarrier.init(b.index(i), count=count)

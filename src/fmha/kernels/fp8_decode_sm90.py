@@ -169,7 +169,8 @@ def _softmax(s, i, m_i, l_i, last_key, scale, masked, BLOCK_N: gl.constexpr, s_l
     to -inf, which also removes the NaN of a cache's slots past the length.
     `forward_sm90._softmax_tile` with its options off computes the same, bit for bit, but this kernel ran 1.1-1.8%
     slower with it on the H200 at d = 128 without causality (one token of 512 heads, 4k keys, page 64 and
-    contiguous; `experiments/mend_ab.py`, `history/mend_ab*_h200_7d0dc4f.json`): its row bounds are per tile."""
+    contiguous; `experiments/mend_ab.py`, `history/mend_ab*_h200_7d0dc4f.json`; without it level,
+    `history/mend_ab_fp8_h200x2_24bcdcb.json`): its row bounds are per tile."""
     if masked:
         cols = i * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         s = gl.where(cols[None, :] <= last_key[:, None], s, float("-inf"))
