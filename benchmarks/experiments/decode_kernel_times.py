@@ -7,7 +7,6 @@ launches, gaps between graph nodes).
 """
 import argparse
 import collections
-import json
 
 import torch
 import torch.nn.functional as F
@@ -15,7 +14,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.profiler import ProfilerActivity, profile
 
 import fmha
-from fmha.bench import bench_gpu_graph
+from fmha.bench import bench_gpu_graph, save_sweep
 from probe_decode import placed_copy
 
 
@@ -74,7 +73,7 @@ def main():
         for kn, (n, t) in r["kernels"].items():
             print(f"    {n:4.1f} x {t:8.2f} us  {kn[:110]}")
     if args.out:
-        json.dump(dict(gpu=torch.cuda.get_device_name(), rows=rows), open(args.out, "w"), indent=1)
+        save_sweep(args.out, rows)          # with the GPU, date and commit
 
 
 if __name__ == "__main__":

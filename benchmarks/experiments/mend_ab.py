@@ -1,28 +1,26 @@
-"""A/B of a refactor of the Gluon kernels: the package as it is against an older copy of it, in one process, on the
-same inputs, through the kernels' own entry points (`fp8_decode_sm90.fp8_decode_forward_sm90`,
-`forward_sm90.attention_forward_sm90`). Written in the hundred-and-second session for the review mends of 7d0dc4f
-(the FP8 decode's softmax through `forward_sm90._softmax_tile`, the mbarrier helper `bars` in the prefill and FP8
-decode kernels).
+"""A/B of a refactor of the Gluon kernels: the package's `fp8_decode_sm90` and `forward_sm90` against older copies of
+those files (`git show REV:src/fmha/kernels/fp8_decode_sm90.py > old_fp8_decode_sm90.py`, likewise forward_sm90;
+loaded by `fmha.bench.load_module_copy`, as `probe_combine.py` does), in one process, on the same inputs, through the
+kernels' own entry points (`fp8_decode_forward_sm90`, `attention_forward_sm90`). Written in the hundred-and-second
+session for the review mends of 7d0dc4f (the FP8 decode's softmax through `forward_sm90._softmax_tile`, the mbarrier
+helper `bars` in the prefill and FP8 decode kernels).
 
-    rm -rf build/old_src && mkdir -p build/old_src && git archive REV src/fmha | tar -x -C /tmp \
-        && cp -r /tmp/src/fmha build/old_src/fmha_old && : > build/old_src/fmha_old/__init__.py
-    python3 benchmarks/experiments/mend_ab.py --out F.json      (GPU; `build/old_src` carried to the device)
-    python3 benchmarks/experiments/mend_ab.py --fp8 0 1 3 --rounds 9 --old-first --out F.json    (a repeat)
+    python3 benchmarks/experiments/mend_ab.py --old-fp8 OLD_FP8.py --old-prefill OLD_FWD.py --out F.json   (GPU)
+    python3 benchmarks/experiments/mend_ab.py --old-fp8 OLD_FP8.py --fp8 0 1 3 --rounds 9 --old-first --out F.json
 
-The old copy's `__init__` is empty, so it registers no custom ops beside the package's. Each case: the largest
-difference between the two outputs (the refactor should leave them bitwise equal), and medians of five interleaved
-rounds (or --rounds) of CUDA-graph replays (`fmha.bench.interleaved_times`): new / old time.
+Each case: the largest difference between the two outputs (the refactor should leave them bitwise equal), and
+medians of five interleaved rounds (or --rounds) of CUDA-graph replays (`fmha.bench.interleaved_times`): new / old
+time. The records of 7d0dc4f and 24bcdcb (`history/mend_ab*`) came from this file's first form, which imported a
+`git archive` copy of the whole old package (`build/old_src`, carried to the device) instead; the cases and the
+timing were the same.
 """
 import argparse
-import json
 import os
 import sys
 
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(HERE, "..", "..", "build", "old_src"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 # FP8 decode: (d, b, keys, seqlen_q, query heads, KV heads, causal, page or None), from fp8_gluon_decode.TIME_CASES
 FP8_CASES = [(128, 64, 4096, 1, 512, 8, False, 64), (128, 64, 4096, 1, 512, 8, False, None),
@@ -56,24 +54,23 @@ def _compare(calls, outs):
     return (diff,) + _time(calls)
 
 
-def fp8_rows(which=None):
+def fp8_rows(old, which=None):
     import fp8_gluon_decode
     from fmha.kernels import fp8_decode_sm90 as new
-    from fmha_old.kernels import fp8_decode_sm90 as old
 
     rows = []
     for d, b, n, s_q, h_q, h_k, causal, page in [c for i, c in enumerate(FP8_CASES) if which is None or i in which]:
         q, kc, vc, seqlens, kd, vd, table, k, v = fp8_gluon_decode._inputs(b, s_q, h_q, h_k, d, [n] * b, page)
         del k, v
+        kd, vd = kd.contiguous(), vd.contiguous()
         outs = {}
 
         def call(mod, name):
             out = torch.empty(b, s_q, h_q, d, dtype=q.dtype, device="cuda")
             lse = torch.empty(b, h_q, s_q, dtype=torch.float32, device="cuda")
             outs[name] = (out, lse)
-            return lambda: mod.fp8_decode_forward_sm90(q, kc, vc, out, lse, seqlens, table, kd.contiguous(),
-                                                       vd.contiguous(), causal=causal, softmax_scale=d ** -0.5,
-                                                       max_seqlen_k=n, num_splits=0)
+            return lambda: mod.fp8_decode_forward_sm90(q, kc, vc, out, lse, seqlens, table, kd, vd, causal=causal,
+                                                       softmax_scale=d ** -0.5, max_seqlen_k=n, num_splits=0)
         diff, ratio, med = _compare({"new": call(new, "new"), "old": call(old, "old")}, outs)
         rows.append(dict(kernel="fp8_decode", d=d, b=b, keys=n, s_q=s_q, h_q=h_q, h_k=h_k, causal=causal, page=page,
                          max_diff=diff, new_over_old_time=ratio, seconds=med))
@@ -83,9 +80,8 @@ def fp8_rows(which=None):
     return rows
 
 
-def prefill_rows():
+def prefill_rows(old):
     from fmha.kernels import forward_sm90 as new
-    from fmha_old.kernels import forward_sm90 as old
 
     rows = []
     for d, s, causal in PREFILL_CASES:
@@ -112,6 +108,8 @@ def prefill_rows():
 
 def main():
     parser = argparse.ArgumentParser()
+    parser.add_argument("--old-fp8", help="an older copy of kernels/fp8_decode_sm90.py")
+    parser.add_argument("--old-prefill", help="an older copy of kernels/forward_sm90.py (not with --fp8)")
     parser.add_argument("--out")
     parser.add_argument("--fp8", type=int, nargs="*", help="these FP8_CASES alone (no prefill)")
     parser.add_argument("--rounds", type=int, default=5)
@@ -119,10 +117,14 @@ def main():
     args = parser.parse_args()
     global ROUNDS, OLD_FIRST
     ROUNDS, OLD_FIRST = args.rounds, args.old_first
-    rows = fp8_rows(args.fp8) if args.fp8 else fp8_rows() + prefill_rows()
+    from fmha.bench import load_module_copy, save_sweep
+    rows = []
+    if args.old_fp8:
+        rows += [dict(r, old=args.old_fp8) for r in fp8_rows(load_module_copy(args.old_fp8), args.fp8)]
+    if args.old_prefill and not args.fp8:
+        rows += [dict(r, old=args.old_prefill) for r in prefill_rows(load_module_copy(args.old_prefill))]
     if args.out:
-        json.dump(dict(gpu=torch.cuda.get_device_name(), commit=os.environ.get("FMHA_COMMIT", "unknown"),
-                       old=os.environ.get("FMHA_OLD_COMMIT", "unknown"), rows=rows), open(args.out, "w"), indent=1)
+        save_sweep(args.out, rows)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,6 @@ and the mean clock / power / throttle samples inside it.
     PYTHONPATH=src python3 benchmarks/experiments/power_draw.py [--d 64] [--s 1024] [--causal] [--seconds 8]
 """
 import argparse
-import json
 import subprocess
 import time
 
@@ -16,7 +15,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import fmha
-from fmha.bench import attention_flops
+from fmha.bench import attention_flops, save_sweep
 
 
 def main():
@@ -88,8 +87,8 @@ def main():
               f"MHz, power {ph.get('power_w', 0):6.1f} W, {ph['tflops_per_kw']:6.1f} TFLOP/s per kW, "
               f"throttle {ph.get('reasons')} ({ph['samples']} samples)")
     if args.out:
-        json.dump(dict(gpu=torch.cuda.get_device_name(), d=d, s=s, causal=args.causal, phases=phases),
-                  open(args.out, "w"), indent=1)
+        # the phases as rows, with the GPU, date and commit (the records of b094dec held them as `phases`)
+        save_sweep(args.out, [dict(ph, d=d, s=s, causal=args.causal) for ph in phases])
 
 
 if __name__ == "__main__":
