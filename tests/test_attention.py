@@ -7,7 +7,7 @@ import torch
 import fmha
 from fmha.kernels.forward import attention_forward
 from fmha.reference import attention_ref, attention_varlen_ref
-from utils import TARGETS, assert_close, assert_lse_close, assert_matches, paged_packed, poisoned
+from utils import TARGETS, assert_close, assert_lse_close, assert_matches, paged_packed, poisoned, spy
 
 # (batch, seqlen_q, seqlen_k, heads_q, heads_k, head_dim_qk, head_dim_v): small for the interpreter.
 CPU_SHAPES = [
@@ -601,9 +601,7 @@ def test_tensors_on_another_device(monkeypatch):
         k_i, v_i = (c[rows].flatten(0, 1)[None, :n] for c in (k_cache, v_cache))
         assert_matches(got[i:i + 1], lse[i:i + 1], attention_ref(q1[i:i + 1], k_i, v_i), dtype)
 
-    calls = []
-    run = fp8_decode_sm90.fp8_decode_forward_sm90
-    monkeypatch.setattr(fp8_decode_sm90, "fp8_decode_forward_sm90", lambda *a, **kw: calls.append(1) or run(*a, **kw))
+    calls = spy(monkeypatch, fp8_decode_sm90, "fp8_decode_forward_sm90")
     fp8_lens = [300, 0, 65]
     k_fp8, v_fp8, fp8_table, k_ref, v_ref = _cache(fp8_lens, 512, 2, 128, 128, torch.float8_e4m3fn, dev, 64, seed=5)
     q_fp8 = torch.randn(3, 1, 128, 128, device=dev, dtype=dtype)

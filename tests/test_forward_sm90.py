@@ -6,7 +6,7 @@ import torch
 
 import fmha
 from fmha.reference import attention_ref, attention_varlen_ref
-from utils import assert_matches, assert_matches_fp8_p, poisoned
+from utils import assert_matches, assert_matches_fp8_p, poisoned, spy
 
 pytestmark = pytest.mark.gpu
 
@@ -135,10 +135,10 @@ def test_gluon_launch_plan_reuse(monkeypatch):
     gluon = []
     launched = forward_sm90.attention_forward_sm90
 
-    def spy(*args, **kwargs):
+    def returns(*args, **kwargs):                           # records what the launcher returned, not a count
         gluon.append(launched(*args, **kwargs))
         return gluon[-1]
-    monkeypatch.setattr(forward_sm90, "attention_forward_sm90", spy)
+    monkeypatch.setattr(forward_sm90, "attention_forward_sm90", returns)
     check(q_off, k.contiguous(), v.contiguous(), causal=True, sinks=sink)     # the contiguous call's key, unaligned
     assert gluon == [False]
 
@@ -219,14 +219,7 @@ WINDOW_CASES = [
 def _spy_gluon(monkeypatch):
     """Count the launches that reach the Gluon kernel, so that a fall-back to the portable one fails the test."""
     from fmha.kernels import forward_sm90
-    calls = []
-    real = forward_sm90.attention_forward_sm90
-
-    def spy(*args, **kwargs):
-        calls.append(kwargs.get("window"))
-        return real(*args, **kwargs)
-    monkeypatch.setattr(forward_sm90, "attention_forward_sm90", spy)
-    return calls
+    return spy(monkeypatch, forward_sm90, "attention_forward_sm90", lambda args, kwargs: kwargs.get("window"))
 
 
 @pytest.mark.parametrize("extra", ["", "sinks", "softcap", "sinks-softcap", "alibi", "alibi-sinks-softcap"])

@@ -9,7 +9,7 @@ import torch
 import fmha
 from fmha.reference import attention_ref, rotary_ref
 from fmha.schedule import plan_num_splits
-from utils import TARGETS, assert_matches, far_pages, poison
+from utils import TARGETS, assert_matches, far_pages, poison, spy
 
 NAN = float("nan")
 
@@ -381,9 +381,7 @@ def test_kvcache_fp8_gluon_decode(case, monkeypatch):
     capacity with NaN past each and in unused pages: the oracle's answer, and the call went to that kernel."""
     from fmha.kernels import fp8_decode_sm90
     d, page_size, seqlen_q, hq, hk, causal, num_splits, with_descales, dtype, magnitude = case
-    calls = []
-    run = fp8_decode_sm90.fp8_decode_forward_sm90
-    monkeypatch.setattr(fp8_decode_sm90, "fp8_decode_forward_sm90", lambda *a, **kw: calls.append(1) or run(*a, **kw))
+    calls = spy(monkeypatch, fp8_decode_sm90, "fp8_decode_forward_sm90")
     seqlens = [3000, 0, 17, 4096, 1, 64 + seqlen_q]
     k_cache, v_cache, table, k, v = _cache(seqlens, 4096, hk, d, d, torch.float8_e4m3fn, "cuda", page_size, seed=d)
     q = (torch.randn(len(seqlens), seqlen_q, hq, d, device="cuda") * magnitude).to(dtype)

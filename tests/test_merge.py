@@ -137,7 +137,7 @@ def test_combine_kernel(target, dv, parts, variable):
         w = torch.where(torch.isinf(lse_ref), 0.0, torch.exp(l - lse_ref))
         o_ref = (w[..., None] * o).sum(0)
         for r in range(rows):
-            kv_head, q_pos, q_head = r // rows_per_k, (r % rows_per_k) // group, (r // rows_per_k) * group + r % group
+            q_pos, q_head = (r % rows_per_k) // group, (r // rows_per_k) * group + r % group
             keep = 1.0 if torch.isinf(lse_ref[r]) else 1.0 / (1.0 + math.exp(float(sinks[q_head]) - float(lse_ref[r])))
             tol = 3e-2 if dtype == torch.bfloat16 else 5e-3
             torch.testing.assert_close(out[b, q_pos, q_head].double().cpu(), o_ref[r] * keep, atol=tol, rtol=tol)

@@ -10,6 +10,7 @@ from fmha.kernels import mla_decode_sm90, sparse_decode_sm90
 import test_mla              # as a module: its test functions, imported by name, would be collected here again
 from fmha.reference import mla_decode_ref, mla_sparse_decode_ref
 from test_mla import D_QK, D_V, _check, _dequantized, _paged_cache, _seqlens
+from utils import spy
 
 pytestmark = pytest.mark.gpu
 
@@ -18,14 +19,7 @@ def _launches(monkeypatch, module, name):
     """A list that grows by one at each call of `module.name` (a kernel's launcher); skips off sm_90."""
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("not an sm_90 GPU")
-    calls = []
-    launch = getattr(module, name)
-
-    def counted(*args, **kwargs):
-        calls.append(1)
-        return launch(*args, **kwargs)
-    monkeypatch.setattr(module, name, counted)
-    return calls
+    return spy(monkeypatch, module, name)
 
 
 @pytest.fixture

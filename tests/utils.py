@@ -96,6 +96,19 @@ def assert_lse_close(ours, ref, atol=LSE_ATOL):
         assert err <= atol, f"lse: max abs err {err:.3e}, bound {atol:.3e}"
 
 
+def spy(monkeypatch, module, name, record=lambda args, kwargs: 1):
+    """Replace `module.name` (a kernel's launcher) by a wrapper that calls it and appends `record(args, kwargs)` to
+    the list returned, so a test can assert which kernel a call reached."""
+    calls = []
+    launch = getattr(module, name)
+
+    def counted(*args, **kwargs):
+        calls.append(record(args, kwargs))
+        return launch(*args, **kwargs)
+    monkeypatch.setattr(module, name, counted)
+    return calls
+
+
 def assert_matches(got, lse, oracle, dtype):
     """`oracle` is the (out, lse) pair from fmha.reference."""
     ref, ref_lse = oracle
