@@ -751,3 +751,46 @@ def test_fp8_varlen_and_out(target):
     assert_matches(got, lse, ref, torch.float16)
     got, lse = fmha.attention_varlen(q, k, v, cu_q, cu_k, max(len_q), max(len_k), return_lse=True)
     assert_matches(got, lse, attention_varlen_ref(q, k, v, cu_q, cu_k), torch.bfloat16)
+
+
+def _laid_out(layout, b, s, hq, hk, d, dtype, device):
+    """q (b, s, hq, d), k and v (b, s, hk, d) as callers hold them, NaN past each one's rows and columns:
+    "bhsd" SDPA's (b, h, s, d) tensors transposed; "fused" three slices of one (b, s, hq + 2 hk, d) projection;
+    "shared" one batch's k and v broadcast over the batch (stride 0); "one-head" one KV head broadcast over hk."""
+    if layout == "bhsd":
+        return [poisoned((b, h, s, d), s, dtype, device, dim=2).transpose(1, 2) for h in (hq, hk, hk)]
+    if layout == "fused":
+        return list(poisoned((b, s, hq + 2 * hk, d), s, dtype, device).split([hq, hk, hk], dim=2))
+    q = poisoned((b, s, hq, d), s, dtype, device)
+    if layout == "shared":
+        return [q] + [poisoned((1, s, hk, d), s, dtype, device).expand(b, s, hk, d) for _ in range(2)]
+    return [q] + [poisoned((b, s, 1, d), s, dtype, device).expand(b, s, hk, d) for _ in range(2)]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("layout", ["bhsd", "fused", "shared", "one-head"])
+def test_input_layouts(target, layout):
+    """The strides callers' tensors come with, not only the NHD layout: SDPA's (b, h, s, d) transposed (a head
+    stride above the row stride), slices of a fused QKV projection, and K / V broadcast by `expand` (a stride of 0
+    over the batch or the heads). Prefill (on Hopper at d = 128, the Gluon kernel where its TMA takes the strides)
+    with the output in the same transposed layout, and a decode and a chunk over the same K / V as a contiguous
+    cache, and batch 0's rows as two packed sequences, every one against the oracle."""
+    device, dtype = target
+    torch.manual_seed(11)
+    b, s, hq, hk, d = (2, 45, 4, 2, 64) if device == "cpu" else (2, 700, 8, 2, 128)
+    q, k, v = _laid_out(layout, b, s, hq, hk, d, dtype, device)
+    for causal in (False, True):
+        out = torch.full((b, hq, s, d), float("nan"), dtype=dtype, device=device).transpose(1, 2)
+        got, lse = fmha.attention(q, k, v, causal=causal, return_lse=True, out=out)
+        assert got.data_ptr() == out.data_ptr()
+        assert_matches(got, lse, attention_ref(q, k, v, causal=causal), dtype)
+    cu = torch.tensor([0, s // 3, s], dtype=torch.int32, device=device)
+    got, lse = fmha.attention_varlen(q[0], k[0], v[0], cu, cu, s - s // 3, s - s // 3, causal=True, return_lse=True)
+    assert_matches(got, lse, attention_varlen_ref(q[0], k[0], v[0], cu, cu, causal=True), dtype)
+    lens = torch.tensor([s - 7, s], dtype=torch.int32, device=device)
+    for rows in (1, 5):
+        q_new = q[:, -rows:]
+        got, lse = fmha.attention_with_kvcache(q_new, k, v, lens, causal=True, return_lse=True)
+        for i, n in enumerate(lens.tolist()):
+            assert_matches(got[i:i + 1], lse[i:i + 1],
+                           attention_ref(q_new[i:i + 1], k[i:i + 1, :n], v[i:i + 1, :n], causal=True), dtype)
