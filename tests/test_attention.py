@@ -7,7 +7,8 @@ import torch
 import fmha
 from fmha.kernels.forward import attention_forward
 from fmha.reference import attention_ref, attention_varlen_ref
-from utils import TARGETS, assert_close, assert_lse_close, assert_matches, paged_packed, poisoned, spy
+from utils import (TARGETS, assert_close, assert_forward_only, assert_lse_close, assert_matches, paged_packed,
+                   poisoned, spy)
 
 # (batch, seqlen_q, seqlen_k, heads_q, heads_k, head_dim_qk, head_dim_v): small for the interpreter.
 CPU_SHAPES = [
@@ -794,3 +795,23 @@ def test_input_layouts(target, layout):
         for i, n in enumerate(lens.tolist()):
             assert_matches(got[i:i + 1], lse[i:i + 1],
                            attention_ref(q_new[i:i + 1], k[i:i + 1, :n], v[i:i + 1, :n], causal=True), dtype)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_forward_only(target):
+    """Inputs that require grad (a model run without no_grad, or a training step): the same outputs, and a
+    backward through them raises naming the entry point rather than leaving q, k and v silently without their
+    share of the gradient. An `out=` tensor keeps its storage."""
+    device, dtype = target
+    torch.manual_seed(13)
+    q, k, v = _dense_inputs((2, 40, 60, 4, 2, 64, 64), dtype, device)
+    assert_forward_only(lambda q, k, v: fmha.attention(q, k, v, causal=True, return_lse=True), "attention", q, k, v)
+    out = torch.empty(2, 40, 4, 64, dtype=dtype, device=device)
+    got = fmha.attention(q.detach().requires_grad_(), k, v, out=out)
+    assert got.data_ptr() == out.data_ptr() and got.grad_fn is not None
+    cu = torch.tensor([0, 15, 40], dtype=torch.int32, device=device)
+    assert_forward_only(lambda q, k, v: fmha.attention_varlen(q, k, v, cu, cu, 25, 25, return_lse=True),
+                        "attention_varlen", q[0], k[0, :40], v[0, :40])
+    lens = torch.tensor([60, 33], dtype=torch.int32, device=device)
+    assert_forward_only(lambda q: fmha.attention_with_kvcache(q, k, v, lens, num_splits=2), "attention_with_kvcache",
+                        q[:, :1])

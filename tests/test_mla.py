@@ -11,7 +11,7 @@ from fmha.kernels.mla_decode import mla_decode_forward
 from fmha._kv_fp8 import LAYOUTS, model1_parts
 from fmha.reference import mla_decode_ref, mla_sparse_decode_ref, mla_sparse_prefill_ref
 from fmha.schedule import PIECE_OVERHEAD, SCHED_BLOCK, SCHED_FIELDS, plan_mla, uniform_plan
-from utils import TARGETS, assert_close, far_pages
+from utils import TARGETS, assert_close, assert_forward_only, far_pages
 
 D_QK, D_V = 576, 512
 
@@ -488,6 +488,24 @@ def test_mla_decode_split_tensors(target, squeeze):
     if squeeze:
         ref_out, ref_lse = ref_out[:, 0], ref_lse[..., 0]
     _check(out, lse, ref_out, ref_lse, target[1])
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_forward_only(target):
+    """The MLA entry points with a query that requires grad: the same outputs, and a backward that raises naming
+    the entry point (`utils.assert_forward_only`)."""
+    q, cache, table, seqlens = _case(target, 16, 1, 64, seed=12)
+    meta, splits = flash_mla.get_mla_metadata(seqlens, 16, 1)
+    assert_forward_only(lambda q: flash_mla.flash_mla_with_kvcache(q, cache, table, seqlens, D_V, meta, splits),
+                        "flash_mla_with_kvcache", q)
+    kv_lat, k_rope = cache[:, :, 0, :D_V], cache[:, :, 0, D_V:]
+    assert_forward_only(lambda q_lat, q_rope: flash_mla.mla_decode(q_lat, q_rope, kv_lat, k_rope, table, seqlens),
+                        "mla_decode", q[..., :D_V], q[..., D_V:])
+    g = torch.Generator().manual_seed(3)
+    kv = torch.randn(300, 1, D_QK, generator=g).to(cache.dtype).to(cache.device)
+    indices = torch.randint(0, 300, (4, 1, 64), dtype=torch.int32, generator=g).to(cache.device)
+    assert_forward_only(lambda q: flash_mla.flash_mla_sparse_fwd(q, kv, indices, 0.07, d_v=D_V),
+                        "flash_mla_sparse_fwd", q[:4, 0])
 
 
 @pytest.mark.parametrize("overhead", [0, PIECE_OVERHEAD])

@@ -109,6 +109,25 @@ def spy(monkeypatch, module, name, record=lambda args, kwargs: 1):
     return calls
 
 
+def assert_forward_only(call, name, *inputs):
+    """`call(*inputs)` with each input requiring grad gives the values it gives under no_grad, each floating result
+    in the inputs' graph, and a backward through them raises naming `fmha.<name>` (fmha has no backward kernels:
+    without that error a loss through the results would silently give the inputs no gradient)."""
+    with torch.no_grad():
+        plain = call(*inputs)
+    plain = (plain,) if isinstance(plain, torch.Tensor) else tuple(plain)
+    assert not any(t.requires_grad for t in plain)
+    marked = call(*(t.detach().requires_grad_() for t in inputs))
+    marked = (marked,) if isinstance(marked, torch.Tensor) else tuple(marked)
+    assert len(marked) == len(plain)
+    for ours, ref in zip(marked, plain):
+        assert ours.requires_grad and ours.grad_fn is not None
+        torch.testing.assert_close(ours.detach(), ref, atol=0, rtol=0, equal_nan=True)
+    loss = sum(t.float().nan_to_num(0.0, 0.0, 0.0).sum() for t in marked)
+    with pytest.raises(RuntimeError, match=f"fmha.{name} has no backward"):
+        loss.backward()
+
+
 def assert_matches(got, lse, oracle, dtype):
     """`oracle` is the (out, lse) pair from fmha.reference."""
     ref, ref_lse = oracle

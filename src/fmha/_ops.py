@@ -9,6 +9,9 @@ dispatch mode) or autograd it goes through the op as before.
 Triton launches on the current CUDA device. A call whose tensors live on another one (a model split over GPUs in
 one process, e.g. `device_map="auto"`) runs with that device made current for its duration, as a native op's
 device guard does.
+
+The kernels are forward-only. `forward_only` marks a public entry point's results, so that a backward through them
+raises instead of silently giving its inputs no gradient.
 """
 from __future__ import annotations
 
@@ -55,3 +58,49 @@ def custom_op(name, *, mutates_args):
         call.register_fake = op.register_fake
         return call
     return wrap
+
+
+class _NoBackward(torch.autograd.Function):
+    """Outputs that join the graph of the inputs requiring grad, with a backward that raises (`forward_only`)."""
+
+    @staticmethod
+    def forward(ctx, name, outputs, *inputs):
+        ctx.name = name
+        return tuple(o.detach() for o in outputs)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError(f"fmha.{ctx.name} has no backward: fmha's kernels compute the forward pass only. Call it "
+                           "under torch.no_grad() or torch.inference_mode(), or detach its inputs.")
+
+
+def forward_only(fn):
+    """An entry point whose results, in an eager call with grad mode on and a tensor argument that requires grad,
+    are tensors whose backward raises, naming `fn`: without this they carry no gradient at all and a loss through
+    them would silently leave the inputs' share out. Same values and storage (an `out=` tensor's). Calls under
+    no_grad / inference_mode, on inputs that need no grad, or being compiled return the results unchanged."""
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        result = fn(*args, **kwargs)
+        if torch.is_grad_enabled() and (_needs_grad(args) or _needs_grad(kwargs.values())):
+            return result if torch.compiler.is_compiling() else _marked(fn.__name__, result, args, kwargs)
+        return result
+    return call
+
+
+def _needs_grad(values):
+    for a in values:
+        if isinstance(a, torch.Tensor) and a.requires_grad:
+            return True
+    return False
+
+
+def _marked(name, result, args, kwargs):
+    """`result` (a tensor or a tuple) with its floating tensors through `_NoBackward`."""
+    inputs = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor) and a.requires_grad]
+    single = isinstance(result, torch.Tensor)
+    outs = (result,) if single else tuple(result)
+    marked = [o for o in outs if isinstance(o, torch.Tensor) and o.is_floating_point()]
+    wrapped = iter(_NoBackward.apply(name, marked, *inputs))
+    outs = tuple(next(wrapped) if any(o is m for m in marked) else o for o in outs)
+    return outs[0] if single else outs

@@ -11,7 +11,7 @@ from typing import Optional
 import torch
 
 from . import _validate as V
-from ._ops import custom_op
+from ._ops import custom_op, forward_only
 from .kernels.forward import attention_forward
 
 __all__ = ["attention", "attention_varlen", "attention_with_kvcache"]
@@ -78,6 +78,7 @@ def _prepare(q, k, v, *, varlen, causal, window, softmax_scale, softcap, alibi_s
     return out, scale, (int(left), int(right)), None
 
 
+@forward_only
 def attention(q, k, v, *, causal=False, window=(-1, -1), softmax_scale=None, softcap=0.0,
               alibi_slopes=None, sinks=None, return_lse=False, out=None, q_descale=None, k_descale=None,
               v_descale=None):
@@ -125,6 +126,7 @@ def attention(q, k, v, *, causal=False, window=(-1, -1), softmax_scale=None, sof
     return (out, lse) if return_lse else out
 
 
+@forward_only
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False,
                      window=(-1, -1), softmax_scale=None, softcap=0.0, alibi_slopes=None, sinks=None,
                      return_lse=False, out=None, q_descale=None, k_descale=None, v_descale=None, seqused_k=None,
@@ -308,6 +310,7 @@ def _cache_capacity(k_cache, block_table):
     return block_table.shape[1] * k_cache.shape[1] if block_table is not None else k_cache.shape[1]
 
 
+@forward_only
 def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None, rotary_cos=None, rotary_sin=None,
                            rotary_interleaved=False, cache_batch_idx=None, cache_leftpad=None, block_table=None,
                            num_splits=0, causal=False, window=(-1, -1), softmax_scale=None, softcap=0.0,

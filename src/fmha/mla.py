@@ -37,7 +37,7 @@ from typing import Optional
 import torch
 
 from . import _validate as V
-from ._ops import custom_op
+from ._ops import custom_op, forward_only
 from ._kv_fp8 import check_model1_cache, dequantize_kv_cache, quantize_kv_cache
 from .kernels.mla_decode import mla_decode_forward
 from .schedule import (SCHED_BLOCK, SCHED_FIELDS, mla_num_parts, num_sms, plan_mla, runs_whole, uniform_lengths,
@@ -256,6 +256,7 @@ def _check_scale(softmax_scale, default):
     return default if softmax_scale is None else float(softmax_scale)
 
 
+@forward_only
 def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata, num_splits,
                            softmax_scale=None, causal=False, is_fp8_kvcache=False, indices=None, attn_sink=None,
                            extra_k_cache=None, extra_indices_in_kvcache=None, topk_length=None,
@@ -416,6 +417,7 @@ def _sparse_decode(q_lat, q_rope, k_lat, k_rope, fp8_layout, inputs, length, sca
     return out.view(batch, s_q, h_q, dv), lse
 
 
+@forward_only
 def flash_mla_sparse_fwd(q, kv, indices, sm_scale=None, d_v=512, attn_sink=None, topk_length=None):
     """Token-sparse MLA prefill (DeepSeek-V3.2 DSA), flash_mla's signature: each query token attends to the kv
     rows its indices name.
@@ -467,6 +469,7 @@ def flash_mla_sparse_fwd(q, kv, indices, sm_scale=None, d_v=512, attn_sink=None,
                                    attn_sink)
 
 
+@forward_only
 def mla_decode(q_latent, q_rope, kv_latent_cache, k_rope_cache, block_table, cache_seqlens, *,
                tile_scheduler_metadata=None, num_splits=None, softmax_scale=None, causal=False, attn_sink=None):
     """MLA decode with the latent and rope parts in separate tensors (vLLM's form); same math as
