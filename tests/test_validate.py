@@ -65,6 +65,9 @@ def test_shape_errors():
     _bad(ValueError, "alibi_slopes: expected shape", fmha.attention, q, k, v, alibi_slopes=torch.zeros(2, device=DEV))
     _bad(ValueError, "window", fmha.attention, q, k, v, window=(-2, 0))
     _bad(ValueError, "softmax_scale", fmha.attention, q, k, v, softmax_scale=-1.0)
+    for value in (float("inf"), float("nan")):        # neither scales nor caps a score: NaN outputs or no cap at all
+        _bad(ValueError, "softmax_scale: expected a finite positive", fmha.attention, q, k, v, softmax_scale=value)
+        _bad(ValueError, "softcap: expected a finite", fmha.attention, q, k, v, softcap=value)
     _bad(ValueError, "out: expected shape", fmha.attention, q, k, v, out=torch.empty(1, 8, 4, 32, device=DEV, dtype=DT))
 
 

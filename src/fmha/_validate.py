@@ -6,6 +6,7 @@ they all run before any kernel launches, so a failed call writes nothing.
 """
 from __future__ import annotations
 
+import math
 import os
 
 import torch
@@ -125,20 +126,20 @@ def check_options(q, *, window, softmax_scale, softcap, alibi_slopes, sinks, bat
     check_softmax_scale(softmax_scale)
     if not isinstance(softcap, (int, float)) or isinstance(softcap, bool):
         raise TypeError(f"softcap: expected a float, got {type(softcap).__name__}")
-    if softcap < 0:
-        raise ValueError(f"softcap: expected >= 0 (0 disables it), got {softcap}")
+    if not (softcap >= 0 and math.isfinite(softcap)):            # NaN fails both
+        raise ValueError(f"softcap: expected a finite value >= 0 (0 disables it), got {softcap}")
     for name, t in (("alibi_slopes", alibi_slopes), ("sinks", sinks)):
         check_per_head(name, t, hq, q.device)
 
 
 def check_softmax_scale(softmax_scale):
-    """None (the default scale) or a positive number."""
+    """None (the default scale) or a finite positive number."""
     if softmax_scale is None:
         return
     if not isinstance(softmax_scale, (int, float)) or isinstance(softmax_scale, bool):
         raise TypeError(f"softmax_scale: expected a float or None, got {type(softmax_scale).__name__}")
-    if not softmax_scale > 0:
-        raise ValueError(f"softmax_scale: expected a positive value, got {softmax_scale}")
+    if not (softmax_scale > 0 and math.isfinite(softmax_scale)):
+        raise ValueError(f"softmax_scale: expected a finite positive value, got {softmax_scale}")
 
 
 def check_per_sequence(name, t, batch, device):
