@@ -528,11 +528,16 @@ def test_kernel_variants(target, pack_gqa, use_tma):
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_edge_lengths(target):
-    """Sk = 0 (every row: 0 and -inf), Sq = Sk = 1, and a window that hides every key from some rows."""
+    """Sk = 0 (every row: 0 and -inf), Sq = 0 (empty results, as the oracle's), Sq = Sk = 1, and a window that hides
+    every key from some rows."""
     device, dtype = target
     q, k, v = _dense_inputs((2, 5, 0, 4, 2, 64, 64), dtype, device)
     out, lse = fmha.attention(q, k, v, return_lse=True)
     assert torch.equal(out, torch.zeros_like(out)) and torch.isneginf(lse).all()
+    q, k, v = _dense_inputs((2, 0, 7, 4, 2, 64, 32), dtype, device)
+    out, lse = fmha.attention(q, k, v, return_lse=True, causal=True)
+    ref, ref_lse = attention_ref(q, k, v, causal=True)
+    assert out.shape == ref.shape == (2, 0, 4, 32) and lse.shape == ref_lse.shape == (2, 4, 0)
     q, k, v = _dense_inputs((3, 1, 1, 2, 1, 32, 32), dtype, device)
     out, lse = fmha.attention(q, k, v, return_lse=True, causal=True)
     assert_close("out", out, v.float().repeat_interleave(2, dim=2), dtype)

@@ -9,8 +9,10 @@ import pytest
                                    ["-s", "80", "--window", "8,0", "--sinks", "--alibi", "--softcap", "30"],
                                    ["--dtype", "fp8", "-s", "64", "--causal", "-h", "4", "-h-kv", "2"],
                                    ["--dtype", "fp8", "--paged", "16", "-s", "48", "-s-q", "5", "--causal"],
-                                   ["--paged", "16", "-s", "50", "-s-q", "2", "--causal"]],
-                         ids=["default", "paged", "options", "fp8", "fp8-paged", "paged-last-page-part-full"])
+                                   ["--paged", "16", "-s", "50", "-s-q", "2", "--causal"], ["-s", "0"],
+                                   ["--dtype", "fp8", "--paged", "16", "-s", "0", "-s-q", "3"]],
+                         ids=["default", "paged", "options", "fp8", "fp8-paged", "paged-last-page-part-full", "empty",
+                              "fp8-paged-no-keys"])
 def test_fmha_run(flags):
     proc = subprocess.run([sys.executable, "-m", "fmha.cli", "run", "--runs", "1", "--warmup", "0", *flags],
                           capture_output=True, text=True, timeout=900)
@@ -19,10 +21,20 @@ def test_fmha_run(flags):
     assert "Elapsed:" in proc.stdout
 
 
-def test_fmha_run_rejects_bad_page():
-    proc = subprocess.run([sys.executable, "-m", "fmha.cli", "run", "--paged", "-4", "-s", "64"],
+@pytest.mark.parametrize("flags, says", [(["--paged", "-4"], "fmha run: --paged -4"),
+                                         (["-d", "20"], "fmha run: q: head_dim"),
+                                         (["--softcap", "inf"], "fmha run: softcap:"),
+                                         (["-h", "4", "-h-kv", "3"], "fmha run: k: heads_k"),
+                                         (["-b", "0"], "argument -b: expected an integer >= 1"),
+                                         (["-s", "-1"], "argument -s: expected an integer >= 0")],
+                         ids=["page", "head-dim", "softcap", "heads-kv", "batch", "seqlen"])
+def test_fmha_run_rejects_bad_values(flags, says):
+    """A value fmha or the parser rejects ends the run with code 2 (not 1, a FAILED check) and a line naming it,
+    without a traceback."""
+    proc = subprocess.run([sys.executable, "-m", "fmha.cli", "run", "-s", "64", *flags],
                           capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 2 and "--paged -4" in proc.stdout
+    assert proc.returncode == 2 and says in proc.stdout + proc.stderr, proc.stdout + proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and "Checks:" not in proc.stdout
 
 
 def test_fmha_run_verbose_names_the_kernels():

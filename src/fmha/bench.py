@@ -381,7 +381,8 @@ def quantize_fp8(x, heads_k):
     e4m3's 448. For `fmha run --dtype fp8` and the FP8 probes."""
     b, s, h, d = x.shape
     groups = x.float().reshape(b, s, heads_k, h // heads_k, d)
-    descale = groups.abs().amax(dim=(1, 3, 4)).clamp_min(1e-6) / 448.0
+    largest = groups.abs().amax(dim=(1, 3, 4)) if s else groups.new_zeros(b, heads_k)     # (s = 0: no value)
+    descale = largest.clamp_min(1e-6) / 448.0
     x8 = (groups / descale[:, None, :, None, None]).to(torch.float8_e4m3fn)
     return x8.reshape(b, s, h, d), descale
 

@@ -82,7 +82,7 @@ def attention_ref(q, k, v, *, causal=False, window=(-1, -1), softmax_scale=None,
     s = s.masked_fill(~mask, -math.inf)
     lse = torch.logsumexp(s, dim=-1)                                    # -inf where no key is visible
     p = torch.exp(s - torch.where(torch.isinf(lse), 0.0, lse)[..., None])
-    out = torch.matmul(p.view(b, hk, group * sq, sk), vf).view(b, hq, sq, -1)   # (b, hq, sq, dv)
+    out = torch.matmul(p.view(b, hk, group * sq, sk), vf).view(b, hq, sq, vf.shape[-1])   # (b, hq, sq, dv)
     if sinks is not None:
         # o = o_nosink * e^lse / (e^lse + e^sink) = o_nosink * sigmoid(lse - sink)
         w = torch.sigmoid(lse - sinks.to(acc).view(1, hq, 1))
