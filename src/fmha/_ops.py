@@ -100,7 +100,7 @@ def _marked(name, result, args, kwargs):
     inputs = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor) and a.requires_grad]
     single = isinstance(result, torch.Tensor)
     outs = (result,) if single else tuple(result)
-    marked = [o for o in outs if isinstance(o, torch.Tensor) and o.is_floating_point()]
-    wrapped = iter(_NoBackward.apply(name, marked, *inputs))
-    outs = tuple(next(wrapped) if any(o is m for m in marked) else o for o in outs)
+    floating = [isinstance(o, torch.Tensor) and o.is_floating_point() for o in outs]
+    wrapped = iter(_NoBackward.apply(name, [o for o, f in zip(outs, floating) if f], *inputs))
+    outs = tuple(next(wrapped) if f else o for o, f in zip(outs, floating))
     return outs[0] if single else outs
