@@ -131,3 +131,14 @@ def test_measure_reports_host_time_of_eager_timings(monkeypatch):
             assert "ours_host_us" not in row and "peer_host_us" not in row
         else:
             assert row["ours_host_us"] >= 2000 and 0 < row["peer_host_us"] < 1000, row
+
+
+@pytest.mark.parametrize("dims", [["20"], ["64", "300"]])
+def test_bench_rejects_a_head_dim_before_measuring(dims, capsys):
+    """`fmha bench --head-dim` with a head dim no kernel takes is a usage error (code 2, naming it), raised before
+    the GPU's ceilings are measured, not a traceback at that head dim's first row."""
+    with pytest.raises(SystemExit) as stop:
+        bench.main(["prefill", "--head-dim", *dims])
+    assert stop.value.code == 2
+    assert f"--head-dim: head_dim must be a multiple of 8 up to 256, or one of (512, 576); got {dims[-1]}" in (
+        capsys.readouterr().err)

@@ -841,6 +841,8 @@ def _write(path, payload):
 
 
 def main(argv):
+    from ._validate import check_head_dim
+
     p = argparse.ArgumentParser(prog="fmha bench", description=__doc__.splitlines()[0])
     p.add_argument("workload", choices=("prefill", "decode", "mla", "sparse"))
     p.add_argument("--out", default=None, help="JSON path (a .csv and .png are written beside it)")
@@ -851,6 +853,11 @@ def main(argv):
     p.add_argument("--dtype", choices=("bf16", "fp8"), default="bf16",
                    help="prefill: fp8 times ours on e4m3 inputs against the bf16 peers on the same values")
     args = p.parse_args(argv)
+    for d in args.head_dim or ():      # before the GPU's ceilings are measured, not at that head dim's first row
+        try:
+            check_head_dim("--head-dim", d)
+        except ValueError as error:
+            p.error(str(error))
     if not torch.cuda.is_available():
         print("fmha bench needs a CUDA GPU (peers and timings are GPU-only)")
         return 2
