@@ -21,7 +21,7 @@ def test_fmha_run(flags):
     assert "Elapsed:" in proc.stdout
 
 
-@pytest.mark.parametrize("flags, says", [(["--paged", "-4"], "fmha run: --paged -4"),
+@pytest.mark.parametrize("flags, says", [(["--paged", "-4"], "argument --paged: expected an integer >= 0"),
                                          (["-d", "20"], "fmha run: q: head_dim"),
                                          (["--softcap", "inf"], "fmha run: softcap:"),
                                          (["-h", "4", "-h-kv", "3"], "fmha run: k: heads_k"),

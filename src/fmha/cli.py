@@ -51,7 +51,7 @@ def _run_parser():
     p.add_argument("--softcap", type=float, default=0.0, help="tanh soft-capping of the scores (0 = off)")
     p.add_argument("--alibi", action="store_true", help="ALiBi with the standard geometric slopes")
     p.add_argument("--sinks", action="store_true", help="one random attention-sink logit per query head")
-    p.add_argument("--paged", type=int, default=0, metavar="P", help="paged KV cache with page size P")
+    p.add_argument("--paged", type=length, default=0, metavar="P", help="paged KV cache with page size P (0 = off)")
     p.add_argument("--dtype", choices=("fp16", "bf16", "fp8"), default=None,
                    help="input dtype (fp8: e4m3 q/k/v with per-(batch, KV head) descales, bf16 output)")
     p.add_argument("--runs", type=count, default=20, help="timed runs")
@@ -97,9 +97,6 @@ def run_main(argv):
     d = args.head_dim or (64 if small else 128)
     dv = args.head_dim_v or d
     dtype_name = args.dtype or ("fp16" if small else "bf16")
-    if args.paged and args.paged < 1:
-        print(f"fmha run: --paged {args.paged} must be a positive page size")
-        return 2
     if small and dtype_name == "bf16":
         print("note: bf16 arithmetic is wrong in the Triton interpreter; expect FAILED on the CPU")
     device = "cuda" if gpu else "cpu"
@@ -142,18 +139,16 @@ def run_main(argv):
             return fmha.attention_with_kvcache(q, k_cache, v_cache, seqlens, block_table=table, return_lse=True,
                                                **options, **descales)
 
-    if args.verbose:              # the kernels the call launches, each with its grid and constexprs
-        from .kernels import launch
-        launch.RECORD = []
+    from .kernels import launch
+    launch.RECORD = [] if args.verbose else None        # -v: the kernels the call launches
     try:
         out, lse = ours()
     except (ValueError, TypeError) as error:     # fmha's checks of the case, raised before any launch
         print(f"fmha run: {error}")
         return 2
     finally:
-        if args.verbose:
-            record, launch.RECORD = launch.RECORD, None
-    for name, grid, meta in record if args.verbose else ():
+        record, launch.RECORD = launch.RECORD or (), None
+    for name, grid, meta in record:
         print(f"launch: {name} grid {grid} " + " ".join(f"{k}={v}" for k, v in meta.items()))
     ref, ref_lse = attention_ref(q, k, v, **options, **descales)
     err = (out.float() - ref).abs()
