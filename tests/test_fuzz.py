@@ -13,9 +13,11 @@ import torch
 import fmha
 import fmha.mla as flash_mla
 from fmha._kv_fp8 import LAYOUTS
-from fmha.reference import attention_ref, attention_varlen_ref, mla_decode_ref, mla_sparse_decode_ref
-from test_kvcache import _cache, _oracle
-from test_mla import D_QK, D_V, _check, _dequantized, _paged_cache, _sparse_source, _union_of_sources
+from fmha.reference import (attention_ref, attention_varlen_ref, mla_decode_ref, mla_sparse_decode_ref,
+                            mla_sparse_prefill_ref, rotary_ref)
+from test_kvcache import _cache, _descales, _oracle
+from test_mla import (D_QK, D_V, _check, _dequantized, _paged_cache, _sparse_source, _union_of_sources,
+                      check_sparse_prefill, poison_unread_rows)
 from utils import TARGETS, assert_matches, assert_matches_fp8_p, paged_packed, poisoned
 
 # Seeds per test and target: the GPU runs real sizes, the interpreter a few small cases. For a longer hunt,
@@ -279,6 +281,84 @@ def test_fuzz_kvcache_fp8(target, seed):
     _run_kvcache(c, opts, torch.float8_e4m3fn, q_dtype, device, seed, descales)
 
 
+@pytest.mark.parametrize("target,seed", _seeds(GPU_CASES // 2, CPU_CASES // 2))
+def test_fuzz_kvcache_new_tokens(target, seed):
+    """attention_with_kvcache's FlashAttention options on `_kvcache_case`'s shapes and masks: k / v appended in place
+    (contiguous or paged caches, sometimes FP8), rotary (the whole head or its first half, either pairing, tables in
+    fp32 or q's dtype; sometimes on q alone), and on contiguous caches cache_leftpad and cache_batch_idx. The oracle
+    attends to each sequence's keys from its start, its new (rotated) keys after its old ones; afterwards the caches
+    hold the new rows where they belong and every other byte as before (NaN included)."""
+    device, dtype = target
+    r = random.Random(7000 + seed)
+    c, opts = _kvcache_case(r, device)
+    b, hk, d, dv, page, cap = len(c["seqlens"]), c["hk"], c["d"], c["dv"], c["page"], c["capacity"]
+    sq = min(c["sq"], cap)
+    n_new = sq if r.random() < 0.8 else 0
+    fp8 = n_new > 0 and r.random() < 0.2
+    rotary = not fp8 and r.random() < 0.6
+    leftpad, batch_idx = page is None and r.random() < 0.4, page is None and r.random() < 0.3
+    left, right = opts.get("window", (-1, -1))               # q's rotary positions step only under a mask
+    masked = opts.get("causal", False) or isinstance(left, torch.Tensor) or (left, right) != (-1, -1)
+    _show(sq=sq, n_new=n_new, fp8=fp8, rotary=rotary, leftpad=leftpad, batch_idx=batch_idx, masked=masked)
+    kv_dtype = torch.float8_e4m3fn if fp8 else dtype
+    lens = [min(n, cap - n_new) for n in c["seqlens"]]                  # room for the new keys
+    k_cache, v_cache, table, k, v = _cache(lens, cap, hk, d, dv, kv_dtype, device, page, seed=seed)
+    k, v = k.clone(), v.clone()                    # on the CPU a contiguous cache is the logical tensor itself
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, sq, c["hq"], d, generator=g).to(dtype)
+    k_new, v_new = torch.randn(b, n_new, hk, d, generator=g).to(kv_dtype), torch.randn(b, n_new, hk, dv).to(kv_dtype)
+    new, q_seen, k_seen = {}, q, k_new
+    if rotary:
+        half = d // (2 * r.choice([1, 2]))
+        angles = torch.arange(cap + 1)[:, None] * r.choice([0.37, 1.9]) / (1 + torch.arange(half))
+        cos, sin = (t.to(r.choice([torch.float32, dtype])) for t in (angles.cos(), angles.sin()))
+        interleaved = r.random() < 0.5
+        new.update(rotary_cos=cos, rotary_sin=sin, rotary_interleaved=interleaved)
+        at = torch.tensor(lens)[:, None]
+        q_seen = rotary_ref(q, cos.float(), sin.float(), at + torch.arange(sq) * masked,
+                            interleaved=interleaved).to(dtype)
+        k_seen = rotary_ref(k_new, cos.float(), sin.float(), at + torch.arange(n_new),
+                            interleaved=interleaved).to(dtype)
+    if n_new:
+        new.update(k=k_new, v=v_new)
+    starts = [0] * b
+    if leftpad:
+        starts = [r.choice([0, r.randint(0, n + n_new), n + n_new + r.randint(0, 3)]) for n in lens]
+        for i, s in enumerate(starts):
+            k_cache[i, :s], v_cache[i, :s] = math.nan, math.nan          # before its start: never read
+    rows = None
+    if batch_idx:
+        rows = torch.randperm(b + 2, generator=g)[:b]
+        big = [torch.full((b + 2,) + tuple(t.shape[1:]), math.nan, dtype=torch.float32).to(kv_dtype)
+               for t in (k_cache, v_cache)]
+        big[0][rows], big[1][rows] = k_cache.cpu(), v_cache.cpu()
+        k_cache, v_cache = (t.to(device) for t in big)
+    want_k, want_v = k_cache.cpu().clone(), v_cache.cpu().clone()
+    for i, n in enumerate(lens):
+        k[i, n:n + n_new], v[i, n:n + n_new] = k_seen[i], v_new[i]
+        for j in range(n_new):
+            p = n + j
+            at = (int(table[i, p // page]), p % page) if table is not None else (
+                int(rows[i]) if batch_idx else i, p)
+            want_k[at], want_v[at] = k_seen[i, j], v_new[i, j]
+    counts = [max(n + n_new - s, 0) for n, s in zip(lens, starts)]
+    seen_k, seen_v = torch.full_like(k, math.nan), torch.full_like(v, math.nan)
+    for i, (s, n) in enumerate(zip(starts, counts)):
+        seen_k[i, :n], seen_v[i, :n] = k[i, s:s + n], v[i, s:s + n]
+    descales = _descales(b, hk, device) if fp8 and r.random() < 0.7 else {}
+    lens_t = torch.tensor(lens, dtype=torch.int32, device=device)
+    to = lambda t: t.to(device) if isinstance(t, torch.Tensor) else t      # noqa: E731
+    got, lse = fmha.attention_with_kvcache(
+        q.to(device), k_cache, v_cache, lens_t, block_table=table, num_splits=c["splits"], return_lse=True,
+        cache_leftpad=torch.tensor(starts, dtype=torch.int32, device=device) if leftpad else None,
+        cache_batch_idx=rows.to(torch.int32).to(device) if batch_idx else None,
+        **{n: to(t) for n, t in new.items()}, **opts, **descales)
+    assert lens_t.tolist() == lens, "cache_seqlens: changed"
+    for name, cache, want in (("k_cache", k_cache, want_k), ("v_cache", v_cache, want_v)):
+        assert torch.equal(cache.cpu().view(torch.uint8), want.view(torch.uint8)), f"{name}: not as appended"
+    assert_matches(got, lse, _oracle(q_seen.to(device), seen_k, seen_v, counts, **opts, **descales), dtype)
+
+
 @pytest.mark.parametrize("target,seed", _seeds(GPU_CASES // 2, CPU_CASES))
 def test_fuzz_mla(target, seed):
     device, dtype = target
@@ -343,3 +423,43 @@ def test_fuzz_sparse_decode(target, seed):
                                                 is_fp8_kvcache=layout is not None, **more)
     both, joined = _union_of_sources(refs, [(indices, length) for _, indices, length in sources])
     _check(out, lse, *mla_sparse_decode_ref(q, both, joined, D_V, attn_sink=sink), dtype)
+
+
+@pytest.mark.parametrize("target,seed", _seeds(GPU_CASES // 2, CPU_CASES // 2))
+def test_fuzz_sparse_prefill(target, seed):
+    """flash_mla_sparse_fwd on random cases: token counts, heads (mostly one KV head, the Gluon kernel's; two run
+    the portable one), 576 or V4's 512 columns, any topk, invalid (-1 and past the end) and repeated indices,
+    trimmed lengths, a sink with an infinite entry, a scale; NaN in every kv row no counted index names."""
+    device, dtype = target
+    gpu = device == "cuda"
+    r = random.Random(6000 + seed)
+    d = r.choice([D_QK, D_QK, 512])
+    h_kv = r.choice([1, 1, 1, 2])
+    h_q = r.choice(([16, 32, 64, 128] if d == D_QK else [64, 128]) if gpu else [16])
+    s_q = r.choice([1, r.randint(1, 64), r.randint(64, 700)] if gpu else [1, r.randint(1, 5)])
+    s_kv = r.choice([r.randint(1, 200), r.randint(1, 20000)] if gpu else [r.randint(1, 40), r.randint(1, 300)])
+    topk = r.choice([64, 128, 512, 2048, r.randint(1, 300)] if gpu else [16, 40, 64])
+    invalid, past, repeated = r.choice([0.0, 0.1, 0.6]), r.choice([0.0, 0.1]), r.random() < 0.3
+    trimmed, with_sink = r.random() < 0.5, r.random() < 0.4
+    scale = r.choice([None, None, 0.05, 0.1])
+    _show(d=d, h_q=h_q, h_kv=h_kv, s_q=s_q, s_kv=s_kv, topk=topk, invalid=invalid, past=past, repeated=repeated,
+          trimmed=trimmed, sink=with_sink, scale=scale)
+    g = torch.Generator().manual_seed(seed)
+    # Repeated: drawn from a few rows only, so most rows hold the same index many times (each one counts).
+    indices = torch.randint(0, min(s_kv, 6) if repeated else s_kv, (s_q, h_kv, topk), generator=g, dtype=torch.int32)
+    indices[torch.rand(s_q, h_kv, topk, generator=g) < invalid] = -1
+    indices[torch.rand(s_q, h_kv, topk, generator=g) < past] = s_kv + r.randint(0, 100)
+    topk_length = torch.randint(-2, topk + 4, (s_q,), generator=g, dtype=torch.int32) if trimmed else None
+    kv = torch.randn(s_kv, h_kv, d, generator=g).to(dtype)
+    poison_unread_rows(kv, indices, topk_length)
+    q = torch.randn(s_q, h_q, d, generator=g).to(dtype).to(device)
+    sink = None
+    if with_sink:
+        sink = torch.randn(h_q, generator=g) * 2
+        sink[0] = r.choice([math.inf, -math.inf, 0.0])
+        sink = sink.to(device)
+    kv, indices = kv.to(device), indices.to(device)
+    topk_length = None if topk_length is None else topk_length.to(device)
+    got = flash_mla.flash_mla_sparse_fwd(q, kv, indices, scale, d_v=D_V, attn_sink=sink, topk_length=topk_length)
+    check_sparse_prefill(got, mla_sparse_prefill_ref(q, kv, indices, D_V, sm_scale=scale, attn_sink=sink,
+                                                     topk_length=topk_length), dtype)

@@ -360,6 +360,29 @@ def test_extra_kv_source(target, with_sink, layout):
     assert (out[0] == 0).all() and torch.isposinf(lse[0]).all()
 
 
+def poison_unread_rows(kv, indices, topk_length=None):
+    """NaN in every row of kv `(s_kv, h_kv, d)` (CPU) that no counted valid index of `indices (s_q, h_kv, topk)`
+    names: a sparse prefill must never read those."""
+    s_kv, h_kv = kv.shape[:2]
+    used = torch.zeros(s_kv, h_kv, dtype=torch.bool)
+    for i in range(indices.shape[0]):
+        n = indices.shape[2] if topk_length is None else max(int(topk_length[i]), 0)
+        for h in range(h_kv):
+            row = indices[i, h, :n]
+            used[row[(row >= 0) & (row < s_kv)].long(), h] = True
+    kv[~used] = math.nan
+
+
+def check_sparse_prefill(got, ref, dtype):
+    """flash_mla_sparse_fwd's `(out, max_logits, lse)` against `mla_sparse_prefill_ref`'s."""
+    (out, max_logits, lse), (ref_out, ref_max, ref_lse) = got, ref
+    _check(out.unsqueeze(0), lse.T.unsqueeze(0), ref_out.unsqueeze(0), ref_lse.T.unsqueeze(0), dtype)
+    assert torch.equal(torch.isneginf(max_logits), torch.isneginf(ref_max)), "max_logits: -inf rows differ"
+    finite = torch.isfinite(ref_max)
+    if finite.any():
+        assert (max_logits[finite] - ref_max[finite]).abs().max().item() <= 2e-3, "max_logits: max abs err"
+
+
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("h_q,h_kv,d_qk", [(16, 1, D_QK), (32, 2, D_QK), (64, 1, 512), (128, 1, D_QK)])
 @pytest.mark.parametrize("with_sink", [False, True], ids=["", "sink"])
@@ -379,12 +402,7 @@ def test_sparse_prefill(target, h_q, h_kv, d_qk, with_sink):
     topk_length = torch.randint(topk // 2, topk + 1, (s_q,), generator=g, dtype=torch.int32)
     topk_length[-1] = 0
     topk_length[0], topk_length[1] = topk + 3, -2                   # count as topk / 0
-    used = torch.zeros(s_kv, h_kv, dtype=torch.bool)
-    for i in range(s_q):
-        for h in range(h_kv):
-            row = indices[i, h, :max(int(topk_length[i]), 0)]
-            used[row[(row >= 0) & (row < s_kv)].long(), h] = True
-    kv[~used] = math.nan                                                  # never read: poisoned
+    poison_unread_rows(kv, indices, topk_length)
     q = torch.randn(s_q, h_q, d_qk, generator=g).to(dtype)
     sink = torch.randn(h_q, generator=g) * 2 if with_sink else None
     q, kv, indices, topk_length = (t.to(device) for t in (q, kv, indices, topk_length))
@@ -392,12 +410,9 @@ def test_sparse_prefill(target, h_q, h_kv, d_qk, with_sink):
     scale = 0.07
     out, max_logits, lse = flash_mla.flash_mla_sparse_fwd(q, kv, indices, scale, d_v=D_V, attn_sink=sink,
                                                           topk_length=topk_length)
-    ref_out, ref_max, ref_lse = mla_sparse_prefill_ref(q, kv, indices, D_V, sm_scale=scale, attn_sink=sink,
-                                                       topk_length=topk_length)
-    _check(out.unsqueeze(0), lse.T.unsqueeze(0), ref_out.unsqueeze(0), ref_lse.T.unsqueeze(0), dtype)
-    assert torch.equal(torch.isneginf(max_logits), torch.isneginf(ref_max)), "max_logits: -inf rows differ"
-    finite = torch.isfinite(ref_max)
-    assert (max_logits[finite] - ref_max[finite]).abs().max().item() <= 2e-3, "max_logits: max abs err"
+    check_sparse_prefill((out, max_logits, lse), mla_sparse_prefill_ref(q, kv, indices, D_V, sm_scale=scale,
+                                                                        attn_sink=sink, topk_length=topk_length),
+                         dtype)
     assert (out[1] == 0).all() and torch.isposinf(lse[1]).all() and torch.isneginf(max_logits[1]).all()
     assert (out[-1] == 0).all() and torch.isposinf(lse[-1]).all()
 
