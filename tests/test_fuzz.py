@@ -310,7 +310,8 @@ def test_fuzz_kvcache_new_tokens(target, seed):
     new, q_seen, k_seen = {}, q, k_new
     if rotary:
         half = d // (2 * r.choice([1, 2]))
-        angles = torch.arange(cap + 1)[:, None] * r.choice([0.37, 1.9]) / (1 + torch.arange(half))
+        # Positions reach lens[b] + sq - 1 (q's, under a mask), up to cap + sq - 1 when nothing is appended.
+        angles = torch.arange(cap + sq)[:, None] * r.choice([0.37, 1.9]) / (1 + torch.arange(half))
         cos, sin = (t.to(r.choice([torch.float32, dtype])) for t in (angles.cos(), angles.sin()))
         interleaved = r.random() < 0.5
         new.update(rotary_cos=cos, rotary_sin=sin, rotary_interleaved=interleaved)
