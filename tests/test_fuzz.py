@@ -17,7 +17,7 @@ from fmha.reference import (attention_ref, attention_varlen_ref, mla_decode_ref,
                             mla_sparse_prefill_ref, rotary_ref)
 from test_kvcache import _cache, _descales, _oracle
 from test_mla import (D_QK, D_V, _check, _dequantized, _paged_cache, _sparse_source, _union_of_sources,
-                      check_sparse_prefill, poison_unread_rows)
+                      _check_sparse_prefill, _poison_unread_rows)
 from utils import TARGETS, assert_matches, assert_matches_fp8_p, paged_packed, poisoned
 
 # Seeds per test and target: the GPU runs real sizes, the interpreter a few small cases. For a longer hunt,
@@ -306,7 +306,7 @@ def test_fuzz_kvcache_new_tokens(target, seed):
     k, v = k.clone(), v.clone()                    # on the CPU a contiguous cache is the logical tensor itself
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(b, sq, c["hq"], d, generator=g).to(dtype)
-    k_new, v_new = torch.randn(b, n_new, hk, d, generator=g).to(kv_dtype), torch.randn(b, n_new, hk, dv).to(kv_dtype)
+    k_new, v_new = (torch.randn(b, n_new, hk, dim, generator=g).to(kv_dtype) for dim in (d, dv))
     new, q_seen, k_seen = {}, q, k_new
     if rotary:
         half = d // (2 * r.choice([1, 2]))
@@ -315,10 +315,10 @@ def test_fuzz_kvcache_new_tokens(target, seed):
         cos, sin = (t.to(r.choice([torch.float32, dtype])) for t in (angles.cos(), angles.sin()))
         interleaved = r.random() < 0.5
         new.update(rotary_cos=cos, rotary_sin=sin, rotary_interleaved=interleaved)
-        at = torch.tensor(lens)[:, None]
-        q_seen = rotary_ref(q, cos.float(), sin.float(), at + torch.arange(sq) * masked,
+        start = torch.tensor(lens)[:, None]
+        q_seen = rotary_ref(q, cos.float(), sin.float(), start + torch.arange(sq) * masked,
                             interleaved=interleaved).to(dtype)
-        k_seen = rotary_ref(k_new, cos.float(), sin.float(), at + torch.arange(n_new),
+        k_seen = rotary_ref(k_new, cos.float(), sin.float(), start + torch.arange(n_new),
                             interleaved=interleaved).to(dtype)
     if n_new:
         new.update(k=k_new, v=v_new)
@@ -452,7 +452,7 @@ def test_fuzz_sparse_prefill(target, seed):
     indices[torch.rand(s_q, h_kv, topk, generator=g) < past] = s_kv + r.randint(0, 100)
     topk_length = torch.randint(-2, topk + 4, (s_q,), generator=g, dtype=torch.int32) if trimmed else None
     kv = torch.randn(s_kv, h_kv, d, generator=g).to(dtype)
-    poison_unread_rows(kv, indices, topk_length)
+    _poison_unread_rows(kv, indices, topk_length)
     q = torch.randn(s_q, h_q, d, generator=g).to(dtype).to(device)
     sink = None
     if with_sink:
@@ -462,5 +462,5 @@ def test_fuzz_sparse_prefill(target, seed):
     kv, indices = kv.to(device), indices.to(device)
     topk_length = None if topk_length is None else topk_length.to(device)
     got = flash_mla.flash_mla_sparse_fwd(q, kv, indices, scale, d_v=D_V, attn_sink=sink, topk_length=topk_length)
-    check_sparse_prefill(got, mla_sparse_prefill_ref(q, kv, indices, D_V, sm_scale=scale, attn_sink=sink,
+    _check_sparse_prefill(got, mla_sparse_prefill_ref(q, kv, indices, D_V, sm_scale=scale, attn_sink=sink,
                                                      topk_length=topk_length), dtype)

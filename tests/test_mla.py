@@ -360,7 +360,7 @@ def test_extra_kv_source(target, with_sink, layout):
     assert (out[0] == 0).all() and torch.isposinf(lse[0]).all()
 
 
-def poison_unread_rows(kv, indices, topk_length=None):
+def _poison_unread_rows(kv, indices, topk_length=None):
     """NaN in every row of kv `(s_kv, h_kv, d)` (CPU) that no counted valid index of `indices (s_q, h_kv, topk)`
     names: a sparse prefill must never read those."""
     s_kv, h_kv = kv.shape[:2]
@@ -373,7 +373,7 @@ def poison_unread_rows(kv, indices, topk_length=None):
     kv[~used] = math.nan
 
 
-def check_sparse_prefill(got, ref, dtype):
+def _check_sparse_prefill(got, ref, dtype):
     """flash_mla_sparse_fwd's `(out, max_logits, lse)` against `mla_sparse_prefill_ref`'s."""
     (out, max_logits, lse), (ref_out, ref_max, ref_lse) = got, ref
     _check(out.unsqueeze(0), lse.T.unsqueeze(0), ref_out.unsqueeze(0), ref_lse.T.unsqueeze(0), dtype)
@@ -402,7 +402,7 @@ def test_sparse_prefill(target, h_q, h_kv, d_qk, with_sink):
     topk_length = torch.randint(topk // 2, topk + 1, (s_q,), generator=g, dtype=torch.int32)
     topk_length[-1] = 0
     topk_length[0], topk_length[1] = topk + 3, -2                   # count as topk / 0
-    poison_unread_rows(kv, indices, topk_length)
+    _poison_unread_rows(kv, indices, topk_length)
     q = torch.randn(s_q, h_q, d_qk, generator=g).to(dtype)
     sink = torch.randn(h_q, generator=g) * 2 if with_sink else None
     q, kv, indices, topk_length = (t.to(device) for t in (q, kv, indices, topk_length))
@@ -410,7 +410,7 @@ def test_sparse_prefill(target, h_q, h_kv, d_qk, with_sink):
     scale = 0.07
     out, max_logits, lse = flash_mla.flash_mla_sparse_fwd(q, kv, indices, scale, d_v=D_V, attn_sink=sink,
                                                           topk_length=topk_length)
-    check_sparse_prefill((out, max_logits, lse), mla_sparse_prefill_ref(q, kv, indices, D_V, sm_scale=scale,
+    _check_sparse_prefill((out, max_logits, lse), mla_sparse_prefill_ref(q, kv, indices, D_V, sm_scale=scale,
                                                                         attn_sink=sink, topk_length=topk_length),
                          dtype)
     assert (out[1] == 0).all() and torch.isposinf(lse[1]).all() and torch.isneginf(max_logits[1]).all()
