@@ -8,9 +8,9 @@ Public API (see each function's docstring for shapes and options):
     mla                            `import fmha.mla as flash_mla`: DeepSeek MLA decode, sparse, FP8 (FlashMLA's API)
     reference                      fp32 oracles for every op (the tests' ground truth)
 
-The kernels compute the forward pass only. Called with inputs that require grad (grad mode on, not compiling),
-an entry point returns tensors whose backward raises a RuntimeError naming it, rather than tensors that silently
-give those inputs no gradient.
+The kernels compute the forward pass only. Called with inputs that require grad (grad mode on; eager or
+compiled), an entry point returns tensors whose backward raises a RuntimeError naming it, rather than tensors that
+silently give those inputs no gradient.
 
 Kernels run on CUDA tensors. On a machine with no CUDA device, importing fmha switches Triton to its
 CPU interpreter (TRITON_INTERPRET=1, which must be set before Triton compiles anything), so the same

@@ -60,30 +60,49 @@ def custom_op(name, *, mutates_args):
     return wrap
 
 
+@torch.library.custom_op("fmha::no_backward", mutates_args=())
+def _no_backward(like: torch.Tensor, name: str) -> torch.Tensor:
+    """The gradient, shaped like `like`, of an input of fmha entry point `name`, which has none: it raises when a
+    backward pass runs it. An op, not a raise in `_NoBackward.backward`, so that a compiled graph's backward is traced
+    (with the fake below) and raises only when it runs, as the eager one does."""
+    raise RuntimeError(f"fmha.{name} has no backward: fmha's kernels compute the forward pass only. Call it under "
+                       "torch.no_grad() or torch.inference_mode(), or detach its inputs.")
+
+
+@_no_backward.register_fake
+def _(like, name):
+    return torch.empty_like(like)
+
+
 class _NoBackward(torch.autograd.Function):
-    """Outputs that join the graph of the inputs requiring grad, with a backward that raises (`forward_only`)."""
+    """Outputs that join the graph of the inputs requiring grad, with a backward that raises (`forward_only`):
+    `apply(name, n, *outputs, *inputs)`, the first n tensors the outputs."""
 
     @staticmethod
-    def forward(ctx, name, outputs, *inputs):
+    def forward(ctx, name, n, *tensors):
         ctx.name = name
-        return tuple(o.detach() for o in outputs)
+        ctx.n = n
+        ctx.inputs = [(t.shape, t.dtype) for t in tensors[n:]]
+        return tuple(o.detach() for o in tensors[:n])
 
     @staticmethod
     def backward(ctx, *grads):
-        raise RuntimeError(f"fmha.{ctx.name} has no backward: fmha's kernels compute the forward pass only. Call it "
-                           "under torch.no_grad() or torch.inference_mode(), or detach its inputs.")
+        like = grads[0]
+        return (None, None, *[None] * ctx.n,
+                *[_no_backward(like.new_empty(shape, dtype=dtype), ctx.name) for shape, dtype in ctx.inputs])
 
 
 def forward_only(fn):
-    """An entry point whose results, in an eager call with grad mode on and a tensor argument that requires grad,
-    are tensors whose backward raises, naming `fn`: without this they carry no gradient at all and a loss through
-    them would silently leave the inputs' share out. Same values and storage (an `out=` tensor's). Calls under
-    no_grad / inference_mode, on inputs that need no grad, or being compiled return the results unchanged."""
+    """An entry point whose results, in a call with grad mode on and a tensor argument that requires grad, are
+    tensors whose backward raises, naming `fn`: without this they carry no gradient at all and a loss through
+    them would silently leave the inputs' share out. Same values and storage (an `out=` tensor's). Compiled, the
+    backward is traced and raises when it runs. Calls under no_grad / inference_mode or on inputs that need no grad
+    return the results unchanged."""
     @functools.wraps(fn)
     def call(*args, **kwargs):
         result = fn(*args, **kwargs)
         if torch.is_grad_enabled() and (_needs_grad(args) or _needs_grad(kwargs.values())):
-            return result if torch.compiler.is_compiling() else _marked(fn.__name__, result, args, kwargs)
+            return _marked(fn.__name__, result, args, kwargs)
         return result
     return call
 
@@ -101,6 +120,7 @@ def _marked(name, result, args, kwargs):
     single = isinstance(result, torch.Tensor)
     outs = (result,) if single else tuple(result)
     floating = [isinstance(o, torch.Tensor) and o.is_floating_point() for o in outs]
-    wrapped = iter(_NoBackward.apply(name, [o for o, f in zip(outs, floating) if f], *inputs))
+    marked = [o.detach() for o, f in zip(outs, floating) if f]    # (the op's own "no formula" node: cut off)
+    wrapped = iter(_NoBackward.apply(name, len(marked), *marked, *inputs))
     outs = tuple(next(wrapped) if f else o for o, f in zip(outs, floating))
     return outs[0] if single else outs
