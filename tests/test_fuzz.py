@@ -15,7 +15,7 @@ import fmha.mla as flash_mla
 from fmha._kv_fp8 import LAYOUTS
 from fmha.reference import (attention_ref, attention_varlen_ref, mla_decode_ref, mla_sparse_decode_ref,
                             mla_sparse_prefill_ref, rotary_ref)
-from test_kvcache import _cache, _descales, _oracle
+from test_kvcache import _appended, _assert_appended, _cache, _descales, _from_starts, _in_rows, _oracle
 from test_mla import (D_QK, D_V, _check, _dequantized, _paged_cache, _sparse_source, _union_of_sources,
                       _check_sparse_prefill, _poison_unread_rows)
 from utils import TARGETS, assert_matches, assert_matches_fp8_p, paged_packed, poisoned
@@ -330,22 +330,10 @@ def test_fuzz_kvcache_new_tokens(target, seed):
     rows = None
     if batch_idx:
         rows = torch.randperm(b + 2, generator=g)[:b]
-        big = [torch.full((b + 2,) + tuple(t.shape[1:]), math.nan, dtype=torch.float32).to(kv_dtype)
-               for t in (k_cache, v_cache)]
-        big[0][rows], big[1][rows] = k_cache.cpu(), v_cache.cpu()
-        k_cache, v_cache = (t.to(device) for t in big)
-    want_k, want_v = k_cache.cpu().clone(), v_cache.cpu().clone()
-    for i, n in enumerate(lens):
-        k[i, n:n + n_new], v[i, n:n + n_new] = k_seen[i], v_new[i]
-        for j in range(n_new):
-            p = n + j
-            at = (int(table[i, p // page]), p % page) if table is not None else (
-                int(rows[i]) if batch_idx else i, p)
-            want_k[at], want_v[at] = k_seen[i, j], v_new[i, j]
+        k_cache, v_cache = (t.to(device) for t in _in_rows(k_cache, v_cache, rows, b + 2))
+    want_k, want_v = _appended(k_cache, v_cache, k, v, lens, k_seen, v_new, table, rows)
     counts = [max(n + n_new - s, 0) for n, s in zip(lens, starts)]
-    seen_k, seen_v = torch.full_like(k, math.nan), torch.full_like(v, math.nan)
-    for i, (s, n) in enumerate(zip(starts, counts)):
-        seen_k[i, :n], seen_v[i, :n] = k[i, s:s + n], v[i, s:s + n]
+    seen_k, seen_v = _from_starts(k, v, starts, counts)
     descales = _descales(b, hk, device) if fp8 and r.random() < 0.7 else {}
     lens_t = torch.tensor(lens, dtype=torch.int32, device=device)
     to = lambda t: t.to(device) if isinstance(t, torch.Tensor) else t      # noqa: E731
@@ -355,8 +343,7 @@ def test_fuzz_kvcache_new_tokens(target, seed):
         cache_batch_idx=rows.to(torch.int32).to(device) if batch_idx else None,
         **{n: to(t) for n, t in new.items()}, **opts, **descales)
     assert lens_t.tolist() == lens, "cache_seqlens: changed"
-    for name, cache, want in (("k_cache", k_cache, want_k), ("v_cache", v_cache, want_v)):
-        assert torch.equal(cache.cpu().view(torch.uint8), want.view(torch.uint8)), f"{name}: not as appended"
+    _assert_appended(k_cache, v_cache, want_k, want_v)
     assert_matches(got, lse, _oracle(q_seen.to(device), seen_k, seen_v, counts, **opts, **descales), dtype)
 
 

@@ -43,6 +43,44 @@ def _descales(b, hk, device):
     return dict(k_descale=torch.rand(b, hk, device=device) + 0.2, v_descale=torch.rand(b, hk, device=device) + 0.2)
 
 
+def _appended(k_cache, v_cache, k, v, lens, k_new, v_new, table=None, rows=None):
+    """An append of k_new / v_new `(b, n_new, ...)` at cache_seqlens `lens`: the logical k / v (CPU) take the new
+    rows in place, and the caches as the append must leave them are returned (on the CPU), key j of sequence b at
+    position lens[b] + j of its pages (`table`), of cache row rows[b] (cache_batch_idx), or of row b."""
+    want_k, want_v = k_cache.cpu().clone(), v_cache.cpu().clone()
+    page, n_new = k_cache.shape[1], k_new.shape[1]
+    for i, n in enumerate(lens):
+        k[i, n:n + n_new], v[i, n:n + n_new] = k_new[i], v_new[i]
+        for j in range(n_new):
+            p = n + j
+            row = i if rows is None else int(rows[i])
+            at = (int(table[i, p // page]), p % page) if table is not None else (row, p)
+            want_k[at], want_v[at] = k_new[i, j], v_new[i, j]
+    return want_k, want_v
+
+
+def _assert_appended(k_cache, v_cache, want_k, want_v):
+    """The caches hold `_appended`'s bytes: the new rows, and every other byte (NaN included) as before."""
+    for name, cache, want in (("k_cache", k_cache, want_k), ("v_cache", v_cache, want_v)):
+        assert torch.equal(cache.cpu().view(torch.uint8), want.view(torch.uint8)), f"{name}: not as appended"
+
+
+def _from_starts(k, v, starts, counts):
+    """Each sequence's `counts[b]` keys and values from row `starts[b]` on (cache_leftpad), NaN after them."""
+    seen_k, seen_v = torch.full_like(k, NAN), torch.full_like(v, NAN)
+    for i, (s, n) in enumerate(zip(starts, counts)):
+        seen_k[i, :n], seen_v[i, :n] = k[i, s:s + n], v[i, s:s + n]
+    return seen_k, seen_v
+
+
+def _in_rows(k_cache, v_cache, rows, total):
+    """Contiguous caches (on the CPU) placed at rows `rows` of caches of `total` rows, NaN in the others (the caches
+    cache_batch_idx names rows of)."""
+    big = [torch.full((total,) + tuple(t.shape[1:]), NAN).to(t.dtype) for t in (k_cache, v_cache)]
+    big[0][rows], big[1][rows] = k_cache.cpu(), v_cache.cpu()
+    return big
+
+
 def _oracle(q, k, v, seqlens, **options):
     options = {n: (o.cpu() if isinstance(o, torch.Tensor) else o) for n, o in options.items()}
     outs, lses = [], []
@@ -611,20 +649,14 @@ def test_kvcache_append(target, page_size, seqlen_new, num_splits, fp8):
     k, v = k.clone(), v.clone()                    # on the CPU a contiguous cache is the logical tensor itself
     b = len(lens)
     k_new, v_new = (torch.randn(b, seqlen_new, c["hk"], c["d"]).to(kv_dtype) for _ in range(2))
-    want_k, want_v = k_cache.cpu().clone(), v_cache.cpu().clone()
-    for i, n in enumerate(lens):
-        k[i, n:n + seqlen_new], v[i, n:n + seqlen_new] = k_new[i], v_new[i]
-        for j in range(seqlen_new):
-            at = (i, n + j) if table is None else (int(table[i, (n + j) // page_size]), (n + j) % page_size)
-            want_k[at], want_v[at] = k_new[i, j], v_new[i, j]
+    want_k, want_v = _appended(k_cache, v_cache, k, v, lens, k_new, v_new, table)
     seqlens = torch.tensor(lens, dtype=torch.int32, device=device)
     q = torch.randn(b, seqlen_new, c["hq"], c["d"], device=device, dtype=dtype)
     options = dict(causal=True, **(_descales(b, c["hk"], device) if fp8 else {}))
     got, lse = fmha.attention_with_kvcache(q, k_cache, v_cache, seqlens, k=k_new.to(device), v=v_new.to(device),
                                            block_table=table, num_splits=num_splits, return_lse=True, **options)
     assert seqlens.tolist() == lens
-    for name, cache, want in (("k_cache", k_cache, want_k), ("v_cache", v_cache, want_v)):
-        assert torch.equal(cache.cpu().view(torch.uint8), want.view(torch.uint8)), f"{name}: not as appended"
+    _assert_appended(k_cache, v_cache, want_k, want_v)
     assert_matches(got, lse, _oracle(q, k, v, [n + seqlen_new for n in lens], **options), dtype)
 
 
@@ -662,9 +694,7 @@ def test_kvcache_batch_idx(target, seqlen_q, num_splits, append):
     b = len(lens)
     k_cache, v_cache, _, k, v = _cache(lens, c["capacity"], c["hk"], c["d"], c["d"], dtype, "cpu", seed=seqlen_q)
     rows = torch.randperm(b + 3, generator=torch.Generator().manual_seed(seqlen_q))[:b]
-    big_k, big_v = (torch.full((b + 3,) + tuple(t.shape[1:]), NAN, dtype=dtype) for t in (k_cache, v_cache))
-    big_k[rows], big_v[rows] = k_cache, v_cache
-    big_k, big_v = big_k.to(device), big_v.to(device)
+    big_k, big_v = (t.to(device) for t in _in_rows(k_cache, v_cache, rows, b + 3))
     k, v = k.clone(), v.clone()
     q = torch.randn(b, seqlen_q, c["hq"], c["d"], device=device, dtype=dtype)
     new = {}
@@ -723,15 +753,12 @@ def test_kvcache_leftpad(target, seqlen_q, num_splits, variant):
             q_seen = rotary_ref(q, new["rotary_cos"], new["rotary_sin"], at).to(dtype)
         for i, n in enumerate(lens):
             k[i, n:n + seqlen_q], v[i, n:n + seqlen_q] = k_new[i], new["v"][i]
-    seen_k, seen_v = torch.full_like(k, NAN), torch.full_like(v, NAN)     # each sequence's keys from its start
-    for i, (s, n) in enumerate(zip(starts, counts)):
-        seen_k[i, :n], seen_v[i, :n] = k[i, s:s + n], v[i, s:s + n]
+    seen_k, seen_v = _from_starts(k, v, starts, counts)
     rows = None
     if variant == "batch_idx":
         rows = torch.randperm(b + 2, generator=g)[:b]
-        big_k, big_v = (torch.full((b + 2,) + tuple(t.shape[1:]), NAN, dtype=dtype) for t in (k_cache, v_cache))
-        big_k[rows], big_v[rows] = k_cache, v_cache
-        k_cache, v_cache, rows = big_k, big_v, rows.to(torch.int32).to(device)
+        k_cache, v_cache = _in_rows(k_cache, v_cache, rows, b + 2)
+        rows = rows.to(torch.int32).to(device)
     to = lambda t: t.to(device) if isinstance(t, torch.Tensor) else t      # noqa: E731
     got, lse = fmha.attention_with_kvcache(
         q.to(device), k_cache.to(device), v_cache.to(device), torch.tensor(lens, dtype=torch.int32, device=device),
