@@ -7,6 +7,8 @@ from conftest import ON_GPU
 
 DEV = "cuda" if ON_GPU else "cpu"
 DT = torch.float16
+# Every case runs on the machine's target, so it is marked for it: the GPU suite (`-m gpu`) runs this file too.
+pytestmark = pytest.mark.gpu if ON_GPU else pytest.mark.cpu
 
 
 def qkv(b=1, sq=8, sk=8, hq=4, hk=2, d=64, dv=None, dtype=DT):

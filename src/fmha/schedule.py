@@ -101,31 +101,36 @@ def plan_mla(cache_seqlens, num_parts: int, piece_overhead: int = PIECE_OVERHEAD
     device = cache_seqlens.device
     n = cache_seqlens.shape[0]
     blocks = (cache_seqlens.to(torch.int64) + SCHED_BLOCK - 1) // SCHED_BLOCK
-    cum = torch.zeros(n + 1, dtype=torch.int64, device=device)
-    cum[1:] = torch.cumsum(blocks, 0)
+    # The sorted sequences searched are whole tensors, never slices of ones computed here: inductor (torch 2.11)
+    # fails on a slice of a computed buffer passed to searchsorted (`NotImplementedError: SliceView`,
+    # pytorch/pytorch#185201), which a compiled layer that plans hits.
+    ends = torch.cumsum(blocks, 0)                 # ends[b]: the flat block after sequence b's last
+    cum = torch.nn.functional.pad(ends, (1, 0))     # cum[b]: sequence b's first flat block; cum[n] the total
     total = cum[-1]
     # Cost: each non-empty sequence's blocks after its overhead; part p's cut at cost p * share.
-    cost = torch.zeros(n + 1, dtype=torch.int64, device=device)
-    cost[1:] = torch.cumsum(blocks + piece_overhead * (blocks > 0), 0)
+    cost_ends = torch.cumsum(blocks + piece_overhead * (blocks > 0), 0)
+    cost = torch.nn.functional.pad(cost_ends, (1, 0))
     share = torch.clamp((cost[-1] + num_parts - 1) // num_parts, min=1)
     whole = -(-n // num_parts)                     # sequences a part takes when they go whole
     parts = torch.arange(num_parts + 1, dtype=torch.int64, device=device)
     at = torch.minimum(parts * share, cost[-1])
-    seq = torch.searchsorted(cost[1:], at, right=True).clamp(max=max(n - 1, 0))
+    seq = torch.searchsorted(cost_ends, at, right=True).clamp(max=max(n - 1, 0))
     cuts = torch.minimum(cum[seq] + torch.clamp(at - cost[seq] - piece_overhead, min=0), cum[seq + 1]) if n else at
     if runs_whole(n, num_parts):
         longest = blocks.max()
         go_whole = (blocks.min() == longest) & (longest > 0)
         cuts = torch.where(go_whole, torch.minimum(parts * whole * longest, total), cuts)
     start, end = cuts[:-1], cuts[1:]              # the last cut is `total` either way
-    # The batch holding flat block `start`: the first b with cum[b + 1] > start (skips empty batches).
-    batch = torch.searchsorted(cum[1:], start, right=True).clamp(max=max(n - 1, 0))
+    # The batch holding flat block `start`: the first b with ends[b] > start (skips empty batches).
+    batch = torch.searchsorted(ends, cuts, right=True)[:-1].clamp(max=max(n - 1, 0))
     first_block = start - cum[batch]
-    # The part holding a block: the last one starting at or before it (parts before it may be empty).
+    # The part holding a block: the last one starting at or before it (parts before it may be empty). Searched
+    # among all the cuts: the last, `total`, is past every block but a trailing empty sequence's start, and
+    # that sequence's part is never read (it has no splits and holds no part's start).
     def part_of(block):
-        return torch.searchsorted(start, block, right=True) - 1
-    first_part = part_of(cum[:-1])
-    last_part = part_of(cum[1:] - 1)
+        return torch.searchsorted(cuts, block, right=True) - 1
+    first_part = part_of(ends - blocks)
+    last_part = part_of(ends - 1)
     splits = torch.where(blocks > 0, last_part - first_part + 1, 0)
     split_offsets = torch.zeros_like(cum)
     split_offsets[1:] = torch.cumsum(splits, 0)
