@@ -7,7 +7,6 @@ It uses only shapes (the cache capacity, not `cache_seqlens`), so it needs no ho
 """
 from __future__ import annotations
 
-import functools
 import threading
 
 MAX_SPLITS = 64
@@ -23,11 +22,18 @@ def num_sms(device) -> int:
     return _cuda_sms(device.index if device.index is not None else 0)
 
 
-@functools.lru_cache(maxsize=None)
-def _cuda_sms(index: int) -> int:
-    import torch
+_SMS: dict = {}
 
-    return torch.cuda.get_device_properties(index).multi_processor_count
+
+def _cuda_sms(index: int) -> int:
+    """Kept in a dict, not `functools.lru_cache`: a compiled layer that plans traces this, and dynamo warns at
+    every compile that it ignores an lru_cache wrapper."""
+    sms = _SMS.get(index)
+    if sms is None:
+        import torch
+
+        sms = _SMS[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return sms
 
 
 def plan_num_splits(programs: int, max_seqlen_k: int, block_n: int, sms: int, num_warps: int = 4,
