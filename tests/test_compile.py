@@ -100,6 +100,41 @@ def test_compile_varlen_paged_fullgraph():
         assert_close("out", out[qs:qe], attention_ref(q[None, qs:qe], keys, vals, causal=True)[0][0], DT)
 
 
+def test_compile_dynamic_shapes():
+    """torch.compile(dynamic=True), as a serving engine compiles for every batch size: symbolic shapes (and floats:
+    dynamo could not trace the checks' `math.isfinite` of the default softcap) through the validation and the plan,
+    one graph run at two sizes. Dense attention, and an MLA decode layer that plans."""
+    import fmha.mla as flash_mla
+    from fmha.reference import mla_decode_ref
+
+    torch.manual_seed(4)
+
+    def block(q, k, v):
+        return fmha.attention(q * 2, k, v, causal=True, return_lse=True)     # softcap 0.0: it failed the check
+
+    def layer(q, cache, table, lens):
+        meta, splits = flash_mla.get_mla_metadata(lens, q.shape[1] * q.shape[2], 1)
+        return flash_mla.flash_mla_with_kvcache(q, cache, table, lens, 512, meta, splits)
+
+    block, layer = (torch.compile(f, fullgraph=True, backend=BACKEND, dynamic=True) for f in (block, layer))
+    for b, s_q, s_k in ((2, 24, 40), (3, 17, 33)):
+        q = torch.randn(b, s_q, 4, 64, device=DEV, dtype=DT)
+        k, v = (torch.randn(b, s_k, 2, 64, device=DEV, dtype=DT) for _ in range(2))
+        out, lse = block(q, k, v)
+        ref, ref_lse = attention_ref(q * 2, k, v, causal=True)
+        assert_close("out", out, ref, DT)
+        torch.testing.assert_close(lse, ref_lse, atol=2e-3, rtol=0)
+
+        lens = torch.randint(0, 3 * 64, (b,), dtype=torch.int32, device=DEV)
+        cache = torch.randn(3 * b, 64, 1, 576, device=DEV, dtype=DT)
+        table = torch.randperm(3 * b, dtype=torch.int32, device=DEV).view(b, 3)
+        q = torch.randn(b, 1, 16, 576, device=DEV, dtype=DT)
+        out, lse = layer(q, cache, table, lens)
+        ref, ref_lse = mla_decode_ref(q, cache, table, lens, 512)
+        assert_close("mla out", out, ref, DT)
+        torch.testing.assert_close(lse, ref_lse, atol=2e-3, rtol=0)
+
+
 def test_custom_op_registered():
     assert hasattr(torch.ops.fmha, "attention_fwd")
     torch.library.opcheck(torch.ops.fmha.attention_fwd.default, (

@@ -70,6 +70,7 @@ def test_shape_errors():
     for value in (float("inf"), float("nan")):        # neither scales nor caps a score: NaN outputs or no cap at all
         _bad(ValueError, "softmax_scale: expected a finite positive", fmha.attention, q, k, v, softmax_scale=value)
         _bad(ValueError, "softcap: expected a finite", fmha.attention, q, k, v, softcap=value)
+    _bad(ValueError, "softcap: expected a finite value >= 0", fmha.attention, q, k, v, softcap=-0.5)
     _bad(ValueError, "out: expected shape", fmha.attention, q, k, v, out=torch.empty(1, 8, 4, 32, device=DEV, dtype=DT))
 
 

@@ -80,17 +80,18 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--fix", choices=("none", "contiguous"), default="none")
     p.add_argument("--backend", default="inductor")
+    p.add_argument("--dynamic", action="store_true", help="torch.compile(dynamic=True): symbolic shapes")
     a = p.parse_args()
     if a.fix != "none":
         patch(a.fix)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     dt = torch.bfloat16 if dev == "cuda" else torch.float16
-    print(f"torch {torch.__version__}, fix {a.fix}, backend {a.backend}, {dev}")
+    print(f"torch {torch.__version__}, fix {a.fix}, backend {a.backend}, dynamic {a.dynamic}, {dev}")
     for name, fn, args in cases(dev, dt):
         torch._dynamo.reset()
         eager = fn(*args)
         try:
-            got = torch.compile(fn, fullgraph=True, backend=a.backend)(*args)
+            got = torch.compile(fn, fullgraph=True, backend=a.backend, dynamic=a.dynamic or None)(*args)
         except Exception as e:                      # noqa: BLE001 (the experiment reports every failure)
             last = traceback.format_exception_only(type(e), e)[-1].strip()[:160]
             print(f"  {name:36s} FAIL {last}")

@@ -126,7 +126,8 @@ def check_options(q, *, window, softmax_scale, softcap, alibi_slopes, sinks, bat
     check_softmax_scale(softmax_scale)
     if not isinstance(softcap, (int, float)) or isinstance(softcap, bool):
         raise TypeError(f"softcap: expected a float, got {type(softcap).__name__}")
-    if not (softcap >= 0 and math.isfinite(softcap)):            # NaN fails both
+    # Comparisons only: NaN fails both, and dynamo cannot trace `math.isfinite` under dynamic shapes.
+    if not 0 <= softcap < math.inf:
         raise ValueError(f"softcap: expected a finite value >= 0 (0 disables it), got {softcap}")
     for name, t in (("alibi_slopes", alibi_slopes), ("sinks", sinks)):
         check_per_head(name, t, hq, q.device)
@@ -138,7 +139,7 @@ def check_softmax_scale(softmax_scale):
         return
     if not isinstance(softmax_scale, (int, float)) or isinstance(softmax_scale, bool):
         raise TypeError(f"softmax_scale: expected a float or None, got {type(softmax_scale).__name__}")
-    if not (softmax_scale > 0 and math.isfinite(softmax_scale)):
+    if not 0 < softmax_scale < math.inf:        # as softcap's check: NaN fails, and dynamo traces it
         raise ValueError(f"softmax_scale: expected a finite positive value, got {softmax_scale}")
 
 
