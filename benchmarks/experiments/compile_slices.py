@@ -46,6 +46,9 @@ def cases(dev, dt):
     lens = torch.tensor([20, 3], dtype=torch.int32, device=dev)
     yield "kvcache q slice", lambda q: fmha.attention_with_kvcache((q * 2)[..., :64], kc, vc, lens,
                                                                    block_table=table), (r(2, 1, 4, 96),)
+    kc2, vc2 = r(6, 16, 2, 64), r(6, 16, 2, 64)
+    yield "kvcache append k, v", lambda q, kn, vn: fmha.attention_with_kvcache(
+        q, kc2, vc2, lens, k=kn, v=vn, block_table=table), (r(2, 1, 4, 64), r(2, 1, 2, 64), r(2, 1, 2, 64))
     cache = r(9, 64, 1, 576)
     mtable = torch.arange(9, dtype=torch.int32, device=dev).view(3, 3)
     mlens = torch.tensor([70, 0, 130], dtype=torch.int32, device=dev)
@@ -64,6 +67,12 @@ def cases(dev, dt):
         q_nope, q_pe = (q * 2).split([512, 64], -1)
         return M.mla_decode(q_nope, q_pe, cache[..., :512], cache[..., 512:], mtable, mlens)
     yield "mla_decode split", split, (r(3, 1, 16, 576),)
+    sidx = torch.randint(-1, 9 * 64, (3, 2, 40), generator=g, dtype=torch.int32).to(dev)
+
+    def sparse_decode(q):
+        meta, splits = M.get_mla_metadata(mlens, 2 * 16, 1, num_heads_q=16, topk=40)
+        return M.flash_mla_with_kvcache(q, cache, None, mlens, 512, meta, splits, indices=sidx)
+    yield "flash_mla_with_kvcache indices", sparse_decode, (r(3, 2, 16, 576),)
     kv = r(100, 1, 576)
     idx = torch.randint(0, 100, (5, 1, 64), generator=g, dtype=torch.int32).to(dev)
     yield "flash_mla_sparse_fwd q*2", lambda q: M.flash_mla_sparse_fwd(q * 2, kv, idx), (r(5, 16, 576),)
@@ -81,24 +90,35 @@ def main():
     p.add_argument("--fix", choices=("none", "contiguous"), default="none")
     p.add_argument("--backend", default="inductor")
     p.add_argument("--dynamic", action="store_true", help="torch.compile(dynamic=True): symbolic shapes")
+    p.add_argument("--mode", default=None, help="torch.compile's mode, e.g. reduce-overhead (CUDA graphs)")
+    p.add_argument("--calls", type=int, default=1, help="calls per case, each on fresh values of its float inputs "
+                   "(3 with CUDA graphs: warm-up, record, replay)")
     a = p.parse_args()
     if a.fix != "none":
         patch(a.fix)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     dt = torch.bfloat16 if dev == "cuda" else torch.float16
-    print(f"torch {torch.__version__}, fix {a.fix}, backend {a.backend}, dynamic {a.dynamic}, {dev}")
+    print(f"torch {torch.__version__}, fix {a.fix}, backend {a.backend}, dynamic {a.dynamic}, mode {a.mode}, {dev}")
     for name, fn, args in cases(dev, dt):
         torch._dynamo.reset()
-        eager = fn(*args)
+        compiled = torch.compile(fn, fullgraph=True, backend=a.backend, dynamic=a.dynamic or None, mode=a.mode)
+        diffs = []
         try:
-            got = torch.compile(fn, fullgraph=True, backend=a.backend, dynamic=a.dynamic or None)(*args)
+            for call in range(a.calls):
+                if call:
+                    args = tuple(t.clone().normal_() if t.is_floating_point() and t.element_size() > 1 else t
+                                 for t in args)
+                got = compiled(*args)
+                got = [t.clone() for t in (got if isinstance(got, (tuple, list)) else (got,))]
+                eager = fn(*args)
+                eager = eager if isinstance(eager, (tuple, list)) else (eager,)
+                diffs.append(max((x.float() - y.float()).abs().nan_to_num(0).max().item()
+                                 for x, y in zip(eager, got)))
         except Exception as e:                      # noqa: BLE001 (the experiment reports every failure)
             last = traceback.format_exception_only(type(e), e)[-1].strip()[:160]
-            print(f"  {name:36s} FAIL {last}")
+            print(f"  {name:36s} FAIL after {len(diffs)} calls: {last}")
             continue
-        eager, got = (t if isinstance(t, (tuple, list)) else (t,) for t in (eager, got))
-        diff = max((a.float() - b.float()).abs().nan_to_num(0).max().item() for a, b in zip(eager, got))
-        print(f"  {name:36s} ok, max |compiled - eager| {diff:.3g}")
+        print(f"  {name:36s} ok, max |compiled - eager| per call {' '.join(f'{d:.3g}' for d in diffs)}")
 
 
 if __name__ == "__main__":
