@@ -7,7 +7,7 @@ import torch
 import fmha
 from conftest import ON_GPU
 from fmha.reference import attention_ref
-from utils import assert_close, assert_forward_only, assert_matches_fp8_p
+from utils import assert_close, assert_forward_only, assert_matches, assert_matches_fp8_p
 
 DEV = "cuda" if ON_GPU else "cpu"
 DT = torch.bfloat16 if ON_GPU else torch.float16
@@ -133,6 +133,53 @@ def test_compile_dynamic_shapes():
         ref, ref_lse = mla_decode_ref(q, cache, table, lens, 512)
         assert_close("mla out", out, ref, DT)
         torch.testing.assert_close(lse, ref_lse, atol=2e-3, rtol=0)
+
+
+def test_export_dynamic_batch():
+    """torch.export with a dynamic batch: dense attention, and an MLA decode layer that plans. The plan's choice
+    of whole sequences (`schedule.runs_whole`, a host test on the batch size) is taken on the device for a symbolic
+    batch: export failed on the guard it made. The exported layer's plan is the eager one at batch sizes on both
+    sides of that choice: as many equal sequences as parts, and twice as many, go whole; half as many do not."""
+    import fmha.mla as flash_mla
+    from fmha.reference import mla_decode_ref
+    from fmha.schedule import mla_num_parts, num_sms, runs_whole
+
+    class Attention(torch.nn.Module):
+        def forward(self, q, k, v):
+            return fmha.attention(q * 2, k, v, causal=True, return_lse=True)
+
+    class Layer(torch.nn.Module):
+        def forward(self, q, cache, table, lens):
+            meta, splits = flash_mla.get_mla_metadata(lens, q.shape[1] * q.shape[2], 1)
+            out, lse = flash_mla.flash_mla_with_kvcache(q, cache, table, lens, 512, meta, splits)
+            return out, lse, meta, splits
+
+    torch.manual_seed(5)
+    parts = mla_num_parts(16, 1, num_sms(torch.device(DEV)))
+    sizes = (parts, 2 * parts, parts // 2 + 1)
+    assert [runs_whole(n, parts) for n in sizes] == [True, True, False]
+    batch = torch.export.Dim("batch", min=1, max=1024)
+    q, k, v = (torch.randn(2, 24, n, 64, device=DEV, dtype=DT) for n in (4, 2, 2))
+    attention = torch.export.export(Attention(), (q, k, v), dynamic_shapes=({0: batch},) * 3).module()
+    q, k, v = (torch.randn(3, 24, n, 64, device=DEV, dtype=DT) for n in (4, 2, 2))
+    out, lse = attention(q, k, v)
+    assert_matches(out, lse, attention_ref(q * 2, k, v, causal=True), DT)
+
+    cache = torch.randn(2 * parts, 64, 1, 576, device=DEV, dtype=DT)
+
+    def inputs(lens):
+        b = len(lens)
+        table = torch.randperm(2 * parts, dtype=torch.int32, device=DEV)[:b, None]
+        return torch.randn(b, 1, 16, 576, device=DEV, dtype=DT), cache, table, torch.tensor(lens, dtype=torch.int32,
+                                                                                           device=DEV)
+    layer = torch.export.export(Layer(), inputs([70, 9]), dynamic_shapes=({0: batch}, None, {0: batch},
+                                                                         {0: batch})).module()
+    for lens in ([40] * sizes[0], [33] * sizes[1], [64] * sizes[2], [0, 64, 5, 17, 64]):
+        args = inputs(lens)
+        out, lse, meta, splits = layer(*args)
+        want = flash_mla.get_mla_metadata(args[3], 16, 1)
+        assert torch.equal(meta, want[0]) and torch.equal(splits, want[1]), lens
+        assert_matches(out, lse, mla_decode_ref(*args, 512), DT)
 
 
 def test_custom_op_registered():

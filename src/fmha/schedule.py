@@ -122,9 +122,14 @@ def plan_mla(cache_seqlens, num_parts: int, piece_overhead: int = PIECE_OVERHEAD
     at = torch.minimum(parts * share, cost[-1])
     seq = torch.searchsorted(cost_ends, at, right=True).clamp(max=max(n - 1, 0))
     cuts = torch.minimum(cum[seq] + torch.clamp(at - cost[seq] - piece_overhead, min=0), cum[seq + 1]) if n else at
-    if runs_whole(n, num_parts):
+    if isinstance(n, int):
+        fits = runs_whole(n, num_parts)
+    else:       # a symbolic batch (torch.export with a dynamic one): `runs_whole` on the device, no guard on it
+        sequences = torch.ones((), dtype=torch.int64, device=device) * n
+        fits = n > 0 and (sequences + num_parts - 1) // num_parts * num_parts <= WHOLE_SEQUENCE_SLACK * sequences
+    if isinstance(fits, torch.Tensor) or fits:
         longest = blocks.max()
-        go_whole = (blocks.min() == longest) & (longest > 0)
+        go_whole = (blocks.min() == longest) & (longest > 0) & fits
         cuts = torch.where(go_whole, torch.minimum(parts * whole * longest, total), cuts)
     start, end = cuts[:-1], cuts[1:]              # the last cut is `total` either way
     # The batch holding flat block `start`: the first b with ends[b] > start (skips empty batches).
