@@ -1,4 +1,5 @@
-"""The public ops are torch custom ops: torch.compile(fullgraph=True) traces them without graph breaks."""
+"""The public ops are torch custom ops: torch.compile(fullgraph=True) traces them without graph breaks, with
+static or dynamic shapes, and torch.export exports them with a dynamic batch."""
 import warnings
 
 import pytest
@@ -164,12 +165,12 @@ def test_export_dynamic_batch():
     cache = torch.randn(2 * parts, 64, 1, 576, device=DEV, dtype=DT)
 
     def inputs(lens):
-        b = len(lens)
-        table = torch.randperm(2 * parts, dtype=torch.int32, device=DEV)[:b, None]
-        return torch.randn(b, 1, 16, 576, device=DEV, dtype=DT), cache, table, torch.tensor(lens, dtype=torch.int32,
-                                                                                           device=DEV)
-    layer = torch.export.export(Layer(), inputs([70, 9]), dynamic_shapes=({0: batch}, None, {0: batch},
-                                                                         {0: batch})).module()
+        """(q, cache, block table, lengths) of len(lens) sequences, a page each."""
+        table = torch.randperm(2 * parts, dtype=torch.int32, device=DEV)[:len(lens), None]
+        q = torch.randn(len(lens), 1, 16, 576, device=DEV, dtype=DT)
+        return q, cache, table, torch.tensor(lens, dtype=torch.int32, device=DEV)
+    by_batch = ({0: batch}, None, {0: batch}, {0: batch})
+    layer = torch.export.export(Layer(), inputs([70, 9]), dynamic_shapes=by_batch).module()
     for lens in ([40] * sizes[0], [33] * sizes[1], [64] * sizes[2], [0, 64, 5, 17, 64]):
         args = inputs(lens)
         out, lse, meta, splits = layer(*args)
