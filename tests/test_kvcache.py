@@ -48,15 +48,21 @@ def _appended(k_cache, v_cache, k, v, lens, k_new, v_new, table=None, rows=None)
     rows in place, and the caches as the append must leave them are returned (on the CPU), key j of sequence b at
     position lens[b] + j of its pages (`table`), of cache row rows[b] (cache_batch_idx), or of row b."""
     want_k, want_v = k_cache.cpu().clone(), v_cache.cpu().clone()
-    page, n_new = k_cache.shape[1], k_new.shape[1]
+    n_new = k_new.shape[1]
     for i, n in enumerate(lens):
         k[i, n:n + n_new], v[i, n:n + n_new] = k_new[i], v_new[i]
+    for i, j, at in _slots(lens, n_new, k_cache.shape[1], table, rows):
+        want_k[at], want_v[at] = k_new[i, j], v_new[i, j]
+    return want_k, want_v
+
+
+def _slots(lens, n_new, page, table=None, rows=None):
+    """(i, j, index into the cache) of new key j of sequence i, an append at cache_seqlens `lens` (as `_appended`)."""
+    for i, n in enumerate(lens):
+        row = i if rows is None else int(rows[i])
         for j in range(n_new):
             p = n + j
-            row = i if rows is None else int(rows[i])
-            at = (int(table[i, p // page]), p % page) if table is not None else (row, p)
-            want_k[at], want_v[at] = k_new[i, j], v_new[i, j]
-    return want_k, want_v
+            yield i, j, ((int(table[i, p // page]), p % page) if table is not None else (row, p))
 
 
 def _assert_appended(k_cache, v_cache, want_k, want_v):
