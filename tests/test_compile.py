@@ -179,6 +179,59 @@ def test_export_dynamic_batch():
         _check(out, lse, *mla_decode_ref(*args, 512), DT)      # (a sequence of no key: LSE +inf)
 
 
+def test_export_symbolic_sizes():
+    """Sizes read off tensors with dynamic dims are symbolic ints under torch.export, and the entry points take them
+    where they take an int: get_mla_metadata's `s_q * h_q` and `topk`, attention_varlen's max_seqlen_q / _k. They
+    were rejected (`TypeError: ... expected an int, got SymInt`). Each export, run at new sizes, gives the eager
+    call's results bit for bit."""
+    import fmha.mla as flash_mla
+
+    class Decode(torch.nn.Module):          # dense MLA decode; s_q varies (speculative decoding's drafts)
+        def forward(self, q, cache, table, lens):
+            meta, splits = flash_mla.get_mla_metadata(lens, q.shape[1] * q.shape[2], 1)
+            return flash_mla.flash_mla_with_kvcache(q, cache, table, lens, 512, meta, splits, causal=True)
+
+    class Sparse(torch.nn.Module):          # token-sparse decode; topk varies too
+        def forward(self, q, cache, indices, lens):
+            meta, splits = flash_mla.get_mla_metadata(lens, q.shape[1] * q.shape[2], 1, num_heads_q=q.shape[2],
+                                                      topk=indices.shape[-1])
+            return flash_mla.flash_mla_with_kvcache(q, cache, None, lens, 512, meta, splits, indices=indices)
+
+    class Varlen(torch.nn.Module):
+        def forward(self, q, k, v, cu):
+            return fmha.attention_varlen(q, k, v, cu, cu, q.shape[0], k.shape[0], causal=True, return_lse=True)
+
+    g = torch.Generator().manual_seed(6)
+    cache = torch.randn(6, 64, 1, 576, generator=g).to(DT).to(DEV)
+    i32 = lambda t: t.to(torch.int32).to(DEV)           # noqa: E731
+
+    def decode(b, s_q):
+        return (torch.randn(b, s_q, 16, 576, generator=g).to(DT).to(DEV), cache,
+                i32(torch.randint(0, 6, (b, 2), generator=g)), i32(torch.randint(0, 128, (b,), generator=g)))
+
+    def sparse(b, s_q, topk):
+        return (torch.randn(b, s_q, 16, 576, generator=g).to(DT).to(DEV), cache,
+                i32(torch.randint(-1, 6 * 64, (b, s_q, topk), generator=g)), i32(torch.zeros(b)))
+
+    def varlen(n):
+        q, k, v = (torch.randn(12 * n, h, 64, generator=g).to(DT).to(DEV) for h in (4, 2, 2))
+        return q, k, v, i32(torch.arange(0, 12 * n + 1, 12))
+
+    Dim = torch.export.Dim
+    b, s_q, topk = Dim("b", min=1, max=256), Dim("s_q", min=1, max=8), Dim("topk", min=1, max=4096)
+    tokens, cu = Dim("tokens", min=2, max=4096), Dim("cu", min=2, max=64)
+    for module, make, first, later, dims in (
+            (Decode(), decode, (2, 2), ((3, 1), (1, 3)), ({0: b, 1: s_q}, None, {0: b}, {0: b})),
+            (Sparse(), sparse, (2, 2, 40), ((3, 1, 64), (1, 3, 17)), ({0: b, 1: s_q}, None, {0: b, 1: s_q, 2: topk},
+                                                                      {0: b})),
+            (Varlen(), varlen, (2,), ((3,), (5,)), ({0: tokens},) * 3 + ({0: cu},))):
+        exported = torch.export.export(module, make(*first), dynamic_shapes=dims).module()
+        for sizes in later:
+            args = make(*sizes)
+            for got, want in zip(exported(*args), module(*args)):
+                assert torch.equal(got, want), (type(module).__name__, sizes)
+
+
 def test_custom_op_registered():
     assert hasattr(torch.ops.fmha, "attention_fwd")
     torch.library.opcheck(torch.ops.fmha.attention_fwd.default, (

@@ -186,8 +186,13 @@ def check_cu_seqlens(name, cu, batch_plus_one=None, device=None):
         raise ValueError(f"{name}: expected a contiguous tensor")
 
 
+def is_int(value) -> bool:
+    """A Python int, or torch.export's symbolic one (a size read off a tensor with a dynamic dim); not a bool."""
+    return isinstance(value, (int, torch.SymInt)) and not isinstance(value, bool)
+
+
 def check_max_seqlen(name, value):
-    if not isinstance(value, int) or isinstance(value, bool):
+    if not is_int(value):
         raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
     if value < 0:
         raise ValueError(f"{name}: expected >= 0, got {value}")

@@ -101,16 +101,16 @@ def get_mla_metadata(cache_seqlens=None, num_q_tokens_per_head_k=None, num_heads
     V.check_tensor("cache_seqlens", cache_seqlens, ndim=1, dtypes=(torch.int32,))
     V.check_device("cache_seqlens", cache_seqlens)
     for name, value in (("num_q_tokens_per_head_k", num_q_tokens_per_head_k), ("num_heads_k", num_heads_k)):
-        if not isinstance(value, int) or isinstance(value, bool):
+        if not V.is_int(value):
             raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
         if value < 1:
             raise ValueError(f"{name}: expected >= 1, got {value}")
     sms = num_sms(cache_seqlens.device)
     if topk is None:
         return plan_mla(cache_seqlens, mla_num_parts(num_q_tokens_per_head_k, num_heads_k, sms))
-    if not isinstance(topk, int) or isinstance(topk, bool) or topk < 1:
+    if not V.is_int(topk) or topk < 1:
         raise ValueError(f"topk: expected a positive int, got {topk!r}")
-    if not isinstance(num_heads_q, int) or num_heads_q < num_heads_k or num_heads_q % num_heads_k:
+    if not V.is_int(num_heads_q) or num_heads_q < num_heads_k or num_heads_q % num_heads_k:
         raise ValueError(f"num_heads_q: expected a multiple of num_heads_k ({num_heads_k}) with topk, "
                          f"got {num_heads_q!r}")
     heads_per_k = num_heads_q // num_heads_k
