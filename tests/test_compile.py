@@ -132,6 +132,31 @@ def test_compile_dynamic_shapes():
         _check(*layer(q, cache, table, lens), *mla_decode_ref(q, cache, table, lens, 512), DT)
 
 
+def test_compile_sched_meta_dynamic():
+    """FlashMLA's newer form under torch.compile(dynamic=True): a step takes `get_mla_metadata()`'s empty handle, and
+    its first layer plans into it, the second reuses the plan. The handle's configuration was a frozen dataclass, which
+    dynamo could not build from symbolic sizes (the second size, s_q 3, failed to compile)."""
+    import fmha.mla as flash_mla
+    from fmha.reference import mla_decode_ref
+
+    torch.manual_seed(7)
+    cache = torch.randn(9, 64, 1, 576, device=DEV, dtype=DT)
+    table = torch.arange(9, dtype=torch.int32, device=DEV).view(3, 3)
+    lens = torch.tensor([70, 0, 130], dtype=torch.int32, device=DEV)
+
+    def step(q):
+        sched, splits = flash_mla.get_mla_metadata()
+        first = flash_mla.flash_mla_with_kvcache(q, cache, table, lens, 512, sched, splits, causal=True)
+        second = flash_mla.flash_mla_with_kvcache(q * 2, cache, table, lens, 512, sched, splits, causal=True)
+        return first, second
+
+    step = torch.compile(step, fullgraph=True, backend=BACKEND, dynamic=True)
+    for s_q in (2, 3):
+        q = torch.randn(3, s_q, 16, 576, device=DEV, dtype=DT)
+        for got, scale in zip(step(q), (1, 2)):
+            _check(*got, *mla_decode_ref(q * scale, cache, table, lens, 512, causal=True), DT)
+
+
 def test_export_dynamic_batch():
     """torch.export with a dynamic batch: dense attention, and an MLA decode layer that plans. The plan's choice
     of whole sequences (`schedule.runs_whole`, a host test on the batch size) is taken on the device for a symbolic

@@ -32,7 +32,7 @@ from FlashMLA: `lse (b, h_q, s_q)` fp32 natural log, and a query row that sees n
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -56,8 +56,7 @@ class FlashMLASchedMeta:
     FlashMLA, a reused plan is not checked against new length values. Token-sparse calls take their plan from
     the query shape alone (`schedule.uniform_plan`), so they keep only the configuration here."""
 
-    @dataclasses.dataclass(frozen=True)
-    class Config:
+    class Config(NamedTuple):        # a NamedTuple, not a frozen dataclass: dynamo builds it from symbolic sizes
         b: int
         s_q: int
         h_q: int
