@@ -106,9 +106,9 @@ def check_descales(q, k, v, descales, batch):
 def check_options(q, *, window, softmax_scale, softcap, alibi_slopes, sinks, batch):
     """`window` is (left, right) ints, or with `left` a `(batch,)` int32 tensor: one left bound per sequence."""
     hq = q.shape[-2]
-    is_int = lambda w: isinstance(w, int) and not isinstance(w, bool)      # noqa: E731
-    if not (isinstance(window, (tuple, list)) and len(window) == 2 and is_int(window[1])
-            and (is_int(window[0]) or isinstance(window[0], torch.Tensor))):
+    plain_int = lambda w: isinstance(w, int) and not isinstance(w, bool)      # noqa: E731 (not `is_int`: no SymInt)
+    if not (isinstance(window, (tuple, list)) and len(window) == 2 and plain_int(window[1])
+            and (plain_int(window[0]) or isinstance(window[0], torch.Tensor))):
         raise TypeError(f"window: expected (left, right) ints, left optionally a (batch,) int32 tensor; "
                         f"got {window!r}")
     if isinstance(window[0], torch.Tensor):
