@@ -257,12 +257,72 @@ def test_export_symbolic_sizes():
                 assert torch.equal(got, want), (type(module).__name__, sizes)
 
 
-def test_custom_op_registered():
-    assert hasattr(torch.ops.fmha, "attention_fwd")
-    torch.library.opcheck(torch.ops.fmha.attention_fwd.default, (
-        torch.randn(1, 8, 2, 32, device=DEV, dtype=DT), torch.randn(1, 8, 2, 32, device=DEV, dtype=DT),
-        torch.randn(1, 8, 2, 32, device=DEV, dtype=DT), torch.empty(1, 8, 2, 32, device=DEV, dtype=DT),
-        None, None, 8, 8, 0.2, -1, 0, 0.0, None, None), test_utils=("test_schema", "test_faketensor"))
+def _public_calls():
+    """name -> (module, op handle, call): public calls on small inputs, each reaching the op `module.<handle>` (an
+    `_ops.custom_op` handle) with the arguments that op is to be checked on."""
+    import importlib
+
+    import fmha.mla as M
+    A = importlib.import_module("fmha.attention")       # the module; `fmha.attention` is the function
+    g = torch.Generator().manual_seed(8)
+    r = lambda *s: torch.randn(*s, generator=g).to(DT).to(DEV)          # noqa: E731
+    i32 = lambda x: torch.tensor(x, dtype=torch.int32, device=DEV)      # noqa: E731
+    q, k, v = r(2, 24, 4, 64), r(2, 40, 2, 64), r(2, 40, 2, 48)
+    q8, k8, v8 = ((torch.randn(2, n, h, 64, generator=g) * 2).to(torch.float8_e4m3fn).to(DEV)
+                  for n, h in ((24, 4), (40, 2), (40, 2)))
+    kc, vc, table, lens = r(6, 16, 2, 64), r(6, 16, 2, 64), i32([[4, 1], [0, 5]]), i32([20, 3])
+    cache, mtable, mlens = r(9, 64, 1, 576), i32([[0, 1, 2], [3, 4, 5], [6, 7, 8]]), i32([70, 0, 130])
+    packed = M.quantize_kv_cache(torch.randn(9, 64, 1, 576, generator=g).bfloat16(), "v32").to(DEV)
+    sparse = torch.randint(-1, 9 * 64, (3, 2, 40), generator=g, dtype=torch.int32).to(DEV)
+    kv, rows = r(100, 1, 576), torch.randint(0, 100, (5, 1, 64), generator=g, dtype=torch.int32).to(DEV)
+    cu = i32([0, 10, 24])
+    return {
+        "attention": (A, "_attention_fwd", lambda: fmha.attention(q, k, v, causal=True, return_lse=True)),
+        "attention options": (A, "_attention_fwd", lambda: fmha.attention(
+            q, k, v, window=(5, 0), sinks=r(4).float(), alibi_slopes=torch.rand(4, device=DEV), softcap=20.0)),
+        "attention fp8": (A, "_attention_fwd", lambda: fmha.attention(
+            q8, k8, v8, causal=True, q_descale=torch.rand(2, 2, device=DEV) + 0.5, return_lse=True)),
+        "attention_varlen": (A, "_attention_fwd", lambda: fmha.attention_varlen(
+            q[0], k[0, :24], v[0, :24], cu, cu, 14, 14, causal=True, return_lse=True)),
+        "attention_with_kvcache": (A, "_attention_kvcache_fwd", lambda: fmha.attention_with_kvcache(
+            r(2, 3, 4, 64), kc, vc, lens, block_table=table, causal=True, return_lse=True)),
+        "attention_with_kvcache append": (A, "_attention_kvcache_fwd", lambda: fmha.attention_with_kvcache(
+            r(2, 1, 4, 64), kc, vc, lens, k=r(2, 1, 2, 64), v=r(2, 1, 2, 64), block_table=table)),
+        "flash_mla_with_kvcache": (M, "_mla_decode_fwd", lambda: M.flash_mla_with_kvcache(
+            r(3, 2, 16, 576), cache, mtable, mlens, 512, *M.get_mla_metadata(mlens, 32, 1), causal=True)),
+        "flash_mla_with_kvcache fp8": (M, "_mla_decode_fwd", lambda: M.flash_mla_with_kvcache(
+            r(3, 1, 16, 576), packed, mtable, mlens, 512, *M.get_mla_metadata(mlens, 16, 1), is_fp8_kvcache=True)),
+        "flash_mla_with_kvcache indices": (M, "_mla_decode_fwd", lambda: M.flash_mla_with_kvcache(
+            r(3, 2, 16, 576), cache, None, mlens, 512, *M.get_mla_metadata(mlens, 32, 1, num_heads_q=16, topk=40),
+            indices=sparse)),
+        "mla_decode": (M, "_mla_decode_fwd", lambda: M.mla_decode(
+            r(3, 16, 512), r(3, 16, 64), cache[..., :512], cache[..., 512:], mtable, mlens)),
+        "flash_mla_sparse_fwd": (M, "_mla_sparse_prefill_fwd", lambda: M.flash_mla_sparse_fwd(r(5, 16, 576), kv, rows)),
+    }
+
+
+@pytest.mark.parametrize("name", ["attention", "attention options", "attention fp8", "attention_varlen",
+                                  "attention_with_kvcache", "attention_with_kvcache append", "flash_mla_with_kvcache",
+                                  "flash_mla_with_kvcache fp8", "flash_mla_with_kvcache indices", "mla_decode",
+                                  "flash_mla_sparse_fwd"])
+def test_opcheck(name, monkeypatch):
+    """torch.library.opcheck on each op, with the arguments a public call passes it: the schema, the fake
+    implementation against the real op (shapes, strides and dtypes of every result; a fake whose strides differed
+    would let inductor read the results wrong) and AOT dispatch with dynamic shapes."""
+    module, handle, call = _public_calls()[name]
+    op, seen = getattr(module, handle), []
+
+    def spy(*args):
+        seen.append(args)
+        return op(*args)
+    monkeypatch.setattr(module, handle, spy)
+    call()
+    assert seen, f"{name} did not reach {handle}"
+    for args in seen:
+        checks = ("test_schema", "test_faketensor", "test_aot_dispatch_dynamic")
+        if any(isinstance(a, torch.Tensor) and a.dtype == torch.float8_e4m3fn for a in args):
+            checks = checks[1:]     # the schema check compares inputs with torch.allclose, which float8 lacks
+        torch.library.opcheck(op.op, args, test_utils=checks)
 
 
 def test_compile_fp8_fullgraph():
