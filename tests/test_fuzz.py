@@ -376,6 +376,55 @@ def test_fuzz_mla(target, seed):
     _check(out, lse, *mla_decode_ref(q, cache, table, lens, D_V, causal=causal), dtype)
 
 
+@pytest.mark.parametrize("target,seed", _seeds(GPU_CASES // 2, CPU_CASES // 2))
+def test_fuzz_mla_decode(target, seed):
+    """`mla_decode` (vLLM's form: latent and rope parts in their own tensors) on the shapes the API takes beyond
+    DeepSeek's: a latent width of 2 x a power of two (32-512), a rope part of 0 or a power of two (16-64), several KV
+    heads, 3-D (s_q = 1) or 4-D tensors, caches as two allocations or two views of one, a plan passed in or made
+    here, causal, a scale, sinks. NaN past every length and in unused pages (`test_mla._paged_cache`)."""
+    device, dtype = target
+    gpu = device == "cuda"
+    r = random.Random(8000 + seed)
+    d_lat, d_rope = r.choice([(512, 64), (512, 64), (512, 0), (256, 64), (128, 64), (128, 32), (64, 16), (32, 0)])
+    h_k = r.choice([1, 1, 2, 4])
+    h_q = h_k * r.choice([1, 4, 16, 32] if gpu else [1, 4, 8])
+    squeeze = r.random() < 0.3
+    s_q = 1 if squeeze else r.randint(1, 4)
+    page = r.choice([64, 16, 32, 128])
+    b = r.randint(1, 24 if gpu else 3)
+    top = 5000 if gpu else 150
+    seqlens = [r.choice([0, r.randint(1, 64), r.randint(0, top)]) for _ in range(b)]
+    causal = s_q > 1 and r.random() < 0.6
+    one_tensor, planned = r.random() < 0.5, r.random() < 0.5
+    scale = r.choice([None, None, 0.05])
+    sink = (torch.randn(h_q) * 2).to(device) if r.random() < 0.3 else None
+    _show(d_lat=d_lat, d_rope=d_rope, h_k=h_k, h_q=h_q, s_q=s_q, squeeze=squeeze, page=page, seqlens=seqlens,
+          causal=causal, one_tensor=one_tensor, planned=planned, scale=scale, sink=sink is not None)
+    cache, table = _paged_cache(seqlens, page, h_k, d_lat + d_rope, dtype, device, seed)
+    lens = torch.tensor(seqlens, dtype=torch.int32, device=device)
+    q = torch.randn(b, s_q, h_q, d_lat + d_rope, generator=torch.Generator().manual_seed(seed)).to(dtype).to(device)
+    kv_lat, k_rope = cache[..., :d_lat], cache[..., d_lat:]
+    if not one_tensor:
+        kv_lat, k_rope = kv_lat.contiguous(), k_rope.contiguous()
+    q_lat, q_rope = q[..., :d_lat].contiguous(), q[..., d_lat:].contiguous()
+    if squeeze:
+        q_lat, q_rope = q_lat[:, 0], q_rope[:, 0]
+        if h_k == 1:
+            kv_lat, k_rope = kv_lat[:, :, 0], k_rope[:, :, 0]
+    if not d_rope:
+        q_rope = k_rope = None
+    plan = {}
+    if planned:
+        plan = dict(zip(("tile_scheduler_metadata", "num_splits"),
+                        flash_mla.get_mla_metadata(lens, s_q * h_q // h_k, h_k)))
+    out, lse = flash_mla.mla_decode(q_lat, q_rope, kv_lat, k_rope, table, lens, causal=causal, softmax_scale=scale,
+                                    attn_sink=sink, **plan)
+    ref, ref_lse = mla_decode_ref(q, cache, table, lens, d_lat, causal=causal, softmax_scale=scale, attn_sink=sink)
+    if squeeze:
+        ref, ref_lse = ref[:, 0], ref_lse[..., 0]
+    _check(out, lse, ref, ref_lse, dtype)
+
+
 @pytest.mark.parametrize("target,seed", _seeds(GPU_CASES // 2, CPU_CASES))
 def test_fuzz_sparse_decode(target, seed):
     """Token-sparse decode with a random cache type (bf16 576 / 512, V3.2 or V4 FP8), page sizes, topk, -1
