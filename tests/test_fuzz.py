@@ -104,6 +104,52 @@ def test_fuzz_attention(target, seed):
 
 
 @pytest.mark.parametrize("target,seed", _seeds(GPU_CASES // 2, CPU_CASES // 2))
+def test_fuzz_split_merge(target, seed):
+    """An external merge, as a context-parallel or two-source engine runs one: the keys cut into 1-4 ranges (some
+    empty, sometimes all), each attended alone without sinks (`return_lse`, the output in q's dtype or fp32), the parts merged
+    (`merge_attention_states`, or the list form), then `apply_attention_sink` once. Equal to one attention over all
+    the keys, sinks included; options that do not depend on positions (softcap, scale)."""
+    device, dtype = target
+    r = random.Random(9000 + seed)
+    d, dv = _head_dims(r, device)
+    hk = r.choice([1, 2, 4])
+    hq = hk * r.choice([1, 2, 4])
+    big = 3000 if device == "cuda" else 90
+    b, sq = r.randint(1, 3), r.choice([1, r.randint(1, 300 if device == "cuda" else 20)])
+    sk = r.choice([0, r.randint(1, 64), r.randint(1, big), r.randint(1, big)])      # 0: every part empty
+    cuts = sorted([0, sk] + [r.choice([0, sk, r.randint(0, sk)]) for _ in range(r.randint(0, 3))])
+    opts = {}
+    if r.random() < 0.3:
+        opts["softcap"] = r.choice([5.0, 30.0])
+    if r.random() < 0.3:
+        opts["softmax_scale"] = r.choice([0.05, 0.3])
+    sinks = None
+    if r.random() < 0.5:
+        sinks = torch.randn(hq, device=device) * 2
+        sinks[0] = r.choice([math.inf, -math.inf, 0.0])
+    partial = r.choice([dtype, torch.float32])
+    _show(opts, b=b, sq=sq, sk=sk, hq=hq, hk=hk, d=d, dv=dv, cuts=cuts, sinks=sinks is not None, partial=partial)
+    torch.manual_seed(seed)
+    q = poisoned((b, sq, hq, d), sq, dtype, device)
+    k = poisoned((b, sk, hk, d), sk, dtype, device)
+    v = poisoned((b, sk, hk, dv), sk, dtype, device)
+    outs, lses = [], []
+    for lo, hi in zip(cuts, cuts[1:]):
+        out = torch.full((b, sq, hq, dv), math.nan, dtype=partial, device=device)
+        o, lse = fmha.attention(q, k[:, lo:hi], v[:, lo:hi], return_lse=True, out=out, **opts)
+        outs.append(o)
+        lses.append(lse.transpose(1, 2))            # (b, sq, hq): o's shape without its last dim
+    if len(outs) == 2:
+        o, lse = fmha.merge_attention_states(outs[0], lses[0], outs[1], lses[1])
+    else:
+        o, lse = fmha.merge_attention_states_list(outs, lses)
+    if sinks is not None:
+        o = fmha.apply_attention_sink(o, lse, sinks)
+    assert o.dtype == partial
+    assert_matches(o.to(dtype), lse.transpose(1, 2), attention_ref(q, k, v, sinks=sinks, **opts), dtype)
+
+
+@pytest.mark.parametrize("target,seed", _seeds(GPU_CASES // 2, CPU_CASES // 2))
 def test_fuzz_attention_fp8(target, seed):
     """FP8 inputs on random cases: float8_e4m3fn q/k/v (bf16 out) or k/v beside the target's q (on the CPU, fp16 or
     bf16: see `test_fuzz_kvcache_fp8`), random descales (some left out)."""
