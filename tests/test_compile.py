@@ -257,6 +257,12 @@ def test_export_symbolic_sizes():
                 assert torch.equal(got, want), (type(module).__name__, sizes)
 
 
+# The keys of `_public_calls`, one test_opcheck case each (the calls build tensors on the device, so not at import).
+OPCHECK_CALLS = ("attention", "attention options", "attention fp8", "attention_varlen", "attention_with_kvcache",
+                 "attention_with_kvcache append", "flash_mla_with_kvcache", "flash_mla_with_kvcache fp8",
+                 "flash_mla_with_kvcache indices", "mla_decode", "flash_mla_sparse_fwd")
+
+
 def _public_calls():
     """name -> (module, op handle, call): public calls on small inputs, each reaching the op `module.<handle>` (an
     `_ops.custom_op` handle) with the arguments that op is to be checked on."""
@@ -301,10 +307,7 @@ def _public_calls():
     }
 
 
-@pytest.mark.parametrize("name", ["attention", "attention options", "attention fp8", "attention_varlen",
-                                  "attention_with_kvcache", "attention_with_kvcache append", "flash_mla_with_kvcache",
-                                  "flash_mla_with_kvcache fp8", "flash_mla_with_kvcache indices", "mla_decode",
-                                  "flash_mla_sparse_fwd"])
+@pytest.mark.parametrize("name", OPCHECK_CALLS)
 def test_opcheck(name, monkeypatch):
     """torch.library.opcheck on each op, with the arguments a public call passes it: the schema, the fake
     implementation against the real op (shapes, strides and dtypes of every result; a fake whose strides differed

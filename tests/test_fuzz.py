@@ -106,9 +106,9 @@ def test_fuzz_attention(target, seed):
 @pytest.mark.parametrize("target,seed", _seeds(GPU_CASES // 2, CPU_CASES // 2))
 def test_fuzz_split_merge(target, seed):
     """An external merge, as a context-parallel or two-source engine runs one: the keys cut into 1-4 ranges (some
-    empty, sometimes all), each attended alone without sinks (`return_lse`, the output in q's dtype or fp32), the parts merged
-    (`merge_attention_states`, or the list form), then `apply_attention_sink` once. Equal to one attention over all
-    the keys, sinks included; options that do not depend on positions (softcap, scale)."""
+    empty, sometimes all), each attended alone without sinks (`return_lse`, the output in q's dtype or fp32), the
+    parts merged (`merge_attention_states`, or the list form), then `apply_attention_sink` once. Equal to one
+    attention over all the keys, sinks included; options that do not depend on positions (softcap, scale)."""
     device, dtype = target
     r = random.Random(9000 + seed)
     d, dv = _head_dims(r, device)
