@@ -72,10 +72,18 @@ def mla_num_parts(rows_per_head_k: int, heads_k: int, sms: int) -> int:
 WHOLE_SEQUENCE_SLACK = 1.1
 
 
-def runs_whole(sequences: int, num_parts: int) -> bool:
+def runs_whole(sequences, num_parts: int, device=None):
     """Whether `plan_mla` gives `sequences` of one common, non-zero length to `num_parts` parts whole (a host
-    decision: the callers that know every length is the same, the token-sparse ones, then skip the combine)."""
-    return sequences > 0 and -(-sequences // num_parts) * num_parts <= WHOLE_SEQUENCE_SLACK * sequences
+    decision: the callers that know every length is the same, the token-sparse ones, then skip the combine).
+    A symbolic `sequences` (torch.export with a dynamic batch) gets a 0-d bool tensor on `device` instead, so
+    that no guard is put on the batch."""
+    if not sequences > 0:
+        return False
+    if not isinstance(sequences, int):
+        import torch
+
+        sequences = torch.ones((), dtype=torch.int64, device=device) * sequences
+    return -(-sequences // num_parts) * num_parts <= WHOLE_SEQUENCE_SLACK * sequences
 
 
 # What starting a sequence costs a part, in key blocks of work (loading the piece's Q, the pipeline's fill and
@@ -122,11 +130,7 @@ def plan_mla(cache_seqlens, num_parts: int, piece_overhead: int = PIECE_OVERHEAD
     at = torch.minimum(parts * share, cost[-1])
     seq = torch.searchsorted(cost_ends, at, right=True).clamp(max=max(n - 1, 0))
     cuts = torch.minimum(cum[seq] + torch.clamp(at - cost[seq] - piece_overhead, min=0), cum[seq + 1]) if n else at
-    if isinstance(n, int):
-        fits = runs_whole(n, num_parts)
-    else:       # a symbolic batch (torch.export with a dynamic one): `runs_whole` on the device, no guard on it
-        sequences = torch.ones((), dtype=torch.int64, device=device) * n
-        fits = n > 0 and (sequences + num_parts - 1) // num_parts * num_parts <= WHOLE_SEQUENCE_SLACK * sequences
+    fits = runs_whole(n, num_parts, device)      # a tensor for a symbolic batch (export), decided on the device
     if isinstance(fits, torch.Tensor) or fits:
         longest = blocks.max()
         go_whole = (blocks.min() == longest) & (longest > 0) & fits
