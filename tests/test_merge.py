@@ -82,12 +82,18 @@ def test_merge_neg_inf(target):
 def test_merge_bad_input():
     o = torch.zeros(2, 3, 8)
     lse = torch.zeros(2, 3)
-    with pytest.raises(ValueError, match=r"lse\[1\]: expected shape"):
+    with pytest.raises(ValueError, match=r"lse_b: expected shape"):
         fmha.merge_attention_states(o, lse, o, lse.T)
-    with pytest.raises(TypeError, match=r"lse\[0\]: expected dtype"):
+    with pytest.raises(TypeError, match=r"lse_a: expected dtype"):
         fmha.merge_attention_states(o, lse.half(), o, lse)
-    with pytest.raises(ValueError, match=r"o\[1\]: expected shape"):
+    with pytest.raises(ValueError, match=r"o_b: expected shape"):
         fmha.merge_attention_states(o, lse, o[:1], lse[:1])
+    with pytest.raises(ValueError, match=r"outs\[2\]: expected shape"):
+        fmha.merge_attention_states_list([o, o, o[:1]], [lse, lse, lse[:1]])
+    with pytest.raises(TypeError, match=r"o_a: expected a torch.Tensor, got list"):
+        fmha.merge_attention_states(o.tolist(), lse, o, lse)
+    with pytest.raises(TypeError, match=r"sinks: expected a torch.Tensor, got None"):
+        fmha.apply_attention_sink(o, lse, None)
 
 
 @pytest.mark.parametrize("target", TARGETS)

@@ -60,44 +60,46 @@ def check_head_dim(name, d):
                      f"{EXTRA_HEAD_DIMS}; got {d}")
 
 
-def check_qkv(q, k, v, *, varlen: bool, check_batch: bool = True, paged: bool = False):
+def check_qkv(q, k, v, *, varlen: bool, check_batch: bool = True, paged: bool = False, names=("q", "k", "v")):
     """q/k/v on one device, heads_q % heads_k == 0, matching head_dim_qk. dtypes: all fp16 or all bf16; all
     float8_e4m3fn; or fp16/bf16 q with float8_e4m3fn k and v (an FP8 KV cache). `paged`: k and v are paged
-    caches (4-D) beside packed (varlen) queries."""
+    caches (4-D) beside packed (varlen) queries. `names`: the three arguments' names in the caller's signature
+    (`attention_with_kvcache`'s k_cache / v_cache)."""
+    nq, nk, nv = names
     ndim = 3 if varlen else 4
-    check_tensor("q", q, ndim=ndim, dtypes=QKV_DTYPES)
-    check_device("q", q)
+    check_tensor(nq, q, ndim=ndim, dtypes=QKV_DTYPES)
+    check_device(nq, q)
     device = q.device
     kv_ndim = 4 if paged else ndim
-    check_tensor("k", k, ndim=kv_ndim, dtypes=(FP8,) if q.dtype == FP8 else (q.dtype, FP8), device=device)
-    check_tensor("v", v, ndim=kv_ndim, dtypes=(k.dtype,), device=device)
-    check_last_dim_contiguous("q", q)
-    check_last_dim_contiguous("k", k)
-    check_last_dim_contiguous("v", v)
+    check_tensor(nk, k, ndim=kv_ndim, dtypes=(FP8,) if q.dtype == FP8 else (q.dtype, FP8), device=device)
+    check_tensor(nv, v, ndim=kv_ndim, dtypes=(k.dtype,), device=device)
+    check_last_dim_contiguous(nq, q)
+    check_last_dim_contiguous(nk, k)
+    check_last_dim_contiguous(nv, v)
     *_, hq, dqk = q.shape
     hk = k.shape[-2]
     if k.shape[-1] != dqk:
-        raise ValueError(f"k: head_dim must equal q's ({dqk}), got {k.shape[-1]}")
+        raise ValueError(f"{nk}: head_dim must equal {nq}'s ({dqk}), got {k.shape[-1]}")
     if v.shape[:-1] != k.shape[:-1]:
-        raise ValueError(f"v: leading dims must equal k's {tuple(k.shape[:-1])}, got {tuple(v.shape[:-1])}")
+        raise ValueError(f"{nv}: leading dims must equal {nk}'s {tuple(k.shape[:-1])}, got {tuple(v.shape[:-1])}")
     if not varlen and check_batch and k.shape[0] != q.shape[0]:
-        raise ValueError(f"k: batch must equal q's ({q.shape[0]}), got {k.shape[0]}")
+        raise ValueError(f"{nk}: batch must equal {nq}'s ({q.shape[0]}), got {k.shape[0]}")
     if hk == 0 or hq % hk != 0:
-        raise ValueError(f"k: heads_k must divide heads_q ({hq}), got {hk}")
-    check_head_dim("q", dqk)
-    check_head_dim("v", v.shape[-1])
+        raise ValueError(f"{nk}: heads_k must divide heads_q ({hq}), got {hk}")
+    check_head_dim(nq, dqk)
+    check_head_dim(nv, v.shape[-1])
 
 
-def check_descales(q, k, v, descales, batch):
+def check_descales(q, k, v, descales, batch, names=("q", "k", "v")):
     """`descales` = (q_descale, k_descale, v_descale) (FlashAttention-3's names): each None (1) or a
     `(batch, heads_k)` fp32 tensor that multiplies its float8_e4m3fn tensor's values (q's per query-head group),
-    allowed only with one."""
+    allowed only with one. `names`: q, k and v's names in the caller's signature."""
     heads_k = k.shape[-2]
-    for name, t, x in zip(("q_descale", "k_descale", "v_descale"), descales, (q, k, v)):
+    for name, t, x, of in zip(("q_descale", "k_descale", "v_descale"), descales, (q, k, v), names):
         if t is None:
             continue
         if x.dtype != FP8:
-            raise TypeError(f"{name}: only for a float8_e4m3fn {name[0]}, which is {str(x.dtype).replace('torch.', '')}")
+            raise TypeError(f"{name}: only for a float8_e4m3fn {of}, which is {str(x.dtype).replace('torch.', '')}")
         check_tensor(name, t, ndim=2, dtypes=(torch.float32,), device=q.device)
         if tuple(t.shape) != (batch, heads_k):
             raise ValueError(f"{name}: expected shape ({batch}, {heads_k}) (batch, heads_k), got {tuple(t.shape)}")
@@ -133,14 +135,15 @@ def check_options(q, *, window, softmax_scale, softcap, alibi_slopes, sinks, bat
         check_per_head(name, t, hq, q.device)
 
 
-def check_softmax_scale(softmax_scale):
-    """None (the default scale) or a finite positive number."""
+def check_softmax_scale(softmax_scale, name="softmax_scale"):
+    """None (the default scale) or a finite positive number; `name` is the argument's (flash_mla_sparse_fwd's
+    sm_scale)."""
     if softmax_scale is None:
         return
     if not isinstance(softmax_scale, (int, float)) or isinstance(softmax_scale, bool):
-        raise TypeError(f"softmax_scale: expected a float or None, got {type(softmax_scale).__name__}")
+        raise TypeError(f"{name}: expected a float or None, got {type(softmax_scale).__name__}")
     if not 0 < softmax_scale < math.inf:        # as softcap's check: NaN fails, and dynamo traces it
-        raise ValueError(f"softmax_scale: expected a finite positive value, got {softmax_scale}")
+        raise ValueError(f"{name}: expected a finite positive value, got {softmax_scale}")
 
 
 def check_per_sequence(name, t, batch, device):

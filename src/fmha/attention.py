@@ -50,19 +50,19 @@ def _lse_shape(q, cu_seqlens_q):
 
 
 def _prepare(q, k, v, *, varlen, causal, window, softmax_scale, softcap, alibi_slopes, sinks, out, descales,
-             check_batch=True, batch=None, paged=False):
+             check_batch=True, batch=None, paged=False, names=("q", "k", "v")):
     """Shared validation + output allocation. Returns (out, softmax_scale, (left, right), lefts): `lefts` is the
     `(batch,)` int32 tensor of per-sequence left bounds when `window[0]` is one (then left is -1), else None.
     `descales`: (q_descale, k_descale, v_descale) as the caller passed them. `paged`: k and v are paged caches
-    beside packed queries."""
-    V.check_qkv(q, k, v, varlen=varlen, check_batch=check_batch, paged=paged)
+    beside packed queries. `names`: q, k and v's names in the caller's signature, for the messages."""
+    V.check_qkv(q, k, v, varlen=varlen, check_batch=check_batch, paged=paged, names=names)
     if not isinstance(causal, bool):
         raise TypeError(f"causal: expected a bool, got {type(causal).__name__}")
     window = tuple(window) if isinstance(window, list) else window
     batch = q.shape[0] if batch is None else batch
     V.check_options(q, window=window, softmax_scale=softmax_scale, softcap=softcap,
                     alibi_slopes=alibi_slopes, sinks=sinks, batch=batch)
-    V.check_descales(q, k, v, descales, batch)
+    V.check_descales(q, k, v, descales, batch, names)
     out_shape = (*q.shape[:-1], v.shape[-1])
     # float8_e4m3fn q: a bf16 output by default (FlashAttention-3's), fp16 or fp32 on request.
     fp8 = q.dtype == V.FP8
@@ -360,7 +360,7 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None
                                                 softmax_scale=softmax_scale, softcap=softcap,
                                                 alibi_slopes=alibi_slopes, sinks=sinks, out=out,
                                                 descales=(q_descale, k_descale, v_descale),
-                                                check_batch=False)
+                                                check_batch=False, names=("q", "k_cache", "v_cache"))
     batch = q.shape[0]
     if isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
         if cache_seqlens < 0:

@@ -15,20 +15,22 @@ from . import _validate as V
 __all__ = ["merge_attention_states", "merge_attention_states_list", "apply_attention_sink"]
 
 
-def _check_parts(outs, lses):
+def _check_parts(outs, lses, o_names, lse_names):
+    """`o_names` / `lse_names`: each part's argument names in the caller's signature, for the messages."""
     if len(outs) != len(lses) or len(outs) == 0:
         raise ValueError(f"lses: expected one LSE per output ({len(outs)} outputs), got {len(lses)}")
+    V.check_tensor(o_names[0], outs[0])
     o0 = outs[0]
-    for i, (o, lse) in enumerate(zip(outs, lses)):
-        V.check_tensor(f"o[{i}]", o, dtypes=(torch.float16, torch.bfloat16, torch.float32), device=o0.device)
-        V.check_tensor(f"lse[{i}]", lse, dtypes=(torch.float32,), device=o0.device)
+    for o, lse, o_name, lse_name in zip(outs, lses, o_names, lse_names):
+        V.check_tensor(o_name, o, dtypes=(torch.float16, torch.bfloat16, torch.float32), device=o0.device)
+        V.check_tensor(lse_name, lse, dtypes=(torch.float32,), device=o0.device)
         if o.dim() < 1 or o.shape != o0.shape:
-            raise ValueError(f"o[{i}]: expected shape {tuple(o0.shape)} (all parts alike), got {tuple(o.shape)}")
+            raise ValueError(f"{o_name}: expected shape {tuple(o0.shape)} (all parts alike), got {tuple(o.shape)}")
         if o.dtype != o0.dtype:
-            raise TypeError(f"o[{i}]: expected dtype {o0.dtype} like o[0], got {o.dtype}")
+            raise TypeError(f"{o_name}: expected dtype {o0.dtype} like {o_names[0]}, got {o.dtype}")
         if lse.shape != o.shape[:-1]:
-            raise ValueError(f"lse[{i}]: expected shape {tuple(o.shape[:-1])} (o's shape without its last dim), "
-                             f"got {tuple(lse.shape)}")
+            raise ValueError(f"{lse_name}: expected shape {tuple(o.shape[:-1])} ({o_name}'s shape without its last "
+                             f"dim), got {tuple(lse.shape)}")
 
 
 def merge_states(outs, lses):
@@ -52,14 +54,14 @@ def merge_attention_states(o_a, lse_a, o_b, lse_b):
     Returns:
         `(o, lse)`: o in o_a's dtype, lse fp32; exact up to rounding, -inf handled on either side.
     """
-    _check_parts([o_a, o_b], [lse_a, lse_b])
+    _check_parts([o_a, o_b], [lse_a, lse_b], ("o_a", "o_b"), ("lse_a", "lse_b"))
     return merge_states([o_a, o_b], [lse_a, lse_b])
 
 
 def merge_attention_states_list(outs, lses):
     """The list form of `merge_attention_states`: any number of parts, same shapes as the pair form."""
     outs, lses = list(outs), list(lses)
-    _check_parts(outs, lses)
+    _check_parts(outs, lses, [f"outs[{i}]" for i in range(len(outs))], [f"lses[{i}]" for i in range(len(lses))])
     return merge_states(outs, lses)
 
 
@@ -77,9 +79,10 @@ def apply_attention_sink(out, lse, sinks):
     Returns:
         the scaled output, in out's dtype.
     """
-    _check_parts([out], [lse])
+    _check_parts([out], [lse], ("out",), ("lse",))
     if out.dim() < 2:
         raise ValueError(f"out: expected (*, heads, d), got shape {tuple(out.shape)}")
+    V.check_tensor("sinks", sinks)
     V.check_per_head("sinks", sinks, out.shape[-2], out.device)
     keep = torch.where(torch.isneginf(lse), 1.0, torch.sigmoid(lse - sinks))
     return (out.float() * keep.unsqueeze(-1)).to(out.dtype)

@@ -250,8 +250,8 @@ def _check_metadata(batch, tile_scheduler_metadata, num_splits, device):
                          f"got {tuple(num_splits.shape)}")
 
 
-def _check_scale(softmax_scale, default):
-    V.check_softmax_scale(softmax_scale)
+def _check_scale(softmax_scale, default, name="softmax_scale"):
+    V.check_softmax_scale(softmax_scale, name)
     return default if softmax_scale is None else float(softmax_scale)
 
 
@@ -454,7 +454,7 @@ def flash_mla_sparse_fwd(q, kv, indices, sm_scale=None, d_v=512, attn_sink=None,
     if not 0 < d_v <= dqk:
         raise ValueError(f"d_v: expected 0 < d_v <= d_qk ({dqk}), got {d_v}")
     _check_value_dim("d_v", d_v, dqk)
-    scale = _check_scale(sm_scale, dqk ** -0.5)
+    scale = _check_scale(sm_scale, dqk ** -0.5, "sm_scale")
     V.check_per_head("attn_sink", attn_sink, h_q, q.device)
     valid = None                                   # every index counts
     if topk_length is not None:

@@ -1,0 +1,269 @@
+"""Bad arguments, each in turn: every public call, given one argument made wrong, raises TypeError or ValueError
+whose message starts with that argument's name (or the name of an argument it must agree with), and changes no
+tensor it was given. test_validate.py spells out checks one by one; this file makes every such change it can.
+
+Each call (`CALLS`: small shapes, every optional tensor given) is broken in one thing at a time:
+- a tensor's dtype (float64 for a floating one, float32 for an integer one), its rank (one more dim, or one fewer),
+  a size that must match another argument's (`Call.sizes`), its last dim's stride (2), its type (a list), a
+  required tensor left out (None), or its device (the CPU, on a GPU machine);
+- a scalar option set to a value of the wrong type or out of range (`Call.scalars`).
+None of these can be valid, so the call must raise, naming the argument, and the tensors must be unchanged: the
+check runs before any kernel launches or any in-place write (the KV-cache append's).
+"""
+import math
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+import fmha
+import fmha.mla as flash_mla
+from conftest import ON_GPU
+
+DEV = "cuda" if ON_GPU else "cpu"
+pytestmark = pytest.mark.gpu if ON_GPU else pytest.mark.cpu
+INTS = (torch.int32, torch.int64)
+
+
+@dataclass
+class Call:
+    """One valid call: `fn(**kwargs)`. `sizes`: (argument, dim, names): changing that dim of that argument alone
+    breaks the call, and the message may name any of `names` (the argument and those it must agree with).
+    `ranks`: the ranks an argument may have (its own rank if not listed). `optional`: tensors that may be None.
+    `scalars`: (argument, bad value) pairs. `partners`: more names that
+    any change of an argument may be reported under (mla_decode's rope parts, given together or not at all). `any_strides`: the arguments that torch ops
+    read, not kernels, so any layout does (True: all of them). 1-D tensors (per-head or per-sequence vectors) go to
+    the kernels as copies when strided (`launch.dense`), so no last-dim stride is tried on them."""
+    fn: callable
+    kwargs: dict
+    sizes: list
+    optional: set = field(default_factory=set)
+    ranks: dict = field(default_factory=dict)
+    scalars: list = field(default_factory=list)
+    any_strides: object = ()
+    partners: dict = field(default_factory=dict)
+
+
+def _t(*shape, dtype):
+    return torch.randn(shape, device=DEV).to(dtype)
+
+
+def _i(values):
+    return torch.tensor(values, dtype=torch.int32, device=DEV)
+
+
+# Scalar options every dense entry point takes, each value wrong.
+DENSE_SCALARS = [("causal", 1), ("causal", "yes"), ("softmax_scale", -1.0), ("softmax_scale", math.nan),
+                 ("softmax_scale", math.inf), ("softmax_scale", "0.1"), ("softcap", -0.5), ("softcap", math.inf),
+                 ("softcap", "3"), ("window", (-2, 0)), ("window", (0, -3)), ("window", (1.5, 0)), ("window", 3),
+                 ("window", (1, 2, 3))]
+DENSE_OPTIONAL = {"out", "sinks", "alibi_slopes"}
+
+
+def _attention(dtype):
+    b, sq, sk, hq, hk, d, dv = 2, 5, 7, 4, 2, 32, 16
+    kw = dict(q=_t(b, sq, hq, d, dtype=dtype), k=_t(b, sk, hk, d, dtype=dtype), v=_t(b, sk, hk, dv, dtype=dtype),
+              out=_t(b, sq, hq, dv, dtype=dtype), sinks=_t(hq, dtype=torch.float32),
+              alibi_slopes=_t(hq, dtype=torch.float32).abs(), causal=True)
+    sizes = [("q", 0, "q k"), ("k", 0, "k v"), ("v", 0, "v"), ("out", 0, "out"), ("q", 1, "out"), ("k", 1, "v"),
+             ("v", 1, "v"), ("q", 2, "k out sinks alibi_slopes"), ("k", 2, "k v"), ("v", 2, "v"), ("out", 2, "out"),
+             ("sinks", 0, "sinks"), ("alibi_slopes", 0, "alibi_slopes"), ("q", 3, "q k"), ("k", 3, "k"),
+             ("v", 3, "v out"), ("out", 3, "out")]
+    return Call(fmha.attention, kw, sizes, DENSE_OPTIONAL, scalars=DENSE_SCALARS)
+
+
+def _attention_varlen(dtype):
+    hq, hk, d, dv = 4, 2, 32, 16
+    kw = dict(q=_t(9, hq, d, dtype=dtype), k=_t(11, hk, d, dtype=dtype), v=_t(11, hk, dv, dtype=dtype),
+              cu_seqlens_q=_i([0, 4, 9]), cu_seqlens_k=_i([0, 5, 11]), max_seqlen_q=5, max_seqlen_k=6,
+              out=_t(9, hq, dv, dtype=dtype), sinks=_t(hq, dtype=torch.float32),
+              alibi_slopes=_t(hq, dtype=torch.float32).abs(), seqused_k=_i([4, 6]))
+    sizes = [("q", 0, "out"), ("k", 0, "v"), ("v", 0, "v"), ("q", 1, "k out sinks alibi_slopes"), ("k", 1, "k v"),
+             ("v", 1, "v"), ("q", 2, "q k"), ("k", 2, "k"), ("v", 2, "v out"), ("out", 0, "out"), ("out", 1, "out"),
+             ("out", 2, "out"), ("cu_seqlens_q", 0, "cu_seqlens_q cu_seqlens_k seqused_k"),
+             ("cu_seqlens_k", 0, "cu_seqlens_k"), ("seqused_k", 0, "seqused_k"), ("sinks", 0, "sinks")]
+    scalars = DENSE_SCALARS + [("max_seqlen_q", -1), ("max_seqlen_q", 5.0), ("max_seqlen_k", -1),
+                               ("max_seqlen_k", None), ("max_seqlen_k", True)]
+    return Call(fmha.attention_varlen, kw, sizes, DENSE_OPTIONAL | {"seqused_k"}, scalars=scalars)
+
+
+def _attention_with_kvcache(dtype):
+    """A paged cache (pages shuffled) with new keys appended: the append writes the caches in place, so a check that
+    ran after it would leave them changed."""
+    b, sq, hq, hk, d, dv, page = 2, 3, 4, 2, 32, 16, 16
+    kw = dict(q=_t(b, sq, hq, d, dtype=dtype), k_cache=_t(6, page, hk, d, dtype=dtype),
+              v_cache=_t(6, page, hk, dv, dtype=dtype), cache_seqlens=_i([5, 17]),
+              block_table=_i([[4, 0, 2], [1, 5, 3]]), k=_t(b, sq, hk, d, dtype=dtype), v=_t(b, sq, hk, dv, dtype=dtype),
+              out=_t(b, sq, hq, dv, dtype=dtype), sinks=_t(hq, dtype=torch.float32),
+              alibi_slopes=_t(hq, dtype=torch.float32).abs(), causal=True)
+    sizes = [("q", 0, "q cache_seqlens block_table k out"), ("cache_seqlens", 0, "cache_seqlens"),
+             ("block_table", 0, "block_table"), ("k", 0, "k"), ("v", 0, "v"), ("out", 0, "out"), ("q", 1, "out"),
+             ("k", 1, "v"), ("v", 1, "v"), ("q", 2, "k_cache out sinks alibi_slopes"), ("k_cache", 2, "k_cache v_cache"),
+             ("v_cache", 2, "v_cache"), ("k", 2, "k"), ("v", 2, "v"), ("q", 3, "q k_cache"), ("k_cache", 3, "k_cache"),
+             ("k", 3, "k"), ("v_cache", 3, "v_cache out"), ("v", 3, "v"), ("out", 3, "out"),
+             ("k_cache", 0, "k_cache v_cache"), ("v_cache", 0, "v_cache"), ("k_cache", 1, "k_cache v_cache"),
+             ("v_cache", 1, "v_cache"), ("sinks", 0, "sinks")]
+    scalars = DENSE_SCALARS + [("num_splits", -1), ("num_splits", 1.5), ("num_splits", True),
+                               ("cache_seqlens", -1), ("cache_seqlens", 2.0)]
+    return Call(fmha.attention_with_kvcache, kw, sizes, DENSE_OPTIONAL | {"k", "v", "block_table"}, scalars=scalars,
+                any_strides={"k", "v"})
+
+
+def _mla_plan(seqlens, tokens_per_head_k):
+    return dict(zip(("tile_scheduler_metadata", "num_splits"), flash_mla.get_mla_metadata(seqlens, tokens_per_head_k, 1)))
+
+
+MLA_SCALARS = [("causal", 1), ("softmax_scale", -1.0), ("softmax_scale", math.nan), ("softmax_scale", "x")]
+
+
+def _flash_mla_with_kvcache(dtype):
+    b, sq, hq, d, dv, page = 2, 2, 4, 48, 32, 16
+    seqlens = _i([5, 20])
+    kw = dict(q=_t(b, sq, hq, d, dtype=dtype), k_cache=_t(4, page, 1, d, dtype=dtype),
+              block_table=_i([[3, 1], [0, 2]]), cache_seqlens=seqlens, head_dim_v=dv,
+              **_mla_plan(seqlens, sq * hq), causal=True, attn_sink=_t(hq, dtype=torch.float32))
+    sizes = [("q", 0, "q block_table cache_seqlens num_splits"), ("block_table", 0, "block_table"),
+             ("cache_seqlens", 0, "cache_seqlens"), ("num_splits", 0, "num_splits"),
+             ("q", 3, "q k_cache head_dim_v"), ("k_cache", 3, "k_cache"), ("attn_sink", 0, "attn_sink"),
+             ("tile_scheduler_metadata", 1, "tile_scheduler_metadata")]
+    scalars = MLA_SCALARS + [("head_dim_v", 24), ("head_dim_v", 64), ("head_dim_v", 32.0)]
+    return Call(flash_mla.flash_mla_with_kvcache, kw, sizes, {"attn_sink"}, scalars=scalars)
+
+
+def _mla_decode(dtype):
+    b, sq, hq, dl, dr, page = 2, 2, 4, 32, 16, 16
+    kw = dict(q_latent=_t(b, sq, hq, dl, dtype=dtype), q_rope=_t(b, sq, hq, dr, dtype=dtype),
+              kv_latent_cache=_t(4, page, dl, dtype=dtype), k_rope_cache=_t(4, page, dr, dtype=dtype),
+              block_table=_i([[3, 1], [0, 2]]), cache_seqlens=_i([5, 20]), causal=True,
+              attn_sink=_t(hq, dtype=torch.float32))
+    sizes = [("q_latent", 0, "q_latent q_rope block_table cache_seqlens"), ("q_rope", 0, "q_rope"),
+             ("q_latent", 1, "q_latent q_rope"), ("q_rope", 1, "q_rope"), ("q_latent", 2, "q_latent q_rope attn_sink"),
+             ("q_rope", 2, "q_rope"), ("q_latent", 3, "q_latent kv_latent_cache"), ("q_rope", 3, "q_rope k_rope_cache"),
+             ("kv_latent_cache", 2, "kv_latent_cache"), ("k_rope_cache", 2, "k_rope_cache"),
+             ("kv_latent_cache", 0, "k_rope_cache"), ("k_rope_cache", 0, "k_rope_cache"),
+             ("kv_latent_cache", 1, "k_rope_cache"), ("k_rope_cache", 1, "k_rope_cache"),
+             ("block_table", 0, "block_table"), ("cache_seqlens", 0, "cache_seqlens"), ("attn_sink", 0, "attn_sink")]
+    return Call(flash_mla.mla_decode, kw, sizes, {"attn_sink"}, ranks={"q_latent": (3, 4), "q_rope": (3, 4)},
+                scalars=MLA_SCALARS, partners={"k_rope_cache": "q_rope"})
+
+
+def _flash_mla_sparse_fwd(dtype):
+    sq, hq, d, skv, topk = 3, 4, 48, 20, 8
+    kw = dict(q=_t(sq, hq, d, dtype=dtype), kv=_t(skv, 1, d, dtype=dtype),
+              indices=torch.randint(-1, skv, (sq, 1, topk), dtype=torch.int32, device=DEV), d_v=32,
+              attn_sink=_t(hq, dtype=torch.float32), topk_length=_i([8, 3, 0]))
+    sizes = [("q", 0, "q indices topk_length"), ("indices", 0, "indices"), ("topk_length", 0, "topk_length"),
+             ("q", 2, "q kv"), ("kv", 2, "kv"), ("kv", 1, "kv indices"), ("indices", 1, "indices"),
+             ("attn_sink", 0, "attn_sink")]
+    scalars = [("sm_scale", -1.0), ("sm_scale", math.inf), ("d_v", 24), ("d_v", 64), ("d_v", "32")]
+    return Call(flash_mla.flash_mla_sparse_fwd, kw, sizes, {"attn_sink", "topk_length"}, scalars=scalars)
+
+
+def _merge_attention_states(dtype):
+    kw = dict(o_a=_t(2, 3, 4, 16, dtype=dtype), lse_a=_t(2, 3, 4, dtype=torch.float32),
+              o_b=_t(2, 3, 4, 16, dtype=dtype), lse_b=_t(2, 3, 4, dtype=torch.float32))
+    sizes = [(name, dim, f"{name} {'o_a lse_a' if name[-1] == 'b' else 'o_b lse_b'}")
+             for name in kw for dim in range(kw[name].dim())]
+    return Call(fmha.merge_attention_states, kw, sizes, any_strides=True, partners={"o_a": "lse_a", "o_b": "lse_b"})
+
+
+def _apply_attention_sink(dtype):
+    kw = dict(out=_t(2, 3, 4, 16, dtype=dtype), lse=_t(2, 3, 4, dtype=torch.float32), sinks=_t(4, dtype=torch.float32))
+    sizes = [("out", 0, "out lse"), ("out", 1, "out lse"), ("out", 2, "out lse sinks"), ("lse", 0, "lse"),
+             ("lse", 1, "lse"), ("lse", 2, "lse"), ("sinks", 0, "sinks")]
+    return Call(fmha.apply_attention_sink, kw, sizes, any_strides=True, partners={"out": "lse"})
+
+
+def _get_mla_metadata(dtype):
+    kw = dict(cache_seqlens=_i([5, 20]), num_q_tokens_per_head_k=8, num_heads_k=1)
+    scalars = [("num_q_tokens_per_head_k", 0), ("num_q_tokens_per_head_k", -8), ("num_q_tokens_per_head_k", 8.0),
+               ("num_heads_k", 0), ("num_heads_k", "1"), ("topk", -1)]
+    return Call(flash_mla.get_mla_metadata, kw, [], scalars=scalars)
+
+
+CALLS = {f.__name__[1:]: f for f in (_attention, _attention_varlen, _attention_with_kvcache, _flash_mla_with_kvcache,
+                                     _mla_decode, _flash_mla_sparse_fwd, _merge_attention_states,
+                                     _apply_attention_sink, _get_mla_metadata)}
+
+
+def _resized(t, dim):
+    """`t` with one more entry along `dim` (a copy of its first: indices stay in range, lengths plausible)."""
+    return torch.cat([t, t.narrow(dim, 0, 1)], dim)
+
+
+def _strided(t):
+    """The same values with the last dim's stride 2."""
+    wide = torch.zeros(*t.shape[:-1], 2 * t.shape[-1], dtype=t.dtype, device=t.device)
+    wide[..., ::2] = t
+    return wide[..., ::2]
+
+
+def _mutations(call):
+    """Every one-argument change of `call` that no valid call has: (argument, new value, names the message may
+    start with, what was done)."""
+    out = []
+    for name, t in call.kwargs.items():
+        if not isinstance(t, torch.Tensor):
+            continue
+        ranks = call.ranks.get(name, (t.dim(),))
+        names = {name, *call.partners.get(name, "").split()}
+        wrong = torch.float32 if t.dtype in INTS else torch.float64
+        out.append((name, t.to(wrong), names, f"dtype {wrong}"))
+        out.append((name, t.tolist(), names, "a list"))
+        if t.dim() + 1 not in ranks:
+            out.append((name, t.unsqueeze(0), names, "one more dim"))
+        if t.dim() - 1 not in ranks:
+            out.append((name, t[0], names, "one dim fewer"))
+        strided_ok = call.any_strides is True or name in call.any_strides
+        if t.dim() >= 2 and t.shape[-1] > 1 and not strided_ok:
+            out.append((name, _strided(t), names, "last-dim stride 2"))
+        if name not in call.optional:
+            out.append((name, None, names, "None"))
+        if ON_GPU:
+            out.append((name, t.cpu(), names, "on the CPU"))
+    for name, dim, names in call.sizes:
+        out.append((name, _resized(call.kwargs[name], dim), {name, *names.split(), *call.partners.get(name, "").split()},
+                    f"size of dim {dim} + 1"))
+    for name, value in call.scalars:
+        out.append((name, value, {name}, f"= {value!r}"))
+    return out
+
+
+def _snapshot(kwargs):
+    return {k: v.clone() for k, v in kwargs.items() if isinstance(v, torch.Tensor)}
+
+
+def _same(a, b):
+    """Bit-equal (NaN included)."""
+    return a.shape == b.shape and torch.equal(a.reshape(-1).contiguous().view(torch.uint8), b.reshape(-1).contiguous().view(torch.uint8))
+
+
+def _argument_named(message):
+    """The argument a check's message starts with: `name: ...` or `name[i]: ...`."""
+    return message.split(":", 1)[0].split("[", 1)[0].strip()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("call_name", sorted(CALLS))
+def test_each_bad_argument(call_name, dtype):
+    """Every change `_mutations` makes to the call raises TypeError / ValueError naming the argument (no kernel runs:
+    bf16 is fine in the interpreter here), and leaves every tensor it was given as it was."""
+    call = CALLS[call_name](dtype)
+    for name, value, names, what in _mutations(call):
+        kwargs = dict(call.kwargs, **{name: value})
+        before = _snapshot(kwargs)
+        case = f"{call_name}: {name} {what}"
+        with pytest.raises((TypeError, ValueError)) as err:
+            call.fn(**kwargs)
+        assert _argument_named(str(err.value)) in names, f"{case}: the message names another argument: {err.value}"
+        for key, t in before.items():
+            assert _same(kwargs[key], t), f"{case}: {key} changed"
+    if ON_GPU:
+        torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize("call_name", sorted(CALLS))
+def test_calls_are_valid(call_name):
+    """Each unbroken call runs, so that a broken one fails for the change made, not for a fault of the base call."""
+    call = CALLS[call_name](torch.float16)
+    call.fn(**call.kwargs)
