@@ -33,7 +33,8 @@ class Call:
     `scalars`: (argument, bad value) pairs. `partners`: more names that
     any change of an argument may be reported under (mla_decode's rope parts, given together or not at all). `any_strides`: the arguments that torch ops
     read, not kernels, so any layout does (True: all of them). 1-D tensors (per-head or per-sequence vectors) go to
-    the kernels as copies when strided (`launch.dense`), so no last-dim stride is tried on them."""
+    the kernels as copies when strided (`launch.dense`), so no last-dim stride is tried on them; nor on descales,
+    which go as copies too."""
     fn: callable
     kwargs: dict
     sizes: list
@@ -109,6 +110,65 @@ def _attention_with_kvcache(dtype):
                 any_strides={"k", "v"})
 
 
+def _attention_fp8(dtype):
+    """FP8 q, k and v with their descales; the output in `dtype`."""
+    b, sq, sk, hq, hk, d = 2, 5, 7, 4, 2, 32
+    f8 = torch.float8_e4m3fn
+    kw = dict(q=_t(b, sq, hq, d, dtype=f8), k=_t(b, sk, hk, d, dtype=f8), v=_t(b, sk, hk, d, dtype=f8),
+              out=_t(b, sq, hq, d, dtype=dtype), q_descale=_t(b, hk, dtype=torch.float32).abs(),
+              k_descale=_t(b, hk, dtype=torch.float32).abs(), v_descale=_t(b, hk, dtype=torch.float32).abs())
+    sizes = [("q", 0, "k q_descale k_descale v_descale"), ("k", 0, "k v"), ("k", 1, "v"), ("v", 1, "v"),
+             ("k", 2, "k v"), ("out", 3, "out")]
+    sizes += [(f"{x}_descale", dim, f"{x}_descale") for x in "qkv" for dim in (0, 1)]
+    descales = {"q_descale", "k_descale", "v_descale"}
+    return Call(fmha.attention, kw, sizes, {"out"} | descales, any_strides=descales)
+
+
+def _attention_varlen_paged(dtype):
+    """Packed queries beside a paged cache (`block_table`), each sequence's key count from seqused_k."""
+    hq, hk, d, page = 4, 2, 32, 16
+    kw = dict(q=_t(9, hq, d, dtype=dtype), k=_t(4, page, hk, d, dtype=dtype), v=_t(4, page, hk, d, dtype=dtype),
+              cu_seqlens_q=_i([0, 4, 9]), cu_seqlens_k=None, max_seqlen_q=5, max_seqlen_k=20,
+              seqused_k=_i([12, 20]), block_table=_i([[3, 0], [1, 2]]), causal=True)
+    sizes = [("q", 2, "q k"), ("k", 0, "k v"), ("k", 1, "k v"), ("k", 2, "k v"), ("k", 3, "k q"), ("v", 0, "v"),
+             ("v", 3, "v"), ("seqused_k", 0, "seqused_k"), ("block_table", 0, "block_table"),
+             ("cu_seqlens_q", 0, "cu_seqlens_q seqused_k block_table")]
+    return Call(fmha.attention_varlen, kw, sizes, scalars=DENSE_SCALARS,
+                partners={"seqused_k": "cu_seqlens_k", "block_table": "k"})
+
+
+def _attention_with_kvcache_rows(dtype):
+    """A contiguous cache read through cache_batch_idx and cache_leftpad, new keys rotated (rotary tables) and
+    appended, a sliding window."""
+    b, sq, hq, hk, d = 2, 3, 4, 2, 32
+    kw = dict(q=_t(b, sq, hq, d, dtype=dtype), k_cache=_t(3, 24, hk, d, dtype=dtype),
+              v_cache=_t(3, 24, hk, d, dtype=dtype), cache_seqlens=_i([5, 9]), cache_batch_idx=_i([2, 0]),
+              cache_leftpad=_i([1, 0]), k=_t(b, sq, hk, d, dtype=dtype), v=_t(b, sq, hk, d, dtype=dtype),
+              rotary_cos=_t(32, 8, dtype=torch.float32), rotary_sin=_t(32, 8, dtype=torch.float32), window=(4, 0))
+    sizes = [("q", 0, "q cache_seqlens cache_batch_idx cache_leftpad k"), ("cache_batch_idx", 0, "cache_batch_idx"),
+             ("cache_leftpad", 0, "cache_leftpad"), ("k_cache", 1, "k_cache v_cache"), ("v_cache", 1, "v_cache"),
+             ("k", 0, "k"), ("k", 1, "v"), ("v", 3, "v_cache"), ("rotary_cos", 1, "rotary_sin"),
+             ("rotary_sin", 0, "rotary_sin"), ("rotary_sin", 1, "rotary_sin")]
+    scalars = DENSE_SCALARS + [("rotary_interleaved", 1), ("num_splits", -2)]
+    return Call(fmha.attention_with_kvcache, kw, sizes, {"cache_batch_idx", "cache_leftpad", "k", "v", "rotary_cos",
+                                                          "rotary_sin"},
+                scalars=scalars, any_strides={"k", "v", "rotary_cos", "rotary_sin"},
+                partners={"rotary_cos": "rotary_sin", "rotary_sin": "rotary_cos", "k": "v", "v": "k"})
+
+
+def _attention_with_kvcache_fp8(dtype):
+    """A paged FP8 cache beside 16-bit queries, with its descales."""
+    b, sq, hq, hk, d, page = 2, 1, 4, 2, 32, 16
+    f8 = torch.float8_e4m3fn
+    kw = dict(q=_t(b, sq, hq, d, dtype=dtype), k_cache=_t(4, page, hk, d, dtype=f8), v_cache=_t(4, page, hk, d, dtype=f8),
+              cache_seqlens=_i([5, 30]), block_table=_i([[3, 0], [1, 2]]),
+              k_descale=_t(b, hk, dtype=torch.float32).abs(), v_descale=_t(b, hk, dtype=torch.float32).abs())
+    sizes = [("q", 0, "q cache_seqlens block_table k_descale v_descale"), ("k_cache", 2, "k_cache v_cache"),
+             ("k_descale", 0, "k_descale"), ("k_descale", 1, "k_descale"), ("v_descale", 1, "v_descale")]
+    return Call(fmha.attention_with_kvcache, kw, sizes, {"block_table", "k_descale", "v_descale"},
+                scalars=[("num_splits", -1)], any_strides={"k_descale", "v_descale"})
+
+
 def _mla_plan(seqlens, tokens_per_head_k):
     return dict(zip(("tile_scheduler_metadata", "num_splits"), flash_mla.get_mla_metadata(seqlens, tokens_per_head_k, 1)))
 
@@ -128,6 +188,33 @@ def _flash_mla_with_kvcache(dtype):
              ("tile_scheduler_metadata", 1, "tile_scheduler_metadata")]
     scalars = MLA_SCALARS + [("head_dim_v", 24), ("head_dim_v", 64), ("head_dim_v", 32.0)]
     return Call(flash_mla.flash_mla_with_kvcache, kw, sizes, {"attn_sink"}, scalars=scalars)
+
+
+def _flash_mla_sparse_decode(dtype):
+    """Token-sparse decode from two sources (DeepSeek-V4's compressed cache and sliding window), each with its
+    lengths, planned with `topk`."""
+    b, sq, hq, d, dv, page = 2, 2, 4, 48, 32, 16
+    lens = _i([5, 20])
+    kw = dict(q=_t(b, sq, hq, d, dtype=dtype), k_cache=_t(4, page, 1, d, dtype=dtype), block_table=None,
+              cache_seqlens=None, head_dim_v=dv,
+              **dict(zip(("tile_scheduler_metadata", "num_splits"),
+                         flash_mla.get_mla_metadata(lens, sq * hq, 1, num_heads_q=hq, topk=8))),
+              indices=torch.randint(-1, 4 * page, (b, sq, 8), dtype=torch.int32, device=DEV), topk_length=_i([8, 5]),
+              attn_sink=_t(hq, dtype=torch.float32), extra_k_cache=_t(3, page, 1, d, dtype=dtype),
+              extra_indices_in_kvcache=torch.randint(-1, 3 * page, (b, sq, 4), dtype=torch.int32, device=DEV),
+              extra_topk_length=_i([4, 1]))
+    sizes = [("q", 0, "q indices"), ("q", 1, "q indices"), ("q", 3, "q k_cache head_dim_v"),
+             ("indices", 0, "indices"), ("indices", 1, "indices"), ("topk_length", 0, "topk_length"),
+             ("extra_indices_in_kvcache", 0, "extra_indices_in_kvcache"),
+             ("extra_indices_in_kvcache", 1, "extra_indices_in_kvcache"),
+             ("extra_topk_length", 0, "extra_topk_length"), ("k_cache", 3, "k_cache"),
+             ("extra_k_cache", 3, "extra_k_cache"), ("extra_k_cache", 2, "extra_k_cache"),
+             ("num_splits", 0, "num_splits"), ("tile_scheduler_metadata", 1, "tile_scheduler_metadata"),
+             ("attn_sink", 0, "attn_sink")]
+    scalars = [("causal", True), ("softmax_scale", 0.0), ("head_dim_v", 40)]
+    return Call(flash_mla.flash_mla_with_kvcache, kw, sizes, {"attn_sink", "topk_length", "extra_topk_length",
+                                                               "extra_k_cache", "extra_indices_in_kvcache"},
+                scalars=scalars, partners={"extra_k_cache": "extra_indices_in_kvcache", "indices": "topk_length"})
 
 
 def _mla_decode(dtype):
@@ -181,7 +268,9 @@ def _get_mla_metadata(dtype):
     return Call(flash_mla.get_mla_metadata, kw, [], scalars=scalars)
 
 
-CALLS = {f.__name__[1:]: f for f in (_attention, _attention_varlen, _attention_with_kvcache, _flash_mla_with_kvcache,
+CALLS = {f.__name__[1:]: f for f in (_attention, _attention_fp8, _attention_varlen, _attention_varlen_paged,
+                                     _attention_with_kvcache, _attention_with_kvcache_rows,
+                                     _attention_with_kvcache_fp8, _flash_mla_with_kvcache, _flash_mla_sparse_decode,
                                      _mla_decode, _flash_mla_sparse_fwd, _merge_attention_states,
                                      _apply_attention_sink, _get_mla_metadata)}
 
