@@ -353,6 +353,34 @@ def test_each_bad_argument(call_name, dtype):
 
 @pytest.mark.parametrize("call_name", sorted(CALLS))
 def test_calls_are_valid(call_name):
-    """Each unbroken call runs, so that a broken one fails for the change made, not for a fault of the base call."""
+    """Each unbroken call runs, so that a broken one fails for the change made, not for a fault of the base call;
+    and it writes only `out` and, when it appends new keys, the caches' rows at cache_seqlens[b] .. + seqlen_new."""
     call = CALLS[call_name](torch.float16)
+    before = _snapshot(call.kwargs)
     call.fn(**call.kwargs)
+    if ON_GPU:
+        torch.cuda.synchronize()
+    appended = _appended_rows(call.kwargs)
+    for key, t in before.items():
+        if key in appended:
+            changed = (call.kwargs[key] != t).flatten(2).any(-1)                 # (pages or rows, slots)
+            assert not (changed & ~appended[key]).any(), f"{call_name}: {key} changed outside the appended rows"
+            assert changed[appended[key]].all(), f"{call_name}: {key} not written at every appended row"
+        elif key != "out":
+            assert _same(call.kwargs[key], t), f"{call_name}: {key} changed"
+
+
+def _appended_rows(kwargs):
+    """For a KV-cache call given new keys: {cache name: bool (pages or rows, slots)} of the rows it may write."""
+    if kwargs.get("k") is None or "k_cache" not in kwargs:
+        return {}
+    cache = kwargs["k_cache"]
+    rows = torch.zeros(cache.shape[:2], dtype=torch.bool, device=cache.device)
+    table, idx = kwargs.get("block_table"), kwargs.get("cache_batch_idx")
+    for b, start in enumerate(kwargs["cache_seqlens"].tolist()):
+        for pos in range(start, start + kwargs["k"].shape[1]):
+            if table is not None:
+                rows[table[b, pos // cache.shape[1]], pos % cache.shape[1]] = True
+            else:
+                rows[b if idx is None else idx[b], pos] = True
+    return {"k_cache": rows, "v_cache": rows}
