@@ -365,6 +365,23 @@ def test_kvcache_64_rows_d64(page_size, seqlen_q, fp8, monkeypatch):
     assert compiled[0][0].n_regs <= 128, compiled[0][0].n_regs
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("seqlen_q,heads_q,heads_k,num_splits", [(16384, 32, 8, 2), (8192, 128, 1, 3)], ids=str)
+def test_forced_split_past_grid_axis(seqlen_q, heads_q, heads_k, num_splits):
+    """A chunk of 16k queries with 32 heads (or 8k with 128, MQA) on its own keys, split by `num_splits`: the combine
+    merges 512k-1M rows of one batch, more blocks of rows than a launch grid's second axis holds (65535), which
+    failed the launch ("invalid argument") before the combine numbered them along the first. The oracle on the last
+    and first 64 queries (bottom-right causal: the last rows see every key, the first see themselves), whose rows are
+    the combine's last and first blocks of every KV head."""
+    dtype, d, rows = torch.bfloat16, 64, 64
+    q, k, v = (torch.randn(1, seqlen_q, h, d, device="cuda", dtype=dtype) for h in (heads_q, heads_k, heads_k))
+    lens = torch.full((1,), seqlen_q, dtype=torch.int32, device="cuda")
+    out, lse = fmha.attention_with_kvcache(q, k, v, lens, causal=True, num_splits=num_splits, return_lse=True)
+    assert_matches(out[:, -rows:], lse[..., -rows:], attention_ref(q[:, -rows:], k, v, causal=True), dtype)
+    assert_matches(out[:, :rows], lse[..., :rows], attention_ref(q[:, :rows], k[:, :rows], v[:, :rows], causal=True),
+                   dtype)
+
+
 @pytest.mark.cpu
 def test_fp8_decode_gluon_rule(monkeypatch):
     """Which KV-cache calls go to the Gluon decode over an FP8 cache (`forward._fp8_decode_takes`, then

@@ -25,14 +25,17 @@ def combine_kernel(O, LSE, O_PART, LSE_PART, SPLIT_OFFSETS, SINKS, CU_Q,
                    stride_ps, stride_pb, stride_pr, stride_lps, stride_lpb,
                    DV: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr,
                    VARIABLE_SPLITS: tl.constexpr, HAS_SINKS: tl.constexpr):
-    # A program merges BLOCK_R packed rows of one batch, BLOCK_DV of their DV values (program_id 2 picks which).
+    # A program merges BLOCK_R packed rows of one batch, BLOCK_DV of their DV values (program_id 1 picks which).
+    # Batches and row blocks share the grid's first axis (batch-major): a second axis holds at most 65535
+    # programs, fewer than the row blocks of a long chunk's forced split (16k queries of 32 heads: 65536).
     # Parts go BLOCK_S at a time as one [BLOCK_S, BLOCK_R] tile of LSEs and one [BLOCK_S, BLOCK_R, BLOCK_DV] tile
     # of values, both loads issued before either is used (neither's addresses depend on the other), so a group of
     # parts costs one round trip to memory; the sum over the parts is a reduction of the tile's first axis.
-    b = tl.program_id(0)
-    rows = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_blocks = tl.cdiv(total_rows, BLOCK_R)
+    b = tl.program_id(0) // row_blocks
+    rows = (tl.program_id(0) % row_blocks) * BLOCK_R + tl.arange(0, BLOCK_R)
     row_ok = rows < total_rows
-    d0 = tl.program_id(2) * BLOCK_DV
+    d0 = tl.program_id(1) * BLOCK_DV
     if VARIABLE_SPLITS:
         first = tl.load(SPLIT_OFFSETS + b)
         n = tl.load(SPLIT_OFFSETS + b + 1) - first
@@ -156,4 +159,4 @@ def _plan(out, lse, o_part, lse_part, *, rows_per_k, group, per_batch, num_split
                o_part.stride(-2), lse_part.stride(0), lse_part.stride(1) if per_batch else 0)
     meta = dict(DV=dv, BLOCK_DV=block_dv, BLOCK_R=block_r, BLOCK_S=block_s, VARIABLE_SPLITS=not per_batch,
                 HAS_SINKS=sinks is not None, num_warps=4)
-    return (batch, cdiv(total_rows, block_r), cdiv(dv, block_dv)), scalars, meta, fixed_classes(scalars, meta)
+    return (batch * cdiv(total_rows, block_r), cdiv(dv, block_dv)), scalars, meta, fixed_classes(scalars, meta)
