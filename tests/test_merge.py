@@ -79,6 +79,56 @@ def test_merge_neg_inf(target):
     assert torch.equal(o, torch.zeros_like(o)) and torch.isneginf(lse).all()
 
 
+@pytest.mark.parametrize("target", TARGETS)
+def test_merge_pos_inf(target):
+    """An LSE of +inf (FlashMLA's API marks a row with no key so, output 0) weighs nothing, as -inf does; a row of
+    only such parts gives 0 and -inf; apply_attention_sink leaves such a row's 0, an infinite sink included."""
+    device, dtype = target
+    o_a = torch.randn(3, 5, 16, device=device, dtype=dtype)
+    lse_a = torch.randn(3, 5, device=device)
+    o_b, lse_b = torch.zeros_like(o_a), torch.full_like(lse_a, math.inf)
+    for pair in ((o_a, lse_a, o_b, lse_b), (o_b, lse_b, o_a, lse_a)):
+        o, lse = fmha.merge_attention_states(*pair)
+        assert torch.equal(lse, lse_a) and torch.allclose(o.float(), o_a.float(), atol=1e-3)
+    o, lse = fmha.merge_attention_states_list([o_b, o_b, o_b], [lse_b, lse_b.neg(), lse_b])
+    assert torch.equal(o, torch.zeros_like(o)) and torch.isneginf(lse).all()
+    sinks = torch.tensor([0.5, math.inf, -math.inf, 2.0, 0.0], device=device)
+    assert torch.equal(fmha.apply_attention_sink(o_b, lse_b, sinks), o_b)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_merge_mla_halves(target):
+    """Context-parallel MLA decode: the keys of each sequence cut at a page boundary, each half attended by
+    `fmha.mla.flash_mla_with_kvcache` without the sink (a half with no key: output 0, LSE +inf, FlashMLA's
+    convention), merged, the sink applied once: the whole cache's answer, with the sink. The sequence with no key
+    at all gives 0 (and LSE -inf, the merge's convention, where the whole call says +inf)."""
+    import fmha.mla as flash_mla
+
+    device, dtype = target
+    torch.manual_seed(3)
+    page, d, dv, h_q = 16, (48 if device == "cpu" else 576), (32 if device == "cpu" else 512), 16
+    lens = torch.tensor([0, 20, 40, 16], dtype=torch.int32, device=device)
+    q = torch.randn(len(lens), 1, h_q, d, device=device, dtype=dtype)
+    cache = torch.randn(12, page, 1, d, device=device, dtype=dtype)
+    table = torch.randperm(12, device=device).to(torch.int32).view(4, 3)
+    sinks = torch.randn(h_q, device=device)
+
+    def mla(lengths, blocks, sink=None):
+        meta, splits = flash_mla.get_mla_metadata(lengths, h_q, 1)
+        return flash_mla.flash_mla_with_kvcache(q, cache, blocks, lengths, dv, meta, splits, attn_sink=sink)
+
+    whole, whole_lse = mla(lens, table, sinks)
+    parts = [mla(lens.clamp(max=page), table[:, :1]), mla((lens - page).clamp(min=0), table[:, 1:].contiguous())]
+    assert torch.isposinf(parts[0][1][0]).all() and torch.isposinf(parts[1][1][3]).all()    # the empty halves
+    o, lse = fmha.merge_attention_states(*(t.squeeze(1) if t.dim() == 4 else t.squeeze(-1) for part in parts
+                                           for t in part))
+    got = fmha.apply_attention_sink(o, lse, sinks)
+    torch.testing.assert_close(got.float(), whole.squeeze(1).float(), atol=2e-2 if dtype == torch.bfloat16 else 4e-3,
+                               rtol=0)
+    torch.testing.assert_close(lse[1:], whole_lse.squeeze(-1)[1:], atol=1e-3, rtol=0)
+    assert (got[0] == 0).all() and torch.isneginf(lse[0]).all() and torch.isposinf(whole_lse[0]).all()
+
+
 def test_merge_bad_input():
     o = torch.zeros(2, 3, 8)
     lse = torch.zeros(2, 3)

@@ -3,7 +3,9 @@ context parallelism, two-source attention).
 
 If `(o_i, lse_i)` is softmax attention of the same queries over key set K_i, then over the union:
     lse = log(sum_i e^{lse_i}),   o = sum_i e^{lse_i - lse} * o_i.
-A part that saw no key (lse -inf) gets weight 0; if no part saw a key, o = 0 and lse = -inf.
+A part that saw no key (lse -inf) gets weight 0; if no part saw a key, o = 0 and lse = -inf. An LSE of +inf is
+read as -inf: it is how FlashMLA's API (`fmha.mla`, and FlashAttention-2) marks a row with no key (output 0), and
+vLLM's merge reads it so too; a real sum of exponentials never reaches it (its scores would be infinite).
 All arithmetic is fp32; the output takes the dtype of the first `o`.
 """
 from __future__ import annotations
@@ -36,6 +38,7 @@ def _check_parts(outs, lses, o_names, lse_names):
 def merge_states(outs, lses):
     """The merge itself, no checks: outs `(*, d)` and lses `(*)` per part → (o in outs[0]'s dtype, lse)."""
     lse_all = torch.stack(list(lses))                       # (n, *)
+    lse_all = torch.where(torch.isposinf(lse_all), -torch.inf, lse_all)     # fmha.mla's empty rows
     lse = torch.logsumexp(lse_all, dim=0)                   # -inf where every part is -inf
     safe = torch.where(torch.isneginf(lse), 0.0, lse)
     weights = torch.exp(lse_all - safe)                     # e^{-inf} = 0 for empty parts
@@ -84,5 +87,5 @@ def apply_attention_sink(out, lse, sinks):
         raise ValueError(f"out: expected (*, heads, d), got shape {tuple(out.shape)}")
     V.check_tensor("sinks", sinks)
     V.check_per_head("sinks", sinks, out.shape[-2], out.device)
-    keep = torch.where(torch.isneginf(lse), 1.0, torch.sigmoid(lse - sinks))
+    keep = torch.where(torch.isinf(lse), 1.0, torch.sigmoid(lse - sinks))     # +inf: fmha.mla's empty row
     return (out.float() * keep.unsqueeze(-1)).to(out.dtype)
