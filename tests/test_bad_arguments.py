@@ -30,8 +30,8 @@ class Call:
     """One valid call: `fn(**kwargs)`. `sizes`: (argument, dim, names): changing that dim of that argument alone
     breaks the call, and the message may name any of `names` (the argument and those it must agree with).
     `ranks`: the ranks an argument may have (its own rank if not listed). `optional`: tensors that may be None.
-    `scalars`: (argument, bad value) pairs. `partners`: more names that
-    any change of an argument may be reported under (mla_decode's rope parts, given together or not at all). `any_strides`: the arguments that torch ops
+    `scalars`: (argument, bad value) pairs. `partners`: more names that any change of an argument may be reported
+    under (mla_decode's rope parts, given together or not at all). `any_strides`: the arguments that torch ops
     read, not kernels, so any layout does (True: all of them). 1-D tensors (per-head or per-sequence vectors) go to
     the kernels as copies when strided (`launch.dense`), so no last-dim stride is tried on them; nor on descales,
     which go as copies too."""
@@ -99,9 +99,10 @@ def _attention_with_kvcache(dtype):
               alibi_slopes=_t(hq, dtype=torch.float32).abs(), causal=True)
     sizes = [("q", 0, "q cache_seqlens block_table k out"), ("cache_seqlens", 0, "cache_seqlens"),
              ("block_table", 0, "block_table"), ("k", 0, "k"), ("v", 0, "v"), ("out", 0, "out"), ("q", 1, "out"),
-             ("k", 1, "v"), ("v", 1, "v"), ("q", 2, "k_cache out sinks alibi_slopes"), ("k_cache", 2, "k_cache v_cache"),
-             ("v_cache", 2, "v_cache"), ("k", 2, "k"), ("v", 2, "v"), ("q", 3, "q k_cache"), ("k_cache", 3, "k_cache"),
-             ("k", 3, "k"), ("v_cache", 3, "v_cache out"), ("v", 3, "v"), ("out", 3, "out"),
+             ("k", 1, "v"), ("v", 1, "v"), ("q", 2, "k_cache out sinks alibi_slopes"),
+             ("k_cache", 2, "k_cache v_cache"), ("v_cache", 2, "v_cache"), ("k", 2, "k"), ("v", 2, "v"),
+             ("q", 3, "q k_cache"), ("k_cache", 3, "k_cache"), ("k", 3, "k"), ("v_cache", 3, "v_cache out"),
+             ("v", 3, "v"), ("out", 3, "out"),
              ("k_cache", 0, "k_cache v_cache"), ("v_cache", 0, "v_cache"), ("k_cache", 1, "k_cache v_cache"),
              ("v_cache", 1, "v_cache"), ("sinks", 0, "sinks")]
     scalars = DENSE_SCALARS + [("num_splits", -1), ("num_splits", 1.5), ("num_splits", True),
@@ -160,8 +161,8 @@ def _attention_with_kvcache_fp8(dtype):
     """A paged FP8 cache beside 16-bit queries, with its descales."""
     b, sq, hq, hk, d, page = 2, 1, 4, 2, 32, 16
     f8 = torch.float8_e4m3fn
-    kw = dict(q=_t(b, sq, hq, d, dtype=dtype), k_cache=_t(4, page, hk, d, dtype=f8), v_cache=_t(4, page, hk, d, dtype=f8),
-              cache_seqlens=_i([5, 30]), block_table=_i([[3, 0], [1, 2]]),
+    kw = dict(q=_t(b, sq, hq, d, dtype=dtype), k_cache=_t(4, page, hk, d, dtype=f8),
+              v_cache=_t(4, page, hk, d, dtype=f8), cache_seqlens=_i([5, 30]), block_table=_i([[3, 0], [1, 2]]),
               k_descale=_t(b, hk, dtype=torch.float32).abs(), v_descale=_t(b, hk, dtype=torch.float32).abs())
     sizes = [("q", 0, "q cache_seqlens block_table k_descale v_descale"), ("k_cache", 2, "k_cache v_cache"),
              ("k_descale", 0, "k_descale"), ("k_descale", 1, "k_descale"), ("v_descale", 1, "v_descale")]
@@ -170,7 +171,8 @@ def _attention_with_kvcache_fp8(dtype):
 
 
 def _mla_plan(seqlens, tokens_per_head_k):
-    return dict(zip(("tile_scheduler_metadata", "num_splits"), flash_mla.get_mla_metadata(seqlens, tokens_per_head_k, 1)))
+    plan = flash_mla.get_mla_metadata(seqlens, tokens_per_head_k, 1)
+    return dict(zip(("tile_scheduler_metadata", "num_splits"), plan))
 
 
 MLA_SCALARS = [("causal", 1), ("softmax_scale", -1.0), ("softmax_scale", math.nan), ("softmax_scale", "x")]
@@ -311,8 +313,8 @@ def _mutations(call):
         if ON_GPU:
             out.append((name, t.cpu(), names, "on the CPU"))
     for name, dim, names in call.sizes:
-        out.append((name, _resized(call.kwargs[name], dim), {name, *names.split(), *call.partners.get(name, "").split()},
-                    f"size of dim {dim} + 1"))
+        names = {name, *names.split(), *call.partners.get(name, "").split()}
+        out.append((name, _resized(call.kwargs[name], dim), names, f"size of dim {dim} + 1"))
     for name, value in call.scalars:
         out.append((name, value, {name}, f"= {value!r}"))
     return out
@@ -324,7 +326,8 @@ def _snapshot(kwargs):
 
 def _same(a, b):
     """Bit-equal (NaN included)."""
-    return a.shape == b.shape and torch.equal(a.reshape(-1).contiguous().view(torch.uint8), b.reshape(-1).contiguous().view(torch.uint8))
+    as_bytes = lambda t: t.reshape(-1).contiguous().view(torch.uint8)      # noqa: E731
+    return a.shape == b.shape and torch.equal(as_bytes(a), as_bytes(b))
 
 
 def _argument_named(message):

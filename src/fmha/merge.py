@@ -4,8 +4,8 @@ context parallelism, two-source attention).
 If `(o_i, lse_i)` is softmax attention of the same queries over key set K_i, then over the union:
     lse = log(sum_i e^{lse_i}),   o = sum_i e^{lse_i - lse} * o_i.
 A part that saw no key (lse -inf) gets weight 0; if no part saw a key, o = 0 and lse = -inf. An LSE of +inf is
-read as -inf: it is how FlashMLA's API (`fmha.mla`, and FlashAttention-2) marks a row with no key (output 0), and
-vLLM's merge reads it so too; a real sum of exponentials never reaches it (its scores would be infinite).
+read as -inf: FlashMLA's API (`fmha.mla`) marks a row with no key so (output 0), and vLLM's merge reads it the same
+way; a real sum of exponentials never reaches it (its scores would be infinite).
 All arithmetic is fp32; the output takes the dtype of the first `o`.
 """
 from __future__ import annotations
@@ -55,7 +55,8 @@ def merge_attention_states(o_a, lse_a, o_b, lse_b):
             `(batch, seqlen, heads, d)` outputs with `(batch, heads, seqlen)` LSEs, pass `lse.transpose(1, 2)`.
 
     Returns:
-        `(o, lse)`: o in o_a's dtype, lse fp32; exact up to rounding, -inf handled on either side.
+        `(o, lse)`: o in o_a's dtype, lse fp32; exact up to rounding, -inf (or +inf, `fmha.mla`'s empty row)
+        handled on either side.
     """
     _check_parts([o_a, o_b], [lse_a, lse_b], ("o_a", "o_b"), ("lse_a", "lse_b"))
     return merge_states([o_a, o_b], [lse_a, lse_b])
@@ -76,7 +77,8 @@ def apply_attention_sink(out, lse, sinks):
 
     Args:
         out: `(*, heads, d)` fp16/bf16/fp32.
-        lse: `(*, heads)` fp32 (out's shape without its last dim); a row with LSE -inf keeps its output (0).
+        lse: `(*, heads)` fp32 (out's shape without its last dim); a row with LSE -inf (or +inf, `fmha.mla`'s
+            empty row) keeps its output (0).
         sinks: `(heads,)` fp32; +inf silences a head, -inf changes nothing.
 
     Returns:
