@@ -65,11 +65,13 @@ def test_external_merge_with_sink(target):
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_merge_neg_inf(target):
-    """A part with LSE -inf contributes nothing (even if its output holds garbage); all -inf gives 0, -inf."""
+    """A part with LSE -inf contributes nothing (even if its output holds garbage: large values, NaN, inf); all -inf
+    gives 0, -inf."""
     device, dtype = target
     o_a = torch.randn(3, 5, 16, device=device, dtype=dtype)
     lse_a = torch.randn(3, 5, device=device)
     o_b = torch.full_like(o_a, 1e4)
+    o_b[0], o_b[1, :, 3] = float("nan"), float("inf")
     lse_b = torch.full_like(lse_a, -math.inf)
     o, lse = fmha.merge_attention_states(o_a, lse_a, o_b, lse_b)
     assert torch.equal(lse, lse_a) and torch.allclose(o.float(), o_a.float(), atol=1e-3)

@@ -3,7 +3,8 @@ context parallelism, two-source attention).
 
 If `(o_i, lse_i)` is softmax attention of the same queries over key set K_i, then over the union:
     lse = log(sum_i e^{lse_i}),   o = sum_i e^{lse_i - lse} * o_i.
-A part that saw no key (lse -inf) gets weight 0; if no part saw a key, o = 0 and lse = -inf. An LSE of +inf is
+A part that saw no key (lse -inf) adds exactly 0, whatever its output holds (NaN too: SDPA's output for a row with
+every key masked); if no part saw a key, o = 0 and lse = -inf. An LSE of +inf is
 read as -inf: FlashMLA's API (`fmha.mla`) marks a row with no key so (output 0), and vLLM's merge reads it the same
 way; a real sum of exponentials never reaches it (its scores would be infinite).
 All arithmetic is fp32; the output takes the dtype of the first `o`.
@@ -41,8 +42,9 @@ def merge_states(outs, lses):
     lse_all = torch.where(torch.isposinf(lse_all), -torch.inf, lse_all)     # fmha.mla's empty rows
     lse = torch.logsumexp(lse_all, dim=0)                   # -inf where every part is -inf
     safe = torch.where(torch.isneginf(lse), 0.0, lse)
-    weights = torch.exp(lse_all - safe)                     # e^{-inf} = 0 for empty parts
-    o = (weights.unsqueeze(-1) * torch.stack(list(outs)).float()).sum(0)   # one pass, not one per part
+    weights = torch.exp(lse_all - safe).unsqueeze(-1)       # e^{-inf} = 0 for empty parts
+    parts = torch.stack(list(outs)).float()
+    o = torch.where(weights > 0, weights * parts, 0.0).sum(0)       # 0 x NaN would be NaN; one pass for all parts
     return o.to(outs[0].dtype), lse
 
 
