@@ -423,7 +423,7 @@ FP8_DECODE_SCRIPT = textwrap.dedent('''
     layout = gl.NVMMASharedLayout.get_default_for([box, d], gl.float8e4nv)
     desc = f"tensordesc<fp8e4nv[{box},{d}],{layout!r}>"
     consts = dict(BLOCK_N=block_n, RAW_STAGES=raw_stages, W_STAGES=w_stages, CH=ch, PAGED=bool(page), CAUSAL=causal,
-                  WIDEN_REGS=WIDEN_REGS, PRODUCER_REGS=PRODUCER_REGS)
+                  WIDEN_REGS=WIDEN_REGS, PRODUCER_REGS=PRODUCER_REGS, OFFSETS_64=out == "bf16" and causal)
     if not page:
         consts["BLOCK_TABLE"] = None
     if not descales:

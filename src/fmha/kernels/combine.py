@@ -86,7 +86,8 @@ def combine_kernel(O, LSE, O_PART, LSE_PART, SPLIT_OFFSETS, SINKS, CU_Q,
         q_head = kv_head * group + r % group
         if HAS_SINKS:
             out = out * sink_keep(lse, empty, tl.load(SINKS + q_head, mask=row_ok, other=0.0))[:, None]
-        o_row = O + b.to(tl.int64) * stride_ob + q_pos * stride_os + q_head * stride_oh
+        # 64-bit products: `out` may be a caller's view whose row or head stride times the index passes 2^31.
+        o_row = O + b.to(tl.int64) * stride_ob + q_pos.to(tl.int64) * stride_os + q_head.to(tl.int64) * stride_oh
         if CU_Q is not None:      # the sequence's rows of the packed output
             o_row += q_start.to(tl.int64) * stride_os
         tl.store(o_row[:, None] + offs_d[None, :], out.to(O.dtype.element_ty), mask=o_mask)

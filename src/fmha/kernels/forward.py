@@ -303,7 +303,12 @@ def _attn_tile(Q, K, V, O, LSE, SLOPES, SINKS, K_DESC, V_DESC, BLOCK_TABLE, Q_DE
 
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
-    q_rows = Q + b.to(tl.int64) * stride_qb + (q_start + q_pos).to(tl.int64) * stride_qs + q_head * stride_qh
+    # Offsets in 64 bits: a stride fits int32 but its product with an index need not (a (b, h, s, d) layout's head
+    # stride of s * d at a million tokens, a caller's `out` view). q's heads within a packed group stay 32-bit (a
+    # vector of 64-bit products cost a spill): a group is packed only for a few query rows, so q's head stride is
+    # small then.
+    q_rows = (Q + b.to(tl.int64) * stride_qb + (h_eff * GP).to(tl.int64) * stride_qh
+              + (q_start + q_pos).to(tl.int64) * stride_qs + (offs_m % GP) * stride_qh)
     # The math runs in q's dtype, or in fp16 for FP8 keys: every e4m3 value is an fp16 value, so one hardware
     # conversion per pair widens an FP8 tile (to bf16 it would take a second, per value), and P keeps more of its
     # mantissa than in bf16. A bf16 q goes to fp16 scaled by a power of two that puts the largest |q| of this
@@ -355,11 +360,11 @@ def _attn_tile(Q, K, V, O, LSE, SLOPES, SINKS, K_DESC, V_DESC, BLOCK_TABLE, Q_DE
     if PAGED:
         # Paged cache: stride_kb / stride_vb are page strides; the block table supplies the page.
         bt_row = BLOCK_TABLE + b.to(tl.int64) * stride_bt
-        k_base = K + kv_head * stride_kh
-        v_base = V + kv_head * stride_vh
+        k_base = K + kv_head.to(tl.int64) * stride_kh
+        v_base = V + kv_head.to(tl.int64) * stride_vh
     else:
-        k_base = K + b.to(tl.int64) * stride_kb + kv_head * stride_kh
-        v_base = V + b.to(tl.int64) * stride_vb + kv_head * stride_vh
+        k_base = K + b.to(tl.int64) * stride_kb + kv_head.to(tl.int64) * stride_kh
+        v_base = V + b.to(tl.int64) * stride_vb + kv_head.to(tl.int64) * stride_vh
     if K_OFFSET:
         k_base += k_start.to(tl.int64) * stride_ks
         v_base += k_start.to(tl.int64) * stride_vs
@@ -444,7 +449,8 @@ def _attn_tile(Q, K, V, O, LSE, SLOPES, SINKS, K_DESC, V_DESC, BLOCK_TABLE, Q_DE
     out = acc / denom[:, None]
     lse = m_i * LN2 + tl.log(l_i)
 
-    o_rows = O + b.to(tl.int64) * stride_ob + (q_start + q_pos).to(tl.int64) * stride_os + q_head * stride_oh
+    o_rows = (O + b.to(tl.int64) * stride_ob + (q_start + q_pos).to(tl.int64) * stride_os
+              + q_head.to(tl.int64) * stride_oh)
     if PAIR:
         HALF_DV: tl.constexpr = HEAD_DIM_V // 2
         tl.store(o_rows[:, None] + (offs_dv[None, :] - half[:, None] * HALF_DV), out.to(O.dtype.element_ty),
@@ -452,7 +458,8 @@ def _attn_tile(Q, K, V, O, LSE, SLOPES, SINKS, K_DESC, V_DESC, BLOCK_TABLE, Q_DE
     else:
         tl.store(o_rows[:, None] + offs_dv[None, :], out.to(O.dtype.element_ty),
                  mask=row_ok[:, None] & (offs_dv < HEAD_DIM_V)[None, :])
-    lse_ptrs = LSE + b.to(tl.int64) * stride_lb + q_head * stride_lh + (q_start + q_pos).to(tl.int64) * stride_ls
+    lse_ptrs = (LSE + b.to(tl.int64) * stride_lb + q_head.to(tl.int64) * stride_lh
+                + (q_start + q_pos).to(tl.int64) * stride_ls)
     tl.store(lse_ptrs, lse, mask=row_ok)
 
 

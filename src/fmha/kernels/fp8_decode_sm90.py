@@ -38,7 +38,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from ..schedule import num_sms, plan_num_splits
 from .combine import combine
-from .forward_sm90 import LN2, LOG2E, ROWS, bars      # ROWS: packed query rows a work item, one wgmma tile
+from .forward_sm90 import LN2, LOG2E, ROWS, _extent, bars      # ROWS: packed query rows a work item, one wgmma tile
 from .launch import launch
 from .sm90 import descriptor, on_hopper
 
@@ -195,10 +195,12 @@ def _descale(DESCALE, at):
 def _consumer(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, Q, O, LSE, SEQLENS, K_DESCALE, V_DESCALE,
               n_items, n_hk, n_splits, group, seqlen_q, stride_qb, stride_qs, stride_qh, stride_osp, stride_ob,
               stride_os, stride_oh, stride_lsp, stride_lb, stride_lh, stride_ls, qk_scale_log2,
-              BLOCK_N: gl.constexpr, W_STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+              BLOCK_N: gl.constexpr, W_STAGES: gl.constexpr, CAUSAL: gl.constexpr, OFFSETS_64: gl.constexpr):
     """One item at a time: its 64 rows (row r: token r // group, query head hk * group + r % group) over the item's
     key tiles, S_i issued with the P·V of tile i - 1 and the softmax of S_i run while that P·V does; then the output
-    and LSE of the rows that exist (a row with no key: 0 and -inf)."""
+    and LSE of the rows that exist (a row with no key: 0 and -inf). OFFSETS_64: q, out or the LSE reach past 2^31
+    elements (a caller's view), so the batch's offsets are 64-bit (else 32: the budget of this partition's
+    registers)."""
     D: gl.constexpr = q_smem.shape[1]
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
@@ -216,6 +218,8 @@ def _consumer(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, Q, O, 
     c = 0
     for t in range(gl.program_id(0), n_items, gl.num_programs(0)):
         b, hk, sp, sk, lo, n_tiles = _item(t, n_hk, n_splits, SEQLENS, BLOCK_N)
+        if OFFSETS_64:
+            b = b.to(gl.int64)
         head = hk * group + rows % group
         q = gl.load(Q + b * stride_qb + tok[:, None] * stride_qs + head[:, None] * stride_qh + cols[None, :],
                     mask=row_ok[:, None], other=0.0).to(gl.float32)
@@ -289,7 +293,7 @@ def fp8_decode_kernel(k_desc, v_desc, Q, O, LSE, SEQLENS, BLOCK_TABLE, K_DESCALE
                       stride_ob, stride_os, stride_oh, stride_lsp, stride_lb, stride_lh, stride_ls, qk_scale_log2,
                       BLOCK_N: gl.constexpr, RAW_STAGES: gl.constexpr, W_STAGES: gl.constexpr, CH: gl.constexpr,
                       PAGED: gl.constexpr, CAUSAL: gl.constexpr, WIDEN_REGS: gl.constexpr,
-                      PRODUCER_REGS: gl.constexpr):
+                      PRODUCER_REGS: gl.constexpr, OFFSETS_64: gl.constexpr = False):
     """The consumer is the default partition (4 warps), the widener (4 warps, WIDEN_REGS) and the producer (1 warp,
     PRODUCER_REGS) its workers."""
     D: gl.constexpr = k_desc.block_type.shape[1]
@@ -311,7 +315,7 @@ def fp8_decode_kernel(k_desc, v_desc, Q, O, LSE, SEQLENS, BLOCK_TABLE, K_DESCALE
         (_consumer, (q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, Q, O, LSE, SEQLENS, K_DESCALE,
                      V_DESCALE, n_items, n_hk, n_splits, group, seqlen_q, stride_qb, stride_qs, stride_qh, stride_osp,
                      stride_ob, stride_os, stride_oh, stride_lsp, stride_lb, stride_lh, stride_ls, qk_scale_log2,
-                     BLOCK_N, W_STAGES, CAUSAL)),
+                     BLOCK_N, W_STAGES, CAUSAL, OFFSETS_64)),
         (_widener, (raw_k, raw_v, raw_ready, raw_empty, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, SEQLENS,
                     n_items, n_hk, n_splits, BLOCK_N, RAW_STAGES, W_STAGES, CH)),
         (_producer, (k_desc, v_desc, raw_k, raw_v, raw_ready, raw_empty, SEQLENS, BLOCK_TABLE, stride_bt, n_items,
@@ -378,7 +382,8 @@ def fp8_decode_forward_sm90(q, k, v, out, lse, cache_seqlens, block_table, k_des
             num_splits, h_q // h_k, s_q, seq_rows, page, *q.stride()[:3], *o_strides, *lse_strides,
             softmax_scale * LOG2E)
     meta = dict(BLOCK_N=block_n, RAW_STAGES=raw_stages, W_STAGES=w_stages, CH=ch, PAGED=paged, CAUSAL=causal,
-                WIDEN_REGS=WIDEN_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4)
+                WIDEN_REGS=WIDEN_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4,
+                OFFSETS_64=max(_extent(q), _extent(o_dst), _extent(lse_dst)) > 2**31)
     launch(fp8_decode_kernel, (min(n_items, sms),), args, meta)
     if num_splits > 1:
         rows = s_q * h_q
