@@ -56,6 +56,19 @@ def paged_packed(page_size, k, v, cu_seqlens, perm=None):
     return paged_copy(page_size, *logical, perm=perm)
 
 
+def garbled_table(table, seqlens, page_size):
+    """A copy of the block table `table` (int32, `(batch, max_pages)`) whose entries past each sequence's last page
+    (all of a sequence of length 0's) hold indices of no page: 2^31 - 1, -1, -2^31, 2^20 in turn, as engines leave
+    padding columns. A kernel may read none of them as a page."""
+    table = table.clone()
+    junk = torch.tensor([2 ** 31 - 1, -1, -2 ** 31, 2 ** 20], dtype=torch.int32, device=table.device)
+    for i, n in enumerate(seqlens):
+        used = -(-int(n) // page_size)
+        rest = table.shape[1] - used
+        table[i, used:] = junk.repeat(-(-rest // 4))[:rest]
+    return table
+
+
 def far_pages(table, *caches, past=2 ** 31):
     """Paged `caches` (same shape and dtype, sharing `table`) moved into one buffer at offsets past `past` elements:
     returns views of it, one a cache, whose pages `shift + j` hold page j of the original, the shifted table, and
