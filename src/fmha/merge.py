@@ -44,7 +44,7 @@ def merge_states(outs, lses):
     safe = torch.where(torch.isneginf(lse), 0.0, lse)
     weights = torch.exp(lse_all - safe).unsqueeze(-1)       # e^{-inf} = 0 for empty parts
     parts = torch.stack(list(outs)).float()
-    o = torch.where(weights > 0, weights * parts, 0.0).sum(0)       # 0 x NaN would be NaN; one pass for all parts
+    o = torch.where(weights == 0, 0.0, weights * parts).sum(0)      # 0 x NaN would be NaN; one pass for all parts
     return o.to(outs[0].dtype), lse
 
 

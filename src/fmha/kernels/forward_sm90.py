@@ -66,7 +66,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from ..schedule import num_sms, outside_graph_pools
 from .launch import Plans, _arg_class, cdiv, fixed_classes, launch
-from .sm90 import box as sm90_box, descriptor, descriptor_in, on_hopper
+from .sm90 import box as sm90_box, descriptor, descriptor_in, offsets_64, on_hopper
 from .transpose import TAIL, packed_start, transpose_keys
 
 _ROWS = 64                        # query rows per consumer warpgroup; a CTA has two or three
@@ -1265,18 +1265,6 @@ def _view(t, padded=False):
     return [b, s, (h - 1) * sh + d], [sb, ss, 1]
 
 
-def _extent(t):
-    """Elements from t's first to one past its last: what its offsets must reach."""
-    if t.numel() == 0:
-        return 0
-    return sum((n - 1) * st for n, st in zip(t.shape, t.stride())) + 1
-
-
-def _offsets_64(out, lse):
-    """Whether the output's or the LSE's offsets reach past 2^31 elements (the epilogue's in 64 bits then)."""
-    return max(_extent(out), _extent(lse)) > 2**31
-
-
 def supported(q, k, v):
     """Whether a plain dense call (the caller has checked the options) can take this path: Hopper, fp16/bf16,
     (head_dim_qk, head_dim_v) in `HEAD_DIMS` (FP8) or run padded to a pair there (`padded_dims`, fp16 / bf16),
@@ -1371,7 +1359,7 @@ def _plan_key(q, k, v, out, lse, causal, softmax_scale, varlen, window, sinks, s
     else:
         longest = varlen[2]
         shapes = (q.shape[1:], k.shape[1:], v.shape[1:], out.shape[1:], lse.shape[0], lse.stride(1),
-                  varlen[0].shape, k.shape[0] == 0, _offsets_64(out, lse),
+                  varlen[0].shape, k.shape[0] == 0, offsets_64(out, lse),
                   longest >= WIDE_MIN_ROWS, longest >= WIDE_MIN_ROWS_CAUSAL, longest >= PINGPONG_MIN_ROWS_D128)
     return (*shapes, q.stride(), k.stride(), v.stride(), out.stride(), q.dtype, k.dtype, v.dtype, out.dtype, q.device,
             q.data_ptr() % 16, k.data_ptr() % 16, v.data_ptr() % 16, out.data_ptr() % 16,
@@ -1671,8 +1659,8 @@ def _plan(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None
     counter = masked or varlen is not None or cache is not None
     part = _QK_PART.get(d, d)
     kv_rows = block_n if table is None else page_rows(k.shape[1], block_n)
-    offsets_64 = _offsets_64(out, lse)
-    stored = tma_store(dv, seqlen_q, wgs, varlen is not None, offsets_64, out.dtype == q.dtype)
+    wide_offsets = offsets_64(out, lse)
+    stored = tma_store(dv, seqlen_q, wgs, varlen is not None, wide_offsets, out.dtype == q.dtype)
     vo = _view(out, padded) if stored else None
     fp8 = q.dtype == torch.float8_e4m3fn
     if transpose is None:
@@ -1703,7 +1691,7 @@ def _plan(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None
                min(left, UNBOUNDED) if left >= 0 else UNBOUNDED, min(max(right, 0), UNBOUNDED),
                table.stride(0) if table is not None else 0, k.shape[1] if table is not None else 0)
     meta = dict(BLOCK_N=block_n, HEAD_D=d, HEAD_DV=dv, DV_STORE=dv_store, STAGES=stages, Q_BUFS=q_bufs, CAUSAL=causal,
-                PINGPONG=pingpong, CONSUMER_REGS=regs, WGS=wgs, OFFSETS_64=offsets_64,
+                PINGPONG=pingpong, CONSUMER_REGS=regs, WGS=wgs, OFFSETS_64=wide_offsets,
                 VARLEN=varlen is not None, WINDOW=window, HAS_SINKS=sinks is not None, SOFTCAP=softcap > 0,
                 PAIR_TAILS=varlen is not None and heads == 1 and _two_heads_fit(group, wgs),
                 KV_CACHE=cache is not None, PAGE_ROWS=kv_rows if table is not None else 0,

@@ -38,9 +38,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from ..schedule import num_sms, plan_num_splits
 from .combine import combine
-from .forward_sm90 import LN2, LOG2E, ROWS, _extent, bars      # ROWS: packed query rows a work item, one wgmma tile
+from .forward_sm90 import LN2, LOG2E, ROWS, bars      # ROWS: packed query rows a work item, one wgmma tile
 from .launch import launch
-from .sm90 import descriptor, on_hopper
+from .sm90 import descriptor, offsets_64, on_hopper
 
 # (BLOCK_N, RAW_STAGES, W_STAGES, CH) by head dim: 227 KB of shared memory hold Q (64 x d fp16), RAW_STAGES raw K
 # and V tiles (BLOCK_N x d bytes each) and W_STAGES widened ones (twice that): 180 / 221 / 194 KB. CH: the rows the
@@ -383,7 +383,7 @@ def fp8_decode_forward_sm90(q, k, v, out, lse, cache_seqlens, block_table, k_des
             softmax_scale * LOG2E)
     meta = dict(BLOCK_N=block_n, RAW_STAGES=raw_stages, W_STAGES=w_stages, CH=ch, PAGED=paged, CAUSAL=causal,
                 WIDEN_REGS=WIDEN_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4,
-                OFFSETS_64=max(_extent(q), _extent(o_dst), _extent(lse_dst)) > 2**31)
+                OFFSETS_64=offsets_64(q, o_dst, lse_dst))
     launch(fp8_decode_kernel, (min(n_items, sms),), args, meta)
     if num_splits > 1:
         rows = s_q * h_q

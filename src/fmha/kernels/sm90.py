@@ -26,6 +26,12 @@ def on_hopper(t) -> bool:
     return t.is_cuda and capability(t.device.index)[0] == 9
 
 
+def offsets_64(*tensors) -> bool:
+    """Whether any of `tensors` spans more than 2^31 elements from its first to one past its last: a kernel's
+    offsets into it must be 64-bit then (each stride may fit int32 while its product with an index does not)."""
+    return any(t.numel() and sum((n - 1) * st for n, st in zip(t.shape, t.stride())) + 1 > 2**31 for t in tensors)
+
+
 @functools.lru_cache(maxsize=None)
 def smem_layout(block, dtype):
     """The shared-memory layout of a TMA box `block` (a tuple: (1, rows, d), or (1, rows, 1, d)) of torch dtype
