@@ -192,6 +192,18 @@ def _flash_mla_with_kvcache(dtype):
     return Call(flash_mla.flash_mla_with_kvcache, kw, sizes, {"attn_sink"}, scalars=scalars)
 
 
+def _flash_mla_fp8(dtype):
+    """DeepSeek-V3.2's FP8 cache (656 packed bytes a token: 512 e4m3 latent values, 4 fp32 scales, 64 bf16 rope)."""
+    b, sq, hq, page = 2, 1, 16, 64
+    seqlens = _i([5, 70])
+    cache = flash_mla.quantize_kv_cache(_t(3, page, 1, 576, dtype=torch.bfloat16), "v32")
+    kw = dict(q=_t(b, sq, hq, 576, dtype=dtype), k_cache=cache, block_table=_i([[2, 1], [0, 1]]), cache_seqlens=seqlens,
+              head_dim_v=512, **_mla_plan(seqlens, sq * hq), is_fp8_kvcache=True)
+    sizes = [("q", 0, "q block_table cache_seqlens num_splits"), ("q", 3, "q k_cache head_dim_v"),
+             ("k_cache", 3, "k_cache"), ("k_cache", 2, "k_cache"), ("block_table", 0, "block_table")]
+    return Call(flash_mla.flash_mla_with_kvcache, kw, sizes, scalars=[("head_dim_v", 256), ("head_dim_v", 576)])
+
+
 def _flash_mla_sparse_decode(dtype):
     """Token-sparse decode from two sources (DeepSeek-V4's compressed cache and sliding window), each with its
     lengths, planned with `topk`."""
@@ -272,7 +284,8 @@ def _get_mla_metadata(dtype):
 
 CALLS = {f.__name__[1:]: f for f in (_attention, _attention_fp8, _attention_varlen, _attention_varlen_paged,
                                      _attention_with_kvcache, _attention_with_kvcache_rows,
-                                     _attention_with_kvcache_fp8, _flash_mla_with_kvcache, _flash_mla_sparse_decode,
+                                     _attention_with_kvcache_fp8, _flash_mla_with_kvcache, _flash_mla_fp8,
+                                     _flash_mla_sparse_decode,
                                      _mla_decode, _flash_mla_sparse_fwd, _merge_attention_states,
                                      _apply_attention_sink, _get_mla_metadata)}
 
