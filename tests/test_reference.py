@@ -59,8 +59,7 @@ def test_attention_ref_against_sdpa(seed):
         kt = torch.cat([kt, torch.zeros_like(kt[:, :, :1])], 2)
         vt = torch.cat([vt, torch.zeros_like(vt[:, :, :1])], 2)
         bias = torch.cat([bias, torch.zeros(hq, sq, 1, dtype=torch.float64)], 2)
-        # q . 0 = 0, so the sink's logit goes in as its bias, undone from the scale
-        bias[..., -1] = sinks.double()[:, None]
+        bias[..., -1] = sinks.double()[:, None]       # its score: q . 0 x scale + bias = the sink's logit
     seen = torch.isfinite(bias[..., :sk]).any(-1)                                # (hq, sq): rows with a key
     want = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=bias, scale=s)
     want = torch.where(seen[None, :, :, None], want, 0.0).transpose(1, 2)       # a row with no key: 0
