@@ -1,6 +1,7 @@
 """attention_with_kvcache: contiguous and paged caches (shuffled pages, NaN everywhere the kernel must not
 read), split and unsplit paths, against the fp32 oracle run on each sequence's valid keys."""
 
+import itertools
 import math
 
 import pytest
@@ -368,33 +369,39 @@ def test_kvcache_64_rows_d64(page_size, seqlen_q, fp8, monkeypatch):
 
 
 @pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("num_splits", [1, 3])
-@pytest.mark.parametrize("axis,fp8", [(1, False), (2, False), (0, True)], ids=["rows", "heads", "batch-fp8"])
-def test_out_past_2g_elements(target, num_splits, axis, fp8):
-    """`out` a caller's view whose batch, query-row or head stride is 2^30, in a buffer of 4 GiB of which only the
-    view's rows are touched: each stride fits int32, its product with the index does not. The portable kernel's head
-    offsets and the combine's row and head offsets were 32-bit products, which wrapped (a segfault in the
-    interpreter); over an FP8 cache with 64 packed rows (on Hopper the Gluon FP8 decode, `fp8_decode_sm90`), the
-    batch's offset, now 64-bit when a call reaches past 2^31 elements (`OFFSETS_64`)."""
+def test_out_past_2g_elements(target):
+    """`out` a caller's view whose query-row, head or batch stride is 2^30, in a buffer just past 2^31 elements of
+    which only the view's rows are touched: each stride fits int32, its product with the index does not. The
+    portable kernel's head offsets and the combine's row and head offsets were 32-bit products, which wrapped (a
+    segfault in the interpreter); over an FP8 cache with 64 packed rows (on Hopper the Gluon FP8 decode,
+    `fp8_decode_sm90`), the batch's offset, now 64-bit when a call reaches past 2^31 elements (`OFFSETS_64`).
+    Split (3) and not. The cases run one after another, each buffer freed before the next: a 4 GiB buffer a case
+    (on the GPU real memory), and the GPU suite's shards run at once."""
     device, dtype = target
     torch.manual_seed(9)
-    b, sq, hq, hk, d, sk = (3, 4, 32, 2, 128, 300) if axis == 0 else (2, 3, 4, 2, 64, 300)
-    q = torch.randn(b, sq, hq, d, dtype=dtype, device=device)
-    k, v = (torch.randn(b, sk, hk, d, device=device).to(torch.float8_e4m3fn if fp8 else dtype) for _ in range(2))
-    lens = torch.tensor([sk - 41, sk, 7][:b], dtype=torch.int32, device=device)
-    shape = (b, sq, hq, d)
-    strides = [sq * hq * d, hq * d, d, 1]
-    strides[axis] = 1 << 30
-    if axis:                                  # the batch stride past the other two axes' extents
-        strides[0] = sum((n - 1) * st for n, st in zip(shape[1:], strides[1:])) + 1
-    buf = torch.empty(sum((n - 1) * st for n, st in zip(shape, strides)) + 1, dtype=dtype, device=device)
-    out = buf.as_strided(shape, strides)
-    out.fill_(float("nan"))
-    got, lse = fmha.attention_with_kvcache(q, k, v, lens, causal=True, num_splits=num_splits, return_lse=True,
-                                           out=out)
-    assert got.data_ptr() == out.data_ptr()
-    assert_matches(got, lse, _oracle(q, k, v, lens.tolist(), causal=True), dtype)
-    del got, out, buf
+    for axis, num_splits in itertools.product((1, 2, 0), (1, 3)):
+        # (b, sq, hq, hk, d): the strided axis 3 long (rows / heads) or the batch 3 (FP8, 64 packed rows a KV head)
+        b, sq, hq, hk, d = {1: (1, 3, 4, 2, 64), 2: (1, 2, 3, 1, 64), 0: (3, 4, 32, 2, 128)}[axis]
+        fp8, sk = axis == 0, 300
+        q = torch.randn(b, sq, hq, d, dtype=dtype, device=device)
+        k, v = (torch.randn(b, sk, hk, d, device=device).to(torch.float8_e4m3fn if fp8 else dtype) for _ in range(2))
+        lens = torch.tensor([sk - 41, sk, 7][:b], dtype=torch.int32, device=device)
+        shape = (b, sq, hq, d)
+        strides = [sq * hq * d, hq * d, d, 1]
+        strides[axis] = 1 << 30
+        if axis:                              # the batch stride past the other axes' extents
+            strides[0] = sum((n - 1) * st for n, st in zip(shape[1:], strides[1:])) + 1
+        buf = torch.empty(sum((n - 1) * st for n, st in zip(shape, strides)) + 1, dtype=dtype, device=device)
+        assert buf.numel() > 2 ** 31
+        out = buf.as_strided(shape, strides)
+        out.fill_(float("nan"))
+        got, lse = fmha.attention_with_kvcache(q, k, v, lens, causal=True, num_splits=num_splits, return_lse=True,
+                                               out=out)
+        assert got.data_ptr() == out.data_ptr()
+        assert_matches(got, lse, _oracle(q, k, v, lens.tolist(), causal=True), dtype)
+        del got, out, buf
+        if device == "cuda":
+            torch.cuda.empty_cache()
 
 
 @pytest.mark.gpu
