@@ -19,6 +19,7 @@ import torch
 import fmha
 import fmha.mla as flash_mla
 from conftest import ON_GPU
+from test_kvcache import _slots
 
 DEV = "cuda" if ON_GPU else "cpu"
 pytestmark = pytest.mark.gpu if ON_GPU else pytest.mark.cpu
@@ -392,11 +393,7 @@ def _appended_rows(kwargs):
         return {}
     cache = kwargs["k_cache"]
     rows = torch.zeros(cache.shape[:2], dtype=torch.bool, device=cache.device)
-    table, idx = kwargs.get("block_table"), kwargs.get("cache_batch_idx")
-    for b, start in enumerate(kwargs["cache_seqlens"].tolist()):
-        for pos in range(start, start + kwargs["k"].shape[1]):
-            if table is not None:
-                rows[table[b, pos // cache.shape[1]], pos % cache.shape[1]] = True
-            else:
-                rows[b if idx is None else idx[b], pos] = True
+    for _, _, at in _slots(kwargs["cache_seqlens"].tolist(), kwargs["k"].shape[1], cache.shape[1],
+                           kwargs.get("block_table"), kwargs.get("cache_batch_idx")):
+        rows[at] = True
     return {"k_cache": rows, "v_cache": rows}
