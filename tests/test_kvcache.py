@@ -96,7 +96,7 @@ def _oracle(q, k, v, seqlens, **options):
         own = {name: o[i:i + 1] if name.endswith("_descale") else o for name, o in options.items()}
         if isinstance(own.get("window", (0,))[0], torch.Tensor):
             own["window"] = (max(int(own["window"][0][i]), -1), own["window"][1])
-        o, lse = attention_ref(q[i:i + 1].cpu(), k[i:i + 1, :n], v[i:i + 1, :n], **own)
+        o, lse = attention_ref(q[i:i + 1].cpu(), k[i:i + 1, :n].cpu(), v[i:i + 1, :n].cpu(), **own)
         outs.append(o)
         lses.append(lse)
     return torch.cat(outs).to(q.device), torch.cat(lses).to(q.device)
