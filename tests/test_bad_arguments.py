@@ -397,3 +397,51 @@ def _appended_rows(kwargs):
                            kwargs.get("block_table"), kwargs.get("cache_batch_idx")):
         rows[at] = True
     return {"k_cache": rows, "v_cache": rows}
+
+
+# Numeric options each call form takes beside its tensors, as Python numbers (the base calls' own are kept).
+NUMBERS = {"attention": dict(softmax_scale=0.125, softcap=30.0, window=(3, 0)),
+           "attention_fp8": dict(softmax_scale=0.25),
+           "attention_varlen": dict(softmax_scale=0.125, window=(2, 1)),
+           "attention_varlen_paged": dict(softcap=20.0),
+           "attention_with_kvcache": dict(num_splits=2, softmax_scale=0.125, window=(5, 0)),
+           "attention_with_kvcache_rows": dict(num_splits=3, softcap=10.0),
+           "attention_with_kvcache_fp8": dict(softmax_scale=0.5),
+           "flash_mla_with_kvcache": dict(softmax_scale=0.0625),
+           "flash_mla_fp8": dict(softmax_scale=0.0625),
+           "flash_mla_sparse_decode": dict(softmax_scale=0.0625),
+           "mla_decode": dict(softmax_scale=0.0625),
+           "flash_mla_sparse_fwd": dict(sm_scale=0.0625),
+           "get_mla_metadata": dict(num_heads_q=8, topk=12)}
+
+
+def _numpy(value):
+    """A Python number (or a tuple of them) as numpy scalars: int32 for an int, float32 for a float."""
+    import numpy as np
+    if isinstance(value, tuple):
+        return tuple(_numpy(v) for v in value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return value
+    return np.int32(value) if isinstance(value, int) else np.float32(value)
+
+
+def _results(result):
+    """A call's tensors, copied (an `out=` tensor is written again by the next call)."""
+    parts = result if isinstance(result, (tuple, list)) else (result,)
+    return [p.clone() for p in parts if isinstance(p, torch.Tensor)]
+
+
+@pytest.mark.parametrize("call_name", sorted(CALLS))
+def test_numpy_scalars(call_name):
+    """Numeric options given as numpy scalars (np.int32 / np.float32, as engines that plan in numpy pass them, and
+    as torch's own ops and FlashAttention's take them) give the call with the Python numbers they hold, bit for bit;
+    they raised TypeError before. Every numeric option of the call form is given so (`NUMBERS` adds the ones its
+    base call leaves at their defaults)."""
+    call = CALLS[call_name](torch.float16)
+    python = dict(call.kwargs, **NUMBERS.get(call_name, {}))
+    numpy = {name: _numpy(value) for name, value in python.items()}
+    changed = [name for name in python if numpy[name] is not python[name]]
+    assert changed or call_name in ("merge_attention_states", "apply_attention_sink"), call_name
+    want = _results(call.fn(**python))
+    got = _results(call.fn(**numpy))
+    assert len(got) == len(want) and all(_same(g, w) for g, w in zip(got, want)), f"{call_name}: {changed}"

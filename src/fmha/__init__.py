@@ -8,7 +8,8 @@ Public API (see each function's docstring for shapes and options):
     mla                            `import fmha.mla as flash_mla`: DeepSeek MLA decode, sparse, FP8 (FlashMLA's API)
     reference                      fp32 oracles for every op (the tests' ground truth)
 
-The kernels compute the forward pass only. Called with inputs that require grad (grad mode on; eager or
+Numeric options (window bounds, scales, lengths, split counts) take Python numbers or numpy scalars, as torch's
+own ops do. The kernels compute the forward pass only. Called with inputs that require grad (grad mode on; eager or
 compiled), an entry point returns tensors whose backward raises a RuntimeError naming it, rather than tensors that
 silently give those inputs no gradient.
 

@@ -7,6 +7,7 @@ they all run before any kernel launches, so a failed call writes nothing.
 from __future__ import annotations
 
 import math
+import numbers
 import os
 
 import torch
@@ -187,6 +188,15 @@ def check_cu_seqlens(name, cu, batch_plus_one=None, device=None):
         raise ValueError(f"{name}: expected length {batch_plus_one} (batch + 1), got {cu.shape[0]}")
     if not cu.is_contiguous():
         raise ValueError(f"{name}: expected a contiguous tensor")
+
+
+def python_number(value):
+    """A numpy scalar (np.int64, np.float32, ...) as the Python int or float it holds, as torch's own ops and
+    FlashAttention's read one; any other value as it is, for the checks to judge (bools, np.bool_ and 0-d tensors
+    are no numbers here: a tensor would need a host synchronisation)."""
+    if isinstance(value, (bool, int, float, torch.SymInt, torch.SymFloat)) or not isinstance(value, numbers.Real):
+        return value
+    return int(value) if isinstance(value, numbers.Integral) else float(value)
 
 
 def is_int(value) -> bool:

@@ -56,9 +56,11 @@ def _prepare(q, k, v, *, varlen, causal, window, softmax_scale, softcap, alibi_s
     `descales`: (q_descale, k_descale, v_descale) as the caller passed them. `paged`: k and v are paged caches
     beside packed queries. `names`: q, k and v's names in the caller's signature, for the messages."""
     V.check_qkv(q, k, v, varlen=varlen, check_batch=check_batch, paged=paged, names=names)
+    if isinstance(window, (tuple, list)):
+        window = tuple(V.python_number(w) for w in window)
+    softmax_scale, softcap = V.python_number(softmax_scale), V.python_number(softcap)
     if not isinstance(causal, bool):
         raise TypeError(f"causal: expected a bool, got {type(causal).__name__}")
-    window = tuple(window) if isinstance(window, list) else window
     batch = q.shape[0] if batch is None else batch
     V.check_options(q, window=window, softmax_scale=softmax_scale, softcap=softcap,
                     alibi_slopes=alibi_slopes, sinks=sinks, batch=batch)
@@ -184,6 +186,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     V.check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, device=q.device)
     if not paged or cu_seqlens_k is not None or seqused_k is None:     # optional only where the others say all
         V.check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, batch_plus_one=cu_seqlens_q.shape[0], device=q.device)
+    max_seqlen_q, max_seqlen_k = V.python_number(max_seqlen_q), V.python_number(max_seqlen_k)
     V.check_max_seqlen("max_seqlen_q", max_seqlen_q)
     V.check_max_seqlen("max_seqlen_k", max_seqlen_k)
     if seqused_k is not None:
@@ -362,6 +365,7 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None
                                                 descales=(q_descale, k_descale, v_descale),
                                                 check_batch=False, names=("q", "k_cache", "v_cache"))
     batch = q.shape[0]
+    cache_seqlens, num_splits = V.python_number(cache_seqlens), V.python_number(num_splits)
     if isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
         if cache_seqlens < 0:
             raise ValueError(f"cache_seqlens: expected a length >= 0, got {cache_seqlens}")

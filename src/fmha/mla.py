@@ -99,6 +99,8 @@ def get_mla_metadata(cache_seqlens=None, num_q_tokens_per_head_k=None, num_heads
         return FlashMLASchedMeta(), None
     V.check_tensor("cache_seqlens", cache_seqlens, ndim=1, dtypes=(torch.int32,))
     V.check_device("cache_seqlens", cache_seqlens)
+    num_q_tokens_per_head_k, num_heads_k, num_heads_q, topk = map(
+        V.python_number, (num_q_tokens_per_head_k, num_heads_k, num_heads_q, topk))
     for name, value in (("num_q_tokens_per_head_k", num_q_tokens_per_head_k), ("num_heads_k", num_heads_k)):
         if not V.is_int(value):
             raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
@@ -251,6 +253,7 @@ def _check_metadata(batch, tile_scheduler_metadata, num_splits, device):
 
 
 def _check_scale(softmax_scale, default, name="softmax_scale"):
+    softmax_scale = V.python_number(softmax_scale)
     V.check_softmax_scale(softmax_scale, name)
     return default if softmax_scale is None else float(softmax_scale)
 
@@ -297,6 +300,7 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
     V.check_device("q", q)
     batch, s_q, h_q, dqk = q.shape
     V.check_last_dim_contiguous("q", q)
+    head_dim_v = V.python_number(head_dim_v)
     if not isinstance(head_dim_v, int) or isinstance(head_dim_v, bool):
         raise TypeError(f"head_dim_v: expected an int, got {type(head_dim_v).__name__}")
     if not 0 < head_dim_v <= dqk:
@@ -449,6 +453,7 @@ def flash_mla_sparse_fwd(q, kv, indices, sm_scale=None, d_v=512, attn_sink=None,
         raise ValueError(f"indices: expected ({s_q}, {h_kv}, topk >= 1), got {tuple(indices.shape)}")
     for name, t in (("q", q), ("kv", kv), ("indices", indices)):
         V.check_last_dim_contiguous(name, t)
+    d_v = V.python_number(d_v)
     if not isinstance(d_v, int) or isinstance(d_v, bool):
         raise TypeError(f"d_v: expected an int, got {type(d_v).__name__}")
     if not 0 < d_v <= dqk:
