@@ -228,6 +228,41 @@ def test_kvcache_fp8(target, page_size, seqlen_q, num_splits):
     assert_matches(got, lse, oracle, dtype)
 
 
+def _laid_out(k_cache, v_cache, layout):
+    """The same paged caches as views of one KV tensor, as engines allocate them: "kv_pages" FlashInfer's NHD
+    `(num_pages, 2, page, heads_k, d)` (K and V of a page side by side), "hnd" its HND `(num_pages, 2, heads_k,
+    page, d)` (a head's keys of a page together: head stride page * d, key stride d); each cache's values unchanged."""
+    both = torch.stack([k_cache, v_cache], 1)
+    if layout == "hnd":
+        both = both.transpose(2, 3).contiguous().transpose(2, 3)
+    return both[:, 0], both[:, 1]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("layout", ["kv_pages", "hnd"])
+@pytest.mark.parametrize("page_size", [16, 64])
+@pytest.mark.parametrize("fp8", [False, True], ids=["cache_dtype", "fp8"])
+def test_kvcache_cache_layouts(target, layout, page_size, fp8):
+    """Paged caches laid out as engines hold them (`_laid_out`: K and V pages interleaved in one tensor, or the
+    heads-major HND page), in q's dtype or FP8 with descales: a decode (4 packed rows a KV head) and a causal chunk
+    (64 rows on the GPU, 8 on the CPU), split as planned and in 3: the oracle's answer each time. The portable kernel
+    takes them all (the Gluon FP8 decode takes contiguous caches only)."""
+    device, dtype = target
+    c = _case(target)
+    b = len(c["seqlens"])
+    k_cache, v_cache, table, k, v = _cache(c["seqlens"], c["capacity"], c["hk"], c["d"], c["d"],
+                                           torch.float8_e4m3fn if fp8 else dtype, device, page_size, seed=page_size)
+    k_cache, v_cache = _laid_out(k_cache, v_cache, layout)
+    seqlens = torch.tensor(c["seqlens"], dtype=torch.int32, device=device)
+    options = _descales(b, c["hk"], device) if fp8 else {}
+    group = c["hq"] // c["hk"]
+    for seqlen_q, num_splits in itertools.product((1, (64 if device == "cuda" else 8) // group), (0, 3)):
+        q = torch.randn(b, seqlen_q, c["hq"], c["d"], device=device, dtype=dtype)
+        got, lse = fmha.attention_with_kvcache(q, k_cache, v_cache, seqlens, block_table=table, causal=True,
+                                               num_splits=num_splits, return_lse=True, **options)
+        assert_matches(got, lse, _oracle(q, k, v, c["seqlens"], causal=True, **options), dtype)
+
+
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("page_size", [None, 64], ids=lambda p: f"page{p}" if p else "contiguous")
 @pytest.mark.parametrize("d", [64, 256])
