@@ -244,9 +244,9 @@ def _laid_out(k_cache, v_cache, layout):
 @pytest.mark.parametrize("fp8", [False, True], ids=["cache_dtype", "fp8"])
 def test_kvcache_cache_layouts(target, layout, page_size, fp8):
     """Paged caches laid out as engines hold them (`_laid_out`: K and V pages interleaved in one tensor, or the
-    heads-major HND page), in q's dtype or FP8 with descales: a decode (4 packed rows a KV head) and a causal chunk
-    (64 rows on the GPU, 8 on the CPU), split as planned and in 3: the oracle's answer each time. The portable kernel
-    takes them all (the Gluon FP8 decode takes contiguous caches only)."""
+    heads-major HND page), in q's dtype or FP8 with descales: a decode (one query token) and a causal chunk (64
+    packed query rows a KV head on the GPU, 8 on the CPU), split as planned and in 3: the oracle's answer each time.
+    The portable kernel takes them all (the Gluon FP8 decode takes contiguous caches only)."""
     device, dtype = target
     c = _case(target)
     b = len(c["seqlens"])
