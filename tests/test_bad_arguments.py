@@ -283,12 +283,27 @@ def _get_mla_metadata(dtype):
     return Call(flash_mla.get_mla_metadata, kw, [], scalars=scalars)
 
 
+def _flash_attn_varlen_func(dtype):
+    """FlashMLA's dense prefill name for attention_varlen (d_qk 192 / d_v 128): its checks under FlashMLA's names."""
+    hq, hk = 4, 2
+    kw = dict(q=_t(9, hq, 192, dtype=dtype), k=_t(11, hk, 192, dtype=dtype), v=_t(11, hk, 128, dtype=dtype),
+              cu_seqlens_qo=_i([0, 4, 9]), cu_seqlens_kv=_i([0, 5, 11]), max_seqlen_qo=5, max_seqlen_kv=6,
+              causal=True)
+    sizes = [("k", 0, "v"), ("v", 0, "v"), ("q", 1, "k"), ("k", 1, "k v"), ("v", 1, "v"),
+             ("q", 2, "q k"), ("k", 2, "k"), ("v", 2, "v"), ("cu_seqlens_qo", 0, "cu_seqlens_qo cu_seqlens_kv"),
+             ("cu_seqlens_kv", 0, "cu_seqlens_kv")]
+    scalars = [("causal", 1), ("softmax_scale", -1.0), ("softmax_scale", "0.1"), ("max_seqlen_qo", -1),
+               ("max_seqlen_kv", 5.0), ("dropout_p", 0.1), ("dropout_p", None), ("deterministic", "no"),
+               ("is_varlen", False)]
+    return Call(flash_mla.flash_attn_varlen_func, kw, sizes, scalars=scalars)
+
+
 CALLS = {f.__name__[1:]: f for f in (_attention, _attention_fp8, _attention_varlen, _attention_varlen_paged,
                                      _attention_with_kvcache, _attention_with_kvcache_rows,
                                      _attention_with_kvcache_fp8, _flash_mla_with_kvcache, _flash_mla_fp8,
                                      _flash_mla_sparse_decode,
                                      _mla_decode, _flash_mla_sparse_fwd, _merge_attention_states,
-                                     _apply_attention_sink, _get_mla_metadata)}
+                                     _apply_attention_sink, _get_mla_metadata, _flash_attn_varlen_func)}
 
 
 def _resized(t, dim):
@@ -412,7 +427,8 @@ NUMBERS = {"attention": dict(softmax_scale=0.125, softcap=30.0, window=(3, 0)),
            "flash_mla_sparse_decode": dict(softmax_scale=0.0625),
            "mla_decode": dict(softmax_scale=0.0625),
            "flash_mla_sparse_fwd": dict(sm_scale=0.0625),
-           "get_mla_metadata": dict(num_heads_q=8, topk=12)}
+           "get_mla_metadata": dict(num_heads_q=8, topk=12),
+           "flash_attn_varlen_func": dict(softmax_scale=0.125, dropout_p=0.0)}
 
 
 def _numpy(value):

@@ -7,7 +7,7 @@ import torch
 
 import fmha
 from conftest import ON_GPU
-from fmha.reference import attention_ref
+from fmha.reference import attention_ref, attention_varlen_ref
 from test_mla import _check
 from utils import assert_close, assert_forward_only, assert_matches, assert_matches_fp8_p
 
@@ -392,6 +392,24 @@ def test_compile_forward_only():
     sparse = torch.compile(lambda q: flash_mla.flash_mla_sparse_fwd(q, kv, indices, 0.07), fullgraph=True,
                            backend=BACKEND)
     assert_forward_only(sparse, "flash_mla_sparse_fwd", torch.randn(3, 16, 576, device=DEV, dtype=DT))
+
+
+def test_compile_dense_prefill_names():
+    """FlashMLA's dense prefill name over a packed [k | v] tensor (`flash_attn_varlen_kvpacked_func`), traced whole:
+    its argument checks under FlashMLA's names (`_validate.renamed`) add no graph break."""
+    import fmha.mla as flash_mla
+
+    torch.manual_seed(4)
+    q = torch.randn(20, 4, 192, device=DEV, dtype=DT)
+    kv = torch.randn(30, 2, 320, device=DEV, dtype=DT)
+    cu_q, cu_k = (torch.tensor(c, dtype=torch.int32, device=DEV) for c in ([0, 8, 20], [0, 10, 30]))
+    compiled = torch.compile(lambda q, kv: flash_mla.flash_attn_varlen_kvpacked_func(q * 1.5, kv, cu_q, cu_k, 12, 20,
+                                                                                      192, causal=True),
+                             fullgraph=True, backend=BACKEND)
+    out, lse = compiled(q, kv)
+    ref, ref_lse = attention_varlen_ref(q * 1.5, kv[..., :192], kv[..., 192:], cu_q, cu_k, causal=True)
+    assert_close("out", out, ref, DT)
+    torch.testing.assert_close(lse, ref_lse.T, atol=2e-3, rtol=0)
 
 
 def test_compile_sparse_mla_fullgraph(monkeypatch):

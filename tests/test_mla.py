@@ -9,9 +9,9 @@ import torch
 import fmha.mla as flash_mla
 from fmha.kernels.mla_decode import mla_decode_forward
 from fmha._kv_fp8 import LAYOUTS, model1_parts
-from fmha.reference import mla_decode_ref, mla_sparse_decode_ref, mla_sparse_prefill_ref
+from fmha.reference import attention_varlen_ref, mla_decode_ref, mla_sparse_decode_ref, mla_sparse_prefill_ref
 from fmha.schedule import PIECE_OVERHEAD, SCHED_BLOCK, SCHED_FIELDS, plan_mla, uniform_plan
-from utils import TARGETS, assert_close, assert_forward_only, far_pages, garbled_table
+from utils import TARGETS, assert_close, assert_forward_only, assert_matches, far_pages, garbled_table, poisoned
 
 D_QK, D_V = 576, 512
 
@@ -522,6 +522,78 @@ def test_forward_only(target):
     indices = torch.randint(0, 300, (4, 1, 64), dtype=torch.int32, generator=g).to(cache.device)
     assert_forward_only(lambda q: flash_mla.flash_mla_sparse_fwd(q, kv, indices, 0.07, d_v=D_V),
                         "flash_mla_sparse_fwd", q[:4, 0])
+    q, k, v, cu_q, cu_k, max_q, max_k = _dense_prefill_case(target, 2)
+    assert_forward_only(lambda q: flash_mla.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k),
+                        "flash_attn_varlen_func", q)
+
+
+def _dense_prefill_case(target, seed):
+    """Packed sequences for FlashMLA's dense prefill: DeepSeek's d_qk 192 / d_v 128, GQA, queries fewer than keys
+    (bottom-right causal), an empty sequence and one of a single query; q, k and v inside NaN-filled buffers."""
+    device, dtype = target
+    torch.manual_seed(seed)
+    (h_q, h_k), (lens_q, lens_k) = ((4, 2), ([17, 0, 1, 30], [40, 5, 9, 30])) if device == "cpu" else (
+        (16, 4), ([700, 0, 1, 1500], [1200, 64, 9, 1500]))
+    cu_q, cu_k = (torch.tensor([0] + lens, device=device).cumsum(0).to(torch.int32) for lens in (lens_q, lens_k))
+    q = poisoned((sum(lens_q), h_q, 192), sum(lens_q), dtype, device, dim=0)
+    k = poisoned((sum(lens_k), h_k, 192), sum(lens_k), dtype, device, dim=0)
+    v = poisoned((sum(lens_k), h_k, 128), sum(lens_k), dtype, device, dim=0)
+    return q, k, v, cu_q, cu_k, max(lens_q), max(lens_k)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_dense_prefill(target, causal):
+    """FlashMLA's dense prefill names (`flash_attn_varlen_func` and its qkv / kv packed forms, [q | k | v] along the
+    last dim) against the oracle: bottom-right causal over queries fewer than keys, LSE `(total_q, h_q)` laid out as
+    FlashMLA's (a transposed `(h_q, total_q)` tensor). The packed forms, read in place, give the unpacked call's
+    bits."""
+    q, k, v, cu_q, cu_k, max_q, max_k = _dense_prefill_case(target, 31)
+    scale = 0.07
+    out, lse = flash_mla.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=scale,
+                                                causal=causal)
+    ref, ref_lse = attention_varlen_ref(q, k, v, cu_q, cu_k, causal=causal, softmax_scale=scale)
+    assert lse.shape == (q.shape[0], q.shape[1]) and lse.stride() == (1, q.shape[0])
+    assert_matches(out, lse, (ref, ref_lse.T), target[1])
+    kv = torch.cat([k, v], -1)
+    got = flash_mla.flash_attn_varlen_kvpacked_func(q, kv, cu_q, cu_k, max_q, max_k, 192, softmax_scale=scale,
+                                                    causal=causal)
+    assert all(torch.equal(a, b) for a, b in zip(got, (out, lse)))
+    # One packed tensor (a self-attention prefill: the queries' sequences are the keys'), every part h_q heads.
+    group, total = q.shape[1] // k.shape[1], q.shape[0]
+    qkv = torch.cat([q, k[:total].repeat_interleave(group, 1), v[:total].repeat_interleave(group, 1)], -1)
+    out, lse = flash_mla.flash_attn_varlen_qkvpacked_func(qkv, cu_q, max_q, 192, softmax_scale=scale, causal=causal)
+    ref, ref_lse = attention_varlen_ref(qkv[..., :192], qkv[..., 192:384], qkv[..., 384:], cu_q, cu_q, causal=causal,
+                                        softmax_scale=scale)
+    assert_matches(out, lse, (ref, ref_lse.T), target[1])
+
+
+def test_dense_prefill_bad_input():
+    """FlashMLA's dense prefill names: what fmha does not do (dropout, the non-varlen form) and bad packed widths
+    raise naming the argument, and attention_varlen's own checks name FlashMLA's arguments (cu_seqlens_qo, qkv)."""
+    q, k, v, cu_q, cu_k, max_q, max_k = _dense_prefill_case(("cpu", torch.float16), 1)
+    call = flash_mla.flash_attn_varlen_func
+    for kwargs, error, start in [(dict(dropout_p=0.1), ValueError, "dropout_p:"),
+                                 (dict(is_varlen=False), ValueError, "is_varlen:"),
+                                 (dict(deterministic=1), TypeError, "deterministic:")]:
+        with pytest.raises(error, match=f"^{start}"):
+            call(q, k, v, cu_q, cu_k, max_q, max_k, **kwargs)
+    with pytest.raises(TypeError, match="^cu_seqlens_qo:"):
+        call(q, k, v, cu_q.float(), cu_k, max_q, max_k)
+    with pytest.raises(ValueError, match="^cu_seqlens_kv:"):
+        call(q, k, v, cu_q, cu_k[:-1].clone(), max_q, max_k)
+    with pytest.raises(TypeError, match="^max_seqlen_kv:"):
+        call(q, k, v, cu_q, cu_k, max_q, 3.5)
+    kv = torch.cat([k, v], -1)
+    with pytest.raises(ValueError, match="^head_dim_qk:"):
+        flash_mla.flash_attn_varlen_kvpacked_func(q, kv, cu_q, cu_k, max_q, max_k, 320)
+    with pytest.raises(TypeError, match="^head_dim_qk:"):
+        flash_mla.flash_attn_varlen_kvpacked_func(q, kv, cu_q, cu_k, max_q, max_k, 192.0)
+    qkv = torch.cat([q, q, q[..., :128]], -1)
+    with pytest.raises(ValueError, match="^qkv:"):
+        flash_mla.flash_attn_varlen_qkvpacked_func(qkv, cu_q, max_q, 190)
+    with pytest.raises(TypeError, match="^cu_seqlens:"):
+        flash_mla.flash_attn_varlen_qkvpacked_func(qkv, cu_q.float(), max_q, 192)
 
 
 @pytest.mark.parametrize("overhead", [0, PIECE_OVERHEAD])

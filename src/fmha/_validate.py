@@ -6,6 +6,7 @@ they all run before any kernel launches, so a failed call writes nothing.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
 import os
@@ -188,6 +189,20 @@ def check_cu_seqlens(name, cu, batch_plus_one=None, device=None):
         raise ValueError(f"{name}: expected length {batch_plus_one} (batch + 1), got {cu.shape[0]}")
     if not cu.is_contiguous():
         raise ValueError(f"{name}: expected a contiguous tensor")
+
+
+@contextlib.contextmanager
+def renamed(names):
+    """A caller of another entry point under its own argument names: a TypeError / ValueError raised inside whose
+    message starts `old:` (or `old[i]:`) with `old` in `names` is raised again starting `names[old]` instead."""
+    try:
+        yield
+    except (TypeError, ValueError) as e:
+        head, colon, rest = str(e).partition(":")
+        base = head.split("[", 1)[0]
+        if colon and base in names:
+            raise type(e)(names[base] + head[len(base):] + colon + rest) from None
+        raise
 
 
 def python_number(value):

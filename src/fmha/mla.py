@@ -18,6 +18,8 @@ The math is absorbed multi-head latent attention: each token's cache row is [lat
 the key is the whole row (576 columns) and the value is the latent part, read once for both.
 `mla_decode` is the same operation with the latent and rope parts in separate tensors (vLLM's form).
 `flash_mla_sparse_fwd` is DeepSeek-V3.2's token-sparse prefill on the same kernel (one part per query token).
+`flash_attn_varlen_func` and its `qkvpacked` / `kvpacked` forms are FlashMLA's dense prefill (its SM100 MHA kernel,
+DeepSeek's d_qk 192 / d_v 128 shape) as calls of `fmha.attention_varlen`, so code written for them runs on Hopper.
 `quantize_kv_cache` / `dequantize_kv_cache` pack and unpack the FP8 cache layouts of DeepSeek-V3.2 and V4,
 byte for byte FlashMLA's (`_kv_fp8.py` documents them; V4's is laid out per page, not per token);
 `is_fp8_kvcache=True` decodes from them, dequantising on load.
@@ -39,12 +41,14 @@ import torch
 from . import _validate as V
 from ._ops import custom_op, forward_only
 from ._kv_fp8 import check_model1_cache, dequantize_kv_cache, quantize_kv_cache
+from .attention import attention_varlen
 from .kernels.mla_decode import mla_decode_forward
 from .schedule import (SCHED_BLOCK, SCHED_FIELDS, mla_num_parts, num_sms, plan_mla, runs_whole, uniform_lengths,
                        uniform_plan)
 
 __all__ = ["get_mla_metadata", "flash_mla_with_kvcache", "flash_mla_sparse_fwd", "mla_decode", "quantize_kv_cache",
-           "dequantize_kv_cache", "FlashMLASchedMeta"]
+           "dequantize_kv_cache", "FlashMLASchedMeta", "flash_attn_varlen_func", "flash_attn_varlen_qkvpacked_func",
+           "flash_attn_varlen_kvpacked_func"]
 
 
 @dataclasses.dataclass
@@ -544,3 +548,86 @@ def mla_decode(q_latent, q_rope, kv_latent_cache, k_rope_cache, block_table, cac
     if squeeze:
         return out.squeeze(1), lse.squeeze(2)
     return out, lse
+
+
+# FlashMLA's dense prefill names (`flash_attn_varlen_func` and the packed forms) for attention_varlen's.
+_PREFILL_NAMES = {"cu_seqlens_q": "cu_seqlens_qo", "cu_seqlens_k": "cu_seqlens_kv", "max_seqlen_q": "max_seqlen_qo",
+                  "max_seqlen_k": "max_seqlen_kv"}
+
+
+def _dense_prefill(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p, softmax_scale, causal, deterministic, is_varlen,
+                   names):
+    """`flash_attn_varlen_func`'s call of fmha.attention_varlen; `names` maps attention_varlen's argument names to
+    the caller's, for the messages."""
+    if V.python_number(dropout_p) != 0 or isinstance(dropout_p, bool):
+        raise ValueError(f"dropout_p: fmha computes attention without dropout (0.0 only), got {dropout_p!r}")
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic: expected a bool, got {type(deterministic).__name__}")
+    if is_varlen is not True:
+        raise ValueError(f"is_varlen: only the varlen form (sequences given by the cu_seqlens) is implemented, got "
+                         f"{is_varlen!r}")
+    with V.renamed(names):
+        out, lse = attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=softmax_scale, causal=causal,
+                                    return_lse=True)
+    return out, lse.T
+
+
+@forward_only
+def flash_attn_varlen_func(q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo, max_seqlen_kv, dropout_p=0.0,
+                           softmax_scale=None, causal=False, deterministic=False, is_varlen=True):
+    """FlashMLA's dense prefill over packed sequences: `fmha.attention_varlen` under FlashMLA's names and return.
+
+    Args:
+        q: `(total_q, h_q, d_qk)` fp16/bf16; k: `(total_k, h_k, d_qk)`; v: `(total_k, h_k, d_v)` (d_qk 192 and d_v
+            128 for DeepSeek's MLA prefill; any pair `attention_varlen` takes), `h_q % h_k == 0`.
+        cu_seqlens_qo, cu_seqlens_kv: `(batch + 1,)` int32 prefix sums of the query / key counts.
+        max_seqlen_qo, max_seqlen_kv: ints, at least the longest sequence's counts.
+        dropout_p: 0.0 only. deterministic: accepted (the forward pass is deterministic either way).
+        softmax_scale: defaults to `d_qk ** -0.5`.
+        causal: bottom-right aligned, as FlashMLA's: query i of s_q sees key j of s_k iff `j <= i + s_k - s_q`.
+        is_varlen: True only (the call form above).
+
+    Returns:
+        `out (total_q, h_q, d_v)` in q's dtype and `lse (total_q, h_q)` fp32 (natural log; -inf for a row that sees
+        no key), as FlashMLA lays it out: a transposed view of an `(h_q, total_q)` tensor. Forward only: a backward
+        through them raises.
+    """
+    return _dense_prefill(q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo, max_seqlen_kv, dropout_p,
+                          softmax_scale, causal, deterministic, is_varlen, _PREFILL_NAMES)
+
+
+def _check_packed(name, t, head_dim_qk, values):
+    """A packed tensor whose last dim holds `values` (2 or 1) blocks of head_dim_qk columns and then d_v: d_v."""
+    V.check_tensor(name, t, ndim=3)
+    head_dim_qk = V.python_number(head_dim_qk)
+    if not V.is_int(head_dim_qk):
+        raise TypeError(f"head_dim_qk: expected an int, got {type(head_dim_qk).__name__}")
+    if not 0 < values * head_dim_qk < t.shape[-1]:
+        raise ValueError(f"head_dim_qk: {values} x head_dim_qk must be under {name}'s last dim ({t.shape[-1]}), "
+                         f"got {head_dim_qk}")
+    return head_dim_qk
+
+
+@forward_only
+def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, head_dim_qk, dropout_p=0.0, softmax_scale=None,
+                                     causal=False, deterministic=False, is_varlen=True):
+    """`flash_attn_varlen_func` with q, k and v packed along the last dim of one tensor, FlashMLA's layout: qkv
+    `(total, h, 2 * head_dim_qk + d_v)` = [q | k | v] a head (read in place), one `cu_seqlens` / `max_seqlen` for
+    queries and keys. Returns `(out, lse)` as `flash_attn_varlen_func`."""
+    d = _check_packed("qkv", qkv, head_dim_qk, 2)
+    names = dict.fromkeys(("q", "k", "v"), "qkv") | dict.fromkeys(("cu_seqlens_q", "cu_seqlens_k"), "cu_seqlens")
+    names |= dict.fromkeys(("max_seqlen_q", "max_seqlen_k"), "max_seqlen")
+    return _dense_prefill(qkv[..., :d], qkv[..., d:2 * d], qkv[..., 2 * d:], cu_seqlens, cu_seqlens, max_seqlen,
+                          max_seqlen, dropout_p, softmax_scale, causal, deterministic, is_varlen, names)
+
+
+@forward_only
+def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo, max_seqlen_kv, head_dim_qk,
+                                    dropout_p=0.0, softmax_scale=None, causal=False, deterministic=False,
+                                    is_varlen=True):
+    """`flash_attn_varlen_func` with k and v packed along the last dim, FlashMLA's layout: kv `(total_k, h_k,
+    head_dim_qk + d_v)` = [k | v] a head (read in place). Returns `(out, lse)` as `flash_attn_varlen_func`."""
+    d = _check_packed("kv", kv, head_dim_qk, 1)
+    return _dense_prefill(q, kv[..., :d], kv[..., d:], cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo, max_seqlen_kv,
+                          dropout_p, softmax_scale, causal, deterministic, is_varlen,
+                          _PREFILL_NAMES | {"k": "kv", "v": "kv"})
