@@ -597,7 +597,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo,
 
 
 def _check_packed(name, t, head_dim_qk, values):
-    """A packed tensor whose last dim holds `values` (2 or 1) blocks of head_dim_qk columns and then d_v: d_v."""
+    """Checks a packed tensor `name` whose last dim holds `values` (2 or 1) blocks of head_dim_qk columns, then the
+    values' d_v; returns head_dim_qk as a Python int."""
     V.check_tensor(name, t, ndim=3)
     head_dim_qk = V.python_number(head_dim_qk)
     if not V.is_int(head_dim_qk):
