@@ -228,7 +228,7 @@ def test_kvcache_fp8(target, page_size, seqlen_q, num_splits):
     assert_matches(got, lse, oracle, dtype)
 
 
-def _laid_out(k_cache, v_cache, layout):
+def _engine_layout(k_cache, v_cache, layout):
     """The same paged caches as views of one KV tensor, as engines allocate them: "kv_pages" FlashInfer's NHD
     `(num_pages, 2, page, heads_k, d)` (K and V of a page side by side), "hnd" its HND `(num_pages, 2, heads_k,
     page, d)` (a head's keys of a page together: head stride page * d, key stride d); each cache's values unchanged."""
@@ -243,7 +243,7 @@ def _laid_out(k_cache, v_cache, layout):
 @pytest.mark.parametrize("page_size", [16, 64])
 @pytest.mark.parametrize("fp8", [False, True], ids=["cache_dtype", "fp8"])
 def test_kvcache_cache_layouts(target, layout, page_size, fp8):
-    """Paged caches laid out as engines hold them (`_laid_out`: K and V pages interleaved in one tensor, or the
+    """Paged caches laid out as engines hold them (`_engine_layout`: K and V pages interleaved in one tensor, or the
     heads-major HND page), in q's dtype or FP8 with descales: a decode (one query token) and a causal chunk (64
     packed query rows a KV head on the GPU, 8 on the CPU), split as planned and in 3: the oracle's answer each time.
     The portable kernel takes them all (the Gluon FP8 decode takes contiguous caches only)."""
@@ -252,7 +252,7 @@ def test_kvcache_cache_layouts(target, layout, page_size, fp8):
     b = len(c["seqlens"])
     k_cache, v_cache, table, k, v = _cache(c["seqlens"], c["capacity"], c["hk"], c["d"], c["d"],
                                            torch.float8_e4m3fn if fp8 else dtype, device, page_size, seed=page_size)
-    k_cache, v_cache = _laid_out(k_cache, v_cache, layout)
+    k_cache, v_cache = _engine_layout(k_cache, v_cache, layout)
     seqlens = torch.tensor(c["seqlens"], dtype=torch.int32, device=device)
     options = _descales(b, c["hk"], device) if fp8 else {}
     group = c["hq"] // c["hk"]

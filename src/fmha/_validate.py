@@ -219,8 +219,18 @@ def is_int(value) -> bool:
     return isinstance(value, (int, torch.SymInt)) and not isinstance(value, bool)
 
 
-def check_max_seqlen(name, value):
+def check_int(name, value):
+    """`value` as an int (`is_int`'s, a numpy integer taken as the int it holds: `python_number`); TypeError naming
+    `name` for anything else."""
+    value = python_number(value)
     if not is_int(value):
         raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
+    return value
+
+
+def check_max_seqlen(name, value):
+    """A sequence-length bound: an int >= 0 (`check_int`), returned as one."""
+    value = check_int(name, value)
     if value < 0:
         raise ValueError(f"{name}: expected >= 0, got {value}")
+    return value

@@ -186,9 +186,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     V.check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, device=q.device)
     if not paged or cu_seqlens_k is not None or seqused_k is None:     # optional only where the others say all
         V.check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, batch_plus_one=cu_seqlens_q.shape[0], device=q.device)
-    max_seqlen_q, max_seqlen_k = V.python_number(max_seqlen_q), V.python_number(max_seqlen_k)
-    V.check_max_seqlen("max_seqlen_q", max_seqlen_q)
-    V.check_max_seqlen("max_seqlen_k", max_seqlen_k)
+    max_seqlen_q = V.check_max_seqlen("max_seqlen_q", max_seqlen_q)
+    max_seqlen_k = V.check_max_seqlen("max_seqlen_k", max_seqlen_k)
     if seqused_k is not None:
         V.check_per_sequence("seqused_k", seqused_k, batch, q.device)
     if paged:

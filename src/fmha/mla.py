@@ -553,6 +553,9 @@ def mla_decode(q_latent, q_rope, kv_latent_cache, k_rope_cache, block_table, cac
 # FlashMLA's dense prefill names (`flash_attn_varlen_func` and the packed forms) for attention_varlen's.
 _PREFILL_NAMES = {"cu_seqlens_q": "cu_seqlens_qo", "cu_seqlens_k": "cu_seqlens_kv", "max_seqlen_q": "max_seqlen_qo",
                   "max_seqlen_k": "max_seqlen_kv"}
+_KV_PACKED_NAMES = {**_PREFILL_NAMES, "k": "kv", "v": "kv"}
+_QKV_PACKED_NAMES = {"q": "qkv", "k": "qkv", "v": "qkv", "cu_seqlens_q": "cu_seqlens", "cu_seqlens_k": "cu_seqlens",
+                     "max_seqlen_q": "max_seqlen", "max_seqlen_k": "max_seqlen"}
 
 
 def _dense_prefill(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p, softmax_scale, causal, deterministic, is_varlen,
@@ -600,9 +603,7 @@ def _check_packed(name, t, head_dim_qk, values):
     """Checks a packed tensor `name` whose last dim holds `values` (2 or 1) blocks of head_dim_qk columns, then the
     values' d_v; returns head_dim_qk as a Python int."""
     V.check_tensor(name, t, ndim=3)
-    head_dim_qk = V.python_number(head_dim_qk)
-    if not V.is_int(head_dim_qk):
-        raise TypeError(f"head_dim_qk: expected an int, got {type(head_dim_qk).__name__}")
+    head_dim_qk = V.check_int("head_dim_qk", head_dim_qk)
     if not 0 < values * head_dim_qk < t.shape[-1]:
         raise ValueError(f"head_dim_qk: {values} x head_dim_qk must be under {name}'s last dim ({t.shape[-1]}), "
                          f"got {head_dim_qk}")
@@ -616,10 +617,8 @@ def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, head_dim_qk, d
     `(total, h, 2 * head_dim_qk + d_v)` = [q | k | v] a head (read in place), one `cu_seqlens` / `max_seqlen` for
     queries and keys. Returns `(out, lse)` as `flash_attn_varlen_func`."""
     d = _check_packed("qkv", qkv, head_dim_qk, 2)
-    names = dict.fromkeys(("q", "k", "v"), "qkv") | dict.fromkeys(("cu_seqlens_q", "cu_seqlens_k"), "cu_seqlens")
-    names |= dict.fromkeys(("max_seqlen_q", "max_seqlen_k"), "max_seqlen")
     return _dense_prefill(qkv[..., :d], qkv[..., d:2 * d], qkv[..., 2 * d:], cu_seqlens, cu_seqlens, max_seqlen,
-                          max_seqlen, dropout_p, softmax_scale, causal, deterministic, is_varlen, names)
+                          max_seqlen, dropout_p, softmax_scale, causal, deterministic, is_varlen, _QKV_PACKED_NAMES)
 
 
 @forward_only
@@ -630,5 +629,4 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_qo, cu_seqlens_kv, max_seq
     head_dim_qk + d_v)` = [k | v] a head (read in place). Returns `(out, lse)` as `flash_attn_varlen_func`."""
     d = _check_packed("kv", kv, head_dim_qk, 1)
     return _dense_prefill(q, kv[..., :d], kv[..., d:], cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo, max_seqlen_kv,
-                          dropout_p, softmax_scale, causal, deterministic, is_varlen,
-                          _PREFILL_NAMES | {"k": "kv", "v": "kv"})
+                          dropout_p, softmax_scale, causal, deterministic, is_varlen, _KV_PACKED_NAMES)
