@@ -420,8 +420,8 @@ FP8_DECODE_SCRIPT = textwrap.dedent('''
     d, page, causal, descales, out = json.loads(sys.argv[1])
     block_n, raw_stages, w_stages, ch = CONFIGS[d]
     box = min(page, block_n) if page else block_n        # as `fp8_decode_forward_sm90` cuts a tile
-    layout = gl.NVMMASharedLayout.get_default_for([box, d], gl.float8e4nv)
-    desc = f"tensordesc<fp8e4nv[{box},{d}],{layout!r}>"
+    layout = gl.NVMMASharedLayout.get_default_for([1, box, d], gl.float8e4nv)
+    desc = f"tensordesc<fp8e4nv[1,{box},{d}],{layout!r}>"
     consts = dict(BLOCK_N=block_n, RAW_STAGES=raw_stages, W_STAGES=w_stages, CH=ch, PAGED=bool(page), CAUSAL=causal,
                   WIDEN_REGS=WIDEN_REGS, PRODUCER_REGS=PRODUCER_REGS, OFFSETS_64=out == "bf16" and causal)
     if not page:
@@ -436,7 +436,7 @@ FP8_DECODE_SCRIPT = textwrap.dedent('''
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
     ptx = k.asm["ptx"]
     print(json.dumps(dict(shared=k.metadata.shared, wgmma=ptx.count("wgmma.mma_async"),
-                          tma="cp.async.bulk.tensor.2d" in ptx, setmaxnreg="setmaxnreg" in ptx,
+                          tma="cp.async.bulk.tensor.3d" in ptx, setmaxnreg="setmaxnreg" in ptx,
                           e4m3="e4m3x2" in ptx, serialized=serialized(ptx))))
 ''')
 
@@ -572,8 +572,8 @@ def test_gluon_pack_heads_rule():
 @pytest.mark.cpu
 def test_gluon_padded_dims():
     """Head dims without tiles of their own run padded to a pair that has them (`padded_dims`), each over 4-D TMA
-    views whose last dimension is the real head dim (`_view`), so the box's columns past it read as zeros."""
-    from fmha.kernels.forward_sm90 import HEAD_DIMS, _view, padded_dims
+    views whose last dimension is the real head dim (`tma_view`), so the box's columns past it read as zeros."""
+    from fmha.kernels.forward_sm90 import HEAD_DIMS, padded_dims, tma_view
     assert all(padded_dims(*pair) == pair for pair in HEAD_DIMS)
     assert [padded_dims(d, d) for d in (40, 48, 56, 72, 80, 96, 112, 136, 152, 160, 184, 200, 248)] == \
         [(64, 64)] * 3 + [(128, 128)] * 4 + [(192, 256)] * 4 + [(256, 256)] * 2
@@ -582,11 +582,11 @@ def test_gluon_padded_dims():
     assert all(padded_dims(d, d) is None for d in (8, 32, 264, 512))
     assert padded_dims(128, 96) == (128, 128) and padded_dims(96, 64) is None        # no (128, 64) tiles
     t = torch.zeros(2, 300, 4, 104, dtype=torch.bfloat16)[..., :96]                   # heads 104 columns apart
-    assert _view(t, True) == ([2, 300, 4, 96], [300 * 4 * 104, 4 * 104, 104, 1])
-    assert _view(t) == ([2, 300, 3 * 104 + 96], [300 * 4 * 104, 4 * 104, 1])
-    assert _view(torch.zeros(2, 300, 4, 100, dtype=torch.bfloat16)[..., :96], True) is None   # 200-byte heads
+    assert tma_view(t, True) == ([2, 300, 4, 96], [300 * 4 * 104, 4 * 104, 104, 1])
+    assert tma_view(t) == ([2, 300, 3 * 104 + 96], [300 * 4 * 104, 4 * 104, 1])
+    assert tma_view(torch.zeros(2, 300, 4, 100, dtype=torch.bfloat16)[..., :96], True) is None   # 200-byte heads
     one = torch.zeros(2, 300, 4, 104, dtype=torch.bfloat16)[:, :, 1:2, :96]       # one head: its stride unused
-    assert _view(one, True) == ([2, 300, 1, 96], [300 * 4 * 104, 4 * 104, 96, 1])
+    assert tma_view(one, True) == ([2, 300, 1, 96], [300 * 4 * 104, 4 * 104, 96, 1])
 
 
 @pytest.mark.cpu
@@ -920,7 +920,7 @@ def test_gluon_launch_plan_binds_each_call(case, monkeypatch):
     from fmha.kernels.launch import _arg_class
     from fmha.kernels import forward_sm90 as F
     counter = torch.zeros(2, dtype=torch.int32)
-    monkeypatch.setattr(F, "supported", lambda q, k, v: tuple(F._view(t) for t in (q, k, v)))
+    monkeypatch.setattr(F, "supported", lambda q, k, v: tuple(F.tma_view(t) for t in (q, k, v)))
     monkeypatch.setattr(F, "num_sms", lambda device: 132)
     monkeypatch.setattr(F, "_counter", lambda device: counter)
     launches, plans = [], []

@@ -242,11 +242,14 @@ def _engine_layout(k_cache, v_cache, layout):
 @pytest.mark.parametrize("layout", ["kv_pages", "hnd"])
 @pytest.mark.parametrize("page_size", [16, 64])
 @pytest.mark.parametrize("fp8", [False, True], ids=["cache_dtype", "fp8"])
-def test_kvcache_cache_layouts(target, layout, page_size, fp8):
+def test_kvcache_cache_layouts(target, layout, page_size, fp8, monkeypatch):
     """Paged caches laid out as engines hold them (`_engine_layout`: K and V pages interleaved in one tensor, or the
     heads-major HND page), in q's dtype or FP8 with descales: a decode (one query token) and a causal chunk (64
     packed query rows a KV head on the GPU, 8 on the CPU), split as planned and in 3: the oracle's answer each time.
-    The portable kernel takes them all (the Gluon FP8 decode takes contiguous caches only)."""
+    On the GPU an FP8 chunk goes to the Gluon FP8 decode (`fp8_decode_sm90`), whose TMA views step pages and heads
+    by the caches' own strides."""
+    from fmha.kernels import fp8_decode_sm90
+    calls = spy(monkeypatch, fp8_decode_sm90, "fp8_decode_forward_sm90")
     device, dtype = target
     c = _case(target)
     b = len(c["seqlens"])
@@ -261,6 +264,7 @@ def test_kvcache_cache_layouts(target, layout, page_size, fp8):
         got, lse = fmha.attention_with_kvcache(q, k_cache, v_cache, seqlens, block_table=table, causal=True,
                                                num_splits=num_splits, return_lse=True, **options)
         assert_matches(got, lse, _oracle(q, k, v, c["seqlens"], causal=True, **options), dtype)
+    assert len(calls) == (2 if fp8 and device == "cuda" else 0)        # the chunk, split as planned and in 3
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -460,9 +464,9 @@ def test_forced_split_past_grid_axis(seqlen_q, heads_q, heads_k, num_splits):
 def test_fp8_decode_gluon_rule(monkeypatch):
     """Which KV-cache calls go to the Gluon decode over an FP8 cache (`forward._fp8_decode_takes`, then
     `fp8_decode_sm90.supported`, here as on an sm_90 GPU): 33-64 packed rows, head dims 64 / 128 / 256, a 16-bit q
-    beside e4m3 caches of its head dim, contiguous and aligned caches (unpaged at d = 128 / 256), pages whole boxes
-    of a key tile; no window but the causal one, no softcap, ALiBi, sinks, key starts, q descale or overrides; and
-    its split planning (`plan_num_splits(per_sm=1)`)."""
+    beside e4m3 caches of its head dim, caches whose strides TMA takes (engines' layouts too; unpaged at d = 128 /
+    256), pages whole boxes of a key tile; no window but the causal one, no softcap, ALiBi, sinks, key starts, q
+    descale or overrides; and its split planning (`plan_num_splits(per_sm=1)`)."""
     from fmha.kernels import fp8_decode_sm90
     from fmha.kernels.forward import _fp8_decode_takes, _overridden
     monkeypatch.setattr(fp8_decode_sm90, "on_hopper", lambda t: True)
@@ -479,13 +483,17 @@ def test_fp8_decode_gluon_rule(monkeypatch):
                     takes(sinks=one), takes(descales=(one, None, None)), takes(k_starts=one), takes(pack_gqa=True),
                     takes(use_tma=False), takes(tiles=(64, 64, 4, 3)), takes(backend="triton"), takes(short_rows=8)])
 
-    def supported(rows=64, d=128, q_dtype=torch.bfloat16, kv_dtype=f8, page=64, dk=None, table_stride=1, gap=False):
+    def supported(rows=64, d=128, q_dtype=torch.bfloat16, kv_dtype=f8, page=64, dk=None, table_stride=1, gap=False,
+                  layout=None):
         q = torch.zeros(2, 1, 8, d, dtype=q_dtype)
         k = torch.zeros(9, page or 256, 2, (dk or d) + gap, dtype=kv_dtype)[..., :dk or d]
+        if layout is not None:
+            k = _engine_layout(k, k, layout)[1]
         table = None if page is None else torch.zeros(2, 4 * table_stride, dtype=torch.int32)[:, ::table_stride]
         return fp8_decode_sm90.supported(q, k, k, q, table, rows)
 
     assert supported() and supported(rows=33) and supported(d=64) and supported(d=256) and supported(page=None)
+    assert supported(layout="kv_pages") and supported(layout="hnd") and supported(d=64, page=16, layout="hnd")
     assert supported(q_dtype=torch.float16) and all(supported(page=p) for p in (16, 32, 128, 256, 512))
     assert not supported(d=64, page=None) and supported(d=256, page=None)         # contiguous: d = 128 / 256
     assert not any([supported(rows=32), supported(rows=65), supported(d=96), supported(q_dtype=torch.float32),

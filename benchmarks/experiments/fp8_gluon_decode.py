@@ -10,6 +10,7 @@ one consumer at 128 keys ahead of the package on every case, two consumers behin
     python3 benchmarks/experiments/fp8_gluon_decode.py check-cpu          (CPU: `emulate` against the oracle)
     python3 benchmarks/experiments/fp8_gluon_decode.py profile [PAGE]     (GPU: three calls of case 16, for ncu)
     python3 benchmarks/experiments/fp8_gluon_decode.py sweep [ch] --out F.json       (GPU: SWEEPS' configurations)
+    python3 benchmarks/experiments/fp8_gluon_decode.py layouts --out F.json  (GPU: engines' cache layouts)
 
 `time` runs every case twice through `fmha.attention_with_kvcache`, FMHA_GLUON=0 (the portable kernel's 64-row form)
 and 1 (this kernel: checked by `launch.RECORD`), medians of three interleaved rounds of CUDA-graph replays, GB/s of
@@ -81,6 +82,73 @@ def time_gpu(out_path=None):
               f"{gbps['portable']:.0f} gluon {gbps['gluon']:.0f} GB/s ({gbps['gluon'] / gbps['portable']:.3f}x)",
               flush=True)
         if out_path:              # after every case: a timeout later keeps what ran
+            json.dump(dict(gpu=torch.cuda.get_device_name(), commit=os.environ.get("FMHA_COMMIT", "unknown"),
+                           rows=rows), open(out_path, "w"), indent=1)
+        torch.cuda.empty_cache()
+
+
+# (d, b, keys, seqlen_q, query heads, KV heads, causal, page): TIME_CASES' paged cases at 4k keys, for `layouts`
+LAYOUT_CASES = [c for c in TIME_CASES if c[2] == 4096 and c[7] is not None]
+
+
+def _laid_out(kc, vc, layout):
+    """Paged caches kc, vc as views of one tensor as engines allocate them: "kv_pages" (num_pages, 2, page, heads,
+    d), "hnd" (num_pages, 2, heads, page, d); "plain" as given (each contiguous)."""
+    if layout == "plain":
+        return kc, vc
+    both = torch.stack([kc, vc], 1)
+    if layout == "hnd":
+        both = both.transpose(2, 3).contiguous().transpose(2, 3)
+    return both[:, 0], both[:, 1]
+
+
+def layouts(out_path=None):
+    """LAYOUT_CASES with the caches in engines' layouts (`_laid_out`): the portable kernel on FlashInfer's NHD kv
+    pages (where such caches ran before the Gluon kernel took strided views) against the Gluon kernel on the same,
+    on the HND page and, both kernels, on plain contiguous caches of the same values, one process, medians of three interleaved
+    rounds of CUDA-graph replays, GB/s of the FP8 K and V bytes."""
+    import fmha
+    from fmha.bench import interleaved_times
+    from fmha.kernels import launch
+
+    rows = []
+    for d, b, n, s_q, h_q, h_k, causal, page in LAYOUT_CASES:
+        q, kc, vc, seqlens, kd, vd, table, k, v = _inputs(b, s_q, h_q, h_k, d, [n] * b, page)
+        del k, v
+        caches = {layout: _laid_out(kc, vc, layout) for layout in ("plain", "kv_pages", "hnd")}
+
+        def call(gluon, layout):
+            def run():
+                os.environ["FMHA_GLUON"] = gluon
+                return fmha.attention_with_kvcache(q, *caches[layout], seqlens, block_table=table, causal=causal,
+                                                   k_descale=kd, v_descale=vd)
+            return run
+        calls = {"portable_kv_pages": call("0", "kv_pages"), "gluon_kv_pages": call("1", "kv_pages"),
+                 "gluon_hnd": call("1", "hnd"), "portable_plain": call("0", "plain"),
+                 "gluon_plain": call("1", "plain")}
+        ref = calls["portable_kv_pages"]().float()
+        errs, ran = {}, {}
+        for name in ("gluon_kv_pages", "gluon_hnd", "gluon_plain"):
+            launch.RECORD = []
+            errs[name] = (calls[name]().float() - ref).abs().max().item()
+            ran[name] = sorted({kernel for kernel, _, _ in launch.RECORD})
+            assert "fp8_decode_kernel" in ran[name] and errs[name] < 3e-2, (name, ran[name], errs[name])
+        launch.RECORD = None
+        nbytes = 2 * b * n * h_k * d
+        times = interleaved_times(calls, 3)
+        os.environ["FMHA_GLUON"] = "1"
+        gbps = {name: nbytes / sorted(ts)[1] / 1e9 for name, ts in times.items()}
+        rows.append(dict(d=d, b=b, keys=n, s_q=s_q, h_q=h_q, h_k=h_k, causal=causal, page=page, errs=errs,
+                         kernels=ran, **{f"{name}_gbps": g for name, g in gbps.items()},
+                         kv_pages_gluon_vs_portable=gbps["gluon_kv_pages"] / gbps["portable_kv_pages"],
+                         kv_pages_vs_plain=gbps["gluon_kv_pages"] / gbps["gluon_plain"],
+                         hnd_vs_plain=gbps["gluon_hnd"] / gbps["gluon_plain"],
+                         plain_gluon_vs_portable=gbps["gluon_plain"] / gbps["portable_plain"],
+                         rounds={name: [nbytes / t / 1e9 for t in ts] for name, ts in times.items()}))
+        print(f"d={d} b={b} s_q={s_q} h_q={h_q} causal={causal} page={page}: "
+              + " ".join(f"{name} {g:.0f}" for name, g in gbps.items())
+              + f" GB/s; kv_pages gluon/portable {rows[-1]['kv_pages_gluon_vs_portable']:.3f}x", flush=True)
+        if out_path:
             json.dump(dict(gpu=torch.cuda.get_device_name(), commit=os.environ.get("FMHA_COMMIT", "unknown"),
                            rows=rows), open(out_path, "w"), indent=1)
         torch.cuda.empty_cache()
@@ -298,6 +366,8 @@ if __name__ == "__main__":
         check_cpu()
     elif what == "profile":
         profile(*map(int, sys.argv[2:3]))
+    elif what == "layouts":
+        layouts(sys.argv[sys.argv.index("--out") + 1] if "--out" in sys.argv else None)
     elif what == "sweep":
         sweep(sys.argv[2] if len(sys.argv) > 2 and sys.argv[2] != "--out" else "ch",
               sys.argv[sys.argv.index("--out") + 1] if "--out" in sys.argv else None)

@@ -1239,7 +1239,7 @@ def padded_dims(d, dv):
     """The (head_dim_qk, head_dim_v) pair of `HEAD_DIMS` that a call of (d, dv) runs as, or None: its own, or of the
     pairs that widen each dim at most PAD_MAX times, the one with the fewest products (160 runs as (192, 256), 96 as
     (128, 128), (160, 128) as (192, 128)). A padded call's TMA boxes are the padded widths over 4-D views (batch,
-    seqlen, heads, head_dim) whose last dimension is the real one (`_view`), so TMA fills the columns past it with
+    seqlen, heads, head_dim) whose last dimension is the real one (`tma_view`), so TMA fills the columns past it with
     zeros: they add nothing to Q·Kᵀ, and the output columns P·V makes of V's are zeros that are not
     stored (`DV_STORE`)."""
     if (d, dv) in HEAD_DIMS:
@@ -1248,7 +1248,7 @@ def padded_dims(d, dv):
     return min(fits, key=sum, default=None)       # the fewest products
 
 
-def _view(t, padded=False):
+def tma_view(t, padded=False):
     """(shape, strides) of the 3-D TMA view (batch, seqlen, columns) of a (batch, seqlen, heads, dim) tensor, or
     with `padded` (a head dim run padded, `padded_dims`) the 4-D view (batch, seqlen, heads, dim), whose boxes get
     zeros past the head's last column; None when TMA's rules (16-byte aligned base and strides, unit last stride)
@@ -1268,7 +1268,7 @@ def _view(t, padded=False):
 def supported(q, k, v):
     """Whether a plain dense call (the caller has checked the options) can take this path: Hopper, fp16/bf16,
     (head_dim_qk, head_dim_v) in `HEAD_DIMS` (FP8) or run padded to a pair there (`padded_dims`, fp16 / bf16),
-    keys present, and q/k/v strides that TMA accepts. Returns the three TMA views (`_view`, for
+    keys present, and q/k/v strides that TMA accepts. Returns the three TMA views (`tma_view`, for
     `attention_forward_sm90`), or None."""
     if not on_hopper(q):
         return None
@@ -1280,7 +1280,7 @@ def supported(q, k, v):
     pad = padded_dims(*dims) if q.dtype != torch.float8_e4m3fn else (dims if dims in FP8_HEAD_DIMS else None)
     if pad is None or k.shape[1] == 0:
         return None
-    views = tuple(_view(t, pad != dims) for t in (q, k, v))
+    views = tuple(tma_view(t, pad != dims) for t in (q, k, v))
     return None if None in views else views
 
 
@@ -1464,7 +1464,7 @@ def page_rows(page_size, block_n):
 def tma_store(dv, seqlen_q, wgs, varlen, offsets_64, same_dtype):
     """Whether a call's output leaves by TMA store (`TMA_STORE_DIMS`): padded calls (a packed batch's box would
     cross into the next sequence), two consumer warpgroups (the staging buffer's turns), offsets under 2^31 and an
-    output of the inputs' dtype; the caller checks TMA's alignment rules (`_view`)."""
+    output of the inputs' dtype; the caller checks TMA's alignment rules (`tma_view`)."""
     return (dv in TMA_STORE_DIMS and seqlen_q < TMA_STORE_MAX_ROWS and wgs == 2 and not varlen and not offsets_64
             and same_dtype)
 
@@ -1547,9 +1547,9 @@ class _Plan:
         q, k, v = _as_batch(q, k, v, varlen, cache)
         seqlen_k = _key_bound(seqlen_k, cache, k)
         bq, bk, bv, bo = self.boxes
-        padded = len(bq[1]) == 4                    # a padded call's boxes are 4-D (`_view`)
-        boxes = ((_view(q, padded), *bq[1:]), (_view(k, padded), *bk[1:]),
-                 bv if self.copy_v else (_view(v, padded), *bv[1:]), bo)
+        padded = len(bq[1]) == 4                    # a padded call's boxes are 4-D (`tma_view`)
+        boxes = ((tma_view(q, padded), *bq[1:]), (tma_view(k, padded), *bk[1:]),
+                 bv if self.copy_v else (tma_view(v, padded), *bv[1:]), bo)
         moved = (seqlen_q, seqlen_k, _chunk(key_bytes, heads, seqlen_k, heads_k), lse.stride(0))
         classes, meta_items = self.fixed
         return _Plan((min(items * cdiv(seqlen_q, rows), programs),), self.meta, boxes, self.copy_v, self.counter,
@@ -1649,7 +1649,7 @@ def _plan(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None
     elif pack and not _two_heads_fit(group, wgs):
         raise ValueError(f"pack: needs two consumer warpgroups and an even GQA group, got {wgs} and {group}")
     heads = 2 if pack else 1      # query heads an item
-    vq, vk, vv = views or tuple(_view(t, padded) for t in (q, k, v))
+    vq, vk, vv = views or tuple(tma_view(t, padded) for t in (q, k, v))
     packed = (batch * heads_q // heads, _ROWS if pack else wgs * _ROWS, num_sms(q.device),
               (d + dv) * k.element_size() if causal else 0, group // heads, heads_k)     # `_Plan.packed`
     grid = (min(packed[0] * cdiv(seqlen_q, packed[1]), packed[2]),)
@@ -1661,7 +1661,7 @@ def _plan(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None
     kv_rows = block_n if table is None else page_rows(k.shape[1], block_n)
     wide_offsets = offsets_64(out, lse)
     stored = tma_store(dv, seqlen_q, wgs, varlen is not None, wide_offsets, out.dtype == q.dtype)
-    vo = _view(out, padded) if stored else None
+    vo = tma_view(out, padded) if stored else None
     fp8 = q.dtype == torch.float8_e4m3fn
     if transpose is None:
         transpose = (fp8 and transpose_in_kernel(d, wgs, varlen is not None)

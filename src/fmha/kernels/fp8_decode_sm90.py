@@ -38,7 +38,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from ..schedule import num_sms, plan_num_splits
 from .combine import combine
-from .forward_sm90 import LN2, LOG2E, ROWS, bars      # ROWS: packed query rows a work item, one wgmma tile
+from .forward_sm90 import LN2, LOG2E, ROWS, bars, tma_view      # ROWS: packed query rows a work item, one wgmma tile
 from .launch import launch
 from .sm90 import descriptor, offsets_64, on_hopper
 
@@ -71,12 +71,14 @@ def _item(t, n_hk, n_splits, SEQLENS, BLOCK_N: gl.constexpr):
 
 @gluon.jit
 def _producer(k_desc, v_desc, raw_k, raw_v, raw_ready, raw_empty, SEQLENS, BLOCK_TABLE, stride_bt, n_items, n_hk,
-              n_splits, seq_rows, page_size, BLOCK_N: gl.constexpr, RAW_STAGES: gl.constexpr, PAGED: gl.constexpr):
-    """Every key tile of this program's items, K and V, into the raw ring, BLOCK_N // BOX TMA boxes each; a paged
-    cache's boxes from the pages the block table names. Past a sequence's last page the last page again: its rows are
-    past the length (masked, and zeroed in V), and no block-table entry past the sequence's is read."""
-    BOX: gl.constexpr = k_desc.block_type.shape[0]
-    D: gl.constexpr = k_desc.block_type.shape[1]
+              n_splits, stride_kh, stride_vh, page_size, BLOCK_N: gl.constexpr, RAW_STAGES: gl.constexpr,
+              PAGED: gl.constexpr):
+    """Every key tile of this program's items, K and V, into the raw ring, BLOCK_N // BOX TMA boxes each, from the
+    caches' 3-D views (TMA batch = page or sequence, row, columns; KV head hk from column hk * stride_kh / _vh); a
+    paged cache's boxes from the pages the block table names. Past a sequence's last page the last page again: its
+    rows are past the length (masked, and zeroed in V), and no block-table entry past the sequence's is read."""
+    BOX: gl.constexpr = k_desc.block_type.shape[1]
+    D: gl.constexpr = k_desc.block_type.shape[2]
     BOXES: gl.constexpr = BLOCK_N // BOX
     c = 0
     for t in range(gl.program_id(0), n_items, gl.num_programs(0)):
@@ -88,15 +90,19 @@ def _producer(k_desc, v_desc, raw_k, raw_v, raw_ready, raw_empty, SEQLENS, BLOCK
             mbarrier.expect(raw_ready.index(slot), 2 * BOXES * k_desc.block_type.nbytes)
             for r in gl.static_range(BOXES):
                 key = i * BLOCK_N + r * BOX
+                tb = b
+                row = key
                 if PAGED:
                     page = gl.minimum(key // page_size, last_page)
-                    row = gl.load(BLOCK_TABLE + b * stride_bt + page) * page_size + (key - page * page_size)
-                else:
-                    row = b * seq_rows + key
-                tma.async_copy_global_to_shared(k_desc, [row, hk * D], raw_ready.index(slot),
-                                                raw_k.index(slot).slice(r * BOX, BOX, dim=0))
-                tma.async_copy_global_to_shared(v_desc, [row, hk * D], raw_ready.index(slot),
-                                                raw_v.index(slot).slice(r * BOX, BOX, dim=0))
+                    tb = gl.load(BLOCK_TABLE + b * stride_bt + page)
+                    row = key - page * page_size
+                k_dst = raw_k.index(slot).reshape([1, BLOCK_N, D])
+                v_dst = raw_v.index(slot).reshape([1, BLOCK_N, D])
+                if BOXES > 1:
+                    k_dst = k_dst.slice(r * BOX, BOX, dim=1)
+                    v_dst = v_dst.slice(r * BOX, BOX, dim=1)
+                tma.async_copy_global_to_shared(k_desc, [tb, row, hk * stride_kh], raw_ready.index(slot), k_dst)
+                tma.async_copy_global_to_shared(v_desc, [tb, row, hk * stride_vh], raw_ready.index(slot), v_dst)
             c += 1
 
 
@@ -289,14 +295,14 @@ def _consumer(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, Q, O, 
 
 @gluon.jit
 def fp8_decode_kernel(k_desc, v_desc, Q, O, LSE, SEQLENS, BLOCK_TABLE, K_DESCALE, V_DESCALE, stride_bt, n_items, n_hk,
-                      n_splits, group, seqlen_q, seq_rows, page_size, stride_qb, stride_qs, stride_qh, stride_osp,
-                      stride_ob, stride_os, stride_oh, stride_lsp, stride_lb, stride_lh, stride_ls, qk_scale_log2,
-                      BLOCK_N: gl.constexpr, RAW_STAGES: gl.constexpr, W_STAGES: gl.constexpr, CH: gl.constexpr,
-                      PAGED: gl.constexpr, CAUSAL: gl.constexpr, WIDEN_REGS: gl.constexpr,
+                      n_splits, group, seqlen_q, stride_kh, stride_vh, page_size, stride_qb, stride_qs, stride_qh,
+                      stride_osp, stride_ob, stride_os, stride_oh, stride_lsp, stride_lb, stride_lh, stride_ls,
+                      qk_scale_log2, BLOCK_N: gl.constexpr, RAW_STAGES: gl.constexpr, W_STAGES: gl.constexpr,
+                      CH: gl.constexpr, PAGED: gl.constexpr, CAUSAL: gl.constexpr, WIDEN_REGS: gl.constexpr,
                       PRODUCER_REGS: gl.constexpr, OFFSETS_64: gl.constexpr = False):
     """The consumer is the default partition (4 warps), the widener (4 warps, WIDEN_REGS) and the producer (1 warp,
     PRODUCER_REGS) its workers."""
-    D: gl.constexpr = k_desc.block_type.shape[1]
+    D: gl.constexpr = k_desc.block_type.shape[2]
     raw_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D], gl.float8e4nv)
     w_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D], gl.float16)
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, D], gl.float16)
@@ -319,23 +325,22 @@ def fp8_decode_kernel(k_desc, v_desc, Q, O, LSE, SEQLENS, BLOCK_TABLE, K_DESCALE
         (_widener, (raw_k, raw_v, raw_ready, raw_empty, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, SEQLENS,
                     n_items, n_hk, n_splits, BLOCK_N, RAW_STAGES, W_STAGES, CH)),
         (_producer, (k_desc, v_desc, raw_k, raw_v, raw_ready, raw_empty, SEQLENS, BLOCK_TABLE, stride_bt, n_items,
-                     n_hk, n_splits, seq_rows, page_size, BLOCK_N, RAW_STAGES, PAGED)),
+                     n_hk, n_splits, stride_kh, stride_vh, page_size, BLOCK_N, RAW_STAGES, PAGED)),
     ], [4, 1], [WIDEN_REGS, PRODUCER_REGS])
 
 
 def supported(q, k, v, out, block_table, rows):
     """Whether this kernel runs a KV-cache call of `rows` packed query rows a KV head (seqlen_q x group) with no
     varlen, window, softcap, ALiBi, sinks, key starts or q descale (the caller's checks): a 16-bit q beside an e4m3
-    cache of one head dim in CONFIGS on sm_90 (a contiguous cache at d = 128 / 256), 33-64 rows, the caches
-    contiguous and 16-byte aligned (one TMA view of rows x heads), q and out with unit last strides, and a paged
-    cache's pages whole TMA boxes of a key tile (16-key multiples that divide or are divided by its BLOCK_N: not
-    48)."""
+    cache of one head dim in CONFIGS on sm_90 (a contiguous cache at d = 128 / 256), 33-64 rows, caches whose
+    strides TMA takes (`forward_sm90.tma_view`: 16-byte aligned, unit last stride; pages or heads may be interleaved,
+    as engines' kv pages and heads-major pages are), q and out with unit last strides, and a paged cache's pages
+    whole TMA boxes of a key tile (16-key multiples that divide or are divided by its BLOCK_N: not 48)."""
     d = q.shape[-1]
     if (not 32 < rows <= ROWS or d not in CONFIGS or q.element_size() != 2 or k.dtype != torch.float8_e4m3fn
             or v.dtype != k.dtype or k.shape != v.shape or k.shape[-1] != d):
         return False
-    if not (k.is_contiguous() and v.is_contiguous() and k.data_ptr() % 16 == 0 and v.data_ptr() % 16 == 0
-            and q.stride(-1) == 1 and out.stride(-1) == 1):
+    if tma_view(k) is None or tma_view(v) is None or q.stride(-1) != 1 or out.stride(-1) != 1:
         return False
     if block_table is None and d == 64:
         return False              # behind the portable kernel's contiguous form there (module docstring)
@@ -363,12 +368,11 @@ def fp8_decode_forward_sm90(q, k, v, out, lse, cache_seqlens, block_table, k_des
     paged = block_table is not None
     if paged:
         page = k.shape[1]
-        box, seq_rows, table, stride_bt = min(page, block_n), 0, block_table, block_table.stride(0)
+        box, table, stride_bt = min(page, block_n), block_table, block_table.stride(0)
     else:
         page = box = block_n
-        seq_rows, table, stride_bt = k.shape[1], None, 0
-    view = ([k.shape[0] * k.shape[1], h_k * d], [h_k * d, 1])
-    k_desc, v_desc = descriptor(k, view, [box, d]), descriptor(v, view, [box, d])
+        table, stride_bt = None, 0
+    k_desc, v_desc = descriptor(k, tma_view(k), [1, box, d]), descriptor(v, tma_view(v), [1, box, d])
     if num_splits > 1:
         o_parts = torch.empty(num_splits, b, s_q, h_q, d, dtype=torch.float32, device=q.device)
         lse_parts = torch.empty(num_splits, b, s_q, h_q, dtype=torch.float32, device=q.device)
@@ -379,7 +383,7 @@ def fp8_decode_forward_sm90(q, k, v, out, lse, cache_seqlens, block_table, k_des
         lse_dst, lse_strides = lse, (0, *lse.stride())
     n_items = b * h_k * num_splits
     args = (k_desc, v_desc, q, o_dst, lse_dst, cache_seqlens, table, k_descale, v_descale, stride_bt, n_items, h_k,
-            num_splits, h_q // h_k, s_q, seq_rows, page, *q.stride()[:3], *o_strides, *lse_strides,
+            num_splits, h_q // h_k, s_q, k.stride(2), v.stride(2), page, *q.stride()[:3], *o_strides, *lse_strides,
             softmax_scale * LOG2E)
     meta = dict(BLOCK_N=block_n, RAW_STAGES=raw_stages, W_STAGES=w_stages, CH=ch, PAGED=paged, CAUSAL=causal,
                 WIDEN_REGS=WIDEN_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4,
