@@ -27,6 +27,10 @@ b = 16 1.50x, b = 4 at 16k 1.31x, b = 4 and 1 at 128k split as planned 1.21x / 1
 tried (0.93x at e295c0f) and stays with the portable kernel. A second consumer warpgroup on alternate tiles was
 slower than one (2027 against 2367, page 64; `history/fp8_gluon_decode_h200_342f4f2.json`, the experiment's kernel
 at 342f4f2), and so were two widener warpgroups (`history/fp8_gluon_sweep_wideners_h200_6b0c633.json`).
+The caches are read through 3-D TMA views over their own strides, so engines' layouts (FlashInfer's NHD pages with
+K and V side by side, its heads-major HND pages) run here too, at the plain caches' speed (0.998-1.016x) and
+1.05-1.52x the portable kernel that took them before (`history/fp8_gluon_layouts_h200_ee180bc.json`,
+`experiments/fp8_gluon_decode.py layouts`).
 """
 from __future__ import annotations
 
