@@ -15,7 +15,8 @@ import fmha.mla as flash_mla
 from fmha._kv_fp8 import LAYOUTS
 from fmha.reference import (attention_ref, attention_varlen_ref, mla_decode_ref, mla_sparse_decode_ref,
                             mla_sparse_prefill_ref, rotary_ref)
-from test_kvcache import _appended, _assert_appended, _cache, _descales, _from_starts, _in_rows, _oracle, _slots
+from test_kvcache import (_appended, _assert_appended, _cache, _descales, _engine_layout, _from_starts, _in_rows,
+                          _oracle, _slots)
 from test_mla import (D_QK, D_V, _check, _dequantized, _paged_cache, _sparse_source, _union_of_sources,
                       _check_sparse_prefill, _poison_unread_rows)
 from utils import TARGETS, assert_matches, assert_matches_fp8_p, paged_packed, poisoned
@@ -270,10 +271,22 @@ def _kvcache_case(r, device):
     return dict(d=d, dv=dv, hk=hk, hq=hq, page=page, capacity=capacity, seqlens=seqlens, sq=sq, splits=splits), opts
 
 
+def _laid_out_by_seed(k_cache, v_cache, page, d, dv, seed):
+    """Half the paged caches of equal head dims laid out as engines hold them (`_engine_layout`: K and V pages side
+    by side, or heads-major pages), drawn apart from the case so that a seed's other draws stay as they were."""
+    if page is None or d != dv:
+        return k_cache, v_cache
+    layout = random.Random(9000 + seed).choice([None, None, "kv_pages", "hnd"])
+    _show(layout=layout)
+    return _engine_layout(k_cache, v_cache, layout) if layout else (k_cache, v_cache)
+
+
 def _run_kvcache(c, opts, cache_dtype, q_dtype, device, seed, descales=None):
-    """Run case `c` on a cache of `cache_dtype` (NaN past the lengths and in unused pages) and check it."""
+    """Run case `c` on a cache of `cache_dtype` (NaN past the lengths and in unused pages, sometimes in an engine's
+    layout: `_laid_out_by_seed`) and check it."""
     k_cache, v_cache, table, k, v = _cache(c["seqlens"], c["capacity"], c["hk"], c["d"], c["dv"], cache_dtype, device,
                                            c["page"], seed=seed)
+    k_cache, v_cache = _laid_out_by_seed(k_cache, v_cache, c["page"], c["d"], c["dv"], seed)
     torch.manual_seed(seed)
     q = torch.randn(len(c["seqlens"]), c["sq"], c["hq"], c["d"], device=device, dtype=q_dtype)
     lens = torch.tensor(c["seqlens"], dtype=torch.int32, device=device)
@@ -351,6 +364,7 @@ def test_fuzz_kvcache_new_tokens(target, seed):
     lens = [min(n, cap - n_new) for n in c["seqlens"]]                  # room for the new keys
     k_cache, v_cache, table, k, v = _cache(lens, cap, hk, d, dv, kv_dtype, device, page, seed=seed)
     k, v = k.clone(), v.clone()                    # on the CPU a contiguous cache is the logical tensor itself
+    k_cache, v_cache = _laid_out_by_seed(k_cache, v_cache, page, d, dv, seed)
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(b, sq, c["hq"], d, generator=g).to(dtype)
     k_new, v_new = (torch.randn(b, n_new, hk, dim, generator=g).to(kv_dtype) for dim in (d, dv))
