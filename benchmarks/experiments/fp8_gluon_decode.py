@@ -46,10 +46,20 @@ def _inputs(b, s_q, h_q, h_k, d, lens, page, device="cuda"):
     return fp8_transposed._inputs(b, s_q, h_q, h_k, d, lens, page, device, torch.bfloat16)
 
 
+def _gbps(calls, nbytes):
+    """GB/s of nbytes for each of `calls`: the medians of three interleaved rounds of CUDA-graph replays
+    (`fmha.bench.interleaved_times`), and every round's; FMHA_GLUON back to 1 after."""
+    from fmha.bench import interleaved_times
+
+    times = interleaved_times(calls, 3)
+    os.environ["FMHA_GLUON"] = "1"
+    return ({name: nbytes / sorted(ts)[1] / 1e9 for name, ts in times.items()},
+            {name: [nbytes / t / 1e9 for t in ts] for name, ts in times.items()})
+
+
 def time_gpu(out_path=None):
     """TIME_CASES, the portable kernel against this one, through the public API (`fmha.bench.interleaved_times`)."""
     import fmha
-    from fmha.bench import interleaved_times
     from fmha.kernels import launch
 
     rows = []
@@ -71,13 +81,11 @@ def time_gpu(out_path=None):
         launch.RECORD = None
         assert "fp8_decode_kernel" in ran and err < 3e-2, (ran, err)
         nbytes = 2 * b * n * h_k * d
-        times = interleaved_times(calls, 3)
-        os.environ["FMHA_GLUON"] = "1"
-        gbps = {name: nbytes / sorted(ts)[1] / 1e9 for name, ts in times.items()}
+        gbps, rounds = _gbps(calls, nbytes)
         rows.append(dict(d=d, b=b, keys=n, s_q=s_q, h_q=h_q, h_k=h_k, causal=causal, page=page, err=err,
                          kernels=ran, **{f"{name}_gbps": g for name, g in gbps.items()},
                          gluon_vs_portable=gbps["gluon"] / gbps["portable"],
-                         rounds={name: [nbytes / t / 1e9 for t in ts] for name, ts in times.items()}))
+                         rounds=rounds))
         print(f"d={d} b={b} keys={n} s_q={s_q} h_q={h_q} causal={causal} page={page}: portable "
               f"{gbps['portable']:.0f} gluon {gbps['gluon']:.0f} GB/s ({gbps['gluon'] / gbps['portable']:.3f}x)",
               flush=True)
@@ -105,10 +113,9 @@ def _laid_out(kc, vc, layout):
 def layouts(out_path=None):
     """LAYOUT_CASES with the caches in engines' layouts (`_laid_out`): the portable kernel on FlashInfer's NHD kv
     pages (where such caches ran before the Gluon kernel took strided views) against the Gluon kernel on the same,
-    on the HND page and, both kernels, on plain contiguous caches of the same values, one process, medians of three interleaved
-    rounds of CUDA-graph replays, GB/s of the FP8 K and V bytes."""
+    on the HND page and, both kernels, on plain contiguous caches of the same values, one process (`_gbps`), GB/s
+    of the FP8 K and V bytes."""
     import fmha
-    from fmha.bench import interleaved_times
     from fmha.kernels import launch
 
     rows = []
@@ -135,16 +142,14 @@ def layouts(out_path=None):
             assert "fp8_decode_kernel" in ran[name] and errs[name] < 3e-2, (name, ran[name], errs[name])
         launch.RECORD = None
         nbytes = 2 * b * n * h_k * d
-        times = interleaved_times(calls, 3)
-        os.environ["FMHA_GLUON"] = "1"
-        gbps = {name: nbytes / sorted(ts)[1] / 1e9 for name, ts in times.items()}
+        gbps, rounds = _gbps(calls, nbytes)
         rows.append(dict(d=d, b=b, keys=n, s_q=s_q, h_q=h_q, h_k=h_k, causal=causal, page=page, errs=errs,
                          kernels=ran, **{f"{name}_gbps": g for name, g in gbps.items()},
                          kv_pages_gluon_vs_portable=gbps["gluon_kv_pages"] / gbps["portable_kv_pages"],
                          kv_pages_vs_plain=gbps["gluon_kv_pages"] / gbps["gluon_plain"],
                          hnd_vs_plain=gbps["gluon_hnd"] / gbps["gluon_plain"],
                          plain_gluon_vs_portable=gbps["gluon_plain"] / gbps["portable_plain"],
-                         rounds={name: [nbytes / t / 1e9 for t in ts] for name, ts in times.items()}))
+                         rounds=rounds))
         print(f"d={d} b={b} s_q={s_q} h_q={h_q} causal={causal} page={page}: "
               + " ".join(f"{name} {g:.0f}" for name, g in gbps.items())
               + f" GB/s; kv_pages gluon/portable {rows[-1]['kv_pages_gluon_vs_portable']:.3f}x", flush=True)
