@@ -1136,11 +1136,12 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
             and _fp8_decode_takes(left, right, window_lefts, softcap, alibi_slopes, sinks, descales, k_starts,
                                   overridden)):
         from . import fp8_decode_sm90
-        if fp8_decode_sm90.supported(q, k, v, out, block_table, seqlen_q * group):
+        views = fp8_decode_sm90.supported(q, k, v, out, block_table, seqlen_q * group)
+        if views:
             k_descale, v_descale = (None if x is None else x.contiguous() for x in descales[1:])
             fp8_decode_sm90.fp8_decode_forward_sm90(q, k, v, out, lse, cache_seqlens, block_table, k_descale,
                                                     v_descale, causal=right == 0, softmax_scale=scale,
-                                                    max_seqlen_k=max_seqlen_k, num_splits=num_splits)
+                                                    max_seqlen_k=max_seqlen_k, num_splits=num_splits, views=views)
             return
     side = None
     try:                                          # the join, where the Gluon launch forked (a raising one too)

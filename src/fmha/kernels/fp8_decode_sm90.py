@@ -334,35 +334,37 @@ def fp8_decode_kernel(k_desc, v_desc, Q, O, LSE, SEQLENS, BLOCK_TABLE, K_DESCALE
 
 
 def supported(q, k, v, out, block_table, rows):
-    """Whether this kernel runs a KV-cache call of `rows` packed query rows a KV head (seqlen_q x group) with no
+    """The caches' TMA views (`forward_sm90.tma_view`, for `fp8_decode_forward_sm90`) when this kernel runs a
+    KV-cache call, else None. It runs one of `rows` packed query rows a KV head (seqlen_q x group) with no
     varlen, window, softcap, ALiBi, sinks, key starts or q descale (the caller's checks): a 16-bit q beside an e4m3
     cache of one head dim in CONFIGS on sm_90 (a contiguous cache at d = 128 / 256), 33-64 rows, caches whose
-    strides TMA takes (`forward_sm90.tma_view`: 16-byte aligned, unit last stride; pages or heads may be interleaved,
-    as engines' kv pages and heads-major pages are), q and out with unit last strides, and a paged cache's pages
+    strides TMA takes (16-byte aligned, unit last stride; pages or heads may be interleaved, as engines' kv pages
+    and heads-major pages are), q and out with unit last strides, and a paged cache's pages
     whole TMA boxes of a key tile (16-key multiples that divide or are divided by its BLOCK_N: not 48)."""
     d = q.shape[-1]
     if (not 32 < rows <= ROWS or d not in CONFIGS or q.element_size() != 2 or k.dtype != torch.float8_e4m3fn
             or v.dtype != k.dtype or k.shape != v.shape or k.shape[-1] != d):
-        return False
-    if tma_view(k) is None or tma_view(v) is None or q.stride(-1) != 1 or out.stride(-1) != 1:
-        return False
+        return None
+    views = tma_view(k), tma_view(v)
+    if None in views or q.stride(-1) != 1 or out.stride(-1) != 1:
+        return None
     if block_table is None and d == 64:
-        return False              # behind the portable kernel's contiguous form there (module docstring)
+        return None               # behind the portable kernel's contiguous form there (module docstring)
     if block_table is not None:
         page, block_n = k.shape[1], CONFIGS[d][0]
         box = min(page, block_n)
         if not (page % 16 == 0 and page % box == 0 and block_n % box == 0 and block_table.stride(-1) == 1):
-            return False
-    return on_hopper(q)
+            return None
+    return views if on_hopper(q) else None
 
 
 def fp8_decode_forward_sm90(q, k, v, out, lse, cache_seqlens, block_table, k_descale, v_descale, *, causal,
-                            softmax_scale, max_seqlen_k, num_splits):
+                            softmax_scale, max_seqlen_k, num_splits, views=None):
     """Decode q (b, s_q, h_q, d) over FP8 caches k, v ((num_pages, page_size, h_k, d) with block_table (b, pages)
     int32, or (b, capacity, h_k, d)) of `cache_seqlens` (b,) int32 keys each into out (b, s_q, h_q, d) and lse
     (b, h_q, s_q); `supported` has accepted the call. k_descale / v_descale (b, h_k) fp32 or None. `num_splits`: 0
     planned (one wave of items over the SMs, `plan_num_splits`), else as given; the splits' parts merged by
-    `combine`."""
+    `combine`. `views`: k's and v's TMA views as `supported` returned them (else found here)."""
     b, s_q, h_q, d = q.shape
     h_k = k.shape[2]
     block_n, raw_stages, w_stages, ch = CONFIGS[d]
@@ -376,7 +378,8 @@ def fp8_decode_forward_sm90(q, k, v, out, lse, cache_seqlens, block_table, k_des
     else:
         page = box = block_n
         table, stride_bt = None, 0
-    k_desc, v_desc = descriptor(k, tma_view(k), [1, box, d]), descriptor(v, tma_view(v), [1, box, d])
+    k_view, v_view = views or (tma_view(k), tma_view(v))
+    k_desc, v_desc = descriptor(k, k_view, [1, box, d]), descriptor(v, v_view, [1, box, d])
     if num_splits > 1:
         o_parts = torch.empty(num_splits, b, s_q, h_q, d, dtype=torch.float32, device=q.device)
         lse_parts = torch.empty(num_splits, b, s_q, h_q, dtype=torch.float32, device=q.device)
