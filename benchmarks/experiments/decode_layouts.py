@@ -65,7 +65,6 @@ def main(out_path=None):
         if out_path:              # after every case: a timeout later keeps what ran
             json.dump(dict(gpu=torch.cuda.get_device_name(), commit=os.environ.get("FMHA_COMMIT", "unknown"),
                            rows=rows), open(out_path, "w"), indent=1)
-        del caches, calls, ref, table
         torch.cuda.empty_cache()
 
 
