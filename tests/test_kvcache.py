@@ -9,6 +9,7 @@ import torch
 
 import fmha
 from fmha.reference import attention_ref, rotary_ref
+from fmha.bench import paged_copy
 from fmha.schedule import plan_num_splits
 from utils import TARGETS, assert_matches, far_pages, garbled_table, poison, spy
 
@@ -458,6 +459,42 @@ def test_forced_split_past_grid_axis(seqlen_q, heads_q, heads_k, num_splits):
     assert_matches(out[:, -rows:], lse[..., -rows:], attention_ref(q[:, -rows:], k, v, causal=True), dtype)
     assert_matches(out[:, :rows], lse[..., :rows], attention_ref(q[:, :rows], k[:, :rows], v[:, :rows], causal=True),
                    dtype)
+
+
+@pytest.mark.gpu
+def test_fp8_decode_split_parts_past_2g(monkeypatch):
+    """The Gluon FP8 decode (`fp8_decode_sm90`) split in 64, as a caller may force, over 4200 sequences of 64 packed
+    rows (MQA: 64 query heads, d = 128): its fp32 partial outputs are 64 slots of 34M elements, and the last slot's
+    offset passes 2^31. The split's offset was a 32-bit product, which wrapped: that slot's part went 8.5 GB before
+    the buffer, and the slot kept what its memory held. The allocator's block is NaN-filled first, so such a slot
+    turns every output NaN (a part with no key weighs 0, but 0 x NaN is NaN). Every output finite, and the oracle's
+    on a sample of sequences (lengths 0-64 keys, one shuffled page each)."""
+    from fmha.kernels import fp8_decode_sm90
+    calls = spy(monkeypatch, fp8_decode_sm90, "fp8_decode_forward_sm90")
+    b, h_q, d, page, splits = 4200, 64, 128, 64, 64
+    assert (splits - 1) * b * h_q * d > 2 ** 31             # the last slot's offset
+    g = torch.Generator(device="cuda").manual_seed(12)
+    lens = torch.randint(0, page + 1, (b,), generator=g, device="cuda", dtype=torch.int32)
+    lens[:2] = torch.tensor([0, page])
+    past = torch.arange(page, device="cuda")[None, :] >= lens[:, None]
+    k, v = ((torch.randn(b, page, 1, d, generator=g, device="cuda") * 2).masked_fill(past[..., None, None], NAN)
+            .to(torch.float8_e4m3fn) for _ in range(2))
+    k_cache, v_cache, table = paged_copy(page, k, v, perm=torch.randperm(b, generator=g, device="cuda"))
+    q = torch.randn(b, 1, h_q, d, generator=g, device="cuda").to(torch.bfloat16)
+    descales = _descales(b, 1, "cuda")
+    torch.cuda.empty_cache()
+    # NaN where the call's buffers will be: the parts' block and 256 MB for the output, LSE and parts' LSE
+    poison = torch.full((splits * b * h_q * d + (64 << 20),), NAN, device="cuda")
+    del poison
+    got, lse = fmha.attention_with_kvcache(q, k_cache, v_cache, lens, block_table=table, num_splits=splits,
+                                           return_lse=True, **descales)
+    assert len(calls) == 1 and torch.isfinite(got).all()
+    sample = torch.tensor([0, 1, 2, 3, b // 2, b - 2, b - 1], device="cuda")
+    oracle = _oracle(q[sample], k[sample], v[sample], lens[sample].tolist(),
+                     **{name: t[sample] for name, t in descales.items()})
+    assert_matches(got[sample], lse[sample], oracle, torch.bfloat16)
+    del got, lse
+    torch.cuda.empty_cache()
 
 
 @pytest.mark.cpu
