@@ -208,9 +208,9 @@ def _consumer(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, Q, O, 
               BLOCK_N: gl.constexpr, W_STAGES: gl.constexpr, CAUSAL: gl.constexpr, OFFSETS_64: gl.constexpr):
     """One item at a time: its 64 rows (row r: token r // group, query head hk * group + r % group) over the item's
     key tiles, S_i issued with the P·V of tile i - 1 and the softmax of S_i run while that P·V does; then the output
-    and LSE of the rows that exist (a row with no key: 0 and -inf). OFFSETS_64: q, out or the LSE reach past 2^31
-    elements (a caller's view), so the batch's offsets are 64-bit (else 32: the budget of this partition's
-    registers)."""
+    and LSE of the rows that exist (a row with no key: 0 and -inf). OFFSETS_64: q, the output or the LSE reach
+    past 2^31 elements (a caller's view, or a forced split's parts), so the batch's and the split's offsets are
+    64-bit (else 32: the budget of this partition's registers)."""
     D: gl.constexpr = q_smem.shape[1]
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
@@ -230,6 +230,7 @@ def _consumer(q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, Q, O, 
         b, hk, sp, sk, lo, n_tiles = _item(t, n_hk, n_splits, SEQLENS, BLOCK_N)
         if OFFSETS_64:
             b = b.to(gl.int64)
+            sp = sp.to(gl.int64)
         head = hk * group + rows % group
         q = gl.load(Q + b * stride_qb + tok[:, None] * stride_qs + head[:, None] * stride_qh + cols[None, :],
                     mask=row_ok[:, None], other=0.0).to(gl.float32)
