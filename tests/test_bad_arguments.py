@@ -106,7 +106,7 @@ def _attention_with_kvcache(dtype):
              ("v", 3, "v"), ("out", 3, "out"),
              ("k_cache", 0, "k_cache v_cache"), ("v_cache", 0, "v_cache"), ("k_cache", 1, "k_cache v_cache"),
              ("v_cache", 1, "v_cache"), ("sinks", 0, "sinks")]
-    scalars = DENSE_SCALARS + [("num_splits", -1), ("num_splits", 1.5), ("num_splits", True),
+    scalars = DENSE_SCALARS + [("num_splits", -1), ("num_splits", 1.5), ("num_splits", True), ("num_splits", 65536),
                                ("cache_seqlens", -1), ("cache_seqlens", 2.0)]
     return Call(fmha.attention_with_kvcache, kw, sizes, DENSE_OPTIONAL | {"k", "v", "block_table"}, scalars=scalars,
                 any_strides={"k", "v"})

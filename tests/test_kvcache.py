@@ -462,6 +462,25 @@ def test_forced_split_past_grid_axis(seqlen_q, heads_q, heads_k, num_splits):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+def test_most_forced_splits(fp8):
+    """num_splits at its bound, 65535 (`schedule.MAX_FORCED_SPLITS`: the portable kernel's launch grid holds that
+    many programs on the axis that numbers the splits), over short caches (a 64-row chunk of an FP8 cache: the
+    Gluon FP8 decode): almost every split without a key, the merged answer the oracle's."""
+    from fmha.schedule import MAX_FORCED_SPLITS
+    torch.manual_seed(13)
+    b, sq, hq, hk, d = 2, (8 if fp8 else 1), 16, 2, 64
+    lens = [100, 37]
+    k, v = (torch.randn(b, 128, hk, d, device="cuda").to(torch.float8_e4m3fn if fp8 else torch.bfloat16)
+            for _ in range(2))
+    q = torch.randn(b, sq, hq, d, device="cuda", dtype=torch.bfloat16)
+    seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    got, lse = fmha.attention_with_kvcache(q, k, v, seqlens, causal=True, num_splits=MAX_FORCED_SPLITS,
+                                           return_lse=True)
+    assert_matches(got, lse, _oracle(q, k, v, lens, causal=True), torch.bfloat16)
+
+
+@pytest.mark.gpu
 def test_fp8_decode_split_parts_past_2g(monkeypatch):
     """The Gluon FP8 decode (`fp8_decode_sm90`) split in 64, as a caller may force, over 4200 sequences of 64 packed
     rows (MQA: 64 query heads, d = 128): its fp32 partial outputs are 64 slots of 34M elements, and the last slot's

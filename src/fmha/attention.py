@@ -13,6 +13,7 @@ import torch
 from . import _validate as V
 from ._ops import custom_op, forward_only
 from .kernels.forward import attention_forward
+from .schedule import MAX_FORCED_SPLITS
 
 __all__ = ["attention", "attention_varlen", "attention_with_kvcache"]
 
@@ -352,7 +353,7 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None
         block_table: `(batch, max_pages)` int32; key j of sequence b is slot `j % page_size` of page
             `block_table[b, j // page_size]`. Pages may be in any order.
         num_splits: 0 = chosen from the SM count and the cache capacity (no host synchronisation);
-            n >= 1 forces n key splits per sequence, merged exactly.
+            n from 1 to 65535 forces n key splits per sequence, merged exactly.
         Other options as in `attention`.
 
     Returns:
@@ -385,8 +386,8 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None
             raise ValueError("cache_leftpad: for contiguous caches only (as in FlashAttention); a paged cache's "
                              "block_table names each sequence's pages from its first key")
         V.check_per_sequence("cache_leftpad", cache_leftpad, batch, q.device)
-    if not isinstance(num_splits, int) or isinstance(num_splits, bool) or num_splits < 0:
-        raise ValueError(f"num_splits: expected an int >= 0 (0 = automatic), got {num_splits!r}")
+    if not isinstance(num_splits, int) or isinstance(num_splits, bool) or not 0 <= num_splits <= MAX_FORCED_SPLITS:
+        raise ValueError(f"num_splits: expected an int from 0 (automatic) to {MAX_FORCED_SPLITS}, got {num_splits!r}")
     if k is not None or v is not None or rotary_cos is not None or rotary_sin is not None:
         masked = left != -1 or right != -1 or lefts is not None           # causal or windowed
         q, cache_seqlens = _new_tokens(q, k_cache, v_cache, cache_seqlens, block_table, k, v, rotary_cos,

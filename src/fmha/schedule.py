@@ -10,6 +10,9 @@ from __future__ import annotations
 import threading
 
 MAX_SPLITS = 64
+# The most key splits a caller may force (`attention_with_kvcache(num_splits=n)`): the portable kernel numbers
+# them along its launch grid's third axis, which holds 65535 programs.
+MAX_FORCED_SPLITS = 65535
 MIN_TILES_PER_SPLIT = 4
 WARPS_PER_SM = 8       # a wave's warps an SM: two 4-warp programs (decode tiles fit two an SM), four 2-warp ones
 
