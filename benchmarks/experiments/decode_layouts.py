@@ -2,7 +2,7 @@
 by side in one tensor; its heads-major HND pages) against the same values in plain contiguous pages, one process:
 whether a cache laid out as an engine allocates it costs speed. The portable kernel reads any strides by pointers;
 the Gluon kernel (`forward_sm90`, chunked prefill over a cache) takes them through `tma_view`. The FP8 decode's
-counterpart is `fp8_gluon_decode.py layouts`, whose `_laid_out` this uses.
+counterpart is `fp8_gluon_decode.py layouts`, whose `_laid_out` and `_gbps` this uses.
 
     PYTHONPATH=src:benchmarks/experiments python3 benchmarks/experiments/decode_layouts.py --out F.json   (GPU)
 
@@ -26,9 +26,9 @@ LAYOUTS = ("plain", "kv_pages", "hnd")
 
 def main(out_path=None):
     import fmha
-    from fmha.bench import interleaved_times, paged_copy
+    from fmha.bench import paged_copy
     from fmha.kernels import launch
-    from fp8_gluon_decode import _laid_out
+    from fp8_gluon_decode import _gbps, _laid_out
 
     rows = []
     for d, b, n, s_q, h_q, h_k, causal, page in CASES:
@@ -39,7 +39,7 @@ def main(out_path=None):
         kc, vc, table = paged_copy(page, k, v, perm=perm)
         del k, v
         seqlens = torch.full((b,), n, dtype=torch.int32, device="cuda")
-        caches = {layout: _laid_out(kc, vc, layout) for layout in LAYOUTS}
+        caches = _laid_out(kc, vc)
         del kc, vc
         calls = {layout: (lambda layout=layout: fmha.attention_with_kvcache(
             q, *caches[layout], seqlens, block_table=table, causal=causal)) for layout in LAYOUTS}
@@ -52,12 +52,11 @@ def main(out_path=None):
             assert errs[layout] < 2e-2, (layout, errs[layout])
         launch.RECORD = None
         nbytes = (2 * b * n * h_k * d + 2 * q.numel()) * 2
-        times = interleaved_times(calls, 3)
-        gbps = {layout: nbytes / sorted(ts)[1] / 1e9 for layout, ts in times.items()}
+        gbps, rounds = _gbps(calls, nbytes)
         rows.append(dict(d=d, b=b, keys=n, s_q=s_q, h_q=h_q, h_k=h_k, causal=causal, page=page, errs=errs,
                          kernels=ran, **{f"{layout}_gbps": x for layout, x in gbps.items()},
                          kv_pages_vs_plain=gbps["kv_pages"] / gbps["plain"], hnd_vs_plain=gbps["hnd"] / gbps["plain"],
-                         rounds={layout: [nbytes / t / 1e9 for t in ts] for layout, ts in times.items()}))
+                         rounds=rounds))
         print(f"d={d} b={b} keys={n} s_q={s_q} h_q={h_q} h_k={h_k} page={page}: "
               + " ".join(f"{layout} {x:.0f}" for layout, x in gbps.items())
               + f" GB/s; kv_pages/plain {rows[-1]['kv_pages_vs_plain']:.3f} hnd/plain {rows[-1]['hnd_vs_plain']:.3f}"

@@ -99,15 +99,14 @@ def time_gpu(out_path=None):
 LAYOUT_CASES = [c for c in TIME_CASES if c[2] == 4096 and c[7] is not None]
 
 
-def _laid_out(kc, vc, layout):
-    """Paged caches kc, vc as views of one tensor as engines allocate them: "kv_pages" (num_pages, 2, page, heads,
-    d), "hnd" (num_pages, 2, heads, page, d); "plain" as given (each contiguous)."""
-    if layout == "plain":
-        return kc, vc
-    both = torch.stack([kc, vc], 1)
-    if layout == "hnd":
-        both = both.transpose(2, 3).contiguous().transpose(2, 3)
-    return both[:, 0], both[:, 1]
+def _laid_out(kc, vc):
+    """Paged caches kc, vc by layout: "plain" as given (each contiguous), and as views of one tensor as engines
+    allocate them, "kv_pages" (num_pages, 2, page, heads, d) and "hnd" (num_pages, 2, heads, page, d): the tests'
+    `test_kvcache._engine_layout`."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests"))
+    from test_kvcache import _engine_layout
+
+    return {"plain": (kc, vc), **{layout: _engine_layout(kc, vc, layout) for layout in ("kv_pages", "hnd")}}
 
 
 def layouts(out_path=None):
@@ -122,7 +121,7 @@ def layouts(out_path=None):
     for d, b, n, s_q, h_q, h_k, causal, page in LAYOUT_CASES:
         q, kc, vc, seqlens, kd, vd, table, k, v = _inputs(b, s_q, h_q, h_k, d, [n] * b, page)
         del k, v
-        caches = {layout: _laid_out(kc, vc, layout) for layout in ("plain", "kv_pages", "hnd")}
+        caches = _laid_out(kc, vc)
 
         def call(gluon, layout):
             def run():
