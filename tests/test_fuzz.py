@@ -420,7 +420,7 @@ def test_fuzz_kvcache_new_tokens(target, seed):
 def test_fuzz_mla(target, seed):
     device, dtype = target
     r = random.Random(4000 + seed)
-    h_q = r.choice([16, 32, 64, 128] if device == "cuda" else [16, 32])
+    h_q = r.choice([1, 4, 8, 16, 32, 64, 128] if device == "cuda" else [16, 32])
     s_q = r.randint(1, 4)
     page = r.choice([64, 64, 16, 32, 48, 128])
     b = r.randint(1, 40 if device == "cuda" else 3)
@@ -494,7 +494,7 @@ def test_fuzz_sparse_decode(target, seed):
     r = random.Random(5000 + seed)
     layout = r.choice([None, None, "v32", "model1"])
     d = LAYOUTS[layout][0] if layout else r.choice([D_QK, 512])
-    h_q = (r.choice([64, 128]) if d == 512 else r.choice([16, 32, 64, 128])) if device == "cuda" else 16
+    h_q = (r.choice([8, 64, 128]) if d == 512 else r.choice([2, 8, 16, 32, 64, 128])) if device == "cuda" else 16
     s_q = r.randint(1, 3)
     b = r.randint(1, 20 if device == "cuda" else 3)
     topk = r.choice([64, 128, 200, 512, 2048]) if device == "cuda" else r.choice([40, 64])

@@ -425,9 +425,13 @@ def test_fp8_kvcache(target, layout, sparse):
     """FP8 caches, dequantised on load: the oracle runs on the same cache dequantised (`_dequantized`). NaN bytes are
     not possible in a packed cache, so unused pages hold packed 1e4s instead (far off the data's scale: a
     read would show); the sparse case also has -1 indices and a trimmed topk_length."""
+    _fp8_case(target, layout, sparse, *((16, 2) if target[0] == "cpu" else (64, 2)))
+
+
+def _fp8_case(target, layout, sparse, h_q, s_q):
+    """test_fp8_kvcache's call with h_q query heads and s_q query tokens, against the oracle."""
     device, dtype = target
     d = LAYOUTS[layout][0]
-    h_q, s_q = (16, 2) if device == "cpu" else (64, 2)
     seqlens = [70, 0, 200, 5] if device == "cpu" else _seqlens(32, 2048, seed=12)
     bf16_cache, table = _paged_cache(seqlens, 64, 1, d, torch.bfloat16, device, seed=12)
     bf16_cache = torch.nan_to_num(bf16_cache, nan=1e4)

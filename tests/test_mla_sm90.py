@@ -47,8 +47,11 @@ def _run(seqlens, h_q, s_q, page_size, dtype, *, seed=0, sinks=False, scale=None
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-@pytest.mark.parametrize("h_q,s_q", [(64, 1), (128, 1), (64, 2), (128, 2), (32, 2), (16, 4), (32, 1), (16, 2), (16, 1)])
+@pytest.mark.parametrize("h_q,s_q", [(64, 1), (128, 1), (64, 2), (128, 2), (32, 2), (16, 4), (32, 1), (16, 2), (16, 1),
+                                     (8, 1), (4, 2), (2, 3), (1, 1)])
 def test_gluon_mla(gluon_calls, h_q, s_q, dtype):
+    """Packed rows (h_q x s_q) from 1 to 256: fewer than 64 fill one zero-padded 64-row block (tensor parallelism's
+    8 or 4 heads a rank), more take several."""
     _run(_seqlens(48, 3000, seed=h_q + s_q), h_q, s_q, 64, dtype, seed=h_q * s_q)
     assert gluon_calls
 
@@ -108,7 +111,7 @@ def test_gluon_mla_causal_short(gluon_calls):
     assert gluon_calls
 
 
-@pytest.mark.parametrize("h_q,d_qk", [(16, D_QK), (128, D_QK), (64, 512)])
+@pytest.mark.parametrize("h_q,d_qk", [(16, D_QK), (128, D_QK), (64, 512), (4, D_QK)])
 @pytest.mark.parametrize("with_sink", [False, True], ids=["", "sink"])
 def test_gluon_sparse_prefill(gluon_calls, h_q, d_qk, with_sink):
     """flash_mla_sparse_fwd through the Gluon kernel's gather path (one KV head; 576 columns, or V4's 512 with
@@ -140,10 +143,11 @@ def test_gluon_head_dim_512(gluon_calls, h_q):
     assert gluon_calls
 
 
-@pytest.mark.parametrize("h_q,s_q,page_size", [(16, 1, 64), (64, 3, 61), (128, 1, 64)])
+@pytest.mark.parametrize("h_q,s_q,page_size", [(16, 1, 64), (64, 3, 61), (128, 1, 64), (8, 1, 64), (2, 3, 61)])
 @pytest.mark.parametrize("with_sink", [False, True], ids=["", "sink"])
 def test_gluon_sparse_decode(gluon_calls, h_q, s_q, page_size, with_sink):
-    """bf16 token-sparse decode through the gather path: split tokens (partials + combine), odd page sizes."""
+    """bf16 token-sparse decode through the gather path: split tokens (partials + combine), odd page sizes, as few
+    as 6 packed rows."""
     test_mla.test_sparse_decode(("cuda", torch.bfloat16), h_q, s_q, page_size, with_sink)
     assert gluon_calls
 
@@ -155,6 +159,16 @@ def test_gluon_fp8(gluon_calls, layout, sparse):
     cp.async and are dequantised in shared memory (test_mla's FP8 cases: 1e4s packed in unused pages, -1
     indices, trimming)."""
     test_mla.test_fp8_kvcache(("cuda", torch.bfloat16), layout, sparse)
+    assert gluon_calls
+
+
+@pytest.mark.parametrize("layout", ["v32", "model1"])
+@pytest.mark.parametrize("sparse", [False, True], ids=["paged", "sparse"])
+@pytest.mark.parametrize("h_q,s_q", [(8, 1), (1, 3)])
+def test_gluon_fp8_few_rows(gluon_calls, layout, sparse, h_q, s_q):
+    """FP8 caches with fewer packed rows than a 64-row block holds (one zero-padded block; the FP8 sparse decode's
+    own kernel, `sparse_decode_sm90`, takes whole 64-row blocks only)."""
+    test_mla._fp8_case(("cuda", torch.bfloat16), layout, sparse, h_q, s_q)
     assert gluon_calls
 
 

@@ -372,15 +372,15 @@ def _tma_ok(t, heads_k):
 _ROUTES = Plans()
 
 
-def _route(q_lat, q_rope, kv_lat, k_rope, out, rows_per_k, *, sparse, fp8_layout, extra, max_logits, whole, causal):
+def _route(q_lat, q_rope, kv_lat, k_rope, out, *, sparse, fp8_layout, extra, max_logits, whole, causal):
     """The `_ROUTES` entry of a call no earlier call of its key has routed."""
     from . import mla_decode_sm90, sparse_decode_sm90
     views = sparse_decode_sm90.supported(q_lat, q_rope, kv_lat, out, sparse=sparse, fp8_layout=fp8_layout,
                                          extra=extra, max_logits=max_logits, whole=whole, causal=causal)
     if views is not None:
         return "sparse", views
-    views = mla_decode_sm90.supported(q_lat, q_rope, kv_lat, k_rope, out, rows_per_k, sparse=sparse,
-                                      fp8_layout=fp8_layout, extra=extra)
+    views = mla_decode_sm90.supported(q_lat, q_rope, kv_lat, k_rope, out, sparse=sparse, fp8_layout=fp8_layout,
+                                      extra=extra)
     return None if views is None else ("sm90", views)
 
 
@@ -413,8 +413,8 @@ def mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens
     `fp8_layout` "v32" / "model1": kv_lat is the packed uint8 cache (k_rope the same tensor), dequantised on load.
     Writes out (b, s_q, h_q, DV) and lse (b, h_q, s_q); returns the compiled decode kernel (for tuning:
     its register and spill counts; None when the Gluon kernel of `mla_decode_sm90` ran, which every call with one
-    KV head and >= 16 packed rows takes on Hopper where `mla_decode_sm90.supported` accepts it, unless
-    `backend="triton"`, `tiles` or `use_tma` is given, or FMHA_GLUON=0).
+    KV head takes on Hopper where `mla_decode_sm90.supported` accepts it, unless `backend="triton"`, `tiles` or
+    `use_tma` is given, or FMHA_GLUON=0).
     `tiles` = (BLOCK_M, BLOCK_N, num_warps, num_stages, transposed) overrides the table."""
     batch, seqlen_q, heads_q, dv = q_lat.shape
     page_size, heads_k = kv_lat.shape[1], kv_lat.shape[2]
@@ -431,16 +431,16 @@ def mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens
     if block_table.dim() == 3 and heads_k == 1:
         block_table = block_table[:, 0]           # sparse prefill's (tokens, h_kv = 1, topk) index rows
     if not overridden and not interpret and gluon_enabled():
-        # One KV head, >= 16 packed rows on Hopper (bf16/fp16 or FP8 caches, paged or token-sparse, with an extra
-        # source or not; `supported` decides): the Gluon kernel (no duplicated score tile). Decided before the
-        # portable kernel's tiles and descriptors, and kept by call key (`_ROUTES`).
+        # One KV head on Hopper (bf16/fp16 or FP8 caches, paged or token-sparse, with an extra source or not;
+        # `supported` decides): the Gluon kernel (no duplicated score tile). Decided before the portable kernel's
+        # tiles and descriptors, and kept by call key (`_ROUTES`).
         from . import mla_decode_sm90, sparse_decode_sm90
         key = mla_decode_sm90.plan_key(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens, metadata,
                                        split_offsets, out, lse, sinks, valid_lens, max_logits, extra,
                                        softmax_scale=softmax_scale, causal=causal, fp8_layout=fp8_layout, whole=whole)
         route = _ROUTES.get(key, False)
         if route is False:
-            route = _route(q_lat, q_rope, kv_lat, k_rope, out, rows_per_k, sparse=sparse, fp8_layout=fp8_layout,
+            route = _route(q_lat, q_rope, kv_lat, k_rope, out, sparse=sparse, fp8_layout=fp8_layout,
                            extra=extra, max_logits=max_logits, whole=whole, causal=causal)
             _ROUTES.keep(key, route)
         if route is not None and route[0] == "sparse":

@@ -1,7 +1,7 @@
 """Hopper (sm_90) fast path of MLA decode and of DeepSeek's sparse attention, written in Gluon.
 
 `mla_decode.py` is the portable `triton.language` kernel (and what the CPU tests run). This one takes every
-call with one KV head and at least 16 packed query rows (run in 64-row blocks), DV = 512 latent columns plus
+call with one KV head (its packed query rows, however few, run in 64-row blocks), DV = 512 latent columns plus
 DT = 64 RoPE columns or none (DeepSeek-V4's head_dim 512):
 - bf16/fp16 paged caches with pages of a multiple of 64 keys: TMA from one page per tile;
 - token-sparse calls (index rows instead of a block table: sparse decode, `flash_mla_sparse_fwd`) and FP8
@@ -122,10 +122,12 @@ LAZY_BY = gl.constexpr(8.0)
 LOG2E = gl.constexpr(1.4426950408889634)
 STAGES = gl.constexpr(2)          # key tiles in flight: 2 x 72 KB
 KIDX = gl.constexpr(8)            # the producer's staged index rows: tile t's in slot t % KIDX
-# Fewer packed rows than this run the portable kernel. A block here is always 64 rows (TMA fills the missing
-# ones with zeros, stores drop them): at 16 rows that is 4x the tensor-core work, but the case is memory-bound
-# and this kernel still read 4-6% faster than the portable transposed one (h_q=16, s_q=1, b=128, s_k 4k-16k).
-MIN_ROWS = 16
+# A block here is always 64 rows, however few a KV head has (TMA fills the missing ones with zeros, stores drop
+# them): 16 rows are 4x their tensor-core work, 1 row 64x, but those calls are memory-bound and the padded block
+# still reads faster than the portable kernel's 16-row transposed form. h_q = 16, s_q = 1: +4-6% (b = 128, s_k
+# 4k-16k); 1-8 packed rows (h_q 1-8 with s_q 1 or 2, tensor parallelism's 8 or 4 heads a rank): 0.67-0.74 of the
+# copy bandwidth on the portable kernel, 0.85-0.91 in 64-row blocks here, 1.23-1.27x
+# (`history/mla_few_heads_h200_af3f68f.json`, q padded to 16 heads then; `experiments/mla_few_heads.py`).
 CONSUMER_REGS = 240               # the worker warpgroup's setmaxnreg (8 warps: 255 registers anyway)
 # With a loading warpgroup (`_producer`) the three share 3 x 168 registers a thread: the consumers get this many,
 # the loader the rest. V3.2's FP8 cache: 216 (the loader 72); 208 / 224 measured 2% / 2-10% slower on the V3.2
@@ -1092,10 +1094,10 @@ def _view3(t, rows_dims):
     return [pages, page, d], [t.stride(0), t.stride(1), 1]
 
 
-def supported(q_lat, q_rope, kv_lat, k_rope, out, rows_per_k, sparse=False, fp8_layout=None, extra=None):
+def supported(q_lat, q_rope, kv_lat, k_rope, out, sparse=False, fp8_layout=None, extra=None):
     """The TMA views (q latent, q rope, cache latent, cache rope, out) when this path can run the call:
     Hopper, fp16/bf16 (bf16 with an FP8 cache, whose RoPE values are bf16), one KV head, 512 (+ 64 RoPE)
-    columns, at least MIN_ROWS packed query rows, TMA-readable q and out, and for a paged bf16/fp16 cache
+    columns, TMA-readable q and out, and for a paged bf16/fp16 cache
     pages of a multiple of 64 keys with TMA-readable strides. Sparse and FP8 calls gather their keys (no cache
     views, any page size, rows 16-byte aligned, model1's 8; `extra` as `mla_decode_forward_sm90` takes it).
     Otherwise None."""
@@ -1108,7 +1110,7 @@ def supported(q_lat, q_rope, kv_lat, k_rope, out, rows_per_k, sparse=False, fp8_
             return None
     elif kv_lat.dtype != torch.uint8 or q_lat.dtype != torch.bfloat16 or (q_rope is None) != (fp8_layout == "model1"):
         return None
-    if q_lat.shape[-1] != 2 * HALF.value or rows_per_k < MIN_ROWS:
+    if q_lat.shape[-1] != 2 * HALF.value:
         return None
     if q_rope is not None and q_rope.shape[-1] != DT.value:
         return None

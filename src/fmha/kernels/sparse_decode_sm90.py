@@ -488,7 +488,7 @@ def supported(q_lat, q_rope, cache, out, *, sparse, fp8_layout, extra, max_logit
     if q_lat.shape[1] != 1 or q_lat.shape[2] % ROWS.value:
         return None
     views = mla_decode_sm90.supported(q_lat, q_rope, cache, cache if q_rope is not None else None, out,
-                                      q_lat.shape[2], sparse=True, fp8_layout=fp8_layout, extra=extra)
+                                      sparse=True, fp8_layout=fp8_layout, extra=extra)
     return None if views is None else (views[0], views[1], views[4])
 
 
