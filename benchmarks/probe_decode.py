@@ -112,7 +112,7 @@ def main():
                    help="instead: the table's own tiles on b=64's shape at these batch sizes (pages 16, 64 and a "
                         "contiguous cache), to see the cost of a partly filled last wave of programs")
     p.add_argument("--variants", nargs="*", default=None,
-                   help="tiles to compare instead, e.g. 16,64,4,5 (default: each table's own)")
+                   help="tiles to compare instead of VARIANTS, e.g. 16,64,4,5; `default`: each table's own tiles")
     p.add_argument("--contiguous", action="store_true", help="every case's shape on a contiguous cache only")
     p.add_argument("--head-dim", type=int, default=D, help="the cases' head dim")
     p.add_argument("--seqlen-q", type=int, default=1, help="query rows a sequence (unmasked)")
@@ -184,10 +184,10 @@ def main():
         print(f"b={b:<3} hq={hq} hk={hk} sk={sk:<6} page={page or '-':<3} | cuDNN "
               f"{'/'.join(f'{x:.0f}' for x in row['cudnn_gbps'])} GB/s | best of rounds / best cuDNN: {cells}",
               flush=True)
+        if args.out:              # after every case: a run cut off by its time limit keeps the cases it finished
+            save_sweep(args.out, rows)
         del q, k, v, k_cache, v_cache
         torch.cuda.empty_cache()
-    if args.out:
-        save_sweep(args.out, rows)
 
 
 if __name__ == "__main__":
