@@ -11,6 +11,7 @@ one consumer at 128 keys ahead of the package on every case, two consumers behin
     python3 benchmarks/experiments/fp8_gluon_decode.py profile [PAGE]     (GPU: three calls of case 16, for ncu)
     python3 benchmarks/experiments/fp8_gluon_decode.py sweep [ch] --out F.json       (GPU: SWEEPS' configurations)
     python3 benchmarks/experiments/fp8_gluon_decode.py layouts --out F.json  (GPU: engines' cache layouts)
+    python3 benchmarks/experiments/fp8_gluon_decode.py few --out F.json      (GPU: 4-32 rows, this kernel forced)
 
 `time` runs every case twice through `fmha.attention_with_kvcache`, FMHA_GLUON=0 (the portable kernel's 64-row form)
 and 1 (this kernel: checked by `launch.RECORD`), medians of three interleaved rounds of CUDA-graph replays, GB/s of
@@ -89,6 +90,63 @@ def time_gpu(out_path=None):
         print(f"d={d} b={b} keys={n} s_q={s_q} h_q={h_q} causal={causal} page={page}: portable "
               f"{gbps['portable']:.0f} gluon {gbps['gluon']:.0f} GB/s ({gbps['gluon'] / gbps['portable']:.3f}x)",
               flush=True)
+        if out_path:              # after every case: a timeout later keeps what ran
+            json.dump(dict(gpu=torch.cuda.get_device_name(), commit=os.environ.get("FMHA_COMMIT", "unknown"),
+                           rows=rows), open(out_path, "w"), indent=1)
+        torch.cuda.empty_cache()
+
+
+# (d, b, keys, seqlen_q, query heads, KV heads, causal, page): few packed rows a KV head, which the package gives the
+# portable kernel (at most MID_ROWS = 32): tensor parallelism's one KV head a rank with 8 or 4 query heads (pages 16,
+# 64, contiguous; b = 16 at 8k), 4 causal tokens of 8 heads (32 rows), and issue 3's 4 heads a KV head, for `few`
+FEW_CASES = [(128, 64, 4096, 1, 8, 1, False, 16), (128, 64, 4096, 1, 8, 1, False, 64),
+             (128, 64, 4096, 1, 8, 1, False, None), (128, 16, 8192, 1, 8, 1, False, 64),
+             (128, 64, 4096, 1, 4, 1, False, 16), (128, 64, 4096, 4, 8, 1, True, 64),
+             (128, 64, 4096, 1, 32, 8, False, 64)]
+
+
+def few(out_path=None):
+    """FEW_CASES through the public API: the package's route (the portable kernel) against this kernel forced on the
+    same call (`forward.MID_ROWS` 0 and `supported` told 33 rows for the call; its rows past the call's are masked
+    as at 33-63), outputs compared, one process (`_gbps`), GB/s of the FP8 K and V bytes."""
+    import fmha
+    from fmha.kernels import forward, fp8_decode_sm90, launch
+
+    real_supported, mid_rows = fp8_decode_sm90.supported, forward.MID_ROWS
+
+    def forced(q, k, v, out, block_table, rows):
+        return real_supported(q, k, v, out, block_table, max(rows, 33))
+
+    rows = []
+    for d, b, n, s_q, h_q, h_k, causal, page in FEW_CASES:
+        q, kc, vc, seqlens, kd, vd, table, k, v = _inputs(b, s_q, h_q, h_k, d, [n] * b, page)
+        del k, v
+
+        def call(force):
+            def run():
+                fp8_decode_sm90.supported, forward.MID_ROWS = (forced, 0) if force else (real_supported, mid_rows)
+                try:
+                    return fmha.attention_with_kvcache(q, kc, vc, seqlens, block_table=table, causal=causal,
+                                                       k_descale=kd, v_descale=vd)
+                finally:
+                    fp8_decode_sm90.supported, forward.MID_ROWS = real_supported, mid_rows
+            return run
+        calls = {"package": call(False), "gluon": call(True)}
+        ran, outs = {}, {}
+        for name, fn in calls.items():
+            launch.RECORD = []
+            outs[name] = fn().float()
+            ran[name] = sorted({kernel for kernel, _, _ in launch.RECORD})
+        launch.RECORD = None
+        err = (outs["gluon"] - outs["package"]).abs().max().item()
+        assert "fp8_decode_kernel" in ran["gluon"] and err < 3e-2, (ran, err)
+        gbps, rounds = _gbps(calls, 2 * b * n * h_k * d)
+        rows.append(dict(d=d, b=b, keys=n, s_q=s_q, h_q=h_q, h_k=h_k, causal=causal, page=page, err=err,
+                         kernels=ran, **{f"{name}_gbps": g for name, g in gbps.items()},
+                         gluon_vs_package=gbps["gluon"] / gbps["package"], rounds=rounds))
+        print(f"d={d} b={b} keys={n} s_q={s_q} h_q={h_q} h_k={h_k} causal={causal} page={page}: package "
+              f"{gbps['package']:.0f} gluon {gbps['gluon']:.0f} GB/s ({rows[-1]['gluon_vs_package']:.3f}x) "
+              f"err {err:.1e} {ran}", flush=True)
         if out_path:              # after every case: a timeout later keeps what ran
             json.dump(dict(gpu=torch.cuda.get_device_name(), commit=os.environ.get("FMHA_COMMIT", "unknown"),
                            rows=rows), open(out_path, "w"), indent=1)
@@ -370,6 +428,8 @@ if __name__ == "__main__":
         check_cpu()
     elif what == "profile":
         profile(*map(int, sys.argv[2:3]))
+    elif what == "few":
+        few(sys.argv[sys.argv.index("--out") + 1] if "--out" in sys.argv else None)
     elif what == "layouts":
         layouts(sys.argv[sys.argv.index("--out") + 1] if "--out" in sys.argv else None)
     elif what == "sweep":
