@@ -1,13 +1,18 @@
 """MLA decode with few packed query rows (h_q * s_q < 16: DeepSeek's 128 heads over tensor parallelism of 16 or 32
-ranks leave 8 or 4 a rank): the package's call ("ours"), the portable `triton.language` kernel on it ("portable",
-which the package ran below 16 rows until the Gluon kernel took them), and the call with q's heads padded to 16
-(zeros; the output's first h_q heads kept: "pad16", the Gluon kernel's 16-row form). One process, bf16, page 64
-shuffled, FlashMLA's bytes (the cache read once + Q + O of the real heads); the GPU's copy bandwidth measured in the
-same run (`fmha.bench.gpu_ceilings`).
+ranks leave 8 or 4 a rank): the package's call ("ours") against the same public call with the Gluon paths off
+("portable": the `triton.language` kernel, which the package ran below 16 rows until b239e4b), one process.
+- `dense` (the default): bf16 paged caches, b = 128, page 64 shuffled; also the call with q's heads padded to 16
+  (zeros; the output's first h_q heads kept: "pad16", the Gluon kernel's 16-row form, which af3f68f's record took as
+  the route's stand-in).
+- `fp8`: the same few-row shapes over FP8 caches, V3.2 paged, and token-sparse V3.2 and V4 (its second source
+  included) with `fmha.bench.sparse_decode_inputs`' selections at `bench sparse`'s topk and pages.
+FlashMLA's bytes (the cache bytes read once + Q + O of the real heads; sparse: the selected tokens' rows); the GPU's
+copy bandwidth measured in the same run (`fmha.bench.gpu_ceilings`).
 
-    PYTHONPATH=src:benchmarks/experiments python3 benchmarks/experiments/mla_few_heads.py --out F.json   (GPU)
+    PYTHONPATH=src:benchmarks/experiments python3 benchmarks/experiments/mla_few_heads.py [dense|fp8] --out F.json
 
-Medians of three interleaved rounds of CUDA-graph replays (`fp8_gluon_decode._gbps`).
+Medians of three interleaved rounds of CUDA-graph replays (`fp8_gluon_decode._gbps`); the JSON is written after
+every case.
 """
 import json
 import os
@@ -17,14 +22,46 @@ import torch
 
 # (b, keys, h_q, s_q): TP 16 / 32 ranks' heads, MTP's s_q = 2, and h_q = 16 (the Gluon kernel's already) as a yardstick
 CASES = [(128, n, h_q, s_q) for n in (4096, 16384) for h_q, s_q in ((1, 1), (4, 1), (8, 1), (4, 2), (8, 2), (16, 1))]
+# ("paged", b, keys, h_q, s_q, layout) or `fmha.bench.SPARSE_DECODE_CASES`' form (name, b, h_q, s_q, d, layout, topk,
+# page, extra topk, extra page) with few heads
+FP8_CASES = [("paged", 128, 4096, 8, 1, "v32"), ("paged", 128, 4096, 4, 2, "v32"),
+             ("v32-fp8", 64, 8, 1, 576, "v32", 2048, 64, 0, 0), ("v32-fp8", 64, 4, 2, 576, "v32", 2048, 64, 0, 0),
+             ("v4-fp8", 64, 8, 1, 512, "model1", 128, 256, 512, 64)]
 PAD_HEADS = 16
 
 
-def main(out_path=None):
-    import fmha.mla as flash_mla
-    from fmha.bench import _portable_mla, gpu_ceilings, paged_copy
+def _record(rows, row, calls, nbytes, copy_gbps, out_path):
+    """Check every call against "ours", time them (`_gbps`), print and append the row, write the JSON."""
     from fmha.kernels import launch
     from fp8_gluon_decode import _gbps
+
+    ran, results = {}, {}
+    for name, call in calls.items():
+        launch.RECORD = []
+        results[name] = call().float()
+        ran[name] = sorted({kernel for kernel, _, _ in launch.RECORD})
+    launch.RECORD = None
+    err = max((results[name] - results["ours"]).abs().max().item() for name in calls)
+    assert err < 2e-2, err
+    gbps, rounds = _gbps(calls, nbytes)
+    row.update(err=err, kernels=ran, copy_gbps=copy_gbps, **{f"{name}_gbps": x for name, x in gbps.items()},
+               **{f"{name}_frac_copy": x / copy_gbps for name, x in gbps.items()},
+               ours_vs_portable=gbps["ours"] / gbps["portable"], rounds=rounds)
+    if "pad16" in gbps:
+        row["pad16_vs_ours"] = gbps["pad16"] / gbps["ours"]
+    rows.append(row)
+    print(" ".join(f"{k}={v}" for k, v in row.items() if not isinstance(v, (dict, float))) + ": "
+          + " ".join(f"{k} {x:.0f}" for k, x in gbps.items())
+          + " GB/s (copy fracs " + " / ".join(f"{x / copy_gbps:.3f}" for x in gbps.values())
+          + f"; ours/portable {row['ours_vs_portable']:.3f}) err {err:.1e} {ran}", flush=True)
+    if out_path:
+        json.dump(dict(gpu=torch.cuda.get_device_name(), commit=os.environ.get("FMHA_COMMIT", "unknown"),
+                       rows=rows), open(out_path, "w"), indent=1)
+
+
+def dense(out_path=None):
+    import fmha.mla as flash_mla
+    from fmha.bench import _without_gluon, gpu_ceilings, paged_copy
 
     copy_gbps = gpu_ceilings()["copy_gbps"]
     print(f"{torch.cuda.get_device_name()}: copy {copy_gbps:.0f} GB/s", flush=True)
@@ -43,38 +80,56 @@ def main(out_path=None):
 
         def padded():
             q_pad[:, :, :h_q].copy_(q)
-            out, lse = flash_mla.flash_mla_with_kvcache(q_pad, cache, table, seqlens, 512, *plans["pad16"],
-                                                        causal=causal)
-            return out[:, :, :h_q], lse[:, :h_q]
+            return flash_mla.flash_mla_with_kvcache(q_pad, cache, table, seqlens, 512, *plans["pad16"],
+                                                    causal=causal)[0][:, :, :h_q]
 
-        calls = {"ours": lambda: flash_mla.flash_mla_with_kvcache(q, cache, table, seqlens, 512, *plans["ours"],
-                                                                  causal=causal)[0],
-                 "portable": _portable_mla(q, cache, table, seqlens, *plans["ours"], causal), "pad16": lambda: padded()[0]}
-        ran, results = {}, {}
-        for name, call in calls.items():
-            launch.RECORD = []
-            results[name] = call().float()
-            ran[name] = sorted({kernel for kernel, _, _ in launch.RECORD})
-        launch.RECORD = None
-        err = max((results[name] - results["ours"]).abs().max().item() for name in calls)
-        assert err < 2e-2, err
-        nbytes = (b * n * 576 + q.numel() + b * s_q * h_q * 512) * 2
-        gbps, rounds = _gbps(calls, nbytes)
-        rows.append(dict(b=b, keys=n, h_q=h_q, s_q=s_q, err=err, kernels=ran, copy_gbps=copy_gbps,
-                         **{f"{name}_gbps": x for name, x in gbps.items()},
-                         **{f"{name}_frac_copy": x / copy_gbps for name, x in gbps.items()},
-                         ours_vs_portable=gbps["ours"] / gbps["portable"], pad16_vs_ours=gbps["pad16"] / gbps["ours"],
-                         rounds=rounds))
-        print(f"b={b} keys={n} h_q={h_q} s_q={s_q}: " + " ".join(f"{k} {x:.0f}" for k, x in gbps.items())
-              + " GB/s (copy fracs " + " / ".join(f"{x / copy_gbps:.3f}" for x in gbps.values())
-              + f"; ours/portable {rows[-1]['ours_vs_portable']:.3f}, pad16/ours {rows[-1]['pad16_vs_ours']:.3f})"
-              + f" err {err:.1e} {ran}", flush=True)
-        if out_path:              # after every case: a timeout later keeps what ran
-            json.dump(dict(gpu=torch.cuda.get_device_name(), commit=os.environ.get("FMHA_COMMIT", "unknown"),
-                           rows=rows), open(out_path, "w"), indent=1)
-        del cache, q, q_pad, results
+        def ours():
+            return flash_mla.flash_mla_with_kvcache(q, cache, table, seqlens, 512, *plans["ours"], causal=causal)[0]
+        calls = {"ours": ours, "portable": _without_gluon(ours), "pad16": padded}
+        _record(rows, dict(b=b, keys=n, h_q=h_q, s_q=s_q), calls, (b * n * 576 + q.numel() + b * s_q * h_q * 512) * 2,
+                copy_gbps, out_path)
+        del cache, q, q_pad
+        torch.cuda.empty_cache()
+
+
+def fp8(out_path=None):
+    import fmha.mla as flash_mla
+    from fmha.bench import _without_gluon, gpu_ceilings, paged_copy, sparse_decode_inputs
+
+    copy_gbps = gpu_ceilings()["copy_gbps"]
+    print(f"{torch.cuda.get_device_name()}: copy {copy_gbps:.0f} GB/s", flush=True)
+    rows = []
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for case in FP8_CASES:
+        if case[0] == "paged":
+            _, b, n, h_q, s_q, layout = case
+            kv = torch.randn(b, n, 1, 576, generator=g, device="cuda").to(torch.bfloat16)
+            cache, table = paged_copy(64, kv)
+            del kv
+            cache = flash_mla.quantize_kv_cache(cache, layout)
+            q = torch.randn(b, s_q, h_q, 576, generator=g, device="cuda").to(torch.bfloat16)
+            lens = torch.full((b,), n, dtype=torch.int32, device="cuda")
+            plan = flash_mla.get_mla_metadata(lens, s_q * h_q, 1, is_fp8_kvcache=True)
+
+            def ours():
+                return flash_mla.flash_mla_with_kvcache(q, cache, table, lens, 512, *plan, causal=s_q > 1,
+                                                        is_fp8_kvcache=True)[0]
+            nbytes = b * n * cache.shape[-1] + (q.numel() + b * s_q * h_q * 512) * 2
+            row = dict(case="paged", b=b, keys=n, h_q=h_q, s_q=s_q, layout=layout)
+        else:
+            name, b, h_q, s_q, d, layout, topk, page, extra_topk, extra_page = case
+            q, cache, lens, sink, kw = sparse_decode_inputs(case, g)
+            plan = flash_mla.get_mla_metadata(lens, s_q * h_q, 1, num_heads_q=h_q, topk=topk)
+
+            def ours():
+                return flash_mla.flash_mla_with_kvcache(q, cache, None, lens, 512, *plan, attn_sink=sink, **kw)[0]
+            nbytes = b * s_q * (topk + extra_topk) * cache.shape[-1] + (q.numel() + b * s_q * h_q * 512) * 2
+            row = dict(case=name, b=b, h_q=h_q, s_q=s_q, layout=layout, topk=topk, extra_topk=extra_topk)
+        _record(rows, row, {"ours": ours, "portable": _without_gluon(ours)}, nbytes, copy_gbps, out_path)
+        del cache, q
         torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":
-    main(sys.argv[sys.argv.index("--out") + 1] if "--out" in sys.argv else None)
+    out = sys.argv[sys.argv.index("--out") + 1] if "--out" in sys.argv else None
+    (fp8 if len(sys.argv) > 1 and sys.argv[1] == "fp8" else dense)(out)
