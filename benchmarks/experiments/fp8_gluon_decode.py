@@ -58,6 +58,19 @@ def _gbps(calls, nbytes):
             {name: [nbytes / t / 1e9 for t in ts] for name, ts in times.items()})
 
 
+def _outputs(calls):
+    """Each of `calls`' output in fp32 and the kernels it launched (`launch.RECORD`), by name."""
+    from fmha.kernels import launch
+
+    outs, ran = {}, {}
+    for name, call in calls.items():
+        launch.RECORD = []
+        outs[name] = call().float()
+        ran[name] = sorted({kernel for kernel, _, _ in launch.RECORD})
+    launch.RECORD = None
+    return outs, ran
+
+
 def time_gpu(out_path=None):
     """TIME_CASES, the portable kernel against this one, through the public API (`fmha.bench.interleaved_times`)."""
     import fmha
@@ -110,7 +123,7 @@ def few(out_path=None):
     same call (`forward.MID_ROWS` 0 and `supported` told 33 rows for the call; its rows past the call's are masked
     as at 33-63), outputs compared, one process (`_gbps`), GB/s of the FP8 K and V bytes."""
     import fmha
-    from fmha.kernels import forward, fp8_decode_sm90, launch
+    from fmha.kernels import forward, fp8_decode_sm90
 
     real_supported, mid_rows = fp8_decode_sm90.supported, forward.MID_ROWS
 
@@ -132,12 +145,7 @@ def few(out_path=None):
                     fp8_decode_sm90.supported, forward.MID_ROWS = real_supported, mid_rows
             return run
         calls = {"package": call(False), "gluon": call(True)}
-        ran, outs = {}, {}
-        for name, fn in calls.items():
-            launch.RECORD = []
-            outs[name] = fn().float()
-            ran[name] = sorted({kernel for kernel, _, _ in launch.RECORD})
-        launch.RECORD = None
+        outs, ran = _outputs(calls)
         err = (outs["gluon"] - outs["package"]).abs().max().item()
         assert "fp8_decode_kernel" in ran["gluon"] and err < 3e-2, (ran, err)
         gbps, rounds = _gbps(calls, 2 * b * n * h_k * d)

@@ -32,15 +32,9 @@ PAD_HEADS = 16
 
 def _record(rows, row, calls, nbytes, copy_gbps, out_path):
     """Check every call against "ours", time them (`_gbps`), print and append the row, write the JSON."""
-    from fmha.kernels import launch
-    from fp8_gluon_decode import _gbps
+    from fp8_gluon_decode import _gbps, _outputs
 
-    ran, results = {}, {}
-    for name, call in calls.items():
-        launch.RECORD = []
-        results[name] = call().float()
-        ran[name] = sorted({kernel for kernel, _, _ in launch.RECORD})
-    launch.RECORD = None
+    results, ran = _outputs(calls)
     err = max((results[name] - results["ours"]).abs().max().item() for name in calls)
     assert err < 2e-2, err
     gbps, rounds = _gbps(calls, nbytes)
