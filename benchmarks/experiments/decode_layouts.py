@@ -27,8 +27,7 @@ LAYOUTS = ("plain", "kv_pages", "hnd")
 def main(out_path=None):
     import fmha
     from fmha.bench import paged_copy
-    from fmha.kernels import launch
-    from fp8_gluon_decode import _gbps, _laid_out
+    from fp8_gluon_decode import _gbps, _laid_out, _outputs
 
     rows = []
     for d, b, n, s_q, h_q, h_k, causal, page in CASES:
@@ -43,14 +42,9 @@ def main(out_path=None):
         del kc, vc
         calls = {layout: (lambda layout=layout: fmha.attention_with_kvcache(
             q, *caches[layout], seqlens, block_table=table, causal=causal)) for layout in LAYOUTS}
-        ref = calls["plain"]().float()
-        errs, ran = {}, {}
-        for layout in LAYOUTS:
-            launch.RECORD = []
-            errs[layout] = (calls[layout]().float() - ref).abs().max().item()
-            ran[layout] = sorted({kernel for kernel, _, _ in launch.RECORD})
-            assert errs[layout] < 2e-2, (layout, errs[layout])
-        launch.RECORD = None
+        outs, ran = _outputs(calls)
+        errs = {layout: (out - outs["plain"]).abs().max().item() for layout, out in outs.items()}
+        assert max(errs.values()) < 2e-2, errs
         nbytes = (2 * b * n * h_k * d + 2 * q.numel()) * 2
         gbps, rounds = _gbps(calls, nbytes)
         rows.append(dict(d=d, b=b, keys=n, s_q=s_q, h_q=h_q, h_k=h_k, causal=causal, page=page, errs=errs,

@@ -71,42 +71,44 @@ def _outputs(calls):
     return outs, ran
 
 
-def time_gpu(out_path=None):
-    """TIME_CASES, the portable kernel against this one, through the public API (`fmha.bench.interleaved_times`)."""
+def _pairs(cases, names, run_with, out_path):
+    """Each of `cases` (TIME_CASES' form) through `fmha.attention_with_kvcache` twice: `run_with(flag, call)` runs
+    `call` as the package would (flag False; named names[0]) or on this kernel (True; names[1], checked to have run
+    it). Outputs compared, one process (`_gbps`), GB/s of the FP8 K and V bytes, a row a case, the JSON after each
+    case (a timeout later keeps what ran)."""
     import fmha
-    from fmha.kernels import launch
 
+    base, ours = names
     rows = []
-    for d, b, n, s_q, h_q, h_k, causal, page in TIME_CASES:
+    for d, b, n, s_q, h_q, h_k, causal, page in cases:
         q, kc, vc, seqlens, kd, vd, table, k, v = _inputs(b, s_q, h_q, h_k, d, [n] * b, page)
         del k, v
 
-        def call(gluon):
-            def run():
-                os.environ["FMHA_GLUON"] = gluon
-                return fmha.attention_with_kvcache(q, kc, vc, seqlens, block_table=table, causal=causal,
-                                                   k_descale=kd, v_descale=vd)
-            return run
-        calls = {"portable": call("0"), "gluon": call("1")}
-        ref = calls["portable"]().float()
-        launch.RECORD = []        # the kernels of the Gluon call alone
-        err = (calls["gluon"]().float() - ref).abs().max().item()
-        ran = sorted({name for name, _, _ in launch.RECORD})
-        launch.RECORD = None
-        assert "fp8_decode_kernel" in ran and err < 3e-2, (ran, err)
-        nbytes = 2 * b * n * h_k * d
-        gbps, rounds = _gbps(calls, nbytes)
+        def call():
+            return fmha.attention_with_kvcache(q, kc, vc, seqlens, block_table=table, causal=causal, k_descale=kd,
+                                               v_descale=vd)
+        calls = {base: lambda: run_with(False, call), ours: lambda: run_with(True, call)}
+        outs, ran = _outputs(calls)
+        err = (outs[ours] - outs[base]).abs().max().item()
+        assert "fp8_decode_kernel" in ran[ours] and err < 3e-2, (ran, err)
+        gbps, rounds = _gbps(calls, 2 * b * n * h_k * d)
         rows.append(dict(d=d, b=b, keys=n, s_q=s_q, h_q=h_q, h_k=h_k, causal=causal, page=page, err=err,
-                         kernels=ran, **{f"{name}_gbps": g for name, g in gbps.items()},
-                         gluon_vs_portable=gbps["gluon"] / gbps["portable"],
-                         rounds=rounds))
-        print(f"d={d} b={b} keys={n} s_q={s_q} h_q={h_q} causal={causal} page={page}: portable "
-              f"{gbps['portable']:.0f} gluon {gbps['gluon']:.0f} GB/s ({gbps['gluon'] / gbps['portable']:.3f}x)",
-              flush=True)
-        if out_path:              # after every case: a timeout later keeps what ran
+                         kernels=ran[ours], **{f"{name}_gbps": g for name, g in gbps.items()},
+                         **{f"{ours}_vs_{base}": gbps[ours] / gbps[base]}, rounds=rounds))
+        print(f"d={d} b={b} keys={n} s_q={s_q} h_q={h_q} h_k={h_k} causal={causal} page={page}: {base} "
+              f"{gbps[base]:.0f} {ours} {gbps[ours]:.0f} GB/s ({gbps[ours] / gbps[base]:.3f}x)", flush=True)
+        if out_path:
             json.dump(dict(gpu=torch.cuda.get_device_name(), commit=os.environ.get("FMHA_COMMIT", "unknown"),
                            rows=rows), open(out_path, "w"), indent=1)
         torch.cuda.empty_cache()
+
+
+def time_gpu(out_path=None):
+    """TIME_CASES, the portable kernel (FMHA_GLUON=0) against this one, through the public API (`_pairs`)."""
+    def run_with(gluon, call):
+        os.environ["FMHA_GLUON"] = "1" if gluon else "0"
+        return call()
+    _pairs(TIME_CASES, ("portable", "gluon"), run_with, out_path)
 
 
 # (d, b, keys, seqlen_q, query heads, KV heads, causal, page): few packed rows a KV head, which the package gives the
@@ -119,10 +121,9 @@ FEW_CASES = [(128, 64, 4096, 1, 8, 1, False, 16), (128, 64, 4096, 1, 8, 1, False
 
 
 def few(out_path=None):
-    """FEW_CASES through the public API: the package's route (the portable kernel) against this kernel forced on the
-    same call (`forward.MID_ROWS` 0 and `supported` told 33 rows for the call; its rows past the call's are masked
-    as at 33-63), outputs compared, one process (`_gbps`), GB/s of the FP8 K and V bytes."""
-    import fmha
+    """FEW_CASES through the public API (`_pairs`): the package's route (the portable kernel) against this kernel
+    forced on the same call (`forward.MID_ROWS` 0 and `supported` told 33 rows for the call; its rows past the
+    call's are masked as at 33-63)."""
     from fmha.kernels import forward, fp8_decode_sm90
 
     real_supported, mid_rows = fp8_decode_sm90.supported, forward.MID_ROWS
@@ -130,35 +131,13 @@ def few(out_path=None):
     def forced(q, k, v, out, block_table, rows):
         return real_supported(q, k, v, out, block_table, max(rows, 33))
 
-    rows = []
-    for d, b, n, s_q, h_q, h_k, causal, page in FEW_CASES:
-        q, kc, vc, seqlens, kd, vd, table, k, v = _inputs(b, s_q, h_q, h_k, d, [n] * b, page)
-        del k, v
-
-        def call(force):
-            def run():
-                fp8_decode_sm90.supported, forward.MID_ROWS = (forced, 0) if force else (real_supported, mid_rows)
-                try:
-                    return fmha.attention_with_kvcache(q, kc, vc, seqlens, block_table=table, causal=causal,
-                                                       k_descale=kd, v_descale=vd)
-                finally:
-                    fp8_decode_sm90.supported, forward.MID_ROWS = real_supported, mid_rows
-            return run
-        calls = {"package": call(False), "gluon": call(True)}
-        outs, ran = _outputs(calls)
-        err = (outs["gluon"] - outs["package"]).abs().max().item()
-        assert "fp8_decode_kernel" in ran["gluon"] and err < 3e-2, (ran, err)
-        gbps, rounds = _gbps(calls, 2 * b * n * h_k * d)
-        rows.append(dict(d=d, b=b, keys=n, s_q=s_q, h_q=h_q, h_k=h_k, causal=causal, page=page, err=err,
-                         kernels=ran, **{f"{name}_gbps": g for name, g in gbps.items()},
-                         gluon_vs_package=gbps["gluon"] / gbps["package"], rounds=rounds))
-        print(f"d={d} b={b} keys={n} s_q={s_q} h_q={h_q} h_k={h_k} causal={causal} page={page}: package "
-              f"{gbps['package']:.0f} gluon {gbps['gluon']:.0f} GB/s ({rows[-1]['gluon_vs_package']:.3f}x) "
-              f"err {err:.1e} {ran}", flush=True)
-        if out_path:              # after every case: a timeout later keeps what ran
-            json.dump(dict(gpu=torch.cuda.get_device_name(), commit=os.environ.get("FMHA_COMMIT", "unknown"),
-                           rows=rows), open(out_path, "w"), indent=1)
-        torch.cuda.empty_cache()
+    def run_with(force, call):
+        fp8_decode_sm90.supported, forward.MID_ROWS = (forced, 0) if force else (real_supported, mid_rows)
+        try:
+            return call()
+        finally:
+            fp8_decode_sm90.supported, forward.MID_ROWS = real_supported, mid_rows
+    _pairs(FEW_CASES, ("package", "gluon"), run_with, out_path)
 
 
 # (d, b, keys, seqlen_q, query heads, KV heads, causal, page): TIME_CASES' paged cases at 4k keys, for `layouts`
@@ -181,7 +160,6 @@ def layouts(out_path=None):
     on the HND page and, both kernels, on plain contiguous caches of the same values, one process (`_gbps`), GB/s
     of the FP8 K and V bytes."""
     import fmha
-    from fmha.kernels import launch
 
     rows = []
     for d, b, n, s_q, h_q, h_k, causal, page in LAYOUT_CASES:
@@ -199,13 +177,10 @@ def layouts(out_path=None):
                  "gluon_hnd": call("1", "hnd"), "portable_plain": call("0", "plain"),
                  "gluon_plain": call("1", "plain")}
         ref = calls["portable_kv_pages"]().float()
-        errs, ran = {}, {}
-        for name in ("gluon_kv_pages", "gluon_hnd", "gluon_plain"):
-            launch.RECORD = []
-            errs[name] = (calls[name]().float() - ref).abs().max().item()
-            ran[name] = sorted({kernel for kernel, _, _ in launch.RECORD})
+        outs, ran = _outputs({name: calls[name] for name in ("gluon_kv_pages", "gluon_hnd", "gluon_plain")})
+        errs = {name: (out - ref).abs().max().item() for name, out in outs.items()}
+        for name in outs:
             assert "fp8_decode_kernel" in ran[name] and errs[name] < 3e-2, (name, ran[name], errs[name])
-        launch.RECORD = None
         nbytes = 2 * b * n * h_k * d
         gbps, rounds = _gbps(calls, nbytes)
         rows.append(dict(d=d, b=b, keys=n, s_q=s_q, h_q=h_q, h_k=h_k, causal=causal, page=page, errs=errs,
