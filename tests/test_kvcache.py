@@ -666,6 +666,7 @@ def test_split_stages(monkeypatch):
     stages split (paged d = 64 at 32 rows, the 17-32-row table's (32, 64, 2, 6), among them)."""
     from fmha.kernels import forward
     monkeypatch.setattr(forward, "num_sms", lambda device: 132)
+    monkeypatch.setattr(forward, "programs_per_sm", lambda *args: 8)      # as many as the planner counts: no refit
 
     def launch(kernel, grid, args, meta, fixed):
         raise _Planned(grid[2], meta["num_stages"])
@@ -696,6 +697,65 @@ def test_split_stages(monkeypatch):
     assert planned(32, True, 4, 131072, num_splits=8) == (8, 5)           # paged d = 32: the table's 5
     assert planned(256, True, 64, 4096) == (1, 3) and planned(256, True, 4, 131072, num_splits=4) == (4, 5)
     assert planned(256, False, 4, 131072, num_splits=4) == (4, 4)         # contiguous d = 256: the table's 4
+
+
+def test_split_plan_fitted(monkeypatch):
+    """A planned split whose compile fits fewer programs on an SM than `plan_num_splits` counts (`forward._fitted`) is
+    planned again on what fits; one that fits as many keeps its plan; a forced split is never refitted. A 132-SM
+    GPU's plans of one KV head's decode (8 query heads, 4k keys, b = 64 / 16 / 128), what fits given: nothing runs."""
+    from fmha.kernels import forward
+    monkeypatch.setattr(forward, "num_sms", lambda device: 132)
+    fits = []
+
+    def programs_per_sm(fn, grid, args, meta):
+        assert meta["SPLIT"] and args[3].dtype == torch.float32        # the split plan's arguments: its fp32 slab
+        fits.append(grid)
+        return fit
+
+    def launch(kernel, grid, args, meta, fixed):
+        raise _Planned(grid[2])
+    monkeypatch.setattr(forward, "programs_per_sm", programs_per_sm)
+    monkeypatch.setattr(forward, "launch", launch)
+
+    def planned(b, max_k, num_splits=0):
+        q = torch.zeros(b, 1, 8, 128, dtype=torch.float16)
+        k = torch.zeros(b, max_k, 1, 128, dtype=torch.float16)
+        with pytest.raises(_Planned) as e:
+            forward.attention_forward(q, k, k, torch.empty_like(q), torch.empty(b, 8, 1), cu_seqlens_q=None,
+                                      cu_seqlens_k=None, max_seqlen_q=1, max_seqlen_k=max_k, softmax_scale=None,
+                                      window=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None,
+                                      cache_seqlens=torch.full((b,), max_k, dtype=torch.int32), num_splits=num_splits)
+        return e.value.args[0]
+
+    fit = 2                                     # the planner's count for 4-warp programs
+    assert planned(64, 4096) == 4 and len(fits) == 1
+    fit = 1
+    assert [planned(64, 4096 + 64), planned(16, 8192), planned(128, 2048)] == [2, 8, 1]
+    assert planned(64, 4096 + 128, num_splits=4) == 4 and len(fits) == 4      # forced: not asked
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page_size", [None, 64], ids=lambda p: f"page{p}" if p else "contiguous")
+def test_split_plan_fits_sm(page_size, monkeypatch):
+    """On the device, a planned split decode (one KV head of 8 query heads, b = 64, lengths up to 4k, NaN past them)
+    asks what its compile fits on an SM (`launch.programs_per_sm`), launches one wave of that many programs an SM at
+    most, and gives the oracle's answer."""
+    from fmha.kernels import forward, launch
+    monkeypatch.setattr(forward, "_PLANS", forward.Plans())           # planned here, not taken from an earlier test
+    monkeypatch.setattr(launch, "RECORD", [])
+    seqlens = [4096 - 61 * i for i in range(64)]
+    k_cache, v_cache, table, k, v = _cache(seqlens, 4096, 1, 128, 128, torch.bfloat16, "cuda", page_size, seed=5)
+    q = torch.randn(64, 1, 8, 128, device="cuda", dtype=torch.bfloat16)
+    real = forward.programs_per_sm
+    got_fits = []
+    monkeypatch.setattr(forward, "programs_per_sm", lambda *a: got_fits.append(real(*a)) or got_fits[-1])
+    got, lse = fmha.attention_with_kvcache(q, k_cache, v_cache, torch.tensor(seqlens, dtype=torch.int32,
+                                           device="cuda"), block_table=table, return_lse=True)
+    assert_matches(got, lse, _oracle(q, k, v, seqlens), torch.bfloat16)
+    grids = [grid for name, grid, meta in launch.RECORD if name == "attn_fwd_kernel"]
+    assert len(grids) == 1 and len(got_fits) == 1
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert 1 <= got_fits[0] and math.prod(grids[0]) <= sms * got_fits[0] and grids[0][2] > 1
 
 
 @pytest.mark.parametrize("target", TARGETS)

@@ -39,6 +39,11 @@ def _cuda_sms(index: int) -> int:
     return sms
 
 
+def counted_per_sm(num_warps: int) -> int:
+    """The programs of `num_warps` warps an SM runs at once as `plan_num_splits` counts them where it is not told."""
+    return max(2, WARPS_PER_SM // num_warps)
+
+
 def plan_num_splits(programs: int, max_seqlen_k: int, block_n: int, sms: int, num_warps: int = 4,
                     per_sm: int | None = None) -> int:
     """Splits for a grid of `programs` (batch x heads x query blocks) of `num_warps` warps each over keys up to
@@ -49,7 +54,7 @@ def plan_num_splits(programs: int, max_seqlen_k: int, block_n: int, sms: int, nu
     # At most one wave of WARPS_PER_SM, and of two programs at least, per SM: 288 4-warp programs on 264 slots run a
     # second, nearly empty wave. `benchmarks/tune_decode.py --splits` (results/sweep_splits_h100.json): b=4,
     # sk=131072 at 9 splits ran at 0.67x the speed of 8 splits.
-    want = (per_sm or max(2, WARPS_PER_SM // num_warps)) * sms // programs
+    want = (per_sm or counted_per_sm(num_warps)) * sms // programs
     most = max(1, max_seqlen_k // (MIN_TILES_PER_SPLIT * block_n))
     return max(1, min(want, most, MAX_SPLITS))
 

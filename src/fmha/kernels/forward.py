@@ -8,16 +8,17 @@ what makes small-Sq / many-head (decode-like, DSV4) shapes efficient.
 Key tiles fall into three runs: masked tiles on the left edge of the window, unmasked tiles in the
 middle (no mask arithmetic, no bounds on loads), masked tiles on the right edge / sequence end.
 """
+import functools
 import threading
 
 import torch
 import triton
 import triton.language as tl
 
-from ..schedule import num_sms, plan_num_splits
+from ..schedule import counted_per_sm, num_sms, plan_num_splits
 from .combine import combine
 from .common import LN2, LOG2E, scores_log2, softmax_update, visible
-from .launch import Plans, cdiv, dense, fixed_classes, launch, next_pow2
+from .launch import Plans, cdiv, dense, fixed_classes, launch, next_pow2, programs_per_sm
 from .sm90 import gluon_enabled
 
 
@@ -1198,6 +1199,25 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
         # With a batch axis (varlen: of one), made here, past the Gluon launch (a view costs 1-2 us of host time).
         q4, k4, v4, o4 = (t.unsqueeze(0) for t in (q, k, v, out)) if varlen else (q, k, v, out)
         lse_strides = (0, lse.stride(0), lse.stride(1)) if varlen else lse.stride()
+
+        def launch_args(plan):
+            """The kernel's arguments for `plan` on this call's tensors, and the split parts it writes (or None)."""
+            k_desc = v_desc = o_parts = lse_parts = None
+            if plan.tma == 1:
+                _ensure_allocator(q.device)
+            elif plan.tma == 2:
+                from triton.tools.tensor_descriptor import TensorDescriptor
+                k_desc = TensorDescriptor(k, list(k.shape), list(k.stride()), list(plan.boxes[0]))
+                v_desc = TensorDescriptor(v, list(v.shape), list(v.stride()), list(plan.boxes[1]))
+            o_dst, lse_dst = o4, lse
+            if plan.splits > 1:
+                o_parts = torch.empty(plan.parts[0], dtype=torch.float32, device=q.device)
+                lse_parts = torch.empty(plan.parts[1], dtype=torch.float32, device=q.device)
+                o_dst, lse_dst = o_parts[0], lse_parts[0].transpose(1, 2)
+            args = (q4, k4, v4, o_dst, lse_dst, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks, k_desc, v_desc,
+                    cache_seqlens, block_table, window_lefts,
+                    *(None if d is None else d.contiguous() for d in descales), k_starts, *plan.scalars)
+            return args, o_parts, lse_parts
         plan = _PLANS.get(key)
         if plan is None:
             pair = (may_pair
@@ -1213,28 +1233,17 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
                 gp = 2 * group
                 tiles = _tile_config(2 * dqk, 2 * dv, interpret, rows=seqlen_q * gp, paged=block_table is not None,
                                      pair=True)
-            plan = _portable_plan(q4, kp, vp, o4, lse, lse_strides, pair=pair, varlen=varlen, batch=batch,
-                                  seqlen_q=seqlen_q, seqlen_k=seqlen_k, max_seqlen_k=max_seqlen_k, gp=gp, tiles=tiles,
-                                  use_tma=use_tma, scale=scale, softcap=softcap, left=left, right=right,
-                                  window_lefts=window_lefts, alibi_slopes=alibi_slopes, sinks=sinks,
-                                  cache_seqlens=cache_seqlens, block_table=block_table, num_splits=num_splits,
-                                  interpret=interpret, short=short_rows > 0, wide=wide)
+            make = functools.partial(
+                _portable_plan, q4, kp, vp, o4, lse, lse_strides, pair=pair, varlen=varlen, batch=batch,
+                seqlen_q=seqlen_q, seqlen_k=seqlen_k, max_seqlen_k=max_seqlen_k, gp=gp, tiles=tiles, use_tma=use_tma,
+                scale=scale, softcap=softcap, left=left, right=right, window_lefts=window_lefts,
+                alibi_slopes=alibi_slopes, sinks=sinks, cache_seqlens=cache_seqlens, block_table=block_table,
+                num_splits=num_splits, interpret=interpret, short=short_rows > 0, wide=wide)
+            plan = make()
+            if num_splits == 0 and plan.splits > 1 and not interpret:
+                plan = _fitted(plan, make, launch_args(plan)[0])
             _PLANS.keep(key, plan)
-        k_desc = v_desc = None
-        if plan.tma == 1:
-            _ensure_allocator(q.device)
-        elif plan.tma == 2:
-            from triton.tools.tensor_descriptor import TensorDescriptor
-            k_desc = TensorDescriptor(k, list(k.shape), list(k.stride()), list(plan.boxes[0]))
-            v_desc = TensorDescriptor(v, list(v.shape), list(v.stride()), list(plan.boxes[1]))
-        o_dst, lse_dst = o4, lse
-        if plan.splits > 1:
-            o_parts = torch.empty(plan.parts[0], dtype=torch.float32, device=q.device)
-            lse_parts = torch.empty(plan.parts[1], dtype=torch.float32, device=q.device)
-            o_dst, lse_dst = o_parts[0], lse_parts[0].transpose(1, 2)
-        args = (q4, k4, v4, o_dst, lse_dst, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks, k_desc, v_desc,
-                cache_seqlens, block_table, window_lefts, *(None if d is None else d.contiguous() for d in descales),
-                k_starts, *plan.scalars)
+        args, o_parts, lse_parts = launch_args(plan)
         launch(plan.kernel, plan.grid, args, plan.meta, plan.fixed)
         if plan.splits > 1:
             rows = seqlen_q * heads_q
@@ -1268,13 +1277,23 @@ class _PortablePlan:
         self.fixed = fixed_classes(scalars, meta)
 
 
+def _fitted(plan, make, args):
+    """A planned split `plan`, or, where its compile fits fewer programs on an SM than `plan_num_splits` counted,
+    `make(per_sm=...)`: the plan made again on the programs that fit. Deep K/V pipelines outgrow the count: the
+    contiguous d = 128 decode tiles (16, 128, 4, 3) take 136 KB of shared memory, one program an SM, and planned as
+    two they ran a second wave of short programs (0.78-0.87 of cuDNN where one an SM took 0.95-1.00: H200, one KV
+    head of 8 query heads, b = 8-128, history/probe_decode_onekv_contig_splits_h200_5594b33.json)."""
+    fits = programs_per_sm(plan.kernel, plan.grid, args, plan.meta)
+    return make(per_sm=fits) if fits < counted_per_sm(plan.meta["num_warps"]) else plan
+
+
 def _portable_plan(q4, k, v, o4, lse, lse_strides, *, pair, varlen, batch, seqlen_q, seqlen_k, max_seqlen_k, gp,
                    tiles, use_tma, scale, softcap, left, right, window_lefts, alibi_slopes, sinks, cache_seqlens,
-                   block_table, num_splits, interpret, short=False, wide=None):
+                   block_table, num_splits, interpret, short=False, wide=None, per_sm=None):
     """`_PortablePlan` of an `attention_forward` call that the portable kernel runs (q4 and o4 with a batch axis;
     with `pair`, k and v are the head-pair views; `short`: only the packed sequences of at most seqlen_q rows, with
     `wide` the further forms' tiles for those of more rows than `tiles` holds, the last form's M blocks in its
-    rows: `_short_tiles`)."""
+    rows: `_short_tiles`; `per_sm`: the programs an SM holds, for `plan_num_splits`, where it is known: `_fitted`)."""
     heads_q, dqk = q4.shape[-2], k.shape[-1]          # with `pair`, the pair's width
     group = heads_q // k.shape[-2]
     dv = v.shape[-1]
@@ -1297,7 +1316,7 @@ def _portable_plan(q4, k, v, o4, lse, lse_strides, *, pair, varlen, batch, seqle
         # Planned on the cache's capacity, not its lengths (no host sync); a short launch on one M block a
         # sequence, its decodes' (the M blocks past a sequence's rows return at once).
         num_splits = plan_num_splits(batch * heads_eff * (1 if short else m_blocks), max_seqlen_k, block_n,
-                                     num_sms(q4.device), num_warps)
+                                     num_sms(q4.device), num_warps, per_sm)
     if num_splits > 1 and not interpret:
         num_stages = _GPU_SPLIT_STAGES.get((paged, tile_key(dqk, dv), tiles), num_stages)
     o_dst, lse_dst, split_strides, parts = o4, lse, (0, 0), None

@@ -75,6 +75,25 @@ def launch(fn, grid, args, meta, fixed=None):
     _direct(kernel, grid, device, args, constexprs)
 
 
+# Shared memory the driver keeps for each resident program (cudaDevAttrReservedSharedMemoryPerBlock: 1 KB since
+# sm_80), on top of the kernel's own.
+RESERVED_SHARED_PER_PROGRAM = 1024
+
+
+def programs_per_sm(fn, grid, args, meta):
+    """How many programs of `fn` compiled for these arguments one SM holds at once: its threads, registers and
+    shared memory against the device's. The compile is the one `fn[grid](*args, **meta)` makes (Triton's JIT keeps
+    it for that launch); it is loaded, not launched."""
+    kernel = fn.warmup(*args, grid=grid, **meta)
+    kernel._init_handles()                   # loads the module: n_regs
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    threads = 32 * kernel.metadata.num_warps
+    return max(1, min(props.max_threads_per_multi_processor // threads,
+                      props.regs_per_multiprocessor // (kernel.n_regs * threads),
+                      props.shared_memory_per_multiprocessor
+                      // (kernel.metadata.shared + RESERVED_SHARED_PER_PROGRAM)))
+
+
 def _hooked(hook):
     """Whether a Triton launch hook is set: a `HookChain` (Triton 3.6 always has one) holding calls, or a
     function."""
