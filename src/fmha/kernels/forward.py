@@ -544,8 +544,9 @@ _GPU_PAGED_DECODE_TILES = {16: (64, 64, 4, 5), 32: (64, 64, 4, 5), 64: (64, 64, 
 # Paged d = 256 too: 8 rows, page 64, 131k keys, planned splits, GB/s best of 2 rounds in one process, 3 / 5 / 6
 # stages, b = 4 3657 / 3816 / 3807, b = 1 3532 / 3740 / 3751 (history/probe_split_stages_d256_s8_h200_55cf5c8.json;
 # a second process +5.1% / +6.7%, history/probe_confirm_d256_split_s8_h200_8cfc8c7.json), though its 5 stages take
-# 132 KB of shared memory (compiled for sm_90, split): one program an SM where 3 stages' 98 KB fit two, and
-# `plan_num_splits` still counts two. In the same sweep
+# 132 KB of shared memory (compiled for sm_90, split): one program an SM where 3 stages' 98 KB fit two, which
+# `_fitted` plans as one (b = 4 / 1, 131k keys, page 64: 4 / 16 splits, ratios to cuDNN 2.823 / 9.564, against 2.812 /
+# 9.400 at the 8 / 33 of two an SM; history/probe_split_fits_d256_s8_h200_5f31355.json). In the same sweep
 # (history/probe_split_stages_d*_s8_h200_55cf5c8.json) the contiguous d = 256 entry was level with 5 and 6 stages,
 # the d = 128 entries level with or ahead of 4-6, and the contiguous d = 64 entry 1.5% behind 4 or 5 (two rounds; not
 # taken). Paged d = 64 then went 5 -> 7 stages: 8 rows, GB/s in every round of two processes, b = 4 / b = 1 at 131k
@@ -579,6 +580,12 @@ _GPU_SPLIT_STAGES = {(True, 64, (64, 64, 4, 3)): 7, (False, 32, (64, 64, 4, 3)):
 # cuDNN's 4420-4582; (16, 128, 2, 3), 255 registers (no spills, options on or off) and so four an SM, read 4206-4495
 # on those grids and level or ahead on b = 64 x 8 (4351 against 4332), H200, one process
 # (history/probe_bf16_d64_many_h200_aa075bf.json; the cases and the other tiles tried are in NOTES.md).
+# The contiguous d = 128 tile (16, 128, 4, 3) holds 136 KB of shared memory, one program an SM, which a split plans
+# for (`_fitted`). One KV head of 8 query heads (tensor parallelism's), H200, ratios to cuDNN at b = 64 4k / 16 8k /
+# 128 2k: planned as two an SM 0.848 / 0.810 / 0.786, (16, 64, 4, 3), which fits two, 0.945 / 0.956 / 0.885
+# (history/probe_decode_onekv_contig_tiles_h200_5594b33.json); this tile at one an SM (2 / 8 / 1 splits, forced)
+# 0.975 / 0.950 / 0.979 (probe_decode_onekv_contig_splits_h200_5594b33.json), fitted by `fmha bench decode` 0.968 /
+# 0.947 / 0.979 (decode_tp_heads_h200_5f31355.json).
 NARROW_ROWS = 16
 # Calls of NARROW_ROWS to MID_ROWS packed rows (speculative decoding's 2-4 tokens a GQA group of 8, 8 a group of 4)
 # where the 64-row tables above lost. d = 64 (before, (64, 64, 4, 3) both; chosen on 16-row cases and never swept
