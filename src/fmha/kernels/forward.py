@@ -1286,10 +1286,10 @@ class _PortablePlan:
 
 def _fitted(plan, make, args):
     """A planned split `plan`, or, where its compile fits fewer programs on an SM than `plan_num_splits` counted,
-    `make(per_sm=...)`: the plan made again on the programs that fit. Deep K/V pipelines outgrow the count: the
-    contiguous d = 128 decode tiles (16, 128, 4, 3) take 136 KB of shared memory, one program an SM, and planned as
-    two they ran a second wave of short programs (0.78-0.87 of cuDNN where one an SM took 0.95-1.00: H200, one KV
-    head of 8 query heads, b = 8-128, history/probe_decode_onekv_contig_splits_h200_5594b33.json)."""
+    `make(per_sm=...)`: the plan made again on the programs that fit. Deep K/V pipelines outgrow the count, and the
+    split counted for them ran a second wave of short programs: the contiguous d = 128 decode tiles (beside
+    NARROW_ROWS) and the paged d = 256 ones split in 5 stages (beside `_GPU_SPLIT_STAGES`), one program an SM each,
+    with what the refit gained there."""
     fits = programs_per_sm(plan.kernel, plan.grid, args, plan.meta)
     return make(per_sm=fits) if fits < counted_per_sm(plan.meta["num_warps"]) else plan
 

@@ -127,7 +127,9 @@ KIDX = gl.constexpr(8)            # the producer's staged index rows: tile t's i
 # still reads faster than the portable kernel's 16-row transposed form. h_q = 16, s_q = 1: +4-6% (b = 128, s_k
 # 4k-16k); 1-8 packed rows (h_q 1-8 with s_q 1 or 2, tensor parallelism's 8 or 4 heads a rank): 0.67-0.74 of the
 # copy bandwidth on the portable kernel, 0.85-0.91 in 64-row blocks here, 1.23-1.27x
-# (`history/mla_few_heads_h200_af3f68f.json`, q padded to 16 heads then; `experiments/mla_few_heads.py`).
+# (`history/mla_few_heads_h200_af3f68f.json`, q padded to 16 heads then; `experiments/mla_few_heads.py`). The FP8
+# and token-sparse calls of 8 x 1 and 4 x 2 rows: 2.99-3.90x the portable kernel (V3.2 paged, V3.2 sparse topk
+# 2048), 6.76x (V4 with its extra source) (`history/mla_few_heads_fp8_h200_5594b33.json`).
 CONSUMER_REGS = 240               # the worker warpgroup's setmaxnreg (8 warps: 255 registers anyway)
 # With a loading warpgroup (`_producer`) the three share 3 x 168 registers a thread: the consumers get this many,
 # the loader the rest. V3.2's FP8 cache: 216 (the loader 72); 208 / 224 measured 2% / 2-10% slower on the V3.2
