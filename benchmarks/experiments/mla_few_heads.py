@@ -53,13 +53,20 @@ def _record(rows, row, calls, nbytes, copy_gbps, out_path):
                        rows=rows), open(out_path, "w"), indent=1)
 
 
-def dense(out_path=None):
-    import fmha.mla as flash_mla
-    from fmha.bench import _without_gluon, gpu_ceilings, paged_copy
+def _copy_gbps():
+    """This GPU's copy bandwidth measured now (`fmha.bench.gpu_ceilings`), printed as each mode's first line."""
+    from fmha.bench import gpu_ceilings
 
     copy_gbps = gpu_ceilings()["copy_gbps"]
     print(f"{torch.cuda.get_device_name()}: copy {copy_gbps:.0f} GB/s", flush=True)
-    rows = []
+    return copy_gbps
+
+
+def dense(out_path=None):
+    import fmha.mla as flash_mla
+    from fmha.bench import _without_gluon, paged_copy
+
+    copy_gbps, rows = _copy_gbps(), []
     for b, n, h_q, s_q in CASES:
         g = torch.Generator(device="cuda").manual_seed(0)
         q = torch.randn(b, s_q, h_q, 576, generator=g, device="cuda").to(torch.bfloat16)
@@ -88,11 +95,9 @@ def dense(out_path=None):
 
 def fp8(out_path=None):
     import fmha.mla as flash_mla
-    from fmha.bench import _without_gluon, gpu_ceilings, paged_copy, sparse_decode_inputs
+    from fmha.bench import _without_gluon, paged_copy, sparse_decode_inputs
 
-    copy_gbps = gpu_ceilings()["copy_gbps"]
-    print(f"{torch.cuda.get_device_name()}: copy {copy_gbps:.0f} GB/s", flush=True)
-    rows = []
+    copy_gbps, rows = _copy_gbps(), []
     g = torch.Generator(device="cuda").manual_seed(0)
     for case in FP8_CASES:
         if case[0] == "paged":
