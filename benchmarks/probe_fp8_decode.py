@@ -12,7 +12,8 @@ oracle on the same FP8 values.
 
     PYTHONPATH=src python3 benchmarks/probe_fp8_decode.py [--rounds 2] [--out probe.json] [--fp8-tiles 64,128,4,3 ..]
         [--versions base.py ..] [--cases 3 4] [--bf16-tiles 32,64,4,5 ..] [--head-dim 64] [--v-words 0 1]
-        [--splits 32 64 ..] [--pairs] [--no-combine] [--pair-tiles 16,64,4,3 ..]
+        [--splits 32 64 ..] [--fp8-splits 2 4 ..] [--pairs] [--no-combine] [--pair-tiles 16,64,4,3 ..]
+        [--shapes 64,8,1,4096,64 ..]
 """
 import argparse
 import importlib
@@ -142,16 +143,23 @@ def main():
                         "width (the decode tables' 2 x head-dim entries, which the pairs take)")
     p.add_argument("--splits", type=int, nargs="*", default=[], metavar="N",
                    help="also time the bf16 cache with num_splits=N forced (the tables' tiles)")
+    p.add_argument("--fp8-splits", type=int, nargs="*", default=[], metavar="N",
+                   help="also time the FP8 cache with num_splits=N forced (the tables' tiles)")
     p.add_argument("--no-combine", action="store_true",
                    help="also time the bf16 calls (and --pairs') with the split-KV combine launch skipped: timing "
                         "only (their outputs are not merged), what the combine costs a split call")
     p.add_argument("--cases", type=int, nargs="*", default=None, metavar="I",
                    help="only these of CASES + EXTRA_CASES (indices)")
+    p.add_argument("--shapes", nargs="*", default=None, metavar="B,HQ,HK,SK,PAGE",
+                   help="these cases instead (PAGE -: a contiguous cache), e.g. 64,8,1,4096,64")
     args = p.parse_args()
     D = args.head_dim
     versions = {os.path.splitext(os.path.basename(path))[0]: load_module_copy(path) for path in args.versions}
     rows = []
-    for b, hq, hk, sk, page in [(CASES + EXTRA_CASES)[i] for i in args.cases] if args.cases is not None else CASES:
+    cases = [(CASES + EXTRA_CASES)[i] for i in args.cases] if args.cases is not None else CASES
+    if args.shapes:
+        cases = [tuple(None if x == "-" else int(x) for x in c.split(",")) for c in args.shapes]
+    for b, hq, hk, sk, page in cases:
         torch.manual_seed(0)
         q = torch.randn(b, 1, hq, D, device="cuda", dtype=torch.bfloat16)
         k = torch.randn(b, sk, hk, D, device="cuda", dtype=torch.bfloat16)
@@ -199,6 +207,9 @@ def main():
         for n in args.splits:
             calls[f"ours_bf16_s{n}"] = (lambda n=n: fmha.attention_with_kvcache(q, kc, vc, lens, block_table=table,
                                                                               num_splits=n))
+        for n in args.fp8_splits:
+            calls[f"ours_fp8_s{n}"] = (lambda n=n: fmha.attention_with_kvcache(
+                q, kc8, vc8, lens, block_table=table, k_descale=k_descale, v_descale=v_descale, num_splits=n))
         for mode in args.v_words:
             calls[f"ours_fp8_vw{mode}"] = _with_settings(calls["ours_fp8"], FP8_V_WORDS=mode)
         for vname, module in versions.items():
@@ -235,7 +246,7 @@ def main():
                  if page else "")
               + "".join(f" | {n.removeprefix('ours_')} {row[n + '_gbps']:7.1f}" for n in calls
                         if n.startswith(("nocombine", "ours_fp8_t", "ours_fp8@", "ours_bf16_t", "ours_bf16_s",
-                                         "ours_bf16_p", "ours_fp8_vw"))),
+                                         "ours_bf16_p", "ours_fp8_vw", "ours_fp8_s"))),
               flush=True)
         del q, k, v, k8, v8, kc, vc, kc8, vc8, calls
         torch.cuda.empty_cache()
