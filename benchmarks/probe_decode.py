@@ -152,7 +152,7 @@ def main():
     key = forward.tile_key(args.head_dim, args.head_dim)
     tables = [table for *_, table in forward._DECODE_LOOKUP if key in table]      # not the head pairs' (2 x d)
     defaults = [t[key] for t in tables]
-    split_stages = forward._GPU_SPLIT_STAGES
+    split_tiles = forward._GPU_SPLIT_TILES
     for b, hq, hk, sk, page in cases:
         q, k, v, lens, nbytes, cudnn, ref, row = _case(b, hq, hk, sk, page, args.head_dim, args.seqlen_q)
         k_cache, v_cache, table = (k, v, None) if page is None else paged_copy(page, k, v)
@@ -160,8 +160,8 @@ def main():
             for tiles, suffix, splits, causal in runs:
                 for table_, own in zip(tables, defaults):
                     table_[key] = tiles or own
-                # a variant's own stages in split launches too (`forward._GPU_SPLIT_STAGES` for the tables' tiles)
-                forward._GPU_SPLIT_STAGES = split_stages if tiles is None else {}
+                # a variant's own tiles in split launches too (`forward._GPU_SPLIT_TILES` for the tables' tiles)
+                forward._GPU_SPLIT_TILES = split_tiles if tiles is None else {}
                 forward._PLANS.clear()
                 forward.attn_fwd_kernel = kernels[suffix]     # `attention_forward` launches the module's global
                 call = lambda: fmha.attention_with_kvcache(q, k_cache, v_cache, lens, block_table=table,
@@ -176,7 +176,7 @@ def main():
                     row.setdefault(f"{name}_gbps", []).append(0.0)
         for table_, tiles in zip(tables, defaults):
             table_[key] = tiles
-        forward.attn_fwd_kernel, forward._GPU_SPLIT_STAGES = kernels[""], split_stages
+        forward.attn_fwd_kernel, forward._GPU_SPLIT_TILES = kernels[""], split_tiles
         row["cudnn_gbps"].append(nbytes / bench_gpu_graph(cudnn) / 1e9)
         rows.append(row)
         cudnn_best = max(row["cudnn_gbps"])

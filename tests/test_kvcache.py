@@ -655,24 +655,27 @@ def test_head_pairs_pay(monkeypatch):
 
 
 class _Planned(Exception):
-    """Raised by a test's stand-in for `forward.launch` with (split count, num_stages) of the plan: nothing runs."""
+    """Raised by a test's stand-in for `forward.launch` with (split count, num_stages[, BLOCK_N]) of the plan: nothing
+    runs."""
 
 
 @pytest.mark.cpu
-def test_split_stages(monkeypatch):
-    """`forward._GPU_SPLIT_STAGES` in a 132-SM GPU's plans (speculative decodes of 16 rows, GQA 4: 64 packed rows, the
+def test_split_tiles(monkeypatch):
+    """`forward._GPU_SPLIT_TILES` in a 132-SM GPU's plans (speculative decodes of 16 rows, GQA 4: 64 packed rows, the
     64-row decode tiles): the paged d = 64 and d = 256 and contiguous d = 32 tiles launch their table's 3 stages unsplit
     and the rule's 7 / 5 / 4 when the keys are split, planned or forced; tiles the rule does not name keep their
-    stages split (paged d = 64 at 32 rows, the 17-32-row table's (32, 64, 2, 6), among them)."""
+    stages split (paged d = 64 at 32 rows, the 17-32-row table's (32, 64, 2, 6), among them). One token of a GQA
+    group of 8 at d = 128 (the 16-row tiles): paged, 128-key tiles in 3 stages unsplit and 64-key ones in 6 split;
+    contiguous, its 128-key tiles either way."""
     from fmha.kernels import forward
     monkeypatch.setattr(forward, "num_sms", lambda device: 132)
     monkeypatch.setattr(forward, "programs_per_sm", lambda *args: 8)      # as many as the planner counts: no refit
 
     def launch(kernel, grid, args, meta, fixed):
-        raise _Planned(grid[2], meta["num_stages"])
+        raise _Planned(grid[2], meta["num_stages"], meta["BLOCK_N"])
     monkeypatch.setattr(forward, "launch", launch)
 
-    def planned(d, paged, b, max_k, num_splits=0, hq=32, hk=8, seqlen_q=16):
+    def planned(d, paged, b, max_k, num_splits=0, hq=32, hk=8, seqlen_q=16, block_n=False):
         q = torch.zeros(b, seqlen_q, hq, d, dtype=torch.float16)
         k = torch.zeros((2, 64, hk, d) if paged else (b, 64, hk, d), dtype=torch.float16)    # the plan reads max_k
         table = torch.zeros(b, max_k // 64, dtype=torch.int32) if paged else None
@@ -682,7 +685,7 @@ def test_split_stages(monkeypatch):
                                       softmax_scale=None, window=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None,
                                       cache_seqlens=torch.full((b,), max_k, dtype=torch.int32), block_table=table,
                                       num_splits=num_splits)
-        return e.value.args
+        return e.value.args if block_n else e.value.args[:2]
 
     assert planned(64, True, 64, 4096) == (1, 3) and planned(64, True, 64, 4096, num_splits=2) == (2, 7)
     splits, stages = planned(64, True, 4, 131072)
@@ -697,6 +700,10 @@ def test_split_stages(monkeypatch):
     assert planned(32, True, 4, 131072, num_splits=8) == (8, 5)           # paged d = 32: the table's 5
     assert planned(256, True, 64, 4096) == (1, 3) and planned(256, True, 4, 131072, num_splits=4) == (4, 5)
     assert planned(256, False, 4, 131072, num_splits=4) == (4, 4)         # contiguous d = 256: the table's 4
+    one_kv = dict(d=128, max_k=4096, hq=8, hk=1, seqlen_q=1, block_n=True)
+    assert planned(paged=True, b=256, **one_kv) == (1, 3, 128) and planned(paged=True, b=64, **one_kv) == (4, 6, 64)
+    assert planned(paged=True, b=256, num_splits=2, **one_kv) == (2, 6, 64)
+    assert planned(paged=False, b=256, **one_kv) == (1, 3, 128) and planned(paged=False, b=64, **one_kv) == (4, 3, 128)
 
 
 def test_split_plan_fitted(monkeypatch):

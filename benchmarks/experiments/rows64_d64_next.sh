@@ -2,7 +2,7 @@
 # bf16 d = 64 with 33-64 packed rows, where the 64-row tables' (64, 64, 4, 3) read 2656 GB/s paged (page 64) and
 # 3582 contiguous, 0.58 / 0.77 of the cache's read, against (64, 128, 4, 3) 3583 / 4186 in one process
 # (history/probe_bf16_64rows_d64_h200_83bbec1.json: 512 query heads over 8, one token, b = 64, 4k keys). The same
-# entry is the paged short launch's wide form, and split launches give it 7 stages (`_GPU_SPLIT_STAGES`), so:
+# entry is the paged short launch's wide form, and split launches give it 7 stages (`_GPU_SPLIT_TILES`), so:
 # 1. 64 rows of one token (cases 16 / 17) and b = 4 at 131k keys (case 18, split), bf16 and FP8 (which has no
 #    d = 64 entry at 64 rows: 1837 / 1486 GB/s of FP8 bytes there);
 # 2. 16 query tokens a GQA group of 4 (64 rows), causal and not, pages 16 / 64 / contiguous and b = 4 at 131k;

@@ -1,5 +1,5 @@
 # Do split launches of the decode tiles want deeper pipelines, as paged d = 64 and contiguous d = 32 did
-# (`forward._GPU_SPLIT_STAGES`)? Split cases only (b = 4 / 1 at 131k keys, planned splits), the tables' tiles against
+# (`forward._GPU_SPLIT_TILES`)? Split cases only (b = 4 / 1 at 131k keys, planned splits), the tables' tiles against
 # more stages, one process a head dim and row count; the variants run their own stages split (probe_decode clears the
 # rule for them). 8 rows: speculative decodes (the 64-row tables); 1 row at d = 128: the 16-row table.
 #   sweep (eighty-eighth session, on 55cf5c8): 4-6 stages; paged d = 256 gained (5 stages in the rule since 8cfc8c7).

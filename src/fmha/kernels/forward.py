@@ -512,7 +512,7 @@ _INTERPRET_TILES = (32, 32, 4, 1)
 #   with 131k keys: 3405 / 3226 -> 3965 / 3899.
 # - d = 32 (later; 8 rows, ratios to cuDNN, which is slow at d = 32): (64, 64, 4, 2) 5.41 -> (64, 64, 4, 3) 6.58 at
 #   b = 64 with 4k keys, 1.43 -> 1.67 at MHA b = 32 with 8k; split (b = 4 / 1 at 131k keys) 3.54 / 13.2 -> 5.59 /
-#   20.3, and 4 stages 5.96 / 22.5 there (`_GPU_SPLIT_STAGES`), 5.98 / 1.60 unsplit
+#   20.3, and 4 stages 5.96 / 22.5 there (`_GPU_SPLIT_TILES`), 5.98 / 1.60 unsplit
 #   (history/probe_decode_d32_contig_s8_h200_63cb7d4.json).
 # - d <= 16 (the same cases): (64, 64, 4, 2) 6.26 / 1.70 -> (64, 64, 4, 4) 8.78 / 2.37 unsplit, 3.95 / 14.7 -> 8.01 /
 #   27.9 split; 3 stages 8.14 / 2.30 and 6.46 / 23.3 (history/probe_decode_d16_contig_s8_h200_9282c91.json).
@@ -536,11 +536,13 @@ _GPU_DECODE_TILES = {16: (64, 64, 4, 4), 32: (64, 64, 4, 3), 64: (64, 64, 4, 3),
 # on pages of 64, split, 3700 -> 2752 (history/probe_decode_64rows_d64_p64_s8_h200_5a2d566.json). The loss is the
 # split's: 8 rows, page 64, ratios to cuDNN in one process, 3 / 5 stages, b = 64 at 4k keys unsplit 3.86 / 3.68, the
 # same split in 2 (forced) 3.13 / 3.77, in 16 2.30 / 2.47, b = 4 at 131k (planned split) 2.95 / 3.88
-# (history/probe_decode_d64_p64_s8_splits_h200_63cb7d4.json). So 3 stages, and more when split (`_GPU_SPLIT_STAGES`).
+# (history/probe_decode_d64_p64_s8_splits_h200_63cb7d4.json). So 3 stages, and more when split (`_GPU_SPLIT_TILES`).
 _GPU_PAGED_DECODE_TILES = {16: (64, 64, 4, 5), 32: (64, 64, 4, 5), 64: (64, 64, 4, 3), 128: (64, 64, 4, 5),
                            256: (64, 32, 4, 3)}
-# Split launches (a sequence's keys over several programs) of these 64-row tiles take more stages, measured above:
-# {(paged, padded head dim, tiles): num_stages}. (Why a split launch wants the deeper pipeline is not known.)
+# Split launches (a sequence's keys over several programs) of these tiles take other tiles of the same BLOCK_M and
+# warps (the split was planned on those): {(paged, padded head dim, tiles): split tiles}. The 64-row ones take more
+# stages, measured above (why a split launch wants the deeper pipeline is not known); the paged 16-row d = 128 one
+# shorter key tiles, measured beside NARROW_ROWS.
 # Paged d = 256 too: 8 rows, page 64, 131k keys, planned splits, GB/s best of 2 rounds in one process, 3 / 5 / 6
 # stages, b = 4 3657 / 3816 / 3807, b = 1 3532 / 3740 / 3751 (history/probe_split_stages_d256_s8_h200_55cf5c8.json;
 # a second process +5.1% / +6.7%, history/probe_confirm_d256_split_s8_h200_8cfc8c7.json), though its 5 stages take
@@ -554,7 +556,8 @@ _GPU_PAGED_DECODE_TILES = {16: (64, 64, 4, 5), 32: (64, 64, 4, 5), 64: (64, 64, 
 # 3880-3888 (history/probe_confirm_d64_split7_s8_h200_0d3e5ab.json; the first process, 9 stages level with 7,
 # history/probe_split_deep_d64_s8_h200_7bb95f1.json). Compiled for sm_90, split: 57 / 73 KB of shared memory, three
 # programs an SM either way.
-_GPU_SPLIT_STAGES = {(True, 64, (64, 64, 4, 3)): 7, (False, 32, (64, 64, 4, 3)): 4, (True, 256, (64, 32, 4, 3)): 5}
+_GPU_SPLIT_TILES = {(True, 64, (64, 64, 4, 3)): (64, 64, 4, 7), (False, 32, (64, 64, 4, 3)): (64, 64, 4, 4),
+                    (True, 256, (64, 32, 4, 3)): (64, 32, 4, 5), (True, 128, (16, 128, 4, 3)): (16, 64, 4, 6)}
 # Calls with at most NARROW_ROWS packed rows (one query token, GQA groups up to 16): 16-row tiles (mma.sync; wgmma
 # cannot go below 64 rows, 60 of them padding for a group of 4) and 128-key tiles. Paged: in two processes
 # (benchmarks/results/history/probe_decode_m16*_h100_3e7c534.json, ratio to cuDNN on a contiguous cache) they
@@ -1288,7 +1291,7 @@ def _fitted(plan, make, args):
     """A planned split `plan`, or, where its compile fits fewer programs on an SM than `plan_num_splits` counted,
     `make(per_sm=...)`: the plan made again on the programs that fit. Deep K/V pipelines outgrow the count, and the
     split counted for them ran a second wave of short programs: the contiguous d = 128 decode tiles (beside
-    NARROW_ROWS) and the paged d = 256 ones split in 5 stages (beside `_GPU_SPLIT_STAGES`), one program an SM each,
+    NARROW_ROWS) and the paged d = 256 ones split in 5 stages (beside `_GPU_SPLIT_TILES`), one program an SM each,
     with what the refit gained there."""
     fits = programs_per_sm(plan.kernel, plan.grid, args, plan.meta)
     return make(per_sm=fits) if fits < counted_per_sm(plan.meta["num_warps"]) else plan
@@ -1306,7 +1309,7 @@ def _portable_plan(q4, k, v, o4, lse, lse_strides, *, pair, varlen, batch, seqle
     dv = v.shape[-1]
     paged = block_table is not None
     kv_fp8 = v.element_size() == 1
-    block_m, block_n, num_warps, num_stages = tiles
+    block_m, num_warps = tiles[0], tiles[2]
     heads_eff = heads_q // gp
     block_d, block_dt = _split_head_dim(dqk)
     block_dv = next_pow2(dv)
@@ -1322,10 +1325,11 @@ def _portable_plan(q4, k, v, o4, lse, lse_strides, *, pair, varlen, batch, seqle
     if num_splits == 0:
         # Planned on the cache's capacity, not its lengths (no host sync); a short launch on one M block a
         # sequence, its decodes' (the M blocks past a sequence's rows return at once).
-        num_splits = plan_num_splits(batch * heads_eff * (1 if short else m_blocks), max_seqlen_k, block_n,
+        num_splits = plan_num_splits(batch * heads_eff * (1 if short else m_blocks), max_seqlen_k, tiles[1],
                                      num_sms(q4.device), num_warps, per_sm)
     if num_splits > 1 and not interpret:
-        num_stages = _GPU_SPLIT_STAGES.get((paged, tile_key(dqk, dv), tiles), num_stages)
+        tiles = _GPU_SPLIT_TILES.get((paged, tile_key(dqk, dv), tiles), tiles)
+    block_n, num_stages = tiles[1], tiles[3]
     o_dst, lse_dst, split_strides, parts = o4, lse, (0, 0), None
     if num_splits > 1:
         # Partial results in fp32, one slab per split, merged after. The LSE slab is (b, sq, hq) so that each
