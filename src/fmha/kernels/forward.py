@@ -589,6 +589,14 @@ _GPU_SPLIT_TILES = {(True, 64, (64, 64, 4, 3)): (64, 64, 4, 7), (False, 32, (64,
 # (history/probe_decode_onekv_contig_tiles_h200_5594b33.json); this tile at one an SM (2 / 8 / 1 splits, forced)
 # 0.975 / 0.950 / 0.979 (probe_decode_onekv_contig_splits_h200_5594b33.json), fitted by `fmha bench decode` 0.968 /
 # 0.947 / 0.979 (decode_tp_heads_h200_5f31355.json).
+# The paged d = 128 tile splits as (16, 64, 4, 6) (`_GPU_SPLIT_TILES`; compiled for sm_90, split, 70 KB and 149
+# registers: three an SM, where two are counted). Ratios to cuDNN, H200, two processes, the split tile / the table's
+# at the same planned split (history/probe_paged_split_tiles{,_confirm}_h200_*.json): one KV head of 8 query heads,
+# b = 64 4k page 16 0.914 / 0.897 and 0.921 / 0.896, page 64 0.918 / 0.909 and 0.912 / 0.908, b = 16 8k page 64 0.920
+# / 0.908 and 0.913 / 0.900, b = 32 4k page 16 0.904 / 0.866, b = 8 32k page 64 0.932 / 0.925; 32 / 8 heads at 131k
+# keys, page 64, b = 1 0.984 / 0.964 and 0.979 / 0.966, but b = 4 0.982 / 0.988 and 0.974 / 0.986 (page 16 0.974 /
+# 0.980). (64, 64, 4, 7) took b = 64 page 16 to 0.930 and lost b = 4 at 131k (0.963); (16, 64, 4, 8) and
+# (64, 64, 4, 5) lost.
 NARROW_ROWS = 16
 # Calls of NARROW_ROWS to MID_ROWS packed rows (speculative decoding's 2-4 tokens a GQA group of 8, 8 a group of 4)
 # where the 64-row tables above lost. d = 64 (before, (64, 64, 4, 3) both; chosen on 16-row cases and never swept
