@@ -700,6 +700,9 @@ def test_split_tiles(monkeypatch):
     assert planned(32, True, 4, 131072, num_splits=8) == (8, 5)           # paged d = 32: the table's 5
     assert planned(256, True, 64, 4096) == (1, 3) and planned(256, True, 4, 131072, num_splits=4) == (4, 5)
     assert planned(256, False, 4, 131072, num_splits=4) == (4, 4)         # contiguous d = 256: the table's 4
+    # every split tile keeps the rows and warps its split was planned on
+    assert all((split[0], split[2]) == (tiles[0], tiles[2])
+               for (_, _, tiles), split in forward._GPU_SPLIT_TILES.items())
     one_kv = dict(d=128, max_k=4096, hq=8, hk=1, seqlen_q=1, block_n=True)
     assert planned(paged=True, b=256, **one_kv) == (1, 3, 128) and planned(paged=True, b=64, **one_kv) == (4, 6, 64)
     assert planned(paged=True, b=256, num_splits=2, **one_kv) == (2, 6, 64)
