@@ -655,8 +655,8 @@ def test_head_pairs_pay(monkeypatch):
 
 
 class _Planned(Exception):
-    """Raised by a test's stand-in for `forward.launch` with (split count, num_stages[, BLOCK_N]) of the plan: nothing
-    runs."""
+    """Raised by a test's stand-in for `forward.launch` with the plan's split count (and, where the test asks, its
+    num_stages and BLOCK_N): nothing runs."""
 
 
 @pytest.mark.cpu
