@@ -39,6 +39,11 @@ PLACEMENTS = ("in-order", "2MB-runs", "shuffled")
 D = 128
 
 
+def parse_cases(texts):
+    """Cases given on a command line as "b,hq,hk,sk,page" (page "-": a contiguous cache) as tuples, page None there."""
+    return [tuple(None if x == "-" else int(x) for x in text.split(",")) for text in texts]
+
+
 def _case(b, hq, hk, sk, page, d=D, seqlen_q=1):
     """Inputs of one decode case on a contiguous cache, cuDNN on it (the call, its output as the reference, its
     first timing in the row)."""
@@ -134,7 +139,7 @@ def main():
         cases = [(b, 32, 8, 4096, page) for b in args.batches for page in (16, 64, None)]
         variants = [None]             # each table's own tiles
     if args.cases:
-        cases = [tuple(None if x == "-" else int(x) for x in c.split(",")) for c in args.cases]
+        cases = parse_cases(args.cases)
     if args.contiguous:
         cases = list(dict.fromkeys((b, hq, hk, sk, None) for b, hq, hk, sk, _ in cases))
     rows = []

@@ -28,6 +28,7 @@ import fmha
 from fmha.bench import interleaved_times, kv_read_call, load_module_copy, paged_copy, quantize_fp8, save_sweep
 from fmha.kernels import forward
 from fmha.reference import attention_ref
+from probe_decode import parse_cases
 
 CASES = [(64, 32, 8, 4096, None), (64, 32, 8, 4096, 16), (64, 32, 8, 4096, 64), (4, 32, 8, 131072, 64),
          (1, 32, 8, 131072, 64)]
@@ -158,7 +159,7 @@ def main():
     rows = []
     cases = [(CASES + EXTRA_CASES)[i] for i in args.cases] if args.cases is not None else CASES
     if args.shapes:
-        cases = [tuple(None if x == "-" else int(x) for x in c.split(",")) for c in args.shapes]
+        cases = parse_cases(args.shapes)
     for b, hq, hk, sk, page in cases:
         torch.manual_seed(0)
         q = torch.randn(b, 1, hq, D, device="cuda", dtype=torch.bfloat16)
