@@ -89,11 +89,15 @@ SCRIPT = textwrap.dedent('''
         consts.update(MASK_LEFT=True)           # the per-sequence sliding window
     else:
         consts.update(CU_Q=None, CU_K=None)     # as a padded call's launch passes them
+    if paged:                                   # split, its parts merged in the kernel (4 a round)
+        consts.update(MERGE_PARTS=4)
+    else:
+        consts.update(O_PART=None, LSE_PART=None, COUNTER=None)
     # fp8: "qkv" (float8 q, k, v and their descales) or "kv" (an FP8 KV cache beside bf16 q), else "".
     kv_t = "*fp8e4nv" if fp8 else "*bf16"
     ptrs = dict(Q="*fp8e4nv" if fp8 == "qkv" else "*bf16", K=kv_t, V=kv_t, O="*bf16", LSE="*fp32", CU_Q="*i32",
                 CU_K="*i32", SLOPES="*fp32", SINKS="*fp32", K_DESC="constexpr", V_DESC="constexpr", SEQLENS_K="*i32",
-                BLOCK_TABLE="*i32", WINDOW_LEFTS="*i32")
+                BLOCK_TABLE="*i32", WINDOW_LEFTS="*i32", O_PART="*fp32", LSE_PART="*fp32", COUNTER="*i32")
     params = inspect.signature(attn_fwd_kernel.fn).parameters
     names = list(params)
     consts.update(K_DESC=None, V_DESC=None, K_STARTS=None)
@@ -145,7 +149,10 @@ DECODE_SCRIPT = textwrap.dedent('''
                   V_WORDS=v_words_mode(bool(fp8), bm),
                   CU_Q=None, CU_K=None, SLOPES=None, SINKS=None, K_DESC=None, V_DESC=None, WINDOW_LEFTS=None,
                   Q_DESCALE=None, K_DESCALE=None, V_DESCALE=None, K_STARTS=None)
-    ptrs = dict(Q="*bf16", K="*bf16", V="*bf16", O="*bf16", LSE="*fp32", SEQLENS_K="*i32", BLOCK_TABLE="*i32")
+    ptrs = dict(Q="*bf16", K="*bf16", V="*bf16", O="*bf16", LSE="*fp32", SEQLENS_K="*i32", BLOCK_TABLE="*i32",
+                O_PART="*fp32", LSE_PART="*fp32", COUNTER="*i32")
+    if not consts["SPLIT"]:
+        consts.update(O_PART=None, LSE_PART=None, COUNTER=None)
     if two_forms:
         consts.update(IS_VARLEN=True, SHORT_ONLY=True,
                       WIDE=tuple((m, n, s, _page_tile(page_size, n)) for m, n, _, s in wide))

@@ -2,10 +2,11 @@
 heads (tensor parallelism, b = 16-64) and the long-context GQA rows. For each case, in one process: cuDNN on the
 contiguous cache, ours, ours with the combine launch skipped (timing only: the parts left unmerged), CUDA-graph
 GB/s; then torch.profiler's kernel records of ours (the split kernel, the gap, the combine; medians of 20 calls).
-It says what merging inside the split kernel (no second launch) could win at most.
+It says what merging inside the split kernel (no second launch) could win at most. `--merge F,R ..` also times
+the kernel's own merge at `forward.MERGE_IN_FLIGHT` = F and `MERGE_ROUNDS` = R (labelled mF_R; R = 0: `combine`).
 
     PYTHONPATH=src:benchmarks python3 benchmarks/experiments/split_merge_cost.py [--cases b,hq,hk,sk,page ..]
-        [--out probe.json]
+        [--merge 2048,1 1024,2 ..] [--out probe.json]
 """
 import argparse
 import statistics
@@ -47,10 +48,13 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--cases", nargs="*", default=CASES)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--merge", nargs="*", default=[])
     p.add_argument("--out", default=None)
     args = p.parse_args()
     rows = []
     combine = forward.combine
+    package = (forward.MERGE_IN_FLIGHT, forward.MERGE_ROUNDS)
+    merges = {f"m{m.replace(',', '_')}": tuple(int(x) for x in m.split(",")) for m in args.merge}
     for b, hq, hk, sk, page in parse_cases(args.cases):
         q, k, v, lens, nbytes, cudnn, ref, row = _case(b, hq, hk, sk, page)
         kc, vc, table = (k, v, None) if page is None else paged_copy(page, k, v)
@@ -58,15 +62,24 @@ def main():
         row["maxdiff"] = (call().float() - ref).abs().max().item()
         for _ in range(args.rounds):
             row.setdefault("ours_gbps", []).append(nbytes / bench_gpu_graph(call) / 1e9)
+            for name, (forward.MERGE_IN_FLIGHT, forward.MERGE_ROUNDS) in merges.items():
+                forward._PLANS.clear()
+                row.setdefault(f"{name}_maxdiff", (call().float() - ref).abs().max().item())
+                row.setdefault(f"{name}_gbps", []).append(nbytes / bench_gpu_graph(call) / 1e9)
+            forward.MERGE_IN_FLIGHT, forward.MERGE_ROUNDS = 0, 0           # parts left unmerged: a timing only
+            forward._PLANS.clear()
             forward.combine = lambda *a, **kw: None
             row.setdefault("nomerge_gbps", []).append(nbytes / bench_gpu_graph(call) / 1e9)
             forward.combine = combine
+            forward.MERGE_IN_FLIGHT, forward.MERGE_ROUNDS = package
+            forward._PLANS.clear()
             row["cudnn_gbps"].append(nbytes / bench_gpu_graph(cudnn) / 1e9)
         row.update(_breakdown(call))
         rows.append(row)
         c = max(row["cudnn_gbps"])
         print(f"b={b} hq={hq} hk={hk} sk={sk} page={page} | cuDNN {c:.0f} | ours {max(row['ours_gbps']) / c:.3f} "
-              f"no merge {max(row['nomerge_gbps']) / c:.3f} | "
+              f"no merge {max(row['nomerge_gbps']) / c:.3f} "
+              + " ".join(f"{n} {max(row[n + '_gbps']) / c:.3f}" for n in merges) + " | "
               + " ".join(f"{n} {row[n]:.2f}" for n in ("split_us", "gap_us", "combine_us") if n in row), flush=True)
         del q, k, v, kc, vc
         torch.cuda.empty_cache()

@@ -19,6 +19,39 @@ from .launch import Plans, cdiv, fixed_classes, launch, next_pow2, prev_pow2
 
 
 @triton.jit
+def merge_parts(o_part, lse_part, o_mask, row_ok, first, n, stride_o, stride_l, BLOCK_S: tl.constexpr):
+    """Parts `first .. first + n - 1` of a block of rows merged: `o_part` (rows, columns) and `lse_part` (rows,)
+    point at the rows of part 0, part i's at `i * stride_o` / `i * stride_l` further. Returns the merged output,
+    LSE (-inf where `empty`) and `empty`: the rows no part saw a key of. Parts go BLOCK_S at a time as one
+    [BLOCK_S, rows] tile of LSEs and one [BLOCK_S, rows, columns] tile of values, both loads issued before either is
+    used (neither's addresses depend on the other), so a group of parts costs one round trip to memory; the sum over
+    the parts is a reduction of the tile's first axis, online over the groups. The parts are read through L2 only
+    (`.cg`): they may have been written by other programs of the running kernel (`forward`'s split merge)."""
+    m = tl.full(row_ok.shape, float("-inf"), dtype=tl.float32)
+    den = tl.zeros(row_ok.shape, dtype=tl.float32)
+    acc = tl.zeros(o_mask.shape, dtype=tl.float32)
+    for s0 in range(0, n, BLOCK_S):
+        offs_s = s0 + tl.arange(0, BLOCK_S)
+        slots = (first + offs_s).to(tl.int64)
+        s_ok = offs_s < n
+        lse_t = tl.load(lse_part[None, :] + slots[:, None] * stride_l, mask=s_ok[:, None] & row_ok[None, :],
+                        other=float("-inf"), cache_modifier=".cg")
+        o_t = tl.load(o_part[None, :, :] + slots[:, None, None] * stride_o,
+                      mask=s_ok[:, None, None] & o_mask[None, :, :], other=0.0, cache_modifier=".cg")
+        m_new = tl.maximum(m, tl.max(lse_t, axis=0))
+        m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)     # no part seen yet: weights 0, not NaN
+        alpha = tl.exp2((m - m_shift) * LOG2E)
+        w = tl.exp2((lse_t - m_shift[None, :]) * LOG2E)
+        acc = acc * alpha[:, None] + tl.sum(w[:, :, None] * o_t, axis=0)
+        den = den * alpha + tl.sum(w, axis=0)
+        m = m_new
+    m_shift = tl.where(m == float("-inf"), 0.0, m)
+    empty = den == 0.0
+    out = acc / tl.where(empty, 1.0, den)[:, None]
+    return out, tl.where(empty, float("-inf"), m_shift + tl.log(tl.where(empty, 1.0, den))), empty
+
+
+@triton.jit
 def combine_kernel(O, LSE, O_PART, LSE_PART, SPLIT_OFFSETS, SINKS, CU_Q,
                    num_splits, group, rows_per_k, total_rows, empty_lse,
                    stride_ob, stride_os, stride_oh, stride_lseb, stride_lseh, stride_lses, seq_tokens,
@@ -28,9 +61,7 @@ def combine_kernel(O, LSE, O_PART, LSE_PART, SPLIT_OFFSETS, SINKS, CU_Q,
     # A program merges BLOCK_R packed rows of one batch, BLOCK_DV of their DV values (program_id 1 picks which).
     # Batches and row blocks share the grid's first axis (batch-major): a second axis holds at most 65535
     # programs, fewer than the row blocks of a long chunk's forced split (16k queries of 32 heads: 65536).
-    # Parts go BLOCK_S at a time as one [BLOCK_S, BLOCK_R] tile of LSEs and one [BLOCK_S, BLOCK_R, BLOCK_DV] tile
-    # of values, both loads issued before either is used (neither's addresses depend on the other), so a group of
-    # parts costs one round trip to memory; the sum over the parts is a reduction of the tile's first axis.
+    # Parts go BLOCK_S at a time (`merge_parts`).
     row_blocks = tl.cdiv(total_rows, BLOCK_R)
     b = tl.program_id(0) // row_blocks
     rows = (tl.program_id(0) % row_blocks) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -57,29 +88,9 @@ def combine_kernel(O, LSE, O_PART, LSE_PART, SPLIT_OFFSETS, SINKS, CU_Q,
         o_mask = row_ok[:, None] & (offs_d < DV)[None, :]
         o_part = O_PART + b.to(tl.int64) * stride_pb + rows.to(tl.int64)[:, None] * stride_pr + offs_d[None, :]
         lse_part = LSE_PART + b.to(tl.int64) * stride_lpb + rows
-        # Online over the groups of parts (one group unless a batch has more than BLOCK_S parts).
-        m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
-        den = tl.zeros([BLOCK_R], dtype=tl.float32)
-        acc = tl.zeros([BLOCK_R, BLOCK_DV], dtype=tl.float32)
-        for s0 in range(0, n, BLOCK_S):
-            offs_s = s0 + tl.arange(0, BLOCK_S)
-            slots = (first + offs_s).to(tl.int64)
-            s_ok = offs_s < n
-            lse_t = tl.load(lse_part[None, :] + slots[:, None] * stride_lps, mask=s_ok[:, None] & row_ok[None, :],
-                            other=float("-inf"))
-            o_t = tl.load(o_part[None, :, :] + slots[:, None, None] * stride_ps,
-                          mask=s_ok[:, None, None] & o_mask[None, :, :], other=0.0)
-            m_new = tl.maximum(m, tl.max(lse_t, axis=0))
-            m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)     # no part seen yet: weights 0, not NaN
-            alpha = tl.exp2((m - m_shift) * LOG2E)
-            w = tl.exp2((lse_t - m_shift[None, :]) * LOG2E)
-            acc = acc * alpha[:, None] + tl.sum(w[:, :, None] * o_t, axis=0)
-            den = den * alpha + tl.sum(w, axis=0)
-            m = m_new
-        m_shift = tl.where(m == float("-inf"), 0.0, m)
-        empty = den == 0.0
-        out = acc / tl.where(empty, 1.0, den)[:, None]
-        lse = tl.where(empty, empty_lse, m_shift + tl.log(tl.where(empty, 1.0, den)))
+        out, lse, empty = merge_parts(o_part, lse_part, o_mask, row_ok, first, n, stride_ps, stride_lps,
+                                      BLOCK_S)
+        lse = tl.where(empty, empty_lse, lse)
         kv_head = rows // rows_per_k
         r = rows % rows_per_k
         q_pos = r // group

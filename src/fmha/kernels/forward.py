@@ -16,9 +16,9 @@ import triton
 import triton.language as tl
 
 from ..schedule import counted_per_sm, num_sms, plan_num_splits
-from .combine import combine
-from .common import LN2, LOG2E, scores_log2, softmax_update, visible
-from .launch import Plans, cdiv, dense, fixed_classes, launch, next_pow2, programs_per_sm
+from .combine import combine, merge_parts
+from .common import LN2, LOG2E, scores_log2, sink_keep, softmax_update, visible
+from .launch import Plans, cdiv, dense, fixed_classes, launch, next_pow2, prev_pow2, programs_per_sm, zeroed_counter
 from .sm90 import gluon_enabled
 
 
@@ -193,7 +193,7 @@ def _attn_run(acc, l_i, m_i, q, q_t, k_base, v_base, k_desc, v_desc, b, kv_head,
 @triton.jit
 def attn_fwd_kernel(
     Q, K, V, O, LSE, CU_Q, CU_K, SLOPES, SINKS, K_DESC, V_DESC, SEQLENS_K, BLOCK_TABLE, WINDOW_LEFTS,
-    Q_DESCALE, K_DESCALE, V_DESCALE, K_STARTS,
+    Q_DESCALE, K_DESCALE, V_DESCALE, K_STARTS, O_PART, LSE_PART, COUNTER,
     seqlen_q, seqlen_k, stride_bt, page_size, stride_o_split, stride_l_split,
     stride_qb, stride_qs, stride_qh,
     stride_kb, stride_ks, stride_kh,
@@ -210,7 +210,7 @@ def attn_fwd_kernel(
     REVERSE_M: tl.constexpr, TMA: tl.constexpr,
     HAS_SEQLENS_K: tl.constexpr, PAGED: tl.constexpr, SPLIT: tl.constexpr, LEFT_PER_BATCH: tl.constexpr,
     PAGE_TILE: tl.constexpr, V_WORDS: tl.constexpr = 0, PAIR: tl.constexpr = False, SHORT_ONLY: tl.constexpr = False,
-    WIDE: tl.constexpr = None,
+    WIDE: tl.constexpr = None, MERGE_PARTS: tl.constexpr = 0,
 ):
     pid_bh = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -256,29 +256,32 @@ def attn_fwd_kernel(
                         & (rows <= (WIDE[i][0] if i < len(WIDE) - 1 else 2 ** 31 - 1))
                         & (m_block * WIDE[i][0] < rows)):
                     _attn_tile(Q, K, V, O, LSE, SLOPES, SINKS, K_DESC, V_DESC, BLOCK_TABLE, Q_DESCALE, K_DESCALE,
-                               V_DESCALE, b, h_eff, m_block, q_start, q_len, k_start, k_len, window_left, stride_bt,
+                               V_DESCALE, O_PART, LSE_PART, COUNTER, seqlen_q,
+                               b, h_eff, m_block, q_start, q_len, k_start, k_len, window_left, stride_bt,
                                page_size, stride_o_split, stride_l_split, stride_qb, stride_qs, stride_qh,
                                stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_ob,
                                stride_os, stride_oh, stride_lb, stride_lh, stride_ls, heads_per_program_row, group,
                                heads_eff, qk_scale_log2, softcap, window_right,
                                HEAD_DIM_QK, HEAD_DIM_V, WIDE[i][0], WIDE[i][1], BLOCK_D, BLOCK_DT, BLOCK_DV, HAS_TAIL,
                                MASK_LEFT, MASK_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_SINKS, TMA, PAGED, SPLIT,
-                               WIDE[i][3], 0, PAIR, K_OFFSET, WIDE[i][2])
+                               WIDE[i][3], 0, PAIR, K_OFFSET, WIDE[i][2], MERGE_PARTS)
             return
     if m_block * BLOCK_M >= q_len * heads_per_program_row:
         return
     _attn_tile(Q, K, V, O, LSE, SLOPES, SINKS, K_DESC, V_DESC, BLOCK_TABLE, Q_DESCALE, K_DESCALE, V_DESCALE,
+               O_PART, LSE_PART, COUNTER, seqlen_q,
                b, h_eff, m_block, q_start, q_len, k_start, k_len, window_left, stride_bt, page_size,
                stride_o_split, stride_l_split, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
                stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls,
                heads_per_program_row, group, heads_eff, qk_scale_log2, softcap, window_right,
                HEAD_DIM_QK, HEAD_DIM_V, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DT, BLOCK_DV, HAS_TAIL,
                MASK_LEFT, MASK_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_SINKS, TMA, PAGED, SPLIT,
-               PAGE_TILE, V_WORDS, PAIR, K_OFFSET, None)
+               PAGE_TILE, V_WORDS, PAIR, K_OFFSET, None, MERGE_PARTS)
 
 
 @triton.jit
 def _attn_tile(Q, K, V, O, LSE, SLOPES, SINKS, K_DESC, V_DESC, BLOCK_TABLE, Q_DESCALE, K_DESCALE, V_DESCALE,
+               O_PART, LSE_PART, COUNTER, seqlen_q,
                b, h_eff, m_block, q_start, q_len, k_start, k_len, window_left, stride_bt, page_size,
                stride_o_split, stride_l_split, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
                stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls,
@@ -288,7 +291,7 @@ def _attn_tile(Q, K, V, O, LSE, SLOPES, SINKS, K_DESC, V_DESC, BLOCK_TABLE, Q_DE
                MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
                HAS_SINKS: tl.constexpr, TMA: tl.constexpr, PAGED: tl.constexpr, SPLIT: tl.constexpr,
                PAGE_TILE: tl.constexpr, V_WORDS: tl.constexpr, PAIR: tl.constexpr, K_OFFSET: tl.constexpr,
-               NUM_STAGES: tl.constexpr):
+               NUM_STAGES: tl.constexpr, MERGE_PARTS: tl.constexpr):
     """M block `m_block` (tiles of BLOCK_M packed rows) of sequence b, query heads h_eff's, from its query rows
     to its output and LSE rows; `K_OFFSET`: its keys start at k_start. NUM_STAGES: its key loops' stages (None: the
     launch's)."""
@@ -404,11 +407,6 @@ def _attn_tile(Q, K, V, O, LSE, SLOPES, SINKS, K_DESC, V_DESC, BLOCK_TABLE, Q_DE
         full_lo = tl.maximum(full_lo, split_lo)
         hi = tl.maximum(tl.minimum(hi, split_hi), 0)
         full_hi = tl.maximum(tl.minimum(full_hi, split_hi), 0)
-        O += tl.program_id(2).to(tl.int64) * stride_o_split
-        LSE += tl.program_id(2).to(tl.int64) * stride_l_split
-        # The partial slabs are (batch, seqlen_q) for packed queries too (varlen calls over a cache; `combine`
-        # takes their rows to the packed output): a sequence's rows from its own start, not from CU_Q's.
-        q_start = 0
     lo = (lo // BLOCK_N) * BLOCK_N
     mid_lo = lo           # without a left window no row's first keys are masked: lo = full_lo, tile-aligned
     if MASK_LEFT:
@@ -450,18 +448,43 @@ def _attn_tile(Q, K, V, O, LSE, SLOPES, SINKS, K_DESC, V_DESC, BLOCK_TABLE, Q_DE
     out = acc / denom[:, None]
     lse = m_i * LN2 + tl.log(l_i)
 
-    o_rows = (O + b.to(tl.int64) * stride_ob + (q_start + q_pos).to(tl.int64) * stride_os
-              + q_head.to(tl.int64) * stride_oh)
     if PAIR:
         HALF_DV: tl.constexpr = HEAD_DIM_V // 2
-        tl.store(o_rows[:, None] + (offs_dv[None, :] - half[:, None] * HALF_DV), out.to(O.dtype.element_ty),
-                 mask=row_ok[:, None] & ((offs_dv // HALF_DV)[None, :] == half[:, None]))
+        o_cols = offs_dv[None, :] - half[:, None] * HALF_DV
+        o_mask = row_ok[:, None] & ((offs_dv // HALF_DV)[None, :] == half[:, None])
     else:
-        tl.store(o_rows[:, None] + offs_dv[None, :], out.to(O.dtype.element_ty),
-                 mask=row_ok[:, None] & (offs_dv < HEAD_DIM_V)[None, :])
-    lse_ptrs = (LSE + b.to(tl.int64) * stride_lb + q_head.to(tl.int64) * stride_lh
-                + (q_start + q_pos).to(tl.int64) * stride_ls)
-    tl.store(lse_ptrs, lse, mask=row_ok)
+        o_cols = offs_dv[None, :]
+        o_mask = row_ok[:, None] & (offs_dv < HEAD_DIM_V)[None, :]
+    last = True
+    if SPLIT:
+        # This split's part, in fp32 slabs (split, batch, seqlen_q, heads_q[, dv]) (packed queries too: a
+        # sequence's rows from its own start, not from CU_Q's). With MERGE_PARTS, the last of a block's splits to
+        # finish merges them (`combine.merge_parts`, MERGE_PARTS parts a round) into the output: the others'
+        # stores are ordered before its reads by the barrier and the counter's acquire-release add, and it leaves
+        # the counter zeroed for the next launch on its stream (`launch.zeroed_counter`). Without, `combine` does.
+        PART_DV: tl.constexpr = HEAD_DIM_V // 2 if PAIR else HEAD_DIM_V
+        part_rows = (b.to(tl.int64) * seqlen_q + q_pos) * (heads_eff * GP) + q_head
+        o_part = O_PART + part_rows[:, None] * PART_DV + o_cols
+        tl.store(o_part + tl.program_id(2).to(tl.int64) * stride_o_split, out, mask=o_mask)
+        tl.store(LSE_PART + part_rows + tl.program_id(2).to(tl.int64) * stride_l_split, lse, mask=row_ok)
+        last = False
+        if MERGE_PARTS:
+            tl.debug_barrier()
+            slot = COUNTER + tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
+            last = tl.atomic_add(slot, 1, sem="acq_rel", scope="gpu") == tl.num_programs(2) - 1
+            if last:
+                tl.atomic_xchg(slot, 0, sem="relaxed", scope="gpu")
+                out, lse, empty = merge_parts(o_part, LSE_PART + part_rows, o_mask, row_ok, 0, tl.num_programs(2),
+                                              stride_o_split, stride_l_split, MERGE_PARTS)
+                if HAS_SINKS:
+                    out = out * sink_keep(lse, empty, tl.load(SINKS + q_head))[:, None]
+    if last:
+        o_rows = (O + b.to(tl.int64) * stride_ob + (q_start + q_pos).to(tl.int64) * stride_os
+                  + q_head.to(tl.int64) * stride_oh)
+        tl.store(o_rows[:, None] + o_cols, out.to(O.dtype.element_ty), mask=o_mask)
+        lse_ptrs = (LSE + b.to(tl.int64) * stride_lb + q_head.to(tl.int64) * stride_lh
+                    + (q_start + q_pos).to(tl.int64) * stride_ls)
+        tl.store(lse_ptrs, lse, mask=row_ok)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -1227,14 +1250,16 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
                 from triton.tools.tensor_descriptor import TensorDescriptor
                 k_desc = TensorDescriptor(k, list(k.shape), list(k.stride()), list(plan.boxes[0]))
                 v_desc = TensorDescriptor(v, list(v.shape), list(v.stride()), list(plan.boxes[1]))
-            o_dst, lse_dst = o4, lse
+            counter = None
             if plan.splits > 1:
                 o_parts = torch.empty(plan.parts[0], dtype=torch.float32, device=q.device)
                 lse_parts = torch.empty(plan.parts[1], dtype=torch.float32, device=q.device)
-                o_dst, lse_dst = o_parts[0], lse_parts[0].transpose(1, 2)
-            args = (q4, k4, v4, o_dst, lse_dst, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks, k_desc, v_desc,
+                if "MERGE_PARTS" in plan.meta:
+                    counter = zeroed_counter(q.device, plan.grid[0] * plan.grid[1])
+            args = (q4, k4, v4, o4, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks, k_desc, v_desc,
                     cache_seqlens, block_table, window_lefts,
-                    *(None if d is None else d.contiguous() for d in descales), k_starts, *plan.scalars)
+                    *(None if d is None else d.contiguous() for d in descales), k_starts, o_parts, lse_parts, counter,
+                    *plan.scalars)
             return args, o_parts, lse_parts
         plan = _PLANS.get(key)
         if plan is None:
@@ -1263,7 +1288,7 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
             _PLANS.keep(key, plan)
         args, o_parts, lse_parts = launch_args(plan)
         launch(plan.kernel, plan.grid, args, plan.meta, plan.fixed)
-        if plan.splits > 1:
+        if plan.splits > 1 and "MERGE_PARTS" not in plan.meta:
             rows = seqlen_q * heads_q
             combine(out, lse, o_parts.view(plan.splits, batch, rows, dv), lse_parts.view(plan.splits, batch, rows),
                     rows_per_k=rows, group=heads_q, num_splits=plan.splits, sinks=sinks,
@@ -1305,6 +1330,13 @@ def _fitted(plan, make, args):
     return make(per_sm=fits) if fits < counted_per_sm(plan.meta["num_warps"]) else plan
 
 
+# A split launch merges its parts in the kernel (MERGE_PARTS: the last split of each block to finish) when
+# MERGE_ROUNDS rounds of `combine.merge_parts` hold them all, each round's parts in MERGE_IN_FLIGHT fp32 values a
+# warp (64 registers a thread); more parts go to the `combine` launch, which spreads them over more programs.
+MERGE_IN_FLIGHT = 2048
+MERGE_ROUNDS = 1
+
+
 def _portable_plan(q4, k, v, o4, lse, lse_strides, *, pair, varlen, batch, seqlen_q, seqlen_k, max_seqlen_k, gp,
                    tiles, use_tma, scale, softcap, left, right, window_lefts, alibi_slopes, sinks, cache_seqlens,
                    block_table, num_splits, interpret, short=False, wide=None, per_sm=None):
@@ -1338,21 +1370,21 @@ def _portable_plan(q4, k, v, o4, lse, lse_strides, *, pair, varlen, batch, seqle
     if num_splits > 1 and not interpret:
         tiles = _GPU_SPLIT_TILES.get((paged, tile_key(dqk, dv), tiles), tiles)
     block_n, num_stages = tiles[1], tiles[3]
-    o_dst, lse_dst, split_strides, parts = o4, lse, (0, 0), None
+    split_strides, parts, merge_parts = (0, 0), None, 0
     if num_splits > 1:
-        # Partial results in fp32, one slab per split, merged after. The LSE slab is (b, sq, hq) so that each
-        # query row has the same index in both slabs; the kernel writes it through a (b, hq, sq) view. Their
-        # strides from meta tensors of the shapes `attention_forward` allocates.
+        # Partial results in fp32, one slab per split (the kernel's part_rows), merged after: in the kernel by the
+        # last split of each block where MERGE_ROUNDS rounds of `merge_parts` take them all, else by `combine`.
         parts = ((num_splits, batch, seqlen_q, heads_q, o4.shape[-1]), (num_splits, batch, seqlen_q, heads_q))
-        o_parts, lse_parts = (torch.empty(shape, dtype=torch.float32, device="meta") for shape in parts)
-        o_dst, lse_dst = o_parts[0], lse_parts[0].transpose(1, 2)
-        split_strides = (o_parts.stride(0), lse_parts.stride(0))
+        split_strides = (batch * seqlen_q * heads_q * o4.shape[-1], batch * seqlen_q * heads_q)
+        rows = max([block_m, *(w[0] for w in wide or ())])
+        per_round = min(next_pow2(num_splits), prev_pow2(max(1, MERGE_IN_FLIGHT * num_warps // (rows * block_dv))))
+        if cdiv(num_splits, per_round) <= MERGE_ROUNDS:
+            merge_parts = per_round
     packed_k = varlen and not paged
     k4, v4 = (t.unsqueeze(0) if packed_k else t for t in (k, v))
     scalars = (seqlen_q, seqlen_k, block_table.stride(0) if paged else 0, k.shape[1] if paged else 1, *split_strides,
-               *_strides(q4, varlen), *_strides(k4, packed_k), *_strides(v4, packed_k),
-               *_strides(o_dst, varlen and num_splits == 1),
-               *(lse_dst.stride() if not varlen or num_splits > 1 else lse_strides),
+               *_strides(q4, varlen), *_strides(k4, packed_k), *_strides(v4, packed_k), *_strides(o4, varlen),
+               *(lse.stride() if not varlen else lse_strides),
                gp, group, heads_eff, scale * 1.4426950408889634, float(softcap), left, right)
     # An FP8 V loaded by pointers at an even address and strides may be read as 16-bit words.
     v_words = 0
@@ -1373,6 +1405,8 @@ def _portable_plan(q4, k, v, o4, lse, lse_strides, *, pair, varlen, batch, seqle
         meta["PAIR"] = True
     if short:
         meta["SHORT_ONLY"] = True
+    if merge_parts:
+        meta["MERGE_PARTS"] = merge_parts
     if wide:
         meta["WIDE"] = tuple((m, n, stages, _page_tile(k.shape[1], n) if paged else 0) for m, n, _, stages in wide)
     cap = _register_cap(dqk, dv, tiles, wide, interpret, kv_fp8)

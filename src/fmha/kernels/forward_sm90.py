@@ -64,8 +64,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from ..schedule import num_sms, outside_graph_pools
-from .launch import Plans, _arg_class, cdiv, fixed_classes, launch
+from ..schedule import num_sms
+from .launch import Plans, _arg_class, cdiv, fixed_classes, launch, zeroed_counter
 from .sm90 import box as sm90_box, descriptor, descriptor_in, offsets_64, on_hopper
 from .transpose import TAIL, packed_start, transpose_keys
 
@@ -241,7 +241,7 @@ def _next_item(COUNTER, t, DYNAMIC: gl.constexpr):
 def _release_counter(COUNTER):
     """COUNTER's two words are the causal items taken past the first grid and the programs done. The last program
     to finish zeroes both: every other one has taken its last item by then, so the next launch on this stream finds
-    the counter zeroed with no memset launch before it (`_counter`)."""
+    the counter zeroed with no memset launch before it (`launch.zeroed_counter`)."""
     if gl.atomic_add(COUNTER + 1, 1) == gl.num_programs(0) - 1:
         gl.atomic_xchg(COUNTER, 0)
         gl.atomic_xchg(COUNTER + 1, 0)
@@ -1106,8 +1106,8 @@ def attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, COUNTER, CU_Q, 
                          TMA_STORE: gl.constexpr, TRANSPOSE: gl.constexpr, MIN_ROWS: gl.constexpr = 0,
                          PAIR_TAILS: gl.constexpr = False):
     """Persistent: each program runs work items until none is left (`_next_item`); COUNTER is two zeroed int32
-    words (causal or windowed calls, `_counter`; None otherwise), which the kernel leaves zeroed. OFFSETS_64: O or
-    LSE reaches past 2^31 elements (the epilogue's offsets in 64 bits). HEADS: query heads an item (1, or 2 for
+    words (causal or windowed calls, `zeroed_counter`; None otherwise), which the kernel leaves zeroed. OFFSETS_64: O
+    or LSE reaches past 2^31 elements (the epilogue's offsets in 64 bits). HEADS: query heads an item (1, or 2 for
     GQA heads paired: ROWS rows of two heads of one KV head; n_bh and head_chunk then count pairs). VARLEN:
     n_bh * HEADS / heads_q packed sequences, CU_Q / CU_K their row offsets (`_work_item`); seqlen_q / seqlen_k the
     longest; with KV_CACHE, SEQLENS gives each one's key count instead (of a paged cache, CU_K None, or of its packed
@@ -1400,22 +1400,6 @@ def choose_tiles(d, causal, seqlen_q, left=-1, softcap=0.0, paged=False, dv=None
     return tiles
 
 
-_COUNTERS = {}
-
-
-def _counter(device):
-    """The causal schedule's counter (`_release_counter`), zeroed: one per (device, stream), which each launch
-    leaves zeroed for the next on its stream, so a call costs no memset launch (8-12 us of host time). While the
-    stream is being captured into a CUDA graph, a fresh zeroed one instead: the graph replays its memset, and no
-    replay shares a counter with eager launches or other graphs."""
-    if torch.cuda.is_current_stream_capturing():
-        return torch.zeros(2, dtype=torch.int32, device=device)
-    key = (device.index, torch._C._cuda_getCurrentRawStream(device.index))
-    counter = _COUNTERS.get(key)
-    if counter is None:
-        zeros = lambda: torch.zeros(2, dtype=torch.int32, device=device)       # noqa: E731
-        counter = _COUNTERS[key] = outside_graph_pools(zeros, device)
-    return counter
 
 
 def _two_heads_fit(group, wgs):
@@ -1579,8 +1563,8 @@ class _Plan:
         if self.fp8 and descales is not None:
             scales = tuple(None if t is None else t.contiguous() for t in descales)
         return (descriptor_in(q, bq), descriptor_in(k, bk), v_desc, None if bo is None else descriptor_in(out, bo),
-                out, lse, _counter(q.device) if self.counter else None, cu_q, cu_k, sinks, lefts, seqlens, table,
-                alibi_slopes, *scales, *self.scalars)
+                out, lse, zeroed_counter(q.device, 2) if self.counter else None, cu_q, cu_k, sinks, lefts, seqlens,
+                table, alibi_slopes, *scales, *self.scalars)
 
 
 def _with_moved(values, moved):
@@ -1654,8 +1638,8 @@ def _plan(q, k, v, out, lse, *, causal, softmax_scale, views=None, pingpong=None
               (d + dv) * k.element_size() if causal else 0, group // heads, heads_k)     # `_Plan.packed`
     grid = (min(packed[0] * cdiv(seqlen_q, packed[1]), packed[2]),)
     # Causal or windowed items, and packed sequences' items, differ in length: handed out by an atomic counter
-    # (`_counter`). Unmasked padded items are all alike, so a fixed round-robin balances them as well, with no
-    # counter.
+    # (`launch.zeroed_counter`). Unmasked padded items are all alike, so a fixed round-robin balances them as well,
+    # with no counter.
     counter = masked or varlen is not None or cache is not None
     part = _QK_PART.get(d, d)
     kv_rows = block_n if table is None else page_rows(k.shape[1], block_n)

@@ -112,6 +112,29 @@ def _direct(kernel, grid, device, args, constexprs):
                None, None, None, *[a.data_ptr() if type(a) is torch.Tensor else a for a in args], *constexprs)
 
 
+_COUNTERS = {}
+
+
+def zeroed_counter(device, words):
+    """At least `words` int32 counters, zeroed, for kernels that leave every counter they touch zeroed when they
+    finish (the Gluon prefill's causal schedule, the portable kernel's split merge): one buffer per (device,
+    stream), which launches on that stream take in turn, so a call costs no memset launch (8-12 us of host time).
+    While the stream is being captured into a CUDA graph, a fresh zeroed one instead: the graph replays its memset,
+    and no replay shares counters with eager launches or other graphs."""
+    if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+        return torch.zeros(words, dtype=torch.int32, device=device)
+    from ..schedule import outside_graph_pools
+
+    key = (device.index, torch._C._cuda_getCurrentRawStream(device.index))
+    counter = _COUNTERS.get(key)
+    if counter is None or counter.numel() < words:
+        # A larger buffer replaces a smaller one: the allocator reuses the old block only for work queued after
+        # the launches that use it on this stream.
+        zeros = lambda: torch.zeros(max(words, 64), dtype=torch.int32, device=device)       # noqa: E731
+        counter = _COUNTERS[key] = outside_graph_pools(zeros, device)
+    return counter
+
+
 class Plans(dict):
     """Launch plans (or routes) by call key, for callers that make a call's launch once per key of shapes, strides
     and options and bind each call's tensors to it. Emptied when `limit` keys are held: a server's shapes come and
