@@ -19,28 +19,49 @@ from .launch import Plans, cdiv, fixed_classes, launch, next_pow2, prev_pow2
 
 
 @triton.jit
-def merge_parts(o_part, lse_part, o_mask, row_ok, first, n, stride_o, stride_l, BLOCK_S: tl.constexpr):
+def merge_parts(o_part, lse_part, o_mask, row_ok, first, n, stride_o, stride_l, BLOCK_S: tl.constexpr,
+                UNROLL: tl.constexpr = False):
     """Parts `first .. first + n - 1` of a block of rows merged: `o_part` (rows, columns) and `lse_part` (rows,)
     point at the rows of part 0, part i's at `i * stride_o` / `i * stride_l` further. Returns the merged output,
-    LSE (-inf where `empty`) and `empty`: the rows no part saw a key of. Parts go BLOCK_S at a time, unrolled: a
-    group's loads depend on nothing the group computes, so they are all in flight at once (one round trip to memory
-    a group), and each part is folded in online. The parts are read through L2 only (`.cg`): they may have been
-    written by other programs of the running kernel (`forward`'s split merge)."""
+    LSE (-inf where `empty`) and `empty`: the rows no part saw a key of. Parts go BLOCK_S at a time, online over the
+    groups; a group's loads depend on nothing the group computes, so they are all in flight at once (one round trip
+    to memory a group). Either as one [BLOCK_S, rows] tile of LSEs and one [BLOCK_S, rows, columns] tile of values,
+    summed as a reduction of the first axis (`combine_kernel`: up to 64 parts of small tiles), or UNROLL: part by
+    part, each folded in online, which holds no 3-D tile of 64-bit addresses (`forward`'s split merge: a few parts
+    of its whole tile, beside the kernel's registers). The parts are read through L2 only (`.cg`): they may have
+    been written by other programs of the running kernel (`forward`'s split merge)."""
     m = tl.full(row_ok.shape, float("-inf"), dtype=tl.float32)
     den = tl.zeros(row_ok.shape, dtype=tl.float32)
     acc = tl.zeros(o_mask.shape, dtype=tl.float32)
     for s0 in range(0, n, BLOCK_S):
-        for j in tl.static_range(BLOCK_S):
-            ok = s0 + j < n
-            slot = (first + s0 + j).to(tl.int64)
-            lse_j = tl.load(lse_part + slot * stride_l, mask=row_ok & ok, other=float("-inf"), cache_modifier=".cg")
-            o_j = tl.load(o_part + slot * stride_o, mask=o_mask & ok, other=0.0, cache_modifier=".cg")
-            m_new = tl.maximum(m, lse_j)
-            m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)     # no part seen yet: weights 0, not NaN
+        if UNROLL:
+            for j in tl.static_range(BLOCK_S):
+                ok = s0 + j < n
+                slot = (first + s0 + j).to(tl.int64)
+                lse_j = tl.load(lse_part + slot * stride_l, mask=row_ok & ok, other=float("-inf"),
+                                cache_modifier=".cg")
+                o_j = tl.load(o_part + slot * stride_o, mask=o_mask & ok, other=0.0, cache_modifier=".cg")
+                m_new = tl.maximum(m, lse_j)
+                m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)     # no part seen yet: weights 0, not NaN
+                alpha = tl.exp2((m - m_shift) * LOG2E)
+                w = tl.exp2((lse_j - m_shift) * LOG2E)
+                acc = acc * alpha[:, None] + w[:, None] * o_j
+                den = den * alpha + w
+                m = m_new
+        else:
+            offs_s = s0 + tl.arange(0, BLOCK_S)
+            slots = (first + offs_s).to(tl.int64)
+            s_ok = offs_s < n
+            lse_t = tl.load(lse_part[None, :] + slots[:, None] * stride_l, mask=s_ok[:, None] & row_ok[None, :],
+                            other=float("-inf"), cache_modifier=".cg")
+            o_t = tl.load(o_part[None, :, :] + slots[:, None, None] * stride_o,
+                          mask=s_ok[:, None, None] & o_mask[None, :, :], other=0.0, cache_modifier=".cg")
+            m_new = tl.maximum(m, tl.max(lse_t, axis=0))
+            m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
             alpha = tl.exp2((m - m_shift) * LOG2E)
-            w = tl.exp2((lse_j - m_shift) * LOG2E)
-            acc = acc * alpha[:, None] + w[:, None] * o_j
-            den = den * alpha + w
+            w = tl.exp2((lse_t - m_shift[None, :]) * LOG2E)
+            acc = acc * alpha[:, None] + tl.sum(w[:, :, None] * o_t, axis=0)
+            den = den * alpha + tl.sum(w, axis=0)
             m = m_new
     m_shift = tl.where(m == float("-inf"), 0.0, m)
     empty = den == 0.0

@@ -475,7 +475,7 @@ def _attn_tile(Q, K, V, O, LSE, SLOPES, SINKS, K_DESC, V_DESC, BLOCK_TABLE, Q_DE
             if last:
                 tl.atomic_xchg(slot, 0, sem="relaxed", scope="gpu")
                 out, lse, empty = merge_parts(o_part, LSE_PART + part_rows, o_mask, row_ok, 0, tl.num_programs(2),
-                                              stride_o_split, stride_l_split, MERGE_PARTS)
+                                              stride_o_split, stride_l_split, MERGE_PARTS, True)
                 if HAS_SINKS:
                     out = out * sink_keep(lse, empty, tl.load(SINKS + q_head))[:, None]
     if last:
@@ -1333,7 +1333,7 @@ def _fitted(plan, make, args):
 # A split launch merges its parts in the kernel (MERGE_PARTS: the last split of each block to finish) when
 # MERGE_ROUNDS rounds of `combine.merge_parts` hold them all, each round's parts in MERGE_IN_FLIGHT fp32 values a
 # warp (64 registers a thread); more parts go to the `combine` launch, which spreads them over more programs.
-MERGE_IN_FLIGHT = 2048
+MERGE_IN_FLIGHT = 4096
 MERGE_ROUNDS = 1
 
 
