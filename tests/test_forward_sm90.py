@@ -702,7 +702,7 @@ def test_gluon_causal_counter_reuse():
     the grid), then a CUDA graph captured with its own counter and replayed twice; every result checked, and the
     shared counters read zero at the end. A launch that left its counter dirty would have the next one skip
     items (NaN rows in `out`)."""
-    from fmha.kernels import forward_sm90
+    from fmha.kernels import launch
     torch.manual_seed(5)
     cases = [(2, 700, 8, 64), (1, 1500, 4, 128), (2, 300, 2, 256)]
     inputs = [tuple(torch.randn(b, s, h, d, dtype=torch.bfloat16, device="cuda") for _ in range(3))
@@ -736,9 +736,9 @@ def test_gluon_causal_counter_reuse():
         torch.cuda.synchronize()
         for o, lse, ref in zip(outs, lses, refs):
             assert_matches(o, lse, ref, torch.bfloat16)
-    assert len(forward_sm90._COUNTERS) >= 2
-    for counter in forward_sm90._COUNTERS.values():
-        assert counter.tolist() == [0, 0]
+    assert len(launch._COUNTERS) >= 2
+    for counter in launch._COUNTERS.values():
+        assert not counter.any()
 
 
 def test_gluon_causal_counter_under_compiled_graphs():

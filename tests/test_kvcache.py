@@ -1246,3 +1246,33 @@ def test_gluon_cache_dispatch_rule(monkeypatch):
     # Paged: pages of a multiple of 16 keys only; SGLang's one-key pages and the like stay portable.
     assert forward._gluon_takes(lens, 1, 4, 32, 256, None, 48)
     assert not any(forward._gluon_takes(lens, 1, 4, 32, 256, None, p) for p in (1, 8, 24))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("page_size", [None, 16], ids=lambda p: f"page{p}" if p else "contiguous")
+@pytest.mark.parametrize("seqlen_q,num_splits", [(1, 2), (1, 3), (4, 2), (1, 40)])
+def test_split_merge_in_kernel(target, page_size, seqlen_q, num_splits, monkeypatch):
+    """A split launch whose parts one round of `combine.merge_parts` holds merges them in the kernel (MERGE_PARTS:
+    the last split of each block to finish; no `combine` launch), with a sink applied after the merge, and more
+    parts go to `combine`: both against the oracle, NaN past every length. The kernel leaves the counters it
+    used zeroed for the next launch on its stream (`launch.zeroed_counter`)."""
+    from fmha.kernels import forward, launch
+    monkeypatch.setattr(forward, "_PLANS", forward.Plans())
+    monkeypatch.setattr(launch, "RECORD", [])
+    device, dtype = target
+    c = _case(target)
+    k_cache, v_cache, table, k, v = _cache(c["seqlens"], c["capacity"], c["hk"], c["d"], c["d"], dtype, device,
+                                           page_size, seed=num_splits)
+    q = torch.randn(len(c["seqlens"]), seqlen_q, c["hq"], c["d"], device=device, dtype=dtype)
+    seqlens = torch.tensor(c["seqlens"], dtype=torch.int32, device=device)
+    options = dict(causal=seqlen_q > 1, sinks=torch.randn(c["hq"], device=device))
+    for _ in range(2):            # the second call on the counters the first left
+        got, lse = fmha.attention_with_kvcache(q, k_cache, v_cache, seqlens, block_table=table,
+                                               num_splits=num_splits, return_lse=True, **options)
+        assert_matches(got, lse, _oracle(q, k, v, c["seqlens"], **options), dtype)
+    names = [name for name, _, meta in launch.RECORD]
+    merged = [meta.get("MERGE_PARTS", 0) for name, _, meta in launch.RECORD if name == "attn_fwd_kernel"]
+    assert len(merged) == 2 and merged[0] == merged[1]
+    assert (merged[0] > 0) == (num_splits < 40) and ("combine_kernel" in names) == (num_splits == 40)
+    if device == "cuda":
+        assert all(not counter.any() for counter in launch._COUNTERS.values())

@@ -37,7 +37,7 @@ def merge_parts(o_part, lse_part, o_mask, row_ok, first, n, stride_o, stride_l, 
         if UNROLL:
             for j in tl.static_range(BLOCK_S):
                 ok = s0 + j < n
-                slot = (first + s0 + j).to(tl.int64)
+                slot = tl.cast(first + s0 + j, tl.int64)
                 lse_j = tl.load(lse_part + slot * stride_l, mask=row_ok & ok, other=float("-inf"),
                                 cache_modifier=".cg")
                 o_j = tl.load(o_part + slot * stride_o, mask=o_mask & ok, other=0.0, cache_modifier=".cg")

@@ -1148,7 +1148,7 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
     as two launches: it leaves out the sequences of at most `_short_tiles`' query rows, and this file's kernel runs
     those beside it (the Gluon launch on a second stream, joined: SIDE_STREAM), their GQA heads packed in decode
     tiles. Varlen calls over a cache that this file's kernel runs split their keys as `num_splits` says, 1 as
-    planned (`schedule.plan_num_splits`), and `combine` merges the parts into the packed rows. `short_rows` > 0
+    planned (`schedule.plan_num_splits`), and their parts are merged into the packed rows (`MERGE_ROUNDS`). `short_rows` > 0
     asks for the second launch alone (the sequences of at most that many rows; the others' output rows untouched),
     in `tiles` and `wide`'s further forms where given, else in `_short_tiles`'.
     """
@@ -1331,8 +1331,15 @@ def _fitted(plan, make, args):
 
 
 # A split launch merges its parts in the kernel (MERGE_PARTS: the last split of each block to finish) when
-# MERGE_ROUNDS rounds of `combine.merge_parts` hold them all, each round's parts in MERGE_IN_FLIGHT fp32 values a
-# warp (64 registers a thread); more parts go to the `combine` launch, which spreads them over more programs.
+# MERGE_ROUNDS rounds of `combine.merge_parts` hold them all, each round's parts MERGE_IN_FLIGHT fp32 values a warp
+# (128 registers a thread); more parts go to the `combine` launch, which spreads them over more programs. The
+# merge is a tail of dependent round trips to L2 (the parts' stores, the counter, the loads) after the last split,
+# where `combine` adds a launch and its own: H200, ratio to cuDNN, in-kernel / `combine`, one KV head of 8 query
+# heads (4-8 parts; `history/split_merge_confirm_h200_9a02342.json`, `split_merge_h200_9b6039d.json`): b = 64 at 4k
+# page 16 0.939 / 0.917, page 64 0.916 / 0.912, contiguous 0.975 / 0.966, b = 32 page 16 0.912 / 0.894. Rows of
+# more parts (b = 16 at 8k, long-context GQA at b = 1 / 4) keep `combine`: level. The kernel's merge in one round of
+# the tiled form (a 3-D tile of 64-bit addresses) took the d = 128 split tile to 255 registers and spilled
+# (0.74 of cuDNN); `merge_parts`' UNROLL form holds 159.
 MERGE_IN_FLIGHT = 4096
 MERGE_ROUNDS = 1
 
