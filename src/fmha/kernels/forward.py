@@ -1148,7 +1148,7 @@ def attention_forward(q, k, v, out, lse, *, cu_seqlens_q, cu_seqlens_k, max_seql
     as two launches: it leaves out the sequences of at most `_short_tiles`' query rows, and this file's kernel runs
     those beside it (the Gluon launch on a second stream, joined: SIDE_STREAM), their GQA heads packed in decode
     tiles. Varlen calls over a cache that this file's kernel runs split their keys as `num_splits` says, 1 as
-    planned (`schedule.plan_num_splits`), and their parts are merged into the packed rows (`MERGE_ROUNDS`). `short_rows` > 0
+    planned (`schedule.plan_num_splits`), their parts merged into the packed rows (`MERGE_ROUNDS`). `short_rows` > 0
     asks for the second launch alone (the sequences of at most that many rows; the others' output rows untouched),
     in `tiles` and `wide`'s further forms where given, else in `_short_tiles`'.
     """
@@ -1377,7 +1377,7 @@ def _portable_plan(q4, k, v, o4, lse, lse_strides, *, pair, varlen, batch, seqle
     if num_splits > 1 and not interpret:
         tiles = _GPU_SPLIT_TILES.get((paged, tile_key(dqk, dv), tiles), tiles)
     block_n, num_stages = tiles[1], tiles[3]
-    split_strides, parts, merge_parts = (0, 0), None, 0
+    split_strides, parts, merge_round = (0, 0), None, 0
     if num_splits > 1:
         # Partial results in fp32, one slab per split (the kernel's part_rows), merged after: in the kernel by the
         # last split of each block where MERGE_ROUNDS rounds of `merge_parts` take them all, else by `combine`.
@@ -1386,7 +1386,7 @@ def _portable_plan(q4, k, v, o4, lse, lse_strides, *, pair, varlen, batch, seqle
         rows = max([block_m, *(w[0] for w in wide or ())])
         per_round = min(next_pow2(num_splits), prev_pow2(max(1, MERGE_IN_FLIGHT * num_warps // (rows * block_dv))))
         if cdiv(num_splits, per_round) <= MERGE_ROUNDS:
-            merge_parts = per_round
+            merge_round = per_round
     packed_k = varlen and not paged
     k4, v4 = (t.unsqueeze(0) if packed_k else t for t in (k, v))
     scalars = (seqlen_q, seqlen_k, block_table.stride(0) if paged else 0, k.shape[1] if paged else 1, *split_strides,
@@ -1412,8 +1412,8 @@ def _portable_plan(q4, k, v, o4, lse, lse_strides, *, pair, varlen, batch, seqle
         meta["PAIR"] = True
     if short:
         meta["SHORT_ONLY"] = True
-    if merge_parts:
-        meta["MERGE_PARTS"] = merge_parts
+    if merge_round:
+        meta["MERGE_PARTS"] = merge_round
     if wide:
         meta["WIDE"] = tuple((m, n, stages, _page_tile(k.shape[1], n) if paged else 0) for m, n, _, stages in wide)
     cap = _register_cap(dqk, dv, tiles, wide, interpret, kv_fp8)
