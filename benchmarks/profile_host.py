@@ -128,7 +128,9 @@ def levels(q, k, v, causal, descales=None):
                                       None, None)),
         "  out: new_empty": lambda: q.new_empty(q.shape),
         "  lse: torch.empty": lambda: torch.empty((b, h, s), dtype=torch.float32, device=q.device),
-        "  causal counter": (lambda: forward_sm90._counter(q.device)) if hasattr(forward_sm90, "_counter")
+        "  causal counter": (lambda: forward_sm90.zeroed_counter(q.device, 2))
+        if hasattr(forward_sm90, "zeroed_counter") else (lambda: forward_sm90._counter(q.device))
+        if hasattr(forward_sm90, "_counter")
         else lambda: torch.zeros(1, dtype=torch.int32, device=q.device),       # what older trees allocate
         "  supported (views)": lambda: forward_sm90.supported(q, k, v),
         "  one descriptor": lambda: sm90.descriptor(q, views[0], [1, 64, d]),

@@ -929,7 +929,7 @@ def test_gluon_launch_plan_binds_each_call(case, monkeypatch):
     counter = torch.zeros(2, dtype=torch.int32)
     monkeypatch.setattr(F, "supported", lambda q, k, v: tuple(F.tma_view(t) for t in (q, k, v)))
     monkeypatch.setattr(F, "num_sms", lambda device: 132)
-    monkeypatch.setattr(F, "_counter", lambda device: counter)
+    monkeypatch.setattr(F, "zeroed_counter", lambda device, words: counter)
     launches, plans = [], []
     monkeypatch.setattr(F, "launch", lambda fn, grid, args, meta, fixed: launches.append((grid, args, meta, fixed)))
     real_plan = F._plan
