@@ -1,9 +1,10 @@
 """What the separate merge costs a split decode, on the shapes where splits carry the call: one KV head of 8 query
 heads (tensor parallelism, b = 16-64) and the long-context GQA rows. For each case, in one process: cuDNN on the
-contiguous cache, ours, ours with the combine launch skipped (timing only: the parts left unmerged), CUDA-graph
-GB/s; then torch.profiler's kernel records of ours (the split kernel, the gap, the combine; medians of 20 calls).
+contiguous cache, ours, ours with no merge (none in the kernel, the combine launch skipped: a timing only, the
+parts left unmerged), CUDA-graph GB/s; then torch.profiler's kernel records of ours (the split kernel, the gap, the combine; medians of 20 calls).
 It says what merging inside the split kernel (no second launch) could win at most. `--merge F,R ..` also times
-the kernel's own merge at `forward.MERGE_IN_FLIGHT` = F and `MERGE_ROUNDS` = R (labelled mF_R; R = 0: `combine`).
+the kernel's own merge at `forward.MERGE_IN_FLIGHT` = F and `MERGE_ROUNDS` = R (labelled mF_R; R = 0: `combine`);
+"ours" is the package's own constants.
 
     PYTHONPATH=src:benchmarks python3 benchmarks/experiments/split_merge_cost.py [--cases b,hq,hk,sk,page ..]
         [--merge 2048,1 1024,2 ..] [--out probe.json]
@@ -64,7 +65,8 @@ def main():
             row.setdefault("ours_gbps", []).append(nbytes / bench_gpu_graph(call) / 1e9)
             for name, (forward.MERGE_IN_FLIGHT, forward.MERGE_ROUNDS) in merges.items():
                 forward._PLANS.clear()
-                row.setdefault(f"{name}_maxdiff", (call().float() - ref).abs().max().item())
+                if f"{name}_maxdiff" not in row:
+                    row[f"{name}_maxdiff"] = (call().float() - ref).abs().max().item()
                 row.setdefault(f"{name}_gbps", []).append(nbytes / bench_gpu_graph(call) / 1e9)
             forward.MERGE_IN_FLIGHT, forward.MERGE_ROUNDS = 0, 0           # parts left unmerged: a timing only
             forward._PLANS.clear()
