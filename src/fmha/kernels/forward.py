@@ -9,6 +9,7 @@ Key tiles fall into three runs: masked tiles on the left edge of the window, unm
 middle (no mask arithmetic, no bounds on loads), masked tiles on the right edge / sequence end.
 """
 import functools
+import math
 import threading
 
 import torch
@@ -1382,7 +1383,7 @@ def _portable_plan(q4, k, v, o4, lse, lse_strides, *, pair, varlen, batch, seqle
         # Partial results in fp32, one slab per split (the kernel's part_rows), merged after: in the kernel by the
         # last split of each block where MERGE_ROUNDS rounds of `merge_parts` take them all, else by `combine`.
         parts = ((num_splits, batch, seqlen_q, heads_q, o4.shape[-1]), (num_splits, batch, seqlen_q, heads_q))
-        split_strides = (batch * seqlen_q * heads_q * o4.shape[-1], batch * seqlen_q * heads_q)
+        split_strides = tuple(math.prod(shape[1:]) for shape in parts)      # the slabs are contiguous
         rows = max([block_m, *(w[0] for w in wide or ())])
         per_round = min(next_pow2(num_splits), prev_pow2(max(1, MERGE_IN_FLIGHT * num_warps // (rows * block_dv))))
         if cdiv(num_splits, per_round) <= MERGE_ROUNDS:

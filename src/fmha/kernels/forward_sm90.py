@@ -1400,8 +1400,6 @@ def choose_tiles(d, causal, seqlen_q, left=-1, softcap=0.0, paged=False, dv=None
     return tiles
 
 
-
-
 def _two_heads_fit(group, wgs):
     """Whether an item can hold two query heads of one KV head, each consumer warpgroup one head: two consumer
     warpgroups and an even GQA group (the rule both `pack_heads` and the paired tails, `_paired_tail`, rest on)."""

@@ -128,8 +128,11 @@ def zeroed_counter(device, words):
     key = (device.index, torch._C._cuda_getCurrentRawStream(device.index))
     counter = _COUNTERS.get(key)
     if counter is None or counter.numel() < words:
-        # A larger buffer replaces a smaller one: the allocator reuses the old block only for work queued after
-        # the launches that use it on this stream.
+        if counter is not None:
+            # A larger buffer replaces a smaller one, which launches queued on this stream may still be using: it
+            # was allocated on another thread's stream (`outside_graph_pools`), so the allocator is told to wait
+            # for this stream's work before handing its block out again.
+            counter.record_stream(torch.cuda.current_stream(device))
         zeros = lambda: torch.zeros(max(words, 64), dtype=torch.int32, device=device)       # noqa: E731
         counter = _COUNTERS[key] = outside_graph_pools(zeros, device)
     return counter
