@@ -1276,3 +1276,33 @@ def test_split_merge_in_kernel(target, page_size, seqlen_q, num_splits, monkeypa
     assert (merged[0] > 0) == (num_splits < 40) and ("combine_kernel" in names) == (num_splits == 40)
     if device == "cuda":
         assert all(not counter.any() for counter in launch._COUNTERS.values())
+
+
+@pytest.mark.gpu
+def test_split_merge_counter_grows(monkeypatch):
+    """`launch.zeroed_counter` growing under queued work: on a fresh stream, a split launch of few blocks (a
+    64-word buffer), one of more blocks than that holds (a larger buffer replaces it while the first launch may
+    still be running), and the small one again, queued back to back with no synchronisation; each merged in the
+    kernel and checked against the oracle, and the stream's counters zeroed at the end."""
+    from fmha.kernels import forward, launch
+    monkeypatch.setattr(forward, "_PLANS", forward.Plans())
+    monkeypatch.setattr(launch, "RECORD", [])
+    dtype, hk, calls = torch.bfloat16, 8, []
+    for batch in (2, 40, 2):
+        seqlens = [(1000 + 37 * i) % 2048 + 1 for i in range(batch)]
+        k_cache, v_cache, table, k, v = _cache(seqlens, 2048, hk, 128, 128, dtype, "cuda", 16, seed=batch)
+        q = torch.randn(batch, 1, 4 * hk, 128, device="cuda", dtype=dtype)
+        calls.append((q, k_cache, v_cache, torch.tensor(seqlens, dtype=torch.int32, device="cuda"), table,
+                      _oracle(q, k, v, seqlens)))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        outs = [fmha.attention_with_kvcache(q, kc, vc, lens, block_table=t, num_splits=3, return_lse=True)
+                for q, kc, vc, lens, t, _ in calls]
+    side.synchronize()
+    for (got, lse), call in zip(outs, calls):
+        assert_matches(got, lse, call[-1], dtype)
+    words = [grid[0] * grid[1] for name, grid, meta in launch.RECORD if "MERGE_PARTS" in meta]
+    assert len(words) == 3 and words[0] <= 64 < words[1]
+    counter = launch._COUNTERS[(torch.cuda.current_device(), side.cuda_stream)]
+    assert counter.numel() >= words[1] and not counter.any()
