@@ -739,6 +739,20 @@ def _sparse_row(row, impls, flops, nbytes, *, graph, key, record):
 
 # ------------------------------------------------------------------------------------------------ output
 
+def peer_versions():
+    """Where each optional peer package imported here came from (its version, or the file it loaded from): FlashMLA
+    on the device is vLLM's build, put there by benchmarks/peers/fetch_flash_mla.py."""
+    import importlib
+    found = {}
+    for name in ("flash_mla", "flash_attn", "flash_attn_interface"):
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        found[name] = str(getattr(module, "__version__", None) or module.__file__)
+    return found
+
+
 def _commit(explicit):
     """--commit, else FMHA_COMMIT (a copied tree's git HEAD can be stale), else git's HEAD."""
     explicit = explicit or os.environ.get("FMHA_COMMIT")
@@ -867,7 +881,7 @@ def main(argv):
           f"(measured now)", flush=True)
     payload = dict(workload=args.workload, gpu=gpu, date=datetime.datetime.now().isoformat(timespec="seconds"),
                    commit=_commit(args.commit), torch=torch.__version__,
-                   triton=__import__("triton").__version__, rows=[])
+                   triton=__import__("triton").__version__, peers=peer_versions(), rows=[])
 
     def record(row):
         # Written after every row, so a run cut off by a time limit still leaves what it measured.
