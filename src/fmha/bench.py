@@ -320,7 +320,7 @@ def _measure(row, impls, ref, flops, nbytes, *, ratio_of, graph, to_nhd, rounds=
     for name, fn in impls.items():
         try:
             out = fn()
-            out = out[0] if isinstance(out, tuple) else out
+            out = out[0] if isinstance(out, (tuple, list)) else out     # a torch op returns a list
             if name != ref_name:
                 err = (to_nhd(out).float() - ref).abs().max().item()
                 if err > (tol.get(name, 0.05) if isinstance(tol, dict) else tol):
