@@ -60,6 +60,20 @@ def test_measure_reports_wrong_and_failing_peers(monkeypatch):
     assert row["ours_rounds"] == "1.0/1.0/1.0"
 
 
+def test_measure_checks_the_first_tensor_of_a_tuple_or_list(monkeypatch):
+    """Kernels return (out, lse, ...) as a tuple, a torch op (FlashMLA's sparse prefill) as a list: each is checked
+    on its first tensor, and a wrong first tensor in a list is caught like any other."""
+    x = torch.arange(6.0).reshape(1, 2, 3)
+    lse = torch.zeros(2)
+    _scripted(monkeypatch, [1e-3] * 9)
+    row = {}
+    bench._measure(row, {"ours": _impl("ours", (x, lse)), "op": _impl("op", [x.clone(), lse]),
+                         "wrong": _impl("wrong", [x + 1, lse])}, x, 1e9, 1e6, ratio_of="tflops", graph=False,
+                   to_nhd=lambda o: o)
+    assert "op_error" not in row and row["ours_vs_op"] == pytest.approx(1.0)
+    assert "disagrees" in row["wrong_error"] and "wrong_tflops" not in row
+
+
 def test_measure_falls_back_to_eager_for_the_whole_row(monkeypatch):
     """A call that cannot be captured is timed eagerly in every round, and the row says so."""
     x = torch.arange(6.0).reshape(1, 2, 3)
