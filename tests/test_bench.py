@@ -1,5 +1,8 @@
 """`fmha bench`'s row measurement (`bench._measure`): every implementation checked against ours before it is timed,
 timed in interleaved rounds, and the median of its rounds kept, so that one stalled timing cannot set a row."""
+import sys
+import types
+
 import pytest
 import torch
 
@@ -156,3 +159,15 @@ def test_bench_rejects_a_head_dim_before_measuring(dims, capsys):
     assert stop.value.code == 2
     assert f"--head-dim: head_dim must be a multiple of 8 up to 256, or one of (512, 576); got {dims[-1]}" in (
         capsys.readouterr().err)
+
+
+def test_peer_versions_names_only_the_peers_this_run_imported(monkeypatch):
+    """A record says which peer builds ran (FlashMLA / FA3 on the device are vLLM's): the version where a package
+    has one, else the file it loaded from; a peer not imported is left out, and nothing is imported to find out."""
+    for name in bench.PEER_MODULES:
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.setitem(sys.modules, "flash_mla", types.SimpleNamespace(__version__="vllm-0.26.0"))
+    monkeypatch.setitem(sys.modules, "flash_attn_interface",
+                        types.SimpleNamespace(__file__="/peers/flash_attn_interface.py"))
+    assert bench.peer_versions() == {"flash_mla": "vllm-0.26.0",
+                                     "flash_attn_interface": "/peers/flash_attn_interface.py"}

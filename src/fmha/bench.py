@@ -15,6 +15,7 @@ import json
 import os
 import statistics
 import subprocess
+import sys
 import time
 
 import torch
@@ -739,18 +740,15 @@ def _sparse_row(row, impls, flops, nbytes, *, graph, key, record):
 
 # ------------------------------------------------------------------------------------------------ output
 
+PEER_MODULES = ("flash_mla", "flash_attn", "flash_attn_interface")
+
+
 def peer_versions():
-    """Where each optional peer package imported here came from (its version, or the file it loaded from): FlashMLA
-    on the device is vLLM's build, put there by benchmarks/peers/fetch_flash_mla.py."""
-    import importlib
-    found = {}
-    for name in ("flash_mla", "flash_attn", "flash_attn_interface"):
-        try:
-            module = importlib.import_module(name)
-        except ImportError:
-            continue
-        found[name] = str(getattr(module, "__version__", None) or module.__file__)
-    return found
+    """The optional peer packages this run has imported (each workload's peer lookup imports its own; nothing is
+    imported here) and where each came from: its version, or the file it loaded from. On the device, FlashMLA and
+    FlashAttention-3 are vLLM's builds, put there by benchmarks/peers/fetch_peers.py."""
+    return {name: str(getattr(module, "__version__", None) or module.__file__)
+            for name in PEER_MODULES if (module := sys.modules.get(name)) is not None}
 
 
 def _commit(explicit):
@@ -881,7 +879,7 @@ def main(argv):
           f"(measured now)", flush=True)
     payload = dict(workload=args.workload, gpu=gpu, date=datetime.datetime.now().isoformat(timespec="seconds"),
                    commit=_commit(args.commit), torch=torch.__version__,
-                   triton=__import__("triton").__version__, peers=peer_versions(), rows=[])
+                   triton=__import__("triton").__version__, peers={}, rows=[])
 
     def record(row):
         # Written after every row, so a run cut off by a time limit still leaves what it measured.
@@ -891,6 +889,7 @@ def main(argv):
                 row["ours_frac_fp8_matmul_peak"] = row["ours_tflops"] / gpu["fp8_matmul_tflops"]
             row["ours_frac_copy_bw"] = row["ours_gbps"] / gpu["copy_gbps"]
         payload["rows"].append(row)
+        payload["peers"] = peer_versions()
         if args.out:
             _write(args.out, payload)
 
