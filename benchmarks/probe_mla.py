@@ -13,6 +13,7 @@ against the portable `triton.language` one. For tuning; `fmha bench mla` is the 
     PYTHONPATH=src python3 benchmarks/probe_mla.py --loader-sweep   # V4: the loading warpgroup by rule / on / off
     PYTHONPATH=src python3 benchmarks/probe_mla.py --hot        # scattered keys against one L2-hot tile
     PYTHONPATH=src python3 benchmarks/probe_mla.py --batch-sweep   # V3.2 sparse decode against the batch size
+    PYTHONPATH=src:.peers python3 benchmarks/probe_mla.py --whole-plans   # dense: whole sequences vs equal shares
 
 `--versions` times other copies of `kernels/mla_decode_sm90.py` (e.g. `git show REV:src/fmha/kernels/mla_decode_sm90.py
 > /tmp/base.py`) beside the package's own, in the same process and interleaved, each checked against the package's
@@ -342,6 +343,60 @@ def run_batch_sweep(out, batches, rounds=2):
         save_sweep(out, rows)
 
 
+WHOLE_PLAN_CASES = [(128, sk, hq, sq) for sk in (4096, 8192) for hq, sq in ((16, 1), (16, 2), (32, 1), (32, 2), (64, 1))]
+
+
+def run_whole_plans(out, cases=WHOLE_PLAN_CASES, rounds=3):
+    """Dense rows of equal-length sequences planned whole (`schedule.runs_whole`: one sequence a part when
+    there are fewer sequences than parts, some parts idle) against equal shares (WHOLE_SEQUENCE_SLACK 0: every
+    part busy, sequences cut and merged), FlashMLA beside them where importable; CUDA-graph timings interleaved,
+    medians of `rounds`, outputs checked against the whole plan's."""
+    import fmha.schedule as schedule
+    from fmha.bench import mla_peers
+    peers = mla_peers()
+    rows = []
+    for b, sk, hq, sq in cases:
+        torch.manual_seed(0)
+        q = torch.randn(b, sq, hq, 576, device="cuda", dtype=torch.bfloat16)
+        kv = torch.randn(b, sk, 1, 576, device="cuda", dtype=torch.bfloat16)
+        cache, table = paged_copy(64, kv)
+        del kv
+        lens = torch.full((b,), sk, dtype=torch.int32, device="cuda")
+        plans = {"whole": ours_mla.get_mla_metadata(lens, sq * hq, 1)}
+        slack, schedule.WHOLE_SEQUENCE_SLACK = schedule.WHOLE_SEQUENCE_SLACK, 0.0
+        try:
+            plans["shares"] = ours_mla.get_mla_metadata(lens, sq * hq, 1)
+        finally:
+            schedule.WHOLE_SEQUENCE_SLACK = slack
+        impls = {name: (lambda m=m: ours_mla.flash_mla_with_kvcache(q, cache, table, lens, 512, *m, causal=sq > 1))
+                 for name, m in plans.items()}
+        impls.update({name: build(q, cache, table, lens, sq, hq) for name, build in peers.items()})
+        ref = impls["whole"]()[0].float()
+        row = dict(b=b, sk=sk, hq=hq, sq=sq, pieces={n: int(m[1][-1]) for n, m in plans.items()})
+        for name, fn in impls.items():
+            row[f"{name}_max_diff"] = (fn()[0].float() - ref).abs().max().item()
+        times = {name: [] for name in impls}
+        for r in range(rounds):
+            for name in (list(impls) if r % 2 == 0 else list(impls)[::-1]):
+                _heat([impls[name]], 0.5)
+                times[name].append(bench_gpu_graph(impls[name]))
+        nbytes = b * sk * 576 * 2 + q.numel() * 2 + b * sq * hq * 512 * 2
+        for name, ts in times.items():
+            row[f"{name}_gbps"] = nbytes / sorted(ts)[len(ts) // 2] / 1e9
+        for name in impls:
+            if name != "whole":
+                row[f"whole_vs_{name}"] = row["whole_gbps"] / row[f"{name}_gbps"]
+        rows.append(row)
+        print(f"b={b} sk={sk} hq={hq} sq={sq} pieces {row['pieces']}: " +
+              ", ".join(f"{n} {row[f'{n}_gbps']:.0f} GB/s" for n in impls) + " | " +
+              ", ".join(f"whole/{n} {row[f'whole_vs_{n}']:.3f}" for n in impls if n != "whole") +
+              f" | max diff shares {row['shares_max_diff']:.1e}", flush=True)
+        del q, cache, impls, ref
+        torch.cuda.empty_cache()
+        if out:
+            save_sweep(out, rows)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("n", nargs="?", type=int, default=len(CASES))
@@ -355,6 +410,7 @@ def main():
     p.add_argument("--unchecked", action="store_true",
                    help="print the versions' differences instead of asserting (timing probes with wrong results)")
     p.add_argument("--rounds", type=int, default=3, help="--versions: timings of each version (median)")
+    p.add_argument("--whole-plans", action="store_true", help="dense: whole-sequence plans against equal shares")
     p.add_argument("--combine", action="store_true", help="sparse decode: whole plans without / with the combine")
     p.add_argument("--lse-copy", action="store_true",
                    help="sparse decode: the LSE written in place against per-token rows and a copy kernel")
@@ -378,6 +434,8 @@ def main():
     if args.flat:
         return run_hot(args.out, cases=_flat_cases())
     sparse_decode = _sparse_cases(slice(None), prefill=slice(0))
+    if args.whole_plans:
+        return run_whole_plans(args.out)
     if args.combine:
         # A no-op combine forced on by `runs_whole` returning False: split buffers made, the combine launched.
         return run_patched(args.out, {"whole": {}, "combine": {(ours_mla, "runs_whole"): lambda *a: False}},
