@@ -14,6 +14,7 @@ against the portable `triton.language` one. For tuning; `fmha bench mla` is the 
     PYTHONPATH=src python3 benchmarks/probe_mla.py --hot        # scattered keys against one L2-hot tile
     PYTHONPATH=src python3 benchmarks/probe_mla.py --batch-sweep   # V3.2 sparse decode against the batch size
     PYTHONPATH=src:.peers python3 benchmarks/probe_mla.py --whole-plans   # dense: whole sequences vs equal shares
+    PYTHONPATH=src python3 benchmarks/probe_mla.py --dense-combine  # dense, planned whole: without the no-op combine
 
 `--versions` times other copies of `kernels/mla_decode_sm90.py` (e.g. `git show REV:src/fmha/kernels/mla_decode_sm90.py
 > /tmp/base.py`) beside the package's own, in the same process and interleaved, each checked against the package's
@@ -28,6 +29,7 @@ import os
 
 import torch
 
+import fmha.kernels.mla_decode
 import fmha.kernels.mla_decode_sm90
 
 import fmha.mla as ours_mla
@@ -411,6 +413,7 @@ def main():
                    help="print the versions' differences instead of asserting (timing probes with wrong results)")
     p.add_argument("--rounds", type=int, default=3, help="--versions: timings of each version (median)")
     p.add_argument("--whole-plans", action="store_true", help="dense: whole-sequence plans against equal shares")
+    p.add_argument("--dense-combine", action="store_true", help="dense, planned whole: without the no-op combine")
     p.add_argument("--combine", action="store_true", help="sparse decode: whole plans without / with the combine")
     p.add_argument("--lse-copy", action="store_true",
                    help="sparse decode: the LSE written in place against per-token rows and a copy kernel")
@@ -436,6 +439,13 @@ def main():
     sparse_decode = _sparse_cases(slice(None), prefill=slice(0))
     if args.whole_plans:
         return run_whole_plans(args.out)
+    if args.dense_combine:
+        # Dense calls cannot know on the host that the plan ran every sequence whole (the lengths are on the
+        # device), so they always launch the combine, which then has nothing to merge: its cost, by leaving it out
+        # (outputs bit for bit the same on these whole-planned rows).
+        m = fmha.kernels.mla_decode
+        return run_patched(args.out, {"as_is": {}, "no_combine": {(m, "combine"): lambda *a, **k: None}},
+                           [_dense_case(*case) for case in WHOLE_PLAN_CASES])
     if args.combine:
         # A no-op combine forced on by `runs_whole` returning False: split buffers made, the combine launched.
         return run_patched(args.out, {"whole": {}, "combine": {(ours_mla, "runs_whole"): lambda *a: False}},
