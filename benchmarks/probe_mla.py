@@ -43,13 +43,18 @@ VERSION_CASES = [(128, 8192, 128, 1), (128, 4096, 128, 1), (128, 8192, 128, 2), 
                  (128, 8192, 16, 1), (128, 4096, 32, 1)]
 
 
-def _dense_case(b, sk, hq, sq):
-    """(row, call, flops, bytes, timer) of a dense MLA decode case (page 64)."""
+def _dense_inputs(b, sk, hq, sq):
+    """(q, cache, table, lens) of a dense MLA decode case: b sequences of sk keys in shuffled 64-key pages."""
     torch.manual_seed(0)
     q = torch.randn(b, sq, hq, 576, device="cuda", dtype=torch.bfloat16)
     kv = torch.randn(b, sk, 1, 576, device="cuda", dtype=torch.bfloat16)
     cache, table = paged_copy(64, kv)
-    lens = torch.full((b,), sk, dtype=torch.int32, device="cuda")
+    return q, cache, table, torch.full((b,), sk, dtype=torch.int32, device="cuda")
+
+
+def _dense_case(b, sk, hq, sq):
+    """(row, call, flops, bytes, timer) of a dense MLA decode case (page 64)."""
+    q, cache, table, lens = _dense_inputs(b, sk, hq, sq)
     meta, splits = ours_mla.get_mla_metadata(lens, sq * hq, 1)
     run = lambda: ours_mla.flash_mla_with_kvcache(q, cache, table, lens, 512, meta, splits, causal=sq > 1)
     return (dict(b=b, sk=sk, hq=hq, sq=sq), run, attention_flops(b, sq, sk, hq, 576, 512, causal=sq > 1),
@@ -358,12 +363,7 @@ def run_whole_plans(out, cases=WHOLE_PLAN_CASES, rounds=3):
     peers = mla_peers()
     rows = []
     for b, sk, hq, sq in cases:
-        torch.manual_seed(0)
-        q = torch.randn(b, sq, hq, 576, device="cuda", dtype=torch.bfloat16)
-        kv = torch.randn(b, sk, 1, 576, device="cuda", dtype=torch.bfloat16)
-        cache, table = paged_copy(64, kv)
-        del kv
-        lens = torch.full((b,), sk, dtype=torch.int32, device="cuda")
+        q, cache, table, lens = _dense_inputs(b, sk, hq, sq)
         plans = {"whole": ours_mla.get_mla_metadata(lens, sq * hq, 1)}
         slack, schedule.WHOLE_SEQUENCE_SLACK = schedule.WHOLE_SEQUENCE_SLACK, 0.0
         try:
