@@ -6,6 +6,13 @@ long-context GQA decode, b = 1 and 4 at 131k keys, page 64, bf16, d = 128 and 64
 split kernel (no second launch), could win: the gap and the combine's own time, against the split kernel's.
 
     PYTHONPATH=src python3 benchmarks/probe_split_gap.py [--calls 30] [--out probe.json]
+
+`--mla`: dense MLA decode rows (b = 128 equal lengths, page 64) instead, ours and FlashMLA's (where importable,
+e.g. `PYTHONPATH=src:.peers`): every kernel of a call with its median duration, the gaps between them and the
+call's span, at two lengths each, so that the per-call fixed cost (the span's intercept against the length)
+can be told apart kernel by kernel.
+
+    PYTHONPATH=src:.peers python3 benchmarks/probe_split_gap.py --mla [--calls 30] [--out probe.json]
 """
 import argparse
 import statistics
@@ -24,11 +31,61 @@ def _kernels(prof):
     return sorted(rows, key=lambda r: r[1])
 
 
+MLA_ROWS = [(128, sk, hq, 1) for hq in (16, 64, 128) for sk in (4096, 16384)]
+
+
+def _profiled_calls(call, calls):
+    """The kernels of each of `calls` synchronised calls: a list per call of (name, start us, duration us)."""
+    for _ in range(3):
+        call()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            call()
+            torch.cuda.synchronize()
+    ks = _kernels(prof)
+    if not ks or len(ks) % calls:
+        raise SystemExit(f"{len(ks)} kernels over {calls} calls: not the same kernels each call")
+    per = len(ks) // calls
+    return [ks[i:i + per] for i in range(0, len(ks), per)]
+
+
+def run_mla(calls, out):
+    import fmha.mla as ours_mla
+    from fmha.bench import mla_peers, paged_copy
+    rows = []
+    for b, sk, hq, sq in MLA_ROWS:
+        torch.manual_seed(0)
+        q = torch.randn(b, sq, hq, 576, device="cuda", dtype=torch.bfloat16)
+        cache, table = paged_copy(64, torch.randn(b, sk, 1, 576, device="cuda", dtype=torch.bfloat16))
+        lens = torch.full((b,), sk, dtype=torch.int32, device="cuda")
+        meta = ours_mla.get_mla_metadata(lens, sq * hq, 1)
+        impls = {"ours": lambda: ours_mla.flash_mla_with_kvcache(q, cache, table, lens, 512, *meta)}
+        impls.update({n: build(q, cache, table, lens, sq, hq) for n, build in mla_peers().items()})
+        for name, call in impls.items():
+            per_call = _profiled_calls(call, calls)
+            kernels = [dict(name=k[0][:60], us=statistics.median(c[i][2] for c in per_call))
+                       for i, k in enumerate(per_call[0])]
+            gaps = [statistics.median(c[i + 1][1] - c[i][1] - c[i][2] for c in per_call)
+                    for i in range(len(kernels) - 1)]
+            span = statistics.median(c[-1][1] + c[-1][2] - c[0][1] for c in per_call)
+            rows.append(dict(impl=name, b=b, sk=sk, hq=hq, sq=sq, kernels=kernels, gaps_us=gaps, span_us=span,
+                             gbps=b * sk * 576 * 2 / span / 1e3))
+            print(f"{name:9s} sk={sk:5d} hq={hq:3d} | span {span:7.1f} us ({rows[-1]['gbps']:.0f} GB/s) | "
+                  + " + ".join(f"{k['name'][:24]} {k['us']:.1f}" for k in kernels)
+                  + (f" | gaps {', '.join(f'{g:.2f}' for g in gaps)}" if gaps else ""), flush=True)
+        if out:
+            save_sweep(out, rows)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--calls", type=int, default=30)
     p.add_argument("--out", default=None)
+    p.add_argument("--mla", action="store_true", help="dense MLA decode, ours and FlashMLA: every kernel of a call")
     args = p.parse_args()
+    if args.mla:
+        return run_mla(args.calls, args.out)
     rows = []
     for case, _, call in _cases():            # `probe_combine`'s decode rows (its MLA rows follow: not these)
         if case["kind"] != "decode":
