@@ -12,7 +12,10 @@ e.g. `PYTHONPATH=src:.peers`): every kernel of a call with its median duration, 
 call's span, at two lengths each, so that the per-call fixed cost (the span's intercept against the length)
 can be told apart kernel by kernel.
 
-    PYTHONPATH=src:.peers python3 benchmarks/probe_split_gap.py --mla [--calls 30] [--out probe.json]
+    PYTHONPATH=src:.peers python3 benchmarks/probe_split_gap.py --mla [--graph] [--calls 30] [--out probe.json]
+
+`--graph`: the calls captured in one CUDA graph and replayed back to back (as `fmha bench` times decode), each
+call's period (first kernel's start to the next call's) beside its span.
 """
 import argparse
 import statistics
@@ -34,13 +37,25 @@ def _kernels(prof):
 MLA_ROWS = [(128, sk, hq, 1) for hq in (16, 64, 128) for sk in (4096, 16384)]
 
 
-def _profiled_calls(call, calls):
-    """The kernels of each of `calls` synchronised calls: a list per call of (name, start us, duration us)."""
+def _profiled_calls(call, calls, graph=False):
+    """The kernels of each of `calls` calls, a list per call of (name, start us, duration us): synchronised
+    one at a time, or with `graph` replayed back to back from one CUDA graph that holds them all (as
+    `bench_gpu_graph` times them)."""
     for _ in range(3):
         call()
     torch.cuda.synchronize()
+    if graph:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(calls):
+                call()
+        g.replay()
+        torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
+        if graph:
+            g.replay()
+            torch.cuda.synchronize()
+        for _ in range(0 if graph else calls):
             call()
             torch.cuda.synchronize()
     ks = _kernels(prof)
@@ -50,7 +65,7 @@ def _profiled_calls(call, calls):
     return [ks[i:i + per] for i in range(0, len(ks), per)]
 
 
-def run_mla(calls, out):
+def run_mla(calls, out, graph=False):
     import fmha.mla as ours_mla
     from fmha.bench import mla_peers, paged_copy
     rows = []
@@ -63,15 +78,18 @@ def run_mla(calls, out):
         impls = {"ours": lambda: ours_mla.flash_mla_with_kvcache(q, cache, table, lens, 512, *meta)}
         impls.update({n: build(q, cache, table, lens, sq, hq) for n, build in mla_peers().items()})
         for name, call in impls.items():
-            per_call = _profiled_calls(call, calls)
+            per_call = _profiled_calls(call, calls, graph)
             kernels = [dict(name=k[0][:60], us=statistics.median(c[i][2] for c in per_call))
                        for i, k in enumerate(per_call[0])]
             gaps = [statistics.median(c[i + 1][1] - c[i][1] - c[i][2] for c in per_call)
                     for i in range(len(kernels) - 1)]
             span = statistics.median(c[-1][1] + c[-1][2] - c[0][1] for c in per_call)
-            rows.append(dict(impl=name, b=b, sk=sk, hq=hq, sq=sq, kernels=kernels, gaps_us=gaps, span_us=span,
-                             gbps=b * sk * 576 * 2 / span / 1e3))
-            print(f"{name:9s} sk={sk:5d} hq={hq:3d} | span {span:7.1f} us ({rows[-1]['gbps']:.0f} GB/s) | "
+            # Back to back (graph): a call's period, from its first kernel's start to the next call's.
+            period = statistics.median(d[0][1] - c[0][1] for c, d in zip(per_call, per_call[1:]))
+            rows.append(dict(impl=name, b=b, sk=sk, hq=hq, sq=sq, graph=graph, kernels=kernels, gaps_us=gaps,
+                             span_us=span, period_us=period, gbps=b * sk * 576 * 2 / span / 1e3))
+            print(f"{name:9s} sk={sk:5d} hq={hq:3d} | span {span:7.1f} us ({rows[-1]['gbps']:.0f} GB/s) "
+                  f"period {period:7.1f} | "
                   + " + ".join(f"{k['name'][:24]} {k['us']:.1f}" for k in kernels)
                   + (f" | gaps {', '.join(f'{g:.2f}' for g in gaps)}" if gaps else ""), flush=True)
         if out:
@@ -83,9 +101,10 @@ def main():
     p.add_argument("--calls", type=int, default=30)
     p.add_argument("--out", default=None)
     p.add_argument("--mla", action="store_true", help="dense MLA decode, ours and FlashMLA: every kernel of a call")
+    p.add_argument("--graph", action="store_true", help="--mla: the calls replayed back to back from a CUDA graph")
     args = p.parse_args()
     if args.mla:
-        return run_mla(args.calls, args.out)
+        return run_mla(args.calls, args.out, args.graph)
     rows = []
     for case, _, call in _cases():            # `probe_combine`'s decode rows (its MLA rows follow: not these)
         if case["kind"] != "decode":
