@@ -65,6 +65,19 @@ def _profiled_calls(call, calls, graph=False):
     return [ks[i:i + per] for i in range(0, len(ks), per)]
 
 
+def _without_combine(call):
+    """`call` with the MLA decode's combine left out (a timing yardstick: right only on whole-planned rows)."""
+    from fmha.kernels import mla_decode
+
+    def run():
+        real, mla_decode.combine = mla_decode.combine, lambda *a, **k: None
+        try:
+            return call()
+        finally:
+            mla_decode.combine = real
+    return run
+
+
 def run_mla(calls, out, graph=False):
     import fmha.mla as ours_mla
     from fmha.bench import mla_peers, paged_copy
@@ -76,6 +89,7 @@ def run_mla(calls, out, graph=False):
         lens = torch.full((b,), sk, dtype=torch.int32, device="cuda")
         meta = ours_mla.get_mla_metadata(lens, sq * hq, 1)
         impls = {"ours": lambda: ours_mla.flash_mla_with_kvcache(q, cache, table, lens, 512, *meta)}
+        impls["ours_no_combine"] = _without_combine(impls["ours"])
         impls.update({n: build(q, cache, table, lens, sq, hq) for n, build in mla_peers().items()})
         for name, call in impls.items():
             per_call = _profiled_calls(call, calls, graph)
