@@ -149,14 +149,19 @@ def test_merge_bad_input():
 
 
 @pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("dv,parts,variable", [(128, 5, False), (128, 33, False), (512, 40, True), (64, 1, True)])
-def test_combine_kernel(target, dv, parts, variable):
+@pytest.mark.parametrize("dv,parts,variable,pdl", [(128, 5, False, False), (128, 33, False, False),
+                                                   (512, 40, True, False), (64, 1, True, False), (512, 40, True, True)])
+def test_combine_kernel(target, dv, parts, variable, pdl):
     """The split-KV combine (`kernels.combine`) against a float64 merge: uniform parts per batch, or a variable
     number per batch (the MLA scheduler's numbering, where more parts than one tile holds are merged in chunks);
-    parts with LSE -inf (no key) weigh nothing; a row of only such parts gives 0 and the empty LSE; sinks."""
+    parts with LSE -inf (no key) weigh nothing; a row of only such parts gives 0 and the empty LSE; sinks.
+    `pdl` (GPU): launched as a programmatic dependent launch, as after the Gluon MLA kernel (here after no kernel
+    that lets it start early): the batch of one part is left alone, the others merged after the wait."""
     from fmha.kernels.combine import combine
 
     device, dtype = target
+    if pdl and device == "cpu":
+        pytest.skip("programmatic dependent launch: CUDA only (the interpreter has no griddepcontrol)")
     torch.manual_seed(parts)
     batch, s_q, h_q, group = 3, 2, 4, 2
     rows_per_k = s_q * group
@@ -185,10 +190,11 @@ def test_combine_kernel(target, dv, parts, variable):
     sinks = torch.randn(h_q, device=device)
     out = torch.full((batch, s_q, h_q, dv), float("nan"), dtype=dtype, device=device)
     lse = torch.full((batch, h_q, s_q), float("nan"), device=device)
-    combine(out, lse, o_part, lse_part, rows_per_k=rows_per_k, group=group, sinks=sinks, **kw)
+    combine(out, lse, o_part, lse_part, rows_per_k=rows_per_k, group=group, sinks=sinks, pdl=pdl, **kw)
     for b in range(batch):
-        if len(slots[b]) == 1 and variable:
-            continue                          # one part: the split kernel wrote it as final output
+        if len(slots[b]) == 1 and variable:   # one part: the split kernel wrote it as final output
+            assert out[b].isnan().all() and lse[b].isnan().all()
+            continue
         o = torch.stack([get(o_part, b, s) for s in slots[b]]).double().cpu()
         l = torch.stack([get(lse_part, b, s) for s in slots[b]]).double().cpu()
         lse_ref = torch.logsumexp(l, 0)

@@ -10,6 +10,12 @@ batch (kv_head, query position, query head within the group). Two ways of number
 Packed queries (CU_Q): batch b is sequence b, its partial rows those of its first positions (the slabs are
 (batch, positions)), merged into the packed output's rows from CU_Q[b] for the positions the sequence has.
 One launch for the whole merge: the torch-op merge it replaces cost about ten launches per call.
+
+PDL (after the Gluon MLA kernel, which lets its dependents launch as it starts): the combine is a programmatic
+dependent launch, and a program with nothing to merge (a batch the split kernel ran whole) leaves before
+`gdc_wait`, so on a whole-planned call the launch drains beside the split kernel (on the SMs its plan leaves idle)
+instead of after it. The plan's split offsets were written before the split kernel started; the partials are read
+only after the wait, and program (0, 0) always waits, so the combine never completes before the split kernel.
 """
 import triton
 import triton.language as tl
@@ -75,7 +81,7 @@ def combine_kernel(O, LSE, O_PART, LSE_PART, SPLIT_OFFSETS, SINKS, CU_Q,
                    stride_ob, stride_os, stride_oh, stride_lseb, stride_lseh, stride_lses, seq_tokens,
                    stride_ps, stride_pb, stride_pr, stride_lps, stride_lpb,
                    DV: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr,
-                   VARIABLE_SPLITS: tl.constexpr, HAS_SINKS: tl.constexpr):
+                   VARIABLE_SPLITS: tl.constexpr, HAS_SINKS: tl.constexpr, PDL: tl.constexpr = False):
     # A program merges BLOCK_R packed rows of one batch, BLOCK_DV of their DV values (program_id 1 picks which).
     # Batches and row blocks share the grid's first axis (batch-major): a second axis holds at most 65535
     # programs, fewer than the row blocks of a long chunk's forced split (16k queries of 32 heads: 65536).
@@ -101,6 +107,9 @@ def combine_kernel(O, LSE, O_PART, LSE_PART, SPLIT_OFFSETS, SINKS, CU_Q,
         q_len = tl.load(CU_Q + b + 1) - q_start
         row_ok = row_ok & ((rows % rows_per_k) // group < q_len) & (q_len <= rows_per_k // group)
         live = live & (tl.sum(row_ok.to(tl.int32), axis=0) > 0)
+    if PDL:
+        if live | ((tl.program_id(0) == 0) & (tl.program_id(1) == 0)):
+            tl.extra.cuda.gdc_wait()      # the split kernel's partials (and its completion) from here on
     if live:
         offs_d = d0 + tl.arange(0, BLOCK_DV)
         o_mask = row_ok[:, None] & (offs_d < DV)[None, :]
@@ -135,7 +144,7 @@ _MIN_DV_CHUNK = 32
 
 
 def combine(out, lse, o_part, lse_part, *, rows_per_k, group, split_offsets=None, num_splits=0, sinks=None,
-            empty_lse=float("-inf"), cu_seqlens_q=None):
+            empty_lse=float("-inf"), cu_seqlens_q=None, pdl=False):
     """Merge partials into `out (b, s_q, h_q, dv)` and `lse (b, h_q, s_q)`, or `lse (b // t, h_q, t)` when the b
     batches are the t query tokens each of a flattened call (s_q = 1; `common.lse_ptrs`), or with `cu_seqlens_q
     (b + 1,)` int32 into packed `out (total_q, h_q, dv)` and `lse (h_q, total_q)`: sequence b's partials (its
@@ -145,17 +154,18 @@ def combine(out, lse, o_part, lse_part, *, rows_per_k, group, split_offsets=None
     o_part: `(slots, [b,] rows, dv)` fp32, lse_part: `(slots, [b,] rows)` fp32 — with the batch axis for uniform
     splits (`num_splits` slots per batch), without it when `split_offsets (b + 1,)` numbers each batch's slots.
     A row's packed index is `kv_head * rows_per_k + q_pos * group + (q_head % group)`.
+    `pdl`: launched as a programmatic dependent launch (the module docstring; CUDA sm_90+, with `split_offsets`).
     """
     if cu_seqlens_q is not None:         # packed: one batch of every token, sequence b read from CU_Q (batch stride 0)
         out, lse = (t.unsqueeze(0).expand(o_part.shape[1], *t.shape) for t in (out, lse))
     key = (out.shape, out.stride(), lse.shape, lse.stride(), o_part.shape, o_part.stride(), lse_part.shape,
            lse_part.stride(), out.device, rows_per_k, group, split_offsets is None, num_splits, sinks is None,
-           empty_lse, cu_seqlens_q is None)
+           empty_lse, cu_seqlens_q is None, pdl)
     plan = _PLANS.get(key)
     if plan is None:
         plan = _PLANS.keep(key, _plan(out, lse, o_part, lse_part, rows_per_k=rows_per_k, group=group,
                                       per_batch=split_offsets is None, num_splits=num_splits, sinks=sinks,
-                                      empty_lse=empty_lse))
+                                      empty_lse=empty_lse, pdl=pdl))
     grid, scalars, meta, fixed = plan
     launch(combine_kernel, grid, (out, lse, o_part, lse_part, split_offsets, sinks, cu_seqlens_q, *scalars), meta,
            fixed)
@@ -166,7 +176,7 @@ def combine(out, lse, o_part, lse_part, *, rows_per_k, group, split_offsets=None
 _PLANS = Plans()
 
 
-def _plan(out, lse, o_part, lse_part, *, rows_per_k, group, per_batch, num_splits, sinks, empty_lse):
+def _plan(out, lse, o_part, lse_part, *, rows_per_k, group, per_batch, num_splits, sinks, empty_lse, pdl):
     """`combine`'s launch without its tensors."""
     from ..schedule import num_sms
 
@@ -189,4 +199,6 @@ def _plan(out, lse, o_part, lse_part, *, rows_per_k, group, per_batch, num_split
                o_part.stride(-2), lse_part.stride(0), lse_part.stride(1) if per_batch else 0)
     meta = dict(DV=dv, BLOCK_DV=block_dv, BLOCK_R=block_r, BLOCK_S=block_s, VARIABLE_SPLITS=not per_batch,
                 HAS_SINKS=sinks is not None, num_warps=4)
+    if pdl:
+        meta.update(PDL=True, launch_pdl=True)
     return (batch * cdiv(total_rows, block_r), cdiv(dv, block_dv)), scalars, meta, fixed_classes(scalars, meta)

@@ -459,9 +459,9 @@ def mla_decode_forward(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens
                                                            fp8_layout=fp8_layout, extra=extra)
             if route[1] is not plan:
                 _ROUTES[key] = ("sm90", plan)
-            if not whole:
+            if not whole:         # a dependent launch (`combine`): idle beside a whole plan's split kernel
                 combine(out, lse, o_part, lse_part, rows_per_k=rows_per_k, group=group, split_offsets=split_offsets,
-                        sinks=sinks, empty_lse=float("inf"))
+                        sinks=sinks, empty_lse=float("inf"), pdl=True)
             return None
     o_part, lse_part = _split_buffers(parts_shape, q_lat.device)
     block_m, block_n, num_warps, num_stages, transposed = tiles or _tile_config(rows_per_k, interpret)

@@ -982,6 +982,18 @@ def _consumer(descs, q_lat, q_rope, bufs, k_free, q_ready, q_free, xchg, kidx, o
         split = 0
 
 
+_LAUNCH_DEPENDENTS = gl.constexpr("{ griddepcontrol.launch_dependents;\nmov.u32 $0, $1; }")
+
+
+@gluon.jit
+def _launch_dependents():
+    """Let the launch that depends on this one programmatically (`combine.combine_kernel` with PDL) start now: its
+    programs with nothing to merge leave at once, the others wait for this kernel to complete. A no-op for a launch
+    without the attribute."""
+    tid = gl.arange(0, 128, layout=gl.BlockedLayout([1], [32], [4], [0]))
+    gl.inline_asm_elementwise(_LAUNCH_DEPENDENTS, "=r,r", [tid], gl.int32, False, 1)
+
+
 @gluon.jit
 def mla_decode_sm90_kernel(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_desc, o_part_desc, LSE, LSE_PART,
                            SCHED, SEQLENS, SPLIT_OFFSETS, SINKS, BLOCK_TABLE, KV_LAT, K_ROPE, VALID_LENS, MAX_LOGITS,
@@ -998,6 +1010,7 @@ def mla_decode_sm90_kernel(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_d
     loading warpgroup with LOADER (`uses_loader`, the module docstring). A consumer as the default partition beside a
     third warpgroup would run at 168 registers (65536 / 384), and ptxas then serialises the
     wgmmas of a 64 x 256 fp32 accumulator kernel."""
+    _launch_dependents()
     dtype: gl.constexpr = q_lat_desc.dtype
     GATHER: gl.constexpr = SPARSE or (FP8 != 0)
     ROPE_PART: gl.constexpr = HAS_ROPE or (FP8 == MODEL1)      # model1's RoPE values land in the RoPE slot
