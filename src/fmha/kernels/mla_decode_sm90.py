@@ -13,8 +13,9 @@ With 64 rows the `triton.language` kernel is compute-bound and stops at 0.45x Fl
 it computes the 64 x 64 x 576 score tile twice, once per warpgroup.
 
 One program owns 64 packed query rows and one part of the key blocks (`schedule.plan_mla`, the same plan and
-partial-result layout as the portable kernel, merged by `combine.py`). Two warpgroups, each owning 256 of the
-512 output columns (a 64 x 256 fp32 accumulator). The consumers issue their own loads, except with V3.2's FP8
+partial-result layout as the portable kernel, merged by `combine.py`, launched as this kernel's programmatic
+dependent: `_launch_dependents`). Two warpgroups, each owning 256 of the 512 output columns (a 64 x 256 fp32
+accumulator). The consumers issue their own loads, except with V3.2's FP8
 cache and model1's on long token rows, where a third warpgroup (`_producer`) issues every gather (see "Loading
 warpgroup" below).
 
@@ -81,6 +82,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from .._kv_fp8 import MODEL1_ROW, MODEL1_TAIL, model1_parts
 from ..schedule import SCHED_BLOCK, SCHED_FIELDS as _SCHED_FIELDS
+from .cluster_sm90 import THREADS
 from .forward_sm90 import bar, bars, zero_rows_from
 from .launch import cdiv, fixed_classes, launch
 from .sm90 import box, descriptor_in, on_hopper
@@ -990,7 +992,7 @@ def _launch_dependents():
     """Let the launch that depends on this one programmatically (`combine.combine_kernel` with PDL) start now: its
     programs with nothing to merge leave at once, the others wait for this kernel to complete. A no-op for a launch
     without the attribute."""
-    tid = gl.arange(0, 128, layout=gl.BlockedLayout([1], [32], [4], [0]))
+    tid = gl.arange(0, 128, layout=THREADS)
     gl.inline_asm_elementwise(_LAUNCH_DEPENDENTS, "=r,r", [tid], gl.int32, False, 1)
 
 
