@@ -80,13 +80,11 @@ def _without_combine(call):
 
 def run_mla(calls, out, graph=False):
     import fmha.mla as ours_mla
-    from fmha.bench import mla_peers, paged_copy
+    from fmha.bench import mla_peers
+    from probe_mla import _dense_inputs
     rows = []
     for b, sk, hq, sq in MLA_ROWS:
-        torch.manual_seed(0)
-        q = torch.randn(b, sq, hq, 576, device="cuda", dtype=torch.bfloat16)
-        cache, table = paged_copy(64, torch.randn(b, sk, 1, 576, device="cuda", dtype=torch.bfloat16))
-        lens = torch.full((b,), sk, dtype=torch.int32, device="cuda")
+        q, cache, table, lens = _dense_inputs(b, sk, hq, sq)
         meta = ours_mla.get_mla_metadata(lens, sq * hq, 1)
         impls = {"ours": lambda: ours_mla.flash_mla_with_kvcache(q, cache, table, lens, 512, *meta)}
         impls["ours_no_combine"] = _without_combine(impls["ours"])
