@@ -37,10 +37,9 @@ def _kernels(prof):
 MLA_ROWS = [(128, sk, hq, 1) for hq in (16, 64, 128) for sk in (4096, 16384)]
 
 
-def _profiled_calls(call, calls, graph=False):
-    """The kernels of each of `calls` calls, a list per call of (name, start us, duration us): synchronised
-    one at a time, or with `graph` replayed back to back from one CUDA graph that holds them all (as
-    `bench_gpu_graph` times them)."""
+def _profile(call, calls, graph=False):
+    """The kernels (`_kernels`) of `calls` calls after three unprofiled ones: synchronised one at a time, or with
+    `graph` replayed back to back from one CUDA graph that holds them all (as `bench_gpu_graph` times them)."""
     for _ in range(3):
         call()
     torch.cuda.synchronize()
@@ -58,7 +57,12 @@ def _profiled_calls(call, calls, graph=False):
         for _ in range(0 if graph else calls):
             call()
             torch.cuda.synchronize()
-    ks = _kernels(prof)
+    return _kernels(prof)
+
+
+def _profiled_calls(call, calls, graph=False):
+    """`_profile`'s kernels, a list per call of (name, start us, duration us)."""
+    ks = _profile(call, calls, graph)
     if not ks or len(ks) % calls:
         raise SystemExit(f"{len(ks)} kernels over {calls} calls: not the same kernels each call")
     per = len(ks) // calls
@@ -122,15 +126,8 @@ def main():
         if case["kind"] != "decode":
             break
         b, d = case["b"], case["d"]
-        for _ in range(3):
-            call()
-        torch.cuda.synchronize()
         split, gap, comb, span = [], [], [], []
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(args.calls):
-                call()
-                torch.cuda.synchronize()
-        ks = [r for r in _kernels(prof) if "attn_fwd_kernel" in r[0] or "combine_kernel" in r[0]]
+        ks = [r for r in _profile(call, args.calls) if "attn_fwd_kernel" in r[0] or "combine_kernel" in r[0]]
         for a, c in zip(ks, ks[1:]):
             if "attn_fwd_kernel" in a[0] and "combine_kernel" in c[0]:
                 split.append(a[2])
