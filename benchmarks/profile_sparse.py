@@ -5,7 +5,9 @@ topk 128 + extra 512, b=64). Usage:
 prints the torch profiler's CUDA kernel table; with --plain it only makes three calls (the first compiles), for
     ncu --kernel-name regex:mla_decode_sm90 --launch-skip 2 --launch-count 1 --clock-control none ...
 and `benchmarks/ncu_source.py` summarises a report's per-instruction stall samples. `--version=PATH`: the calls run
-a copy of `kernels/mla_decode_sm90.py` instead of the package's (the kernel keeps its name)."""
+a copy of `kernels/mla_decode_sm90.py` instead of the package's (the kernel keeps its name). `--peer`: the prefill
+calls run FlashMLA's `flash_mla_sparse_fwd` (`benchmarks/peers/fetch_peers.py`) on the same inputs instead
+(its kernel: `ncu --kernel-name-base demangled --kernel-name regex:sparse_attn_fwd_kernel ...`)."""
 import sys
 
 import torch
@@ -25,7 +27,10 @@ if "--prefill" in sys.argv:
     name, sq, skv, hq, d, topk = case
     b, extra_topk = 1, 0
     q, kv, indices = sparse_prefill_inputs(case, g)
-    call = lambda: mla.flash_mla_sparse_fwd(q, kv, indices, d ** -0.5, 512)  # noqa
+    impl = mla
+    if "--peer" in sys.argv:
+        import flash_mla as impl
+    call = lambda: impl.flash_mla_sparse_fwd(q, kv, indices, d ** -0.5, 512)  # noqa
 else:
     case = SPARSE_DECODE_CASES[int(args[0]) if args else 2]
     name, b, hq, sq, d, layout, topk, page, extra_topk, extra_page = case
