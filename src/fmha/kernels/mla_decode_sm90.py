@@ -742,6 +742,10 @@ def _consumer(descs, q_lat, q_rope, bufs, k_free, q_ready, q_free, xchg, kidx, o
     # Warpgroup 0 skips its accumulator's rescales while no row's max moves (`_raise_max`, `_rescale`): on the
     # TMA forms only; in the gather forms the branch raised the spills and measured slower.
     LAZY: gl.constexpr = not GATHER
+    # Gathers issued by the consumers: warpgroup 0 sends the next pair's half L(c + 2) out behind P1·V1_L, not before
+    # it, so P1·V1_L, whose end frees half L of warpgroup 1's next tile (its last part to go out), starts a gather's
+    # issue time sooner; L(c + 2) is not needed before the next pair (NOTES.md, hundred-and-seventeenth session).
+    LATE_L: gl.constexpr = GATHER and not PRODUCER
     OWN_P: gl.constexpr = FP8 == MODEL1     # P1 in a buffer of its own (`p_buf`), else in its tile's RoPE slot
     k_lat, k_rope, k_ready, k_raw, k_scale = bufs
     f32_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, ROWS, HALF], gl.float32)
@@ -839,7 +843,7 @@ def _consumer(descs, q_lat, q_rope, bufs, k_free, q_ready, q_free, xchg, kidx, o
                     acc = warpgroup_mma_wait(0, deps=(o_tok,))
                     if PRODUCER:              # this slot's half L is free
                         _release(k_free, c % STAGES, PART_L, -1)
-                    elif i + 2 < take:        # this slot's half L is free: the next pair's first tile
+                    elif (i + 2 < take) and not LATE_L:   # this slot's half L is free: the next pair's first tile
                         _load_parts(kv, bufs, n0 + 2 * BLOCK_N, c + 2, kidx.index(jp).load(KEY_ROWS) if GATHER else 0,
                                     PART_L, -1, -1, SPARSE, FP8, ROPE_PART, EXTRA)
                     acc = _rescale(acc, alpha1, moved1, row_o, LAZY)
@@ -852,6 +856,9 @@ def _consumer(descs, q_lat, q_rope, bufs, k_free, q_ready, q_free, xchg, kidx, o
                             _landed(k_ready, c + 1, PART_L, GATHER)
                         _zero_tail(v1, n1, seqlen, not GATHER)
                         o_tok = warpgroup_mma(p_buf if OWN_P else k_rope.index(slot1), v1, acc, is_async=True)
+                        if LATE_L and (i + 2 < take):
+                            _load_parts(kv, bufs, n0 + 2 * BLOCK_N, c + 2, kidx.index(jp).load(KEY_ROWS), PART_L,
+                                        -1, -1, SPARSE, FP8, ROPE_PART, EXTRA)
                         acc = warpgroup_mma_wait(0, deps=(o_tok,))
                         if PRODUCER:
                             _release(k_free, slot1, PART_L, -1 if OWN_P else PART_ROPE)
