@@ -5,13 +5,14 @@ each address's line through `nvdisasm -g` (the one Triton ships). Lines of the k
 text and top stall reasons. Usage:
     python3 benchmarks/ncu_lines.py PAGE.csv KERNEL.cubin SOURCE.py [top] [--by exec]"""
 import collections
-import csv
 import os
 import re
 import subprocess
 import sys
 
 import triton
+
+from ncu_source import num, read_page
 
 
 def line_of_offsets(cubin):
@@ -30,22 +31,12 @@ def line_of_offsets(cubin):
     return lines
 
 
-def num(x):
-    try:
-        return float(x.replace(",", ""))
-    except ValueError:
-        return 0.0
-
-
 def main():
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     page, cubin, source = args[:3]
     top = int(args[3]) if len(args) > 3 else 40
     key = 1 if "--by" in sys.argv and sys.argv[sys.argv.index("--by") + 1] == "exec" else 0
-    rows = list(csv.reader(open(page, newline="")))
-    head_i = next(i for i, r in enumerate(rows) if "Address" in r and "Source" in r)
-    head = rows[head_i]
-    body = [r for r in rows[head_i + 1:] if len(r) == len(head)]
+    head, body = read_page(page)
     samples, executed = head.index("Warp Stall Sampling (All Samples)"), head.index("Instructions Executed")
     reasons = [i for i, c in enumerate(head) if c.startswith("stall_") and "Not Issued" not in c]
     where = line_of_offsets(cubin)
@@ -53,10 +44,10 @@ def main():
     per_line = collections.defaultdict(lambda: [0.0, 0.0, collections.Counter()])
     for r in body:
         acc = per_line[where.get(int(r[0], 16) - base)]
-        acc[0] += num(r[samples])
-        acc[1] += num(r[executed])
+        acc[0] += num(r[samples]) or 0.0
+        acc[1] += num(r[executed]) or 0.0
         for i in reasons:
-            acc[2][head[i][6:]] += num(r[i])
+            acc[2][head[i][6:]] += num(r[i]) or 0.0
     text = open(source).read().splitlines()
     name = os.path.basename(source)
     total = [sum(a[k] for a in per_line.values()) or 1.0 for k in (0, 1)]

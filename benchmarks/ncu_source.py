@@ -13,12 +13,17 @@ def num(x):
         return None
 
 
-def main():
-    rows = list(csv.reader(open(sys.argv[1], newline="")))
-    top = int(sys.argv[2]) if len(sys.argv) > 2 else 60
+def read_page(path):
+    """(header, rows) of an ncu source page CSV: the row naming the "Source" column, then every row as long."""
+    rows = list(csv.reader(open(path, newline="")))
     head_i = next(i for i, r in enumerate(rows) if any("Source" == c.strip() for c in r))
     head = rows[head_i]
-    body = [r for r in rows[head_i + 1:] if len(r) == len(head)]
+    return head, [r for r in rows[head_i + 1:] if len(r) == len(head)]
+
+
+def main():
+    head, body = read_page(sys.argv[1])
+    top = int(sys.argv[2]) if len(sys.argv) > 2 else 60
     print("columns:", head)
     src = head.index("Source")
     stall_cols = [i for i, c in enumerate(head) if "Sampl" in c or c.startswith("stall") or "Stall" in c]

@@ -563,6 +563,15 @@ def _load_parts(kv, bufs, n, t, raw, FIRST: gl.constexpr, SECOND: gl.constexpr, 
 
 
 @gluon.jit
+def _next_half_l(kv, bufs, kidx, n0, c, jp, SPARSE: gl.constexpr, FP8: gl.constexpr, GATHER: gl.constexpr,
+                 ROPE_PART: gl.constexpr, EXTRA: gl.constexpr):
+    """Warpgroup 0's load of half L of the next pair's first tile (planned key n0 + 2 tiles, ring position c + 2)
+    into the slot half its P0·V0_L has freed (gathers: from the tile's index row, staged in `kidx` slot jp)."""
+    _load_parts(kv, bufs, n0 + 2 * BLOCK_N, c + 2, kidx.index(jp).load(KEY_ROWS) if GATHER else 0, PART_L, -1, -1,
+                SPARSE, FP8, ROPE_PART, EXTRA)
+
+
+@gluon.jit
 def _first_loads(kv, bufs, kidx, blk, c, j, raw, SPARSE: gl.constexpr, FP8: gl.constexpr, GATHER: gl.constexpr,
                  ROPE_PART: gl.constexpr, EXTRA: gl.constexpr):
     """Tile j (0 or 1) of a piece's first pair (its first key block `blk`, ring position c): gathers stage the
@@ -844,8 +853,7 @@ def _consumer(descs, q_lat, q_rope, bufs, k_free, q_ready, q_free, xchg, kidx, o
                     if PRODUCER:              # this slot's half L is free
                         _release(k_free, c % STAGES, PART_L, -1)
                     elif (i + 2 < take) and not LATE_L:   # this slot's half L is free: the next pair's first tile
-                        _load_parts(kv, bufs, n0 + 2 * BLOCK_N, c + 2, kidx.index(jp).load(KEY_ROWS) if GATHER else 0,
-                                    PART_L, -1, -1, SPARSE, FP8, ROPE_PART, EXTRA)
+                        _next_half_l(kv, bufs, kidx, n0, c, jp, SPARSE, FP8, GATHER, ROPE_PART, EXTRA)
                     acc = _rescale(acc, alpha1, moved1, row_o, LAZY)
                     l_i = l_i * alpha1
                     mbarrier.wait(handoff[3], ph)
@@ -857,8 +865,7 @@ def _consumer(descs, q_lat, q_rope, bufs, k_free, q_ready, q_free, xchg, kidx, o
                         _zero_tail(v1, n1, seqlen, not GATHER)
                         o_tok = warpgroup_mma(p_buf if OWN_P else k_rope.index(slot1), v1, acc, is_async=True)
                         if LATE_L and (i + 2 < take):
-                            _load_parts(kv, bufs, n0 + 2 * BLOCK_N, c + 2, kidx.index(jp).load(KEY_ROWS), PART_L,
-                                        -1, -1, SPARSE, FP8, ROPE_PART, EXTRA)
+                            _next_half_l(kv, bufs, kidx, n0, c, jp, SPARSE, FP8, GATHER, ROPE_PART, EXTRA)
                         acc = warpgroup_mma_wait(0, deps=(o_tok,))
                         if PRODUCER:
                             _release(k_free, slot1, PART_L, -1 if OWN_P else PART_ROPE)
