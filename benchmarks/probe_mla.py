@@ -35,7 +35,7 @@ import fmha.kernels.mla_decode_sm90
 import fmha.mla as ours_mla
 from fmha.bench import (SPARSE_DECODE_CASES, SPARSE_PREFILL_CASES, _heat, _portable_mla, attention_flops, bench_gpu,
                          bench_gpu_graph, load_module_copy, paged_copy, save_sweep, sparse_decode_inputs,
-                         sparse_prefill_inputs)
+                         sparse_prefill_inputs, use_mla_kernels)
 from fmha.kernels.launch import Plans
 from fmha.schedule import mla_num_parts, num_sms, plan_mla
 
@@ -94,21 +94,15 @@ def _sparse_cases(decode_rows=slice(None, None, 2), prefill=slice(2), lengths=Fa
                (sq * topk * d + q.numel() + sq * hq * 512) * 2, bench_gpu)
 
 
-def _use(version):
-    """Route the package's MLA calls to a version's kernel module, with that version's kept launch plans."""
-    fmha.kernels.mla_decode_sm90, fmha.kernels.mla_decode._ROUTES = version
-
-
 def run_versions(paths, out, unchecked=False, sparse=False, rounds=3, every_row=False, prefill_only=False):
     """Each case: the package's Gluon kernel and every copy, output checked against the package's, run for a second
     untimed (`fmha.bench._heat`), then timed `rounds` times round-robin, each round starting one version further on
     (median of each: a timing's place in a burst moves it by a few percent, NOTES.md fourteenth session); the rows
     carry TFLOP/s and GB/s per version. `sparse`: `fmha bench sparse`'s rows (`_sparse_cases`) instead of the
     dense ones (`every_row`: the b=128 decode rows too; `prefill_only`: its three prefill rows alone)."""
-    own, own_routes = fmha.kernels.mla_decode_sm90, fmha.kernels.mla_decode._ROUTES
-    # Each version with its own routes: a call key's kept launch plan is made by, and only runs with, its module.
-    versions = [("package", (own, own_routes))] + [(os.path.basename(p), (load_module_copy(p), Plans()))
-                                                   for p in paths]
+    own = (fmha.kernels.mla_decode_sm90, fmha.kernels.mla_decode._ROUTES)
+    # Each version with its own kept launch plans (`use_mla_kernels`).
+    versions = [("package", own)] + [(os.path.basename(p), (load_module_copy(p), Plans())) for p in paths]
     rows = []
     if prefill_only:
         cases = _sparse_cases(slice(0), slice(None))
@@ -120,7 +114,7 @@ def run_versions(paths, out, unchecked=False, sparse=False, rounds=3, every_row=
         times = {name: [] for name, _ in versions}
         ref = run()[0].float()
         for name, module in versions:
-            _use(module)
+            use_mla_kernels(*module)
             err = (run()[0].float() - ref).abs().max().item()
             if unchecked:
                 print(f"{name}: max diff {err} against the package's kernel (unchecked)")
@@ -129,9 +123,9 @@ def run_versions(paths, out, unchecked=False, sparse=False, rounds=3, every_row=
         _heat([run])
         for r in range(rounds):
             for name, module in versions[r % len(versions):] + versions[:r % len(versions)]:
-                _use(module)
+                use_mla_kernels(*module)
                 times[name].append(timer(run))
-        _use((own, own_routes))
+        use_mla_kernels(*own)
         for name, ts in times.items():
             t = sorted(ts)[len(ts) // 2]
             row[f"{name}_tflops"], row[f"{name}_gbps"] = flops / t / 1e12, nbytes / t / 1e9

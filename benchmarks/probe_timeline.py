@@ -19,10 +19,9 @@ import tempfile
 
 import torch
 
-import fmha.kernels
 import fmha.kernels.mla_decode_sm90 as own
 import fmha.mla as ours_mla
-from fmha.bench import SPARSE_DECODE_CASES, load_module_copy, save_sweep, sparse_decode_inputs
+from fmha.bench import SPARSE_DECODE_CASES, load_module_copy, save_sweep, sparse_decode_inputs, use_mla_kernels
 
 # The SM's cycle counter and the global nanosecond timer, as Gluon functions (also `probe_prefill_timeline`'s).
 CLOCKS = '''@gluon.jit
@@ -167,13 +166,13 @@ def main():
         run = lambda: ours_mla.flash_mla_with_kvcache(q, cache, None, lens, 512, meta, splits,  # noqa: E731
                                                       attn_sink=sink, **kw)
         ref = run()[0]
-        fmha.kernels.mla_decode_sm90 = stamped
+        package = use_mla_kernels(stamped)
         try:
             for _ in range(5):
                 got = run()[0]
             torch.cuda.synchronize()
         finally:
-            fmha.kernels.mla_decode_sm90 = own
+            use_mla_kernels(*package)
         assert (got.float() - ref.float()).abs().max().item() < 2e-2
         row = dict(case=name, b=b, hq=hq, topk=topk, extra_topk=extra_topk, **phases(stamped.STAMPS["last"]))
         rows.append(row)
