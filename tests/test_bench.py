@@ -171,3 +171,25 @@ def test_peer_versions_names_only_the_peers_this_run_imported(monkeypatch):
                         types.SimpleNamespace(__file__="/peers/flash_attn_interface.py"))
     assert bench.peer_versions() == {"flash_mla": "vllm-0.26.0",
                                      "flash_attn_interface": "/peers/flash_attn_interface.py"}
+
+
+def test_use_mla_kernels_gives_each_module_its_own_kept_plans(monkeypatch):
+    """The tuning scripts' A/B of kernel copies (`probe_mla.py --versions`, `probe_timeline.py`): a call key's kept
+    launch plan is made by one module and runs only with it, so a copy routed in must not see the package's kept
+    plans, and swapping back must give the package its own again."""
+    import fmha.kernels
+    from fmha.kernels import launch, mla_decode, mla_decode_sm90
+    package = (mla_decode_sm90, mla_decode._ROUTES)
+    monkeypatch.setattr(fmha.kernels, "mla_decode_sm90", package[0])      # restored whatever the test does
+    monkeypatch.setattr(mla_decode, "_ROUTES", package[1])
+    package[1].keep("key", "the package's plan")
+    copy = types.SimpleNamespace(name="a copy of the kernel module")
+    assert bench.use_mla_kernels(copy) == package
+    assert fmha.kernels.mla_decode_sm90 is copy
+    assert isinstance(mla_decode._ROUTES, launch.Plans) and "key" not in mla_decode._ROUTES
+    mla_decode._ROUTES.keep("key", "the copy's plan")
+    kept = mla_decode._ROUTES
+    assert bench.use_mla_kernels(*package) == (copy, kept)
+    assert fmha.kernels.mla_decode_sm90 is package[0] and mla_decode._ROUTES["key"] == "the package's plan"
+    bench.use_mla_kernels(copy, kept)                                       # a copy's own plans, given back
+    assert mla_decode._ROUTES["key"] == "the copy's plan"
