@@ -12,15 +12,14 @@ import sys
 
 import torch
 
-import fmha.kernels
 import fmha.mla as mla
 from fmha.bench import (SPARSE_DECODE_CASES, SPARSE_PREFILL_CASES, load_module_copy, sparse_decode_inputs,
-                         sparse_prefill_inputs)
+                         sparse_prefill_inputs, use_mla_kernels)
 
 args = [a for a in sys.argv[1:] if not a.startswith("--")]
 for a in sys.argv[1:]:
     if a.startswith("--version="):
-        fmha.kernels.mla_decode_sm90 = load_module_copy(a.split("=", 1)[1])
+        use_mla_kernels(load_module_copy(a.split("=", 1)[1]))
 g = torch.Generator(device="cuda").manual_seed(0)
 if "--prefill" in sys.argv:
     case = SPARSE_PREFILL_CASES[int(args[0]) if args else 1]

@@ -179,7 +179,7 @@ def test_use_mla_kernels_gives_each_module_its_own_kept_plans(monkeypatch):
     plans, and swapping back must give the package its own again."""
     import fmha.kernels
     from fmha.kernels import launch, mla_decode, mla_decode_sm90
-    package = (mla_decode_sm90, mla_decode._ROUTES)
+    package = (mla_decode_sm90, launch.Plans())      # the package's routes for this test: the real ones untouched
     monkeypatch.setattr(fmha.kernels, "mla_decode_sm90", package[0])      # restored whatever the test does
     monkeypatch.setattr(mla_decode, "_ROUTES", package[1])
     package[1].keep("key", "the package's plan")

@@ -779,10 +779,10 @@ def use_mla_kernels(module, routes=None):
     """Route the package's MLA calls to `module` (`kernels/mla_decode_sm90.py` or a copy of it, `load_module_copy`)
     with `routes` as their kept launch plans (new ones when None): a call key's kept plan is made by its module and
     runs only with it. Returns what it replaced, (module, routes), for swapping back."""
+    from . import kernels
     from .kernels import launch, mla_decode
-    import fmha.kernels
-    old = fmha.kernels.mla_decode_sm90, mla_decode._ROUTES
-    fmha.kernels.mla_decode_sm90, mla_decode._ROUTES = module, launch.Plans() if routes is None else routes
+    old = kernels.mla_decode_sm90, mla_decode._ROUTES
+    kernels.mla_decode_sm90, mla_decode._ROUTES = module, launch.Plans() if routes is None else routes
     return old
 
 
