@@ -29,8 +29,8 @@ Each warpgroup hands its P to the other through shared memory, written over its 
 them, and that is done by then), so the plan fits the 227 KB of shared memory: Q 72 KB and two 72 KB key tiles (with
 model1's cache P1 has an 8 KB buffer of its own instead). Each warpgroup sums the probabilities it computed; the two
 row sums are added at the end.
-The running max is raised lazily, only where a tile's scores pass it by more than LAZY_BY, and warpgroup 0 skips
-its two accumulator rescales of a pair while no row's max moved.
+On the TMA (dense) forms the running max is raised lazily, only where a tile's scores pass it by more than
+LAZY_BY, and warpgroup 0 skips its two accumulator rescales of a pair while no row's max moved.
 
 Loads: a tile's slot is three parts (latent halves L and R, RoPE), each with its own barrier. Whichever
 warpgroup uses a part last issues the load of the tile two ahead into it, so half of the next pair (its first
@@ -240,20 +240,25 @@ def _mask(s, n, full, seqlen, last_visible, qk_scale_log2, key_ok, s_layout: gl.
 
 
 @gluon.jit
-def _raise_max(m, top):
-    """The running row max after a tile whose row maxima are `top`: max(m, top), except that it keeps m on rows
-    where the tile's max exceeds it by at most LAZY_BY (log2 units). The probabilities are then taken against a
-    stale max and reach 2^LAZY_BY at most; the output and LSE are unchanged (both are relative to the same max), and
-    the accumulator's rescale is skipped whenever no row's max moved (`_rescale`). So m is not the true max, which
-    max_logits needs (`top_i`)."""
-    return gl.where(top > m + LAZY_BY, top, m)
+def _raise_max(m, s, LAZY: gl.constexpr):
+    """The running row max after scores s: max(m, row max of s), except that LAZY keeps m on rows where the
+    tile's max exceeds it by at most LAZY_BY (log2 units). The probabilities are then taken against a stale max
+    and reach 2^LAZY_BY at most; the output and LSE are unchanged (both are relative to the same max), and the
+    accumulator's rescale is skipped whenever no row's max moved (`_rescale`)."""
+    mx = gl.maximum(m, gl.max(s, 1))
+    if LAZY:
+        mx = gl.where(mx > m + LAZY_BY, mx, m)
+    return mx
 
 
 @gluon.jit
-def _rescale(acc, factor, moved, row_o: gl.constexpr):
-    """acc times a per-row factor (in a row layout of the score tile), skipped when no row's max `moved` (every
-    factor is then 1, or 0 on a row that has no visible key yet, whose accumulator is all zeros)."""
-    if gl.max(moved.to(gl.int32), 0) > 0:
+def _rescale(acc, factor, moved, row_o: gl.constexpr, LAZY: gl.constexpr):
+    """acc times a per-row factor (in a row layout of the score tile). LAZY: skipped when no row's max `moved`
+    (every factor is then 1, or 0 on a row that has no visible key yet, whose accumulator is all zeros)."""
+    if LAZY:
+        if gl.max(moved.to(gl.int32), 0) > 0:
+            acc = acc * gl.convert_layout(factor, row_o)[:, None]
+    else:
         acc = acc * gl.convert_layout(factor, row_o)[:, None]
     return acc
 
@@ -743,9 +748,9 @@ def _consumer(descs, q_lat, q_rope, bufs, k_free, q_ready, q_free, xchg, kidx, o
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     dtype: gl.constexpr = q_lat.dtype
-    # Warpgroup 0 skips its accumulator's rescales while no row's max moves (`_raise_max`, `_rescale`). In the
-    # gather forms too since the half-L move (LATE_L): +1-2% on the sparse prefill's d_qk 576 rows, level elsewhere,
-    # though it adds spills (NOTES.md, hundred-and-eighteenth session).
+    # Warpgroup 0 skips its accumulator's rescales while no row's max moves (`_raise_max`, `_rescale`): on the
+    # TMA forms only; in the gather forms the branch raised the spills and measured slower.
+    LAZY: gl.constexpr = not GATHER
     # Gathers issued by the consumers: warpgroup 0 sends the next pair's half L(c + 2) out behind P1·V1_L, not before
     # it, so P1·V1_L, whose end frees half L of warpgroup 1's next tile (its last part to go out), starts a gather's
     # issue time sooner; L(c + 2) is not needed before the next pair (NOTES.md, hundred-and-seventeenth session).
@@ -754,7 +759,7 @@ def _consumer(descs, q_lat, q_rope, bufs, k_free, q_ready, q_free, xchg, kidx, o
     k_lat, k_rope, k_ready, k_raw, k_scale = bufs
     f32_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, ROWS, HALF], gl.float32)
     # handoff barriers: 0 scale0, 1 scale1, 2 P0, 3 P1, 4 + WG row sums, 6 partial staged; rows_smem: m0, a0,
-    # m1, a1, l0, l1 and with HAS_MAX warpgroup 1's true row maxima
+    # m1, a1, l0, l1
     sm_mine = rows_smem.index(2 * WG)
     sa_mine = rows_smem.index(2 * WG + 1)
     sm_other = rows_smem.index(2 - 2 * WG)
@@ -810,7 +815,6 @@ def _consumer(descs, q_lat, q_rope, bufs, k_free, q_ready, q_free, xchg, kidx, o
             acc = gl.zeros([ROWS, HALF], gl.float32, o_layout)
             l_i = gl.zeros([ROWS], gl.float32, row_s)
             m_i = gl.full([ROWS], float("-inf"), gl.float32, row_s)
-            top_i = m_i                   # HAS_MAX: the true row max of this warpgroup's scores (m_i lags it)
             mbarrier.wait(q_ready, w & 1)
             for i in range(0, take, 2):
                 n0 = (blk + i) * BLOCK_N
@@ -826,17 +830,14 @@ def _consumer(descs, q_lat, q_rope, bufs, k_free, q_ready, q_free, xchg, kidx, o
                                            EXTRA) if SPARSE else 0
                     s = _mask(warpgroup_mma_wait(0, deps=(s_tok,)), n0, full, seqlen, last_visible, qk_scale_log2,
                               key_ok, s_layout, SPARSE)
-                    top = gl.max(s, 1)
-                    m_new = _raise_max(m_i, top)
-                    if HAS_MAX:
-                        top_i = gl.maximum(top_i, top)
+                    m_new = _raise_max(m_i, s, LAZY)
                     alpha = gl.exp2(m_i - _shift(m_new))
                     p = gl.exp2(s - _shift(m_new)[:, None])
                     _put_rows(sm_mine, m_new)
                     _put_rows(sa_mine, alpha)
                     _signal(handoff[0])
                     l_i = l_i * alpha + gl.sum(p, 1)
-                    acc = _rescale(acc, alpha, m_new != m_i, row_o)
+                    acc = _rescale(acc, alpha, m_new != m_i, row_o, LAZY)
                     v0 = k_lat.index(2 * (c % STAGES))
                     _zero_tail(v0, n0, seqlen, not GATHER)
                     o_tok = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v0, acc, is_async=True)
@@ -853,7 +854,7 @@ def _consumer(descs, q_lat, q_rope, bufs, k_free, q_ready, q_free, xchg, kidx, o
                         _release(k_free, c % STAGES, PART_L, -1)
                     elif (i + 2 < take) and not LATE_L:   # this slot's half L is free: the next pair's first tile
                         _next_half_l(kv, bufs, kidx, n0, c, jp, SPARSE, FP8, GATHER, ROPE_PART, EXTRA)
-                    acc = _rescale(acc, alpha1, moved1, row_o)
+                    acc = _rescale(acc, alpha1, moved1, row_o, LAZY)
                     l_i = l_i * alpha1
                     mbarrier.wait(handoff[3], ph)
                     if has1:
@@ -892,10 +893,7 @@ def _consumer(descs, q_lat, q_rope, bufs, k_free, q_ready, q_free, xchg, kidx, o
                     mbarrier.wait(handoff[0], ph)
                     m0 = sm_other.load(row_s)
                     alpha0 = sa_other.load(row_s)
-                    top = gl.max(s, 1)
-                    m_new = _raise_max(m0, top)
-                    if HAS_MAX:
-                        top_i = gl.maximum(top_i, top)
+                    m_new = _raise_max(m0, s, LAZY)
                     alpha1 = gl.exp2(m0 - _shift(m_new))
                     _put_rows(sm_mine, m_new)
                     _put_rows(sa_mine, alpha1)
@@ -910,7 +908,7 @@ def _consumer(descs, q_lat, q_rope, bufs, k_free, q_ready, q_free, xchg, kidx, o
                     _signal(handoff[3])
                     scale = alpha0 * alpha1
                     l_i = l_i * scale + gl.sum(p, 1)
-                    # Not skipped when no max moved: that doubled the spills here.
+                    # Not skipped when no max moved (LAZY): that doubled the spills here.
                     o_tok = warpgroup_mma_init(acc * gl.convert_layout(scale, row_o)[:, None])
                     m_i = m_new
                     if has1:
@@ -946,8 +944,6 @@ def _consumer(descs, q_lat, q_rope, bufs, k_free, q_ready, q_free, xchg, kidx, o
 
             # Row sums: each warpgroup has the part over the tiles whose scores it computed.
             _put_rows(rows_smem.index(4 + WG), l_i)
-            if HAS_MAX and (WG == 1):         # and its row maxima, for warpgroup 0's max_logits
-                _put_rows(rows_smem.index(6), top_i)
             _signal(handoff[4 + WG])
             mbarrier.wait(handoff[5 - WG], w & 1)
             l_i = l_i + rows_smem.index(5 - WG).load(row_s)
@@ -973,8 +969,7 @@ def _consumer(descs, q_lat, q_rope, bufs, k_free, q_ready, q_free, xchg, kidx, o
                     gl.store(LSE + (b // seq_tokens).to(gl.int64) * stride_lb + q_head * stride_lh
                              + (b % seq_tokens + q_pos) * stride_ls, lse, mask=offs_m < rows_per_k)
                     if HAS_MAX:               # the largest scaled score (-inf with no key); s_q = 1 here
-                        gl.store(MAX_LOGITS + b.to(gl.int64) * stride_mb + q_head * stride_mh,
-                                 gl.maximum(top_i, rows_smem.index(6).load(row_s)) * LN2,
+                        gl.store(MAX_LOGITS + b.to(gl.int64) * stride_mb + q_head * stride_mh, m_i * LN2,
                                  mask=offs_m < rows_per_k)
                 tma.store_wait(0)
             else:
@@ -1061,8 +1056,7 @@ def mla_decode_sm90_kernel(q_lat_desc, q_rope_desc, k_lat_desc, k_rope_desc, o_d
     # 128-byte rows.
     k_raw = k_lat._reinterpret(gl.uint8, [4 * STAGES, BLOCK_N, HALF], gl.SwizzledSharedLayout(64, 1, 4, [1, 0]))
     k_scale = gl.allocate_shared_memory(gl.uint8, [2 * STAGES if FP8 != 0 else 1, BLOCK_N, 8], SCALE_SMEM)
-    rows_smem = gl.allocate_shared_memory(gl.float32, [7 if HAS_MAX else 6, ROWS],
-                                          gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    rows_smem = gl.allocate_shared_memory(gl.float32, [6, ROWS], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     # Gathers: staged index rows (or block-table entries): without a producer two tiles a pair, two pairs
     # (`_stage_keys`); with one, tile t's in slot t % KIDX.
     KIDX_ROWS: gl.constexpr = KIDX if LOADER else 4
