@@ -13,10 +13,11 @@ one synchronisation at the end):
 - pieces of the API layer and the launcher (validation, allocations, the causal counter, descriptors);
 - the peers on the same inputs: torch SDPA's FlashAttention-2 and cuDNN backends (their whole call);
 - the decode entry points at small sizes (`attention_with_kvcache` on a paged cache, `flash_mla_with_kvcache`
-  dense and token-sparse).
+  dense and token-sparse);
+- the token-sparse prefill (`flash_mla_sparse_fwd`) on `fmha bench sparse`'s first prefill row, beside FlashMLA's.
 With --fp8, q, k and v are float8_e4m3fn with all three descales (the peers then fail and say so), and the
 transposition of V (`transposed_v`, and its packed form) is timed alone too. Causal and not. Every entry is timed
-once a round and the least of the rounds printed. With --profile [causal|varlen|paged|mla|sparse], the top
+once a round and the least of the rounds printed. With --profile [causal|varlen|paged|mla|sparse|prefill], the top
 entries of a cProfile of that entry follow (`fmha.attention` causal by default). The launches alone are timed
 without a mask only.
 """
@@ -164,10 +165,29 @@ def decode_levels():
     }
 
 
+def sparse_prefill_levels():
+    """The token-sparse prefill, ours and FlashMLA's when importable: `fmha bench sparse`'s first prefill row (its
+    host time a call was 265-300 us against FlashMLA's 50, hundred-and-seventeenth session; the GPU runs ~4.5 ms a
+    call, so issuing 300 back to back never waits for it) and the same with 64 query tokens (does it grow with s_q?)."""
+    import fmha.mla as mla
+    from fmha.bench import SPARSE_PREFILL_CASES, _flash_mla_sparse_peer, sparse_prefill_inputs
+    case = SPARSE_PREFILL_CASES[0]
+    q, kv, indices = sparse_prefill_inputs(case, torch.Generator("cuda").manual_seed(0))
+    d = case[4]
+    fns = {"flash_mla_sparse_fwd (bench row)": lambda: mla.flash_mla_sparse_fwd(q, kv, indices, d ** -0.5, 512),
+           "flash_mla_sparse_fwd (64 tokens)": lambda: mla.flash_mla_sparse_fwd(q[:64], kv, indices[:64],
+                                                                                d ** -0.5, 512)}
+    peer = _flash_mla_sparse_peer()
+    if peer is not None and hasattr(peer, "flash_mla_sparse_fwd"):
+        fns["peer: flash_mla (bench row)"] = lambda: peer.flash_mla_sparse_fwd(q, kv, indices, d ** -0.5, 512)
+    return fns
+
+
 PROFILED = {"causal": None, "varlen": "causal fmha.attention_varlen (the same rows packed)",
             "paged": "decode attention_with_kvcache (paged)",
             "mla": "decode flash_mla_with_kvcache (h_q 128)",
-            "sparse": "decode flash_mla_with_kvcache sparse (h_q 64)"}
+            "sparse": "decode flash_mla_with_kvcache sparse (h_q 64)",
+            "prefill": "sparse prefill flash_mla_sparse_fwd (bench row)"}
 
 
 def main():
@@ -191,6 +211,7 @@ def main():
     entries = {(f"{'causal' if causal else 'full  '} {name}"): fn
                for causal in (False, True) for name, fn in levels(q, k, v, causal, descales).items()}
     entries.update({f"decode {name}": fn for name, fn in decode_levels().items()})
+    entries.update({f"sparse prefill {name}": fn for name, fn in sparse_prefill_levels().items()})
     best = {}
     for _ in range(a.rounds):
         for name, fn in entries.items():
