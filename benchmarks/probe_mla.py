@@ -35,7 +35,7 @@ import fmha.kernels.mla_decode_sm90
 import fmha.mla as ours_mla
 from fmha.bench import (SPARSE_DECODE_CASES, SPARSE_PREFILL_CASES, _heat, _portable_mla, attention_flops, bench_gpu,
                          bench_gpu_graph, load_module_copy, paged_copy, save_sweep, sparse_decode_inputs,
-                         sparse_prefill_inputs, use_mla_kernels)
+                         outputs_diff, sparse_prefill_inputs, use_mla_kernels)
 from fmha.kernels.launch import Plans
 from fmha.schedule import mla_num_parts, num_sms, plan_mla
 
@@ -95,10 +95,10 @@ def _sparse_cases(decode_rows=slice(None, None, 2), prefill=slice(2), lengths=Fa
 
 
 def run_versions(paths, out, unchecked=False, sparse=False, rounds=3, every_row=False, prefill_only=False):
-    """Each case: the package's Gluon kernel and every copy, output checked against the package's, run for a second
-    untimed (`fmha.bench._heat`), then timed `rounds` times round-robin, each round starting one version further on
-    (median of each: a timing's place in a burst moves it by a few percent, NOTES.md fourteenth session); the rows
-    carry TFLOP/s and GB/s per version. `sparse`: `fmha bench sparse`'s rows (`_sparse_cases`) instead of the
+    """Each case: the package's Gluon kernel and every copy, outputs checked against the package's (every output of
+    the call: `outputs_diff`), run for a second untimed (`fmha.bench._heat`), then timed `rounds` times round-robin,
+    each round starting one version further on (median of each: a timing's place in a burst moves it by a few
+    percent, NOTES.md fourteenth session); the rows carry TFLOP/s and GB/s per version. `sparse`: `fmha bench sparse`'s rows (`_sparse_cases`) instead of the
     dense ones (`every_row`: the b=128 decode rows too; `prefill_only`: its three prefill rows alone)."""
     own = (fmha.kernels.mla_decode_sm90, fmha.kernels.mla_decode._ROUTES)
     # Each version with its own kept launch plans (`use_mla_kernels`).
@@ -112,10 +112,10 @@ def run_versions(paths, out, unchecked=False, sparse=False, rounds=3, every_row=
         cases = (_dense_case(*c) for c in VERSION_CASES)
     for row, run, flops, nbytes, timer in cases:
         times = {name: [] for name, _ in versions}
-        ref = run()[0].float()
+        ref = run()
         for name, module in versions:
             use_mla_kernels(*module)
-            err = (run()[0].float() - ref).abs().max().item()
+            err = outputs_diff(run(), ref)
             if unchecked:
                 print(f"{name}: max diff {err} against the package's kernel (unchecked)")
             else:
@@ -375,10 +375,10 @@ def run_whole_plans(out, cases=WHOLE_PLAN_CASES, rounds=3):
         impls = {name: (lambda m=m: ours_mla.flash_mla_with_kvcache(q, cache, table, lens, 512, *m, causal=sq > 1))
                  for name, m in plans.items()}
         impls.update({name: build(q, cache, table, lens, sq, hq) for name, build in peers.items()})
-        ref = impls["whole"]()[0].float()
+        ref = impls["whole"]()
         row = dict(b=b, sk=sk, hq=hq, sq=sq, pieces={n: int(m[1][-1]) for n, m in plans.items()})
         for name, fn in impls.items():
-            row[f"{name}_max_diff"] = (fn()[0].float() - ref).abs().max().item()
+            row[f"{name}_max_diff"] = outputs_diff(fn(), ref)
         times = {name: [] for name in impls}
         for r in range(rounds):
             for name in (list(impls) if r % 2 == 0 else list(impls)[::-1]):
@@ -486,12 +486,12 @@ def main():
             for overhead in args.overheads:
                 meta, splits = plan_mla(lens, parts, piece_overhead=overhead)
                 run = lambda: ours_mla.flash_mla_with_kvcache(q, cache, table, lens, 512, meta, splits, causal=sq > 1)
-                got = run()[0].float()
+                got = run()
                 ref = got if ref is None else ref
                 t = bench_gpu_graph(run)
                 rows.append(dict(b=b, sk=sk, hq=hq, sq=sq, varlen=args.varlen, piece_overhead=overhead,
                                  pieces=int(splits[-1]), gluon_tflops=flops / t / 1e12,
-                                 max_diff=(got - ref).abs().max().item()))
+                                 max_diff=outputs_diff(got, ref)))
                 print(f"b={b} sk={sk} hq={hq} sq={sq} varlen={args.varlen} overhead {overhead}: {int(splits[-1])} "
                       f"pieces, {flops / t / 1e12:6.1f} TFLOP/s, max diff {rows[-1]['max_diff']:.1e}", flush=True)
             del q, kv, cache

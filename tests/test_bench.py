@@ -193,3 +193,18 @@ def test_use_mla_kernels_gives_each_module_its_own_kept_plans(monkeypatch):
     assert fmha.kernels.mla_decode_sm90 is package[0] and mla_decode._ROUTES["key"] == "the package's plan"
     bench.use_mla_kernels(copy, kept)                                       # a copy's own plans, given back
     assert mla_decode._ROUTES["key"] == "the copy's plan"
+
+
+def test_outputs_diff_checks_every_output():
+    """The kernel A/Bs' check (`probe_mla.py`): a version whose out matches but whose LSE or max_logits does not
+    must fail it, as must one with an infinity (a row with no key) in another place."""
+    out = torch.randn(4, 8)
+    lse = torch.tensor([0.5, float("inf"), -1.0, 2.0])
+    ref = (out, lse, torch.tensor([1.0, float("-inf"), 0.0, 3.0]))
+    assert bench.outputs_diff(tuple(t.clone() for t in ref), ref) == 0.0
+    assert bench.outputs_diff(out + 1e-3, out) == pytest.approx(1e-3, rel=1e-3)
+    stale = (out.clone(), lse.clone(), ref[2] - 4.0)          # out right, max_logits off
+    assert bench.outputs_diff(stale, ref) == pytest.approx(4.0)
+    moved = (out.clone(), torch.tensor([0.5, 1.0, float("inf"), 2.0]), ref[2].clone())
+    assert bench.outputs_diff(moved, ref) == float("inf")
+    assert bench.outputs_diff(ref[:2], ref) == float("inf")

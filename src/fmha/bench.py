@@ -775,6 +775,27 @@ def load_module_copy(path, package="fmha.kernels"):
     return module
 
 
+def outputs_diff(got, ref):
+    """The largest absolute difference between two results of one call (a tensor, or a tuple of them: out and its
+    LSE, max_logits, ...), over every output: an A/B of kernel versions must not pass a version that gets out right
+    and another output wrong (the hundred-and-eighteenth session's lazy-max copy wrote a stale max_logits). Values
+    that are not finite must match exactly, at the same places; inf when they do not."""
+    got, ref = ((t,) if isinstance(t, torch.Tensor) else tuple(t) for t in (got, ref))
+    if len(got) != len(ref):
+        return float("inf")
+    worst = 0.0
+    for g, r in zip(got, ref):
+        g, r = g.float(), r.float()
+        if g.shape != r.shape:
+            return float("inf")
+        finite = torch.isfinite(r)
+        if not torch.equal(finite, torch.isfinite(g)) or not torch.equal(g[~finite], r[~finite]):
+            return float("inf")
+        if finite.any():
+            worst = max(worst, (g[finite] - r[finite]).abs().max().item())
+    return worst
+
+
 def use_mla_kernels(module, routes=None):
     """Route the package's MLA calls to `module` (`kernels/mla_decode_sm90.py` or a copy of it, `load_module_copy`)
     with `routes` as their kept launch plans (new ones when None): a call key's kept plan is made by its module and
