@@ -98,8 +98,9 @@ def run_versions(paths, out, unchecked=False, sparse=False, rounds=3, every_row=
     """Each case: the package's Gluon kernel and every copy, outputs checked against the package's (every output of
     the call: `outputs_diff`), run for a second untimed (`fmha.bench._heat`), then timed `rounds` times round-robin,
     each round starting one version further on (median of each: a timing's place in a burst moves it by a few
-    percent, NOTES.md fourteenth session); the rows carry TFLOP/s and GB/s per version. `sparse`: `fmha bench sparse`'s rows (`_sparse_cases`) instead of the
-    dense ones (`every_row`: the b=128 decode rows too; `prefill_only`: its three prefill rows alone)."""
+    percent, NOTES.md fourteenth session); the rows carry TFLOP/s and GB/s per version. `sparse`: `fmha bench
+    sparse`'s rows (`_sparse_cases`) instead of the dense ones (`every_row`: the b=128 decode rows too;
+    `prefill_only`: its three prefill rows alone)."""
     own = (fmha.kernels.mla_decode_sm90, fmha.kernels.mla_decode._ROUTES)
     # Each version with its own kept launch plans (`use_mla_kernels`).
     versions = [("package", own)] + [(os.path.basename(p), (load_module_copy(p), Plans())) for p in paths]
