@@ -8,6 +8,17 @@
 #                         before it as it starts (issue 4: a call's launch overlapping the previous call's tail).
 #                         Level on the six dense rows (hundred-and-eighteenth session); kept for a try together with
 #                         an early launch_dependents in the combine.
+#   early_rows.patch      the gathers' index rows (`kidx`) read into registers before the wait on the product that
+#                         precedes each gather, not after it (three sites; the line profile had ~11% of the sparse
+#                         prefill's samples on the rows' shared-memory loads and the compares that wait for them).
+#                         Same spills and instruction count (local sm_90 compile); the dense form's SASS identical.
+#                         Not timed yet (hundred-and-eighteenth session).
+#   q_opaque.patch        Q's buffer indexed by PART + (t >> 30), a run-time 0, in `_score_part`: the compiler can
+#                         no longer hoist Q's wgmma descriptors out of the loop, and with them gone every spill goes
+#                         (`compile_mla_sass.py`, STL / LDL / instructions): sparse prefill 40 / 46 / 5432 -> 0 / 0 /
+#                         4816; dense 41 / 46 / 6192 -> 0 / 0 / 5544; V3.2 FP8 loader 99 / 102 / 7464 -> 0 / 0 /
+#                         6688; model1 with a second source 69 / 76 / 8008 -> 10 / 10 / 7256. Not timed yet.
+#   q_opaque_early_rows.patch  both of the above.
 # Measured and dropped (NOTES.md, hundred-and-eighteenth session): lazy_gather (LAZY in the gather forms: its +1-2%
 # came with a stale max_logits; with the true max kept it lost 1.6-1.9% on two prefill rows) and unsigned_bound
 # (one unsigned index compare: level).
