@@ -19,6 +19,9 @@
 #                         4816; dense 41 / 46 / 6192 -> 0 / 0 / 5544; V3.2 FP8 loader 99 / 102 / 7464 -> 0 / 0 /
 #                         6688; model1 with a second source 69 / 76 / 8008 -> 10 / 10 / 7256. Not timed yet.
 #   q_opaque_early_rows.patch  both of the above.
+#   q_opaque_loader.patch q_opaque with the bf16/fp16 gathers taking the loading warpgroup (`uses_loader`): its
+#                         consumers, which spilled 74 / 75 at 224 registers (thirty-fourth session: -1..-3%), compile
+#                         with 1 / 2 at 216 and 224.
 # Measured and dropped (NOTES.md, hundred-and-eighteenth session): lazy_gather (LAZY in the gather forms: its +1-2%
 # came with a stale max_logits; with the true max kept it lost 1.6-1.9% on two prefill rows) and unsigned_bound
 # (one unsigned index compare: level).
