@@ -1,6 +1,6 @@
 """Compile the Gluon MLA kernel, or a copy of its module, for sm_90 on a machine with no GPU and count what the SASS
-holds: spill stores and loads (STL / LDL) and instructions. This is the check to make before a kernel A/B
-(`mla_ab.sh`) is given device time.
+holds: spill stores and loads (STL / LDL), instructions, and the bytes ptxas reports spilled. This is the check to
+make before a kernel A/B (`mla_ab.sh`) is given device time.
 
     PYTHONPATH=src python3 benchmarks/experiments/compile_mla_sass.py CASE [--module PATH] [--cubin OUT]
 
@@ -33,7 +33,8 @@ open(cubin + ".sass", "w").write(sass)
 ops = [line.split("*/", 1)[1].split() for line in sass.splitlines() if re.match(r"\\s+/\\*[0-9a-f]{4,}\\*/", line)]
 ops = [o[1] if o[0].startswith("@") else o[0] for o in ops if o]
 print(json.dumps(dict(shared=k.metadata.shared, warps=k.metadata.num_warps, instructions=len(ops),
-                      STL=sum(o.startswith("STL") for o in ops), LDL=sum(o.startswith("LDL") for o in ops))))
+                      STL=sum(o.startswith("STL") for o in ops), LDL=sum(o.startswith("LDL") for o in ops),
+                      spill_bytes=spills(ptx))))
 '''
 
 
