@@ -18,19 +18,25 @@
 #                         (`compile_mla_sass.py`, STL / LDL / instructions): sparse prefill 40 / 46 / 5432 -> 0 / 0 /
 #                         4816; dense 41 / 46 / 6192 -> 0 / 0 / 5544; V3.2 FP8 loader 99 / 102 / 7464 -> 0 / 0 /
 #                         6688; model1 with a second source 69 / 76 / 8008 -> 10 / 10 / 7256. Not timed yet.
-#   q_opaque_early_rows.patch  both of the above.
+#   (q_opaque+early_rows: both, applied in turn; any patches joined by + make one copy.)
 #   q_opaque_loader.patch q_opaque with the bf16/fp16 gathers taking the loading warpgroup (`uses_loader`): its
 #                         consumers, which spilled 74 / 75 at 224 registers (thirty-fourth session: -1..-3%), compile
 #                         with 1 / 2 at 216 and 224.
 # Measured and dropped (NOTES.md, hundred-and-eighteenth session): lazy_gather (LAZY in the gather forms: its +1-2%
 # came with a stale max_logits; with the true max kept it lost 1.6-1.9% on two prefill rows) and unsigned_bound
 # (one unsigned index compare: level).
-# Usage (device): PYTHONPATH=src bash benchmarks/experiments/mla_ab.sh OUTDIR prefill|sparse|dense PATCH...
+# Landing q_opaque: `patch -p1 < benchmarks/experiments/mla_ab/q_opaque.patch` and
+# `patch -p1 < benchmarks/experiments/q_opaque_test.patch` (the compile test's bound on ptxas's spilled bytes: at most
+# 8, 96 for model1's forms; every case fails on today's package, the sparse prefill with 172).
+# Usage (device): PYTHONPATH=src bash benchmarks/experiments/mla_ab.sh OUTDIR prefill|sparse|dense PATCH[+PATCH]...
 out=${1:?OUTDIR}; rows=${2:?prefill|sparse|dense}; shift 2
 copies=()
-for p in "$@"; do
-    name=$(basename "$p" .patch)
-    patch -s -o "/tmp/$name.py" src/fmha/kernels/mla_decode_sm90.py < "benchmarks/experiments/mla_ab/$name.patch" || exit 1
+for arg in "$@"; do
+    name=${arg//+/_and_}
+    cp src/fmha/kernels/mla_decode_sm90.py "/tmp/$name.py"
+    for p in ${arg//+/ }; do
+        patch -s "/tmp/$name.py" < "benchmarks/experiments/mla_ab/$p.patch" || exit 1
+    done
     copies+=("/tmp/$name.py")
 done
 flag=(); [ "$rows" = prefill ] && flag=(--prefill); [ "$rows" = sparse ] && flag=(--sparse)
