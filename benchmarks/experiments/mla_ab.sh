@@ -8,26 +8,12 @@
 #                         before it as it starts (issue 4: a call's launch overlapping the previous call's tail).
 #                         Level on the six dense rows (hundred-and-eighteenth session); kept for a try together with
 #                         an early launch_dependents in the combine.
-#   early_rows.patch      the gathers' index rows (`kidx`) read into registers before the wait on the product that
-#                         precedes each gather, not after it (three sites; the line profile had ~11% of the sparse
-#                         prefill's samples on the rows' shared-memory loads and the compares that wait for them).
-#                         Same spills and instruction count (local sm_90 compile); the dense form's SASS identical.
-#                         Not timed yet (hundred-and-eighteenth session).
-#   q_opaque.patch        Q's buffer indexed by PART + (t >> 30), a run-time 0, in `_score_part`: the compiler can
-#                         no longer hoist Q's wgmma descriptors out of the loop, and with them gone every spill goes
-#                         (`compile_mla_sass.py`, STL / LDL / instructions): sparse prefill 40 / 46 / 5432 -> 0 / 0 /
-#                         4816; dense 41 / 46 / 6192 -> 0 / 0 / 5544; V3.2 FP8 loader 99 / 102 / 7464 -> 0 / 0 /
-#                         6688; model1 with a second source 69 / 76 / 8008 -> 10 / 10 / 7256. Not timed yet.
-#   (q_opaque+early_rows: both, applied in turn; any patches joined by + make one copy.)
-#   q_opaque_loader.patch q_opaque with the bf16/fp16 gathers taking the loading warpgroup (`uses_loader`): its
-#                         consumers, which spilled 74 / 75 at 224 registers (thirty-fourth session: -1..-3%), compile
-#                         with 1 / 2 at 216 and 224.
 # Measured and dropped (NOTES.md, hundred-and-eighteenth session): lazy_gather (LAZY in the gather forms: its +1-2%
 # came with a stale max_logits; with the true max kept it lost 1.6-1.9% on two prefill rows) and unsigned_bound
-# (one unsigned index compare: level).
-# Landing q_opaque: `patch -p1 < benchmarks/experiments/mla_ab/q_opaque.patch` and
-# `patch -p1 < benchmarks/experiments/q_opaque_test.patch` (the compile test's bound on ptxas's spilled bytes: at most
-# 8, 96 for model1's forms; every case fails on today's package, the sparse prefill with 172).
+# (one unsigned index compare: level). Landed (hundred-and-nineteenth session; results/history/mla_ab_*_q_opaque_*):
+# q_opaque (Q's wgmma descriptors no longer hoisted and spilled: every spill gone, +6-7% on the sparse prefill rows,
+# +1.5-4% dense) with early_rows (index rows read before the wgmma waits: +1.5-3% more on two prefill rows). Dropped:
+# q_opaque_loader (the bf16 gathers on the loading warpgroup, spill-free now: 1.9-3.6% behind q_opaque).
 # Usage (device): PYTHONPATH=src bash benchmarks/experiments/mla_ab.sh OUTDIR prefill|sparse|dense PATCH[+PATCH]...
 out=${1:?OUTDIR}; rows=${2:?prefill|sparse|dense}; shift 2
 copies=()

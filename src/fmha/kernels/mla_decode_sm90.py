@@ -170,7 +170,11 @@ def _score_part(q_lat, q_rope, bufs, t, s, PART: gl.constexpr, GATHER: gl.conste
             if (FP8 == MODEL1) and (PART == PART_R):
                 _landed(k_ready, t, PART_ROPE, GATHER)
             _dequant(bufs, slot, PART, FP8)
-        s = warpgroup_mma(q_lat.index(PART), k_lat.index(2 * slot + PART).permute((1, 0)), s, is_async=True)
+        # Q's buffer indexed by PART plus a run-time 0 (t >> 30: tiles never number 2^30), so that the compiler
+        # cannot hoist Q's wgmma descriptors out of the loop, where they were kept in spilled registers and
+        # reloaded in front of these products.
+        s = warpgroup_mma(q_lat.index(PART + (t >> 30)), k_lat.index(2 * slot + PART).permute((1, 0)), s,
+                          is_async=True)
     return s
 
 
@@ -866,15 +870,21 @@ def _consumer(descs, q_lat, q_rope, bufs, k_free, q_ready, q_free, xchg, kidx, o
                         o_tok = warpgroup_mma(p_buf if OWN_P else k_rope.index(slot1), v1, acc, is_async=True)
                         if LATE_L and (i + 2 < take):
                             _next_half_l(kv, bufs, kidx, n0, c, jp, SPARSE, FP8, GATHER, ROPE_PART, EXTRA)
-                        acc = warpgroup_mma_wait(0, deps=(o_tok,))
                         if PRODUCER:
+                            acc = warpgroup_mma_wait(0, deps=(o_tok,))
                             _release(k_free, slot1, PART_L, -1 if OWN_P else PART_ROPE)
                         elif i + 3 < take:
+                            # The next gather's index row read while P1·V1_L runs, not after it: its latency was
+                            # waited for at the address math (NOTES.md, hundred-and-eighteenth session). The wait
+                            # is in each branch so that the read is not sunk below it.
+                            raw = kidx.index(2 + jp).load(KEY_ROWS) if GATHER else 0
+                            acc = warpgroup_mma_wait(0, deps=(o_tok,))
                             if GATHER:            # the tile of this site in the next pair
                                 _stage_keys(kv, n1 + 4 * BLOCK_N, kidx.index(3 - jp), SPARSE, EXTRA)
-                            _load_parts(kv, bufs, n1 + 2 * BLOCK_N, c + 3,
-                                        kidx.index(2 + jp).load(KEY_ROWS) if GATHER else 0, PART_L,
-                                        -1 if OWN_P else PART_ROPE, -1, SPARSE, FP8, ROPE_PART, EXTRA)
+                            _load_parts(kv, bufs, n1 + 2 * BLOCK_N, c + 3, raw, PART_L, -1 if OWN_P else PART_ROPE,
+                                        -1, SPARSE, FP8, ROPE_PART, EXTRA)
+                        else:
+                            acc = warpgroup_mma_wait(0, deps=(o_tok,))
                 else:
                     if has1:
                         s_tok = _scores(q_lat, q_rope, bufs, c + 1, PART_R, s_layout, GATHER, FP8, HAS_ROPE)
@@ -926,19 +936,22 @@ def _consumer(descs, q_lat, q_rope, bufs, k_free, q_ready, q_free, xchg, kidx, o
                             warpgroup_mma_wait(1, deps=(o_tok,))    # P1·V1_R is done, P0·V0_R may not be
                             _release(k_free, slot1, PART_R, -1)
                     elif i + 3 < take:
+                        raw = kidx.index(2 + jp).load(KEY_ROWS) if GATHER else 0        # before the wait, as above
                         warpgroup_mma_wait(1, deps=(o_tok,))        # P1·V1_R is done, P0·V0_R may not be
-                        _load_parts(kv, bufs, n1 + 2 * BLOCK_N, c + 3,
-                                    kidx.index(2 + jp).load(KEY_ROWS) if GATHER else 0, PART_R, -1, -1, SPARSE, FP8,
-                                    ROPE_PART, EXTRA)
-                    acc = warpgroup_mma_wait(0, deps=(o_tok,))
+                        _load_parts(kv, bufs, n1 + 2 * BLOCK_N, c + 3, raw, PART_R, -1, -1, SPARSE, FP8, ROPE_PART,
+                                    EXTRA)
                     if PRODUCER:
+                        acc = warpgroup_mma_wait(0, deps=(o_tok,))
                         _release(k_free, c % STAGES, PART_R, PART_ROPE)
                     elif i + 2 < take:
+                        raw = kidx.index(jp).load(KEY_ROWS) if GATHER else 0            # before the wait, as above
+                        acc = warpgroup_mma_wait(0, deps=(o_tok,))
                         if GATHER:                # the tile of this site in the next pair
                             _stage_keys(kv, n0 + 4 * BLOCK_N, kidx.index(1 - jp), SPARSE, EXTRA)
-                        _load_parts(kv, bufs, n0 + 2 * BLOCK_N, c + 2,
-                                    kidx.index(jp).load(KEY_ROWS) if GATHER else 0, PART_R, PART_ROPE, -1, SPARSE,
-                                    FP8, ROPE_PART, EXTRA)
+                        _load_parts(kv, bufs, n0 + 2 * BLOCK_N, c + 2, raw, PART_R, PART_ROPE, -1, SPARSE, FP8,
+                                    ROPE_PART, EXTRA)
+                    else:
+                        acc = warpgroup_mma_wait(0, deps=(o_tok,))
                 c += gl.minimum(take - i, 2)
                 pairs += 1
 
