@@ -13,8 +13,11 @@ GLUON_MLA_SCRIPT, so that this compile and the test's stay one recipe.
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
+
+import triton
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "tests"))
@@ -22,20 +25,24 @@ from test_compile_sm90 import GLUON_MLA_SCRIPT, SERIALIZED  # noqa: E402
 
 IMPORT = "from fmha.kernels import mla_decode_sm90 as M"
 COPY = "from fmha.bench import load_module_copy\nM = load_module_copy(os.environ['FMHA_MLA_MODULE'])"
-# Appended to the test's script, whose compiled kernel is `k`: the SASS counts, printed last.
-SASS = '''
-import os, re, subprocess
-cubin = os.environ["FMHA_MLA_CUBIN"]
-open(cubin, "wb").write(k.asm["cubin"])
-tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-sass = subprocess.run([os.path.join(tools, "cuobjdump"), "-sass", cubin], capture_output=True, text=True).stdout
-open(cubin + ".sass", "w").write(sass)
-ops = [line.split("*/", 1)[1].split() for line in sass.splitlines() if re.match(r"\\s+/\\*[0-9a-f]{4,}\\*/", line)]
-ops = [o[1] if o[0].startswith("@") else o[0] for o in ops if o]
-print(json.dumps(dict(shared=k.metadata.shared, warps=k.metadata.num_warps, instructions=len(ops),
-                      STL=sum(o.startswith("STL") for o in ops), LDL=sum(o.startswith("LDL") for o in ops),
-                      spill_bytes=spills(ptx))))
-'''
+# Appended to the test's script, whose compiled kernel is `k`: the cubin kept, its metadata printed last.
+CUBIN = """
+open(os.environ["FMHA_MLA_CUBIN"], "wb").write(k.asm["cubin"])
+print(json.dumps(dict(shared=k.metadata.shared, warps=k.metadata.num_warps, spill_bytes=spills(ptx))))
+"""
+
+
+def sass_counts(cubin):
+    """Instructions, STL and LDL in the cubin's SASS (cuobjdump, the one Triton ships); the SASS kept as CUBIN.sass."""
+    tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    sass = subprocess.run([os.path.join(tools, "cuobjdump"), "-sass", cubin], capture_output=True, text=True,
+                          check=True).stdout
+    with open(cubin + ".sass", "w") as f:
+        f.write(sass)
+    ops = [line.split("*/", 1)[1].split() for line in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4,}\*/", line)]
+    ops = [o[1] if o[0].startswith("@") else o[0] for o in ops if o]
+    return dict(instructions=len(ops), STL=sum(o.startswith("STL") for o in ops),
+                LDL=sum(o.startswith("LDL") for o in ops))
 
 
 def main(argv=None):
@@ -45,14 +52,16 @@ def main(argv=None):
     p.add_argument("--cubin", default="/tmp/mla_sm90.cubin", help="where the cubin (and OUT.sass) go")
     a = p.parse_args(argv)
     assert GLUON_MLA_SCRIPT.count(IMPORT) == 1, "the compile test's script no longer imports the module this way"
-    script = "import os\n" + SERIALIZED + GLUON_MLA_SCRIPT.replace(IMPORT, COPY if a.module else IMPORT) + SASS
+    script = "import os\n" + SERIALIZED + GLUON_MLA_SCRIPT.replace(IMPORT, COPY if a.module else IMPORT) + CUBIN
     env = dict(os.environ, TRITON_INTERPRET="0", FMHA_MLA_CUBIN=a.cubin,
                FMHA_MLA_MODULE=os.path.abspath(a.module) if a.module else "")
     done = subprocess.run([sys.executable, "-c", script, json.dumps(json.loads(a.case))], env=env,
                           capture_output=True, text=True)
     if done.returncode:
         sys.exit(done.stderr[-3000:])
-    print(done.stdout.strip().splitlines()[-1])
+    info = json.loads(done.stdout.strip().splitlines()[-1])
+    info.update(sass_counts(a.cubin))
+    print(json.dumps(info))
 
 
 if __name__ == "__main__":
