@@ -8,13 +8,17 @@
 #                         before it as it starts (issue 4: a call's launch overlapping the previous call's tail).
 #                         Level on the six dense rows (hundred-and-eighteenth session); kept for a try together with
 #                         an early launch_dependents in the combine.
+#   qk_first_twice.patch  sensitivity probes, not candidates (UNCHECKED=1: the scores are wrong on purpose): one
+#   qk_rope_twice.patch   latent half of Q·Kᵀ (+24% of a tile's tensor-core work) or its RoPE part (+6%) issued
+#                         twice. How much the memory-bound rows (h_q * s_q <= 32, 64 padded query rows) slow down says
+#                         how far their tensor-core time, not the loads, sets their pace (issue 4).
 # Measured and dropped (NOTES.md, hundred-and-eighteenth session): lazy_gather (LAZY in the gather forms: its +1-2%
 # came with a stale max_logits; with the true max kept it lost 1.6-1.9% on two prefill rows) and unsigned_bound
 # (one unsigned index compare: level). Landed (hundred-and-nineteenth session; results/history/mla_ab_*_q_opaque_*):
 # q_opaque (Q's wgmma descriptors no longer hoisted and spilled: every spill gone, +6-7% on the sparse prefill rows,
 # +1.5-4% dense) with early_rows (index rows read before the wgmma waits: +1.5-3% more on two prefill rows). Dropped:
 # q_opaque_loader (the bf16 gathers on the loading warpgroup, spill-free now: 1.9-3.6% behind q_opaque).
-# Usage (device): PYTHONPATH=src bash benchmarks/experiments/mla_ab.sh OUTDIR prefill|sparse|dense PATCH[+PATCH]...
+# Usage (device): [UNCHECKED=1] PYTHONPATH=src bash benchmarks/experiments/mla_ab.sh OUTDIR prefill|sparse|dense PATCH[+PATCH]...
 out=${1:?OUTDIR}; rows=${2:?prefill|sparse|dense}; shift 2
 copies=()
 for arg in "$@"; do
@@ -25,5 +29,6 @@ for arg in "$@"; do
     done
     copies+=("/tmp/$name.py")
 done
-flag=(); [ "$rows" = prefill ] && flag=(--prefill); [ "$rows" = sparse ] && flag=(--sparse)
+flag=(); [ -n "$UNCHECKED" ] && flag+=(--unchecked)
+[ "$rows" = prefill ] && flag+=(--prefill); [ "$rows" = sparse ] && flag+=(--sparse)
 python3 benchmarks/probe_mla.py --versions "${copies[@]}" "${flag[@]}" --rounds 5 --out "$out/mla_ab_$rows.json"
