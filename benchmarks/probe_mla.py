@@ -356,6 +356,65 @@ def run_batch_sweep(out, batches, rounds=2):
 WHOLE_PLAN_CASES = [(128, sk, hq, sq) for sk in (4096, 8192) for hq, sq in ((16, 1), (16, 2), (32, 1), (32, 2), (64, 1))]
 
 
+# The few-rows kernel's rows: bench mla's memory-bound ones (h_q * s_q <= 32), one length drawn around 4096 a sequence
+# (split plans: partials and the combine), and two sequences cut across every part.
+ROWS_CASES = [(128, sk, hq, sq) for sk in (4096, 8192, 16384) for hq, sq in ((16, 1), (16, 2), (32, 1))]
+
+
+def run_rows_kernel(out, rounds=3):
+    """`mla_rows_sm90` (transposed products for <= 32 packed rows) against the 64-row block of `mla_decode_sm90`
+    (its `ROWS_KERNEL_MAX` at 0) and FlashMLA where importable, on ROWS_CASES plus a varlen and a two-sequence case:
+    outputs checked against the block's (out and LSE, `outputs_diff`), CUDA-graph timings interleaved, medians of
+    `rounds`."""
+    import fmha.kernels.mla_decode_sm90 as sm90
+    from fmha.bench import mla_peers
+    peers = mla_peers()
+    cases = [(c, None) for c in ROWS_CASES] + [((128, 4096, 16, 2), "varlen"), ((2, 16384, 16, 1), None)]
+    rows = []
+    for (b, sk, hq, sq), kind in cases:
+        q, cache, table, lens = _dense_inputs(b, sk, hq, sq)
+        if kind == "varlen":
+            torch.manual_seed(1)
+            lens = torch.randint(sk // 2, sk + 1, (b,), dtype=torch.int32, device="cuda")
+        meta = ours_mla.get_mla_metadata(lens, sq * hq, 1)
+
+        def ours(limit):
+            def call():
+                if sm90.ROWS_KERNEL_MAX != limit:
+                    sm90.ROWS_KERNEL_MAX = limit
+                    fmha.kernels.mla_decode._ROUTES.clear()
+                return ours_mla.flash_mla_with_kvcache(q, cache, table, lens, 512, *meta, causal=sq > 1)
+            return call
+        impls = {"rows": ours(32), "block": ours(0)}
+        impls.update({name: build(q, cache, table, lens, sq, hq) for name, build in peers.items()})
+        ref = impls["block"]()
+        row = dict(b=b, sk=sk, hq=hq, sq=sq, lengths=kind or "equal", pieces=int(meta[1][-1]))
+        for name, fn in impls.items():
+            row[f"{name}_max_diff"] = outputs_diff(fn(), ref)
+        times = {name: [] for name in impls}
+        for r in range(rounds):
+            for name in (list(impls) if r % 2 == 0 else list(impls)[::-1]):
+                _heat([impls[name]], 0.3)
+                times[name].append(bench_gpu_graph(impls[name]))
+        nbytes = int(lens.sum()) * 576 * 2 + q.numel() * 2 + b * sq * hq * 512 * 2
+        for name, ts in times.items():
+            row[f"{name}_gbps"] = nbytes / sorted(ts)[len(ts) // 2] / 1e9
+        for name in impls:
+            if name != "rows":
+                row[f"rows_vs_{name}"] = row["rows_gbps"] / row[f"{name}_gbps"]
+        rows.append(row)
+        print(f"b={b} sk={sk} hq={hq} sq={sq} {row['lengths']} pieces {row['pieces']}: " +
+              ", ".join(f"{n} {row[f'{n}_gbps']:.0f} GB/s" for n in impls) + " | " +
+              ", ".join(f"rows/{n} {row[f'rows_vs_{n}']:.3f}" for n in impls if n != "rows") +
+              " | max diff " + ", ".join(f"{n} {row[f'{n}_max_diff']:.1e}" for n in impls), flush=True)
+        del q, cache, impls, ref
+        torch.cuda.empty_cache()
+        if out:
+            save_sweep(out, rows)
+    sm90.ROWS_KERNEL_MAX = 32
+    fmha.kernels.mla_decode._ROUTES.clear()
+
+
 def run_whole_plans(out, cases=WHOLE_PLAN_CASES, rounds=3):
     """Dense rows of equal-length sequences planned whole (`schedule.runs_whole`: one sequence a part when
     there are fewer sequences than parts, some parts idle) against equal shares (WHOLE_SEQUENCE_SLACK 0: every
@@ -417,6 +476,8 @@ def main():
     p.add_argument("--rounds", type=int, default=3, help="--versions: timings of each version (median)")
     p.add_argument("--whole-plans", action="store_true", help="dense: whole-sequence plans against equal shares")
     p.add_argument("--dense-combine", action="store_true", help="dense, planned whole: without the no-op combine")
+    p.add_argument("--rows-kernel", action="store_true", help="dense, <= 32 packed rows: mla_rows_sm90 against the "
+                   "64-row block and FlashMLA")
     p.add_argument("--combine", action="store_true", help="sparse decode: whole plans without / with the combine")
     p.add_argument("--lse-copy", action="store_true",
                    help="sparse decode: the LSE written in place against per-token rows and a copy kernel")
@@ -442,6 +503,8 @@ def main():
     sparse_decode = _sparse_cases(slice(None), prefill=slice(0))
     if args.whole_plans:
         return run_whole_plans(args.out)
+    if args.rows_kernel:
+        return run_rows_kernel(args.out)
     if args.dense_combine:
         # Dense calls cannot know on the host that the plan ran every sequence whole (the lengths are on the
         # device), so they always launch the combine, which then has nothing to merge: its cost, by leaving it out

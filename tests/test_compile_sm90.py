@@ -692,6 +692,60 @@ def test_gluon_mla_compiles_for_sm90(case, request):
     assert info["shared"] <= 232448, f"shared memory {info['shared']} over the H100 limit"
 
 
+GLUON_MLA_ROWS_SCRIPT = textwrap.dedent('''
+    import inspect, json, sys
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from fmha.kernels import mla_rows_sm90 as M
+    nq, causal, sinks, dt = json.loads(sys.argv[1])
+    el = gl.bfloat16 if dt == "bf16" else gl.float16
+
+    def desc(rows, d, name=dt, e=el):
+        layout = gl.NVMMASharedLayout.get_default_for([1, rows, d], e)
+        return f"tensordesc<{name}[1,{rows},{d}],{layout!r}>"
+    # The dense call's arguments (`mla_decode_sm90._Plan.bind`); the gather ones are None there.
+    consts = dict(NQ=nq, CAUSAL=causal, HAS_SINKS=sinks, X_LAT=None, X_ROPE=None, X_TABLE=None, X_VALID=None,
+                  VALID_LENS=None, MAX_LOGITS=None)
+    ptrs = dict(q_lat_desc=desc(nq, 256), q_rope_desc=desc(nq, 64), k_lat_desc=desc(64, 256),
+                k_rope_desc=desc(64, 64), o_desc=desc(nq, 256), o_part_desc=desc(nq, 256, "fp32", gl.float32),
+                LSE="*fp32", LSE_PART="*fp32", SCHED="*i32", SEQLENS="*i32", SPLIT_OFFSETS="*i32", SINKS="*fp32",
+                BLOCK_TABLE="*i32", KV_LAT=f"*{dt}", K_ROPE=f"*{dt}")
+    names = list(inspect.signature(M.mla_rows_sm90_kernel.fn).parameters)
+    sig = {n: "constexpr" if n in consts else ptrs.get(n, "fp32" if n == "qk_scale_log2" else "i32") for n in names}
+    unaligned = {"batch", "seqlen_q", "group", "rows_per_k", "page_size", "index_bound", "main_span", "x_page_size",
+                 "x_bound"}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
+             if sig[n].startswith("*") or (sig[n] == "i32" and n not in unaligned)}
+    src = GluonASTSource(M.mla_rows_sm90_kernel, sig, constexprs={(names.index(k),): v for k, v in consts.items()},
+                         attrs=attrs)
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
+    ptx = k.asm["ptx"]
+    print(json.dumps(dict(shared=k.metadata.shared, warps=k.metadata.num_warps,
+                          wgmma=ptx.count("wgmma.mma_async.sync.aligned.m64n%dk16" % nq),
+                          tma_store="cp.async.bulk.tensor.3d.global.shared" in ptx,
+                          serialized=serialized(ptx), spills=spills(ptx))))
+''')
+
+
+@pytest.mark.cpu
+# (NQ, causal, sinks, dtype)
+@pytest.mark.parametrize("case", [(16, False, False, "bf16"), (32, False, False, "bf16"), (32, True, True, "fp16")],
+                         ids=["rows16-bf16", "rows32-bf16", "rows32-causal-sinks-fp16"])
+def test_gluon_mla_rows_compiles_for_sm90(case, request):
+    """The few-rows MLA kernel (`mla_rows_sm90`) for sm_90: one warpgroup, every product an m64nNQk16 wgmma with the
+    keys (or value columns) on M, none serialised: Q·Kᵀ 36 of them (576 / 16), P·V 32 (4 M-blocks of 256 columns
+    x 4 key steps, two halves); a TMA-store epilogue; shared memory within the H100 limit. Spills only outside the
+    key loop, and few (up to 44 bytes at NQ = 32, causal with sinks: 128 accumulator registers a thread)."""
+    info = compiled(request, SERIALIZED + GLUON_MLA_ROWS_SCRIPT, lambda p: p["case"])
+    assert info["warps"] == 4 and info["tma_store"], info
+    assert info["wgmma"] == 36 + 32, info
+    assert not info["serialized"], f"ptxas serialised the wgmmas: {info['serialized']}"
+    assert info["spills"] <= 64, info
+    assert info["shared"] <= 232448, f"shared memory {info['shared']} over the H100 limit"
+
+
 @pytest.mark.cpu
 def test_gluon_mla_one_key_pages():
     """A sparse call's cache whose pages follow each other is gathered as pages of one key: every flat position

@@ -50,39 +50,45 @@ def _run(seqlens, h_q, s_q, page_size, dtype, *, seed=0, sinks=False, scale=None
 @pytest.mark.parametrize("h_q,s_q", [(64, 1), (128, 1), (64, 2), (128, 2), (32, 2), (16, 4), (32, 1), (16, 2), (16, 1),
                                      (8, 1), (4, 2), (2, 3), (1, 1)])
 def test_gluon_mla(gluon_calls, h_q, s_q, dtype):
-    """Packed rows (h_q x s_q) from 1 to 256: fewer than 64 fill one zero-padded 64-row block (tensor parallelism's
-    8 or 4 heads a rank), more take several."""
+    """Packed rows (h_q x s_q) from 1 to 256: up to 32 run `mla_rows_sm90`'s transposed products (16 or 32 rows:
+    tensor parallelism's 8 or 4 heads a rank, h_q 16 and 32), 33-63 fill one zero-padded 64-row block, more take
+    several."""
     _run(_seqlens(48, 3000, seed=h_q + s_q), h_q, s_q, 64, dtype, seed=h_q * s_q)
     assert gluon_calls
 
 
+@pytest.mark.parametrize("h_q", [128, 16])
 @pytest.mark.parametrize("page_size", [128, 256])
-def test_gluon_mla_pages(gluon_calls, page_size):
-    """Tiles are 64-key slices of bigger pages."""
-    _run(_seqlens(16, 1000, seed=page_size), 128, 1, page_size, torch.bfloat16, seed=page_size, scale=0.05)
+def test_gluon_mla_pages(gluon_calls, page_size, h_q):
+    """Tiles are 64-key slices of bigger pages (64-row blocks and `mla_rows_sm90`)."""
+    _run(_seqlens(16, 1000, seed=page_size), h_q, 1, page_size, torch.bfloat16, seed=page_size, scale=0.05)
     assert gluon_calls
 
 
 @pytest.mark.parametrize("seqlens,h_q", [([1], 128), ([63, 64, 65, 0, 127, 128, 129], 128), ([16000], 64),
-                                         ([5, 9000, 1, 3000], 128)],
-                         ids=["one-key", "tile-edges", "long-split", "far-apart"])
+                                         ([5, 9000, 1, 3000], 128), ([1], 16), ([63, 64, 65, 0, 127, 128, 129], 16),
+                                         ([16000], 16), ([5, 9000, 1, 3000], 32)],
+                         ids=["one-key", "tile-edges", "long-split", "far-apart", "one-key-rows", "tile-edges-rows",
+                              "long-split-rows", "far-apart-rows"])
 def test_gluon_mla_lengths(gluon_calls, seqlens, h_q):
     """Lengths at tile edges (odd tile counts leave warpgroup 1 without a tile), a single key, one sequence
-    split over every SM, lengths far apart (parts that finish one sequence and start the next). (The oracle
+    split over every SM, lengths far apart (parts that finish one sequence and start the next); "-rows": the same
+    through `mla_rows_sm90` (<= 32 packed rows: one key tile at a time, no pairs). (The oracle
     expands K per query head in fp32: long sequences use h_q = 64 to stay small under pytest-xdist.)"""
     _run(seqlens, h_q, 1, 64, torch.bfloat16, seed=len(seqlens))
     assert gluon_calls
 
 
+@pytest.mark.parametrize("h_q", [64, 16])
 @pytest.mark.parametrize("s_q", [1, 2])
-def test_gluon_mla_sinks(gluon_calls, s_q):
-    _run(_seqlens(20, 2000, seed=5), 64, s_q, 64, torch.bfloat16, seed=9, sinks=True)
+def test_gluon_mla_sinks(gluon_calls, s_q, h_q):
+    _run(_seqlens(20, 2000, seed=5), h_q, s_q, 64, torch.bfloat16, seed=9, sinks=True)
     assert gluon_calls
 
 
 @pytest.mark.parametrize("ramp", [lambda j: 1 + j / 150, lambda j: 2.0 ** (j // 256), lambda j: 8 - j / 150],
                          ids=["rising", "steps", "falling"])
-@pytest.mark.parametrize("h_q,s_q", [(128, 1), (64, 2)])
+@pytest.mark.parametrize("h_q,s_q", [(128, 1), (64, 2), (16, 2)])
 def test_gluon_mla_moving_max(gluon_calls, ramp, h_q, s_q):
     """Scores whose row max climbs a little every tile, by large steps, or falls: the running max moves by less
     and by more than the lazy rescale's threshold (`LAZY_BY`, 8 log2 units at this scale), so the stale-max path
@@ -105,10 +111,25 @@ def test_gluon_mla_launch_plan_reuse(gluon_calls, monkeypatch):
     assert len(mla_decode._ROUTES) == 1 and len(combine._PLANS) == 1
 
 
-def test_gluon_mla_causal_short(gluon_calls):
-    """s_q = 4 with caches shorter than s_q: queries that see no key give 0 and LSE +inf."""
-    _run([2, 0, 1, 4, 3 * 64 + 5], 16, 4, 64, torch.bfloat16, seed=3)
+@pytest.mark.parametrize("s_q", [4, 2])
+def test_gluon_mla_causal_short(gluon_calls, s_q):
+    """s_q = 4 (64 rows) and 2 (32: `mla_rows_sm90`) with caches shorter than s_q: queries that see no key give 0
+    and LSE +inf."""
+    _run([2, 0, 1, 4, 3 * 64 + 5], 16, s_q, 64, torch.bfloat16, seed=3)
     assert gluon_calls
+
+
+@pytest.mark.parametrize("h_q,s_q,kernel", [(16, 2, "mla_rows_sm90_kernel"), (8, 1, "mla_rows_sm90_kernel"),
+                                            (32, 1, "mla_rows_sm90_kernel"), (16, 4, "mla_decode_sm90_kernel"),
+                                            (64, 1, "mla_decode_sm90_kernel")])
+def test_gluon_mla_rows_kernel_route(gluon_calls, monkeypatch, h_q, s_q, kernel):
+    """Dense calls with at most 32 packed rows (`ROWS_KERNEL_MAX`) launch `mla_rows_sm90`'s transposed products;
+    more rows, 64-row blocks."""
+    from fmha.kernels import launch, mla_decode
+    monkeypatch.setattr(launch, "RECORD", [])
+    mla_decode._ROUTES.clear()
+    _run([300, 2000], h_q, s_q, 64, torch.bfloat16, seed=4)
+    assert [name for name, _, _ in launch.RECORD if name.startswith("mla_")] == [kernel]
 
 
 @pytest.mark.parametrize("h_q,d_qk", [(16, D_QK), (128, D_QK), (64, 512), (4, D_QK)])

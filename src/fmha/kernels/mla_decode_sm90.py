@@ -145,6 +145,9 @@ PRODUCER_CONSUMER_REGS = {"v32": 216, "model1": 208, None: 224}
 # (twenty-ninth session, `probe_mla.py --loader-sweep`): h_q = 64 lost to it at 6 to 34 tiles (-2..-14% at b = 64,
 # -5..-9% at b = 128); h_q = 128 lost 1-2% at 6, was level at 10 and gained 0.3-1.8% at 18 and 34.
 MODEL1_LOADER_TILES = (None, 14)
+# Dense bf16/fp16 calls with a RoPE part and at most this many packed rows a KV head run `mla_rows_sm90`'s transposed
+# products instead of a 64-row block (0: never).
+ROWS_KERNEL_MAX = 32
 
 
 @gluon.jit
@@ -1233,7 +1236,7 @@ def mla_decode_forward_sm90(views, q_lat, q_rope, kv_lat, k_rope, block_table, c
                lse_part, sinks, valid_lens, max_logits, extra)
     plan = views if isinstance(views, _Plan) else _plan(views, *tensors, softmax_scale=softmax_scale, causal=causal,
                                                         fp8_layout=fp8_layout)
-    launch(mla_decode_sm90_kernel, plan.grid, plan.bind(*tensors), plan.meta, plan.fixed)
+    launch(plan.kernel, plan.grid, plan.bind(*tensors), plan.meta, plan.fixed)
     return plan
 
 
@@ -1255,14 +1258,15 @@ def plan_key(q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens, metadata
 
 
 class _Plan:
-    """A launch of `mla_decode_sm90_kernel` without its tensors (`_plan`): the grid, the meta-parameters, the scalar
+    """A launch of `mla_decode_sm90_kernel` (or of `mla_rows_sm90_kernel`, which takes the same arguments) without
+    its tensors (`_plan`): the kernel, the grid, the meta-parameters, the scalar
     arguments after the tensors and their `launch` classes (`fixed`), the (view, box, layout) of each descriptor
     (q latent, q RoPE, cache latent, cache RoPE, out, partials; None where the call has none), and whether the
     cache is seen as pages of one key (`_one_key_pages`). `bind` makes a call's arguments from its tensors."""
-    __slots__ = ("grid", "meta", "scalars", "fixed", "boxes", "one_key", "fp8_layout")
+    __slots__ = ("kernel", "grid", "meta", "scalars", "fixed", "boxes", "one_key", "fp8_layout")
 
-    def __init__(self, grid, meta, scalars, boxes, one_key, fp8_layout):
-        self.grid, self.meta, self.scalars, self.boxes = grid, meta, scalars, boxes
+    def __init__(self, kernel, grid, meta, scalars, boxes, one_key, fp8_layout):
+        self.kernel, self.grid, self.meta, self.scalars, self.boxes = kernel, grid, meta, scalars, boxes
         self.one_key, self.fp8_layout = one_key, fp8_layout
         self.fixed = fixed_classes(scalars, meta)
 
@@ -1297,7 +1301,11 @@ def _plan(views, q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens, meta
         kv_lat, k_rope = _one_key_pages(kv_lat, k_rope)
         if extra is not None:
             extra = (*_one_key_pages(extra[0], extra[1]), *extra[2:])
-    rows, half, dt = ROWS.value, HALF.value, DT.value
+    half, dt = HALF.value, DT.value
+    # Few packed rows of a dense call with a RoPE part: the transposed products of `mla_rows_sm90`, in NQ-row boxes.
+    from . import mla_rows_sm90
+    few = not gather and rope and rows_per_k <= ROWS_KERNEL_MAX
+    rows = mla_rows_sm90.rows_tile(rows_per_k) if few else ROWS.value
     part_view = ([o_part.shape[0], rows_per_k, 2 * half], [o_part.stride(0), o_part.stride(1), 1])
     boxes = (box(q_lat, vq, [1, rows, half]), box(q_rope, vr, [1, rows, dt]) if rope else None,
              None if gather else box(kv_lat, vk, [1, BLOCK_N.value, half]),
@@ -1324,11 +1332,14 @@ def _plan(views, q_lat, q_rope, kv_lat, k_rope, block_table, cache_seqlens, meta
     grid = (metadata.shape[0] * cdiv(rows_per_k, rows),)
     row_keys = extra[4] + extra[2].shape[-1] if extra is not None else block_table.shape[-1]
     loader = uses_loader(fp8_layout, sparse, row_keys, cdiv(rows_per_k, rows))
+    if few:
+        meta = dict(NQ=rows, CAUSAL=causal, HAS_SINKS=sinks is not None, num_warps=4)
+        return _Plan(mla_rows_sm90.mla_rows_sm90_kernel, grid, meta, scalars, boxes, one_key, fp8_layout)
     meta = dict(CAUSAL=causal, HAS_SINKS=sinks is not None, SPARSE=SHIFTED.value if shifted else int(sparse),
                 FP8={None: 0, "v32": V32.value, "model1": MODEL1.value}[fp8_layout], HAS_MAX=max_logits is not None,
                 HAS_ROPE=rope, EXTRA=extra is not None, LOADER=loader, CONSUMER_REGS=CONSUMER_REGS,
                 PRODUCER_CONSUMER_REGS=PRODUCER_CONSUMER_REGS[fp8_layout], num_warps=4)
-    return _Plan(grid, meta, scalars, boxes, one_key, fp8_layout)
+    return _Plan(mla_decode_sm90_kernel, grid, meta, scalars, boxes, one_key, fp8_layout)
 
 
 def uses_loader(fp8_layout, sparse, row_keys, row_blocks=1):
