@@ -8,7 +8,8 @@ DT = 64 RoPE columns or none (DeepSeek-V4's head_dim 512):
   caches (V3.2's 656-byte rows, V4's per-page layout of 584 bytes a key; paged or sparse), with or without V4's
   second (sliding-window) source: gathered, see "Gathers" below.
   (FP8 sparse decode planned whole, heads in 64-row blocks, runs `sparse_decode_sm90` instead, where a loading
-  warpgroup dequantises in registers.)
+  warpgroup dequantises in registers; a dense bf16/fp16 call with a RoPE part and at most 32 packed rows runs
+  `mla_rows_sm90`'s transposed products, with this module's plan and arguments: `ROWS_KERNEL_MAX`.)
 With 64 rows the `triton.language` kernel is compute-bound and stops at 0.45x FlashMLA (benchmarks/NOTES.md):
 it computes the 64 x 64 x 576 score tile twice, once per warpgroup.
 
@@ -126,7 +127,8 @@ STAGES = gl.constexpr(2)          # key tiles in flight: 2 x 72 KB
 KIDX = gl.constexpr(8)            # the producer's staged index rows: tile t's in slot t % KIDX
 # A block here is always 64 rows, however few a KV head has (TMA fills the missing ones with zeros, stores drop
 # them): 16 rows are 4x their tensor-core work, 1 row 64x, but those calls are memory-bound and the padded block
-# still reads faster than the portable kernel's 16-row transposed form. h_q = 16, s_q = 1: +4-6% (b = 128, s_k
+# still reads faster than the portable kernel's 16-row transposed form. (The dense calls with a RoPE part and at
+# most 32 rows now take `mla_rows_sm90` instead, ROWS_KERNEL_MAX below; these figures are the block's.) h_q = 16, s_q = 1: +4-6% (b = 128, s_k
 # 4k-16k); 1-8 packed rows (h_q 1-8 with s_q 1 or 2, tensor parallelism's 8 or 4 heads a rank): 0.67-0.74 of the
 # copy bandwidth on the portable kernel, 0.85-0.91 in 64-row blocks here, 1.23-1.27x
 # (`history/mla_few_heads_h200_af3f68f.json`, q padded to 16 heads then; `experiments/mla_few_heads.py`). The FP8
@@ -146,7 +148,9 @@ PRODUCER_CONSUMER_REGS = {"v32": 216, "model1": 208, None: 224}
 # -5..-9% at b = 128); h_q = 128 lost 1-2% at 6, was level at 10 and gained 0.3-1.8% at 18 and 34.
 MODEL1_LOADER_TILES = (None, 14)
 # Dense bf16/fp16 calls with a RoPE part and at most this many packed rows a KV head run `mla_rows_sm90`'s transposed
-# products instead of a 64-row block (0: never).
+# products instead of a 64-row block (0: never): b = 128, s_k 4k-16k, h_q 16 (s_q 1, 2) and 32 (s_q 1), +2.7..+9.3%
+# over the block, 1.046-1.103x FlashMLA in the same process (`probe_mla.py --rows-kernel`,
+# `history/probe_mla_rows_kernel_h200_42735e1.json`).
 ROWS_KERNEL_MAX = 32
 
 

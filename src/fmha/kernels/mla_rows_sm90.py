@@ -10,10 +10,14 @@ puts the keys on M instead (the products transposed, "swap AB"):
 so a tile costs 64 x NQ x (576 + 512) multiply-adds rather than 64 x 64 x 1088. The softmax runs down Sᵀ's columns
 (one per query row). One warpgroup does everything: Q·Kᵀ, softmax, P·V, and the TMA loads of the tile two ahead
 into the ring slot its P·V has just freed (two 72 KB slots; Q takes NQ rows).
+On H200 (b = 128, s_k 4k-16k, h_q 16 with s_q 1 or 2, h_q 32 with s_q 1) it reads 4079-4457 GB/s against the
+64-row block's 3922-4097: +2.7..+9.3%, and 1.046-1.103x FlashMLA in the same process
+(`benchmarks/probe_mla.py --rows-kernel`, NOTES.md hundred-and-twentieth session).
 
-Same arguments, plan, partial layout and combine as `mla_decode_sm90_kernel` (`mla_decode_sm90._plan` chooses this
-kernel for dense bf16/fp16 calls with a RoPE part, no sinks... see `rows_kernel_fits`), so a call's binding does not
-change with the kernel: the gather, FP8 and second-source arguments are accepted and unused.
+Same arguments, plan, partial layout and combine as `mla_decode_sm90_kernel`: `mla_decode_sm90._plan` chooses this
+kernel for dense bf16/fp16 calls (paged, pages of a multiple of 64 keys) with a RoPE part and at most
+`mla_decode_sm90.ROWS_KERNEL_MAX` packed rows, sinks or not, so a call's binding does not change with the kernel:
+the gather, FP8 and second-source arguments are accepted and unused.
 """
 from __future__ import annotations
 
@@ -27,7 +31,6 @@ from .forward_sm90 import bar, bars, zero_rows_from
 from .mla_decode_sm90 import (BLOCK_N, DT, HALF, LN2, LOG2E, STAGES, _launch_dependents, _piece, _shift)
 
 SCHED_FIELDS = gl.constexpr(_SCHED_FIELDS)
-MAX_ROWS = 32                     # packed rows a KV head may have for this kernel
 
 
 def rows_tile(rows_per_k):
